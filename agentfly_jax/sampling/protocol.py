@@ -1,0 +1,82 @@
+"""The Sampler protocol: token-id prompts in, new token ids + their log-probs out.
+
+Every sampler (JAX, vLLM, scripted test samplers) keeps this contract; the rollout
+(`agentfly_jax.agents`) knows samplers only through it. Token-in/token-out: the ids
+returned here are the ids trained on, verbatim.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How to sample. `temperature == 0` means greedy (log-probs then at temperature 1).
+
+  Attributes:
+    temperature: softmax temperature; 0 = greedy.
+    top_p: nucleus mass in (0, 1]; 1 = off.
+    top_k: keep the k most likely tokens; 0 = off.
+    max_new_tokens: cap on generated tokens for this request (>= 1).
+    stop_token_ids: generation stops after emitting any of these (the stop token is
+      returned, with its log-prob: the model wrote it).
+    seed: optional seed; equal seeds + equal inputs give equal outputs.
+  """
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_new_tokens: int = 256
+  stop_token_ids: tuple[int, ...] = ()
+  seed: int | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+    self.validate()
+
+  def validate(self) -> None:
+    """Raises ValueError naming the bad field."""
+    if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+            and self.temperature >= 0):
+      raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
+    if not (0.0 < float(self.top_p) <= 1.0):
+      raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+    if not (isinstance(self.top_k, int) and self.top_k >= 0):
+      raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+    if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+      raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+    if any(t < 0 for t in self.stop_token_ids):
+      raise ValueError(f"SamplingParams.stop_token_ids must be non-negative ids, got {self.stop_token_ids!r}")
+
+
+@dataclasses.dataclass
+class SampleResult:
+  """One request's output.
+
+  Attributes:
+    token_ids: the new token ids, int, length N (includes the stop token if one was emitted).
+    logprobs: float log-probs of exactly those tokens under the sampling distribution
+      (at the sampling temperature), length N.
+    finish_reason: "stop" (a stop token was emitted) or "length" (max_new_tokens reached).
+  """
+  token_ids: list[int]
+  logprobs: list[float]
+  finish_reason: str
+
+
+@runtime_checkable
+class Sampler(Protocol):
+  """What the rollout needs from a sampler."""
+
+  def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[SampleResult]:
+    """Synchronous batch generation: one SampleResult per prompt, in order."""
+    ...
+
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    """Async (trio) single request; concurrent callers are batched together by the sampler."""
+    ...
+
+  def update_weights(self, params: Any) -> None:
+    """Load new policy params (an nnx.State of the policy) into this sampler."""
+    ...
