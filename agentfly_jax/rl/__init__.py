@@ -1,1 +1,7 @@
-"""agentfly_jax.rl."""
+"""agentfly_jax.rl: the RL math (advantage estimators, losses); trainer modules join later.
+
+    from agentfly_jax.rl import advantages, losses
+"""
+from agentfly_jax.rl import advantages, losses
+
+__all__ = ["advantages", "losses"]
