@@ -1,1 +1,19 @@
-"""agentfly_jax.models."""
+"""agentfly_jax.models: Flax NNX causal LMs (Qwen2/2.5, Qwen3, Llama 3), a value-head critic,
+HF safetensors import/export, partition rules.
+
+    from agentfly_jax.models import from_pretrained, save_pretrained, CausalLM, tiny_config
+    model = from_pretrained("hf_folder")           # model.config is its ModelConfig
+    logits = model(input_ids)                      # int32[B, T] -> float32[B, T, V]
+"""
+from agentfly_jax.models.causal_lm import CausalLM, Critic, build_attention_mask
+from agentfly_jax.models.config import ModelConfig, tiny_config
+from agentfly_jax.models.hf_io import (from_pretrained, hf_name, iter_hf_tensors, save_pretrained,
+                                       to_hf_state_dict)
+from agentfly_jax.models.kv_cache import KVCache
+from agentfly_jax.models.sharding import make_mesh, partition_spec_for, partition_specs, shard_model
+
+__all__ = [
+    "CausalLM", "Critic", "KVCache", "ModelConfig", "build_attention_mask", "from_pretrained", "hf_name",
+    "iter_hf_tensors", "make_mesh", "partition_spec_for", "partition_specs", "save_pretrained",
+    "shard_model", "tiny_config", "to_hf_state_dict",
+]

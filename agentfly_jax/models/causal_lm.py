@@ -1,0 +1,194 @@
+"""CausalLM (policy) and Critic (value model): Flax NNX decoder-only transformers.
+
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    logits = model(input_ids)                                   # int32[B,T] -> float32[B,T,V]
+    cache = model.init_cache(batch_size, max_len)
+    logits, cache = model(ids, positions=pos, attention_mask=kv_mask, cache=cache, cache_index=idx)
+    critic = Critic.from_causal_lm(model)                        # values float32[B,T]
+
+Attribute names mirror HF's module tree (model.embed_tokens, model.layers[i].self_attn.q_proj,
+..., lm_head) so the HF name table in `hf_io.py` is a plain rename + transpose.
+"""
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentfly_jax.models.config import ModelConfig
+from agentfly_jax.models.kv_cache import KVCache
+from agentfly_jax.models.layers import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
+
+
+def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
+  return layer(x, cos, sin, mask, kv, cache_index)
+
+
+_call_layer_remat = nnx.remat(_call_layer)
+
+
+def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=None, cache_len=None,
+                         cache_index=None) -> jax.Array:
+  """bool[B, T, S]: may query t attend to key s.
+
+  Without a cache (S = T): s <= t and attention_mask[b, s] (bool[B, T] padding mask, True = real).
+  With a cache of length S: the query at slot cache_index + t sees slot s iff
+  s <= cache_index + t and attention_mask[b, s] (bool[B, S], valid cache slots).
+  """
+  if cache_len is None:
+    q_slot = jnp.arange(num_queries)
+    key_slot = jnp.arange(num_queries)
+  else:
+    q_slot = cache_index + jnp.arange(num_queries)
+    key_slot = jnp.arange(cache_len)
+  allowed = key_slot[None, None, :] <= q_slot[None, :, None]
+  allowed = jnp.broadcast_to(allowed, (batch_size, num_queries, key_slot.shape[0]))
+  if attention_mask is not None:
+    allowed = allowed & attention_mask.astype(bool)[:, None, :]
+  return allowed
+
+
+class Transformer(nnx.Module):
+  """Embedding + decoder layers + final norm (HF's `model.*`)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
+                                  param_dtype=cfg.params_dtype,
+                                  embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype,
+                        param_dtype=cfg.params_dtype)
+
+
+class _Base(nnx.Module):
+  """Shared trunk logic for CausalLM and Critic."""
+  config: ModelConfig
+  model: Transformer
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+    """Zero KV cache: per layer k, v of [batch_size, max_len, num_kv_heads, head_dim]."""
+    cfg = self.config
+    return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
+                         cfg.head_dim, dtype or cfg.compute_dtype)
+
+  def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+    """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
+
+    Args: see `CausalLM.__call__`.
+    """
+    chex.assert_rank(input_ids, 2)
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+      raise TypeError(f"input_ids must be an integer array [B, T], got dtype {input_ids.dtype}")
+    b, t = input_ids.shape
+    cfg = self.config
+    if cache is None:
+      if cache_index is not None:
+        raise ValueError("cache_index was given without cache")
+      if attention_mask is not None:
+        chex.assert_shape(attention_mask, (b, t))
+      mask = build_attention_mask(b, t, attention_mask=attention_mask)
+      if positions is None:
+        if attention_mask is None:
+          positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        else:
+          positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+    else:
+      if not isinstance(cache, KVCache) or cache.num_layers != cfg.num_hidden_layers:
+        raise ValueError(f"cache must be a KVCache with {cfg.num_hidden_layers} layers (model.init_cache)")
+      if cache.batch_size != b:
+        raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size {b}")
+      cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
+      chex.assert_rank(cache_index, 0)
+      if attention_mask is not None:
+        chex.assert_shape(attention_mask, (b, cache.max_len))
+      mask = build_attention_mask(b, t, attention_mask=attention_mask, cache_len=cache.max_len,
+                                  cache_index=cache_index)
+      if positions is None:
+        positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
+    chex.assert_shape(positions, (b, t))
+    cos, sin = rope_tables(positions, rope_inv_freq(cfg))
+    x = self.model.embed_tokens(input_ids)
+    call = _call_layer_remat if cfg.remat else _call_layer
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.model.layers):
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      x, kv = call(layer, x, cos, sin, mask, kv, cache_index)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    x = self.model.norm(x)
+    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+    return x, new_cache
+
+
+class CausalLM(_Base):
+  """Decoder-only causal LM (Qwen2/Qwen2.5, Qwen3, Llama 3 families)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.model = Transformer(cfg, rngs=rngs)
+    if cfg.tie_word_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                                param_dtype=cfg.params_dtype,
+                                kernel_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs)
+
+  def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+    """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embedding.T)."""
+    if self.lm_head is None:
+      logits = self.model.embed_tokens.attend(hidden)
+    else:
+      logits = self.lm_head(hidden)
+    return logits.astype(jnp.float32)
+
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+    """Forward pass.
+
+    Args:
+      input_ids: int32[B, T].
+      positions: int32[B, T] RoPE positions. Default: without a cache, arange(T), or (with
+        attention_mask) the count of real tokens before each position; with a cache,
+        cache_index + arange(T).
+      attention_mask: without a cache bool[B, T] padding mask (True = real token); with a cache
+        bool[B, max_len] marking valid cache slots.
+      cache: a KVCache (from `init_cache`); the new keys/values go to slots
+        [cache_index, cache_index + T).
+      cache_index: int32 scalar write offset into the cache (same for the whole batch).
+
+    Returns:
+      logits float32[B, T, V]; with a cache, (logits, new_cache).
+    """
+    hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
+                                           cache=cache, cache_index=cache_index)
+    logits = self.logits_from_hidden(hidden)
+    return logits if cache is None else (logits, new_cache)
+
+
+class Critic(_Base):
+  """Value model: the CausalLM trunk + a linear value head `score` (HF *ForTokenClassification,
+  num_labels=1). critic(input_ids, ...) -> float32[B, T]."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.model = Transformer(cfg, rngs=rngs)
+    self.score = nnx.Linear(cfg.hidden_size, 1, use_bias=True, dtype=cfg.compute_dtype,
+                            param_dtype=cfg.params_dtype,
+                            kernel_init=nnx.initializers.normal(cfg.initializer_range),
+                            bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+    """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""
+    hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
+                                           cache=cache, cache_index=cache_index)
+    values = self.score(hidden)[..., 0].astype(jnp.float32)
+    return values if cache is None else (values, new_cache)
+
+  @classmethod
+  def from_causal_lm(cls, lm: CausalLM, *, rngs: nnx.Rngs | None = None) -> "Critic":
+    """A critic whose trunk is a copy of `lm`'s trunk (warm start); the value head is fresh."""
+    critic = cls(lm.config, rngs=rngs or nnx.Rngs(0))
+    trunk_state = jax.tree.map(jnp.copy, nnx.state(lm.model))
+    nnx.update(critic.model, trunk_state)
+    return critic

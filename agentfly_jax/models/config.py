@@ -1,0 +1,228 @@
+"""ModelConfig: the architecture of a decoder-only causal LM, with HF `config.json` field names.
+
+One config describes the Qwen2/Qwen2.5, Qwen3 and Llama 3 families (SmolLM2 is a Llama):
+
+    cfg = ModelConfig.from_hf_dict(json.load(open("config.json")))
+    cfg.to_hf_dict()                         # -> dict HF transformers reads back
+    cfg = tiny_config("qwen3", vocab_size=512)   # random-init test configs
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+MODEL_TYPES = ("qwen2", "qwen3", "llama")
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+_CRITIC_ARCHITECTURES = {"qwen2": "Qwen2ForTokenClassification", "qwen3": "Qwen3ForTokenClassification",
+                         "llama": "LlamaForTokenClassification"}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+def dtype_name(dtype: Any) -> str:
+  """'float32' | 'bfloat16' | 'float16' for a dtype or its name; ValueError otherwise."""
+  name = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
+  if name not in _DTYPES:
+    raise ValueError(f"unsupported dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+  return name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture + numerics of a causal LM. Field names follow HF `config.json`.
+
+  Attributes (HF names): model_type ('qwen2' | 'qwen3' | 'llama'), vocab_size, hidden_size,
+  intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (GQA),
+  head_dim, rms_norm_eps, rope_theta, rope_scaling (None or {'rope_type': 'llama3' | 'linear',
+  ...}), max_position_embeddings, tie_word_embeddings, attention_bias (q/k/v/o biases, Llama
+  and Qwen3), mlp_bias (Llama), bos/eos/pad_token_id, initializer_range.
+  Ours: dtype (compute dtype name), param_dtype (parameter dtype name), remat (nnx.remat per
+  decoder layer), num_labels (critic head width; 1).
+  Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
+  """
+  model_type: str = "qwen2"
+  vocab_size: int = 151936
+  hidden_size: int = 896
+  intermediate_size: int = 4864
+  num_hidden_layers: int = 24
+  num_attention_heads: int = 14
+  num_key_value_heads: int = 2
+  head_dim: int | None = None
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 1_000_000.0
+  rope_scaling: dict | None = None
+  max_position_embeddings: int = 32768
+  tie_word_embeddings: bool = True
+  attention_bias: bool = False
+  mlp_bias: bool = False
+  bos_token_id: int | None = None
+  eos_token_id: int | list | None = None
+  pad_token_id: int | None = None
+  initializer_range: float = 0.02
+  hidden_act: str = "silu"
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: bool = False
+  num_labels: int = 1
+
+  def __post_init__(self):
+    if self.head_dim is None:
+      object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+    object.__setattr__(self, "dtype", dtype_name(self.dtype))
+    object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
+    if self.rope_scaling is not None:
+      object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+    self.validate()
+
+  def validate(self) -> None:
+    """Raises ValueError naming the bad field."""
+    if self.model_type not in MODEL_TYPES:
+      raise ValueError(f"ModelConfig.model_type {self.model_type!r} is not supported; "
+                       f"expected one of {MODEL_TYPES}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim"):
+      value = getattr(self, name)
+      if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"ModelConfig.{name} must be an int >= 1, got {value!r}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                       f"of num_key_value_heads ({self.num_key_value_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    if self.hidden_act != "silu":
+      raise ValueError(f"ModelConfig.hidden_act {self.hidden_act!r} is not supported; only 'silu'")
+    if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
+      raise ValueError(f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; "
+                       f"expected one of {_ROPE_TYPES}")
+
+  def __hash__(self):  # rope_scaling is a dict; nnx keeps the config as static module metadata
+    return hash(tuple((f.name, repr(getattr(self, f.name))) for f in dataclasses.fields(self)))
+
+  @property
+  def rope_type(self) -> str:
+    if not self.rope_scaling:
+      return "default"
+    return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def params_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def qkv_bias(self) -> bool:
+    return self.model_type == "qwen2" or self.attention_bias
+
+  @property
+  def o_bias(self) -> bool:
+    return self.model_type != "qwen2" and self.attention_bias
+
+  @property
+  def qk_norm(self) -> bool:
+    return self.model_type == "qwen3"
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  # ---- HF config.json ----------------------------------------------------------------------
+  @classmethod
+  def from_hf_dict(cls, hf: dict, *, source: str = "config.json", **overrides) -> "ModelConfig":
+    """Builds a config from a HF `config.json` dict (transformers 4.x or 5.x layout).
+
+    Raises ValueError naming `source` and the field for unknown architectures, sliding-window
+    attention and unsupported rope scaling.
+    """
+    if not isinstance(hf, dict):
+      raise ValueError(f"{source}: expected a JSON object, got {type(hf).__name__}")
+    model_type = hf.get("model_type")
+    if model_type not in MODEL_TYPES:
+      arch = hf.get("architectures")
+      raise ValueError(f"{source}: unknown architecture (model_type={model_type!r}, architectures={arch!r}); "
+                       f"supported model_type values: {MODEL_TYPES}")
+    if hf.get("use_sliding_window"):
+      raise ValueError(f"{source}: use_sliding_window=true is not supported")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in hf.items() if k in fields and k not in ("dtype",)}
+    # transformers 5 puts rope_theta / rope_type inside `rope_parameters`.
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling")
+    if isinstance(rope, dict):
+      rope = dict(rope)
+      if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{source}: partial_rotary_factor={rope['partial_rotary_factor']} is not supported")
+      rope.pop("partial_rotary_factor", None)
+      if "rope_theta" in rope:
+        kwargs["rope_theta"] = rope.pop("rope_theta")
+      rope_type = rope.get("rope_type", rope.get("type", "default"))
+      kwargs["rope_scaling"] = None if rope_type == "default" else rope
+    if kwargs.get("head_dim") is None:
+      kwargs.pop("head_dim", None)
+    kwargs.update(overrides)
+    try:
+      return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{source}: {e}") from e
+
+  def to_hf_dict(self, *, critic: bool = False) -> dict:
+    """The HF `config.json` dict (loads in transformers as Qwen2/Qwen3/Llama *ForCausalLM, or
+    *ForTokenClassification with num_labels=1 when `critic`)."""
+    arch = (_CRITIC_ARCHITECTURES if critic else _ARCHITECTURES)[self.model_type]
+    out = {
+        "architectures": [arch],
+        "model_type": self.model_type,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_hidden_layers,
+        "num_attention_heads": self.num_attention_heads,
+        "num_key_value_heads": self.num_key_value_heads,
+        "head_dim": self.head_dim,
+        "hidden_act": self.hidden_act,
+        "rms_norm_eps": self.rms_norm_eps,
+        "rope_theta": self.rope_theta,
+        "max_position_embeddings": self.max_position_embeddings,
+        "tie_word_embeddings": self.tie_word_embeddings,
+        "attention_bias": self.attention_bias,
+        "initializer_range": self.initializer_range,
+        "bos_token_id": self.bos_token_id,
+        "eos_token_id": self.eos_token_id,
+        "pad_token_id": self.pad_token_id,
+        "dtype": self.param_dtype,
+        "use_cache": True,
+    }
+    if self.model_type == "llama":
+      out["mlp_bias"] = self.mlp_bias
+    if self.model_type in ("qwen2", "qwen3"):
+      out["use_sliding_window"] = False
+      out["sliding_window"] = None
+      out["max_window_layers"] = self.num_hidden_layers
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+    if self.rope_scaling:  # transformers 4.x reads this name
+      out["rope_scaling"] = dict(self.rope_scaling)
+    if critic:
+      out["num_labels"] = self.num_labels
+      out["id2label"] = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
+      out["label2id"] = {f"LABEL_{i}": i for i in range(self.num_labels)}
+    return out
+
+
+def tiny_config(model_type: str = "qwen2", *, vocab_size: int = 256, tie_word_embeddings: bool = True,
+                **overrides) -> ModelConfig:
+  """A small random-init test config (2 layers, d=128, 4 heads / 2 KV heads of head_dim 32).
+
+  head_dim 32 (or 64) keeps vLLM's CPU attention happy. `overrides` are any ModelConfig fields,
+  e.g. `rope_scaling={"rope_type": "llama3", ...}`, `dtype="bfloat16"`, `remat=True`.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"tiny_config: model_type {model_type!r} is not one of {MODEL_TYPES}")
+  kwargs = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048,
+                tie_word_embeddings=tie_word_embeddings, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None)
+  kwargs.update(overrides)
+  return ModelConfig(**kwargs)

@@ -1,0 +1,155 @@
+"""Decoder building blocks: RMSNorm, RoPE (incl. Llama-3 scaling), GQA attention, SwiGLU MLP.
+
+Numerics follow HF transformers' Qwen2 / Qwen3 / Llama modules: RMSNorm in float32 then cast
+back, RoPE tables in float32, softmax in float32. Parameter layouts: Linear kernels are
+[in, out] (HF stores [out, in]); see `hf_io.py` for the one name/transpose table.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentfly_jax.models.config import ModelConfig
+
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+class RMSNorm(nnx.Module):
+  """y = scale * (x / sqrt(mean(x^2) + eps)), the mean in float32.  x: [..., D] -> [..., D]."""
+
+  def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+    self.eps = eps
+    self.dtype = dtype
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    normed = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
+    return self.scale[...].astype(self.dtype) * normed
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """Inverse RoPE frequencies float32[head_dim // 2], with 'linear' / 'llama3' scaling applied."""
+  hd = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  rope_type = cfg.rope_type
+  if rope_type == "linear":
+    return inv_freq / float(cfg.rope_scaling["factor"])
+  if rope_type == "llama3":
+    rs = cfg.rope_scaling
+    factor = float(rs["factor"])
+    low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old_len = float(rs["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return jnp.where(is_medium, smoothed, scaled)
+  return inv_freq
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """positions int32[B, T], inv_freq f32[hd/2] -> (cos, sin) float32[B, T, hd] (halves repeated)."""
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, H, hd], cos/sin [B, T, hd] -> [B, T, H, hd] (HF 'rotate_half' convention)."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                    kernel_init=nnx.initializers.normal(cfg.initializer_range),
+                    bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optional q/k RMSNorm (Qwen3) and a KV cache."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, hd = cfg.hidden_size, cfg.head_dim
+    self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+    self.dtype = cfg.compute_dtype
+    self.q_proj = _linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs)
+    self.k_proj = _linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
+    self.v_proj = _linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
+    self.o_proj = _linear(cfg, self.num_heads * hd, d, cfg.o_bias, rngs)
+    if cfg.qk_norm:
+      norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
+      self.q_norm = RMSNorm(hd, **norm)
+      self.k_norm = RMSNorm(hd, **norm)
+    else:
+      self.q_norm = self.k_norm = None
+
+  def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
+    """x [B, T, D]; cos/sin [B, T, hd]; mask bool[B, T, S] (True = may attend).
+
+    Without `kv`, S == T. With `kv` = (k, v), each [B, S, KVH, hd] (S = cache length), the new
+    keys/values are written at slots [cache_index, cache_index + T) before attending.
+    Returns (out [B, T, D], (k, v) or None).
+    """
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+    k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    new_kv = None
+    if kv is not None:
+      k_cache, v_cache = kv
+      start = (0, cache_index, 0, 0)
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+      new_kv = (k, v)
+      k, v = k.astype(self.dtype), v.astype(self.dtype)
+    groups = self.num_heads // self.num_kv_heads
+    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(self.head_dim)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, self.num_heads * self.head_dim)
+    return self.o_proj(out), new_kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x)).  [B, T, D] -> [B, T, D]."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, i = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = _linear(cfg, d, i, cfg.mlp_bias, rngs)
+    self.up_proj = _linear(cfg, d, i, cfg.mlp_bias, rngs)
+    self.down_proj = _linear(cfg, i, d, cfg.mlp_bias, rngs)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)); then + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
+    self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
+    self.self_attn = Attention(cfg, rngs=rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
+    """x [B, T, D] -> ([B, T, D], new (k, v) or None); see Attention for the other args."""
+    attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
+    x = x + attn_out
+    x = x + self.mlp(self.post_attention_layernorm(x))
+    return x, new_kv
