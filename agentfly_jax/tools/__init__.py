@@ -1,1 +1,13 @@
-"""agentfly_jax.tools."""
+"""Tools: the `@tool` decorator, the `Tool` object and its JSON schema, built-in tools.
+
+  from agentfly_jax.tools import tool, calculator, code_interpreter, answer
+"""
+from agentfly_jax.tools.builtin import answer, calculator, code_interpreter, evaluate_arithmetic
+from agentfly_jax.tools.local_env import LocalEnvProvider, LocalMemoryEnv
+from agentfly_jax.tools.schema import function_schema, parse_google_docstring
+from agentfly_jax.tools.tool import (Tool, ToolOutput, get_env_provider, set_env_provider, tool,
+                                     truncate)
+
+__all__ = ["tool", "Tool", "ToolOutput", "calculator", "code_interpreter", "answer",
+           "evaluate_arithmetic", "function_schema", "parse_google_docstring", "truncate",
+           "LocalEnvProvider", "LocalMemoryEnv", "set_env_provider", "get_env_provider"]

@@ -1,0 +1,186 @@
+"""`Agent`: the tokenizer + chat template, tools, reward and tool-call format of one agent.
+
+An agent does not generate; the rollout (`agentfly_jax.agents.rollout`) drives it:
+initial messages -> prompt text; model text -> `ParsedTurn`; tool outputs -> observation
+messages; and it builds the observation *text* appended after a model turn as the difference
+between two renderings of the conversation (with and without the new messages), so that only
+new, non-model text is ever tokenized.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from agentfly_jax.agents.parsers import ParsedTurn, ToolCall
+from agentfly_jax.agents.tokenizer import AgentTokenizer, load_tokenizer
+from agentfly_jax.rewards.reward import Reward, reward as make_reward
+from agentfly_jax.tools.tool import Tool, ToolOutput, tool as make_tool
+
+_SENTINEL = "\u2063AGENTFLY_SENTINEL\u2063"
+
+
+class TemplatePrefixError(ValueError):
+  """The chat template re-renders earlier turns differently once messages are appended, so new
+  tokens cannot be appended to the old ones (token-in/token-out would break)."""
+
+
+class Agent:
+  """Base class. Subclasses set `parse` and how tools and observations are presented.
+
+  Args:
+    tokenizer: an HF tokenizer folder path, an HF tokenizer object, or an `AgentTokenizer`.
+    tools: `Tool`s (plain functions are wrapped with `@tool`).
+    reward_fn: a `Reward` (plain functions are wrapped with `@reward`), or None (reward 0).
+    system_prompt: system message text (agents may add tool instructions to it).
+    template_kwargs: extra chat-template variables (e.g. {"date_string": "01 Jan 2025"}).
+  """
+  observation_role = "tool"
+
+  def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
+               reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
+               template_kwargs: dict | None = None):
+    self.tokenizer: AgentTokenizer = load_tokenizer(tokenizer)
+    self.tools: dict[str, Tool] = {}
+    for t in tools:
+      t = t if isinstance(t, Tool) else make_tool(t)
+      if t.name in self.tools:
+        raise ValueError(f"{type(self).__name__}: two tools are named {t.name!r}")
+      self.tools[t.name] = t
+    if reward_fn is not None and not isinstance(reward_fn, Reward):
+      reward_fn = make_reward(reward_fn)
+    self.reward_fn = reward_fn
+    self.system_prompt = system_prompt
+    self.template_kwargs = dict(template_kwargs or {})
+    self.end_of_turn_text = self._find_end_of_turn_text()
+    self.stop_token_ids = self._find_stop_token_ids()
+    self.check_prefix_stable()
+
+  # -- template --------------------------------------------------------------------------------
+  def render(self, messages: list[dict], template_tools: list[dict] | None,
+             add_generation_prompt: bool) -> str:
+    return self.tokenizer.render(messages, tools=template_tools,
+                                 add_generation_prompt=add_generation_prompt,
+                                 **self.template_kwargs)
+
+  def _find_end_of_turn_text(self) -> str:
+    """What the template writes after an assistant message's content (e.g. "<|im_end|>\\n")."""
+    text = self.render([{"role": "user", "content": "x"},
+                        {"role": "assistant", "content": _SENTINEL}], None, False)
+    at = text.rfind(_SENTINEL)
+    if at < 0:
+      raise TemplatePrefixError("the chat template does not write the assistant's content verbatim")
+    return text[at + len(_SENTINEL):]
+
+  def _find_stop_token_ids(self) -> tuple[int, ...]:
+    ids = []
+    tail_ids = self.tokenizer.encode(self.end_of_turn_text) if self.end_of_turn_text else []
+    if tail_ids:
+      ids.append(tail_ids[0])
+    eos = self.tokenizer.eos_token_id
+    if eos is not None:
+      ids.append(eos)
+    return tuple(dict.fromkeys(ids))
+
+  def observation_text(self, before: list[dict], new_messages: list[dict],
+                       template_tools: list[dict] | None, model_end_text: str) -> str:
+    """Non-model text to append after a model turn.
+
+    Args:
+      before: the conversation up to and including the new assistant message.
+      new_messages: observation messages to append (may be empty).
+      template_tools: tool schemas given to the template.
+      model_end_text: the decoded stop token the model emitted ('' if it was cut off).
+
+    Returns:
+      The rest of the assistant turn's end marker the model did not write (e.g. "\\n" after
+      "<|im_end|>"), then the rendering of `new_messages` and the generation prompt.
+
+    Raises:
+      TemplatePrefixError if the template is not prefix-stable for this conversation.
+    """
+    base = self.render(before, template_tools, add_generation_prompt=False)
+    full = self.render(before + new_messages, template_tools, add_generation_prompt=True)
+    if not full.startswith(base):
+      at = next((i for i, (a, b) in enumerate(zip(base, full)) if a != b), min(len(base), len(full)))
+      raise TemplatePrefixError(
+          f"{type(self).__name__}: the chat template is not prefix-stable: appending "
+          f"{len(new_messages)} message(s) changes the earlier text at character {at} "
+          f"({base[at:at + 40]!r} -> {full[at:at + 40]!r}); the rollout cannot append tokens")
+    tail = self.end_of_turn_text
+    if model_end_text and tail.startswith(model_end_text):
+      tail = tail[len(model_end_text):]
+    return tail + full[len(base):]
+
+  def check_prefix_stable(self) -> None:
+    """Checks on a small conversation that appending tool results / user turns only extends the
+    rendered text (raises `TemplatePrefixError` otherwise)."""
+    tools = list(self.tools.values())
+    first = {"question": "What is 1 + 1?"}
+    messages = self.initial_messages(first, tools)
+    template_tools = self.template_tools(tools)
+    name = tools[0].name if tools else "tool"
+    call = ToolCall(name=name, arguments={})
+    parsed = ParsedTurn(content="thinking", tool_calls=[call])
+    assistant = self.assistant_message("thinking", parsed)
+    observations = self.observation_messages([(call, ToolOutput("2"))], [])
+    self.observation_text(messages + [assistant], observations, template_tools, "")
+
+  # -- per-agent behaviour ---------------------------------------------------------------------
+  def tools_for_row(self, row: dict) -> list[Tool]:
+    """The agent's tools, restricted to `row["tools"]` (a list of names) when the row has it."""
+    allowed = row.get("tools") if isinstance(row, dict) else None
+    if allowed is None:
+      return list(self.tools.values())
+    if isinstance(allowed, str) or not all(isinstance(n, str) for n in allowed):
+      raise ValueError(f"row field 'tools' must be a list of tool names, got {allowed!r}")
+    unknown = [n for n in allowed if n not in self.tools]
+    if unknown:
+      raise ValueError(f"row field 'tools' names unknown tool(s) {unknown}; the agent has "
+                       f"{sorted(self.tools)}")
+    return [self.tools[n] for n in allowed]
+
+  def template_tools(self, tools: list[Tool]) -> list[dict] | None:
+    """Tool schemas passed to the chat template (None: tools are described in the prompt)."""
+    return [t.schema for t in tools] if tools else None
+
+  def system_text(self, tools: list[Tool]) -> str | None:
+    return self.system_prompt
+
+  def initial_messages(self, row: dict, tools: list[Tool]) -> list[dict]:
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str):
+      raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got "
+                       f"{row!r:.120}")
+    messages = []
+    system = self.system_text(tools)
+    if system is not None:
+      messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": row["question"]})
+    return messages
+
+  def parse(self, text: str) -> ParsedTurn:
+    raise NotImplementedError
+
+  def assistant_message(self, text: str, parsed: ParsedTurn) -> dict:
+    return {"role": "assistant", "content": text}
+
+  def resolve(self, call: ToolCall, tools: dict[str, Tool]) -> tuple[Tool | None, dict, str | None]:
+    """(tool, arguments, error) for a parsed call against the row's tools."""
+    found = tools.get(call.name)
+    if found is None:
+      return None, {}, (f"unknown tool '{call.name}'; available tools: "
+                        f"{', '.join(sorted(tools)) or 'none'}")
+    arguments = call.arguments
+    if call.raw_arguments is not None:  # free text: fits a tool with exactly one parameter
+      props = list(found.parameters["properties"])
+      if len(props) != 1:
+        return found, {}, (f"the input of tool '{call.name}' must be a JSON object with "
+                           f"arguments {props}, got {call.raw_arguments[:80]!r}")
+      arguments = {props[0]: call.raw_arguments}
+    return found, arguments, None
+
+  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]],
+                           errors: list[str]) -> list[dict]:
+    """Chat messages showing tool outputs (and parse errors) to the model."""
+    messages = [{"role": "tool", "name": call.name, "content": out.observation}
+                for call, out in results]
+    messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in errors]
+    return messages

@@ -1,0 +1,293 @@
+"""The multi-chain, multi-turn rollout: rows -> `Trajectory`s, all chains concurrent under trio.
+
+  trajectories = run_rollout(agent, rows, sampler=sampler, num_chains=4, max_turns=4,
+                             sampling_params=SamplingParams(temperature=1.0),
+                             max_tokens_per_turn=256, max_total_tokens=2048)
+
+Each chain: render the prompt with the chat template -> `sampler.agenerate(ids)` -> keep the
+returned ids verbatim (action_mask True, log-probs stored) -> decode them only to parse tool
+calls -> run this turn's calls concurrently -> append the observation tokens, built by
+tokenizing only the new template text -> repeat. A chain stops with a `finish_reason`:
+  "finish_tool"          a finish tool (e.g. `answer`) ran successfully; its output is the prediction
+  "final_answer"         the model wrote `Final Answer:` (ReAct / Code agents)
+  "no_tool_call"         the model answered without calling a tool
+  "max_turns"            `max_turns` model turns were generated
+  "max_tokens_per_turn"  a turn hit `max_tokens_per_turn` without ending
+  "max_total_tokens"     the context reached `max_total_tokens`
+  "error"                an exception (logged; reward 0, `Trajectory.error` holds it)
+The reward is computed inside the chain as soon as it finishes (overlapping other chains). One
+chain failing never stops the others.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import uuid
+from typing import Any, Sequence
+
+import numpy as np
+import trio
+
+from agentfly_jax.agents.base import Agent
+from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.tools.tool import ToolOutput
+
+log = logging.getLogger(__name__)
+
+
+class _ChainEnvs:
+  """The chain's environment instances, acquired lazily (reset with the row), released at end."""
+
+  def __init__(self, provider_getter, chain_key: str, row: dict):
+    self._provider_getter = provider_getter
+    self._provider = None
+    self._key = chain_key
+    self._row = row
+    self._envs: dict[str, Any] = {}
+    self._lock = trio.Lock()
+
+  async def get(self, env_name: str):
+    async with self._lock:
+      if env_name not in self._envs:
+        if self._provider is None:
+          self._provider = self._provider_getter()
+        env = await self._provider.acquire(env_name, self._key)
+        self._envs[env_name] = env
+        await env.reset(self._row)
+      return self._envs[env_name]
+
+  async def release_all(self):
+    for name in list(self._envs):
+      try:
+        await self._provider.release(name, self._key)
+      except Exception:  # a failing release must not hide the chain's result
+        log.warning("releasing env %r of chain %s failed", name, self._key, exc_info=True)
+      self._envs.pop(name, None)
+
+
+@dataclasses.dataclass
+class _Config:
+  sampler: Any
+  max_turns: int
+  sampling_params: SamplingParams
+  max_tokens_per_turn: int
+  max_total_tokens: int
+  seed: int | None
+  provider_getter: Any
+  run_id: str
+  thread_limiter: trio.CapacityLimiter
+
+
+def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int,
+                  fallback: int | None) -> int | None:
+  if seed is None:
+    return fallback
+  state = np.random.SeedSequence([int(seed) % 2**32, group_id, chain_id, turn]).generate_state(1)
+  return int(state[0]) % 2**31
+
+
+async def _run_tool(cfg: _Config, envs: _ChainEnvs, the_tool, arguments) -> ToolOutput:
+  env = None
+  if the_tool.stateful:
+    try:
+      env = await envs.get(the_tool.env_name)
+    except Exception as e:
+      error = f"environment '{the_tool.env_name}' for tool '{the_tool.name}' is unavailable: {e}"
+      return ToolOutput(f"Error: {error}", ok=False, error=error)
+  return await the_tool.run(arguments, env=env, thread_limiter=cfg.thread_limiter)
+
+
+async def _run_turn_tools(cfg, envs, agent: Agent, parsed, tool_map) -> list[ToolOutput]:
+  """Runs one turn's tool calls concurrently; returns their outputs in call order."""
+  outputs: list[ToolOutput | None] = [None] * len(parsed.tool_calls)
+
+  async def run_one(i, the_tool, arguments):
+    outputs[i] = await _run_tool(cfg, envs, the_tool, arguments)
+
+  async with trio.open_nursery() as nursery:
+    for i, call in enumerate(parsed.tool_calls):
+      the_tool, arguments, error = agent.resolve(call, tool_map)
+      if error is not None:
+        outputs[i] = ToolOutput(f"Error: {error}", ok=False, error=error)
+      else:
+        nursery.start_soon(run_one, i, the_tool, arguments)
+  return outputs
+
+
+async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
+                     cfg: _Config) -> Trajectory:
+  tok = agent.tokenizer
+  envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
+  ids: list[int] = []
+  mask: list[bool] = []
+  logps: list[float] = []
+  messages: list[dict] = []
+  tool_records: list[dict] = []
+  num_turns, prompt_length = 0, 0
+  finish, prediction, error = None, None, None
+  reward, metrics = 0.0, {}
+  stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
+  stop_set = set(stop_ids)
+  try:
+    tools = agent.tools_for_row(row)
+    tool_map = {t.name: t for t in tools}
+    template_tools = agent.template_tools(tools)
+    messages = agent.initial_messages(row, tools)
+    ids = tok.encode(agent.render(messages, template_tools, add_generation_prompt=True))
+    mask, logps = [False] * len(ids), [0.0] * len(ids)
+    prompt_length = len(ids)
+    for turn in range(cfg.max_turns):
+      room = cfg.max_total_tokens - len(ids)
+      if room <= 0:
+        finish = "max_total_tokens"
+        break
+      budget = min(cfg.max_tokens_per_turn, room)
+      params = dataclasses.replace(
+          cfg.sampling_params, max_new_tokens=budget, stop_token_ids=stop_ids,
+          seed=_request_seed(cfg.seed, group_id, chain_id, turn, cfg.sampling_params.seed))
+      result = await cfg.sampler.agenerate(list(ids), params)
+      generated = [int(t) for t in result.token_ids]
+      if not generated or len(result.logprobs) != len(generated):
+        raise ValueError(f"sampler returned {len(generated)} token ids and "
+                         f"{len(result.logprobs)} log-probs (need equal, >= 1)")
+      ids += generated
+      mask += [True] * len(generated)
+      logps += [float(x) for x in result.logprobs]
+      num_turns += 1
+      ended = generated[-1] in stop_set
+      text = tok.decode(generated[:-1] if ended else generated)
+      model_end_text = tok.decode(generated[-1:]) if ended else ""
+      parsed = agent.parse(text)
+      messages.append(agent.assistant_message(text, parsed))
+      prediction = parsed.content if parsed.final_answer is None else parsed.final_answer
+      if not ended and len(generated) >= budget:
+        finish = "max_tokens_per_turn" if budget == cfg.max_tokens_per_turn else "max_total_tokens"
+        break
+      if not parsed.tool_calls and not parsed.errors:
+        finish = "final_answer" if parsed.final_answer is not None else "no_tool_call"
+        break
+      outputs = await _run_turn_tools(cfg, envs, agent, parsed, tool_map)
+      for call, out in zip(parsed.tool_calls, outputs):
+        tool_records.append({"turn": turn, "name": call.name, "arguments": call.arguments,
+                             "observation": out.observation, "ok": out.ok})
+      finished = [out for out in outputs if out.finished and out.ok]
+      if finished:
+        prediction, finish = finished[0].observation, "finish_tool"
+        break
+      new_messages = agent.observation_messages(list(zip(parsed.tool_calls, outputs)),
+                                                parsed.errors)
+      if turn == cfg.max_turns - 1:
+        messages += new_messages
+        finish = "max_turns"
+        break
+      obs_ids = tok.encode(agent.observation_text(messages, new_messages, template_tools,
+                                                  model_end_text))
+      messages += new_messages
+      if len(ids) + len(obs_ids) >= cfg.max_total_tokens:
+        finish = "max_total_tokens"
+        break
+      ids += obs_ids
+      mask += [False] * len(obs_ids)
+      logps += [0.0] * len(obs_ids)
+    if finish is None:
+      finish = "max_turns"
+    if agent.reward_fn is not None:
+      env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
+      metrics = await agent.reward_fn.compute(prediction, messages, row, env,
+                                              thread_limiter=cfg.thread_limiter)
+      reward = float(metrics.pop("reward"))
+  except Exception as e:  # one chain's failure never stops the others
+    log.warning("rollout chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
+    finish, error, reward, metrics = "error", f"{type(e).__name__}: {e}", 0.0, {}
+  finally:
+    with trio.CancelScope(shield=True):
+      await envs.release_all()
+  return Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=logps, reward=reward,
+                    reward_metrics=metrics, group_id=group_id, chain_id=chain_id,
+                    messages=messages, num_turns=num_turns, tool_calls=tool_records,
+                    finish_reason=finish, prompt_length=prompt_length, row=row,
+                    prediction=prediction, error=error)
+
+
+def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
+  """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
+  fields the reward needs. Raises ValueError naming the row index and field."""
+  if isinstance(rows, dict) or not isinstance(rows, Sequence):
+    raise TypeError(f"rollout: rows must be a list of dicts, got {type(rows).__name__}")
+  for i, row in enumerate(rows):
+    if not isinstance(row, dict):
+      raise ValueError(f"rollout: row {i} is a {type(row).__name__}, not a dict")
+    if not isinstance(row.get("question"), str):
+      raise ValueError(f"rollout: row {i} field 'question' must be a string, got "
+                       f"{row.get('question')!r:.80}")
+    try:
+      agent.tools_for_row(row)
+      if agent.reward_fn is not None:
+        agent.reward_fn.bind(None, [], row, None)
+    except (ValueError, KeyError) as e:
+      raise ValueError(f"rollout: row {i}: {e}") from None
+
+
+async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: int = 1,
+                  max_turns: int = 4, sampling_params: SamplingParams | None = None,
+                  max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
+                  concurrency: int = 256, env_provider=None, seed: int | None = 0,
+                  tool_threads: int = 128) -> list[Trajectory]:
+  """Runs `num_chains` chains per row concurrently; returns trajectories row-major
+  (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = row index.
+
+  Args:
+    agent: a ToolCallAgent / ReactAgent / CodeAgent.
+    rows: dataset rows (dicts with 'question' and optional fields, e.g. 'answer', 'tools').
+    sampler: anything with `async agenerate(prompt_ids, params) -> SampleResult`.
+    num_chains: chains per row (they share the row's group_id).
+    max_turns: model turns per chain.
+    sampling_params: temperature etc.; `max_new_tokens` is replaced per turn by the remaining
+      budget, the agent's end-of-turn ids are added to `stop_token_ids`.
+    max_tokens_per_turn: cap on tokens generated per turn.
+    max_total_tokens: cap on a chain's whole context (prompt + turns + observations).
+    concurrency: how many chains run at once.
+    env_provider: EnvProvider for stateful tools / env rewards (default
+      `agentfly_jax.envs.default_provider()`, created only if a chain needs an environment).
+    seed: base seed; each request gets a seed derived from (seed, group, chain, turn). None
+      keeps `sampling_params.seed`.
+    tool_threads: worker threads for synchronous tool and reward functions.
+  """
+  for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
+                      ("max_tokens_per_turn", max_tokens_per_turn),
+                      ("max_total_tokens", max_total_tokens), ("concurrency", concurrency),
+                      ("tool_threads", tool_threads)]:
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"rollout: {name} must be an int >= 1, got {value!r}")
+  validate_rows(agent, rows)
+  sampling_params = sampling_params or SamplingParams()
+
+  def provider_getter():
+    if env_provider is not None:
+      return env_provider
+    from agentfly_jax.tools.tool import get_env_provider
+    return get_env_provider()
+
+  cfg = _Config(sampler=sampler, max_turns=max_turns, sampling_params=sampling_params,
+                max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
+                seed=seed, provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
+                run_id=uuid.uuid4().hex[:10], thread_limiter=trio.CapacityLimiter(tool_threads))
+  limiter = trio.CapacityLimiter(concurrency)
+  results: list[Trajectory | None] = [None] * (len(rows) * num_chains)
+
+  async def chain(index, row, group_id, chain_id):
+    async with limiter:
+      results[index] = await _run_chain(agent, row, group_id, chain_id, cfg)
+
+  async with trio.open_nursery() as nursery:
+    for g, row in enumerate(rows):
+      for c in range(num_chains):
+        nursery.start_soon(chain, g * num_chains + c, row, g, c)
+  return results
+
+
+def run_rollout(agent: Agent, rows: Sequence[dict], **kwargs) -> list[Trajectory]:
+  """Synchronous `rollout` (runs its own trio loop); same arguments."""
+  return trio.run(functools.partial(rollout, agent, rows, **kwargs))

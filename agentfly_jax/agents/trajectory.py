@@ -1,0 +1,117 @@
+"""`Trajectory`: one chain's tokens, action mask, sampler log-probs and reward; `pad_batch`.
+
+Token-in/token-out: `token_ids` are the prompt ids, then per turn the sampler's ids verbatim
+(`action_mask` True, `sampler_logprobs` = the sampler's log-probs) and the observation/template
+ids the rollout appended (`action_mask` False, log-probs 0).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Trajectory:
+  """One chain of a rollout.
+
+  Attributes:
+    token_ids: int32[T] prompt + all turns.
+    action_mask: bool[T], True exactly on sampler-generated tokens.
+    sampler_logprobs: float32[T], the sampler's log-probs where `action_mask`, else 0.
+    reward: the chain's scalar reward (0 if the chain failed).
+    reward_metrics: extra numbers the reward returned (dict keys other than "reward").
+    group_id: index of the dataset row in the rollout batch (chains of one row share it).
+    chain_id: index of the chain within its group, 0..num_chains-1.
+    messages: the conversation as chat messages (assistant text decoded from the ids).
+    num_turns: number of model turns generated.
+    tool_calls: one dict per executed tool call: turn, name, arguments, observation, ok.
+    finish_reason: why the chain stopped: "finish_tool", "no_tool_call", "max_turns",
+      "max_tokens_per_turn", "max_total_tokens" or "error".
+    prompt_length: number of tokens of the first prompt (before the first model turn).
+    row: the dataset row this chain answered.
+    prediction: the final answer given to the reward (finish tool output or last message).
+    error: the exception text when `finish_reason == "error"`, else None.
+  """
+  token_ids: np.ndarray
+  action_mask: np.ndarray
+  sampler_logprobs: np.ndarray
+  reward: float = 0.0
+  reward_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+  group_id: int = 0
+  chain_id: int = 0
+  messages: list[dict] = dataclasses.field(default_factory=list)
+  num_turns: int = 0
+  tool_calls: list[dict] = dataclasses.field(default_factory=list)
+  finish_reason: str = ""
+  prompt_length: int = 0
+  row: dict = dataclasses.field(default_factory=dict)
+  prediction: str | None = None
+  error: str | None = None
+
+  def __post_init__(self):
+    self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)
+    self.action_mask = np.asarray(self.action_mask, dtype=bool).reshape(-1)
+    self.sampler_logprobs = np.asarray(self.sampler_logprobs, dtype=np.float32).reshape(-1)
+    n = self.token_ids.shape[0]
+    if self.action_mask.shape[0] != n or self.sampler_logprobs.shape[0] != n:
+      raise ValueError(
+          f"Trajectory(group {self.group_id}, chain {self.chain_id}): token_ids, action_mask and "
+          f"sampler_logprobs must have one length; got {n}, {self.action_mask.shape[0]}, "
+          f"{self.sampler_logprobs.shape[0]}")
+
+  def __len__(self) -> int:
+    return int(self.token_ids.shape[0])
+
+  @property
+  def generated_token_ids(self) -> np.ndarray:
+    """int32[N]: the sampler's ids, in order (the masked-in tokens)."""
+    return self.token_ids[self.action_mask]
+
+
+def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None,
+              pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Right-pads trajectories into `[B, T]` arrays for the trainer.
+
+  Args:
+    trajectories: B trajectories.
+    max_len: T; default the longest trajectory. A longer trajectory is an error (nothing is
+      silently cut).
+    pad_id: id written into padded positions of `token_ids`.
+
+  Returns:
+    {"token_ids": int32[B, T], "action_mask": bool[B, T], "sampler_logprobs": float32[B, T],
+     "attention_mask": bool[B, T], "rewards": float32[B], "group_ids": int32[B]}; padded
+    positions have attention_mask/action_mask False and log-prob 0.
+  """
+  if not trajectories:
+    raise ValueError("pad_batch: got no trajectories")
+  for i, t in enumerate(trajectories):
+    if not isinstance(t, Trajectory):
+      raise TypeError(f"pad_batch: trajectories[{i}] is a {type(t).__name__}, not a Trajectory")
+  lengths = [len(t) for t in trajectories]
+  width = max(lengths) if max_len is None else int(max_len)
+  for i, n in enumerate(lengths):
+    if n > width:
+      raise ValueError(f"pad_batch: trajectories[{i}] (group {trajectories[i].group_id}, chain "
+                       f"{trajectories[i].chain_id}) has {n} tokens > max_len={width}")
+  b = len(trajectories)
+  token_ids = np.full((b, width), pad_id, dtype=np.int32)
+  action_mask = np.zeros((b, width), dtype=bool)
+  logprobs = np.zeros((b, width), dtype=np.float32)
+  attention = np.zeros((b, width), dtype=bool)
+  for i, t in enumerate(trajectories):
+    n = lengths[i]
+    token_ids[i, :n] = t.token_ids
+    action_mask[i, :n] = t.action_mask
+    logprobs[i, :n] = np.where(t.action_mask, t.sampler_logprobs, 0.0)
+    attention[i, :n] = True
+  return {
+      "token_ids": token_ids,
+      "action_mask": action_mask,
+      "sampler_logprobs": logprobs,
+      "attention_mask": attention,
+      "rewards": np.asarray([t.reward for t in trajectories], dtype=np.float32),
+      "group_ids": np.asarray([t.group_id for t in trajectories], dtype=np.int32),
+  }

@@ -1,0 +1,82 @@
+"""`ScriptedSampler`: a Sampler that returns scripted token ids (tests, demos, benchmarks of the
+rollout without a model).
+
+  sampler = ScriptedSampler(lambda prompt_ids: reply_ids_for(prompt_ids), delay_s=0.01)
+  result = await sampler.agenerate(prompt_ids, SamplingParams(stop_token_ids=(eos,)))
+
+The script maps a prompt (list of ids) to the full reply ids; the sampler then applies the
+request's stop ids (cuts after the first one, finish_reason "stop") and `max_new_tokens`
+(finish_reason "length"), like a real sampler. Log-probs are a deterministic function of the
+position and token (`scripted_logprob`), distinct per position, so alignment bugs show.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import trio
+
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+
+
+def scripted_logprob(prompt_length: int, index: int, token_id: int) -> float:
+  """The log-prob the scripted sampler reports for reply token `index` (< 0, varies)."""
+  return -0.01 - ((token_id * 7919 + (prompt_length + index) * 104729) % 1000) / 250.0
+
+
+class ScriptedSampler:
+  """Sampler protocol over a script `prompt_ids -> reply ids`.
+
+  Args:
+    script: function of the prompt ids returning the reply ids (a list of ints), or a fixed
+      list of replies used in turn (call i gets replies[i % len(replies)]).
+    delay_s: simulated generation time per request (trio.sleep, so concurrent requests
+      overlap like a batching sampler).
+
+  Attributes:
+    calls: list of (prompt ids, SampleResult) in call order.
+  """
+
+  def __init__(self, script: Callable[[list[int]], Sequence[int]] | Sequence[Sequence[int]],
+               delay_s: float = 0.0):
+    if callable(script):
+      self._script = script
+    else:
+      replies = [list(r) for r in script]
+      if not replies:
+        raise ValueError("ScriptedSampler: the list of scripted replies is empty")
+      self._script = lambda prompt, _r=replies: _r[len(self.calls) % len(_r)]
+    self.delay_s = float(delay_s)
+    self.calls: list[tuple[list[int], SampleResult]] = []
+    self.num_weight_updates = 0
+
+  def _sample(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    prompt = [int(t) for t in prompt]
+    reply = [int(t) for t in self._script(list(prompt))]
+    if not reply:
+      raise ValueError("ScriptedSampler: the script returned an empty reply")
+    stops = set(params.stop_token_ids)
+    out, finish = [], "length"
+    for t in reply:
+      if len(out) >= params.max_new_tokens:
+        break
+      out.append(t)
+      if t in stops:
+        finish = "stop"
+        break
+    if finish == "length" and len(out) == len(reply) and len(out) < params.max_new_tokens:
+      finish = "stop"  # the script ended: treat like an end of sequence
+    logprobs = [scripted_logprob(len(prompt), i, t) for i, t in enumerate(out)]
+    result = SampleResult(token_ids=out, logprobs=logprobs, finish_reason=finish)
+    self.calls.append((prompt, result))
+    return result
+
+  def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[SampleResult]:
+    return [self._sample(p, params) for p in prompts]
+
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    if self.delay_s > 0:
+      await trio.sleep(self.delay_s)
+    return self._sample(prompt, params)
+
+  def update_weights(self, params: Any) -> None:
+    self.num_weight_updates += 1

@@ -1,0 +1,223 @@
+"""`@tool`: turn a Python function into a tool an agent can call.
+
+  @tool
+  def get_weather(city: str, days: int = 1) -> str:
+    '''Weather forecast for a city.
+
+    Args:
+      city: the city name.
+      days: how many days ahead.
+    '''
+    return f"{city}: sunny for {days} day(s)"
+
+  get_weather(city="Oslo")              # direct, synchronous call -> "Oslo: sunny for 1 day(s)"
+  await get_weather.acall(city="Oslo")  # or awaited (inside trio)
+  get_weather.schema                    # OpenAI function-format JSON schema
+
+Sync and async (trio) functions both work; sync ones run in a worker thread so that several
+calls of one turn run concurrently. In a rollout every problem becomes an error observation the
+model reads, never an exception: the function raising, an unknown argument, a missing argument,
+a wrong type, a timeout. Output longer than `max_length` characters is cut with a visible marker.
+
+A finish tool (`@tool(finish=True)`, e.g. `answer`) ends the chain; its output is the chain's
+prediction. A stateful tool (`@tool(stateful=True, env="python_sandbox")`) takes a parameter
+named `env` and receives the chain's environment instance (the same instance for every call of
+the chain); called directly it gets a fresh environment of its own.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import json
+import typing
+import uuid
+from typing import Any, Callable
+
+import trio
+
+from agentfly_jax.tools.schema import check_arguments, function_schema
+
+DEFAULT_MAX_LENGTH = 4096
+ENV_PARAM = "env"
+_env_provider_override = None
+
+
+def set_env_provider(provider) -> None:
+  """Sets the EnvProvider that direct (out-of-rollout) calls of stateful tools use; None resets
+  to `agentfly_jax.envs.default_provider()`."""
+  global _env_provider_override
+  _env_provider_override = provider
+
+
+def get_env_provider():
+  """The EnvProvider direct calls use: the one set by `set_env_provider`, else the default."""
+  if _env_provider_override is not None:
+    return _env_provider_override
+  try:
+    from agentfly_jax.envs import default_provider
+  except ImportError as e:
+    raise RuntimeError("a stateful tool needs an environment, but agentfly_jax.envs has no "
+                       "default_provider(); pass an EnvProvider (set_env_provider(...))") from e
+  return default_provider()
+
+
+@dataclasses.dataclass
+class ToolOutput:
+  """Result of one tool call: what the model reads, and whether it went well."""
+  observation: str
+  ok: bool = True
+  error: str | None = None
+  finished: bool = False
+
+
+def to_observation_text(value: Any) -> str:
+  """A tool's return value as text: str as is, StepResult -> its observation, JSON for
+  dicts/lists, str() otherwise."""
+  if value is None:
+    return ""
+  if isinstance(value, str):
+    return value
+  observation = getattr(value, "observation", None)
+  if isinstance(observation, str):
+    return observation
+  if isinstance(value, (dict, list, tuple, int, float, bool)):
+    try:
+      return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+      pass
+  return str(value)
+
+
+def truncate(text: str, max_length: int | None) -> str:
+  """Cuts `text` to `max_length` characters plus a marker saying how much was dropped."""
+  if max_length is None or len(text) <= max_length:
+    return text
+  return f"{text[:max_length]}\n...[truncated: {len(text) - max_length} more characters]"
+
+
+class Tool:
+  """A callable tool: the function, its JSON schema, and how it runs in a chain."""
+
+  def __init__(self, fn: Callable, *, name: str | None = None, description: str | None = None,
+               max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
+               env: str | None = None, finish: bool = False, timeout_s: float | None = None):
+    if not callable(fn):
+      raise TypeError(f"@tool: expected a function, got {type(fn).__name__}")
+    self.fn = fn
+    self.name = name or fn.__name__
+    self.signature = inspect.signature(fn)
+    params = self.signature.parameters
+    self.stateful = bool(stateful or env is not None)
+    self.env_name = env
+    if self.stateful:
+      if not env:
+        raise ValueError(f"@tool {self.name!r}: stateful=True needs env='<env name>'")
+      if ENV_PARAM not in params:
+        raise ValueError(f"@tool {self.name!r}: a stateful tool needs a parameter named "
+                         f"'{ENV_PARAM}' to receive its environment")
+    self._skip = (ENV_PARAM,) if self.stateful else ()
+    try:
+      self._hints = typing.get_type_hints(fn)
+    except Exception:
+      self._hints = {}
+    self.schema = function_schema(fn, name=self.name, description=description,
+                                  skip_params=self._skip)
+    self.description = self.schema["function"]["description"]
+    self.max_length = max_length
+    self.is_finish = bool(finish)
+    self.timeout_s = timeout_s
+    self.is_async = inspect.iscoroutinefunction(fn)
+    functools.update_wrapper(self, fn)
+
+  @property
+  def parameters(self) -> dict:
+    """The JSON schema of the arguments ({"type": "object", "properties": ..., "required": ...})."""
+    return self.schema["function"]["parameters"]
+
+  def __repr__(self):
+    kind = "finish " if self.is_finish else ""
+    env = f", env={self.env_name!r}" if self.stateful else ""
+    return f"<{kind}Tool {self.name}({', '.join(self.parameters['properties'])}){env}>"
+
+  def check(self, arguments: Any) -> str | None:
+    """An error message if `arguments` don't fit the signature, else None."""
+    if not isinstance(arguments, dict):
+      return (f"tool '{self.name}' arguments must be a JSON object, got "
+              f"{type(arguments).__name__} {arguments!r:.80}")
+    return check_arguments(self.name, self.signature, self._hints, arguments, self._skip)
+
+  async def run(self, arguments: Any, env: Any = None,
+                thread_limiter: trio.CapacityLimiter | None = None) -> ToolOutput:
+    """Runs the tool once in a chain; never raises (except trio cancellation): any problem
+    comes back as an error observation."""
+    error = self.check(arguments)
+    if error is not None:
+      return ToolOutput(f"Error: {error}", ok=False, error=error)
+    kwargs = dict(arguments)
+    if self.stateful:
+      if env is None:
+        error = f"tool '{self.name}' needs environment '{self.env_name}' but none was provided"
+        return ToolOutput(f"Error: {error}", ok=False, error=error)
+      kwargs[ENV_PARAM] = env
+    try:
+      with trio.fail_after(self.timeout_s) if self.timeout_s else contextlib.nullcontext():
+        if self.is_async:
+          value = await self.fn(**kwargs)
+        else:
+          value = await trio.to_thread.run_sync(functools.partial(self.fn, **kwargs),
+                                                limiter=thread_limiter, abandon_on_cancel=True)
+    except trio.TooSlowError:
+      error = f"tool '{self.name}' timed out after {self.timeout_s} s"
+      return ToolOutput(f"Error: {error}", ok=False, error=error)
+    except Exception as e:  # the model reads the error and may retry
+      error = f"tool '{self.name}' raised {type(e).__name__}: {e}"
+      return ToolOutput(truncate(f"Error: {error}", self.max_length), ok=False, error=error)
+    return ToolOutput(truncate(to_observation_text(value), self.max_length), ok=True,
+                      finished=self.is_finish)
+
+  async def acall(self, **arguments) -> str:
+    """Direct call outside a rollout, awaited inside trio; returns the observation text (an
+    error observation if something went wrong). Stateful tools get a fresh environment."""
+    if not self.stateful:
+      return (await self.run(arguments)).observation
+    provider = get_env_provider()
+    chain_id = f"direct-{self.name}-{uuid.uuid4().hex[:12]}"
+    env = await provider.acquire(self.env_name, chain_id)
+    try:
+      await env.reset(None)
+      return (await self.run(arguments, env=env)).observation
+    finally:
+      with trio.CancelScope(shield=True):
+        await provider.release(self.env_name, chain_id)
+
+  def __call__(self, **arguments) -> str:
+    """Direct synchronous call (a notebook cell): runs `acall` in its own trio loop."""
+    try:
+      trio.lowlevel.current_task()
+    except RuntimeError:
+      return trio.run(functools.partial(self.acall, **arguments))
+    raise RuntimeError(f"tool '{self.name}' was called synchronously inside a trio run; use "
+                       f"`await {self.name}.acall(...)` there")
+
+
+def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None,
+         max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
+         env: str | None = None, finish: bool = False, timeout_s: float | None = None):
+  """Decorator making a `Tool`; use bare (`@tool`) or with options (`@tool(name=..., ...)`).
+
+  Args:
+    name: tool name the model uses (default: the function name).
+    description: default: the docstring's summary.
+    max_length: output characters kept (None = no limit); longer output gets a marker.
+    stateful: the tool needs an environment instance (requires `env`).
+    env: environment name, e.g. "python_sandbox"; implies stateful. The function must take a
+      parameter named `env`.
+    finish: calling this tool ends the chain; its output becomes the prediction.
+    timeout_s: wall-clock limit per call; exceeding it gives an error observation.
+  """
+  def wrap(f):
+    return Tool(f, name=name, description=description, max_length=max_length,
+                stateful=stateful, env=env, finish=finish, timeout_s=timeout_s)
+  return wrap(fn) if fn is not None else wrap
