@@ -1,0 +1,325 @@
+"""The trainer-side resource manager: env instances for chains, spread over env servers.
+
+    manager = EnvManager(servers=["10.0.0.5:8765", "10.0.0.6:8765"])
+    env = await manager.acquire("python_sandbox", chain_id="row3-chain1")   # an `Env`
+    await env.reset(row)
+    obs = (await env.step("print(1 + 1)")).observation
+    await manager.release("python_sandbox", "row3-chain1")
+
+- Spreading: a new chain goes to the server holding the fewest of this manager's chains of that
+  env type (ties: round-robin); a server that does not serve the type is skipped.
+- Back-off: when every server's pool is full (PoolExhausted) or unreachable, acquire retries with
+  exponential back-off and jitter until `acquire_timeout_s`.
+- Reconnect: a lost connection is reopened at the next call; a chain whose server went away gets
+  an error observation for the call that failed, then a fresh instance (state lost, and said so).
+- Works from any trio run: connections belong to the run that opened them (a synchronous one-off
+  tool call does its own `trio.run`), so each run gets its own connections and bindings.
+- `metrics()` reports pool use (allocated envs per type, back-off, reconnects, errors).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import random
+import time
+from typing import Any, Sequence
+
+import trio
+
+from agentfly_jax.envs.base import StepResult
+from envservers.client import Connection, ConnectionLost
+from envservers.protocol import NOT_ACQUIRED, POOL_EXHAUSTED, UNKNOWN_ENV, RemoteError, parse_address
+
+
+class EnvUnavailable(RuntimeError):
+  """No env instance could be had (unknown type, all servers down, or pools full too long)."""
+
+
+class RemoteEnv:
+  """An `Env` proxy for one chain's instance on one server (see agentfly_jax.envs.base.Env)."""
+
+  def __init__(self, manager: "EnvManager", state: "_RunState", env_name: str, chain_id: str,
+               address: str, connection: Connection, info: dict):
+    self._manager = manager
+    self._state = state
+    self.env_name = env_name
+    self.chain_id = chain_id
+    self.address = address
+    self.connection = connection
+    self.info = info
+    self._lost_note = ""
+    self._rebind = False
+
+  def __repr__(self):
+    return f"RemoteEnv({self.env_name!r}, chain={self.chain_id!r}, server={self.address})"
+
+  async def _ensure_bound(self) -> None:
+    """Re-acquires on a fresh connection if ours was lost (the old instance is gone)."""
+    if not self.connection.closed and not self._rebind:
+      return
+    self._rebind = False
+    address, connection, info = await self._manager._bind(self._state, self.env_name, self.chain_id)
+    self.address, self.connection, self.info = address, connection, info
+    self._lost_note = ("[note: the environment server connection was lost; this is a fresh "
+                       "environment and earlier state is gone]\n")
+
+  async def _call(self, op: str, args: dict) -> dict:
+    await self._ensure_bound()
+    payload = {"env": self.env_name, "chain_id": self.chain_id, **args}
+    try:
+      return await self.connection.call(op, payload, timeout_s=self._manager.call_timeout_s)
+    except RemoteError as e:
+      if e.error_type == NOT_ACQUIRED:  # the server lost our binding: take a fresh one next call
+        self._rebind = True
+      self._manager._count("errors")
+      raise
+    except ConnectionLost:
+      self._manager._count("connection_errors")
+      raise
+
+  async def reset(self, row: dict | None = None) -> str:
+    """Starts an episode; raises EnvUnavailable if the server cannot be reached."""
+    try:
+      result = await self._call("reset", {"row": row})
+    except (ConnectionLost, RemoteError) as e:
+      raise EnvUnavailable(f"{self!r}: reset failed: {e}") from e
+    return self._take_note() + result["observation"]
+
+  def _take_note(self) -> str:
+    note, self._lost_note = self._lost_note, ""
+    return note
+
+  async def step(self, action: Any) -> StepResult:
+    """Runs an action; every failure (server gone, env crashed, bad action) is an observation."""
+    try:
+      json.dumps(action)
+    except (TypeError, ValueError) as e:
+      return StepResult(observation=f"Error: the action cannot be sent to the environment: {e}",
+                        info={"error": "BadAction"})
+    try:
+      result = await self._call("step", {"action": action})
+    except RemoteError as e:
+      return StepResult(observation=f"Error ({e.error_type}): {e.message}",
+                        info={"error": e.error_type})
+    except (ConnectionLost, EnvUnavailable, trio.TooSlowError) as e:
+      return StepResult(observation=f"Error: the environment server is unavailable ({e}); the "
+                                    f"environment state is lost.", info={"error": "ConnectionLost"})
+    return StepResult(observation=self._take_note() + result["observation"],
+                      reward=result.get("reward"), done=bool(result.get("done")),
+                      info=result.get("info") or {})
+
+  async def compute_reward(self, name: str, **kwargs) -> dict:
+    """Runs the env-bound reward `name` in this chain's instance: {'reward': float, ...}."""
+    try:
+      return await self._call("compute_reward", {"name": name, "kwargs": kwargs})
+    except (ConnectionLost, RemoteError) as e:
+      raise EnvUnavailable(f"{self!r}: reward {name!r} failed: {e}") from e
+
+
+class _RunState:
+  """Connections and bindings of one trio run."""
+
+  def __init__(self, token):
+    self.token = token
+    self.connections: dict[str, Connection] = {}
+    self.connect_locks: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)
+    self.bindings: dict[tuple[str, str], RemoteEnv] = {}
+
+  def dead(self) -> bool:
+    return all(c.closed for c in self.connections.values())
+
+
+class EnvManager:
+  """Acquires env instances for chains across env servers (implements `EnvProvider`).
+
+  Args:
+    servers: addresses "host:port".
+    acquire_wait_s: how long one server may hold an acquire while its pool is full.
+    acquire_timeout_s: give up (EnvUnavailable) after backing off this long.
+    max_backoff_s: cap of the exponential back-off between acquire rounds.
+    call_timeout_s: optional client-side limit per call (servers enforce their own limits).
+    down_retry_s: an unreachable server is skipped for this long before reconnecting.
+  """
+
+  def __init__(self, servers: Sequence[str], *, acquire_wait_s: float = 0.5,
+               acquire_timeout_s: float = 600.0, max_backoff_s: float = 2.0,
+               call_timeout_s: float | None = None, connect_timeout_s: float = 5.0,
+               down_retry_s: float = 1.0):
+    if isinstance(servers, str):
+      servers = [s for s in servers.split(",") if s.strip()]
+    if not servers:
+      raise ValueError("EnvManager needs at least one env server address (host:port)")
+    for address in servers:
+      parse_address(address)   # raises naming the bad address
+    self.servers = [s.strip() for s in servers]
+    self.acquire_wait_s = acquire_wait_s
+    self.acquire_timeout_s = acquire_timeout_s
+    self.max_backoff_s = max_backoff_s
+    self.call_timeout_s = call_timeout_s
+    self.connect_timeout_s = connect_timeout_s
+    self.down_retry_s = down_retry_s
+    self._states: dict[Any, _RunState] = {}
+    self._down_until: dict[str, float] = {}
+    self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
+    self._round_robin = itertools.count()
+    self._counters = collections.Counter()
+    self._backoff_s = 0.0
+    self._peak_allocated = 0
+
+  # -- EnvProvider --------------------------------------------------------------------------------
+
+  async def acquire(self, env_name: str, chain_id: str) -> RemoteEnv:
+    """The chain's instance of `env_name` (the same one until released)."""
+    if not isinstance(env_name, str) or not env_name:
+      raise TypeError(f"env_name must be a non-empty string, got {env_name!r}")
+    chain_id = str(chain_id)
+    state = self._state()
+    existing = state.bindings.get((env_name, chain_id))
+    if existing is not None:
+      return existing
+    address, connection, info = await self._bind(state, env_name, chain_id)
+    env = RemoteEnv(self, state, env_name, chain_id, address, connection, info)
+    if (env_name, chain_id) in state.bindings:  # a concurrent acquire of the same chain won
+      return state.bindings[(env_name, chain_id)]
+    state.bindings[(env_name, chain_id)] = env
+    self._peak_allocated = max(self._peak_allocated, self._allocated_total())
+    return env
+
+  async def release(self, env_name: str, chain_id: str) -> None:
+    """Gives the chain's instance back (the server resets or replaces it). Never raises."""
+    state = self._state()
+    env = state.bindings.pop((env_name, str(chain_id)), None)
+    if env is None or env.connection.closed:
+      return
+    try:
+      await env.connection.call("release", {"env": env_name, "chain_id": str(chain_id)},
+                                timeout_s=30)
+    except (ConnectionLost, RemoteError, trio.TooSlowError):
+      pass   # the server releases a dead connection's chains by itself
+
+  # -- reporting ----------------------------------------------------------------------------------
+
+  def _allocated_total(self) -> int:
+    return sum(len(s.bindings) for s in self._states.values())
+
+  def metrics(self) -> dict[str, float]:
+    """Flat float metrics: envs/allocated(/<env>), peak, back-off seconds, retries, errors."""
+    per_env = collections.Counter(env for s in self._states.values() for env, _ in s.bindings)
+    now = time.monotonic()
+    out = {"envs/allocated": float(sum(per_env.values())),
+           "envs/allocated_peak": float(self._peak_allocated),
+           "envs/servers": float(len(self.servers)),
+           "envs/servers_down": float(sum(1 for a in self.servers
+                                          if self._down_until.get(a, 0) > now)),
+           "envs/backoff_s": self._backoff_s}
+    for env_name, n in per_env.items():
+      out[f"envs/allocated/{env_name}"] = float(n)
+    for key in ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
+                "connection_errors"):
+      out[f"envs/{key}"] = float(self._counters[key])
+    return out
+
+  async def server_stats(self) -> dict[str, dict]:
+    """Each server's `stats` reply (or {'error': ...} if unreachable)."""
+    state, out = self._state(), {}
+    for address in self.servers:
+      try:
+        out[address] = await (await self._connection(state, address)).call("stats", timeout_s=10)
+      except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
+        out[address] = {"error": str(e)}
+    return out
+
+  async def aclose(self) -> None:
+    """Closes this run's connections (the servers then free its chains' instances)."""
+    state = self._state()
+    for connection in state.connections.values():
+      await connection.aclose()
+    state.bindings.clear()
+
+  # -- internals ----------------------------------------------------------------------------------
+
+  def _count(self, key: str, n: int = 1) -> None:
+    self._counters[key] += n
+
+  def _state(self) -> _RunState:
+    token = trio.lowlevel.current_trio_token()
+    state = self._states.get(token)
+    if state is None:
+      for old_token, old in list(self._states.items()):  # drop runs that have ended
+        if old.dead() and old.connections:
+          del self._states[old_token]
+      state = self._states[token] = _RunState(token)
+    return state
+
+  async def _connection(self, state: _RunState, address: str) -> Connection:
+    connection = state.connections.get(address)
+    if connection is not None and not connection.closed:
+      return connection
+    async with state.connect_locks[address]:
+      connection = state.connections.get(address)
+      if connection is not None and not connection.closed:
+        return connection
+      try:
+        connection = await Connection.open(address, self.connect_timeout_s)
+      except ConnectionLost:
+        self._down_until[address] = time.monotonic() + self.down_retry_s
+        raise
+      self._count("reconnects" if address in state.connections else "connects")
+      self._down_until.pop(address, None)
+      state.connections[address] = connection
+      return connection
+
+  def _candidates(self, state: _RunState, env_name: str) -> list[str]:
+    now = time.monotonic()
+    load = collections.Counter(e.address for (name, _), e in state.bindings.items()
+                               if name == env_name)
+    up = [a for a in self.servers if (a, env_name) not in self._not_serving
+          and self._down_until.get(a, 0) <= now]
+    if not up:  # everything looks down: try them all anyway
+      up = [a for a in self.servers if (a, env_name) not in self._not_serving]
+    start = next(self._round_robin)
+    order = {a: (i - start) % len(self.servers) for i, a in enumerate(self.servers)}
+    return sorted(up, key=lambda a: (load[a], order[a]))
+
+  async def _bind(self, state: _RunState, env_name: str, chain_id: str):
+    """Acquires an instance on some server, backing off while all are full or down."""
+    deadline = time.monotonic() + self.acquire_timeout_s
+    backoff = 0.02
+    last_error = "no server tried"
+    while True:
+      candidates = self._candidates(state, env_name)
+      if not candidates:
+        raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers})")
+      for address in candidates:
+        try:
+          connection = await self._connection(state, address)
+          info = await connection.call(
+              "acquire", {"env": env_name, "chain_id": chain_id, "wait_s": self.acquire_wait_s},
+              timeout_s=self.acquire_wait_s + 60)
+        except RemoteError as e:
+          if e.error_type == UNKNOWN_ENV:
+            self._not_serving.add((address, env_name))
+          elif e.error_type == POOL_EXHAUSTED:
+            self._count("pool_full")
+          else:
+            raise EnvUnavailable(f"acquire {env_name!r} on {address} failed: {e}") from e
+          last_error = f"{address}: {e}"
+          continue
+        except (ConnectionLost, trio.TooSlowError) as e:
+          last_error = f"{address}: {e}"
+          self._count("connection_errors")
+          continue
+        self._count("acquires")
+        return address, connection, info
+      if all((a, env_name) in self._not_serving for a in self.servers):
+        raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers}); "
+                             f"last error: {last_error}")
+      if time.monotonic() >= deadline:
+        raise EnvUnavailable(f"could not acquire {env_name!r} for chain {chain_id!r} within "
+                             f"{self.acquire_timeout_s:g} s; last error: {last_error}")
+      pause = min(backoff, self.max_backoff_s) * (0.5 + random.random())
+      self._count("acquire_retries")
+      self._backoff_s += pause
+      await trio.sleep(pause)
+      backoff *= 2

@@ -1,0 +1,111 @@
+"""Command line: python -m envservers --host 127.0.0.1 --port 8765 --env python_sandbox=16 ...
+
+  --env NAME=CAP[:WARM]     serve env type NAME with at most CAP live instances, WARM of them
+                            started ahead of demand (default min(CAP, 2)); repeatable.
+  --env-opt NAME.KEY=VALUE  an option for env type NAME (VALUE parsed as JSON, else a string).
+  --port 0                  picks a free port; the ready line on stdout says which.
+
+When it is listening it prints one line `envservers listening on HOST:PORT` to stdout. SIGTERM or
+SIGINT shut it down gracefully: it stops accepting, lets in-flight calls finish (up to
+--grace-s), and closes every instance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import trio
+
+from envservers import protocol
+from envservers.env import ENV_TYPES
+from envservers.server import EnvServer
+
+
+def parse_env_spec(spec: str) -> tuple[str, int, int]:
+  """'NAME=CAP[:WARM]' -> (name, cap, warm)."""
+  name, sep, sizes = spec.partition("=")
+  cap_text, _, warm_text = sizes.partition(":")
+  try:
+    cap = int(cap_text) if sep else 4
+    warm = int(warm_text) if warm_text else min(cap, 2)
+  except ValueError:
+    raise ValueError(f"--env {spec!r}: expected NAME=CAP or NAME=CAP:WARM with integers") from None
+  if not name or cap < 1 or not 0 <= warm <= cap:
+    raise ValueError(f"--env {spec!r}: need a name, CAP >= 1 and 0 <= WARM <= CAP")
+  return name, cap, warm
+
+
+def parse_env_opt(spec: str) -> tuple[str, str, object]:
+  """'NAME.KEY=VALUE' -> (name, key, value)."""
+  target, sep, text = spec.partition("=")
+  name, dot, key = target.partition(".")
+  if not sep or not dot or not name or not key:
+    raise ValueError(f"--env-opt {spec!r}: expected NAME.KEY=VALUE")
+  try:
+    value = json.loads(text)
+  except ValueError:
+    value = text
+  return name, key, value
+
+
+async def _shutdown_on_stdin_eof(server: EnvServer) -> None:
+  stream = trio.lowlevel.FdStream(os.dup(0))
+  try:
+    while await stream.receive_some(4096):
+      pass
+  except (trio.BrokenResourceError, OSError):
+    pass
+  server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+  import envservers.envs  # noqa: F401  (registers the built-in env types)
+  parser = argparse.ArgumentParser(prog="python -m envservers", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--host", default="127.0.0.1")
+  parser.add_argument("--port", type=int, default=8765)
+  parser.add_argument("--env", action="append", default=[], metavar="NAME=CAP[:WARM]")
+  parser.add_argument("--env-opt", action="append", default=[], metavar="NAME.KEY=VALUE")
+  parser.add_argument("--max-frame-bytes", type=int, default=protocol.DEFAULT_MAX_FRAME_BYTES)
+  parser.add_argument("--grace-s", type=float, default=5.0)
+  parser.add_argument("--log-level", default="WARNING")
+  parser.add_argument("--exit-on-stdin-eof", action="store_true",
+                      help="shut down when stdin closes (a parent that started us has exited)")
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+  try:
+    pools, options = {}, {}
+    for spec in args.env or ["echo=4"]:
+      name, cap, warm = parse_env_spec(spec)
+      pools[name] = (cap, warm)
+    for spec in args.env_opt:
+      name, key, value = parse_env_opt(spec)
+      if name not in pools:
+        raise ValueError(f"--env-opt {spec!r}: env {name!r} is not served (add --env {name}=N)")
+      options.setdefault(name, {})[key] = value
+    server = EnvServer(pools, env_options=options, max_frame_bytes=args.max_frame_bytes)
+  except (ValueError, KeyError, TypeError) as e:
+    print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
+    return 2
+
+  async def run():
+    async with trio.open_nursery() as nursery:
+      async def serve_then_stop(task_status=trio.TASK_STATUS_IGNORED):
+        await server.serve(args.host, args.port, handle_signals=True, grace_s=args.grace_s,
+                           task_status=task_status)
+        nursery.cancel_scope.cancel()
+
+      port = await nursery.start(serve_then_stop)
+      print(f"envservers listening on {args.host}:{port}", flush=True)
+      if args.exit_on_stdin_eof:
+        nursery.start_soon(_shutdown_on_stdin_eof, server)
+
+  trio.run(run)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

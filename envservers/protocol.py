@@ -1,0 +1,113 @@
+"""The envservers wire protocol: length-prefixed JSON frames, multiplexed by request id.
+
+A frame is a 4-byte big-endian unsigned length N followed by N bytes of UTF-8 JSON encoding one
+object. Requests are `{"id": int|str, "op": str, "args": {...}}`; replies carry the same id and
+are either `{"id": ..., "ok": true, "result": {...}}` or
+`{"id": ..., "ok": false, "error": {"type": str, "message": str}}`. Replies may arrive in any
+order. See PROTOCOL.md for the operations. This module is transport-agnostic and stdlib-only
+(plus trio for the async stream helpers), so the trainer-side client shares it.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import trio
+
+HEADER = struct.Struct(">I")
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+# Error types a server can reply with (the `error.type` field).
+BAD_FRAME = "BadFrame"              # frame body is not a JSON object / not UTF-8
+FRAME_TOO_LARGE = "FrameTooLarge"    # length header above the server's limit (connection closed)
+BAD_REQUEST = "BadRequest"           # missing/wrong-typed field: message names the field
+UNKNOWN_OP = "UnknownOp"
+UNKNOWN_ENV = "UnknownEnv"
+NOT_ACQUIRED = "NotAcquired"         # call for a chain that holds no instance of that env
+POOL_EXHAUSTED = "PoolExhausted"     # every instance up to the cap is in use; retry later
+ENV_ERROR = "EnvError"               # the env raised (message has the exception)
+SHUTTING_DOWN = "ShuttingDown"
+INTERNAL = "InternalError"
+
+
+class ProtocolError(Exception):
+  """A frame that cannot be read: oversized length, truncated body, bad JSON."""
+
+  def __init__(self, error_type: str, message: str):
+    super().__init__(f"{error_type}: {message}")
+    self.error_type = error_type
+    self.message = message
+
+
+class RemoteError(Exception):
+  """An error reply from a server (`error.type`, `error.message`)."""
+
+  def __init__(self, error_type: str, message: str):
+    super().__init__(f"{error_type}: {message}")
+    self.error_type = error_type
+    self.message = message
+
+
+def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+  """Returns header + JSON body for one message; raises ProtocolError if it is too large."""
+  body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+  if len(body) > max_frame_bytes:
+    raise ProtocolError(FRAME_TOO_LARGE,
+                        f"message of {len(body)} bytes exceeds the limit of {max_frame_bytes}")
+  return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+  """Parses one frame body; raises ProtocolError(BAD_FRAME) unless it is a JSON object."""
+  try:
+    message = json.loads(body.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {e}") from None
+  if not isinstance(message, dict):
+    raise ProtocolError(BAD_FRAME, f"frame body must be a JSON object, got {type(message).__name__}")
+  return message
+
+
+class FrameReader:
+  """Reads frames from a trio stream (buffering partial reads)."""
+
+  def __init__(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    self._stream = stream
+    self._buffer = bytearray()
+    self.max_frame_bytes = max_frame_bytes
+
+  async def _fill(self, n: int) -> bool:
+    while len(self._buffer) < n:
+      chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
+      if not chunk:
+        return False
+      self._buffer += chunk
+    return True
+
+  async def read_body(self) -> bytes | None:
+    """Returns the next frame body, or None at a clean end of stream.
+
+    Raises ProtocolError on an oversized length header or a stream that ends mid-frame.
+    """
+    if not await self._fill(HEADER.size):
+      if self._buffer:
+        raise ProtocolError(BAD_FRAME, f"stream ended inside a frame header ({len(self._buffer)} bytes)")
+      return None
+    (length,) = HEADER.unpack_from(self._buffer)
+    if length > self.max_frame_bytes:
+      raise ProtocolError(FRAME_TOO_LARGE,
+                          f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
+    if not await self._fill(HEADER.size + length):
+      raise ProtocolError(BAD_FRAME, f"stream ended inside a frame body (expected {length} bytes)")
+    body = bytes(self._buffer[HEADER.size:HEADER.size + length])
+    del self._buffer[:HEADER.size + length]
+    return body
+
+
+def parse_address(address: str) -> tuple[str, int]:
+  """'host:port' -> (host, port); raises ValueError naming the bad address."""
+  host, sep, port = address.rpartition(":")
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"env server address {address!r} is not host:port")
+  return host.strip("[]"), int(port)

@@ -1,0 +1,332 @@
+"""The trio env server: accepts connections, decodes frames, dispatches ops to env pools.
+
+Each connection runs a reader loop; every request runs in its own task (so a slow env call never
+blocks other requests on the same connection) and replies are written under a send lock. A chain
+is identified by (connection, env, chain_id): chains die with their connection, so a crashed
+trainer never leaks instances. See PROTOCOL.md.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from envservers import protocol
+from envservers.env import ENV_TYPES, EnvCrashed, StepOutcome
+from envservers.pool import CallTimeout, EnvPool, PoolError
+
+log = logging.getLogger("envservers")
+_connection_ids = itertools.count(1)
+
+
+def _arg(args: dict, name: str, types, *, required: bool = True, default=None):
+  if name not in args:
+    if required:
+      raise PoolError(protocol.BAD_REQUEST, f"missing argument {name!r}")
+    return default
+  value = args[name]
+  if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+    names = "/".join(t.__name__ for t in _as_tuple(types))
+    raise PoolError(protocol.BAD_REQUEST,
+                    f"argument {name!r} must be {names}, got {type(value).__name__}")
+  return value
+
+
+def _as_tuple(types):
+  return types if isinstance(types, tuple) else (types,)
+
+
+class _Connection:
+  def __init__(self, stream: trio.SocketStream):
+    self.id = next(_connection_ids)
+    self.stream = stream
+    self.send_lock = trio.Lock()
+    self.keys: dict[str, set] = {}  # env name -> keys of chains acquired on this connection
+    self.closed = False
+
+  async def send(self, message: dict[str, Any], max_frame_bytes: int) -> None:
+    try:
+      frame = protocol.encode_frame(message, max_frame_bytes)
+    except protocol.ProtocolError as e:
+      frame = protocol.encode_frame({"id": message.get("id"), "ok": False,
+                                     "error": {"type": e.error_type, "message": e.message}})
+    except (TypeError, ValueError) as e:  # an env returned something JSON cannot encode
+      frame = protocol.encode_frame({"id": message.get("id"), "ok": False, "error": {
+          "type": protocol.ENV_ERROR, "message": f"result is not JSON-serialisable: {e}"}})
+    async with self.send_lock:
+      if self.closed:
+        return
+      try:
+        await self.stream.send_all(frame)
+      except (trio.BrokenResourceError, trio.ClosedResourceError):
+        self.closed = True
+
+
+class EnvServer:
+  """Serves env pools over TCP.
+
+  Args:
+    pools: {env name: (cap, warm)}.
+    env_options: {env name: {option: value}} passed to each instance's constructor.
+    max_frame_bytes: frames above this get a FrameTooLarge error and the connection is closed.
+  """
+
+  def __init__(self, pools: dict[str, tuple[int, int]], env_options: dict[str, dict] | None = None,
+               max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+               call_timeout_s: dict[str, float] | None = None):
+    env_options = env_options or {}
+    call_timeout_s = call_timeout_s or {}
+    self.pools: dict[str, EnvPool] = {}
+    for name, (cap, warm) in pools.items():
+      if name not in ENV_TYPES:
+        raise KeyError(f"unknown env type {name!r}; known: {sorted(ENV_TYPES)}")
+      cls, options = ENV_TYPES[name], dict(env_options.get(name, {}))
+      cls(**options)  # validate options now (constructors are cheap; start() does the work)
+      self.pools[name] = EnvPool(name, lambda cls=cls, options=options: cls(**options), cap=cap,
+                                 warm=warm, call_timeout_s=call_timeout_s.get(name))
+    self.max_frame_bytes = max_frame_bytes
+    self.server_id = uuid.uuid4().hex
+    self.started = time.monotonic()
+    self.counters = {"connections": 0, "open_connections": 0, "requests": 0, "bad_frames": 0,
+                     "errors": 0}
+    self.inflight = 0
+    self._shutdown = trio.Event()
+    self._idle = trio.Event()
+    self.listeners: list[trio.SocketListener] = []
+
+  # -- public -----------------------------------------------------------------------------------
+
+  async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
+                  handle_signals: bool = False, grace_s: float = 5.0) -> None:
+    """Serves until `shutdown()` (or SIGTERM/SIGINT with handle_signals); then drains in-flight
+    requests for up to `grace_s` and closes every instance. task_status gets the bound port."""
+    total = sum(p.cap for p in self.pools.values())
+    limiter = trio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(limiter.total_tokens, total + 8)
+    async with trio.open_nursery() as pool_nursery:
+      for pool in self.pools.values():
+        pool.start(pool_nursery)
+      self.listeners = await trio.open_tcp_listeners(port, host=host)
+      bound_port = self.listeners[0].socket.getsockname()[1]
+      async with trio.open_nursery() as conn_nursery:
+        if handle_signals:
+          conn_nursery.start_soon(self._watch_signals)
+        accept_scope = trio.CancelScope()
+
+        async def accept():
+          with accept_scope:
+            await trio.serve_listeners(self._handle_connection, self.listeners,
+                                       handler_nursery=conn_nursery)
+
+        conn_nursery.start_soon(accept)
+        task_status.started(bound_port)
+        await self._shutdown.wait()
+        accept_scope.cancel()   # stop accepting; open connections keep being served
+        with trio.move_on_after(grace_s):
+          while self.inflight:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        conn_nursery.cancel_scope.cancel()
+      for listener in self.listeners:
+        await listener.aclose()
+      for pool in self.pools.values():
+        await pool.aclose()
+      pool_nursery.cancel_scope.cancel()
+
+  def shutdown(self) -> None:
+    self._shutdown.set()
+
+  async def _watch_signals(self) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+      async for signum in signals:
+        log.info("envservers: got signal %s, shutting down", signum)
+        self.shutdown()
+        return
+
+  def health(self) -> dict[str, Any]:
+    return {"status": "shutting_down" if self._shutdown.is_set() else "ok",
+            "server_id": self.server_id, "pid": os.getpid(),
+            "uptime_s": time.monotonic() - self.started,
+            "envs": {name: {"cap": p.cap, "rewards": ENV_TYPES[name].reward_names()}
+                     for name, p in self.pools.items()}}
+
+  def stats(self) -> dict[str, Any]:
+    return {**self.health(), **self.counters, "inflight": self.inflight,
+            "pools": {name: p.stats() for name, p in self.pools.items()}}
+
+  # -- connections ------------------------------------------------------------------------------
+
+  async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    conn = _Connection(stream)
+    self.counters["connections"] += 1
+    self.counters["open_connections"] += 1
+    reader = protocol.FrameReader(stream, self.max_frame_bytes)
+    try:
+      async with trio.open_nursery() as nursery:
+        while True:
+          try:
+            body = await reader.read_body()
+          except protocol.ProtocolError as e:
+            self.counters["bad_frames"] += 1
+            await conn.send(_error_reply(None, e.error_type, e.message), self.max_frame_bytes)
+            break   # framing is lost: close the connection
+          except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            break
+          if body is None:
+            break
+          try:
+            request = protocol.decode_body(body)
+          except protocol.ProtocolError as e:
+            self.counters["bad_frames"] += 1
+            await conn.send(_error_reply(None, e.error_type, e.message), self.max_frame_bytes)
+            continue
+          self.inflight += 1
+          nursery.start_soon(self._run_request, conn, request)
+        # No more requests: let in-flight ones finish replying, then close.
+    finally:
+      conn.closed = True
+      self.counters["open_connections"] -= 1
+      for env_name, keys in conn.keys.items():
+        self.pools[env_name].release_all(keys)
+      with trio.CancelScope(shield=True):
+        await trio.aclose_forcefully(stream)
+
+  async def _run_request(self, conn: _Connection, request: dict[str, Any]) -> None:
+    try:
+      reply = await self._reply_to(conn, request)
+      await conn.send(reply, self.max_frame_bytes)
+    finally:
+      self.inflight -= 1
+      if not self.inflight:
+        self._idle.set()
+
+  async def _reply_to(self, conn: _Connection, request: dict[str, Any]) -> dict[str, Any]:
+    request_id = request.get("id")
+    try:
+      self.counters["requests"] += 1
+      if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        raise PoolError(protocol.BAD_REQUEST, "field 'id' must be an int or string")
+      op = request.get("op")
+      if not isinstance(op, str):
+        raise PoolError(protocol.BAD_REQUEST, "field 'op' must be a string")
+      args = request.get("args", {})
+      if not isinstance(args, dict):
+        raise PoolError(protocol.BAD_REQUEST,
+                        f"field 'args' must be an object, got {type(args).__name__}")
+      handler = _OPS.get(op)
+      if handler is None:
+        raise PoolError(protocol.UNKNOWN_OP, f"unknown op {op!r}; ops: {sorted(_OPS)}")
+      if self._shutdown.is_set() and op == "acquire":
+        raise PoolError(protocol.SHUTTING_DOWN, "server is shutting down")
+      return {"id": request_id, "ok": True, "result": await handler(self, conn, args)}
+    except PoolError as e:
+      error_type, message = e.error_type, e.message
+    except CallTimeout as e:
+      error_type, message = "Timeout", str(e)
+    except EnvCrashed as e:
+      error_type, message = "EnvCrashed", str(e)
+    except Exception as e:  # an env raised: report it and keep serving
+      error_type, message = protocol.ENV_ERROR, f"{type(e).__name__}: {e}"
+    self.counters["errors"] += 1
+    return _error_reply(request_id, error_type, message)
+
+  # -- ops --------------------------------------------------------------------------------------
+
+  def _pool(self, args: dict) -> EnvPool:
+    env_name = _arg(args, "env", str)
+    if env_name not in self.pools:
+      raise PoolError(protocol.UNKNOWN_ENV,
+                      f"env type {env_name!r} is not served here; served: {sorted(self.pools)}")
+    return self.pools[env_name]
+
+  def _key(self, conn: _Connection, args: dict) -> tuple:
+    chain_id = _arg(args, "chain_id", (str, int))
+    return (conn.id, str(chain_id))
+
+  async def _op_health(self, conn, args):
+    return self.health()
+
+  async def _op_stats(self, conn, args):
+    return self.stats()
+
+  async def _op_acquire(self, conn, args):
+    pool, key = self._pool(args), self._key(conn, args)
+    wait_s = float(_arg(args, "wait_s", (int, float), required=False, default=0.0))
+    if not 0 <= wait_s <= 600:
+      raise PoolError(protocol.BAD_REQUEST, f"argument 'wait_s' must be in [0, 600], got {wait_s}")
+    inst = await pool.acquire(key, wait_s=wait_s)
+    if conn.closed:  # the client went away while we waited
+      await pool.release(key)
+      raise PoolError(protocol.BAD_REQUEST, "connection closed")
+    conn.keys.setdefault(pool.name, set()).add(key)
+    return {"instance_id": inst.id, "worker_pid": inst.env.worker_pid}
+
+  async def _op_release(self, conn, args):
+    pool, key = self._pool(args), self._key(conn, args)
+    conn.keys.get(pool.name, set()).discard(key)
+    return {"released": await pool.release(key)}
+
+  async def _op_reset(self, conn, args):
+    pool, key = self._pool(args), self._key(conn, args)
+    row = _arg(args, "row", (dict, type(None)), required=False)
+    timeout_s = _timeout_arg(args)
+    observation, restarted = await pool.call(key, "reset", (row,), timeout_s=timeout_s)
+    if not isinstance(observation, str):
+      raise TypeError(f"env {pool.name!r} reset returned {type(observation).__name__}, not str")
+    return {"observation": observation, "restarted": restarted}
+
+  async def _op_step(self, conn, args):
+    pool, key = self._pool(args), self._key(conn, args)
+    if "action" not in args:
+      raise PoolError(protocol.BAD_REQUEST, "missing argument 'action'")
+    timeout_s = _timeout_arg(args)
+    try:
+      outcome, restarted = await pool.call(key, "step", (args["action"],), timeout_s=timeout_s)
+    except (EnvCrashed, CallTimeout) as e:
+      # A step never raises to the chain: the failure is its observation.
+      kind = "Timeout" if isinstance(e, CallTimeout) else "EnvCrashed"
+      return {"observation": f"Error ({kind}): {e}. The environment was restarted; its state "
+                             f"(variables, files) is lost.",
+              "reward": None, "done": False, "info": {"error": kind}}
+    if not isinstance(outcome, StepOutcome):
+      raise TypeError(f"env {pool.name!r} step returned {type(outcome).__name__}, not StepOutcome")
+    result = outcome.to_wire()
+    if restarted:
+      result["info"] = {**result["info"], "restarted": True}
+      result["observation"] = ("[note: the environment had crashed and was restarted; earlier state "
+                               "is lost]\n" + result["observation"])
+    return result
+
+  async def _op_compute_reward(self, conn, args):
+    pool, key = self._pool(args), self._key(conn, args)
+    name = _arg(args, "name", str)
+    kwargs = _arg(args, "kwargs", dict, required=False, default={})
+    result, _ = await pool.call(key, "compute_reward", (name,), kwargs,
+                                timeout_s=_timeout_arg(args))
+    return result
+
+
+def _timeout_arg(args: dict) -> float | None:
+  value = _arg(args, "timeout_s", (int, float, type(None)), required=False)
+  if value is not None and not 0 < value <= 3600:
+    raise PoolError(protocol.BAD_REQUEST, f"argument 'timeout_s' must be in (0, 3600], got {value}")
+  return value
+
+
+def _error_reply(request_id, error_type: str, message: str) -> dict[str, Any]:
+  return {"id": request_id, "ok": False, "error": {"type": error_type, "message": message}}
+
+
+_OPS = {
+    "health": EnvServer._op_health, "stats": EnvServer._op_stats,
+    "acquire": EnvServer._op_acquire, "release": EnvServer._op_release,
+    "reset": EnvServer._op_reset, "step": EnvServer._op_step,
+    "compute_reward": EnvServer._op_compute_reward,
+}

@@ -1,0 +1,68 @@
+"""Helpers for the env-server tests: real servers as subprocesses on loopback."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import trio
+
+from agentfly_jax.envs.local_server import LocalEnvServer
+from envservers.client import Connection
+
+
+@contextlib.contextmanager
+def running_server(*envs: str, options: tuple[str, ...] = (), extra: tuple[str, ...] = ()):
+  """Starts `python -m envservers --env ...` on a free loopback port; yields the LocalEnvServer."""
+  server = LocalEnvServer(list(envs), list(options), extra_args=list(extra))
+  try:
+    yield server
+  finally:
+    server.stop()
+
+
+async def connect(server: LocalEnvServer) -> Connection:
+  return await Connection.open(server.address)
+
+
+def child_pids(pid: int) -> list[int]:
+  """Direct children of `pid` (from /proc)."""
+  children = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == pid:
+      children.append(int(entry))
+  return children
+
+
+def live_sandboxes(server_pid: int) -> int:
+  """How many bwrap processes the server has as children right now."""
+  count = 0
+  for child in child_pids(server_pid):
+    try:
+      with open(f"/proc/{child}/cmdline", "rb") as f:
+        if f.read().split(b"\0")[0].endswith(b"bwrap"):
+          count += 1
+    except OSError:
+      pass
+  return count
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+  with contextlib.suppress(ProcessLookupError):
+    os.kill(pid, sig)
+
+
+async def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05):
+  with trio.fail_after(timeout_s):
+    while True:
+      value = await predicate()
+      if value:
+        return value
+      await trio.sleep(interval_s)
