@@ -144,7 +144,8 @@ class PythonSandbox(ServerEnv):
     if not os.path.exists(BWRAP):
       raise EnvCrashed(f"bubblewrap ({BWRAP}) is not installed: the Python sandbox needs it "
                        f"(Debian package 'bubblewrap'; .ci/setup installs it)")
-    options: dict[str, Any] = {"start_new_session": True}
+    # bwrap's own process (pid 1 inside, its /proc/1/environ readable there) gets no host env.
+    options: dict[str, Any] = {"start_new_session": True, "env": {"PATH": "/usr/bin:/bin"}}
     if os.geteuid() == 0:  # run as a uid of our own: NPROC holds, root-only files unreadable
       uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
       options.update(user=uid, group=uid, extra_groups=[])

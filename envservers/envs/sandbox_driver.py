@@ -84,8 +84,12 @@ def _collect(fd, cap, dropped):
   return text, total
 
 
-def _run(code, namespace):
-  """Executes `code`; returns (repr of a trailing expression or None, error type or None)."""
+def _run(code, namespace, my_pid):
+  """Executes `code`; returns (repr of a trailing expression or None, error type or None).
+
+  A process forked by the code that gets back here exits at once, silently (only the
+  interpreter itself answers).
+  """
   try:
     tree = ast.parse(code, filename="<cell>", mode="exec")
     last = None
@@ -98,9 +102,13 @@ def _run(code, namespace):
         return repr(value), None
     return None, None
   except SystemExit as e:
+    if os.getpid() != my_pid:
+      os._exit(e.code if isinstance(e.code, int) else 1)
     sys.stderr.write(f"SystemExit: {e.code!r} (the interpreter keeps running)\n")
     return None, "SystemExit"
   except BaseException as e:  # noqa: BLE001 -- user code may raise anything
+    if os.getpid() != my_pid:
+      os._exit(1)
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
       tb = tb.tb_next
@@ -149,7 +157,7 @@ def main():
     out = sys.stdout = _CappedStream(1, cap)
     err = sys.stderr = _CappedStream(2, cap)
     try:
-      value, error = _run(request["code"], namespace)
+      value, error = _run(request["code"], namespace, my_pid)
     finally:
       if os.getpid() != my_pid:  # a fork of user code must never answer
         os._exit(0)
