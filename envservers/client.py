@@ -96,10 +96,16 @@ class Connection:
                                   self.max_frame_bytes)
     try:
       async with self._send_lock:
-        try:
-          await self._stream.send_all(frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-          self._fail_all(f"send failed: {e}")
+        # A frame is sent whole or the connection is dropped: a cancelled half-sent frame
+        # would desynchronise the stream for every other chain on it.
+        with trio.CancelScope(shield=True) as scope:
+          scope.deadline = trio.current_time() + 60
+          try:
+            await self._stream.send_all(frame)
+          except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            self._fail_all(f"send failed: {e}")
+        if scope.cancelled_caught:
+          self._fail_all("send timed out after 60 s")
       with trio.fail_after(math.inf if timeout_s is None else timeout_s):
         await slot[0].wait()
     finally:

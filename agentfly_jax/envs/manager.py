@@ -266,6 +266,8 @@ class EnvManager:
         self._down_until[address] = time.monotonic() + self.down_retry_s
         raise
       self._count("reconnects" if address in state.connections else "connects")
+      # A (re)started server may serve other env types than before: learn them again.
+      self._not_serving = {(a, e) for a, e in self._not_serving if a != address}
       self._down_until.pop(address, None)
       state.connections[address] = connection
       return connection
