@@ -112,16 +112,16 @@ def parse_react(text: str) -> ParsedTurn:
   """Parses one ReAct step: `Action: <name>` + `Action Input: <json or text>`, or
   `Final Answer: <text>`. Text after a model-written `Observation:` is ignored."""
   text = "" if text is None else str(text)
-  obs = re.search(r"^\s*Observation\s*:", text, re.MULTILINE)
+  obs = re.search(r"^[ \t]*Observation[ \t]*:", text, re.MULTILINE)
   step = text[:obs.start()] if obs else text
-  action = re.search(r"^\s*Action\s*:\s*(.*?)\s*$", step, re.MULTILINE)
+  action = re.search(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", step, re.MULTILINE)
   if action is None:
     final = _FINAL_ANSWER_RE.search(step)
     answer = final.group(1).strip() if final else None
     return ParsedTurn(content=step.strip(), final_answer=answer)
   name = action.group(1).strip().strip("`'\"")
   after = step[action.end():]
-  action_input = re.search(r"^\s*Action Input\s*:\s*(.*)", after, re.MULTILINE | re.DOTALL)
+  action_input = re.search(r"^[ \t]*Action Input[ \t]*:\s*(.*)", after, re.MULTILINE | re.DOTALL)
   if not name:
     return ParsedTurn(content=step.strip(), errors=["'Action:' names no tool"])
   if action_input is None:

@@ -1,0 +1,110 @@
+"""Dataset rows (clear errors naming file/row/field), the tiny tokenizer builder, pad_batch."""
+import json
+
+import numpy as np
+import pytest
+import transformers
+
+from agentfly_jax.agents import Trajectory, pad_batch
+from agentfly_jax.data import build_tiny_tokenizer, load_rows
+
+
+def test_load_rows_json_and_jsonl(tmp_path):
+  rows = [{"question": "2+2?", "answer": "4", "tools": ["calculator"]}, {"question": "Hi"}]
+  path = tmp_path / "train.json"
+  path.write_text(json.dumps(rows))
+  assert load_rows(path) == rows
+  jl = tmp_path / "train.jsonl"
+  jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  assert load_rows(jl) == rows
+
+
+@pytest.mark.parametrize("content, message", [
+    ('[{"question": "a"}, {"answer": "b"}]', "row 1 has no field 'question'"),
+    ('[{"question": ""}]', "row 0 field 'question' must be a non-empty string"),
+    ('[{"question": 3}]', "row 0 field 'question' must be a non-empty string"),
+    ('[{"question": "a"}, "text"]', "row 1 must be a JSON object"),
+    ('[{"question": "a", "tools": "calc"}]', "row 0 field 'tools' must be a list"),
+    ('{"question": "a"}', "expected a JSON list of rows"),
+    ('[]', "the list of rows is empty"),
+    ('[{"question": "a"},', "not valid JSON"),
+])
+def test_malformed_files_name_file_row_and_field(tmp_path, content, message):
+  path = tmp_path / "bad.json"
+  path.write_text(content)
+  with pytest.raises(ValueError, match=message) as info:
+    load_rows(path)
+  assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.json"):
+    load_rows(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("template, specials", [
+    ("qwen2.5", ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]),
+    ("llama3", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
+])
+def test_tiny_tokenizer_loads_in_hf(tmp_path, template, specials):
+  texts = ["the quick brown fox jumps over the lazy dog"] * 20
+  folder = build_tiny_tokenizer(tmp_path / "tok", texts, vocab_size=400, template=template,
+                                extra_special_tokens=["<extra>"])
+  hf = transformers.AutoTokenizer.from_pretrained(folder)
+  assert len(hf) <= 400 and hf.chat_template
+  for s in specials + ["<extra>"]:
+    ids = hf.encode(s, add_special_tokens=False)
+    assert len(ids) == 1, s
+  text = "the quick brown fox"
+  ids = hf.encode(text, add_special_tokens=False)
+  assert hf.decode(ids) == text and len(ids) < len(text)  # merges were learned
+  assert hf.eos_token in specials
+
+
+def test_tiny_tokenizer_bad_arguments(tmp_path):
+  with pytest.raises(ValueError, match="template must be one of"):
+    build_tiny_tokenizer(tmp_path, ["x"], template="mistral")
+  with pytest.raises(ValueError, match="vocab_size=100"):
+    build_tiny_tokenizer(tmp_path, ["x"], vocab_size=100)
+
+
+def _random_trajectory(rng, group_id, length):
+  mask = rng.random(length) < 0.5
+  return Trajectory(token_ids=rng.integers(1, 500, length), action_mask=mask,
+                    sampler_logprobs=np.where(mask, -rng.random(length), 0.0),
+                    reward=float(rng.normal()), group_id=group_id, chain_id=0)
+
+
+def test_pad_batch_right_pads_against_a_loop_reference():
+  rng = np.random.default_rng(0)
+  trajs = [_random_trajectory(rng, g, n) for g, n in [(0, 7), (0, 3), (1, 11), (2, 1)]]
+  batch = pad_batch(trajs, pad_id=-1)
+  assert batch["token_ids"].shape == (4, 11) and batch["token_ids"].dtype == np.int32
+  assert batch["action_mask"].dtype == bool and batch["attention_mask"].dtype == bool
+  assert batch["sampler_logprobs"].dtype == np.float32 and batch["rewards"].dtype == np.float32
+  for i, t in enumerate(trajs):
+    n = len(t)
+    for j in range(11):
+      if j < n:
+        assert batch["token_ids"][i, j] == t.token_ids[j]
+        assert batch["action_mask"][i, j] == t.action_mask[j] and batch["attention_mask"][i, j]
+        assert batch["sampler_logprobs"][i, j] == np.float32(t.sampler_logprobs[j])
+      else:
+        assert batch["token_ids"][i, j] == -1 and not batch["attention_mask"][i, j]
+        assert not batch["action_mask"][i, j] and batch["sampler_logprobs"][i, j] == 0
+  np.testing.assert_array_equal(batch["group_ids"], [0, 0, 1, 2])
+  np.testing.assert_allclose(batch["rewards"], [t.reward for t in trajs], rtol=1e-6)
+  assert pad_batch(trajs, max_len=16)["token_ids"].shape == (4, 16)
+
+
+def test_pad_batch_and_trajectory_errors():
+  rng = np.random.default_rng(1)
+  trajs = [_random_trajectory(rng, 0, 5), _random_trajectory(rng, 0, 9)]
+  with pytest.raises(ValueError, match=r"trajectories\[1\].*9 tokens > max_len=8"):
+    pad_batch(trajs, max_len=8)
+  with pytest.raises(ValueError, match="no trajectories"):
+    pad_batch([])
+  with pytest.raises(TypeError, match=r"trajectories\[0\]"):
+    pad_batch([{"token_ids": [1]}])
+  with pytest.raises(ValueError, match="one length"):
+    Trajectory(token_ids=[1, 2], action_mask=[True], sampler_logprobs=[0.0, 0.0])
