@@ -1,0 +1,349 @@
+"""Policy, value and KL losses: pure, jittable functions over `[B, T]` arrays with a mask.
+
+Every loss returns `(loss_sum, denom, metrics)`: an unreduced sum and its denominator, so that
+for micro-batches k of one batch, sum_k loss_sum_k / sum_k denom_k equals the full-batch loss
+exactly (gradient accumulation: get the global denominator first, e.g. with `denominator`,
+then differentiate `loss_sum / global_denom` per micro-batch and add the gradients).
+`metrics` are masked means over the tokens of the call, plus `n_tokens` to weight them.
+
+Aggregation modes (`aggregate`), with m the 0/1 mask, n_b = sum_t m[b, t] and S the set of
+rows with n_b > 0 (all-masked rows never count):
+  token-mean              sum_bt l*m / sum_bt m
+  seq-mean-token-mean     sum_{b in S} (sum_t l*m / n_b) / |S|
+  seq-mean-token-sum      sum_bt l*m / |S|
+  seq-mean-token-sum-norm sum_bt l*m / (|S| * C), C = `norm_len` (default: T, the padded
+                          length of the arrays passed; pass a fixed C, e.g. the max new
+                          tokens, when micro-batches are padded to different lengths). This is
+                          Dr.GRPO's length-constant loss (TRL's `dr_grpo` divides by B * C).
+Definitions follow verl's `core_algos.py`; string arguments (agg, kind) are static under jit.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from agentfly_jax.rl import _validate as v
+
+Array = jnp.ndarray
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+             "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3", "k1+", "k2+", "k3+")
+LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| clamp in PPO, as verl
+GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's log sequence ratio, as verl
+
+
+# --------------------------------------------------------------------------- aggregation
+def _masked_tokens(fn: str, name: str, x, mask) -> tuple[Array, Array]:
+  x = v.float_array(fn, name, x)
+  mask = v.mask_array(fn, "mask", mask)
+  v.check_rank(fn, name, x, 2, "[B, T]")
+  v.check_shape(fn, "mask", mask, x.shape, name)
+  return x, mask
+
+
+def aggregate(per_token: Array, mask: Array, mode: str = "token-mean", *,
+              norm_len: int | None = None) -> tuple[Array, Array]:
+  """Reduce a per-token loss to (loss_sum, denom); the mean is loss_sum / denom.
+
+  Args:
+    per_token: float[B, T]; mask: bool/float[B, T] (0/1); mode: one of AGG_MODES (see the
+    module docstring); norm_len: C for seq-mean-token-sum-norm.
+  Returns:
+    (loss_sum float[], denom float[]), both additive over micro-batches (rows split).
+  """
+  fn = "aggregate"
+  v.check_choice(fn, "aggregation mode", mode, AGG_MODES)
+  per_token, mask = _masked_tokens(fn, "per_token", per_token, mask)
+  x = jnp.where(mask > 0, per_token * mask, 0.0)  # no NaN leaks from masked positions
+  n_tok = mask.sum(axis=1)
+  n_seq = (n_tok > 0).sum().astype(x.dtype)
+  if mode == "token-mean":
+    return x.sum(), n_tok.sum()
+  if mode == "seq-mean-token-mean":
+    return (x.sum(axis=1) / jnp.maximum(n_tok, 1e-8)).sum(), n_seq
+  if mode == "seq-mean-token-sum":
+    return x.sum(), n_seq
+  c = per_token.shape[1] if norm_len is None else norm_len
+  if isinstance(c, (int, float)) and c <= 0:
+    raise ValueError(f"aggregate: norm_len must be > 0, got {norm_len!r}")
+  return x.sum(), n_seq * c
+
+
+def denominator(mask: Array, mode: str = "token-mean", *, norm_len: int | None = None) -> Array:
+  """The `denom` that `aggregate` returns for this mask and mode (needs no loss). float[]."""
+  mask = v.mask_array("denominator", "mask", mask)
+  return aggregate(jnp.zeros(mask.shape, jnp.float32), mask, mode, norm_len=norm_len)[1]
+
+
+def global_mean(loss_sum: Array, denom: Array) -> Array:
+  """loss_sum / denom, and 0 where denom is 0 (an all-masked batch). float[]."""
+  return loss_sum / jnp.where(denom > 0, denom, 1.0)
+
+
+def _mean(x: Array, mask: Array) -> Array:
+  x = jnp.where(mask > 0, x * mask, 0.0)
+  return jax.lax.stop_gradient(x.sum() / jnp.maximum(mask.sum(), 1.0))
+
+
+# --------------------------------------------------------------------------- KL
+def kl_penalty(logprobs: Array, ref_logprobs: Array, kind: str = "k3") -> Array:
+  """Per-token KL estimate between the policy and a reference (Schulman's k1/k2/k3).
+
+  With d = logprobs - ref_logprobs:
+    k1 = d;  k2 = d^2 / 2;  k3 = exp(-d) + d - 1 with -d clamped to [-20, 20] and the result
+    clamped to [-10, 10] (verl "low_var_kl").
+  The `+` variants (verl): forward value of k1/k2/k3, gradient of k2, i.e. d/dlogprobs = d,
+  the unbiased KL gradient (straight-through: k2 - sg(k2) + sg(k*)). k2+ is k2.
+
+  Args:
+    logprobs, ref_logprobs: float[B, T] (any equal shapes work).
+  Returns:
+    float[B, T], unmasked: aggregate it with `aggregate(kl, mask, mode)`.
+  """
+  fn = "kl_penalty"
+  v.check_choice(fn, "KL kind", kind, KL_KINDS)
+  logprobs = v.float_array(fn, "logprobs", logprobs)
+  ref_logprobs = v.float_array(fn, "ref_logprobs", ref_logprobs)
+  v.check_shape(fn, "ref_logprobs", ref_logprobs, logprobs.shape, "logprobs")
+  d = logprobs - ref_logprobs
+  base = kind.rstrip("+")
+  if base == "k1":
+    fwd = d
+  elif base == "k2":
+    fwd = 0.5 * d * d
+  else:
+    nd = jnp.clip(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    fwd = jnp.clip(jnp.exp(nd) - nd - 1.0, -10.0, 10.0)
+  if not kind.endswith("+") or base == "k2":
+    return fwd
+  k2 = 0.5 * d * d
+  return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(fwd)
+
+
+# --------------------------------------------------------------------------- policy losses
+def _check_policy(fn, logprobs, old_logprobs, advantages, mask, is_weights, agg):
+  v.check_choice(fn, "aggregation mode", agg, AGG_MODES)
+  logprobs, mask = _masked_tokens(fn, "logprobs", logprobs, mask)
+  old_logprobs = v.float_array(fn, "old_logprobs", old_logprobs)
+  advantages = v.float_array(fn, "advantages", advantages)
+  v.check_shape(fn, "old_logprobs", old_logprobs, logprobs.shape, "logprobs")
+  v.check_shape(fn, "advantages", advantages, logprobs.shape, "logprobs")
+  if is_weights is not None:
+    is_weights = v.float_array(fn, "is_weights", is_weights)
+    v.check_shape(fn, "is_weights", is_weights, logprobs.shape, "logprobs")
+    is_weights = jax.lax.stop_gradient(is_weights)
+  return logprobs, old_logprobs, advantages, mask, is_weights
+
+
+def _check_clips(fn, clip_low, clip_high):
+  for name, c in (("clip_low", clip_low), ("clip_high", clip_high)):
+    if isinstance(c, (int, float)) and not 0 <= c:
+      raise ValueError(f"{fn}: {name} must be >= 0, got {c!r}")
+
+
+def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
+                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
+                agg: str = "token-mean", is_weights: Array | None = None,
+                norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """PPO clipped surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`).
+
+  ratio = exp(clamp(logprobs - old_logprobs, -20, 20));
+  l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high));
+  dual-clip (arXiv 1912.09729), where A < 0: l = min(l, -A * dual_clip). `dual_clip=None`
+  turns it off. Optional `is_weights` (e.g. truncated sampler/trainer importance weights)
+  multiply l per token and get no gradient.
+
+  Args:
+    logprobs: float[B, T] current policy; old_logprobs: float[B, T]; advantages: float[B, T];
+    mask: bool/float[B, T]; is_weights: float[B, T] or None; agg, norm_len: see `aggregate`.
+  Returns:
+    (loss_sum, denom, metrics) with metrics clipfrac, clipfrac_high (A > 0, ratio > 1 +
+    clip_high), clipfrac_low (A < 0, ratio < 1 - clip_low), dual_clip_frac, ppo_kl (mean of
+    old - new logprob), approx_kl (k3), ratio_mean, n_tokens.
+  """
+  fn = "policy_loss"
+  logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
+      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
+  _check_clips(fn, clip_low, clip_high)
+  if dual_clip is not None and isinstance(dual_clip, (int, float)) and not dual_clip > 1.0:
+    raise ValueError(f"{fn}: dual_clip must be > 1 (or None to disable), got {dual_clip!r}")
+  log_ratio = jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  ratio = jnp.exp(log_ratio)
+  loss_unclipped = -adv * ratio
+  loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  loss = jnp.maximum(loss_unclipped, loss_clipped)
+  clipped = loss_clipped > loss_unclipped
+  dual_active = jnp.zeros_like(clipped)
+  if dual_clip is not None:
+    loss_dual = -adv * dual_clip
+    dual_active = (adv < 0) & (loss > loss_dual)
+    loss = jnp.where(adv < 0, jnp.minimum(loss, loss_dual), loss)
+  if is_weights is not None:
+    loss = loss * is_weights
+  loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len)
+  metrics = {
+      "clipfrac": _mean(clipped, mask),
+      "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
+      "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
+      "dual_clip_frac": _mean(dual_active, mask),
+      "ppo_kl": _mean(-log_ratio, mask),
+      "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+      "ratio_mean": _mean(ratio, mask),
+      "n_tokens": jax.lax.stop_gradient(mask.sum()),
+  }
+  return loss_sum, denom, metrics
+
+
+def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
+                     clip_low: float = 3e-4, clip_high: float = 4e-4,
+                     dual_clip: float | None = None, agg: str = "seq-mean-token-mean",
+                     is_weights: Array | None = None,
+                     norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """GSPO (arXiv 2507.18071) with verl's `compute_policy_loss_gspo` definition.
+
+  Sequence log-ratio: s_b = sum_t m*(logprobs - old_logprobs) / max(n_b, 1) (geometric mean of
+  the token ratios). Token ratio r_bt = exp(min(logprobs - sg(logprobs) + sg(s_b), 10)): its
+  value is the sequence ratio, its gradient flows through each token's log-prob.
+  l = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)). Defaults are the paper's
+  clip ranges (3e-4, 4e-4) and aggregation (verl always uses seq-mean-token-mean). GSPO has no
+  dual-clip: `dual_clip` must be None (it is accepted so one call site serves both losses).
+
+  Args / Returns: as `policy_loss`; metrics clipfrac, clipfrac_high, clipfrac_low,
+    dual_clip_frac (always 0), ppo_kl, approx_kl, ratio_mean (of the sequence ratio per
+    token), n_tokens.
+  """
+  fn = "gspo_policy_loss"
+  logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
+      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
+  _check_clips(fn, clip_low, clip_high)
+  if dual_clip is not None:
+    raise ValueError(f"{fn}: GSPO has no dual-clip; pass dual_clip=None, got {dual_clip!r}")
+  token_log_ratio = jnp.where(mask > 0, logprobs - old_logprobs, 0.0)
+  n_tok = mask.sum(axis=1)
+  seq_log_ratio = (token_log_ratio * mask).sum(axis=1) / jnp.maximum(n_tok, 1.0)
+  log_ratio = (logprobs - jax.lax.stop_gradient(logprobs)
+               + jax.lax.stop_gradient(seq_log_ratio)[:, None])
+  ratio = jnp.exp(jnp.minimum(log_ratio, GSPO_LOG_RATIO_MAX))
+  loss_unclipped = -adv * ratio
+  loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  loss = jnp.maximum(loss_unclipped, loss_clipped)
+  clipped = loss_clipped > loss_unclipped
+  if is_weights is not None:
+    loss = loss * is_weights
+  loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len)
+  metrics = {
+      "clipfrac": _mean(clipped, mask),
+      "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
+      "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
+      "dual_clip_frac": jnp.zeros((), jnp.float32),
+      "ppo_kl": _mean(-token_log_ratio, mask),
+      "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+      "ratio_mean": _mean(ratio, mask),
+      "n_tokens": jax.lax.stop_gradient(mask.sum()),
+  }
+  return loss_sum, denom, metrics
+
+
+_POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss}
+
+
+def register_policy_loss(name: str, fn: Callable) -> None:
+  """Register a policy loss with `policy_loss`'s signature and return convention."""
+  if name in _POLICY_LOSSES:
+    raise ValueError(f"policy loss {name!r} is already registered")
+  _POLICY_LOSSES[name] = fn
+
+
+def policy_loss_names() -> tuple[str, ...]:
+  """The registered policy-loss names."""
+  return tuple(_POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> Callable:
+  """The policy loss registered under `name` ("ppo", "gspo", ...); ValueError otherwise."""
+  v.check_choice("losses.get_policy_loss", "policy loss", name, _POLICY_LOSSES)
+  return _POLICY_LOSSES[name]
+
+
+# --------------------------------------------------------------------------- value loss
+def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
+               clip: float | None = 0.5, agg: str = "token-mean",
+               norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """Clipped value loss (verl `compute_value_loss`):
+  l = 0.5 * max((V - R)^2, (old + clip(V - old, -clip, clip) - R)^2); `clip=None`: 0.5 (V - R)^2.
+
+  Args:
+    values: float[B, T] current critic; old_values: float[B, T] critic at rollout time;
+    returns: float[B, T] targets; mask: bool/float[B, T]; agg, norm_len: see `aggregate`.
+  Returns:
+    (loss_sum, denom, metrics) with metrics vf_clipfrac (clipped branch strictly larger),
+    value_mean, returns_mean, n_tokens.
+  """
+  fn = "value_loss"
+  v.check_choice(fn, "aggregation mode", agg, AGG_MODES)
+  values, mask = _masked_tokens(fn, "values", values, mask)
+  old_values = v.float_array(fn, "old_values", old_values)
+  returns = v.float_array(fn, "returns", returns)
+  v.check_shape(fn, "old_values", old_values, values.shape, "values")
+  v.check_shape(fn, "returns", returns, values.shape, "values")
+  if clip is not None and isinstance(clip, (int, float)) and clip < 0:
+    raise ValueError(f"{fn}: clip must be >= 0 (or None), got {clip!r}")
+  loss_unclipped = jnp.square(values - returns)
+  if clip is None:
+    loss, clipped = loss_unclipped, jnp.zeros(values.shape, bool)
+  else:
+    values_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
+    loss_clipped = jnp.square(values_clipped - returns)
+    loss = jnp.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+  loss_sum, denom = aggregate(0.5 * loss, mask, agg, norm_len=norm_len)
+  metrics = {
+      "vf_clipfrac": _mean(clipped, mask),
+      "value_mean": _mean(values, mask),
+      "returns_mean": _mean(returns, mask),
+      "n_tokens": jax.lax.stop_gradient(mask.sum()),
+  }
+  return loss_sum, denom, metrics
+
+
+# --------------------------------------------------------------------------- from logits
+def _check_logits(fn, logits, temperature):
+  logits = v.float_array(fn, "logits", logits)
+  v.check_rank(fn, "logits", logits, 3, "[B, T, V]")
+  if isinstance(temperature, (int, float)) and not temperature > 0:
+    raise ValueError(f"{fn}: temperature must be > 0, got {temperature!r}")
+  return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)) / temperature
+
+
+def token_logprobs(logits: Array, targets: Array, temperature: float = 1.0) -> Array:
+  """log softmax(logits / temperature)[targets], without materialising the log-softmax.
+
+  Computed as z[target] - logsumexp(z) in at least float32 (bf16 logits are upcast).
+
+  Args:
+    logits: float[B, T, V]; targets: int[B, T] (ids in [0, V)); temperature: > 0.
+  Returns:
+    float[B, T].
+  """
+  fn = "token_logprobs"
+  z = _check_logits(fn, logits, temperature)
+  targets = v.int_array(fn, "targets", targets)
+  v.check_shape(fn, "targets", targets, z.shape[:2], "logits[:2]")
+  picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return picked - jax.nn.logsumexp(z, axis=-1)
+
+
+def entropy_from_logits(logits: Array, temperature: float = 1.0) -> Array:
+  """Entropy of softmax(logits / temperature) per position: logsumexp(z) - sum softmax(z) z.
+
+  Args:
+    logits: float[B, T, V]; temperature: > 0.
+  Returns:
+    float[B, T]; aggregate it with `aggregate(entropy, mask, mode)`.
+  """
+  z = _check_logits("entropy_from_logits", logits, temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  p = jnp.exp(z - lse[..., None])
+  return lse - jnp.where(p > 0, p * z, 0.0).sum(axis=-1)  # -inf logits (p = 0) add nothing
