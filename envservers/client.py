@@ -10,7 +10,6 @@ and dies with its run (its pending calls then fail with ConnectionLost).
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any
 
 import trio
@@ -28,13 +27,14 @@ class Connection:
     self.address = address
     self.max_frame_bytes = max_frame_bytes
     self._stream = stream
-    self._send_lock = trio.Lock()
+    self._writer = protocol.FrameWriter(stream)
     self._ids = itertools.count(1)
     self._pending: dict[int, list] = {}   # id -> [event, reply]
     self.closed = False
     self.close_reason = ""
     self.token = trio.lowlevel.current_trio_token()
     trio.lowlevel.spawn_system_task(self._read_replies, name=f"envservers reader {address}")
+    trio.lowlevel.spawn_system_task(self._write_requests, name=f"envservers writer {address}")
 
   @classmethod
   async def open(cls, address: str, connect_timeout_s: float = 5.0, **kwargs) -> "Connection":
@@ -70,8 +70,19 @@ class Connection:
     finally:
       self._fail_all(reason)
 
+  async def _write_requests(self) -> None:
+    try:
+      await self._writer.run()
+    except trio.Cancelled:
+      raise
+    except Exception as e:  # a system task must never raise
+      self._fail_all(f"send failed: {type(e).__name__}: {e}")
+
   def _fail_all(self, reason: str) -> None:
+    if self.closed:
+      return
     self.closed = True
+    self._writer.close()
     self.close_reason = reason
     try:
       self._stream.socket.close()
@@ -95,19 +106,12 @@ class Connection:
     frame = protocol.encode_frame({"id": request_id, "op": op, "args": args or {}},
                                   self.max_frame_bytes)
     try:
-      async with self._send_lock:
-        # A frame is sent whole or the connection is dropped: a cancelled half-sent frame
-        # would desynchronise the stream for every other chain on it.
-        with trio.CancelScope(shield=True) as scope:
-          scope.deadline = trio.current_time() + 60
-          try:
-            await self._stream.send_all(frame)
-          except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            self._fail_all(f"send failed: {e}")
-        if scope.cancelled_caught:
-          self._fail_all("send timed out after 60 s")
-      with trio.fail_after(math.inf if timeout_s is None else timeout_s):
+      self._writer.put(frame)   # queued; the writer task sends frames whole and in order
+      if timeout_s is None:
         await slot[0].wait()
+      else:
+        with trio.fail_after(timeout_s):
+          await slot[0].wait()
     finally:
       self._pending.pop(request_id, None)
     reply = slot[1]

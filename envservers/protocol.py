@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 HEADER = struct.Struct(">I")
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 # Error types a server can reply with (the `error.type` field).
@@ -51,7 +52,7 @@ class RemoteError(Exception):
 
 def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
   """Returns header + JSON body for one message; raises ProtocolError if it is too large."""
-  body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+  body = _ENCODER.encode(message).encode("utf-8")
   if len(body) > max_frame_bytes:
     raise ProtocolError(FRAME_TOO_LARGE,
                         f"message of {len(body)} bytes exceeds the limit of {max_frame_bytes}")
@@ -75,10 +76,14 @@ class FrameReader:
   def __init__(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
     self._stream = stream
     self._buffer = bytearray()
+    self._start = 0   # consumed prefix of _buffer (compacted lazily, not per frame)
     self.max_frame_bytes = max_frame_bytes
 
   async def _fill(self, n: int) -> bool:
-    while len(self._buffer) < n:
+    while len(self._buffer) - self._start < n:
+      if self._start:
+        del self._buffer[:self._start]
+        self._start = 0
       chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
       if not chunk:
         return False
@@ -91,18 +96,56 @@ class FrameReader:
     Raises ProtocolError on an oversized length header or a stream that ends mid-frame.
     """
     if not await self._fill(HEADER.size):
-      if self._buffer:
-        raise ProtocolError(BAD_FRAME, f"stream ended inside a frame header ({len(self._buffer)} bytes)")
+      if len(self._buffer) > self._start:
+        raise ProtocolError(BAD_FRAME, f"stream ended inside a frame header "
+                                       f"({len(self._buffer) - self._start} bytes)")
       return None
-    (length,) = HEADER.unpack_from(self._buffer)
+    (length,) = HEADER.unpack_from(self._buffer, self._start)
     if length > self.max_frame_bytes:
       raise ProtocolError(FRAME_TOO_LARGE,
                           f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
     if not await self._fill(HEADER.size + length):
       raise ProtocolError(BAD_FRAME, f"stream ended inside a frame body (expected {length} bytes)")
-    body = bytes(self._buffer[HEADER.size:HEADER.size + length])
-    del self._buffer[:HEADER.size + length]
+    begin = self._start + HEADER.size
+    body = bytes(self._buffer[begin:begin + length])
+    self._start = begin + length
     return body
+
+
+class FrameWriter:
+  """Coalesces outgoing frames: `put` never waits; `run` sends whatever is queued in one write.
+
+  One task runs `run()` for the stream's lifetime; many tasks `put()` frames. Frames are sent
+  whole and in order; the writer is the only task that touches the send side of the stream.
+  """
+
+  def __init__(self, stream: trio.abc.SendStream):
+    self._stream = stream
+    self._queue: list[bytes] = []
+    self._ready = trio.Event()
+    self.closed = False
+
+  def put(self, frame: bytes) -> None:
+    if self.closed:
+      raise trio.ClosedResourceError("frame writer is closed")
+    self._queue.append(frame)
+    self._ready.set()
+
+  def close(self) -> None:
+    self.closed = True
+    self._ready.set()
+
+  async def run(self) -> None:
+    """Sends queued frames until `close()`; raises BrokenResourceError etc. if the peer goes."""
+    while True:
+      await self._ready.wait()
+      self._ready = trio.Event()
+      if self._queue:
+        data = b"".join(self._queue)
+        self._queue.clear()
+        await self._stream.send_all(data)
+      if self.closed and not self._queue:
+        return
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -44,29 +44,35 @@ def _as_tuple(types):
 
 
 class _Connection:
-  def __init__(self, stream: trio.SocketStream):
+  def __init__(self, stream: trio.SocketStream, max_frame_bytes: int):
     self.id = next(_connection_ids)
     self.stream = stream
-    self.send_lock = trio.Lock()
+    self.writer = protocol.FrameWriter(stream)
+    self.max_frame_bytes = max_frame_bytes
     self.keys: dict[str, set] = {}  # env name -> keys of chains acquired on this connection
     self.closed = False
+    self.flushed = trio.Event()   # the writer has sent everything and stopped
 
-  async def send(self, message: dict[str, Any], max_frame_bytes: int) -> None:
+  def send(self, message: dict[str, Any]) -> None:
+    """Queues one reply (never waits; the connection's writer task sends it)."""
     try:
-      frame = protocol.encode_frame(message, max_frame_bytes)
+      frame = protocol.encode_frame(message, self.max_frame_bytes)
     except protocol.ProtocolError as e:
       frame = protocol.encode_frame({"id": message.get("id"), "ok": False,
                                      "error": {"type": e.error_type, "message": e.message}})
     except (TypeError, ValueError) as e:  # an env returned something JSON cannot encode
       frame = protocol.encode_frame({"id": message.get("id"), "ok": False, "error": {
           "type": protocol.ENV_ERROR, "message": f"result is not JSON-serialisable: {e}"}})
-    async with self.send_lock:
-      if self.closed:
-        return
-      try:
-        await self.stream.send_all(frame)
-      except (trio.BrokenResourceError, trio.ClosedResourceError):
-        self.closed = True
+    if not self.closed and not self.writer.closed:
+      self.writer.put(frame)
+
+  async def write_loop(self) -> None:
+    try:
+      await self.writer.run()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+      self.closed = True
+    finally:
+      self.flushed.set()
 
 
 class EnvServer:
@@ -100,6 +106,7 @@ class EnvServer:
     self._shutdown = trio.Event()
     self._idle = trio.Event()
     self.listeners: list[trio.SocketListener] = []
+    self._connections: set[_Connection] = set()
 
   # -- public -----------------------------------------------------------------------------------
 
@@ -133,6 +140,10 @@ class EnvServer:
           while self.inflight:
             self._idle = trio.Event()
             await self._idle.wait()
+          for conn in list(self._connections):   # send the replies already queued
+            conn.writer.close()
+          for conn in list(self._connections):
+            await conn.flushed.wait()
         conn_nursery.cancel_scope.cancel()
       for listener in self.listeners:
         await listener.aclose()
@@ -164,44 +175,52 @@ class EnvServer:
   # -- connections ------------------------------------------------------------------------------
 
   async def _handle_connection(self, stream: trio.SocketStream) -> None:
-    conn = _Connection(stream)
+    conn = _Connection(stream, self.max_frame_bytes)
+    self._connections.add(conn)
     self.counters["connections"] += 1
     self.counters["open_connections"] += 1
     reader = protocol.FrameReader(stream, self.max_frame_bytes)
     try:
-      async with trio.open_nursery() as nursery:
-        while True:
-          try:
-            body = await reader.read_body()
-          except protocol.ProtocolError as e:
-            self.counters["bad_frames"] += 1
-            await conn.send(_error_reply(None, e.error_type, e.message), self.max_frame_bytes)
-            break   # framing is lost: close the connection
-          except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            break
-          if body is None:
-            break
-          try:
-            request = protocol.decode_body(body)
-          except protocol.ProtocolError as e:
-            self.counters["bad_frames"] += 1
-            await conn.send(_error_reply(None, e.error_type, e.message), self.max_frame_bytes)
-            continue
-          self.inflight += 1
-          nursery.start_soon(self._run_request, conn, request)
-        # No more requests: let in-flight ones finish replying, then close.
+      async with trio.open_nursery() as writer_nursery:
+        writer_nursery.start_soon(conn.write_loop)
+        async with trio.open_nursery() as requests:
+          await self._read_requests(conn, reader, requests)
+        # No more requests and every in-flight one has queued its reply: flush, then close.
+        conn.writer.close()
     finally:
       conn.closed = True
+      self._connections.discard(conn)
       self.counters["open_connections"] -= 1
       for env_name, keys in conn.keys.items():
         self.pools[env_name].release_all(keys)
       with trio.CancelScope(shield=True):
         await trio.aclose_forcefully(stream)
 
+  async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader,
+                           requests: trio.Nursery) -> None:
+    while not conn.closed:
+      try:
+        body = await reader.read_body()
+      except protocol.ProtocolError as e:
+        self.counters["bad_frames"] += 1
+        conn.send(_error_reply(None, e.error_type, e.message))
+        return   # framing is lost: close the connection
+      except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return
+      if body is None:
+        return
+      try:
+        request = protocol.decode_body(body)
+      except protocol.ProtocolError as e:
+        self.counters["bad_frames"] += 1
+        conn.send(_error_reply(None, e.error_type, e.message))
+        continue
+      self.inflight += 1
+      requests.start_soon(self._run_request, conn, request)
+
   async def _run_request(self, conn: _Connection, request: dict[str, Any]) -> None:
     try:
-      reply = await self._reply_to(conn, request)
-      await conn.send(reply, self.max_frame_bytes)
+      conn.send(await self._reply_to(conn, request))
     finally:
       self.inflight -= 1
       if not self.inflight:
