@@ -1,4 +1,25 @@
-"""Samplers: the protocol, the JAX sampler, the vLLM sampler, weight sync."""
+"""Samplers: the protocol, the JAX sampler, the vLLM sampler, weight sync.
+
+    from agentfly_jax.sampling import JaxSampler, VllmSampler, SamplingParams
+
+The protocol names import light (no JAX); the samplers load on first use.
+"""
 from agentfly_jax.sampling.protocol import Sampler, SampleResult, SamplingParams
 
-__all__ = ["Sampler", "SampleResult", "SamplingParams"]
+_LAZY = {
+    "JaxSampler": "agentfly_jax.sampling.jax_sampler",
+    "VllmSampler": "agentfly_jax.sampling.vllm_sampler",
+    "BatchingScheduler": "agentfly_jax.sampling.batching",
+    "logprob_mismatch_metrics": "agentfly_jax.sampling.mismatch",
+    "sample_next_tokens": "agentfly_jax.sampling.next_token",
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)
+  raise AttributeError(f"module 'agentfly_jax.sampling' has no attribute {name!r}")
+
+
+__all__ = ["Sampler", "SampleResult", "SamplingParams", *_LAZY]

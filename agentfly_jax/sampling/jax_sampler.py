@@ -1,0 +1,243 @@
+"""The JAX sampler: batched left-padded prefill + KV-cache decode, all inside one jit.
+
+    sampler = JaxSampler(model, max_batch_size=32, max_len=2048)
+    results = sampler.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.8, max_new_tokens=64))
+    result = await sampler.agenerate([1, 2, 3], params)   # trio; concurrent callers share a batch
+    sampler.update_weights(new_params)                    # an nnx.State of the policy's nnx.Params
+
+Static shapes come from three bucket lists (batch, prompt length, new tokens), so requests whose
+sizes fall in already-seen buckets never recompile (`trace_count` counts compilations). The whole
+decode loop is a `lax.while_loop` that exits as soon as every row is done. Each row has its own
+temperature / top-k / top-p / max_new_tokens / stop ids / seed. Log-probs follow the convention in
+`agentfly_jax.sampling.next_token` (the distribution the token was drawn from; at temperature T
+with no truncation that is log_softmax(logits / T)).
+
+Randomness: a row with `seed` set draws from key(seed) folded with the step number, so equal
+seeds + equal inputs give equal outputs, independent of which other rows share the batch (up to
+float differences between batch shapes). Rows without a seed get one from the sampler's own
+numpy generator (seeded by `seed=` at construction), so a fresh sampler replays the same calls.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentfly_jax.sampling.batching import BatchingScheduler
+from agentfly_jax.sampling.next_token import sample_next_tokens
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+from agentfly_jax.sampling.requests import (per_request_params, pick_bucket, power_of_two_buckets,
+                                            validate_request)
+
+
+class JaxSampler:
+  """Implements the `Sampler` protocol on a Flax NNX `CausalLM`.
+
+  Args:
+    model: an `agentfly_jax.models.CausalLM` (needs `init_cache` and the cached `__call__`).
+    tokenizer: optional; only used for the default pad id.
+    max_batch_size: most rows per jitted call (bigger requests are split).
+    max_len: context length: prompt + new tokens never exceed it.
+    batch_buckets / prompt_buckets / new_token_buckets: static sizes (ascending); defaults are
+      powers of two (batch from 1, prompts and new tokens from 16) capped by the maxima.
+    seed: seeds the generator of per-row seeds for requests without `seed`.
+    max_wait_s: how long `agenerate` waits to gather concurrent requests into a batch.
+    pad_id: token used for left padding (never attended to).
+  """
+
+  def __init__(self, model: nnx.Module, tokenizer: Any = None, *, max_batch_size: int = 32,
+               max_len: int = 2048, batch_buckets: Sequence[int] | None = None,
+               prompt_buckets: Sequence[int] | None = None,
+               new_token_buckets: Sequence[int] | None = None, seed: int = 0,
+               max_wait_s: float = 0.005, pad_id: int | None = None):
+    if max_batch_size < 1 or max_len < 2:
+      raise ValueError(f"JaxSampler: need max_batch_size >= 1 and max_len >= 2, got {max_batch_size}, {max_len}")
+    self.tokenizer = tokenizer
+    self.max_batch_size = int(max_batch_size)
+    self.max_len = int(max_len)
+    self.batch_buckets = self._check_buckets(
+        batch_buckets or power_of_two_buckets(1, self.max_batch_size), self.max_batch_size, "batch_buckets")
+    self.prompt_buckets = self._check_buckets(
+        prompt_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len,
+        "prompt_buckets")
+    self.new_token_buckets = self._check_buckets(
+        new_token_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len,
+        "new_token_buckets")
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    self.vocab_size = getattr(config, "vocab_size", None)
+    if pad_id is None:
+      pad_id = getattr(tokenizer, "pad_token_id", None) or 0
+    self.pad_id = int(pad_id)
+    self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+    self._seed_rng = np.random.default_rng(seed)
+    self._seed_lock = threading.Lock()
+    self.trace_count = 0  # compilations triggered by this sampler's calls
+    self.scheduler = BatchingScheduler(
+        self._generate_list, max_batch_size=self.max_batch_size, max_wait_s=max_wait_s,
+        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
+
+  @staticmethod
+  def _check_buckets(buckets: Sequence[int], maximum: int, name: str) -> tuple[int, ...]:
+    b = tuple(sorted(int(x) for x in buckets))
+    if b[0] < 1 or b[-1] < maximum:
+      raise ValueError(f"JaxSampler: {name} must be positive and reach {maximum}, got {b}")
+    return b
+
+  # ---------------------------------------------------------------- protocol
+  def generate(self, prompts: Sequence[Sequence[int]],
+               params: SamplingParams | Sequence[SamplingParams]) -> list[SampleResult]:
+    """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
+    return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
+
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
+    return await self.scheduler.submit(prompt, params)
+
+  def update_weights(self, params: Any) -> None:
+    """Uses `params` (an nnx.State of the policy's nnx.Params, or the module) from now on.
+
+    Keeps a reference, no copy: sharded arrays stay where they are.
+    """
+    if isinstance(params, nnx.Module):
+      params = nnx.state(params, nnx.Param)
+    new_struct, old_struct = jax.tree.structure(params), jax.tree.structure(self._params)
+    if new_struct != old_struct:
+      try:
+        params = params.filter(nnx.Param)  # a full model state: keep the params
+        new_struct = jax.tree.structure(params)
+      except Exception:
+        pass
+    if new_struct != old_struct:
+      raise ValueError("JaxSampler.update_weights: params do not match the sampler's model "
+                       f"(expected the tree of {old_struct.num_leaves} nnx.Param leaves, got "
+                       f"{new_struct.num_leaves} leaves)")
+    for path_new, (old, new) in zip(jax.tree.leaves_with_path(params),
+                                    zip(jax.tree.leaves(self._params), jax.tree.leaves(params))):
+      if old.shape != new.shape:
+        raise ValueError(f"JaxSampler.update_weights: param {jax.tree_util.keystr(path_new[0])} has "
+                         f"shape {new.shape}, the model has {old.shape}")
+    self._params = params
+
+  @property
+  def params(self) -> nnx.State:
+    return self._params
+
+  # ---------------------------------------------------------------- host side
+  def _validate(self, prompt, params, label: str) -> None:
+    validate_request(prompt, params, label=label, max_len=self.max_len, vocab_size=self.vocab_size)
+
+  def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
+    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+      self._validate(prompt, params, f"request {i}")
+    results: list[SampleResult] = []
+    for start in range(0, len(prompts), self.max_batch_size):
+      stop = start + self.max_batch_size
+      results.extend(self._generate_chunk(prompts[start:stop], params_list[start:stop]))
+    return results
+
+  def _row_seeds(self, params_list: list) -> list[int]:
+    with self._seed_lock:
+      return [p.seed % 2**32 if p.seed is not None else int(self._seed_rng.integers(0, 2**32))
+              for p in params_list]
+
+  def _generate_chunk(self, prompts: list, params_list: list) -> list[SampleResult]:
+    n = len(prompts)
+    lens = [len(p) for p in prompts]
+    max_new = [min(p.max_new_tokens, self.max_len - l) for p, l in zip(params_list, lens)]
+    b = pick_bucket(n, self.batch_buckets, "batch size")
+    p_len = pick_bucket(max(lens), self.prompt_buckets, "prompt length")
+    n_new = pick_bucket(max(max_new), self.new_token_buckets, "max new tokens")
+    n_stop = pick_bucket(max(1, max(len(p.stop_token_ids) for p in params_list)), (8, 64, 512, 1 << 30),
+                         "number of stop ids")
+    ids = np.full((b, p_len), self.pad_id, np.int32)
+    prompt_lens = np.ones((b,), np.int32)
+    stop_ids = np.full((b, n_stop), -1, np.int32)
+    temperature = np.zeros((b,), np.float32)
+    top_k = np.zeros((b,), np.int32)
+    top_p = np.ones((b,), np.float32)
+    row_max_new = np.zeros((b,), np.int32)  # 0 = a padding row: done from the start
+    seeds = np.zeros((b,), np.uint32)
+    seeds[:n] = self._row_seeds(params_list)
+    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+      ids[i, p_len - lens[i]:] = prompt
+      prompt_lens[i] = lens[i]
+      stop_ids[i, :len(params.stop_token_ids)] = params.stop_token_ids
+      temperature[i], top_k[i], top_p[i] = params.temperature, params.top_k, params.top_p
+      row_max_new[i] = max_new[i]
+    traces_before = _TRACES[0]
+    tokens, logprobs, num_new, stopped = jax.device_get(_generate_rows(
+        self._graphdef, self._params, self._rest, ids, prompt_lens, temperature, top_k, top_p,
+        row_max_new, stop_ids, seeds, num_new_bucket=n_new))
+    self.trace_count += _TRACES[0] - traces_before
+    return [SampleResult(token_ids=tokens[i, :num_new[i]].tolist(),
+                         logprobs=logprobs[i, :num_new[i]].tolist(),
+                         finish_reason="stop" if stopped[i] else "length") for i in range(n)]
+
+
+_TRACES = [0]  # how many times _generate_rows was traced (each trace is one compilation)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket",))
+def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
+                   max_new, stop_ids, seeds, *, num_new_bucket: int):
+  """Prefill + decode for one padded batch.
+
+  Jitted at module level with the model's graphdef static, so every sampler of one architecture
+  shares the compiled code.
+
+  Args:
+    graphdef: the model's nnx GraphDef (static); params / rest: its nnx.Param state and the rest.
+    prompt_ids: int32[B, P] left-padded; prompt_lens int32[B].
+    temperature float32[B], top_k int32[B], top_p float32[B], max_new int32[B] (0 = padding
+    row), stop_ids int32[B, S] (-1 = none), seeds uint32[B].
+    num_new_bucket: static N, the most new tokens any row may take.
+  Returns:
+    tokens int32[B, N], logprobs float32[B, N], num_new int32[B], stopped bool[B].
+  """
+  _TRACES[0] += 1
+  model = nnx.merge(graphdef, params, rest)
+  batch, p_len = prompt_ids.shape
+  n_new = num_new_bucket
+  cache = model.init_cache(batch, p_len + n_new)
+  pad = p_len - prompt_lens
+  kv_mask = jnp.arange(p_len + n_new)[None, :] >= pad[:, None]  # bool[B, P + N]
+  positions = jnp.maximum(jnp.arange(p_len)[None, :] - pad[:, None], 0).astype(jnp.int32)
+  logits, cache = model(prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache,
+                        cache_index=jnp.int32(0))
+  row_keys = jax.vmap(jax.random.key)(seeds)
+
+  def cond(carry):
+    step, done = carry[0], carry[5]
+    return (step < n_new) & ~jnp.all(done)
+
+  def body(carry):
+    step, cache, logits, out_tokens, out_logprobs, done, num_new, stopped = carry
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+    tokens, logprobs = sample_next_tokens(logits, temperature, top_k, top_p, keys)
+    live = ~done
+    out_tokens = out_tokens.at[:, step].set(jnp.where(live, tokens, 0))
+    out_logprobs = out_logprobs.at[:, step].set(jnp.where(live, logprobs, 0.0))
+    num_new = num_new + live.astype(jnp.int32)
+    hit_stop = live & jnp.any(tokens[:, None] == stop_ids, axis=-1)
+    stopped = stopped | hit_stop
+    done = done | hit_stop | (num_new >= max_new)
+
+    def forward(cache):
+      step_model = nnx.merge(graphdef, params, rest)
+      new_logits, cache = step_model(tokens[:, None], positions=(prompt_lens + step)[:, None],
+                                     attention_mask=kv_mask, cache=cache, cache_index=p_len + step)
+      return new_logits[:, -1, :].astype(jnp.float32), cache
+
+    logits, cache = jax.lax.cond(jnp.all(done), lambda c: (logits, c), forward, cache)
+    return step + 1, cache, logits, out_tokens, out_logprobs, done, num_new, stopped
+
+  init = (jnp.int32(0), cache, logits[:, -1, :].astype(jnp.float32),
+          jnp.zeros((batch, n_new), jnp.int32), jnp.zeros((batch, n_new), jnp.float32),
+          max_new <= 0, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+  _, _, _, tokens, logprobs, _, num_new, stopped = jax.lax.while_loop(cond, body, init)
+  return tokens, logprobs, num_new, stopped
