@@ -105,32 +105,35 @@ def random_mask(rng, b, t, p=0.6):
   return mask
 
 
+@jax.jit
+def outcome_estimators(scores, gids):
+  return (A.grpo(scores, gids), A.drgrpo(scores, gids), A.grpo(scores, gids, norm_by_std=False),
+          A.rloo(scores, gids))
+
+
 def test_grpo_drgrpo_rloo_match_reference_on_random_groups():
   rng = np.random.default_rng(1)
   for b in (1, 7, 33):
     scores = rng.normal(size=b) * 3
     gids = random_groups(rng, b)
-    np.testing.assert_allclose(jax.jit(A.grpo)(scores, gids), ref_grpo(scores, gids), atol=1e-4)
-    np.testing.assert_allclose(jax.jit(A.drgrpo)(scores, gids),
-                               ref_grpo(scores, gids, norm_by_std=False), atol=ATOL)
-    grpo_mean_only = jax.jit(functools.partial(A.grpo, norm_by_std=False))
-    np.testing.assert_allclose(grpo_mean_only(scores, gids),
-                               ref_grpo(scores, gids, norm_by_std=False), atol=ATOL)
-    np.testing.assert_allclose(jax.jit(A.rloo)(scores, gids), ref_rloo(scores, gids), atol=ATOL)
+    grpo, drgrpo, grpo_mean_only, rloo = outcome_estimators(scores, gids)
+    np.testing.assert_allclose(grpo, ref_grpo(scores, gids), atol=1e-4)
+    np.testing.assert_allclose(drgrpo, ref_grpo(scores, gids, norm_by_std=False), atol=ATOL)
+    np.testing.assert_allclose(grpo_mean_only, ref_grpo(scores, gids, norm_by_std=False),
+                               atol=ATOL)
+    np.testing.assert_allclose(rloo, ref_rloo(scores, gids), atol=ATOL)
 
 
 def test_singleton_and_zero_variance_groups():
   scores = np.array([0.7, 0.1, 0.1, 0.1, 0.3, 0.3, -2.0], np.float32)
   gids = np.array([5, 9, 9, 9, 2, 2, 11], np.int32)
-  grpo = np.asarray(jax.jit(A.grpo)(scores, gids))
+  grpo, drgrpo, _, rloo = (np.asarray(x) for x in outcome_estimators(scores, gids))
   # singletons: mean 0, std 1 (verl); constant groups: exactly 0, no 1e-8/eps blow-up
   np.testing.assert_allclose(grpo[[0, 6]], scores[[0, 6]] / (1 + 1e-6), rtol=1e-6)
-  assert np.all(grpo[1:6] == 0.0)
-  rloo = np.asarray(jax.jit(A.rloo)(scores, gids))
+  np.testing.assert_allclose(drgrpo[[0, 6]], scores[[0, 6]], rtol=1e-6)
   np.testing.assert_allclose(rloo[[0, 6]], scores[[0, 6]])
-  assert np.all(rloo[1:6] == 0.0)
-  rppb = np.asarray(A.reinforce_pp_baseline(scores, gids, np.ones((7, 3))))
-  assert np.all(np.isfinite(rppb))
+  for adv in (grpo, drgrpo, rloo):
+    assert np.all(adv[1:6] == 0.0)
 
 
 def test_group_ids_need_not_be_contiguous_or_sorted():
@@ -138,8 +141,8 @@ def test_group_ids_need_not_be_contiguous_or_sorted():
   scores = rng.normal(size=12)
   gids = np.repeat(np.array([40, -3, 7]), 4)
   perm = rng.permutation(12)
-  a = np.asarray(A.grpo(scores, gids))
-  b = np.asarray(A.grpo(scores[perm], gids[perm]))
+  a = np.asarray(outcome_estimators(scores, gids)[0])
+  b = np.asarray(outcome_estimators(scores[perm], gids[perm])[0])
   np.testing.assert_allclose(a[perm], b, atol=1e-6)
 
 
@@ -177,6 +180,14 @@ def test_discounted_returns_and_reinforce_pp_match_reference(gamma):
   mask = random_mask(rng, 7, 13)
   returns = jax.jit(functools.partial(A.discounted_returns, gamma=gamma))(r, mask)
   np.testing.assert_allclose(returns, ref_returns(r, mask, gamma), atol=1e-5)
+  if gamma == 1.0:  # AgentFly's no-reset recursion over every position, read at action tokens
+    agentfly = np.zeros(r.shape)
+    for b in range(r.shape[0]):
+      running = 0.0
+      for t in reversed(range(r.shape[1])):
+        running = r[b, t] + gamma * running
+        agentfly[b, t] = running * mask[b, t]
+    np.testing.assert_allclose(returns, agentfly, atol=1e-5)
   adv = jax.jit(functools.partial(A.reinforce_pp, gamma=gamma))(r, mask)
   np.testing.assert_allclose(adv, ref_whiten(ref_returns(r, mask, gamma), mask), atol=1e-4)
 
@@ -264,18 +275,26 @@ def test_registry_and_uniform_compute():
   b, t = 8, 7
   scores, gids, mask = rng.normal(size=b), random_groups(rng, b), random_mask(rng, b, t)
   vals = rng.normal(size=(b, t))
-  for name in A.names():
-    f = jax.jit(functools.partial(A.compute, name, gamma=0.9, lam=0.95))
-    adv, ret = f(mask=mask, scores=scores, group_ids=gids, values=vals)
-    assert adv.shape == ret.shape == (b, t)
-    assert np.all(np.asarray(adv)[~mask] == 0)
-  adv, _ = A.compute("grpo", mask=mask, scores=scores, group_ids=gids)
-  np.testing.assert_allclose(adv, ref_grpo(scores, gids)[:, None] * mask, atol=1e-4)
-  token_r = np.asarray(A.scores_to_token_rewards(scores, mask))
-  adv, ret = A.compute("gae", mask=mask, scores=scores, values=vals, gamma=0.9, lam=0.95)
+
+  @jax.jit
+  def every_estimator(mask, scores, gids, vals):
+    return {name: A.compute(name, mask=mask, scores=scores, group_ids=gids, values=vals,
+                            gamma=0.9, lam=0.95) for name in A.names()}
+
+  out = every_estimator(mask, scores, gids, vals)
+  for name, (adv, ret) in out.items():
+    assert adv.shape == ret.shape == (b, t), name
+    assert np.all(np.asarray(adv)[~mask] == 0), name
+  np.testing.assert_allclose(out["grpo"][0], ref_grpo(scores, gids)[:, None] * mask, atol=1e-4)
+  np.testing.assert_allclose(out["rloo"][0], ref_rloo(scores, gids)[:, None] * mask, atol=1e-5)
+  token_r = np.zeros((b, t))
+  for i in range(b):
+    if mask[i].any():
+      token_r[i, np.flatnonzero(mask[i])[-1]] = scores[i]
   ref_adv, ref_ret = ref_gae(token_r, vals, mask, 0.9, 0.95)
-  np.testing.assert_allclose(ret, ref_ret, atol=1e-5)
-  np.testing.assert_allclose(adv, ref_whiten(ref_adv, mask), atol=1e-4)
+  np.testing.assert_allclose(out["gae"][1], ref_ret, atol=1e-5)
+  np.testing.assert_allclose(out["gae"][0], ref_whiten(ref_adv, mask), atol=1e-4)
+  np.testing.assert_allclose(out["reinforce_pp"][1], ref_returns(token_r, mask, 0.9), atol=1e-5)
 
 
 def test_errors_name_the_problem():

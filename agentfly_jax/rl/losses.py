@@ -122,6 +122,23 @@ def kl_penalty(logprobs: Array, ref_logprobs: Array, kind: str = "k3") -> Array:
   return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(fwd)
 
 
+def kl_loss(logprobs: Array, ref_logprobs: Array, mask: Array, *, kind: str = "k3",
+            agg: str = "token-mean", norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """KL-to-reference loss term: `aggregate(kl_penalty(logprobs, ref_logprobs, kind), mask, agg)`.
+
+  Args:
+    logprobs, ref_logprobs: float[B, T]; mask: bool/float[B, T]; kind: one of KL_KINDS.
+  Returns:
+    (loss_sum, denom, metrics) with metrics kl (masked mean of the forward value), n_tokens.
+  """
+  fn = "kl_loss"
+  v.check_choice(fn, "aggregation mode", agg, AGG_MODES)
+  logprobs, mask = _masked_tokens(fn, "logprobs", logprobs, mask)
+  kl = kl_penalty(logprobs, ref_logprobs, kind)
+  loss_sum, denom = aggregate(kl, mask, agg, norm_len=norm_len)
+  return loss_sum, denom, {"kl": _mean(kl, mask), "n_tokens": jax.lax.stop_gradient(mask.sum())}
+
+
 # --------------------------------------------------------------------------- policy losses
 def _check_policy(fn, logprobs, old_logprobs, advantages, mask, is_weights, agg):
   v.check_choice(fn, "aggregation mode", agg, AGG_MODES)
