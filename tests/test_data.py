@@ -108,3 +108,22 @@ def test_pad_batch_and_trajectory_errors():
     pad_batch([{"token_ids": [1]}])
   with pytest.raises(ValueError, match="one length"):
     Trajectory(token_ids=[1, 2], action_mask=[True], sampler_logprobs=[0.0, 0.0])
+
+
+def test_mask_segments_and_format_trajectory():
+  from agent_testlib import agent_tokenizer
+  from agentfly_jax.agents import format_trajectory, mask_segments
+  tok = agent_tokenizer("qwen2.5")
+  prompt, reply, obs = tok.encode("Hi<|im_end|>"), tok.encode("Hello<|im_end|>"), tok.encode("\nok")
+  ids = prompt + reply + obs
+  mask = [False] * len(prompt) + [True] * len(reply) + [False] * len(obs)
+  t = Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=np.zeros(len(ids)),
+                 finish_reason="no_tool_call", num_turns=1)
+  n = len(prompt)
+  assert mask_segments(t.action_mask) == [(0, n, False), (n, n + len(reply), True),
+                                          (n + len(reply), len(ids), False)]
+  assert mask_segments(np.zeros(0, bool)) == []
+  text = format_trajectory(t, tok, color=False)
+  assert text.splitlines()[0].startswith("group 0 chain 0 | ")
+  assert text.endswith("Hi<|im_end|>⟦Hello<|im_end|>⟧\nok")
+  assert "\033[42;30mHello<|im_end|>\033[0m" in format_trajectory(t, tok, color=True)

@@ -62,6 +62,9 @@ def test_schema_from_signature_and_google_docstring():
 def test_direct_calls_sync_and_awaited():
   assert get_weather(city="Oslo") == "Oslo: sunny for 1 day(s) in C"
   assert get_weather(city="Oslo", days=3, unit="F") == "Oslo: sunny for 3 day(s) in F"
+  assert get_weather("Oslo", 2) == "Oslo: sunny for 2 day(s) in C"  # positional, like the function
+  with pytest.raises(TypeError, match="6 positional argument"):
+    get_weather("a", 1, "C", None, 0.5, False, "extra")
 
   async def main():
     return await get_weather.acall(city="Bergen"), await fetch_page.acall(url="u")

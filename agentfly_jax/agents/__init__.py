@@ -8,6 +8,7 @@
 from agentfly_jax.agents.agents import CodeAgent, ReactAgent, ToolCallAgent
 from agentfly_jax.agents.base import Agent, TemplatePrefixError
 from agentfly_jax.agents.chat_template import ChatTemplate, load_chat_template
+from agentfly_jax.agents.display import format_trajectory, mask_segments
 from agentfly_jax.agents.parsers import (ParsedTurn, ToolCall, parse_code_blocks,
                                          parse_hermes_tool_calls, parse_react)
 from agentfly_jax.agents.rollout import rollout, run_rollout, validate_rows
@@ -18,4 +19,4 @@ __all__ = ["Agent", "ToolCallAgent", "ReactAgent", "CodeAgent", "TemplatePrefixE
            "ChatTemplate", "load_chat_template", "AgentTokenizer", "load_tokenizer",
            "ParsedTurn", "ToolCall", "parse_hermes_tool_calls", "parse_react",
            "parse_code_blocks", "rollout", "run_rollout", "validate_rows", "Trajectory",
-           "pad_batch"]
+           "pad_batch", "format_trajectory", "mask_segments"]

@@ -177,9 +177,21 @@ class Tool:
     return ToolOutput(truncate(to_observation_text(value), self.max_length), ok=True,
                       finished=self.is_finish)
 
-  async def acall(self, **arguments) -> str:
+  def _arguments(self, args: tuple, kwargs: dict) -> dict:
+    """Positional + keyword arguments of a direct call as one dict (positional ones bound to the
+    signature's parameters in order)."""
+    if not args:
+      return kwargs
+    names = [k for k, p in self.signature.parameters.items()
+             if k not in self._skip and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(args) > len(names):
+      raise TypeError(f"tool '{self.name}' takes {len(names)} positional argument(s), got {len(args)}")
+    return {**dict(zip(names, args)), **kwargs}
+
+  async def acall(self, *args, **kwargs) -> str:
     """Direct call outside a rollout, awaited inside trio; returns the observation text (an
     error observation if something went wrong). Stateful tools get a fresh environment."""
+    arguments = self._arguments(args, kwargs)
     if not self.stateful:
       return (await self.run(arguments)).observation
     provider = get_env_provider()
@@ -192,12 +204,12 @@ class Tool:
       with trio.CancelScope(shield=True):
         await provider.release(self.env_name, chain_id)
 
-  def __call__(self, **arguments) -> str:
+  def __call__(self, *args, **kwargs) -> str:
     """Direct synchronous call (a notebook cell): runs `acall` in its own trio loop."""
     try:
       trio.lowlevel.current_task()
     except RuntimeError:
-      return trio.run(functools.partial(self.acall, **arguments))
+      return trio.run(functools.partial(self.acall, *args, **kwargs))
     raise RuntimeError(f"tool '{self.name}' was called synchronously inside a trio run; use "
                        f"`await {self.name}.acall(...)` there")
 
