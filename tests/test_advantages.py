@@ -166,10 +166,11 @@ def test_masked_whiten_matches_reference_and_survives_degenerate_masks():
   x = rng.normal(size=(6, 11)) * 2 + 1
   mask = random_mask(rng, 6, 11)
   np.testing.assert_allclose(jax.jit(A.masked_whiten)(x, mask), ref_whiten(x, mask), atol=1e-4)
-  assert np.all(np.asarray(A.masked_whiten(x, np.zeros((6, 11), bool))) == 0)
+  whiten = jax.jit(A.masked_whiten)
+  assert np.all(np.asarray(whiten(x, np.zeros((6, 11), bool))) == 0)
   one = np.zeros((6, 11), bool)
   one[2, 3] = True
-  out = np.asarray(A.masked_whiten(x, one))
+  out = np.asarray(whiten(x, one))
   assert np.all(np.isfinite(out)) and np.all(out == 0)
 
 
@@ -198,16 +199,17 @@ def test_multi_turn_returns_carry_outcome_across_observation():
   r = np.zeros((1, 12))
   r[0, 10] = 1.0
   g = 0.5
-  out = np.asarray(A.discounted_returns(r, mask, gamma=g))[0]
+  returns = jax.jit(A.discounted_returns, static_argnames="gamma")
+  out = np.asarray(returns(r, mask, gamma=g))[0]
   # action steps: 2,3,4 | 9,10 -> G = g^4, g^3, g^2 | g, 1; the observation is not a step
   np.testing.assert_allclose(out[[2, 3, 4, 9, 10]], [g**4, g**3, g**2, g, 1.0], rtol=1e-6)
   assert np.all(out[[0, 1, 5, 6, 7, 8, 11]] == 0)
   # verl's reset would give turn 1 nothing; here gamma=1 gives every turn the outcome
-  out1 = np.asarray(A.discounted_returns(r, mask, gamma=1.0))[0]
+  out1 = np.asarray(returns(r, mask, gamma=1.0))[0]
   np.testing.assert_allclose(out1[mask[0]], 1.0)
   # a tool reward on the observation segment is credited to turn 1's last token
   r[0, 6] = 0.25
-  out2 = np.asarray(A.discounted_returns(r, mask, gamma=1.0))[0]
+  out2 = np.asarray(returns(r, mask, gamma=1.0))[0]
   np.testing.assert_allclose(out2[[2, 3, 4, 9, 10]], [1.25, 1.25, 1.25, 1.0, 1.0], rtol=1e-6)
 
 
@@ -217,7 +219,7 @@ def test_multi_turn_gae_bootstraps_from_next_turn():
   r[0, 7] = 2.0
   vals = np.array([[9.0, 0.5, 0.2, 7.0, 7.0, 7.0, 0.3, 0.4, 9.0]])  # masked values never used
   g, lam = 0.9, 0.8
-  adv, ret = A.gae(r, vals, mask, gamma=g, lam=lam, whiten=False)
+  adv, ret = jax.jit(functools.partial(A.gae, gamma=g, lam=lam, whiten=False))(r, vals, mask)
   adv, ret = np.asarray(adv)[0], np.asarray(ret)[0]
   d7 = 2.0 - 0.4
   d6 = g * 0.4 - 0.3
@@ -252,8 +254,13 @@ def test_gae_with_zero_values_and_lambda_one_gives_the_discounted_returns():
   rng = np.random.default_rng(8)
   r = rng.normal(size=(5, 9))
   mask = random_mask(rng, 5, 9)
-  _, ret = A.gae(r, np.zeros_like(r), mask, gamma=0.8, lam=1.0)
-  np.testing.assert_allclose(ret, A.discounted_returns(r, mask, gamma=0.8), atol=1e-5)
+  @jax.jit
+  def both(r, mask):
+    return (A.gae(r, jnp.zeros_like(r), mask, gamma=0.8, lam=1.0)[1],
+            A.discounted_returns(r, mask, gamma=0.8))
+
+  gae_returns, returns = both(r, mask)
+  np.testing.assert_allclose(gae_returns, returns, atol=1e-5)
 
 
 def test_reinforce_pp_baseline_matches_reference():
