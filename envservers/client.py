@@ -96,15 +96,16 @@ class Connection:
                  timeout_s: float | None = None) -> dict[str, Any]:
     """Sends one request and waits for its reply's result.
 
-    Raises RemoteError (an error reply), ConnectionLost, or trio.TooSlowError after timeout_s.
+    Raises RemoteError (an error reply), ConnectionLost, trio.TooSlowError after timeout_s,
+    TypeError/ValueError (args not JSON) or ProtocolError (request over the frame limit).
     """
     if self.closed:
       raise ConnectionLost(f"env server {self.address}: {self.close_reason}")
     request_id = next(self._ids)
-    slot = [trio.Event(), None]
-    self._pending[request_id] = slot
     frame = protocol.encode_frame({"id": request_id, "op": op, "args": args or {}},
                                   self.max_frame_bytes)
+    slot = [trio.Event(), None]
+    self._pending[request_id] = slot
     try:
       self._writer.put(frame)   # queued; the writer task sends frames whole and in order
       if timeout_s is None:

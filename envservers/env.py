@@ -66,6 +66,10 @@ class ServerEnv:
     """The pid of the process running this instance's code, if it has its own."""
     return None
 
+  def alive(self) -> bool:
+    """False if the instance died while idle (the pool then replaces it before handing it out)."""
+    return True
+
   async def start(self) -> None:
     """Makes the instance ready (warm). Called once before first use."""
 

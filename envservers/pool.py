@@ -190,6 +190,11 @@ class EnvPool:
         return self.bound[key]
       if self.idle:
         inst = self.idle.pop()
+        if not inst.env.alive():   # died while idle: replace it
+          self.counters["recycled"] += 1
+          inst.broken = True
+          self._nursery.start_soon(self._close_instance, inst)
+          continue
         break
       if self.live < self.cap:
         self._reserve()

@@ -188,3 +188,14 @@ def test_default_provider_uses_configured_servers(two_servers, monkeypatch):
 
   assert trio.run(main) == "hi"
   monkeypatch.setattr(local_server, "_default", None)
+
+
+@pytest.mark.trio
+async def test_oversized_action_is_an_observation(two_servers):
+  a, _ = two_servers
+  manager = EnvManager([a.address])
+  env = await manager.acquire("echo", "huge")
+  result = await env.step("x" * (17 * 1024 * 1024))
+  assert result.info["error"] == "BadAction" and "exceeds the limit" in result.observation
+  assert (await env.step("small")).observation == "small"   # the connection is still fine
+  await manager.aclose()

@@ -13,7 +13,8 @@ import time
 import pytest
 import trio
 
-from envservers_helpers import connect, kill, live_sandboxes, running_server
+from envservers_helpers import (child_pids, connect, kill, live_sandboxes, running_server,
+                                wait_until)
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not shutil.which("bwrap") and not os.path.exists("/usr/bin/bwrap"),
@@ -284,3 +285,33 @@ async def test_sandbox_processes_never_exceed_the_cap(server):
   assert counts and max(counts) <= CAP
   stats = (await conns[0].call("stats"))["pools"]["python_sandbox"]
   assert stats["peak_live"] <= CAP
+
+
+@pytest.mark.trio
+async def test_idle_instance_that_died_is_replaced_before_use(server):
+  conn = await connect(server)
+
+  async def idle_count():
+    return (await conn.call("stats"))["pools"]["python_sandbox"]["idle"]
+
+  await wait_until(idle_count, timeout_s=20)
+  victims = child_pids(server.process.pid)
+  for child in victims:   # kill the idle sandboxes behind the pool's back
+    kill(child)
+
+  async def all_dead():
+    return all(_dead(pid) for pid in victims)
+
+  await wait_until(all_dead, timeout_s=10)
+  chain = await Chain(conn, "after-idle-kill").acquire()
+  assert await chain.obs("print('fresh')") == "fresh\n"
+  await chain.release()
+  await conn.aclose()
+
+
+def _dead(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+  except OSError:
+    return True

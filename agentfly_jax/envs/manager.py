@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import random
 import time
 from typing import Any, Sequence
@@ -29,7 +28,8 @@ import trio
 
 from agentfly_jax.envs.base import StepResult
 from envservers.client import Connection, ConnectionLost
-from envservers.protocol import NOT_ACQUIRED, POOL_EXHAUSTED, UNKNOWN_ENV, RemoteError, parse_address
+from envservers.protocol import (NOT_ACQUIRED, POOL_EXHAUSTED, UNKNOWN_ENV, ProtocolError,
+                                 RemoteError, parse_address)
 
 
 class EnvUnavailable(RuntimeError):
@@ -93,12 +93,10 @@ class RemoteEnv:
   async def step(self, action: Any) -> StepResult:
     """Runs an action; every failure (server gone, env crashed, bad action) is an observation."""
     try:
-      json.dumps(action)
-    except (TypeError, ValueError) as e:
+      result = await self._call("step", {"action": action})
+    except (TypeError, ValueError, ProtocolError) as e:   # not JSON, or over the frame limit
       return StepResult(observation=f"Error: the action cannot be sent to the environment: {e}",
                         info={"error": "BadAction"})
-    try:
-      result = await self._call("step", {"action": action})
     except RemoteError as e:
       return StepResult(observation=f"Error ({e.error_type}): {e.message}",
                         info={"error": e.error_type})

@@ -108,6 +108,9 @@ class PythonSandbox(ServerEnv):
   def worker_pid(self) -> int | None:
     return self.process.pid if self.process is not None else None
 
+  def alive(self) -> bool:
+    return self.process is not None and self.process.poll() is None
+
   def command(self) -> list[str]:
     """The bwrap command line for one instance."""
     args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
