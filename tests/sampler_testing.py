@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentfly_jax.models.causal_lm import CausalLM
-from agentfly_jax.models.config import tiny_config
+from agentfly_jax.models import CausalLM, tiny_config
 
 
 def make_model(model_type: str = "qwen2", *, tie: bool = False, seed: int = 0, vocab_size: int = 96,

@@ -210,7 +210,7 @@ def test_update_weights_rejects_a_different_model(sampler):
 SHARDED_SCRIPT = textwrap.dedent("""
   import jax, numpy as np
   from flax import nnx
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from agentfly_jax.models import make_mesh, shard_model
   from agentfly_jax.sampling import JaxSampler, SamplingParams
   from sampler_testing import make_model, PROMPTS_REF
   assert jax.device_count() == 8
@@ -218,11 +218,9 @@ SHARDED_SCRIPT = textwrap.dedent("""
   plain = JaxSampler(model, max_batch_size=4, max_len=32)
   params = SamplingParams(temperature=0.8, max_new_tokens=6, seed=9)
   want = plain.generate(PROMPTS_REF, params)
-  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  def shard(x):
-    spec = P(None, "model") if x.ndim == 2 and x.shape[-1] % 4 == 0 else P()
-    return jax.device_put(x, NamedSharding(mesh, spec))
-  sharded = jax.tree.map(shard, nnx.state(model, nnx.Param))
+  mesh = make_mesh(fsdp=2, tp=4)
+  shard_model(model, mesh)  # the models package's partition rules, in place
+  sharded = nnx.state(model, nnx.Param)
   assert any(len(l.sharding.device_set) == 8 for l in jax.tree.leaves(sharded))
   sampler = JaxSampler(model, max_batch_size=4, max_len=32)
   sampler.update_weights(sharded)
