@@ -154,46 +154,28 @@ def _check_policy(fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
   return logprobs, old_logprobs, advantages, mask, is_weights
 
 
-def _check_clips(fn, clip_low, clip_high):
+def _dual_clip_on(dual_clip) -> bool:
+  """None or a Python 0 turn dual-clip off (static); a traced value leaves it on."""
+  return dual_clip is not None and not (isinstance(dual_clip, (int, float)) and dual_clip == 0)
+
+
+def _check_clips(fn, clip_low, clip_high, dual_clip):
   for name, c in (("clip_low", clip_low), ("clip_high", clip_high)):
     if isinstance(c, (int, float)) and not 0 <= c:
       raise ValueError(f"{fn}: {name} must be >= 0, got {c!r}")
+  if _dual_clip_on(dual_clip) and isinstance(dual_clip, (int, float)) and not dual_clip > 1.0:
+    raise ValueError(f"{fn}: dual_clip must be > 1 (or None / 0 to disable), got {dual_clip!r}")
 
 
-def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
-                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
-                agg: str = "token-mean", is_weights: Array | None = None,
-                norm_len: int | None = None) -> tuple[Array, Array, dict]:
-  """PPO clipped surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`).
-
-  ratio = exp(clamp(logprobs - old_logprobs, -20, 20));
-  l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high));
-  dual-clip (arXiv 1912.09729), where A < 0: l = min(l, -A * dual_clip). `dual_clip=None`
-  turns it off. Optional `is_weights` (e.g. truncated sampler/trainer importance weights)
-  multiply l per token and get no gradient.
-
-  Args:
-    logprobs: float[B, T] current policy; old_logprobs: float[B, T]; advantages: float[B, T];
-    mask: bool/float[B, T]; is_weights: float[B, T] or None; agg, norm_len: see `aggregate`.
-  Returns:
-    (loss_sum, denom, metrics) with metrics clipfrac, clipfrac_high (A > 0, ratio > 1 +
-    clip_high), clipfrac_low (A < 0, ratio < 1 - clip_low), dual_clip_frac, ppo_kl (mean of
-    old - new logprob), approx_kl (k3), ratio_mean, n_tokens.
-  """
-  fn = "policy_loss"
-  logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
-      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
-  _check_clips(fn, clip_low, clip_high)
-  if dual_clip is not None and isinstance(dual_clip, (int, float)) and not dual_clip > 1.0:
-    raise ValueError(f"{fn}: dual_clip must be > 1 (or None to disable), got {dual_clip!r}")
-  log_ratio = jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-  ratio = jnp.exp(log_ratio)
+def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, *, clip_low,
+                       clip_high, dual_clip, is_weights, agg, norm_len):
+  """The clipped objective shared by PPO and GSPO; all arrays float[B, T]."""
   loss_unclipped = -adv * ratio
   loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
   loss = jnp.maximum(loss_unclipped, loss_clipped)
   clipped = loss_clipped > loss_unclipped
   dual_active = jnp.zeros_like(clipped)
-  if dual_clip is not None:
+  if _dual_clip_on(dual_clip):
     loss_dual = -adv * dual_clip
     dual_active = (adv < 0) & (loss > loss_dual)
     loss = jnp.where(adv < 0, jnp.minimum(loss, loss_dual), loss)
@@ -205,12 +187,45 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
       "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
       "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
       "dual_clip_frac": _mean(dual_active, mask),
-      "ppo_kl": _mean(-log_ratio, mask),
+      "ppo_kl": _mean(-token_log_ratio, mask),
       "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
       "ratio_mean": _mean(ratio, mask),
       "n_tokens": jax.lax.stop_gradient(mask.sum()),
   }
   return loss_sum, denom, metrics
+
+
+def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
+                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
+                agg: str = "token-mean", is_weights: Array | None = None,
+                norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """PPO clipped surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`).
+
+  ratio = exp(clamp(logprobs - old_logprobs, -20, 20));
+  l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high));
+  dual-clip (arXiv 1912.09729), where A < 0: l = min(l, -A * dual_clip); `dual_clip` None or
+  0 turns it off. Optional `is_weights` (e.g. truncated sampler/trainer importance weights)
+  multiply l per token and get no gradient. Tokens whose log-ratio is beyond the clamp get no
+  gradient.
+
+  Args:
+    logprobs: float[B, T] current policy; old_logprobs: float[B, T]; advantages: float[B, T];
+    mask: bool/float[B, T]; is_weights: float[B, T] or None; agg, norm_len: see `aggregate`.
+  Returns:
+    (loss_sum, denom, metrics) with metrics clipfrac, clipfrac_high (A > 0, ratio > 1 +
+    clip_high), clipfrac_low (A < 0, ratio < 1 - clip_low), dual_clip_frac (A < 0, ratio >
+    dual_clip), ppo_kl (mean of old - new logprob, clamped), approx_kl (k3), ratio_mean,
+    n_tokens.
+  """
+  fn = "policy_loss"
+  logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
+      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
+  _check_clips(fn, clip_low, clip_high, dual_clip)
+  log_ratio = jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return _clipped_surrogate(
+      jnp.exp(log_ratio), adv, mask, log_ratio, logprobs, old_logprobs, clip_low=clip_low,
+      clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
+      norm_len=norm_len)
 
 
 def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
@@ -224,43 +239,27 @@ def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, ma
   the token ratios). Token ratio r_bt = exp(min(logprobs - sg(logprobs) + sg(s_b), 10)): its
   value is the sequence ratio, its gradient flows through each token's log-prob.
   l = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)). Defaults are the paper's
-  clip ranges (3e-4, 4e-4) and aggregation (verl always uses seq-mean-token-mean). GSPO has no
-  dual-clip: `dual_clip` must be None (it is accepted so one call site serves both losses).
+  clip ranges (3e-4, 4e-4) and aggregation (verl always uses seq-mean-token-mean).
+  `dual_clip` is an extension that neither the paper nor verl has: off by default (None or
+  0); a value > 1 caps the loss of A < 0 tokens at -A * dual_clip, as in `policy_loss`. Pass
+  None for verl's GSPO.
 
-  Args / Returns: as `policy_loss`; metrics clipfrac, clipfrac_high, clipfrac_low,
-    dual_clip_frac (always 0), ppo_kl, approx_kl, ratio_mean (of the sequence ratio per
-    token), n_tokens.
+  Args / Returns: as `policy_loss`; ratio_mean is the mean sequence ratio over tokens.
   """
   fn = "gspo_policy_loss"
   logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
       fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
-  _check_clips(fn, clip_low, clip_high)
-  if dual_clip is not None:
-    raise ValueError(f"{fn}: GSPO has no dual-clip; pass dual_clip=None, got {dual_clip!r}")
+  _check_clips(fn, clip_low, clip_high, dual_clip)
   token_log_ratio = jnp.where(mask > 0, logprobs - old_logprobs, 0.0)
   n_tok = mask.sum(axis=1)
   seq_log_ratio = (token_log_ratio * mask).sum(axis=1) / jnp.maximum(n_tok, 1.0)
   log_ratio = (logprobs - jax.lax.stop_gradient(logprobs)
                + jax.lax.stop_gradient(seq_log_ratio)[:, None])
   ratio = jnp.exp(jnp.minimum(log_ratio, GSPO_LOG_RATIO_MAX))
-  loss_unclipped = -adv * ratio
-  loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-  loss = jnp.maximum(loss_unclipped, loss_clipped)
-  clipped = loss_clipped > loss_unclipped
-  if is_weights is not None:
-    loss = loss * is_weights
-  loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len)
-  metrics = {
-      "clipfrac": _mean(clipped, mask),
-      "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
-      "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
-      "dual_clip_frac": jnp.zeros((), jnp.float32),
-      "ppo_kl": _mean(-token_log_ratio, mask),
-      "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-      "ratio_mean": _mean(ratio, mask),
-      "n_tokens": jax.lax.stop_gradient(mask.sum()),
-  }
-  return loss_sum, denom, metrics
+  return _clipped_surrogate(
+      ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, clip_low=clip_low,
+      clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
+      norm_len=norm_len)
 
 
 _POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss}
