@@ -279,7 +279,8 @@ class EnvPool:
       if inst.broken:
         raise EnvCrashed(f"env {self.name!r} instance {inst.id} was recycled")
       try:
-        with trio.move_on_after(limit) as scope:
+        # A bare CancelScope: trio.move_on_after's contextmanager costs more per call.
+        with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
           result = await getattr(inst.env, op)(*args, **(kwargs or {}))
       except EnvCrashed:
         self.counters["crashes"] += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -50,7 +51,19 @@ def _percentiles(samples_s: list[float]) -> dict[str, float]:
           "n": len(ordered)}
 
 
-async def _bench(address: str) -> dict:
+def _process_cpu_s(pid: int) -> float:
+  """user + system CPU seconds of another process (from /proc)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+async def _bench(address: str, server_pid: int) -> dict:
   results = {}
   # 1. no-op latency, raw client.
   conn = await Connection.open(address)
@@ -85,18 +98,23 @@ async def _bench(address: str) -> dict:
     for i in range(n):
       nursery.start_soon(acquire, i)
   acquire_wall = time.perf_counter() - start
-  walls = []
+  walls, server_cpu, client_cpu = [], [], []
   for _ in range(FLAGS.io_rounds):
+    server_before, client_before = _process_cpu_s(server_pid), _own_cpu_s()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
       for e in envs:
         nursery.start_soon(e.step, {"sleep_s": FLAGS.io_call_s})
     walls.append(time.perf_counter() - start)
+    server_cpu.append(_process_cpu_s(server_pid) - server_before)
+    client_cpu.append(_own_cpu_s() - client_before)
   results["concurrent_io"] = {
       "chains": n, "call_s": FLAGS.io_call_s, "acquire_all_wall_s": acquire_wall,
       "wall_s_best": min(walls), "wall_s_median": statistics.median(walls),
       "wall_over_call_best": min(walls) / FLAGS.io_call_s,
       "wall_over_call_median": statistics.median(walls) / FLAGS.io_call_s,
+      "server_cpu_us_per_call": statistics.median(server_cpu) / n * 1e6,
+      "client_cpu_us_per_call": statistics.median(client_cpu) / n * 1e6,
       "goal": "wall <= 2x one call"}
   async with trio.open_nursery() as nursery:
     for i in range(n):
@@ -116,6 +134,23 @@ async def _bench(address: str) -> dict:
   await manager.aclose()
   await conn.aclose()
   return results
+
+
+async def _trio_floor() -> dict:
+  """Context for the concurrency goal: the same number of tasks each sleeping io_call_s inside a
+  cancel scope, in this process, no server, no network (what trio itself costs here)."""
+  async def one():
+    with trio.move_on_after(60):
+      await trio.sleep(FLAGS.io_call_s)
+
+  walls = []
+  for _ in range(FLAGS.io_rounds):
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+      for _ in range(FLAGS.num_chains):
+        nursery.start_soon(one)
+    walls.append(time.perf_counter() - start)
+  return {"wall_s_best": min(walls), "wall_s_median": statistics.median(walls)}
 
 
 async def _sandbox_starts() -> dict:
@@ -142,6 +177,11 @@ def _markdown(report: dict) -> str:
        f"{io['wall_s_best'] * 1e3:.0f} / {io['wall_s_median'] * 1e3:.0f} ms "
        f"({io['wall_over_call_best']:.2f}x / {io['wall_over_call_median']:.2f}x one call)",
        "≤ 2x one call"),
+      (f"context: {io['chains']} bare trio tasks sleeping {io['call_s'] * 1e3:.0f} ms, no server "
+       "(best / median)", f"{r['trio_floor']['wall_s_best'] * 1e3:.0f} / "
+       f"{r['trio_floor']['wall_s_median'] * 1e3:.0f} ms", "—"),
+      ("CPU per concurrent call: server / client (median round)",
+       f"{io['server_cpu_us_per_call']:.0f} / {io['client_cpu_us_per_call']:.0f} µs", "—"),
       (f"acquire {io['chains']} envs (lazy scale-up)", f"{io['acquire_all_wall_s'] * 1e3:.0f} ms", "—"),
       ("sandbox call `x += 1` (p50 / p99)",
        f"{r['sandbox_call']['p50_ms']:.2f} / {r['sandbox_call']['p99_ms']:.2f} ms", "p50 ≤ 50 ms"),
@@ -158,13 +198,15 @@ def main(argv):
   del argv
   server = LocalEnvServer(["echo=4:2", f"sleep={FLAGS.num_chains}:0", "python_sandbox=2:1"])
   try:
-    results = trio.run(_bench, server.address)
+    results = trio.run(_bench, server.address, server.process.pid)
   finally:
     server.stop()
   results["sandbox_start"] = trio.run(_sandbox_starts)
+  results["trio_floor"] = trio.run(_trio_floor)
   report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
-                       f"(shared with other jobs), Python {platform.python_version()}",
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs; "
+                       f"load average {os.getloadavg()[0]:.1f} at the end), "
+                       f"Python {platform.python_version()}",
             "flags": {k: FLAGS[k].value for k in ("num_noop_calls", "num_chains", "io_call_s",
                                                   "io_rounds", "num_sandbox_calls")},
             "results": results}
