@@ -83,11 +83,11 @@ def test_code_agent_with_the_builtin_sandbox():
     provider = envs.default_provider()
   except Exception as e:
     pytest.skip(f"the default env provider could not start: {e}")
-  agent = CodeAgent(tokenizer_dir("qwen2.5"))  # default tool: code_interpreter
   turns = ["```python\ny = 20 + 22\n```", "```python\nprint(y)\n```", "Final Answer: 42"]
   sampler = ScriptedSampler(_turn_script("qwen2.5", turns, "<|im_end|>"))
-  trajs = run_rollout(agent, [{"question": "q"}], sampler=sampler, num_chains=2, max_turns=4,
-                      env_provider=provider)
+  # default tool: code_interpreter; the provider given to the agent, not the rollout
+  agent = CodeAgent(tokenizer_dir("qwen2.5"), env_provider=provider)
+  trajs = run_rollout(agent, [{"question": "q"}], sampler=sampler, num_chains=2, max_turns=4)
   for t in trajs:
     assert t.finish_reason == "final_answer", (t.error, t.tool_calls)
     assert t.tool_calls[1]["observation"].strip() == "42"  # state persisted within the chain

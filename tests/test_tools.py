@@ -72,10 +72,9 @@ def test_direct_calls_sync_and_awaited():
   assert weather == "Bergen: sunny for 1 day(s) in C"
   assert page.startswith("x" * 20) and "[truncated: 81 more characters]" in page
 
-  async def sync_call_inside_trio():
-    get_weather(city="Oslo")
-  with pytest.raises(RuntimeError, match="acall"):
-    trio.run(sync_call_inside_trio)
+  async def awaited_call_inside_trio():
+    return await get_weather(city="Oslo")  # inside trio a direct call is awaitable
+  assert trio.run(awaited_call_inside_trio) == "Oslo: sunny for 1 day(s) in C"
 
 
 @pytest.mark.parametrize("arguments, message", [

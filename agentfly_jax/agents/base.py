@@ -32,12 +32,15 @@ class Agent:
     reward_fn: a `Reward` (plain functions are wrapped with `@reward`), or None (reward 0).
     system_prompt: system message text (agents may add tool instructions to it).
     template_kwargs: extra chat-template variables (e.g. {"date_string": "01 Jan 2025"}).
+    env_provider: EnvProvider for stateful tools / env-bound rewards when the rollout is given
+      none (default: `agentfly_jax.envs.default_provider()`).
   """
   observation_role = "tool"
 
   def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
                reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
-               template_kwargs: dict | None = None):
+               template_kwargs: dict | None = None, env_provider: Any = None):
+    self.env_provider = env_provider
     self.tokenizer: AgentTokenizer = load_tokenizer(tokenizer)
     self.tools: dict[str, Tool] = {}
     for t in tools:

@@ -249,8 +249,9 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
     max_tokens_per_turn: cap on tokens generated per turn.
     max_total_tokens: cap on a chain's whole context (prompt + turns + observations).
     concurrency: how many chains run at once.
-    env_provider: EnvProvider for stateful tools / env rewards (default
-      `agentfly_jax.envs.default_provider()`, created only if a chain needs an environment).
+    env_provider: EnvProvider for stateful tools / env rewards (default: the agent's
+      `env_provider`, else `agentfly_jax.envs.default_provider()`; only created if a chain
+      needs an environment).
     seed: base seed; each request gets a seed derived from (seed, group, chain, turn). None
       keeps `sampling_params.seed`.
     tool_threads: worker threads for synchronous tool and reward functions.
@@ -267,6 +268,8 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
   def provider_getter():
     if env_provider is not None:
       return env_provider
+    if getattr(agent, "env_provider", None) is not None:
+      return agent.env_provider
     from agentfly_jax.tools.tool import get_env_provider
     return get_env_provider()
 

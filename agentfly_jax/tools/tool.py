@@ -11,7 +11,7 @@
     return f"{city}: sunny for {days} day(s)"
 
   get_weather(city="Oslo")              # direct, synchronous call -> "Oslo: sunny for 1 day(s)"
-  await get_weather.acall(city="Oslo")  # or awaited (inside trio)
+  await get_weather.acall(city="Oslo")  # or awaited inside trio (also `await get_weather(...)`)
   get_weather.schema                    # OpenAI function-format JSON schema
 
 Sync and async (trio) functions both work; sync ones run in a worker thread so that several
@@ -204,14 +204,15 @@ class Tool:
       with trio.CancelScope(shield=True):
         await provider.release(self.env_name, chain_id)
 
-  def __call__(self, *args, **kwargs) -> str:
-    """Direct synchronous call (a notebook cell): runs `acall` in its own trio loop."""
+  def __call__(self, *args, **kwargs):
+    """Direct call. Outside trio (a script, a notebook cell): runs `acall` in its own trio loop
+    and returns the text. Inside a trio task: returns the `acall` coroutine, so write
+    `await my_tool(...)` there."""
     try:
       trio.lowlevel.current_task()
     except RuntimeError:
       return trio.run(functools.partial(self.acall, *args, **kwargs))
-    raise RuntimeError(f"tool '{self.name}' was called synchronously inside a trio run; use "
-                       f"`await {self.name}.acall(...)` there")
+    return self.acall(*args, **kwargs)
 
 
 def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None,
