@@ -1,0 +1,171 @@
+"""The training config: defaults, algorithm presets and validation (before any rollout).
+
+Config files in `configs/` call `default_config()` and override; absl flags override those
+(`--config.train.lr=1e-4`). `validate_config` stops a run before training with a message naming
+the bad field.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+# algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
+ALGORITHMS = {
+    "grpo": dict(estimator="grpo", policy_loss="ppo", critic=False, agg="seq-mean-token-mean"),
+    "drgrpo": dict(estimator="drgrpo", policy_loss="ppo", critic=False, agg="seq-mean-token-sum-norm"),
+    "rloo": dict(estimator="rloo", policy_loss="ppo", critic=False, agg="token-mean"),
+    "reinforce_pp": dict(estimator="reinforce_pp", policy_loss="ppo", critic=False, agg="token-mean"),
+    "reinforce_pp_baseline": dict(estimator="reinforce_pp_baseline", policy_loss="ppo", critic=False,
+                                  agg="token-mean"),
+    "gspo": dict(estimator="grpo", policy_loss="gspo", critic=False, agg="seq-mean-token-mean"),
+    "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
+}
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3", "k1+", "k2+", "k3+")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "run"
+  c.seed = 0
+  c.task = "lookup"
+  c.algo = "grpo"
+
+  c.model = ml_collections.ConfigDict()
+  c.model.pretrained = ""          # HF folder (config.json + safetensors + tokenizer); "" = random init
+  c.model.family = "qwen2"         # random init: qwen2 | qwen3 | llama
+  c.model.hidden_size = 128
+  c.model.num_layers = 2
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 32
+  c.model.intermediate_size = 256
+  c.model.vocab_size = 512         # tiny tokenizer size when random init
+  c.model.tie_word_embeddings = True
+  c.model.remat = False
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.fsdp = 1
+  c.mesh.tp = 1
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.sampler = "jax"        # jax | vllm
+  c.rollout.rows_per_step = 8
+  c.rollout.num_chains = 8
+  c.rollout.max_turns = 3
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_tokens_per_turn = 32
+  c.rollout.max_total_tokens = 256
+  c.rollout.concurrency = 256
+  c.rollout.max_batch_size = 64    # sampler batch cap
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 40
+  c.train.lr = 1e-4
+  c.train.warmup_steps = 0
+  c.train.schedule = "constant"
+  c.train.weight_decay = 0.0
+  c.train.max_grad_norm = 1.0
+  c.train.minibatches = 1          # optimizer updates per epoch
+  c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
+  c.train.micro_batch_size = 16    # gradient accumulation granularity
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.agg = ""                  # "" = the algorithm's default
+  c.loss.clip_low = 0.2
+  c.loss.clip_high = 0.28          # DAPO clip-higher (= clip_low for symmetric)
+  c.loss.dual_clip = 3.0
+  c.loss.kl_coef = 0.0
+  c.loss.kl_kind = "k3"
+  c.loss.entropy_coef = 0.0
+  c.loss.value_clip = 0.5
+  c.loss.gamma = 1.0
+  c.loss.lam = 1.0
+  c.loss.tis_cap = 0.0             # >0: truncated importance weights exp(old - sampler) capped
+
+  c.critic = ml_collections.ConfigDict()
+  c.critic.lr = 1e-3
+  c.critic.warmup_steps = 0
+
+  c.dapo = ml_collections.ConfigDict()
+  c.dapo.dynamic_sampling = False  # drop groups whose rewards have zero variance
+  c.dapo.overlong_buffer = 0       # tokens; >0 enables the soft overlong penalty
+  c.dapo.overlong_penalty = 1.0
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 0                  # >0: warm start on scripted demonstrations
+  c.sft.rows_per_step = 16
+  c.sft.lr = 3e-3
+  c.sft.tool_use_prob = 0.4        # demos use the tool this often
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 10
+  c.eval.num_rows = 64
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 10
+  c.checkpoint.keep = 3
+
+  c.log = ml_collections.ConfigDict()
+  c.log.tensorboard = True
+  c.log.wandb = False
+  c.log.wandb_project = "agentfly-jax"
+  c.log.progress = True
+  return c
+
+
+def _fail(field: str, value, why: str):
+  raise ValueError(f"config.{field}={value!r}: {why}")
+
+
+def validate_config(c: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the first bad field. Runs before any model or rollout."""
+  if c.algo not in ALGORITHMS:
+    _fail("algo", c.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
+  from agentfly_jax.tasks import _TASKS
+  if c.task not in _TASKS:
+    _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)}")
+  if c.loss.agg and c.loss.agg not in AGG_MODES:
+    _fail("loss.agg", c.loss.agg, f"unknown aggregation; known: {AGG_MODES}")
+  if c.loss.kl_kind not in KL_KINDS:
+    _fail("loss.kl_kind", c.loss.kl_kind, f"unknown KL estimator; known: {KL_KINDS}")
+  if c.rollout.sampler not in ("jax", "vllm"):
+    _fail("rollout.sampler", c.rollout.sampler, "must be 'jax' or 'vllm'")
+  positive_ints = ["rollout.rows_per_step", "rollout.num_chains", "rollout.max_turns",
+                   "rollout.max_tokens_per_turn", "rollout.max_total_tokens", "rollout.concurrency",
+                   "rollout.max_batch_size", "train.minibatches", "train.epochs",
+                   "train.micro_batch_size", "mesh.fsdp", "mesh.tp", "checkpoint.keep"]
+  for field in positive_ints:
+    sec, key = field.split(".")
+    v = c[sec][key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+      _fail(field, v, "must be an integer >= 1")
+  for field in ["train.steps", "sft.steps", "eval.every", "checkpoint.every", "dapo.overlong_buffer",
+                "eval.num_rows"]:
+    sec, key = field.split(".")
+    v = c[sec][key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      _fail(field, v, "must be an integer >= 0")
+  for field in ["train.lr", "sft.lr", "critic.lr"]:
+    sec, key = field.split(".")
+    v = c[sec][key]
+    if not isinstance(v, (int, float)) or not v > 0:
+      _fail(field, v, "must be a number > 0")
+  if c.rollout.temperature < 0:
+    _fail("rollout.temperature", c.rollout.temperature, "must be >= 0")
+  if not 0 < c.rollout.top_p <= 1:
+    _fail("rollout.top_p", c.rollout.top_p, "must be in (0, 1]")
+  if not (0 <= c.loss.clip_low < 1 and c.loss.clip_high >= 0):
+    _fail("loss.clip_low", c.loss.clip_low, "clip ranges must satisfy 0 <= clip_low < 1, clip_high >= 0")
+  if c.loss.dual_clip and c.loss.dual_clip <= 1:
+    _fail("loss.dual_clip", c.loss.dual_clip, "dual-clip constant must be > 1 (or 0 to disable)")
+  if not 0 < c.sft.tool_use_prob <= 1:
+    _fail("sft.tool_use_prob", c.sft.tool_use_prob, "must be in (0, 1]")
+  if c.rollout.num_chains < 2 and ALGORITHMS[c.algo]["estimator"] in ("grpo", "drgrpo", "rloo",
+                                                                      "reinforce_pp_baseline"):
+    _fail("rollout.num_chains", c.rollout.num_chains, f"{c.algo} needs >= 2 chains per group")
+
+
+def resolved_agg(c) -> str:
+  return c.loss.agg or ALGORITHMS[c.algo]["agg"]

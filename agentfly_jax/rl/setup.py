@@ -1,0 +1,115 @@
+"""Builds a run's components from its config: task, tokenizer, model(s), mesh, sampler, agent.
+
+Random init (config.model.pretrained == ""): trains the task's tiny tokenizer into
+`workdir/tokenizer` and builds a tiny model of `config.model.family`. Pretrained: loads the HF
+folder (config.json + safetensors + tokenizer files) with `from_pretrained`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+from flax import nnx
+
+
+@dataclasses.dataclass
+class Components:
+  task: Any
+  tokenizer: Any
+  tokenizer_dir: str
+  agent: Any
+  sampler: Any
+  mesh: Any
+  graphdef: Any
+  rest: Any
+  params: Any
+  param_specs: Any
+  critic_graphdef: Any
+  critic_rest: Any
+  critic_params: Any
+  critic_specs: Any
+  train_rows: list
+  eval_rows: list
+  end_of_turn_id: int
+  model_dir: str | None
+
+
+def build_tokenizer_dir(config, task, workdir: str) -> str:
+  if config.model.pretrained:
+    return config.model.pretrained
+  from agentfly_jax.data.tiny_tokenizer import build_tiny_tokenizer
+  out = os.path.join(workdir, "tokenizer")
+  if not os.path.exists(os.path.join(out, "tokenizer.json")):
+    build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=config.model.vocab_size,
+                         template="qwen2.5")
+  return out
+
+
+def build_model(config, vocab_size: int, *, critic: bool = False):
+  from agentfly_jax.models import CausalLM, Critic, from_pretrained, tiny_config
+  m = config.model
+  if m.pretrained:
+    return from_pretrained(m.pretrained, critic=critic, seed=config.seed)
+  cfg = tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
+                    hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                    num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=m.remat)
+  cls = Critic if critic else CausalLM
+  return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
+
+
+def build_components(config, workdir: str) -> Components:
+  from agentfly_jax.agents import ToolCallAgent, load_tokenizer
+  from agentfly_jax.models import make_mesh, partition_specs, save_pretrained, shard_model
+  from agentfly_jax.rl.config import ALGORITHMS
+  from agentfly_jax.tasks import get_task
+
+  task = get_task(config.task)
+  tok_dir = build_tokenizer_dir(config, task, workdir)
+  tokenizer = load_tokenizer(tok_dir)
+  end_of_turn = tokenizer.token_to_id("<|im_end|>")
+  if end_of_turn is None:
+    end_of_turn = tokenizer.eos_token_id
+  if end_of_turn is None:
+    raise ValueError(f"tokenizer in {tok_dir} has neither <|im_end|> nor an eos token to stop turns on")
+
+  mesh = make_mesh(config.mesh.fsdp, config.mesh.tp)
+  model = build_model(config, tokenizer.vocab_size)
+  shard_model(model, mesh)
+  specs = partition_specs(model, mesh)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  c_graphdef = c_rest = c_params = c_specs = None
+  if ALGORITHMS[config.algo]["critic"]:
+    critic = build_model(config, tokenizer.vocab_size, critic=True)
+    shard_model(critic, mesh)
+    c_specs = partition_specs(critic, mesh)
+    c_graphdef, c_params, c_rest = nnx.split(critic, nnx.Param, ...)
+
+  model_dir = None
+  if config.rollout.sampler == "vllm":
+    from agentfly_jax.sampling import VllmSampler
+    model_dir = config.model.pretrained or os.path.join(workdir, "init_model")
+    if not config.model.pretrained:
+      save_pretrained(model, model_dir, tokenizer_dir=tok_dir)
+    sampler = VllmSampler(model_dir)
+  else:
+    from agentfly_jax.sampling import JaxSampler
+    r = config.rollout
+    sampler = JaxSampler(model, tokenizer, max_batch_size=r.max_batch_size,
+                         max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed)
+
+  if hasattr(task, "make_agent"):
+    agent = task.make_agent(tokenizer)
+  else:
+    agent = ToolCallAgent(tokenizer, tools=list(task.TOOLS), reward_fn=task.REWARD,
+                          system_prompt=task.SYSTEM_PROMPT)
+  train_rows = task.make_rows(2000, seed=config.seed)
+  eval_rows = task.make_rows(config.eval.num_rows, seed=999_983 + config.seed) if config.eval.num_rows else []
+  return Components(task=task, tokenizer=tokenizer, tokenizer_dir=tok_dir, agent=agent, sampler=sampler,
+                    mesh=mesh, graphdef=graphdef, rest=rest, params=params, param_specs=specs,
+                    critic_graphdef=c_graphdef, critic_rest=c_rest, critic_params=c_params,
+                    critic_specs=c_specs, train_rows=train_rows, eval_rows=eval_rows,
+                    end_of_turn_id=int(end_of_turn), model_dir=model_dir)

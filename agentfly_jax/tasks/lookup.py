@@ -1,0 +1,119 @@
+"""The demo task: answer a question whose answer only a tool observation holds.
+
+"What is the code of key 4821?" — the code is a fixed hash of the key into a 32-word list, so
+with 9,000 keys it cannot be memorised: the policy must call `lookup(key=...)`, read the
+observation, and answer "The code is <word>." in its next turn (multi-turn, learns only from its
+own tokens). Guessing succeeds 1/32 of the time.
+
+`scripted_response(prompt_text, use_tool)` is the demonstration policy used for the SFT warm start
+(it uses the tool only part of the time, so the warm-started policy starts well below the ceiling
+and RL has something to learn).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+
+from agentfly_jax.rewards import reward
+from agentfly_jax.tools import tool
+
+WORDS = ("apple", "river", "falcon", "stone", "tiger", "cloud", "maple", "ocean", "ember", "lotus",
+         "raven", "cedar", "delta", "frost", "amber", "orbit", "pearl", "spark", "willow", "comet",
+         "coral", "birch", "lemon", "cobra", "quartz", "sable", "tulip", "zebra", "nova", "harbor",
+         "ivory", "meadow")
+
+SYSTEM_PROMPT = ('Tool: lookup(key) gives the code of a key. Call it as <tool_call>{"name": "lookup", '
+                 '"arguments": {"key": KEY}}</tool_call>. Answer with: The code is WORD.')
+
+
+def secret_code(key: str) -> str:
+  """The code of a key: a fixed hash of the key into WORDS."""
+  digest = hashlib.sha256(f"agentfly-lookup:{key}".encode()).digest()
+  return WORDS[digest[0] % len(WORDS)]
+
+
+@tool(name="lookup")
+def lookup(key: str) -> str:
+  """Looks up the secret code of a key.
+
+  Args:
+    key: the key, a 4-digit number.
+  """
+  key = str(key).strip()
+  if not re.fullmatch(r"\d{4}", key):
+    return f"Error: no such key {key!r}"
+  return f"code {secret_code(key)}"
+
+
+def extract_answer(text: str | None) -> str:
+  match = re.search(r"code is\s+([a-z]+)", text or "")
+  return match.group(1) if match else ""
+
+
+@reward(name="code_match")
+def code_match(prediction: str, answer: str) -> dict:
+  """1 if the final message states the right code, else 0."""
+  got = extract_answer(prediction)
+  return {"reward": float(got == answer), "answered": float(bool(got))}
+
+
+def make_rows(n: int, seed: int) -> list[dict]:
+  """n dataset rows {question, key, answer}; keys drawn from 1000..9999 with a seeded RNG."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for key in rng.integers(1000, 10000, size=n):
+    key = str(int(key))
+    rows.append({"question": f'What is the code of key "{key}"?', "key": key, "answer": secret_code(key)})
+  return rows
+
+
+def tool_call_text(key: str) -> str:
+  return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
+
+
+def answer_text(word: str) -> str:
+  return f"The code is {word}."
+
+
+def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:
+  """The demonstration policy's next assistant message, given the rendered prompt so far.
+
+  First turn: a tool call (if use_tool) or a guessed answer; after a tool response: the answer
+  copied from the observation.
+  """
+  last_user = prompt_text.rfind("code of key")
+  after = prompt_text[last_user:]
+  obs = re.findall(r"<tool_response>\s*code (\w+)\s*</tool_response>", after, flags=re.S)
+  if obs:
+    return answer_text(obs[-1].strip())
+  key = re.search(r'code of key "(\d+)"', after)
+  if use_tool and key:
+    return tool_call_text(key.group(1))
+  return answer_text(WORDS[int(rng.integers(len(WORDS)))])
+
+
+def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
+  """Texts to train the task's tiny tokenizer on (questions, tool calls, observations, answers)."""
+  texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
+  for row in make_rows(n, seed):
+    texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"]),
+              f"code {row['answer']}"]
+  texts += [answer_text(w) for w in WORDS] * 4
+  return texts
+
+TOOLS = (lookup,)
+REWARD = code_match
+
+
+def make_agent(tokenizer):
+  """A ToolCallAgent whose system prompt describes the tool in one line instead of the
+  template's full JSON schema block (keeps prompts ~50 tokens for the tiny CPU policy)."""
+  from agentfly_jax.agents import ToolCallAgent
+
+  class CompactToolCallAgent(ToolCallAgent):
+    def template_tools(self, tools):
+      return None
+
+  return CompactToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT)

@@ -1,0 +1,54 @@
+"""Train an agent with RL.
+
+  .venv/bin/python experiments/train.py --config=configs/lookup_grpo.py --workdir=runs/demo \
+      --config.train.steps=30 --config.rollout.num_chains=8
+
+Resumes from the latest checkpoint in --workdir when one exists (--noresume starts over: the
+workdir must then be empty of checkpoints). Writes metrics.jsonl, TensorBoard events (tb/),
+checkpoints/, reward.png into --workdir.
+"""
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/lookup_grpo.py", "ml_collections config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<config.name>).")
+_RESUME = flags.DEFINE_bool("resume", True, "Continue from the latest checkpoint in --workdir.")
+_WANDB = flags.DEFINE_bool("wandb", False, "Also log to Weights & Biases.")
+
+
+def main(argv):
+  del argv
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  from agentfly_jax.rl.config import validate_config
+  from agentfly_jax.rl.trainer import Trainer
+  config = _CONFIG.value
+  if _WANDB.value:
+    config.log.wandb = True
+  try:
+    validate_config(config)
+  except ValueError as e:
+    sys.exit(f"bad config: {e}")
+  workdir = _WORKDIR.value or os.path.join("runs", config.name)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not _RESUME.value and os.path.exists(workdir):
+    shutil.rmtree(workdir)
+  trainer = Trainer(config, workdir)
+  records = trainer.train()
+  final = [r for r in records if "rollout/success_rate" in r]
+  if final:
+    print(f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "
+          f"success {final[-1]['rollout/success_rate']:.3f}")
+  print(f"metrics: {os.path.join(workdir, 'metrics.jsonl')}  plot: {os.path.join(workdir, 'reward.png')}")
+  del ckpt_dir
+
+
+if __name__ == "__main__":
+  app.run(main)
