@@ -7,7 +7,7 @@ from agentfly_jax import reward, tool
 from agentfly_jax.agents import CodeAgent, ReactAgent, ToolCallAgent, run_rollout
 from agentfly_jax.rewards import numeric_match
 from agentfly_jax.sampling.scripted import ScriptedSampler
-from agentfly_jax.tools import LocalEnvProvider, answer, calculator
+from agentfly_jax.tools import LocalEnvProvider, LocalMemoryEnv, answer, calculator
 
 
 def _turn_script(template, turns, eot):
@@ -116,3 +116,27 @@ def test_unused_provider_is_never_created():
   sampler = ScriptedSampler(_turn_script("qwen2.5", ["no tools"], "<|im_end|>"))
   run_rollout(agent, [{"question": "q"}], sampler=sampler, env_provider=Provider({}))
   assert provider_calls == []
+
+
+def test_task_env_first_observation_reaches_the_prompt():
+  class Room(LocalMemoryEnv):
+    async def reset(self, row=None):
+      await super().reset(row)
+      return f"You are in the {row['room']}."
+
+  @tool(env="room")
+  async def look(env) -> str:
+    """Looks around."""
+    return f"Still in the {env.row['room']}."
+
+  provider = LocalEnvProvider({"room": Room})
+  agent = ToolCallAgent(tokenizer_dir("qwen2.5"), tools=[look], task_env="room",
+                        env_provider=provider)
+  sampler = ScriptedSampler(_turn_script(
+      "qwen2.5", ['<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call>', "bye"],
+      "<|im_end|>"))
+  [t] = run_rollout(agent, [{"question": "Explore.", "room": "kitchen"}], sampler=sampler,
+                    max_turns=3)
+  assert t.messages[0] == {"role": "user", "content": "Explore.\n\nYou are in the kitchen."}
+  assert t.tool_calls[0]["observation"] == "Still in the kitchen."
+  assert provider.num_created == 1 and provider.num_released == 1

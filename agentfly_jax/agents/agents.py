@@ -91,7 +91,7 @@ class CodeAgent(Agent):
   def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] | None = None,
                reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
                template_kwargs: dict | None = None, code_tool: str | None = None,
-               env_provider: Any = None):
+               env_provider: Any = None, task_env: str | None = None):
     if tools is None:
       from agentfly_jax.tools.builtin import code_interpreter
       tools = [code_interpreter]
@@ -103,7 +103,8 @@ class CodeAgent(Agent):
     if self.code_tool_name not in names:
       raise ValueError(f"CodeAgent: code_tool {self.code_tool_name!r} is not among the tools {names}")
     super().__init__(tokenizer, tools=tools, reward_fn=reward_fn, system_prompt=system_prompt,
-                     template_kwargs=template_kwargs, env_provider=env_provider)
+                     template_kwargs=template_kwargs, env_provider=env_provider,
+                     task_env=task_env)
     params = list(self.tools[self.code_tool_name].parameters["properties"])
     if len(params) != 1:
       raise ValueError(f"CodeAgent: the code tool {self.code_tool_name!r} must take exactly one "

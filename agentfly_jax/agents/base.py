@@ -34,13 +34,17 @@ class Agent:
     template_kwargs: extra chat-template variables (e.g. {"date_string": "01 Jan 2025"}).
     env_provider: EnvProvider for stateful tools / env-bound rewards when the rollout is given
       none (default: `agentfly_jax.envs.default_provider()`).
+    task_env: name of an environment whose `reset(row)` text (e.g. a text world's opening
+      description) is appended to the first user message; None = no such environment.
   """
   observation_role = "tool"
 
   def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
                reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
-               template_kwargs: dict | None = None, env_provider: Any = None):
+               template_kwargs: dict | None = None, env_provider: Any = None,
+               task_env: str | None = None):
     self.env_provider = env_provider
+    self.task_env = task_env
     self.tokenizer: AgentTokenizer = load_tokenizer(tokenizer)
     self.tools: dict[str, Tool] = {}
     for t in tools:
@@ -148,7 +152,9 @@ class Agent:
   def system_text(self, tools: list[Tool]) -> str | None:
     return self.system_prompt
 
-  def initial_messages(self, row: dict, tools: list[Tool]) -> list[dict]:
+  def initial_messages(self, row: dict, tools: list[Tool],
+                       first_observation: str | None = None) -> list[dict]:
+    """System message (if any) + the row's question (+ the task env's first observation)."""
     if not isinstance(row, dict) or not isinstance(row.get("question"), str):
       raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got "
                        f"{row!r:.120}")
@@ -156,7 +162,10 @@ class Agent:
     system = self.system_text(tools)
     if system is not None:
       messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": row["question"]})
+    question = row["question"]
+    if first_observation:
+      question = f"{question}\n\n{first_observation}"
+    messages.append({"role": "user", "content": question})
     return messages
 
   def parse(self, text: str) -> ParsedTurn:

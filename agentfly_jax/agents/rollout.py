@@ -46,6 +46,7 @@ class _ChainEnvs:
     self._key = chain_key
     self._row = row
     self._envs: dict[str, Any] = {}
+    self.first_observations: dict[str, str] = {}
     self._lock = trio.Lock()
 
   async def get(self, env_name: str):
@@ -55,7 +56,7 @@ class _ChainEnvs:
           self._provider = self._provider_getter()
         env = await self._provider.acquire(env_name, self._key)
         self._envs[env_name] = env
-        await env.reset(self._row)
+        self.first_observations[env_name] = await env.reset(self._row)
       return self._envs[env_name]
 
   async def release_all(self):
@@ -134,7 +135,11 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
     tools = agent.tools_for_row(row)
     tool_map = {t.name: t for t in tools}
     template_tools = agent.template_tools(tools)
-    messages = agent.initial_messages(row, tools)
+    first_observation = None
+    if agent.task_env:
+      await envs.get(agent.task_env)
+      first_observation = envs.first_observations.get(agent.task_env)
+    messages = agent.initial_messages(row, tools, first_observation)
     ids = tok.encode(agent.render(messages, template_tools, add_generation_prompt=True))
     mask, logps = [False] * len(ids), [0.0] * len(ids)
     prompt_length = len(ids)
