@@ -359,7 +359,8 @@ def test_cli_rejects_unknown_env_type():
   assert result.returncode == 2 and "--env 'echo=x'" in result.stderr
 
 
-def test_sigterm_drains_inflight_calls_then_exits():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_drains_inflight_calls_then_exits(signum):
   with running_server("sleep=2:1") as server:
     async def main():
       conn = await connect(server)
@@ -372,7 +373,7 @@ def test_sigterm_drains_inflight_calls_then_exits():
                                                     "action": {"sleep_s": 0.5}})
         nursery.start_soon(slow_call)
         await trio.sleep(0.1)
-        server.process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signum)
       assert result["step"]["observation"] == "slept"   # the in-flight call finished
       with pytest.raises(ConnectionLost):
         await trio.sleep(0.2)

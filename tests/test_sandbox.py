@@ -162,6 +162,26 @@ async def test_hostile_snippets_are_contained(server, name):
 
 
 @pytest.mark.trio
+async def test_cannot_signal_host_processes(server):
+  chain = await _chain(server, "signals")
+  targets = [server.process.pid, os.getpid(), os.getppid()]
+  out = await chain.obs(
+      "import os, signal\n"
+      f"for pid in {targets!r}:\n"
+      "  try:\n"
+      "    os.kill(pid, signal.SIGKILL)\n"
+      "    print('sent', pid)\n"
+      "  except OSError as e:\n"
+      "    print(type(e).__name__)\n"
+      "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+  assert server.process.poll() is None   # the server (and this test) are alive
+  visible = eval(out.splitlines()[-1])   # only the sandbox's own processes exist in its /proc
+  assert len(visible) <= 3 and all(pid < 10 for pid in visible), out
+  await chain.release()
+  await _assert_healthy(server)
+
+
+@pytest.mark.trio
 async def test_no_network(server):
   host, port = server.address.split(":")
   chain = await _chain(server, "net")
@@ -315,3 +335,25 @@ def _dead(pid: int) -> bool:
       return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
   except OSError:
     return True
+
+
+def test_shutdown_kills_every_sandbox():
+  with running_server("python_sandbox=3:3") as server:
+    async def started():
+      conn = await connect(server)
+      try:
+        return (await conn.call("stats"))["pools"]["python_sandbox"]["idle"] == 3
+      finally:
+        await conn.aclose()
+
+    async def main():
+      await wait_until(started, timeout_s=30)
+    trio.run(main)
+    sandboxes = child_pids(server.process.pid)
+    assert len(sandboxes) == 3
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=20) == 0
+    deadline = time.monotonic() + 10
+    while not all(_dead(pid) for pid in sandboxes) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert all(_dead(pid) for pid in sandboxes)
