@@ -3,6 +3,8 @@
   --env NAME=CAP[:WARM]     serve env type NAME with at most CAP live instances, WARM of them
                             started ahead of demand (default min(CAP, 2)); repeatable.
   --env-opt NAME.KEY=VALUE  an option for env type NAME (VALUE parsed as JSON, else a string).
+  --import MODULE           import MODULE first (it registers env types with @register_env);
+                            repeatable.
   --port 0                  picks a free port; the ready line on stdout says which.
 
 When it is listening it prints one line `envservers listening on HOST:PORT` to stdout. SIGTERM or
@@ -12,6 +14,7 @@ SIGINT shut it down gracefully: it stops accepting, lets in-flight calls finish 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--port", type=int, default=8765)
   parser.add_argument("--env", action="append", default=[], metavar="NAME=CAP[:WARM]")
   parser.add_argument("--env-opt", action="append", default=[], metavar="NAME.KEY=VALUE")
+  parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
   parser.add_argument("--max-frame-bytes", type=int, default=protocol.DEFAULT_MAX_FRAME_BYTES)
   parser.add_argument("--grace-s", type=float, default=5.0)
   parser.add_argument("--log-level", default="WARNING")
@@ -76,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="shut down when stdin closes (a parent that started us has exited)")
   args = parser.parse_args(argv)
   logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+  for module in args.imports:
+    try:
+      importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 -- report any import failure by module name
+      print(f"envservers: --import {module}: {type(e).__name__}: {e}", file=sys.stderr)
+      return 2
   try:
     pools, options = {}, {}
     for spec in args.env or ["echo=4"]:

@@ -5,6 +5,7 @@ Real servers run as subprocesses on loopback (tests/envservers_helpers.py).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -380,3 +381,31 @@ def test_signal_drains_inflight_calls_then_exits(signum):
         await conn.call("health")
     trio.run(main)
     assert server.process.wait(timeout=10) == 0
+
+
+def test_import_flag_registers_user_env_types(tmp_path, monkeypatch):
+  (tmp_path / "my_envs.py").write_text(
+      "from envservers import BlockingEnv, StepOutcome, env_reward, register_env\n"
+      "@register_env\n"
+      "class Upper(BlockingEnv):\n"
+      "  name = 'upper'\n"
+      "  def step_blocking(self, action):\n"
+      "    return StepOutcome(observation=str(action).upper(), reward=0.5)\n"
+      "  @env_reward('len')\n"
+      "  def len_reward(self, text):\n"
+      "    return len(text)\n")
+  monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+  with running_server("upper=1", extra=("--import", "my_envs")) as server:
+    async def main():
+      conn = await connect(server)
+      await conn.call("acquire", {"env": "upper", "chain_id": "u"})
+      step = await conn.call("step", {"env": "upper", "chain_id": "u", "action": "abc"})
+      reward = await conn.call("compute_reward", {"env": "upper", "chain_id": "u", "name": "len",
+                                                  "kwargs": {"text": "four"}})
+      await conn.aclose()
+      return step, reward
+    step, reward = trio.run(main)
+  assert (step["observation"], step["reward"]) == ("ABC", 0.5) and reward == {"reward": 4.0}
+  result = subprocess.run([sys.executable, "-m", "envservers", "--import", "no_such_module_x"],
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2 and "--import no_such_module_x: ModuleNotFoundError" in result.stderr
