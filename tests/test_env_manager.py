@@ -199,3 +199,25 @@ async def test_oversized_action_is_an_observation(two_servers):
   assert result.info["error"] == "BadAction" and "exceeds the limit" in result.observation
   assert (await env.step("small")).observation == "small"   # the connection is still fine
   await manager.aclose()
+
+
+@pytest.mark.trio
+async def test_concurrent_acquires_of_one_chain_share_one_instance(two_servers):
+  a, b = two_servers
+  manager = EnvManager([a.address, b.address])
+  got = []
+
+  async def grab():
+    got.append(await manager.acquire("echo", "twin"))
+
+  async with trio.open_nursery() as nursery:
+    for _ in range(4):
+      nursery.start_soon(grab)
+  assert all(env is got[0] for env in got)
+  await manager.release("echo", "twin")
+  stats = await manager.server_stats()
+  with trio.fail_after(5):   # nothing stays bound on either server
+    while any(s["pools"]["echo"]["in_use"] for s in stats.values()):
+      await trio.sleep(0.05)
+      stats = await manager.server_stats()
+  await manager.aclose()

@@ -178,8 +178,14 @@ class EnvManager:
       return existing
     address, connection, info = await self._bind(state, env_name, chain_id)
     env = RemoteEnv(self, state, env_name, chain_id, address, connection, info)
-    if (env_name, chain_id) in state.bindings:  # a concurrent acquire of the same chain won
-      return state.bindings[(env_name, chain_id)]
+    winner = state.bindings.get((env_name, chain_id))
+    if winner is not None:  # a concurrent acquire of the same chain won: give ours back
+      if winner.address != address:
+        try:
+          await connection.call("release", {"env": env_name, "chain_id": chain_id}, timeout_s=30)
+        except (ConnectionLost, RemoteError, trio.TooSlowError):
+          pass
+      return winner
     state.bindings[(env_name, chain_id)] = env
     self._peak_allocated = max(self._peak_allocated, self._allocated_total())
     return env
