@@ -286,3 +286,23 @@ def test_async_rollout_inside_trio_and_bad_arguments():
   with pytest.raises(ValueError, match="row 0.*needs dataset field 'answer'"):
     run_rollout(ToolCallAgent(tokenizer_dir(QWEN), tools=[], reward_fn=exact_match),
                 [{"question": "q"}], sampler=sampler)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 599), min_size=1, max_size=30), min_size=1, max_size=4),
+       st.sampled_from([QWEN, "llama3"]))
+def test_arbitrary_sampler_ids_never_break_a_chain(replies, template):
+  """Any ids (special tokens, broken UTF-8 bytes, half tool calls) give a finished, aligned
+  trajectory, never an error."""
+  tok = agent_tokenizer(template)
+  call = tok.encode(hermes_call("calculator", {"expression": "2*3"}))
+  replies = [r + call if i % 2 else r for i, r in enumerate(replies)]  # some turns call a tool
+  agent = ToolCallAgent(tokenizer_dir(template), tools=[calculator, answer])
+  sampler = ScriptedSampler(replies)
+  [t] = run_rollout(agent, [{"question": "q"}], sampler=sampler, max_turns=len(replies),
+                    max_tokens_per_turn=40)
+  assert t.error is None and t.finish_reason != "error"
+  assert_masked_tokens_are_sampler_outputs(t, sampler.calls)
