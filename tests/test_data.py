@@ -127,3 +127,16 @@ def test_mask_segments_and_format_trajectory():
   assert text.splitlines()[0].startswith("group 0 chain 0 | ")
   assert text.endswith("Hi<|im_end|>⟦Hello<|im_end|>⟧\nok")
   assert "\033[42;30mHello<|im_end|>\033[0m" in format_trajectory(t, tok, color=True)
+
+
+def test_trajectory_json_round_trip():
+  rng = np.random.default_rng(2)
+  t = _random_trajectory(rng, 3, 6)
+  t.messages = [{"role": "user", "content": "q"}]
+  t.reward_metrics = {"turns": 1.0}
+  d = json.loads(json.dumps(t.to_json_dict()))
+  back = Trajectory(**d)
+  np.testing.assert_array_equal(back.token_ids, t.token_ids)
+  np.testing.assert_array_equal(back.action_mask, t.action_mask)
+  np.testing.assert_array_equal(back.sampler_logprobs, t.sampler_logprobs)
+  assert back.messages == t.messages and back.group_id == 3 and back.reward == t.reward

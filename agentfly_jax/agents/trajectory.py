@@ -64,6 +64,14 @@ class Trajectory:
   def __len__(self) -> int:
     return int(self.token_ids.shape[0])
 
+  def to_json_dict(self) -> dict:
+    """Plain-Python form (lists, not arrays) for JSON logs; `Trajectory(**d)` rebuilds it."""
+    out = dataclasses.asdict(self)
+    out["token_ids"] = self.token_ids.tolist()
+    out["action_mask"] = self.action_mask.tolist()
+    out["sampler_logprobs"] = self.sampler_logprobs.tolist()
+    return out
+
   @property
   def generated_token_ids(self) -> np.ndarray:
     """int32[N]: the sampler's ids, in order (the masked-in tokens)."""
