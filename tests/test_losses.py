@@ -314,6 +314,24 @@ def test_token_logprobs_and_entropy_match_numpy(temperature):
   g = jax.grad(lambda x: f(x, targets).sum())(jnp.asarray(logits, jnp.float32))
   onehot = np.eye(11)[targets]
   np.testing.assert_allclose(g, (onehot - np.exp(logp)) / temperature, atol=1e-5)
+  # bf16 logits are upcast: the result equals float32 maths on the bf16-rounded logits
+  bf16 = jnp.asarray(logits, jnp.bfloat16)
+  out = f(bf16, targets)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, f(np.asarray(bf16.astype(jnp.float32)), targets), atol=1e-5)
+
+
+def test_token_logprobs_keeps_no_vocab_sized_temporary():
+  logits = jax.ShapeDtypeStruct((2, 64, 4096), jnp.float32)
+  targets = jax.ShapeDtypeStruct((2, 64), jnp.int32)
+  full = 2 * 64 * 4096 * 4
+  fwd = jax.jit(functools.partial(L.token_logprobs, temperature=0.7))
+  bwd = jax.jit(jax.grad(lambda x, t: L.token_logprobs(x, t, 0.7).sum()))
+  for f in (fwd, bwd):
+    mem = f.lower(logits, targets).compile().memory_analysis()
+    if mem is None:
+      pytest.skip("no memory analysis on this backend")
+    assert mem.temp_size_in_bytes < full / 4
 
 
 def test_entropy_ignores_minus_inf_logits():

@@ -330,13 +330,15 @@ def _check_logits(fn, logits, temperature):
   v.check_rank(fn, "logits", logits, 3, "[B, T, V]")
   if isinstance(temperature, (int, float)) and not temperature > 0:
     raise ValueError(f"{fn}: temperature must be > 0, got {temperature!r}")
-  return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)) / temperature
+  return logits
 
 
 def token_logprobs(logits: Array, targets: Array, temperature: float = 1.0) -> Array:
   """log softmax(logits / temperature)[targets], without materialising the log-softmax.
 
-  Computed as z[target] - logsumexp(z) in at least float32 (bf16 logits are upcast).
+  Computed as (z[target] - max z) / temperature - log sum exp((z - max z) / temperature) in
+  float32 (bf16 logits are upcast inside the fused reductions): under jit XLA keeps no
+  [B, T, V] temporary in the forward or the backward pass (checked in the tests).
 
   Args:
     logits: float[B, T, V]; targets: int[B, T] (ids in [0, V)); temperature: > 0.
@@ -344,11 +346,14 @@ def token_logprobs(logits: Array, targets: Array, temperature: float = 1.0) -> A
     float[B, T].
   """
   fn = "token_logprobs"
-  z = _check_logits(fn, logits, temperature)
+  logits = _check_logits(fn, logits, temperature)
   targets = v.int_array(fn, "targets", targets)
-  v.check_shape(fn, "targets", targets, z.shape[:2], "logits[:2]")
-  picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return picked - jax.nn.logsumexp(z, axis=-1)
+  v.check_shape(fn, "targets", targets, logits.shape[:2], "logits[:2]")
+  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  # the shift is exact for the value and cancels in the gradient, so it gets none
+  top = jax.lax.stop_gradient(logits.max(axis=-1).astype(jnp.float32))
+  sum_exp = jnp.exp((logits.astype(jnp.float32) - top[..., None]) / temperature).sum(axis=-1)
+  return (picked.astype(jnp.float32) - top) / temperature - jnp.log(sum_exp)
 
 
 def entropy_from_logits(logits: Array, temperature: float = 1.0) -> Array:
@@ -359,7 +364,7 @@ def entropy_from_logits(logits: Array, temperature: float = 1.0) -> Array:
   Returns:
     float[B, T]; aggregate it with `aggregate(entropy, mask, mode)`.
   """
-  z = _check_logits("entropy_from_logits", logits, temperature)
+  z = _check_logits("entropy_from_logits", logits, temperature).astype(jnp.float32) / temperature
   lse = jax.nn.logsumexp(z, axis=-1)
   p = jnp.exp(z - lse[..., None])
   return lse - jnp.where(p > 0, p * z, 0.0).sum(axis=-1)  # -inf logits (p = 0) add nothing
