@@ -191,6 +191,10 @@ def test_finish_reasons_and_budgets():
   [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, [loop_call])),
                     max_turns=10, max_total_tokens=prompt_len + 60)
   assert t.finish_reason == "max_total_tokens" and len(t) <= prompt_len + 60
+  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, ["x"])),
+                    max_total_tokens=prompt_len)  # the prompt alone fills the context
+  assert t.finish_reason == "max_total_tokens" and t.num_turns == 0 and t.prediction == ""
+  assert not t.action_mask.any()
   [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(
       _script(QWEN, [hermes_call("answer", {"answer": "Paris"})])))
   assert t.finish_reason == "finish_tool" and t.prediction == "Paris"

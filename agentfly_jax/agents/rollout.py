@@ -198,6 +198,8 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
       logps += [0.0] * len(obs_ids)
     if finish is None:
       finish = "max_turns"
+    if prediction is None:  # no model turn at all (the prompt filled the context)
+      prediction = ""
     if agent.reward_fn is not None:
       env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
       metrics = await agent.reward_fn.compute(prediction, messages, row, env,

@@ -31,7 +31,9 @@ class Trajectory:
       "max_tokens_per_turn", "max_total_tokens" or "error".
     prompt_length: number of tokens of the first prompt (before the first model turn).
     row: the dataset row this chain answered.
-    prediction: the final answer given to the reward (finish tool output or last message).
+    prediction: the final answer given to the reward: the finish tool's output, the
+      `Final Answer:` text, else the last assistant message's text ("" if there was no turn;
+      None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
   """
   token_ids: np.ndarray
