@@ -42,7 +42,7 @@ class Instance:
     self.env = env
     self.lock = trio.Lock()
     self.broken = False
-    self.started_at = time.monotonic()
+    self.closing = False
 
 
 class _RateWindow:
@@ -70,7 +70,12 @@ class _RateWindow:
 
 
 class EnvPool:
-  """Instances of one env type. Run `serve(nursery)`-style: call `start(nursery)` first."""
+  """Instances of one env type.
+
+  `start(nursery)` begins warming (background tasks run in that nursery); `acquire`, `call`,
+  `release` serve chains (keys are any hashable, the server uses (connection id, chain id));
+  `aclose()` closes every instance.
+  """
 
   def __init__(self, name: str, factory: Callable[[], ServerEnv], cap: int, warm: int = 1,
                call_timeout_s: float | None = None, start_timeout_s: float = 60.0):
@@ -163,6 +168,9 @@ class EnvPool:
     self._notify()
 
   async def _close_instance(self, inst: Instance) -> None:
+    if inst.closing:   # e.g. released mid-call, then the failing call recycles it too
+      return
+    inst.closing = True
     try:
       with trio.CancelScope(shield=True):
         with trio.move_on_after(10):

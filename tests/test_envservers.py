@@ -409,3 +409,19 @@ def test_import_flag_registers_user_env_types(tmp_path, monkeypatch):
   result = subprocess.run([sys.executable, "-m", "envservers", "--import", "no_such_module_x"],
                           capture_output=True, text=True, timeout=60)
   assert result.returncode == 2 and "--import no_such_module_x: ModuleNotFoundError" in result.stderr
+
+
+@pytest.mark.trio
+async def test_release_during_a_call_keeps_the_live_count_right(server):
+  conn = await connect(server)
+  args = {"env": "sleep", "chain_id": "mid-release"}
+  await conn.call("acquire", args)
+  async with trio.open_nursery() as nursery:
+    nursery.start_soon(conn.call, "step", {**args, "action": {"sleep_s": 0.3}})
+    await trio.sleep(0.05)
+    await conn.call("release", args)
+  await trio.sleep(0.2)
+  stats = (await conn.call("stats"))["pools"]["sleep"]
+  assert stats["live"] == stats["idle"] + stats["in_use"] + stats["starting"]
+  assert 0 <= stats["live"] <= stats["cap"]
+  await conn.aclose()

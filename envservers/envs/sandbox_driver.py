@@ -109,11 +109,18 @@ def _run(code, namespace, my_pid):
   except BaseException as e:  # noqa: BLE001 -- user code may raise anything
     if os.getpid() != my_pid:
       os._exit(1)
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
-      tb = tb.tb_next
-    sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
-    return None, type(e).__name__
+    name = type(e).__name__
+    try:
+      tb = e.__traceback__
+      while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
+        tb = tb.tb_next
+      sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+    except BaseException:  # noqa: BLE001 -- e.g. no memory left to format it: say the least
+      try:
+        os.write(2, f"{name} (traceback unavailable)\n".encode())
+      except OSError:
+        pass
+    return None, name
 
 
 def main():
@@ -158,6 +165,8 @@ def main():
     err = sys.stderr = _CappedStream(2, cap)
     try:
       value, error = _run(request["code"], namespace, my_pid)
+    except BaseException as e:  # noqa: BLE001 -- the loop itself must survive (e.g. MemoryError)
+      value, error = None, type(e).__name__
     finally:
       if os.getpid() != my_pid:  # a fork of user code must never answer
         os._exit(0)
