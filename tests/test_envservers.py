@@ -365,6 +365,14 @@ def test_cli_rejects_unknown_env_type():
   result = subprocess.run([sys.executable, "-m", "envservers", "--port", "0", "--env", "echo=x"],
                           capture_output=True, text=True, timeout=60)
   assert result.returncode == 2 and "--env 'echo=x'" in result.stderr
+  for opt, needle in [("python_sandbox.memory_mb=-1", "'memory_mb' must be a positive number"),
+                      ("python_sandbox.colour=1", "unexpected keyword argument 'colour'"),
+                      ("echo.x=1", "env 'echo' takes no options")]:
+    env = opt.split(".")[0]
+    result = subprocess.run([sys.executable, "-m", "envservers", "--port", "0", "--env",
+                             f"{env}=1", "--env-opt", opt], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and needle in result.stderr, (opt, result.stderr)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
