@@ -121,6 +121,8 @@ HOSTILE = {
                                 "    blocks.append(b'x' * (10 * 1024 * 1024))\nbomb()"),
     "big_alloc": "x = bytearray(8 * 1024 ** 3)",
     "infinite_loop": "while True:\n  pass",
+    "swallows_the_timeout": ("while True:\n  try:\n    while True:\n      pass\n"
+                             "  except BaseException:\n    pass"),
     "sleep_forever": "import time\ntime.sleep(10_000)",
     "sys_exit": "import sys\nsys.exit(3)",
     "os_exit": "import os\nos._exit(1)",
@@ -145,9 +147,13 @@ async def test_hostile_snippets_are_contained(server, name):
     assert "MemoryError" in observation, observation
     if name == "memory_bomb":   # the chain's own globals still hold the memory: let go of it
       await chain.run("blocks.clear()")
-  elif name in ("infinite_loop", "sleep_forever"):
-    assert result["info"]["error"] == "Timeout" and "3 s" in observation, observation
-    assert 2.5 < elapsed < 10
+  elif name in ("infinite_loop", "sleep_forever"):   # interrupted; the interpreter lives on
+    assert result["info"]["error"] == "TimeoutError" and "3 s time limit" in observation
+    assert 2.5 < elapsed < 5
+    assert await chain.obs("survivor") == "'kept'\n"
+  elif name == "swallows_the_timeout":   # killed by the host after the grace period
+    assert result["info"]["error"] == "Timeout" and "5 s" in observation, observation
+    assert 4.5 < elapsed < 12
   elif name == "sys_exit":
     assert "SystemExit: 3" in observation
     assert await chain.obs("survivor") == "'kept'\n"   # the interpreter kept running
@@ -158,7 +164,7 @@ async def test_hostile_snippets_are_contained(server, name):
   # After any of these, the chain can keep going (on a fresh interpreter if it had to restart).
   follow = await chain.run("print(6 * 7)")
   assert follow["observation"].endswith("42\n")
-  if name in ("infinite_loop", "sleep_forever", "os_exit"):
+  if name in ("swallows_the_timeout", "os_exit"):
     assert follow["info"].get("restarted") is True
   await chain.release()
   await chain.conn.aclose()
@@ -384,3 +390,16 @@ async def test_release_during_a_call_recycles_once(server):
   stats = await wait_until(settled, timeout_s=10)
   assert 0 < stats["live"] <= CAP
   await chain.conn.aclose()
+
+
+@pytest.mark.trio
+async def test_per_call_time_limit_from_the_action(server):
+  chain = await _chain(server, "short-limit")
+  start = time.monotonic()
+  result = await chain.run({"code": "import time\nfor i in range(100):\n  time.sleep(0.05)",
+                            "timeout_s": 0.5})
+  assert result["info"]["error"] == "TimeoutError" and time.monotonic() - start < 2.5
+  assert await chain.obs("i") not in ("99\n", "")   # interrupted part-way; state kept
+  bad = await chain.run({"code": "1", "timeout_s": "soon"})
+  assert bad["info"]["error"] == "BadAction" and "'timeout_s'" in bad["observation"]
+  await chain.release()

@@ -9,9 +9,13 @@ Each instance is one `bwrap` process running `sandbox_driver.py` with:
 - rlimits set by the driver: address space, processes, file size, CPU time per call;
 - when the server runs as root, a uid of its own (so RLIMIT_NPROC holds per instance and the
   host's root-only files stay unreadable even through /proc);
-- a wall-clock limit per call (the pool kills and replaces the instance past it).
-Actions are code strings (or {"code": str}); the observation is what the code printed (stdout,
-then a trailing expression's repr, then stderr with any traceback), each truncated.
+- a time limit per call: the running code gets a TimeoutError and the interpreter keeps its
+  state; code that ignores it is killed after a grace period and the chain continues on a fresh
+  interpreter (told so in its next observation).
+Actions are code strings, or {"code": str, "timeout_s": float} to lower the limit for one call.
+The observation is what the code printed (stdout, then a trailing expression's repr as in a
+notebook, then stderr with any traceback), each truncated; info has byte counts and `error`
+(the exception type name, or None).
 """
 from __future__ import annotations
 
@@ -71,7 +75,9 @@ def _exit_reason(returncode: int | None) -> str:
 @register_env
 class PythonSandbox(ServerEnv):
   """Options (server flag `--env-opt python_sandbox.NAME=VALUE`):
-    timeout_s: wall-clock limit per call (default 30).
+    timeout_s: time limit per call (default 30): past it the running code gets a TimeoutError
+      and the interpreter keeps its state; if the code does not stop within `kill_grace_s`
+      (default 2) more, the host kills the sandbox and the chain continues on a fresh one.
     cpu_s: CPU seconds per call (default 30); cpu_total_s per instance (default 600).
     memory_mb: address-space limit (default 1024). max_procs: processes (default 64).
     file_size_mb: largest file (default 64). work_mb / tmp_mb: tmpfs sizes (default 256 / 64).
@@ -85,15 +91,17 @@ class PythonSandbox(ServerEnv):
   def __init__(self, timeout_s: float = 30.0, cpu_s: float = 30.0, cpu_total_s: float = 600.0,
                memory_mb: int = 1024, max_procs: int = 64, file_size_mb: int = 64,
                work_mb: int = 256, tmp_mb: int = 64, max_output_bytes: int = 16384,
-               python: str | None = None, site_packages: bool = True):
+               python: str | None = None, site_packages: bool = True,
+               kill_grace_s: float = 2.0):
     numbers = dict(timeout_s=timeout_s, cpu_s=cpu_s, cpu_total_s=cpu_total_s, memory_mb=memory_mb,
                    max_procs=max_procs, file_size_mb=file_size_mb, work_mb=work_mb, tmp_mb=tmp_mb,
-                   max_output_bytes=max_output_bytes)
+                   max_output_bytes=max_output_bytes, kill_grace_s=kill_grace_s)
     for key, value in numbers.items():
       if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"python_sandbox option {key!r} must be a positive number, got {value!r}")
-    self.call_timeout_s = float(timeout_s)
-    self.limits = {"cpu_s": float(cpu_s), "cpu_total_s": int(cpu_total_s),
+    self.call_timeout_s = float(timeout_s) + float(kill_grace_s)   # the host's hard limit
+    self.limits = {"timeout_s": float(timeout_s), "cpu_s": float(cpu_s),
+                   "cpu_total_s": int(cpu_total_s),
                    "memory_mb": int(memory_mb), "max_procs": int(max_procs),
                    "file_size_mb": int(file_size_mb), "max_output_bytes": int(max_output_bytes)}
     self.work_mb, self.tmp_mb = int(work_mb), int(tmp_mb)
@@ -206,20 +214,30 @@ class PythonSandbox(ServerEnv):
       await self.start()
     return ""
 
-  async def run_code(self, code: str) -> dict:
+  async def run_code(self, code: str, timeout_s: float | None = None) -> dict:
+    """Runs `code` in the chain's interpreter; `timeout_s` may lower the soft time limit."""
     if not isinstance(code, str):
       raise TypeError(f"python_sandbox code must be a string, got {type(code).__name__}")
+    limit = self.limits["timeout_s"]
+    if timeout_s is not None:
+      if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise ValueError(f"python_sandbox 'timeout_s' must be a positive number, got {timeout_s!r}")
+      limit = min(limit, float(timeout_s))
     self.calls += 1
-    return await self._request({"op": "exec", "code": code})
+    return await self._request({"op": "exec", "code": code, "timeout_s": limit})
 
   async def step(self, action: Any) -> StepOutcome:
     code = action.get("code") if isinstance(action, dict) else action
+    timeout_s = action.get("timeout_s") if isinstance(action, dict) else None
     if not isinstance(code, str):
       return StepOutcome(
-          observation=f"Error: the action must be Python code (a string or {{'code': str}}), "
-                      f"got {type(code).__name__}",
+          observation=f"Error: the action must be Python code (a string or {{'code': str, "
+                      f"'timeout_s': float}}), got {type(code).__name__}",
           info={"error": "BadAction"})
-    reply = await self.run_code(code)
+    try:
+      reply = await self.run_code(code, timeout_s)
+    except ValueError as e:
+      return StepOutcome(observation=f"Error: {e}", info={"error": "BadAction"})
     observation = reply["stdout"]
     if reply["value"] is not None:
       observation += reply["value"] + "\n"

@@ -5,8 +5,10 @@ episode (state persists across calls), reads requests from fd 0 and writes repli
 as 4-byte big-endian length + JSON frames, after moving them to private descriptors: user code
 sees /dev/null as stdin and two memfds as stdout/stderr, which are read back and truncated after
 each call. It lowers its own rlimits at start (address space, processes, file size, CPU time:
-the CPU limit is re-armed per call as used + cpu_s). Requests:
-  {"op": "exec", "code": str}  ->  {"stdout", "stderr", "stdout_bytes", "stderr_bytes",
+the CPU limit is re-armed per call as used + cpu_s). A per-call alarm (`timeout_s`) raises
+TimeoutError inside the running code, so a runaway cell is interrupted and the interpreter keeps
+its state; code that swallows it is killed by the host a little later. Requests:
+  {"op": "exec", "code": str, "timeout_s": float}  ->  {"stdout", "stderr", "stdout_bytes", "stderr_bytes",
                                      "value": repr of a trailing expression or None,
                                      "error": exception type name or None}
   {"op": "ping"}               ->  {"pong": true}
@@ -123,6 +125,11 @@ def _run(code, namespace, my_pid):
     return None, name
 
 
+def _on_alarm(signum, frame):
+  raise TimeoutError(f"the code ran past its {_on_alarm.limit:g} s time limit and was interrupted "
+                     f"(variables defined so far are kept)")
+
+
 def main():
   config = json.loads(sys.argv[1])
   cap = int(config["max_output_bytes"])
@@ -163,6 +170,9 @@ def main():
     resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
     out = sys.stdout = _CappedStream(1, cap)
     err = sys.stderr = _CappedStream(2, cap)
+    _on_alarm.limit = float(request.get("timeout_s") or config["timeout_s"])
+    signal.signal(signal.SIGALRM, _on_alarm)   # re-installed: user code may have replaced it
+    signal.setitimer(signal.ITIMER_REAL, _on_alarm.limit)
     try:
       value, error = _run(request["code"], namespace, my_pid)
     except BaseException as e:  # noqa: BLE001 -- the loop itself must survive (e.g. MemoryError)
@@ -170,6 +180,7 @@ def main():
     finally:
       if os.getpid() != my_pid:  # a fork of user code must never answer
         os._exit(0)
+      signal.setitimer(signal.ITIMER_REAL, 0)
     if value is not None and len(value) > cap:
       value = value[:cap] + f"... [repr truncated: {len(value)} characters]"
     stdout, stdout_bytes = _collect(out_fd, cap, out.dropped)
