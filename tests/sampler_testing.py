@@ -63,3 +63,25 @@ def reference_greedy(model, prompt, num_new: int) -> list[int]:
   for _ in range(num_new):
     ids.append(int(np.argmax(full_logits(model, ids)[-1])))
   return ids[len(prompt):]
+
+
+def truncated_log_softmax64(logits, temperature, top_k, top_p):
+  """float64 reference of `next_token`'s convention: logits / T, top-k (ties kept), then top-p on
+  the renormalised top-k distribution. Returns (log-probs float64[V] with -inf outside, kept bool[V])."""
+  z = np.asarray(logits, np.float64) / temperature
+  order = np.argsort(-z, kind="stable")
+  keep = np.zeros(z.shape, bool)
+  k = top_k if 0 < top_k < z.size else z.size
+  kth = z[order[k - 1]]
+  in_k = z >= kth
+  p = np.exp(z - z.max()) * in_k
+  p /= p.sum()
+  mass_above = 0.0
+  for i in order:
+    if not in_k[i]:
+      break
+    if mass_above < top_p or mass_above == 0.0:
+      keep[i] = True
+    mass_above += p[i]
+  zz = np.where(keep, z, -np.inf)
+  return log_softmax64(zz), keep

