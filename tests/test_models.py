@@ -230,3 +230,31 @@ def test_from_pretrained_onto_mesh_and_shard_model(saved):
   shard_model(ref, mesh)
   critic = Critic.from_causal_lm(ref)
   assert nnx.jit(lambda c, x: c(x))(critic, ids).shape == (1, 4)
+
+
+_PEAK_RSS_SCRIPT = """
+import resource, sys
+import jax.numpy as jnp
+from agentfly_jax.models import from_pretrained
+jnp.ones(3).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+model = from_pretrained(sys.argv[1])
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print("PEAK_KB", after - before)
+"""
+
+
+def test_streaming_load_peak_host_memory_is_about_one_copy(tmp_path):
+  """Loading ~100 MB of weights raises peak RSS by about one copy (< 1.35x), not two."""
+  import subprocess
+  import sys
+  cfg = tiny_config("llama", vocab_size=24000, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=64, tie_word_embeddings=False)
+  folder = save_pretrained(CausalLM(cfg, rngs=nnx.Rngs(0)), tmp_path / "big")
+  weights = os.path.getsize(os.path.join(folder, "model.safetensors"))
+  assert weights > 90e6
+  proc = subprocess.run([sys.executable, "-c", _PEAK_RSS_SCRIPT, folder], capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  peak = int(proc.stdout.split("PEAK_KB")[1]) * 1024
+  assert peak < 1.35 * weights, (peak / 1e6, weights / 1e6)

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from agentfly_jax.models.causal_lm import CausalLM, Critic
@@ -90,6 +89,51 @@ def to_hf_state_dict(model_or_state, cfg: ModelConfig | None = None) -> dict[str
 
 # ---- loading ------------------------------------------------------------------------------
 
+_SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16,
+                "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class SafetensorsFile:
+  """Reads single tensors from a .safetensors file with plain file reads (no mmap), so only the
+  tensor being read occupies host memory, not the mapped file."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._f = open(path, "rb")
+    try:
+      (n,) = np.frombuffer(self._f.read(8), "<u8")
+      self.header = json.loads(self._f.read(int(n)))
+    except Exception as e:
+      self._f.close()
+      raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
+    self.header.pop("__metadata__", None)
+    self._data_start = 8 + int(n)
+
+  def keys(self):
+    return self.header.keys()
+
+  def shape(self, name: str) -> tuple:
+    return tuple(self.header[name]["shape"])
+
+  def get_tensor(self, name: str) -> np.ndarray:
+    info = self.header[name]
+    if info["dtype"] not in _SAFE_DTYPES:
+      raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+    begin, end = info["data_offsets"]
+    array = np.empty(info["shape"], _SAFE_DTYPES[info["dtype"]])
+    buf = memoryview(array.reshape(-1).view(np.uint8))
+    if buf.nbytes != end - begin:
+      raise ValueError(f"{self.path}: tensor {name!r} byte size {end - begin} does not match "
+                       f"{info['dtype']}{info['shape']}")
+    self._f.seek(self._data_start + begin)
+    if self._f.readinto(buf) != buf.nbytes:
+      raise ValueError(f"{self.path}: truncated data for tensor {name!r}")
+    return array
+
+  def close(self):
+    self._f.close()
+
+
 def _read_config(folder: str) -> dict:
   if not os.path.isdir(folder):
     raise FileNotFoundError(f"checkpoint folder {folder!r} does not exist")
@@ -123,9 +167,10 @@ def _tensor_files(folder: str) -> dict[str, str]:
   files = {}
   for fname in single:
     fpath = os.path.join(folder, fname)
-    with safe_open(fpath, framework="numpy") as f:
-      for name in f.keys():
-        files[name] = fpath
+    reader = SafetensorsFile(fpath)
+    for name in reader.keys():
+      files[name] = fpath
+    reader.close()
   return files
 
 
@@ -191,7 +236,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
                            f"{'/'.join(map(str, path))})")
         fpath = files[name]
         if fpath not in handles:
-          handles[fpath] = safe_open(fpath, framework="numpy")
+          handles[fpath] = SafetensorsFile(fpath)
         array = handles[fpath].get_tensor(name)
         used.add(name)
       hf_shape = expected[::-1] if transposed else expected
@@ -210,8 +255,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
       var.set_value(value)
   finally:
     for h in handles.values():
-      if hasattr(h, "__exit__"):
-        h.__exit__(None, None, None)
+      h.close()
   unused = sorted(set(files) - used - {"lm_head.weight"})
   if unused:
     log.warning("from_pretrained(%s): ignored %d checkpoint tensors, e.g. %s", folder, len(unused), unused[:5])
