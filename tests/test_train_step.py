@@ -136,3 +136,11 @@ def test_sft_step_lowers_masked_nll():
   for _ in range(30):
     state, m = step(state, mb)
   assert float(m["sft/nll"]) < 0.5 * float(m0["sft/nll"])
+
+
+def test_train_step_on_8_fake_devices_matches_one_device():
+  import os, subprocess, sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  script = os.path.join(os.path.dirname(__file__), "multidevice_train_check.py")
+  out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and "OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

@@ -1,9 +1,10 @@
 """The demo task: answer a question whose answer only a tool observation holds.
 
-"What is the code of key 4821?" — the code is a fixed hash of the key into a 32-word list, so
-with 9,000 keys it cannot be memorised: the policy must call `lookup(key=...)`, read the
-observation, and answer "The code is <word>." in its next turn (multi-turn, learns only from its
-own tokens). Guessing succeeds 1/32 of the time.
+'Find the code of key "red fox".' — a key is two words (32 x 32 = 1,024 keys); its code is a
+fixed hash of the key into a 32-word list, so it cannot be guessed (1/32) and is not memorised in
+a short run: the policy must call `lookup(key=...)`, read the observation ("The code is
+<word>."), and state it in its next turn (multi-turn; learns only from its own tokens). Keys and
+observations are formatted so that copying them is a token-for-token copy.
 
 `scripted_response(prompt_text, use_tool)` is the demonstration policy used for the SFT warm start
 (it uses the tool only part of the time, so the warm-started policy starts well below the ceiling
@@ -24,8 +25,15 @@ WORDS = ("apple", "river", "falcon", "stone", "tiger", "cloud", "maple", "ocean"
          "coral", "birch", "lemon", "cobra", "quartz", "sable", "tulip", "zebra", "nova", "harbor",
          "ivory", "meadow")
 
-SYSTEM_PROMPT = ('Tool: lookup(key) gives the code of a key. Call it as <tool_call>{"name": "lookup", '
-                 '"arguments": {"key": KEY}}</tool_call>. Answer with: The code is WORD.')
+KEY_WORDS = ("red", "blue", "green", "gold", "gray", "pink", "black", "white", "brown", "silver",
+             "dark", "pale", "wild", "calm", "swift", "quiet", "bold", "tiny", "grand", "old",
+             "young", "bright", "soft", "hard", "warm", "cold", "sharp", "round", "flat", "tall",
+             "short", "deep")
+KEY_NOUNS = ("fox", "owl", "bear", "wolf", "hawk", "deer", "lynx", "seal", "crab", "moth", "frog",
+             "hare", "crow", "duck", "goat", "lamb", "mole", "newt", "puma", "swan", "toad", "wasp",
+             "yak", "eel", "elk", "ant", "bat", "cat", "dog", "hen", "pig", "ram")
+
+SYSTEM_PROMPT = "Use the lookup tool to find codes."
 
 
 def secret_code(key: str) -> str:
@@ -42,9 +50,10 @@ def lookup(key: str) -> str:
     key: the key, a 4-digit number.
   """
   key = str(key).strip()
-  if not re.fullmatch(r"\d{4}", key):
+  parts = key.split(" ")
+  if len(parts) != 2 or parts[0] not in KEY_WORDS or parts[1] not in KEY_NOUNS:
     return f"Error: no such key {key!r}"
-  return f"code {secret_code(key)}"
+  return answer_text(secret_code(key))
 
 
 def extract_answer(text: str | None) -> str:
@@ -60,12 +69,12 @@ def code_match(prediction: str, answer: str) -> dict:
 
 
 def make_rows(n: int, seed: int) -> list[dict]:
-  """n dataset rows {question, key, answer}; keys drawn from 1000..9999 with a seeded RNG."""
+  """n dataset rows {question, key, answer}; keys drawn uniformly with a seeded RNG."""
   rng = np.random.default_rng(seed)
   rows = []
-  for key in rng.integers(1000, 10000, size=n):
-    key = str(int(key))
-    rows.append({"question": f'What is the code of key "{key}"?', "key": key, "answer": secret_code(key)})
+  for a, b in zip(rng.integers(len(KEY_WORDS), size=n), rng.integers(len(KEY_NOUNS), size=n)):
+    key = f"{KEY_WORDS[a]} {KEY_NOUNS[b]}"
+    rows.append({"question": f'Find the code of key "{key}".', "key": key, "answer": secret_code(key)})
   return rows
 
 
@@ -85,10 +94,10 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   """
   last_user = prompt_text.rfind("code of key")
   after = prompt_text[last_user:]
-  obs = re.findall(r"<tool_response>\s*code (\w+)\s*</tool_response>", after, flags=re.S)
+  obs = re.findall(r"<tool_response>\s*The code is (\w+)\.\s*</tool_response>", after, flags=re.S)
   if obs:
     return answer_text(obs[-1].strip())
-  key = re.search(r'code of key "(\d+)"', after)
+  key = re.search(r'code of key "([a-z]+ [a-z]+)"', after)
   if use_tool and key:
     return tool_call_text(key.group(1))
   return answer_text(WORDS[int(rng.integers(len(WORDS)))])
@@ -98,8 +107,7 @@ def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   """Texts to train the task's tiny tokenizer on (questions, tool calls, observations, answers)."""
   texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
   for row in make_rows(n, seed):
-    texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"]),
-              f"code {row['answer']}"]
+    texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"])]
   texts += [answer_text(w) for w in WORDS] * 4
   return texts
 
