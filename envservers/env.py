@@ -114,9 +114,19 @@ def _reward_dict(name: str, result: Any) -> dict[str, Any]:
 class BlockingEnv(ServerEnv):
   """An env written with blocking methods; each call runs in a worker thread.
 
-  Subclasses override `reset_blocking`, `step_blocking`, `close_blocking` (plain functions);
-  env rewards may be plain methods too (they also run in a thread).
+  Subclasses override `start_blocking` (slow set-up, e.g. launching a simulator),
+  `reset_blocking`, `step_blocking`, `close_blocking` (plain functions); env rewards may be plain
+  methods too (they also run in a thread). With `run_in_subprocess = True` each instance runs in
+  a process of its own instead (envservers.worker): a crash or hang in env code then costs only
+  that instance, which the pool kills and replaces.
   """
+  run_in_subprocess: ClassVar[bool] = False
+
+  def start_blocking(self) -> None:
+    pass
+
+  async def start(self):
+    await trio.to_thread.run_sync(self.start_blocking, abandon_on_cancel=True)
 
   def reset_blocking(self, row: dict | None) -> str:
     return ""
@@ -166,8 +176,15 @@ def register_env(cls: type[ServerEnv]) -> type[ServerEnv]:
 
 
 def make_factory(env_name: str, options: dict[str, Any]) -> Callable[[], ServerEnv]:
-  """Returns a zero-argument constructor for env type `env_name` with its options."""
+  """Returns a zero-argument constructor for env type `env_name` with its options.
+
+  Options are checked now (constructors must be cheap; slow set-up belongs in `start`).
+  """
   if env_name not in ENV_TYPES:
     raise KeyError(f"unknown env type {env_name!r}; known: {sorted(ENV_TYPES)}")
   cls = ENV_TYPES[env_name]
+  cls(**options)
+  if getattr(cls, "run_in_subprocess", False):
+    from envservers.subprocess_env import SubprocessEnv
+    return lambda: SubprocessEnv(cls, options)
   return lambda: cls(**options)

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from envservers import protocol
-from envservers.env import ENV_TYPES, EnvCrashed, StepOutcome
+from envservers.env import ENV_TYPES, EnvCrashed, StepOutcome, make_factory
 from envservers.pool import CallTimeout, EnvPool, PoolError
 
 log = logging.getLogger("envservers")
@@ -93,10 +93,9 @@ class EnvServer:
     for name, (cap, warm) in pools.items():
       if name not in ENV_TYPES:
         raise KeyError(f"unknown env type {name!r}; known: {sorted(ENV_TYPES)}")
-      cls, options = ENV_TYPES[name], dict(env_options.get(name, {}))
-      cls(**options)  # validate options now (constructors are cheap; start() does the work)
-      self.pools[name] = EnvPool(name, lambda cls=cls, options=options: cls(**options), cap=cap,
-                                 warm=warm, call_timeout_s=call_timeout_s.get(name))
+      factory = make_factory(name, dict(env_options.get(name, {})))
+      self.pools[name] = EnvPool(name, factory, cap=cap, warm=warm,
+                                 call_timeout_s=call_timeout_s.get(name))
     self.max_frame_bytes = max_frame_bytes
     self.server_id = uuid.uuid4().hex
     self.started = time.monotonic()

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server():
-  with running_server("echo=4:2", "counter=2:1", "sleep=4:1", "blocking_sleep=4:0") as s:
+  with running_server("echo=4:2", "counter=2:1", "sleep=4:1", "blocking_sleep=4:0",
+                      "worker_echo=3:1", options=('worker_echo.prefix="> "',)) as s:
     yield s
 
 
@@ -85,7 +86,7 @@ async def test_health_stats_and_echo(server):
   conn = await connect(server)
   health = await conn.call("health")
   assert health["status"] == "ok" and set(health["envs"]) == {"echo", "counter", "sleep",
-                                                              "blocking_sleep"}
+                                                              "blocking_sleep", "worker_echo"}
   assert health["envs"]["counter"]["rewards"] == ["steps"]
   await conn.call("acquire", {"env": "echo", "chain_id": "e1"})
   result = await conn.call("step", {"env": "echo", "chain_id": "e1", "action": {"b": [1], "a": 2}})

@@ -34,6 +34,7 @@ import trio
 
 from envservers import protocol
 from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward, register_env
+from envservers.subprocess_env import exit_reason
 
 BWRAP = "/usr/bin/bwrap"
 _DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("sandbox_driver.py")).read_text()
@@ -60,16 +61,6 @@ def _host_site_packages(python: str) -> str | None:
   except (OSError, subprocess.SubprocessError):
     return None
   return purelib if same and os.path.isdir(purelib) else None
-
-
-def _exit_reason(returncode: int | None) -> str:
-  if returncode is None:
-    return "it stopped answering"
-  if returncode < 0:
-    return f"it was killed by {signal.Signals(-returncode).name}"
-  if returncode > 128 and returncode - 128 in signal.valid_signals():
-    return f"it was killed by {signal.Signals(returncode - 128).name}"
-  return f"it exited with status {returncode}"
 
 
 @register_env
@@ -181,7 +172,7 @@ class PythonSandbox(ServerEnv):
       with trio.move_on_after(2):
         returncode = await self.process.wait()
     detail = self._stderr_tail()
-    message = f"the Python sandbox died during {what}: {_exit_reason(returncode)}"
+    message = f"the Python sandbox died during {what}: {exit_reason(returncode)}"
     if returncode == -signal.SIGXCPU or returncode == 128 + signal.SIGXCPU:
       message += f" (CPU limit of {self.limits['cpu_s']:g} s per call)"
     return EnvCrashed(message + (f"; sandbox stderr: {detail}" if detail else ""))

@@ -4,6 +4,9 @@
 - `counter`: counts steps; done after `row["max_steps"]` (default 3); reward `steps`.
 - `sleep`: step({"sleep_s": s}) awaits s seconds (I/O-bound) and returns "slept"; reward `one`.
 - `blocking_sleep`: like `sleep` but with `time.sleep` in a worker thread (a blocking env).
+- `worker_echo`: a blocking env in a process of its own (`run_in_subprocess`): echoes; the
+  action "crash" exits the process, {"sleep_s": s} blocks, "pid" returns its pid; it also prints
+  to stdout (which must not reach the protocol).
 """
 from __future__ import annotations
 
@@ -92,3 +95,39 @@ class BlockingSleepEnv(BlockingEnv):
   def step_blocking(self, action):
     time.sleep(_sleep_seconds(action))
     return StepOutcome(observation="slept", info={"thread": __import__("threading").get_ident()})
+
+
+@register_env
+class WorkerEchoEnv(BlockingEnv):
+  name = "worker_echo"
+  run_in_subprocess = True
+  call_timeout_s = 5.0
+
+  def __init__(self, prefix: str = "", **options):
+    super().__init__(**options)
+    if not isinstance(prefix, str):
+      raise TypeError(f"worker_echo option 'prefix' must be a string, got {type(prefix).__name__}")
+    self.prefix = prefix
+    self.steps = 0
+
+  def reset_blocking(self, row):
+    self.steps = 0
+    return f"{self.prefix}ready"
+
+  def step_blocking(self, action):
+    self.steps += 1
+    print("noise on stdout", flush=True)
+    if action == "crash":
+      os._exit(3)
+    if action == "pid":
+      return StepOutcome(observation=str(os.getpid()))
+    if isinstance(action, dict) and "sleep_s" in action:
+      time.sleep(_sleep_seconds(action))
+      return StepOutcome(observation="slept")
+    if action == "raise":
+      raise ValueError("asked to raise")
+    return StepOutcome(observation=self.prefix + _as_text(action), info={"steps": self.steps})
+
+  @env_reward("steps")
+  def steps_reward(self) -> float:
+    return float(self.steps)
