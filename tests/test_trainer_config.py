@@ -1,0 +1,55 @@
+"""A bad config value or unknown algorithm stops the run before any model, tokenizer or rollout,
+with a message naming the field."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentfly_jax.rl.config import ALGORITHMS, default_config, validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_default_and_shipped_configs_validate():
+  validate_config(default_config())
+  import importlib.util
+  for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+    if name.endswith(".py"):
+      spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(ROOT, "configs", name))
+      mod = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(mod)
+      cfg = mod.get_config()
+      validate_config(cfg)
+      assert cfg.algo in ALGORITHMS
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("algo", "ppo2", "config.algo='ppo2'"),
+    ("task", "nope", "config.task='nope'"),
+    ("loss.agg", "token-sum", "config.loss.agg='token-sum'"),
+    ("loss.kl_kind", "k4", "config.loss.kl_kind='k4'"),
+    ("rollout.num_chains", 0, "config.rollout.num_chains=0"),
+    ("rollout.num_chains", 1, "config.rollout.num_chains=1"),   # GRPO needs a group
+    ("train.lr", -1.0, "config.train.lr=-1.0"),
+    ("rollout.top_p", 0.0, "config.rollout.top_p=0.0"),
+    ("train.epochs", 0, "config.train.epochs=0"),
+])
+def test_bad_values_name_the_field(field, value, needle):
+  cfg = default_config()
+  section, _, key = field.rpartition(".")
+  (cfg[section] if section else cfg)[key] = value
+  with pytest.raises(ValueError) as e:
+    validate_config(cfg)
+  assert needle in str(e.value)
+
+
+def test_train_script_exits_before_rollout(tmp_path):
+  workdir = tmp_path / "run"
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "train.py"), "--config=configs/lookup_grpo.py",
+       f"--workdir={workdir}", "--config.algo=reinforce"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert "config.algo='reinforce'" in out.stderr and "unknown algorithm" in out.stderr
+  assert not workdir.exists()  # nothing was built
