@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 
@@ -66,3 +67,25 @@ async def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.0
       if value:
         return value
       await trio.sleep(interval_s)
+
+
+@functools.cache
+def sandbox_unavailable_reason() -> str | None:
+  """None if a python_sandbox instance starts on this machine, else why not."""
+  from envservers.envs.python_sandbox import BWRAP, PythonSandbox
+  if not os.path.exists(BWRAP):
+    return f"bubblewrap ({BWRAP}) is not installed (.ci/setup installs it)"
+
+  async def probe():
+    env = PythonSandbox()
+    try:
+      await env.start()
+      return (await env.run_code("print(1)"))["stdout"]
+    finally:
+      await env.close()
+
+  try:
+    out = trio.run(probe)
+  except Exception as e:  # noqa: BLE001 -- report whatever stops it
+    return f"the bubblewrap sandbox cannot start here: {type(e).__name__}: {e}"
+  return None if out == "1\n" else f"the sandbox probe printed {out!r}"

@@ -13,7 +13,7 @@ import trio
 
 from agentfly_jax.envs import Env, EnvManager, EnvProvider, EnvUnavailable, StepResult
 from agentfly_jax.envs.local_server import LocalEnvServer
-from envservers_helpers import kill, running_server
+from envservers_helpers import kill, running_server, sandbox_unavailable_reason
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,6 +144,8 @@ def test_works_across_separate_trio_runs(two_servers):
   assert [trio.run(once, f"run{i}") for i in range(3)] == ["run0", "run1", "run2"]
 
 
+@pytest.mark.skipif(sandbox_unavailable_reason() is not None,
+                    reason=str(sandbox_unavailable_reason()))
 def test_default_provider_starts_a_local_server_and_stops_it_at_exit(tmp_path):
   script = tmp_path / "one_off.py"
   script.write_text(

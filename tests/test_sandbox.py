@@ -6,7 +6,6 @@ observation, and leave the server serving other chains.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 
@@ -14,11 +13,11 @@ import pytest
 import trio
 
 from envservers_helpers import (child_pids, connect, kill, live_sandboxes, running_server,
-                                wait_until)
+                                sandbox_unavailable_reason, wait_until)
 
 pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(not shutil.which("bwrap") and not os.path.exists("/usr/bin/bwrap"),
-                                 reason="bubblewrap is not installed (.ci/setup installs it)")]
+              pytest.mark.skipif(sandbox_unavailable_reason() is not None,
+                                 reason=str(sandbox_unavailable_reason()))]
 
 CAP = 4
 OPTIONS = ("python_sandbox.timeout_s=3", "python_sandbox.memory_mb=512",
