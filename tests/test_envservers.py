@@ -441,3 +441,11 @@ async def test_release_during_a_call_keeps_the_live_count_right(server):
   assert stats["live"] == stats["idle"] + stats["in_use"] + stats["starting"]
   assert 0 <= stats["live"] <= stats["cap"]
   await conn.aclose()
+
+
+def test_envservers_imports_no_jax_and_no_agentfly():
+  code = ("import sys, envservers, envservers.envs, envservers.__main__, envservers.client\n"
+          "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'agentfly_jax', 'flax')]\n"
+          "print(bad)")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0 and result.stdout.strip() == "[]", result
