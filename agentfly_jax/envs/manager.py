@@ -82,7 +82,7 @@ class RemoteEnv:
     """Starts an episode; raises EnvUnavailable if the server cannot be reached."""
     try:
       result = await self._call("reset", {"row": row})
-    except (ConnectionLost, RemoteError) as e:
+    except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
       raise EnvUnavailable(f"{self!r}: reset failed: {e}") from e
     return self._take_note() + result["observation"]
 
@@ -111,7 +111,7 @@ class RemoteEnv:
     """Runs the env-bound reward `name` in this chain's instance: {'reward': float, ...}."""
     try:
       return await self._call("compute_reward", {"name": name, "kwargs": kwargs})
-    except (ConnectionLost, RemoteError) as e:
+    except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
       raise EnvUnavailable(f"{self!r}: reward {name!r} failed: {e}") from e
 
 
