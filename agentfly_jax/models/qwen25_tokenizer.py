@@ -139,3 +139,29 @@ def write_qwen25_tokenizer(out_dir: str | os.PathLike, *, chat_template: str | N
       model_max_length=131072, errors="replace", split_special_tokens=False)
   fast.save_pretrained(out_dir)
   return out_dir
+
+
+def qwen25_tokenizer_folder(cache_dir: str | None = None) -> str:
+  """A cached folder with the Qwen2.5 tokenizer files (written once under
+  ~/.cache/agentfly_jax/qwen2.5-tokenizer, atomically; safe under concurrent callers). Copy it
+  next to a tiny random Qwen2 model (`save_pretrained(..., tokenizer_dir=...)`) for a realistic
+  test model; give the model `vocab_size >= 151665` (Qwen2.5 uses 151936)."""
+  import shutil
+  import tempfile
+  root = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax")
+  folder = os.path.join(root, "qwen2.5-tokenizer")
+  if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    return folder
+  os.makedirs(root, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix="qwen25tok-", dir=root)
+  try:
+    write_qwen25_tokenizer(tmp)
+    try:
+      os.rename(tmp, folder)
+    except OSError:  # another process won the race
+      if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise
+  finally:
+    if os.path.isdir(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  return folder
