@@ -132,3 +132,19 @@ def test_bad_requests_get_clear_errors(engines):
     vllm_sampler.generate([[1] * 128], GREEDY)
   with pytest.raises(ValueError, match=r"request 0: prompt token id 128 at position 0"):
     vllm_sampler.generate([[128]], GREEDY)
+
+
+def test_engine_in_another_process_syncs_through_safetensors_bytes(tmp_path):
+  """in_process=False: vLLM's own worker process; the tied-embedding fix runs there too."""
+  model_a = make_model("qwen2", tie=True, seed=1, vocab_size=VOCAB)
+  model_b = make_model("qwen2", tie=True, seed=2, vocab_size=VOCAB)
+  save_pretrained(model_a, str(tmp_path))
+  sampler = VllmSampler(str(tmp_path), max_model_len=128, max_num_seqs=8, in_process=False)
+  try:
+    jax_sampler = JaxSampler(model_b, max_batch_size=4, max_len=128, batch_buckets=(4,))
+    want = [r.token_ids for r in jax_sampler.generate(PROMPTS, GREEDY)]
+    assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] != want
+    sampler.update_weights(nnx.state(model_b, nnx.Param))
+    assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] == want
+  finally:
+    sampler.close()
