@@ -60,6 +60,8 @@ class RemoteEnv:
       return
     self._rebind = False
     address, connection, info = await self._manager._bind(self._state, self.env_name, self.chain_id)
+    self._state.load[(self.env_name, self.address)] -= 1
+    self._state.load[(self.env_name, address)] += 1
     self.address, self.connection, self.info = address, connection, info
     self._lost_note = ("[note: the environment server connection was lost; this is a fresh "
                        "environment and earlier state is gone]\n")
@@ -123,6 +125,7 @@ class _RunState:
     self.connections: dict[str, Connection] = {}
     self.connect_locks: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)
     self.bindings: dict[tuple[str, str], RemoteEnv] = {}
+    self.load: collections.Counter = collections.Counter()   # (env, address) -> bound chains
 
   def dead(self) -> bool:
     return all(c.closed for c in self.connections.values())
@@ -187,6 +190,7 @@ class EnvManager:
           pass
       return winner
     state.bindings[(env_name, chain_id)] = env
+    state.load[(env_name, address)] += 1
     self._peak_allocated = max(self._peak_allocated, self._allocated_total())
     return env
 
@@ -194,6 +198,8 @@ class EnvManager:
     """Gives the chain's instance back (the server resets or replaces it). Never raises."""
     state = self._state()
     env = state.bindings.pop((env_name, str(chain_id)), None)
+    if env is not None:
+      state.load[(env_name, env.address)] -= 1
     if env is None or env.connection.closed:
       return
     try:
@@ -240,6 +246,7 @@ class EnvManager:
     for connection in state.connections.values():
       await connection.aclose()
     state.bindings.clear()
+    state.load.clear()
 
   # -- internals ----------------------------------------------------------------------------------
 
@@ -278,8 +285,7 @@ class EnvManager:
 
   def _candidates(self, state: _RunState, env_name: str) -> list[str]:
     now = time.monotonic()
-    load = collections.Counter(e.address for (name, _), e in state.bindings.items()
-                               if name == env_name)
+    load = {a: state.load[(env_name, a)] for a in self.servers}
     up = [a for a in self.servers if (a, env_name) not in self._not_serving
           and self._down_until.get(a, 0) <= now]
     if not up:  # everything looks down: try them all anyway
