@@ -222,7 +222,7 @@ async def test_host_files_are_invisible_and_writes_stay_inside(server, tmp_path)
   out = await chain.obs(f"import os\nprint(os.path.exists({repo!r}), os.path.exists('/root'), "
                         f"os.path.exists('/home'))")
   assert out == "False False False\n"
-  for path in ("/usr/evil.txt", "/evil.txt", "/etc/evil.txt", str(marker)):
+  for path in ("/usr/evil.txt", "/evil.txt", "/etc/evil.txt", "/dev/evil.txt", str(marker)):
     out = await chain.obs(f"open({path!r}, 'w').write('x')")
     assert "Error" in out, (path, out)
   # /tmp inside is private: writing there touches nothing on the host.

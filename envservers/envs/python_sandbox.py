@@ -5,7 +5,8 @@ Each instance is one `bwrap` process running `sandbox_driver.py` with:
   `--new-session` (no terminal injection);
 - a read-only /usr (the system Python and its libraries), nothing else of the host: no /root,
   no /home, no repo, no /etc beyond the loader cache and the time zone;
-- a private writable work dir /workspace and /tmp, both size-capped tmpfs that vanish with it;
+- a private writable work dir /workspace, /tmp and /dev/shm, all size-capped tmpfs that vanish
+  with it (nothing else is writable);
 - rlimits set by the driver: address space, processes, file size, CPU time per call;
 - when the server runs as root, a uid of its own (so RLIMIT_NPROC holds per instance and the
   host's root-only files stay unreadable even through /proc);
@@ -133,10 +134,13 @@ class PythonSandbox(ServerEnv):
     if site:
       args += ["--ro-bind", site, "/opt/site-packages"]
       env["PYTHONPATH"] = "/opt/site-packages"
+    # Every writable place is a size-capped tmpfs (bwrap's /dev is itself an uncapped tmpfs:
+    # it is made read-only, device nodes keep working, /dev/shm gets a capped tmpfs).
     args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(self.tmp_mb << 20), "--tmpfs", "/dev/shm",
              "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
              "--size", str(self.work_mb << 20), "--tmpfs", "/workspace",
-             "--remount-ro", "/", "--chdir", "/workspace", "--clearenv"]
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/workspace", "--clearenv"]
     for key, value in env.items():
       args += ["--setenv", key, value]
     args += ["--", self.python, "-u", "-c", _DRIVER_SOURCE, json.dumps(self.limits)]
