@@ -402,3 +402,18 @@ async def test_per_call_time_limit_from_the_action(server):
   bad = await chain.run({"code": "1", "timeout_s": "soon"})
   assert bad["info"]["error"] == "BadAction" and "'timeout_s'" in bad["observation"]
   await chain.release()
+
+
+@pytest.mark.trio
+@pytest.mark.skipif(not __import__("envservers.envs.memory_cgroup").envs.memory_cgroup.available(),
+                    reason="no writable memory cgroup here: memfd/tmpfs memory is bounded only by "
+                           "file-size and open-file rlimits")
+async def test_memfd_bomb_is_stopped_by_the_memory_cgroup(server):
+  chain = await _chain(server, "memfd")
+  result = await chain.run("import os\nfds = []\nwhile True:\n"
+                           "  fd = os.memfd_create('x')\n  os.write(fd, b'0' * (16 << 20))\n"
+                           "  fds.append(fd)")
+  assert result["info"]["error"] == "EnvCrashed" and "SIGKILL" in result["observation"]
+  assert (await chain.run("print('again')"))["observation"].endswith("again\n")
+  await chain.release()
+  await _assert_healthy(server)

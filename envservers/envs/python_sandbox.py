@@ -34,6 +34,7 @@ from typing import Any
 import trio
 
 from envservers import protocol
+from envservers.envs import memory_cgroup
 from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward, register_env
 from envservers.subprocess_env import exit_reason
 
@@ -72,6 +73,10 @@ class PythonSandbox(ServerEnv):
       (default 2) more, the host kills the sandbox and the chain continues on a fresh one.
     cpu_s: CPU seconds per call (default 30); cpu_total_s per instance (default 600).
     memory_mb: address-space limit (default 1024). max_procs: processes (default 64).
+    max_open_files: descriptors (default 256).
+    memory_cgroup: also put it in a memory cgroup of memory_mb + work_mb + 2 * tmp_mb (counts
+      tmpfs and memfd memory too) where the server may create one (default true; see
+      memory_cgroup.py).
     file_size_mb: largest file (default 64). work_mb / tmp_mb: tmpfs sizes (default 256 / 64).
     max_output_bytes: stdout and stderr are each cut to this (default 16384).
     python: interpreter inside the sandbox (default /usr/bin/python3).
@@ -84,10 +89,11 @@ class PythonSandbox(ServerEnv):
                memory_mb: int = 1024, max_procs: int = 64, file_size_mb: int = 64,
                work_mb: int = 256, tmp_mb: int = 64, max_output_bytes: int = 16384,
                python: str | None = None, site_packages: bool = True,
-               kill_grace_s: float = 2.0):
+               kill_grace_s: float = 2.0, max_open_files: int = 256, memory_cgroup: bool = True):
     numbers = dict(timeout_s=timeout_s, cpu_s=cpu_s, cpu_total_s=cpu_total_s, memory_mb=memory_mb,
                    max_procs=max_procs, file_size_mb=file_size_mb, work_mb=work_mb, tmp_mb=tmp_mb,
-                   max_output_bytes=max_output_bytes, kill_grace_s=kill_grace_s)
+                   max_output_bytes=max_output_bytes, kill_grace_s=kill_grace_s,
+                   max_open_files=max_open_files)
     for key, value in numbers.items():
       if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"python_sandbox option {key!r} must be a positive number, got {value!r}")
@@ -95,6 +101,7 @@ class PythonSandbox(ServerEnv):
     self.limits = {"timeout_s": float(timeout_s), "cpu_s": float(cpu_s),
                    "cpu_total_s": int(cpu_total_s),
                    "memory_mb": int(memory_mb), "max_procs": int(max_procs),
+                   "max_open_files": int(max_open_files),
                    "file_size_mb": int(file_size_mb), "max_output_bytes": int(max_output_bytes)}
     self.work_mb, self.tmp_mb = int(work_mb), int(tmp_mb)
     self.python = python or _default_python()
@@ -103,6 +110,8 @@ class PythonSandbox(ServerEnv):
     self.reader: protocol.FrameReader | None = None
     self.calls = 0
     self._stderr_file = None
+    self.memory_cgroup = bool(memory_cgroup)
+    self.cgroup: str | None = None
 
   @property
   def worker_pid(self) -> int | None:
@@ -161,6 +170,11 @@ class PythonSandbox(ServerEnv):
         **options)
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive()
+    if self.memory_cgroup:   # before any user code runs
+      limit = (self.limits["memory_mb"] + self.work_mb + 2 * self.tmp_mb) << 20
+      self.cgroup = memory_cgroup.create(limit)
+      if self.cgroup:
+        memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
 
@@ -263,5 +277,10 @@ class PythonSandbox(ServerEnv):
     if self._stderr_file is not None:
       self._stderr_file.close()
       self._stderr_file = None
+    cgroup, self.cgroup = self.cgroup, None
+    with trio.CancelScope(shield=True):
+      await memory_cgroup.remove_soon(cgroup)
+    self.memory_cgroup = bool(memory_cgroup)
+    self.cgroup: str | None = None
 
 

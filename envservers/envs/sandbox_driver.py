@@ -149,6 +149,7 @@ def main():
   resource.setrlimit(resource.RLIMIT_NPROC, (config["max_procs"],) * 2)
   resource.setrlimit(resource.RLIMIT_FSIZE, (config["file_size_mb"] * mb,) * 2)
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+  resource.setrlimit(resource.RLIMIT_NOFILE, (config["max_open_files"],) * 2)
   cpu_hard = int(config["cpu_total_s"])
   resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
   my_pid = os.getpid()
