@@ -34,7 +34,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_noop_calls", 2000, "sequential no-op calls")
 flags.DEFINE_integer("num_chains", 1024, "concurrent chains for the I/O-bound test")
 flags.DEFINE_float("io_call_s", 0.1, "duration of each I/O-bound call")
-flags.DEFINE_integer("io_rounds", 3, "repetitions of the concurrent round (best and median reported)")
+flags.DEFINE_integer("io_rounds", 5, "repetitions of the concurrent round (best and median reported)")
 flags.DEFINE_integer("num_sandbox_calls", 300, "sequential sandbox calls")
 flags.DEFINE_integer("num_sandbox_starts", 8, "fresh sandbox instances timed")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
