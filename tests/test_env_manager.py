@@ -223,3 +223,10 @@ async def test_concurrent_acquires_of_one_chain_share_one_instance(two_servers):
       await trio.sleep(0.05)
       stats = await manager.server_stats()
   await manager.aclose()
+
+
+def test_outside_trio_is_a_clear_error():
+  import asyncio
+  manager = EnvManager(["127.0.0.1:1"])
+  with pytest.raises(RuntimeError, match="inside trio.run"):
+    asyncio.run(manager.acquire("echo", "c"))

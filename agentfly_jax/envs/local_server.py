@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import envservers
 from agentfly_jax.envs.manager import EnvManager
 
 DEFAULT_LOCAL_ENVS = "python_sandbox=16:2,echo=8:1,counter=8:1,sleep=64:1"
@@ -41,8 +42,12 @@ class LocalEnvServer:
       command += ["--env-opt", spec]
     command += list(extra_args)
     self.command = command
+    # The child must find `envservers` even when it is not installed (e.g. a repo on sys.path).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(envservers.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=None, start_new_session=True)
+                                    stderr=None, start_new_session=True, env=env)
     self.address = self._wait_ready(start_timeout_s)
 
   def _wait_ready(self, timeout_s: float) -> str:

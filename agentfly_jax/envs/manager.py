@@ -254,7 +254,11 @@ class EnvManager:
     self._counters[key] += n
 
   def _state(self) -> _RunState:
-    token = trio.lowlevel.current_trio_token()
+    try:
+      token = trio.lowlevel.current_trio_token()
+    except RuntimeError:
+      raise RuntimeError("EnvManager is trio-based: call it inside trio.run(...) (for one "
+                         "synchronous call use trio.run(env.step, action))") from None
     state = self._states.get(token)
     if state is None:
       for old_token, old in list(self._states.items()):  # drop runs that have ended
