@@ -119,12 +119,12 @@ def _fail(field: str, value, why: str):
   raise ValueError(f"config.{field}={value!r}: {why}")
 
 
-def validate_config(c: ml_collections.ConfigDict) -> None:
+def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) -> None:
   """Raises ValueError naming the first bad field. Runs before any model or rollout."""
   if c.algo not in ALGORITHMS:
     _fail("algo", c.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
   from agentfly_jax.tasks import _TASKS
-  if c.task not in _TASKS:
+  if not custom_task and c.task not in _TASKS:
     _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)}")
   if c.loss.agg and c.loss.agg not in AGG_MODES:
     _fail("loss.agg", c.loss.agg, f"unknown aggregation; known: {AGG_MODES}")

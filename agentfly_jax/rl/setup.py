@@ -60,13 +60,13 @@ def build_model(config, vocab_size: int, *, critic: bool = False):
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
 
 
-def build_components(config, workdir: str) -> Components:
+def build_components(config, workdir: str, task=None) -> Components:
   from agentfly_jax.agents import ToolCallAgent, load_tokenizer
   from agentfly_jax.models import make_mesh, partition_specs, save_pretrained, shard_model
   from agentfly_jax.rl.config import ALGORITHMS
   from agentfly_jax.tasks import get_task
 
-  task = get_task(config.task)
+  task = task if task is not None else get_task(config.task)
   tok_dir = build_tokenizer_dir(config, task, workdir)
   tokenizer = load_tokenizer(tok_dir)
   end_of_turn = tokenizer.token_to_id("<|im_end|>")

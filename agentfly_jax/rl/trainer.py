@@ -39,15 +39,15 @@ from agentfly_jax.sampling.protocol import SamplingParams
 class Trainer:
   """Holds the components of one run; `train()` runs (or resumes) it."""
 
-  def __init__(self, config, workdir: str):
-    validate_config(config)
+  def __init__(self, config, workdir: str, *, task=None):
+    validate_config(config, custom_task=task is not None)
     self.config = config
     self.workdir = os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       f.write(config.to_json(indent=2))
     self.algo = ALGORITHMS[config.algo]
-    c = build_components(config, self.workdir)
+    c = build_components(config, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = c.task, c.tokenizer, c.agent
     self.sampler, self.mesh = c.sampler, c.mesh
     self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs

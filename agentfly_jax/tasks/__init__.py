@@ -14,3 +14,76 @@ def get_task(name: str):
 
 
 __all__ = ["get_task"]
+
+
+import dataclasses  # noqa: E402
+from typing import Any, Callable, Sequence  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+@dataclasses.dataclass
+class Task:
+  """A user-defined task for the Trainer: `Trainer(config, workdir, task=Task(...))`.
+
+  Attributes:
+    tools: `@tool` functions the agent may call.
+    reward: the `@reward` function.
+    rows: training rows (dicts with 'question' + fields the reward reads by name).
+    eval_rows: held-out rows (default: the first 32 training rows).
+    system_prompt: the agent's system prompt.
+    corpus: extra texts for the tiny tokenizer when the model is random-init.
+    scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` for
+      the SFT warm start (config.sft.steps > 0).
+    agent_factory: optional `tokenizer -> Agent` (default: a ToolCallAgent).
+  """
+  tools: Sequence[Any]
+  reward: Callable
+  rows: Sequence[dict]
+  eval_rows: Sequence[dict] = ()
+  system_prompt: str = ""
+  corpus: Sequence[str] = ()
+  scripted_response: Callable | None = None
+  agent_factory: Callable | None = None
+
+  def __post_init__(self):
+    if not self.rows:
+      raise ValueError("Task.rows is empty: give at least one training row")
+    for i, row in enumerate(self.rows):
+      if not isinstance(row, dict) or not isinstance(row.get("question"), str):
+        raise ValueError(f"Task.rows[{i}] needs a string 'question' field, got {row!r:.120}")
+
+  @property
+  def TOOLS(self):  # noqa: N802 — the task-module attribute names
+    return tuple(self.tools)
+
+  @property
+  def REWARD(self):  # noqa: N802
+    return self.reward
+
+  @property
+  def SYSTEM_PROMPT(self):  # noqa: N802
+    return self.system_prompt
+
+  def make_rows(self, n: int, seed: int) -> list[dict]:
+    if seed >= 999_983 and self.eval_rows:  # the trainer's eval-row seed range
+      return list(self.eval_rows)[:n]
+    rng = np.random.default_rng(seed)
+    return [dict(self.rows[int(i)]) for i in rng.integers(len(self.rows), size=n)]
+
+  def tokenizer_corpus(self) -> list[str]:
+    texts = [self.system_prompt, *self.corpus]
+    texts += [json_text(r) for r in self.rows[:2000]]
+    texts += [getattr(t, "description", "") or "" for t in self.tools]
+    return texts
+
+  def make_agent(self, tokenizer):
+    if self.agent_factory is not None:
+      return self.agent_factory(tokenizer)
+    from agentfly_jax.agents import ToolCallAgent
+    return ToolCallAgent(tokenizer, tools=list(self.tools), reward_fn=self.reward,
+                         system_prompt=self.system_prompt or None)
+
+
+def json_text(row: dict) -> str:
+  return " ".join(str(v) for v in row.values())

@@ -1,0 +1,23 @@
+"""The quickstart notebook executes top to bottom on CPU (nbclient), and trains."""
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs():
+  path = os.path.join(ROOT, "experiments", "quickstart.ipynb")
+  nb = nbformat.read(path, as_version=4)
+  client = NotebookClient(nb, timeout=900, kernel_name="python3",
+                          resources={"metadata": {"path": os.path.join(ROOT, "experiments")}})
+  client.execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+  assert "The weather is cold." in outputs
+  assert "Error" in outputs  # the unknown city became an error observation
+  assert "⟦" in outputs      # the mask is shown
+  images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+  assert images, "the reward plot was not displayed"
