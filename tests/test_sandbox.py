@@ -417,3 +417,18 @@ async def test_memfd_bomb_is_stopped_by_the_memory_cgroup(server):
   assert (await chain.run("print('again')"))["observation"].endswith("again\n")
   await chain.release()
   await _assert_healthy(server)
+
+
+@pytest.mark.trio
+async def test_cpu_limit_per_call_kills_a_cpu_hog():
+  from envservers.env import EnvCrashed
+  from envservers.envs.python_sandbox import PythonSandbox
+  env = PythonSandbox(cpu_s=1, timeout_s=20)
+  await env.start()
+  try:
+    for _ in range(3):   # the limit is per call: cheap calls never add up to it
+      assert (await env.run_code("sum(range(10 ** 5))"))["value"] == "4999950000"
+    with pytest.raises(EnvCrashed, match="SIGXCPU.*CPU limit of 1 s"):
+      await env.run_code("while True:\n  pass")
+  finally:
+    await env.close()
