@@ -43,8 +43,9 @@ class JaxSampler:
     tokenizer: optional; only used for the default pad id.
     max_batch_size: most rows per jitted call (bigger requests are split).
     max_len: context length: prompt + new tokens never exceed it.
-    batch_buckets / prompt_buckets / new_token_buckets: static sizes (ascending); defaults are
-      powers of two (batch from 1, prompts and new tokens from 16) capped by the maxima.
+    batch_buckets / prompt_buckets / new_token_buckets: static sizes; defaults are powers of two
+      (batch from 1, prompts and new tokens from 16). The maximum (max_batch_size, max_len) is
+      always added, so any request fits some bucket.
     seed: seeds the generator of per-row seeds for requests without `seed`.
     max_wait_s: how long `agenerate` waits to gather concurrent requests into a batch.
     pad_id: token used for left padding (never attended to).
@@ -83,10 +84,12 @@ class JaxSampler:
 
   @staticmethod
   def _check_buckets(buckets: Sequence[int], maximum: int, name: str) -> tuple[int, ...]:
-    b = tuple(sorted(int(x) for x in buckets))
-    if b[0] < 1 or b[-1] < maximum:
-      raise ValueError(f"JaxSampler: {name} must be positive and reach {maximum}, got {b}")
-    return b
+    """Sorted, positive, capped at `maximum`; `maximum` itself is added so every size fits."""
+    b = sorted({int(x) for x in buckets})
+    if not b or b[0] < 1:
+      raise ValueError(f"JaxSampler: {name} must be positive sizes, got {tuple(buckets)}")
+    b = [x for x in b if x < maximum] + [maximum]
+    return tuple(b)
 
   # ---------------------------------------------------------------- protocol
   def generate(self, prompts: Sequence[Sequence[int]],
