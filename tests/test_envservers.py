@@ -449,3 +449,45 @@ def test_envservers_imports_no_jax_and_no_agentfly():
           "print(bad)")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
   assert result.returncode == 0 and result.stdout.strip() == "[]", result
+
+
+def _json_strategy():
+  from hypothesis import strategies as st
+  leaves = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20) | \
+      st.floats(allow_nan=False, allow_infinity=False)
+  return st.dictionaries(st.text(max_size=8), st.recursive(
+      leaves, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5),
+                                                                           inner, max_size=4),
+      max_leaves=12), max_size=5)
+
+
+def test_frames_survive_any_chunking():
+  """Property: any JSON objects, cut into any chunk sizes, read back equal and in order."""
+  from hypothesis import given, settings, strategies as st
+
+  @settings(max_examples=60, deadline=None)
+  @given(st.lists(_json_strategy(), min_size=1, max_size=6), st.lists(
+      st.integers(1, 50), min_size=1, max_size=20))
+  def check(messages, cuts):
+    data = b"".join(protocol.encode_frame(m) for m in messages)
+
+    async def main():
+      send, receive = trio.testing.memory_stream_pair()
+      reader = protocol.FrameReader(receive)
+      got = []
+      async with trio.open_nursery() as nursery:
+        async def feed():
+          position, i = 0, 0
+          while position < len(data):
+            step = cuts[i % len(cuts)]
+            await send.send_all(data[position:position + step])
+            position, i = position + step, i + 1
+          await send.aclose()
+        nursery.start_soon(feed)
+        while (body := await reader.read_body()) is not None:
+          got.append(protocol.decode_body(body))
+      return got
+
+    assert trio.run(main) == messages
+
+  check()
