@@ -119,16 +119,19 @@ class FrameWriter:
   whole and in order; the writer is the only task that touches the send side of the stream.
   """
 
-  def __init__(self, stream: trio.abc.SendStream):
+  def __init__(self, stream: trio.abc.SendStream, on_sent=None):
     self._stream = stream
     self._queue: list[bytes] = []
     self._ready = trio.Event()
+    self._on_sent = on_sent
+    self.queued_bytes = 0
     self.closed = False
 
   def put(self, frame: bytes) -> None:
     if self.closed:
       raise trio.ClosedResourceError("frame writer is closed")
     self._queue.append(frame)
+    self.queued_bytes += len(frame)
     self._ready.set()
 
   def close(self) -> None:
@@ -144,6 +147,9 @@ class FrameWriter:
         data = b"".join(self._queue)
         self._queue.clear()
         await self._stream.send_all(data)
+        self.queued_bytes -= len(data)
+        if self._on_sent is not None:
+          self._on_sent()
       if self.closed and not self._queue:
         return
 

@@ -47,11 +47,16 @@ class _Connection:
   def __init__(self, stream: trio.SocketStream, max_frame_bytes: int):
     self.id = next(_connection_ids)
     self.stream = stream
-    self.writer = protocol.FrameWriter(stream)
+    self.writer = protocol.FrameWriter(stream, on_sent=self.wake_reader)
     self.max_frame_bytes = max_frame_bytes
     self.keys: dict[str, set] = {}  # env name -> keys of chains acquired on this connection
     self.closed = False
     self.flushed = trio.Event()   # the writer has sent everything and stopped
+    self.inflight = 0
+    self.room = trio.Event()      # set when a request finishes or replies were sent
+
+  def wake_reader(self) -> None:
+    self.room.set()
 
   def send(self, message: dict[str, Any]) -> None:
     """Queues one reply (never waits; the connection's writer task sends it)."""
@@ -82,11 +87,15 @@ class EnvServer:
     pools: {env name: (cap, warm)}.
     env_options: {env name: {option: value}} passed to each instance's constructor.
     max_frame_bytes: frames above this get a FrameTooLarge error and the connection is closed.
+    max_inflight_per_connection, max_queued_reply_bytes: back-pressure; past either, the server
+      stops reading that connection's requests until some finish / its replies are sent.
   """
 
   def __init__(self, pools: dict[str, tuple[int, int]], env_options: dict[str, dict] | None = None,
                max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
-               call_timeout_s: dict[str, float] | None = None):
+               call_timeout_s: dict[str, float] | None = None,
+               max_inflight_per_connection: int = 16384,
+               max_queued_reply_bytes: int = 64 * 1024 * 1024):
     env_options = env_options or {}
     call_timeout_s = call_timeout_s or {}
     self.pools: dict[str, EnvPool] = {}
@@ -97,6 +106,8 @@ class EnvServer:
       self.pools[name] = EnvPool(name, factory, cap=cap, warm=warm,
                                  call_timeout_s=call_timeout_s.get(name))
     self.max_frame_bytes = max_frame_bytes
+    self.max_inflight_per_connection = max_inflight_per_connection
+    self.max_queued_reply_bytes = max_queued_reply_bytes
     self.server_id = uuid.uuid4().hex
     self.started = time.monotonic()
     self.counters = {"connections": 0, "open_connections": 0, "requests": 0, "bad_frames": 0,
@@ -198,6 +209,10 @@ class EnvServer:
   async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader,
                            requests: trio.Nursery) -> None:
     while not conn.closed:
+      while (conn.inflight >= self.max_inflight_per_connection
+             or conn.writer.queued_bytes > self.max_queued_reply_bytes):
+        conn.room = trio.Event()
+        await conn.room.wait()
       try:
         body = await reader.read_body()
       except protocol.ProtocolError as e:
@@ -215,6 +230,7 @@ class EnvServer:
         conn.send(_error_reply(None, e.error_type, e.message))
         continue
       self.inflight += 1
+      conn.inflight += 1
       requests.start_soon(self._run_request, conn, request)
 
   async def _run_request(self, conn: _Connection, request: dict[str, Any]) -> None:
@@ -222,6 +238,8 @@ class EnvServer:
       conn.send(await self._reply_to(conn, request))
     finally:
       self.inflight -= 1
+      conn.inflight -= 1
+      conn.wake_reader()
       if not self.inflight:
         self._idle.set()
 

@@ -491,3 +491,38 @@ def test_frames_survive_any_chunking():
     assert trio.run(main) == messages
 
   check()
+
+
+def test_back_pressure_bounds_inflight_requests_per_connection():
+  """With max_inflight_per_connection=8, a client sending 200 slow calls at once never has more
+  than 8 running on the server; all 200 still get their replies."""
+  import envservers.envs  # noqa: F401
+  from envservers.server import EnvServer
+
+  async def main():
+    server = EnvServer({"sleep": (200, 0)}, max_inflight_per_connection=8)
+    async with trio.open_nursery() as nursery:
+      port = await nursery.start(lambda task_status: server.serve("127.0.0.1", 0,
+                                                                  task_status=task_status))
+      conn = await Connection.open(f"127.0.0.1:{port}")
+      for i in range(200):
+        await conn.call("acquire", {"env": "sleep", "chain_id": str(i)})
+      peak = 0
+
+      async def watch():
+        nonlocal peak
+        while True:
+          peak = max(peak, server.inflight)
+          await trio.sleep(0)
+
+      nursery.start_soon(watch)
+      async with trio.open_nursery() as calls:
+        for i in range(200):
+          calls.start_soon(conn.call, "step", {"env": "sleep", "chain_id": str(i),
+                                               "action": {"sleep_s": 0.01}})
+      assert (await conn.call("stats"))["pools"]["sleep"]["calls"] == 200
+      server.shutdown()
+      nursery.cancel_scope.cancel()
+    return peak
+
+  assert 1 <= trio.run(main) <= 8
