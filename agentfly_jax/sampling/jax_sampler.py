@@ -214,12 +214,8 @@ def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature,
                         cache_index=jnp.int32(0))
   row_keys = jax.vmap(jax.random.key)(seeds)
 
-  def cond(carry):
-    step, done = carry[0], carry[5]
-    return (step < n_new) & ~jnp.all(done)
-
-  def body(carry):
-    step, cache, logits, out_tokens, out_logprobs, done, num_new, stopped = carry
+  def sample_step(step, logits, out_tokens, out_logprobs, done, num_new, stopped):
+    """Samples token `step` for the live rows and records it."""
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
     tokens, logprobs = sample_next_tokens(logits, temperature, top_k, top_p, keys)
     live = ~done
@@ -229,18 +225,26 @@ def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature,
     hit_stop = live & jnp.any(tokens[:, None] == stop_ids, axis=-1)
     stopped = stopped | hit_stop
     done = done | hit_stop | (num_new >= max_new)
+    return tokens, out_tokens, out_logprobs, done, num_new, stopped
 
-    def forward(cache):
-      step_model = nnx.merge(graphdef, params, rest)
-      new_logits, cache = step_model(tokens[:, None], positions=(prompt_lens + step)[:, None],
-                                     attention_mask=kv_mask, cache=cache, cache_index=p_len + step)
-      return new_logits[:, -1, :].astype(jnp.float32), cache
+  # Token 0 comes from the prefill logits; each loop step feeds the previous token through the
+  # model and samples the next, so no forward pass is wasted after the last token.
+  first = sample_step(0, logits[:, -1, :].astype(jnp.float32),
+                      jnp.zeros((batch, n_new), jnp.int32), jnp.zeros((batch, n_new), jnp.float32),
+                      max_new <= 0, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
 
-    logits, cache = jax.lax.cond(jnp.all(done), lambda c: (logits, c), forward, cache)
-    return step + 1, cache, logits, out_tokens, out_logprobs, done, num_new, stopped
+  def cond(carry):
+    step, done = carry[0], carry[5]  # carry: step, cache, prev tokens, out tokens, logprobs, done, ...
+    return (step < n_new) & ~jnp.all(done)
 
-  init = (jnp.int32(0), cache, logits[:, -1, :].astype(jnp.float32),
-          jnp.zeros((batch, n_new), jnp.int32), jnp.zeros((batch, n_new), jnp.float32),
-          max_new <= 0, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
-  _, _, _, tokens, logprobs, _, num_new, stopped = jax.lax.while_loop(cond, body, init)
-  return tokens, logprobs, num_new, stopped
+  def body(carry):
+    step, cache, prev_tokens, *record = carry
+    step_model = nnx.merge(graphdef, params, rest)
+    logits, cache = step_model(prev_tokens[:, None], positions=(prompt_lens + step - 1)[:, None],
+                               attention_mask=kv_mask, cache=cache, cache_index=p_len + step - 1)
+    tokens, *record = sample_step(step, logits[:, -1, :].astype(jnp.float32), *record)
+    return (step + 1, cache, tokens, *record)
+
+  init = (jnp.int32(1), cache, *first)
+  _, _, _, out_tokens, out_logprobs, _, num_new, stopped = jax.lax.while_loop(cond, body, init)
+  return out_tokens, out_logprobs, num_new, stopped
