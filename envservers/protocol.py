@@ -17,6 +17,11 @@ import trio
 
 HEADER = struct.Struct(">I")
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+try:  # optional accelerator (~10x faster JSON); the wire format is the same
+  import msgspec
+  _FAST_ENCODER, _FAST_DECODER = msgspec.json.Encoder(), msgspec.json.Decoder()
+except ImportError:  # pragma: no cover - depends on the environment
+  msgspec = None
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 # Error types a server can reply with (the `error.type` field).
@@ -52,7 +57,14 @@ class RemoteError(Exception):
 
 def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
   """Returns header + JSON body for one message; raises ProtocolError if it is too large."""
-  body = _ENCODER.encode(message).encode("utf-8")
+  body = None
+  if msgspec is not None:
+    try:
+      body = _FAST_ENCODER.encode(message)
+    except (TypeError, ValueError, OverflowError):
+      body = None   # let the stdlib encoder accept it or raise its usual error
+  if body is None:
+    body = _ENCODER.encode(message).encode("utf-8")
   if len(body) > max_frame_bytes:
     raise ProtocolError(FRAME_TOO_LARGE,
                         f"message of {len(body)} bytes exceeds the limit of {max_frame_bytes}")
@@ -62,7 +74,13 @@ def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRA
 def decode_body(body: bytes) -> dict[str, Any]:
   """Parses one frame body; raises ProtocolError(BAD_FRAME) unless it is a JSON object."""
   try:
-    message = json.loads(body.decode("utf-8"))
+    if msgspec is not None:
+      try:
+        message = _FAST_DECODER.decode(body)
+      except msgspec.DecodeError:
+        message = json.loads(body.decode("utf-8"))   # the stdlib also takes NaN / Infinity
+    else:
+      message = json.loads(body.decode("utf-8"))
   except (UnicodeDecodeError, ValueError) as e:
     raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {e}") from None
   if not isinstance(message, dict):
