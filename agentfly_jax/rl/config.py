@@ -39,7 +39,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.num_kv_heads = 2
   c.model.head_dim = 32
   c.model.intermediate_size = 256
-  c.model.vocab_size = 512         # tiny tokenizer size when random init
+  c.model.vocab_size = 768         # tiny tokenizer size when random init
   c.model.tie_word_embeddings = True
   c.model.remat = False
 

@@ -1,10 +1,11 @@
 """The demo task: answer a question whose answer only a tool observation holds.
 
-'Find the code of key "red fox".' — a key is two words (32 x 32 = 1,024 keys); its code is a
-fixed hash of the key into a 32-word list, so it cannot be guessed (1/32) and is not memorised in
-a short run: the policy must call `lookup(key=...)`, read the observation ("The code is
-<word>."), and state it in its next turn (multi-turn; learns only from its own tokens). Keys and
-observations are formatted so that copying them is a token-for-token copy.
+'Find the code of key "fox".' — a key is one of 64 words; its code is a fixed hash of the key
+into a 32-word list, so it cannot be guessed (1/32) and a short run does not memorise the table:
+the policy must call `lookup(key=...)`, read the observation ("The code is <word>."), and state
+it in its next turn (multi-turn; learns only from its own tokens). Keys and observations are
+formatted so that copying them is a token-for-token copy (one token for the key: a two-word key
+made the tiny policy's copy ambiguous after the `"` token that also opens the JSON strings).
 
 `scripted_response(prompt_text, use_tool)` is the demonstration policy used for the SFT warm start
 (it uses the tool only part of the time, so the warm-started policy starts well below the ceiling
@@ -33,6 +34,8 @@ KEY_NOUNS = ("fox", "owl", "bear", "wolf", "hawk", "deer", "lynx", "seal", "crab
              "hare", "crow", "duck", "goat", "lamb", "mole", "newt", "puma", "swan", "toad", "wasp",
              "yak", "eel", "elk", "ant", "bat", "cat", "dog", "hen", "pig", "ram")
 
+KEYS = KEY_WORDS + KEY_NOUNS
+
 SYSTEM_PROMPT = "Use the lookup tool to find codes."
 
 
@@ -50,8 +53,7 @@ def lookup(key: str) -> str:
     key: the key, a 4-digit number.
   """
   key = str(key).strip()
-  parts = key.split(" ")
-  if len(parts) != 2 or parts[0] not in KEY_WORDS or parts[1] not in KEY_NOUNS:
+  if key not in KEYS:
     return f"Error: no such key {key!r}"
   return answer_text(secret_code(key))
 
@@ -72,8 +74,8 @@ def make_rows(n: int, seed: int) -> list[dict]:
   """n dataset rows {question, key, answer}; keys drawn uniformly with a seeded RNG."""
   rng = np.random.default_rng(seed)
   rows = []
-  for a, b in zip(rng.integers(len(KEY_WORDS), size=n), rng.integers(len(KEY_NOUNS), size=n)):
-    key = f"{KEY_WORDS[a]} {KEY_NOUNS[b]}"
+  for i in rng.integers(len(KEYS), size=n):
+    key = KEYS[int(i)]
     rows.append({"question": f'Find the code of key "{key}".', "key": key, "answer": secret_code(key)})
   return rows
 
@@ -97,7 +99,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   obs = re.findall(r"<tool_response>\s*The code is (\w+)\.\s*</tool_response>", after, flags=re.S)
   if obs:
     return answer_text(obs[-1].strip())
-  key = re.search(r'code of key "([a-z]+ [a-z]+)"', after)
+  key = re.search(r'code of key "([a-z]+)"', after)
   if use_tool and key:
     return tool_call_text(key.group(1))
   return answer_text(WORDS[int(rng.integers(len(WORDS)))])
@@ -109,6 +111,7 @@ def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   for row in make_rows(n, seed):
     texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"])]
   texts += [answer_text(w) for w in WORDS] * 4
+  texts += [f'key "{k}"' for k in KEYS] * 4
   return texts
 
 TOOLS = (lookup,)
