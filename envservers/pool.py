@@ -294,8 +294,11 @@ class EnvPool:
         self.counters["crashes"] += 1
         self._recycle(key, inst)
         raise
-      except Exception:
+      except Exception:   # the env raised normally: it is still consistent
         self.counters["errors"] += 1
+        raise
+      except BaseException:   # cancelled from outside mid-call: its state is unknown
+        self._recycle(key, inst)
         raise
       if scope.cancelled_caught:
         self.counters["timeouts"] += 1

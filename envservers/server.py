@@ -194,7 +194,8 @@ class EnvServer:
       async with trio.open_nursery() as writer_nursery:
         writer_nursery.start_soon(conn.write_loop)
         async with trio.open_nursery() as requests:
-          await self._read_requests(conn, reader, requests)
+          if not await self._read_requests(conn, reader, requests):
+            requests.cancel_scope.cancel()   # the client is gone: stop its in-flight calls
         # No more requests and every in-flight one has queued its reply: flush, then close.
         conn.writer.close()
     finally:
@@ -207,7 +208,8 @@ class EnvServer:
         await trio.aclose_forcefully(stream)
 
   async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader,
-                           requests: trio.Nursery) -> None:
+                           requests: trio.Nursery) -> bool:
+    """Reads and starts requests until the stream ends; True if the client may still read."""
     while not conn.closed:
       while (conn.inflight >= self.max_inflight_per_connection
              or conn.writer.queued_bytes > self.max_queued_reply_bytes):
@@ -218,11 +220,11 @@ class EnvServer:
       except protocol.ProtocolError as e:
         self.counters["bad_frames"] += 1
         conn.send(_error_reply(None, e.error_type, e.message))
-        return   # framing is lost: close the connection
+        return True   # framing is lost: answer what is in flight, then close
       except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        return
+        return False
       if body is None:
-        return
+        return False
       try:
         request = protocol.decode_body(body)
       except protocol.ProtocolError as e:
@@ -232,6 +234,7 @@ class EnvServer:
       self.inflight += 1
       conn.inflight += 1
       requests.start_soon(self._run_request, conn, request)
+    return False
 
   async def _run_request(self, conn: _Connection, request: dict[str, Any]) -> None:
     try:

@@ -136,3 +136,31 @@ async def test_worker_processes_never_exceed_the_cap(server):
   assert counts and max(counts) <= CAP
   for conn in conns:
     await conn.aclose()
+
+
+@pytest.mark.trio
+async def test_client_gone_mid_call_cancels_it_and_recycles_the_instance(server):
+  conn = await connect(server)
+  args = _args("leaver")
+  pid = (await conn.call("acquire", args))["worker_pid"]
+  before = (await conn.call("stats"))["pools"]["worker_echo"]["recycled"]
+  async with trio.open_nursery() as nursery:
+    async def doomed():
+      with pytest.raises(Exception):
+        await conn.call("step", {**args, "action": {"sleep_s": 4}})
+    nursery.start_soon(doomed)
+    await trio.sleep(0.3)
+    await conn.aclose()   # the client goes away mid-call
+  other = await connect(server)
+
+  async def recycled():
+    stats = (await other.call("stats"))["pools"]["worker_echo"]
+    return stats["recycled"] > before and pid not in _workers(server.process.pid)
+
+  with trio.fail_after(3):   # well before the 4 s call would have ended
+    await wait_until(recycled, timeout_s=3)
+  # A fresh chain never sees the cancelled call's late reply.
+  await other.call("acquire", _args("next"))
+  for i in range(3):
+    assert (await other.call("step", {**_args("next"), "action": i}))["observation"] == f"> {i}"
+  await other.aclose()
