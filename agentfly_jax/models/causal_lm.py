@@ -18,7 +18,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
-from agentfly_jax.models.layers import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
+from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 
 
 def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
@@ -131,14 +131,14 @@ class CausalLM(_Base):
     if cfg.tie_word_embeddings:
       self.lm_head = None
     else:
-      self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                                param_dtype=cfg.params_dtype,
-                                kernel_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs)
+      self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embedding.T)."""
     if self.lm_head is None:
-      logits = self.model.embed_tokens.attend(hidden)
+      emb = self.model.embed_tokens.embedding[...].astype(self.config.compute_dtype)
+      logits = jnp.einsum("...d,vd->...v", hidden.astype(self.config.compute_dtype), emb,
+                          precision=self.config.matmul_precision)
     else:
       logits = self.lm_head(hidden)
     return logits.astype(jnp.float32)
@@ -173,10 +173,7 @@ class Critic(_Base):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.model = Transformer(cfg, rngs=rngs)
-    self.score = nnx.Linear(cfg.hidden_size, 1, use_bias=True, dtype=cfg.compute_dtype,
-                            param_dtype=cfg.params_dtype,
-                            kernel_init=nnx.initializers.normal(cfg.initializer_range),
-                            bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+    self.score = linear(cfg, cfg.hidden_size, 1, True, rngs)
 
   def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
     """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""

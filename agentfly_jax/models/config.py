@@ -39,7 +39,9 @@ class ModelConfig:
   ...}), max_position_embeddings, tie_word_embeddings, attention_bias (q/k/v/o biases, Llama
   and Qwen3), mlp_bias (Llama), bos/eos/pad_token_id, initializer_range.
   Ours: dtype (compute dtype name), param_dtype (parameter dtype name), remat (nnx.remat per
-  decoder layer), num_labels (critic head width; 1).
+  decoder layer), num_labels (critic head width; 1), matmul_precision ('highest' | 'high' |
+  'default', jax.lax.Precision for every matmul: 'highest' keeps float32 exact on GPU, where
+  'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
   model_type: str = "qwen2"
@@ -66,6 +68,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   num_labels: int = 1
+  matmul_precision: str = "highest"
 
   def __post_init__(self):
     if self.head_dim is None:
@@ -93,6 +96,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
     if self.hidden_act != "silu":
       raise ValueError(f"ModelConfig.hidden_act {self.hidden_act!r} is not supported; only 'silu'")
+    if self.matmul_precision not in ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16"):
+      raise ValueError(f"ModelConfig.matmul_precision {self.matmul_precision!r} is not a jax.lax.Precision name")
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
       raise ValueError(f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; "
                        f"expected one of {_ROPE_TYPES}")

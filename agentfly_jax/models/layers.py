@@ -69,9 +69,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+def linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
   return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                    kernel_init=nnx.initializers.normal(cfg.initializer_range),
+                    precision=cfg.matmul_precision, kernel_init=nnx.initializers.normal(cfg.initializer_range),
                     bias_init=nnx.initializers.zeros_init(), rngs=rngs)
 
 
@@ -82,10 +82,11 @@ class Attention(nnx.Module):
     d, hd = cfg.hidden_size, cfg.head_dim
     self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
     self.dtype = cfg.compute_dtype
-    self.q_proj = _linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs)
-    self.k_proj = _linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
-    self.v_proj = _linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
-    self.o_proj = _linear(cfg, self.num_heads * hd, d, cfg.o_bias, rngs)
+    self.precision = cfg.matmul_precision
+    self.q_proj = linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs)
+    self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
+    self.v_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
+    self.o_proj = linear(cfg, self.num_heads * hd, d, cfg.o_bias, rngs)
     if cfg.qk_norm:
       norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
       self.q_norm = RMSNorm(hd, **norm)
@@ -117,10 +118,10 @@ class Attention(nnx.Module):
       k, v = k.astype(self.dtype), v.astype(self.dtype)
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(self.head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=self.precision).astype(jnp.float32) / math.sqrt(self.head_dim)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, self.num_heads * self.head_dim)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=self.precision).reshape(b, t, self.num_heads * self.head_dim)
     return self.o_proj(out), new_kv
 
 
@@ -129,9 +130,9 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, i = cfg.hidden_size, cfg.intermediate_size
-    self.gate_proj = _linear(cfg, d, i, cfg.mlp_bias, rngs)
-    self.up_proj = _linear(cfg, d, i, cfg.mlp_bias, rngs)
-    self.down_proj = _linear(cfg, i, d, cfg.mlp_bias, rngs)
+    self.gate_proj = linear(cfg, d, i, cfg.mlp_bias, rngs)
+    self.up_proj = linear(cfg, d, i, cfg.mlp_bias, rngs)
+    self.down_proj = linear(cfg, i, d, cfg.mlp_bias, rngs)
 
   def __call__(self, x):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
