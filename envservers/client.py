@@ -43,7 +43,8 @@ class Connection:
       with trio.fail_after(connect_timeout_s):
         stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as e:
-      raise ConnectionLost(f"cannot connect to env server {address}: {e or type(e).__name__}") from None
+      reason = str(e) or type(e).__name__
+      raise ConnectionLost(f"cannot connect to env server {address}: {reason}") from None
     return cls(stream, address, **kwargs)
 
   async def _read_replies(self) -> None:

@@ -78,14 +78,16 @@ def decode_body(body: bytes) -> dict[str, Any]:
   except (UnicodeDecodeError, ValueError) as e:
     raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {e}") from None
   if not isinstance(message, dict):
-    raise ProtocolError(BAD_FRAME, f"frame body must be a JSON object, got {type(message).__name__}")
+    raise ProtocolError(BAD_FRAME,
+                        f"frame body must be a JSON object, got {type(message).__name__}")
   return message
 
 
 class FrameReader:
   """Reads frames from a trio stream (buffering partial reads)."""
 
-  def __init__(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+  def __init__(self, stream: trio.abc.ReceiveStream,
+               max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
     self._stream = stream
     self._buffer = bytearray()
     self._start = 0   # consumed prefix of _buffer (compacted lazily, not per frame)
@@ -114,8 +116,8 @@ class FrameReader:
       return None
     (length,) = HEADER.unpack_from(self._buffer, self._start)
     if length > self.max_frame_bytes:
-      raise ProtocolError(FRAME_TOO_LARGE,
-                          f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
+      raise ProtocolError(FRAME_TOO_LARGE, f"frame length {length} exceeds the limit of "
+                                           f"{self.max_frame_bytes} bytes")
     if not await self._fill(HEADER.size + length):
       raise ProtocolError(BAD_FRAME, f"stream ended inside a frame body (expected {length} bytes)")
     begin = self._start + HEADER.size

@@ -339,8 +339,8 @@ class EnvServer:
     result = outcome.to_wire()
     if restarted:
       result["info"] = {**result["info"], "restarted": True}
-      result["observation"] = ("[note: the environment had crashed and was restarted; earlier state "
-                               "is lost]\n" + result["observation"])
+      result["observation"] = ("[note: the environment had crashed and was restarted; earlier "
+                               "state is lost]\n" + result["observation"])
     return result
 
   async def _op_compute_reward(self, conn, args):

@@ -34,7 +34,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_noop_calls", 2000, "sequential no-op calls")
 flags.DEFINE_integer("num_chains", 1024, "concurrent chains for the I/O-bound test")
 flags.DEFINE_float("io_call_s", 0.1, "duration of each I/O-bound call")
-flags.DEFINE_integer("io_rounds", 5, "repetitions of the concurrent round (best and median reported)")
+flags.DEFINE_integer("io_rounds", 5,
+                     "repetitions of the concurrent round (best and median reported)")
 flags.DEFINE_integer("num_sandbox_calls", 300, "sequential sandbox calls")
 flags.DEFINE_integer("num_sandbox_starts", 8, "fresh sandbox instances timed")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
@@ -173,7 +174,8 @@ def _markdown(report: dict) -> str:
        f"{r['noop_raw']['p50_ms']:.3f} / {r['noop_raw']['p99_ms']:.3f} ms", "—"),
       ("no-op call latency, EnvManager (p50 / p99)",
        f"{r['noop_manager']['p50_ms']:.3f} / {r['noop_manager']['p99_ms']:.3f} ms", "—"),
-      (f"{io['chains']} concurrent chains x {io['call_s'] * 1e3:.0f} ms I/O call: wall (best / median)",
+      (f"{io['chains']} concurrent chains x {io['call_s'] * 1e3:.0f} ms I/O call: wall "
+       "(best / median)",
        f"{io['wall_s_best'] * 1e3:.0f} / {io['wall_s_median'] * 1e3:.0f} ms "
        f"({io['wall_over_call_best']:.2f}x / {io['wall_over_call_median']:.2f}x one call)",
        "≤ 2x one call"),
@@ -182,9 +184,11 @@ def _markdown(report: dict) -> str:
        f"{r['trio_floor']['wall_s_median'] * 1e3:.0f} ms", "—"),
       ("CPU per concurrent call: server / client (median round)",
        f"{io['server_cpu_us_per_call']:.0f} / {io['client_cpu_us_per_call']:.0f} µs", "—"),
-      (f"acquire {io['chains']} envs (lazy scale-up)", f"{io['acquire_all_wall_s'] * 1e3:.0f} ms", "—"),
+      (f"acquire {io['chains']} envs (lazy scale-up)",
+       f"{io['acquire_all_wall_s'] * 1e3:.0f} ms", "—"),
       ("sandbox call `x += 1` (p50 / p99)",
-       f"{r['sandbox_call']['p50_ms']:.2f} / {r['sandbox_call']['p99_ms']:.2f} ms", "p50 ≤ 50 ms"),
+       f"{r['sandbox_call']['p50_ms']:.2f} / {r['sandbox_call']['p99_ms']:.2f} ms",
+       "p50 ≤ 50 ms"),
       ("fresh sandbox start, bwrap + interpreter (p50)",
        f"{r['sandbox_start']['p50_ms']:.0f} ms", "—"),
   ]

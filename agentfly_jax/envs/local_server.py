@@ -57,7 +57,8 @@ class LocalEnvServer:
       remaining = deadline - time.monotonic()
       if remaining <= 0 or self.process.poll() is not None:
         self.stop()
-        raise RuntimeError(f"local env server did not start (exit status {self.process.returncode}; "
+        raise RuntimeError(f"local env server did not start (exit status "
+                           f"{self.process.returncode}; "
                            f"command: {' '.join(self.command[:4])} ...); see its stderr above")
       ready, _, _ = select.select([self.process.stdout], [], [], min(remaining, 0.5))
       if ready:

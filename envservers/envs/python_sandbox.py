@@ -50,7 +50,9 @@ def _python_version(python: str) -> str:
 
 
 def _default_python() -> str:
-  return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
+  if os.path.exists("/usr/bin/python3"):
+    return "/usr/bin/python3"
+  return os.path.realpath(sys.executable)
 
 
 def _host_site_packages(python: str) -> str | None:

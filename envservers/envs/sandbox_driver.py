@@ -8,7 +8,8 @@ each call. It lowers its own rlimits at start (address space, processes, file si
 the CPU limit is re-armed per call as used + cpu_s). A per-call alarm (`timeout_s`) raises
 TimeoutError inside the running code, so a runaway cell is interrupted and the interpreter keeps
 its state; code that swallows it is killed by the host a little later. Requests:
-  {"op": "exec", "code": str, "timeout_s": float}  ->  {"stdout", "stderr", "stdout_bytes", "stderr_bytes",
+  {"op": "exec", "code": str, "timeout_s": float}
+      ->  {"stdout", "stderr", "stdout_bytes", "stderr_bytes",
                                      "value": repr of a trailing expression or None,
                                      "error": exception type name or None}
   {"op": "ping"}               ->  {"pong": true}
