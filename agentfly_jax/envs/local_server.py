@@ -102,13 +102,15 @@ def default_provider() -> EnvManager:
       else:
         envs = os.environ.get("AGENTFLY_LOCAL_ENVS", DEFAULT_LOCAL_ENVS)
         _local_server = LocalEnvServer([e.strip() for e in envs.split(",") if e.strip()])
-        atexit.register(_stop_local_server)
+        atexit.register(_stop_local_server, os.getpid())
         _default = EnvManager([_local_server.address])
     return _default
 
 
-def _stop_local_server() -> None:
+def _stop_local_server(owner_pid: int) -> None:
   global _default, _local_server
+  if os.getpid() != owner_pid:   # a forked child exiting must not stop its parent's server
+    return
   with _lock:
     if _local_server is not None:
       _local_server.stop()
