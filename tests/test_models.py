@@ -135,6 +135,8 @@ def test_config_hf_dict_round_trip_and_errors():
     tiny_config("qwen2", num_key_value_heads=3)
   with pytest.raises(ValueError, match="model_type"):
     tiny_config("gpt2")
+  with pytest.raises(ValueError, match="matmul_precision"):
+    tiny_config("qwen2", matmul_precision="fast")
   with pytest.raises(ValueError, match="rope_type"):
     tiny_config("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0})
   bf = tiny_config("qwen2", dtype="bfloat16", param_dtype="bfloat16")

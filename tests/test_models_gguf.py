@@ -147,3 +147,90 @@ def test_smollm2_matches_hf_transformers_gguf_loader(smollm2_dir):
   ours = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(ids, jnp.int32)))
   rel = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
   assert rel <= 1e-4, rel
+
+
+# ---- a synthetic GGUF written here (fast; exercises the whole converter) ------------------------
+
+def _byte_level_alphabet() -> list[str]:
+  from transformers.convert_slow_tokenizer import bytes_to_unicode
+  return [bytes_to_unicode()[b] for b in range(256)]
+
+
+def test_convert_synthetic_llama_gguf_matches_hf_model(tmp_path):
+  """A random HF Llama written as GGUF the way llama.cpp does it (Q/K rows permuted, ne-order
+  shapes, tied embeddings, byte-level vocab + merges + control tokens + chat template), converted
+  by ours and compared with the HF model it came from."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  gguf = pytest.importorskip("gguf")
+  from transformers import AutoTokenizer
+
+  from agentfly_jax.models import convert_gguf_to_hf, from_pretrained
+
+  tokens = _byte_level_alphabet() + ["Ġt", "he", "Ġthe", "<|im_start|>", "<|im_end|>"]
+  merges = ["Ġ t", "h e", "Ġt he"]
+  types = [1] * (len(tokens) - 2) + [3, 3]
+  n_head, n_kv, hd, layers = 4, 2, 32, 2
+  cfg = transformers.LlamaConfig(vocab_size=len(tokens), hidden_size=n_head * hd, intermediate_size=192,
+                                 num_hidden_layers=layers, num_attention_heads=n_head, num_key_value_heads=n_kv,
+                                 head_dim=hd, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                                 max_position_embeddings=256)
+  torch.manual_seed(0)
+  hf = transformers.LlamaForCausalLM(cfg).eval()
+  with torch.no_grad():
+    for name, p in hf.named_parameters():
+      p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+  sd = {k: v.numpy().astype(np.float32) for k, v in hf.state_dict().items()}
+
+  path = str(tmp_path / "tiny.gguf")
+  w = gguf.GGUFWriter(path, "llama")
+  w.add_block_count(layers)
+  w.add_context_length(256)
+  w.add_embedding_length(n_head * hd)
+  w.add_feed_forward_length(192)
+  w.add_head_count(n_head)
+  w.add_head_count_kv(n_kv)
+  w.add_rope_dimension_count(hd)
+  w.add_rope_freq_base(10000.0)
+  w.add_layer_norm_rms_eps(1e-5)
+  w.add_vocab_size(len(tokens))
+  w.add_tokenizer_model("gpt2")
+  w.add_tokenizer_pre("default")
+  w.add_token_list(tokens)
+  w.add_token_types(types)
+  w.add_token_merges(merges)
+  w.add_bos_token_id(len(tokens) - 2)
+  w.add_eos_token_id(len(tokens) - 1)
+  w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+  w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+  w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+  for i in range(layers):
+    p = f"model.layers.{i}."
+    w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], n_head))
+    w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], n_kv))
+    w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+    w.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+    w.add_tensor(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+    w.add_tensor(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+    w.add_tensor(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    w.add_tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+    w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+  out = convert_gguf_to_hf(path, tmp_path / "hf")
+  model = from_pretrained(out)
+  assert model.config.tie_word_embeddings and model.config.num_key_value_heads == n_kv
+  ids = np.random.default_rng(0).integers(0, len(tokens), (2, 12)).astype(np.int32)
+  with torch.no_grad():
+    ref = hf(input_ids=torch.as_tensor(ids, dtype=torch.long)).logits.numpy()
+  ours = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(ids)))
+  assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) <= 1e-4
+
+  tok = AutoTokenizer.from_pretrained(out)
+  assert tok.encode(" the", add_special_tokens=False) == [tokens.index("Ġthe")]
+  assert tok.encode("<|im_start|>he", add_special_tokens=False) == [len(tokens) - 2, tokens.index("he")]
+  assert tok.eos_token == "<|im_end|>"
+  assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "<|im_start|>user\nx<|im_end|>\n"
