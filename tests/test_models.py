@@ -232,6 +232,8 @@ def test_from_pretrained_onto_mesh_and_shard_model(saved):
   shard_model(ref, mesh)
   critic = Critic.from_causal_lm(ref)
   assert nnx.jit(lambda c, x: c(x))(critic, ids).shape == (1, 4)
+  np.testing.assert_array_equal(np.asarray(critic.hidden_states(ids)[0]), np.asarray(ref.hidden_states(ids)[0]))
+  assert critic.model.layers[0].mlp.up_proj.kernel[...] is not ref.model.layers[0].mlp.up_proj.kernel[...]
 
 
 _PEAK_RSS_SCRIPT = """

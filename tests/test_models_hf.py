@@ -221,3 +221,18 @@ def test_critic_from_causal_lm_folder_warm_starts_trunk(hf_folder):
   with torch.no_grad():
     hs = hf(input_ids=torch.as_tensor(np.asarray(ids), dtype=torch.long), output_hidden_states=True).hidden_states[-1]
   assert rel_err(h_lm, hs.numpy()) <= 1e-4
+
+
+def test_bf16_checkpoint_loads_as_float32(tmp_path):
+  """A bf16 safetensors checkpoint (HF saves its dtype) loads into float32 params by default and
+  matches HF's float32 model with the same (bf16-rounded) weights."""
+  torch.manual_seed(1)
+  hf = transformers.Qwen2ForCausalLM(hf_config("qwen2", False)).eval()
+  randomize_(hf, seed=11)
+  hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+  hf32 = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+  hf32.config._attn_implementation = "eager"
+  model = from_pretrained(tmp_path / "bf16")
+  assert model.model.embed_tokens.embedding[...].dtype == jnp.float32
+  ids = np.random.default_rng(12).integers(0, hf.config.vocab_size, (2, 9)).astype(np.int32)
+  assert rel_err(model(jnp.asarray(ids)), hf_logits(hf32, ids)) <= 1e-4

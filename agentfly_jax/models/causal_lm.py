@@ -184,8 +184,14 @@ class Critic(_Base):
 
   @classmethod
   def from_causal_lm(cls, lm: CausalLM, *, rngs: nnx.Rngs | None = None) -> "Critic":
-    """A critic whose trunk is a copy of `lm`'s trunk (warm start); the value head is fresh."""
-    critic = cls(lm.config, rngs=rngs or nnx.Rngs(0))
-    trunk_state = jax.tree.map(jnp.copy, nnx.state(lm.model))
-    nnx.update(critic.model, trunk_state)
-    return critic
+    """A critic whose trunk is a copy of `lm`'s trunk (warm start); the value head is fresh.
+    Built abstractly first, so memory is the copy of the trunk, not an extra random trunk."""
+    cfg = lm.config
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+    trunk = dict(nnx.to_flat_state(nnx.state(lm.model)))
+    head = dict(nnx.to_flat_state(nnx.state(linear(cfg, cfg.hidden_size, 1, True, rngs or nnx.Rngs(0)))))
+    flat = nnx.to_flat_state(state)
+    for path, var in flat:
+      source = trunk[path[1:]] if path[0] == "model" else head[path[1:]]
+      var.set_value(jnp.copy(source[...]))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
