@@ -98,6 +98,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.sft.rows_per_step = 16
   c.sft.lr = 3e-3
   c.sft.tool_use_prob = 0.4        # demos use the tool this often
+  c.sft.cache_dir = ""             # reuse warm-started params across runs with the same sft+model config
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 10

@@ -187,6 +187,27 @@ class Trainer:
     return batch
 
   # ------------------------------------------------------------------ SFT warm start
+  def _sft_cached(self) -> Any:
+    """SFT params, from `sft.cache_dir` when a run with the same task/model/sft config saved them."""
+    import hashlib
+    c = self.config
+    if not c.sft.cache_dir:
+      return self._sft(None)
+    key = json.dumps({"task": c.task, "seed": c.seed, "model": c.model.to_dict(), "sft": {
+        k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}, "rollout": c.rollout.to_dict()},
+        sort_keys=True)
+    path = os.path.join(os.path.abspath(c.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
+    cache = Checkpointer(path, max_to_keep=1, async_save=False)
+    target = {"params": self._init_params}
+    if cache.latest_step() is not None:
+      restored, _ = cache.restore(None, target)
+      cache.close()
+      return restored["params"]
+    params = self._sft(None)
+    cache.save(0, {"params": params}, {"config": key})
+    cache.close()
+    return params
+
   def _sft(self, state_sh) -> Any:
     from agentfly_jax.rl.sft import ScriptedPolicySampler
     c = self.config
@@ -228,7 +249,7 @@ class Trainer:
     start = self.checkpointer.latest_step()
     params = self._init_params
     if start is None and c.sft.steps > 0:
-      params = self._sft(None)
+      params = self._sft_cached()
       self.sampler.update_weights(params)
     critic_params = self._init_critic_params
     if self.algo["critic"] and start is None and c.sft.steps > 0:
