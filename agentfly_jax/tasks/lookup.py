@@ -81,7 +81,9 @@ def make_rows(n: int, seed: int) -> list[dict]:
 
 
 def tool_call_text(key: str) -> str:
-  return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
+  # Compact JSON except before the key: ` "` then occurs once in the call and once in the
+  # question, right before the key, so copying the key is a plain induction copy.
+  return f'<tool_call>\n{{"name":"lookup","arguments":{{"key": "{key}"}}}}\n</tool_call>'
 
 
 def answer_text(word: str) -> str:

@@ -1,0 +1,82 @@
+"""Build the lookup task's warm-start policy: tiny tokenizer + random-init model + SFT on
+scripted demonstrations, saved as an HF folder (config.json, model.safetensors, tokenizer files).
+
+  .venv/bin/python experiments/make_warmstart.py --out=experiments/results/lookup_warmstart
+
+Two SFT phases: `--copy_steps` on demonstrations that always use the tool (the tiny policy learns
+to copy the key into the call and the code out of the observation), then `--prior_steps` on
+demonstrations that use the tool only `--tool_use_prob` of the time (so the warm-started policy
+mostly answers without looking and RL has something to learn). The folder is shipped in the repo
+so the demo and the CI learning test start from it in seconds (`configs/lookup_*.py` point
+`model.pretrained` at it).
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags, logging  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "experiments/results/lookup_warmstart", "Output HF folder.")
+_COPY_STEPS = flags.DEFINE_integer("copy_steps", 400, "SFT steps on always-tool demonstrations.")
+_PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 60, "SFT steps on mixed demonstrations.")
+_TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
+_BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
+_LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed.")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  import json
+  import numpy as np
+  from flax import nnx
+  from agentfly_jax.models import save_pretrained
+  from agentfly_jax.rl.batching import rollout_metrics, to_microbatches
+  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.rl.sft import ScriptedPolicySampler
+  from agentfly_jax.rl.train_state import make_optimizer
+  from agentfly_jax.rl.trainer import Trainer
+
+  c = default_config()
+  c.seed = _SEED.value
+  c.eval.num_rows = 64
+  c.log.progress = False
+  workdir = os.path.abspath(_OUT.value) + ".work"
+  tr = Trainer(c, workdir)
+  tr._sft_optimizer = make_optimizer(lr=_LR.value, max_grad_norm=1.0, warmup_steps=10)
+  state, sh = tr._new_state(tr._init_params, tr._sft_optimizer)
+  t0 = time.time()
+  step = 0
+  for phase, steps, p_tool in [("copy", _COPY_STEPS.value, 1.0), ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value)]:
+    demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
+        text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
+    for _ in range(steps):
+      rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
+      trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
+      arr = tr._arrays(trajs)
+      batch = {k: arr[k] for k in ("token_ids", "attention_mask", "action_mask")}
+      mb = tr._put_batch(to_microbatches(batch, np.arange(len(trajs)), _BATCH.value))
+      state, m = tr._jitted("sft", sh, mb)(state, mb)
+      step += 1
+      if step % 25 == 0:
+        print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)
+      if step % 100 == 0 or step == _COPY_STEPS.value + _PRIOR_STEPS.value:
+        tr.sampler.update_weights(state.params)
+        sampled = rollout_metrics(tr.rollout(tr.eval_rows, num_chains=2, seed=step), prefix="t1")
+        print(f"  sampled (T=1): success {sampled['t1/success_rate']:.2f}, tool calls/chain "
+              f"{sampled['t1/tool_calls_per_chain']:.2f}", flush=True)
+  model = nnx.merge(tr.graphdef, state.params, tr.rest)
+  save_pretrained(model, _OUT.value, tokenizer_dir=os.path.join(workdir, "tokenizer"))
+  with open(os.path.join(_OUT.value, "warmstart.json"), "w") as f:
+    json.dump({"copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
+               "tool_use_prob": _TOOL_USE_PROB.value, "batch": _BATCH.value, "lr": _LR.value,
+               "seed": c.seed, "final_sampled": sampled, "wall_s": time.time() - t0}, f, indent=2)
+  print(f"saved {_OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
