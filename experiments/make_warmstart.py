@@ -26,6 +26,11 @@ _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the 
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
 _LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
+_LAYERS = flags.DEFINE_integer("layers", 2, "Decoder layers.")
+_HIDDEN = flags.DEFINE_integer("hidden", 128, "Hidden size.")
+_HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
+_KV_HEADS = flags.DEFINE_integer("kv_heads", 2, "KV heads.")
+_HEAD_DIM = flags.DEFINE_integer("head_dim", 32, "Head dim (vLLM on CPU needs >= 32).")
 
 
 def main(argv):
@@ -44,6 +49,9 @@ def main(argv):
   c = default_config()
   c.seed = _SEED.value
   c.eval.num_rows = 64
+  c.model.num_layers, c.model.hidden_size = _LAYERS.value, _HIDDEN.value
+  c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = _HEADS.value, _KV_HEADS.value, _HEAD_DIM.value
+  c.model.intermediate_size = 2 * _HIDDEN.value
   c.log.progress = False
   workdir = os.path.abspath(_OUT.value) + ".work"
   tr = Trainer(c, workdir)

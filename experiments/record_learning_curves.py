@@ -1,10 +1,10 @@
-"""Record learning curves of several algorithms on the lookup task (shared SFT warm start).
+"""Record learning curves of several algorithms on the lookup task (shared warm start).
 
   .venv/bin/python experiments/record_learning_curves.py --algos=grpo,ppo,rloo,reinforce_pp \
       --steps=40 --out=experiments/results/learning
 
-Each algorithm trains from the same warm-started policy (the SFT result is cached in
-<out>/sft_cache); writes <out>/<algo>/metrics.jsonl + reward.png, a combined plot
+Each algorithm trains from the same shipped warm-started policy (experiments/make_warmstart.py,
+`model.pretrained` in configs/lookup_*.py); writes <out>/<algo>/metrics.jsonl + reward.png, a combined plot
 <out>/learning_curves.png and <out>/summary.json (initial vs final success, wall-clock).
 """
 import json
@@ -20,7 +20,6 @@ from absl import app, flags, logging  # noqa: E402
 
 _ALGOS = flags.DEFINE_list("algos", ["grpo", "ppo", "rloo", "reinforce_pp"], "Algorithms to run.")
 _STEPS = flags.DEFINE_integer("steps", 40, "RL steps per algorithm.")
-_SFT_STEPS = flags.DEFINE_integer("sft_steps", 300, "SFT warm-start steps (shared).")
 _OUT = flags.DEFINE_string("out", "experiments/results/learning", "Output folder.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 
@@ -47,8 +46,6 @@ def main(argv):
     config = mod.get_config()
     config.seed = _SEED.value
     config.train.steps = _STEPS.value
-    config.sft.steps = _SFT_STEPS.value
-    config.sft.cache_dir = os.path.join(out, "sft_cache")
     config.eval.every = 10
     config.checkpoint.every = 1000
     workdir = os.path.join(out, algo)
