@@ -210,8 +210,15 @@ def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature,
   pad = p_len - prompt_lens
   kv_mask = jnp.arange(p_len + n_new)[None, :] >= pad[:, None]  # bool[B, P + N]
   positions = jnp.maximum(jnp.arange(p_len)[None, :] - pad[:, None], 0).astype(jnp.int32)
-  logits, cache = model(prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache,
-                        cache_index=jnp.int32(0))
+  if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+    # Only the last prompt position's logits are needed: skip the lm_head on the others.
+    hidden, cache = model.hidden_states(prompt_ids, positions=positions, attention_mask=kv_mask,
+                                        cache=cache, cache_index=jnp.int32(0))
+    last_logits = model.logits_from_hidden(hidden[:, -1, :])
+  else:
+    logits, cache = model(prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache,
+                          cache_index=jnp.int32(0))
+    last_logits = logits[:, -1, :]
   row_keys = jax.vmap(jax.random.key)(seeds)
 
   def sample_step(step, logits, out_tokens, out_logprobs, done, num_new, stopped):
@@ -229,7 +236,7 @@ def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature,
 
   # Token 0 comes from the prefill logits; each loop step feeds the previous token through the
   # model and samples the next, so no forward pass is wasted after the last token.
-  first = sample_step(0, logits[:, -1, :].astype(jnp.float32),
+  first = sample_step(0, last_logits.astype(jnp.float32),
                       jnp.zeros((batch, n_new), jnp.int32), jnp.zeros((batch, n_new), jnp.float32),
                       max_new <= 0, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
 
