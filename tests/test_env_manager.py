@@ -181,6 +181,8 @@ def test_default_provider_uses_configured_servers(two_servers, monkeypatch):
   a, b = two_servers
   monkeypatch.setenv("AGENTFLY_ENV_SERVERS", f"{a.address}, {b.address}")
   monkeypatch.setattr(local_server, "_default", None)
+  # an earlier test in this process may have started the embedded server: hide it here
+  monkeypatch.setattr(local_server, "_local_server", None)
   provider = local_server.default_provider()
   assert provider.servers == [a.address, b.address] and local_server._local_server is None
 
