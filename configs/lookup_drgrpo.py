@@ -1,22 +1,9 @@
-"""Lookup task (multi-turn: the answer needs a tool observation), drgrpo, tiny policy on CPU.
-
-Starts from the shipped warm start (experiments/make_warmstart.py: tiny tokenizer + SFT on
-scripted demonstrations that use the tool 30% of the time).
-"""
+"""Lookup task (multi-turn: the answer is only in the tool's observation), drgrpo, tiny policy, CPU."""
 import os
 
-from agentfly_jax.rl.config import default_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from agentfly_jax.rl.config import lookup_config
 
 
 def get_config():
-  c = default_config()
-  c.name = "lookup_drgrpo"
-  c.task = "lookup"
-  c.algo = "drgrpo"
-  c.model.pretrained = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
-  c.sft.steps = 0
-  c.train.steps = 40
-  c.train.lr = 5e-4
-  return c
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return lookup_config("drgrpo", os.path.join(root, "experiments", "results", "lookup_warmstart"))

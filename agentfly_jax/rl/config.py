@@ -170,3 +170,17 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
 
 def resolved_agg(c) -> str:
   return c.loss.agg or ALGORITHMS[c.algo]["agg"]
+
+
+def lookup_config(algo: str, warmstart_dir: str) -> ml_collections.ConfigDict:
+  """The lookup demo task with `algo`, starting from the shipped warm start (an HF folder built by
+  experiments/make_warmstart.py) instead of an SFT phase."""
+  c = default_config()
+  c.name = f"lookup_{algo}"
+  c.task = "lookup"
+  c.algo = algo
+  c.model.pretrained = warmstart_dir
+  c.sft.steps = 0
+  c.train.steps = 40
+  c.train.lr = 5e-4
+  return c
