@@ -1,0 +1,49 @@
+"""DAPO knobs and trajectory -> array helpers: dynamic sampling drops zero-variance groups,
+the overlong penalty counts generated tokens, micro-batch padding rows are fully masked."""
+import numpy as np
+
+from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.rl.batching import (drop_zero_variance_groups, overlong_penalty, rollout_metrics,
+                                      to_microbatches)
+
+
+def _traj(group, reward, n_gen=3, calls=()):
+  ids = np.arange(8)
+  mask = np.zeros(8, bool)
+  mask[8 - n_gen:] = True
+  return Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=np.where(mask, -0.5, 0),
+                    reward=reward, group_id=group, finish_reason="no_tool_call", num_turns=1,
+                    tool_calls=[{"name": c, "ok": c != "bad"} for c in calls])
+
+
+def test_dynamic_sampling_keeps_only_groups_with_reward_variance():
+  trajs = [_traj(0, 1.0), _traj(0, 1.0), _traj(1, 0.0), _traj(1, 1.0), _traj(2, 0.0), _traj(2, 0.0)]
+  kept, dropped = drop_zero_variance_groups(trajs)
+  assert dropped == 2 and [t.group_id for t in kept] == [1, 1]
+
+
+def test_overlong_penalty_is_linear_in_tokens_past_the_buffer_start():
+  pen = overlong_penalty(np.array([10, 80, 90, 100, 120]), max_tokens=100, buffer=20, factor=1.0)
+  np.testing.assert_allclose(pen, [0, 0, -0.5, -1.0, -2.0])
+  assert not overlong_penalty(np.array([500]), max_tokens=100, buffer=0, factor=1.0).any()
+
+
+def test_microbatches_pad_with_masked_rows_and_keep_order():
+  rng = np.random.default_rng(0)
+  batch = {"token_ids": rng.integers(0, 9, (5, 4)), "action_mask": rng.random((5, 4)) < 0.7,
+           "advantages": rng.normal(size=(5, 4))}
+  rows = np.array([4, 0, 2])
+  mb = to_microbatches(batch, rows, micro_batch_size=2, num_micro=3)
+  assert mb["token_ids"].shape == (3, 2, 4)
+  flat = {k: v.reshape(6, -1) for k, v in mb.items()}
+  np.testing.assert_array_equal(flat["token_ids"][:3], batch["token_ids"][rows])
+  np.testing.assert_array_equal(flat["action_mask"][:3], batch["action_mask"][rows])
+  assert not flat["action_mask"][3:].any()
+
+
+def test_rollout_metrics_counts_tools_finish_reasons_and_success():
+  trajs = [_traj(0, 1.0, calls=("lookup",)), _traj(0, 0.0, calls=("lookup", "bad")), _traj(1, 0.0)]
+  m = rollout_metrics(trajs)
+  assert m["rollout/success_rate"] == 1 / 3 and m["rollout/tool_calls/lookup"] == 2 / 3
+  assert m["rollout/tool_errors_per_chain"] == 1 / 3 and m["rollout/finish/no_tool_call"] == 1.0
+  assert m["rollout/tokens_generated_mean"] == 3.0
