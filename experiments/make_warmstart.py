@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from absl import app, flags, logging  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/lookup_warmstart", "Output HF folder.")
-_COPY_STEPS = flags.DEFINE_integer("copy_steps", 400, "SFT steps on always-tool demonstrations.")
+_COPY_STEPS = flags.DEFINE_integer("copy_steps", 300, "SFT steps on always-tool demonstrations.")
 _PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 60, "SFT steps on mixed demonstrations.")
 _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")

@@ -32,7 +32,6 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   import importlib.util
-  from agentfly_jax.metrics import plot_curves
   from agentfly_jax.rl.trainer import Trainer
   out = os.path.abspath(_OUT.value)
   os.makedirs(out, exist_ok=True)
@@ -83,7 +82,6 @@ def main(argv):
   ax.set_title("lookup task: success vs RL step (tiny policy, CPU)")
   fig.tight_layout()
   fig.savefig(os.path.join(out, "learning_curves.png"), dpi=100)
-  del plot_curves
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"bad config: {e}")
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
   if not _RESUME.value and os.path.exists(workdir):
     shutil.rmtree(workdir)
   trainer = Trainer(config, workdir)
@@ -47,7 +46,6 @@ def main(argv):
     print(f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "
           f"success {final[-1]['rollout/success_rate']:.3f}")
   print(f"metrics: {os.path.join(workdir, 'metrics.jsonl')}  plot: {os.path.join(workdir, 'reward.png')}")
-  del ckpt_dir
 
 
 if __name__ == "__main__":

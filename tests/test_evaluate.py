@@ -1,5 +1,7 @@
-"""A short run with the DAPO knobs on (dynamic sampling, overlong penalty, clip-higher), then
-experiments/evaluate.py on its checkpoint."""
+"""A short run with DAPO knobs on (overlong penalty, clip-higher; dynamic sampling is unit-tested in
+test_rl_batching.py) and a KL
+penalty to the step-0 reference, experiments/evaluate.py on its checkpoint, then a resume past it
+(the reference policy is restored from its own checkpoint)."""
 import json
 import os
 import subprocess
@@ -15,16 +17,17 @@ def test_dapo_run_then_evaluate(tmp_path):
   workdir = tmp_path / "run"
   train = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), "--config=configs/lookup_grpo.py",
            f"--workdir={workdir}", "--config.train.steps=2", "--config.rollout.rows_per_step=4",
-           "--config.rollout.num_chains=4", "--config.dapo.dynamic_sampling=True",
-           "--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "--config.eval.every=0",
+           "--config.rollout.num_chains=4",
+           "--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "--config.loss.kl_coef=0.01",
+           "--config.eval.every=0",
            "--config.eval.num_rows=0", "--config.log.progress=False"]
   out = subprocess.run(train, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   with open(workdir / "metrics.jsonl") as f:
     recs = [json.loads(line) for line in f]
   assert [r["step"] for r in recs] == [1, 2]
-  assert all("dapo/groups_dropped" in r for r in recs)
-  assert all("dapo/overlong_penalty_mean" in r for r in recs if r.get("rollout/num_chains", 0) > r["dapo/groups_dropped"] * 4)
+  assert all("dapo/overlong_penalty_mean" in r and "actor/kl_ref" in r for r in recs)
+  assert recs[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
   ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
                        "--num_rows=8", "--num_chains=2", "--temperature=1.0"],
                       cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -32,3 +35,9 @@ def test_dapo_run_then_evaluate(tmp_path):
   result = json.loads((workdir / "eval_step2.json").read_text())
   assert result["step"] == 2 and 0.0 <= result["eval/success_rate"] <= 1.0
   assert "eval/pass@2" in result and result["eval/num_chains"] == 16
+  more = subprocess.run([a if a != "--config.train.steps=2" else "--config.train.steps=3" for a in train],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert more.returncode == 0, more.stderr[-3000:]
+  with open(workdir / "metrics.jsonl") as f:
+    recs = [json.loads(line) for line in f]
+  assert [r["step"] for r in recs] == [1, 2, 3] and recs[2]["actor/kl_ref"] > 0

@@ -34,3 +34,11 @@ def test_task_registry_and_user_task_errors():
     Task(tools=[lookup.lookup], reward=lookup.code_match, rows=[{"question": "a"}, {"q": "b"}])
   t = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=[{"question": "a", "answer": "x"}] * 3)
   assert len(t.make_rows(5, seed=1)) == 5 and t.TOOLS == (lookup.lookup,)
+
+
+def test_user_task_eval_rows():
+  rows = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
+  t = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows, eval_rows=rows[:2])
+  assert [r["question"] for r in t.make_eval_rows(10, seed=0)] == ["q0", "q1"]
+  t2 = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows)
+  assert len(t2.make_eval_rows(3, seed=0)) == 3

@@ -107,7 +107,9 @@ def build_components(config, workdir: str, task=None) -> Components:
     agent = ToolCallAgent(tokenizer, tools=list(task.TOOLS), reward_fn=task.REWARD,
                           system_prompt=task.SYSTEM_PROMPT)
   train_rows = task.make_rows(2000, seed=config.seed)
-  eval_rows = task.make_rows(config.eval.num_rows, seed=999_983 + config.seed) if config.eval.num_rows else []
+  make_eval_rows = getattr(task, "make_eval_rows", None) or (
+      lambda n, seed: task.make_rows(n, seed=999_983 + seed))  # task modules: a disjoint seed
+  eval_rows = make_eval_rows(config.eval.num_rows, config.seed) if config.eval.num_rows else []
   return Components(task=task, tokenizer=tokenizer, tokenizer_dir=tok_dir, agent=agent, sampler=sampler,
                     mesh=mesh, graphdef=graphdef, rest=rest, params=params, param_specs=specs,
                     critic_graphdef=c_graphdef, critic_rest=c_rest, critic_params=c_params,

@@ -11,7 +11,6 @@ sampler, reference log-probs (KL), critic values (PPO) -> advantages (rl/advanta
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -192,7 +191,7 @@ class Trainer:
     import hashlib
     c = self.config
     if not c.sft.cache_dir:
-      return self._sft(None)
+      return self._sft()
     key = json.dumps({"task": c.task, "seed": c.seed, "model": c.model.to_dict(), "sft": {
         k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}, "rollout": c.rollout.to_dict()},
         sort_keys=True)
@@ -203,12 +202,12 @@ class Trainer:
       restored, _ = cache.restore(None, target)
       cache.close()
       return restored["params"]
-    params = self._sft(None)
+    params = self._sft()
     cache.save(0, {"params": params}, {"config": key})
     cache.close()
     return params
 
-  def _sft(self, state_sh) -> Any:
+  def _sft(self) -> Any:
     from agentfly_jax.rl.sft import ScriptedPolicySampler
     c = self.config
     self._sft_optimizer = make_optimizer(lr=c.sft.lr, max_grad_norm=c.train.max_grad_norm)
@@ -255,13 +254,20 @@ class Trainer:
     if self.algo["critic"] and start is None and c.sft.steps > 0:
       critic_params = _warm_start_critic(critic_params, params)
     state, state_sh = self._new_state(params, self.optimizer, critic_params)
-    self._ref_params = state.params if c.loss.kl_coef > 0 else None
+    # The KL reference is the policy at RL step 0: a copy (train_step donates state.params), kept
+    # in its own checkpoint so keep-last-N never deletes it and a resumed run uses the same one.
+    self._ref_params = None
+    if c.loss.kl_coef > 0:
+      ref_ckpt = Checkpointer(os.path.join(self.workdir, "reference"), max_to_keep=1, async_save=False)
+      if start is not None:
+        self._ref_params = ref_ckpt.restore(None, {"params": state.params})[0]["params"]
+      else:
+        self._ref_params = jax.tree.map(jnp.copy, state.params)
+        ref_ckpt.save(0, {"params": self._ref_params}, {})
+      ref_ckpt.close()
     meta = {"data_position": 0}
     if start is not None:
       state, meta = self.checkpointer.restore(start, state)
-      if c.loss.kl_coef > 0:
-        self._ref_params = jax.device_put(
-            self.checkpointer.restore(0, state)[0].params) if 0 in self.checkpointer.all_steps() else state.params
       truncate_jsonl(jsonl_path, start)
     else:
       start = 0

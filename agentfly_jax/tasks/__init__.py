@@ -66,10 +66,13 @@ class Task:
     return self.system_prompt
 
   def make_rows(self, n: int, seed: int) -> list[dict]:
-    if seed >= 999_983 and self.eval_rows:  # the trainer's eval-row seed range
-      return list(self.eval_rows)[:n]
     rng = np.random.default_rng(seed)
     return [dict(self.rows[int(i)]) for i in rng.integers(len(self.rows), size=n)]
+
+  def make_eval_rows(self, n: int, seed: int) -> list[dict]:
+    """Held-out rows: `eval_rows` when given, else the first n training rows."""
+    del seed
+    return [dict(r) for r in (self.eval_rows or self.rows)[:n]]
 
   def tokenizer_corpus(self) -> list[str]:
     texts = [self.system_prompt, *self.corpus]
