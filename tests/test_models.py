@@ -51,7 +51,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
   kv_mask = np.zeros((3, max_len), bool)
   kv_mask[:, :prompt_len + new] = full_mask
   cache = model.init_cache(3, max_len)
-  assert isinstance(cache, KVCache) and cache.k[0].shape == (3, max_len, cfg.num_key_value_heads, cfg.head_dim)
+  assert isinstance(cache, KVCache) and cache.k[0].shape == (3, cfg.num_key_value_heads, max_len, cfg.head_dim)
   # Prefill in two chunks (0..4, 4..8), then one token at a time.
   for start, stop in ((0, 4), (4, prompt_len)):
     logits, cache = _cached_step(model, jnp.asarray(full_ids[:, start:stop]), jnp.asarray(positions[:, start:stop]),
@@ -63,7 +63,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
                                  jnp.asarray(kv_mask), cache, jnp.int32(j))
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, j], rtol=1e-5, atol=1e-5)
   # Slots past the written ones are untouched.
-  assert not np.any(np.asarray(cache.k[0])[:, prompt_len + new:])
+  assert not np.any(np.asarray(cache.k[0])[:, :, prompt_len + new:])
 
 
 def test_kv_mask_excludes_pad_slots():

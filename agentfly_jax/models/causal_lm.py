@@ -67,7 +67,7 @@ class _Base(nnx.Module):
   model: Transformer
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
-    """Zero KV cache: per layer k, v of [batch_size, max_len, num_kv_heads, head_dim]."""
+    """Zero KV cache: per layer k, v of [batch_size, num_kv_heads, max_len, head_dim]."""
     cfg = self.config
     return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
                          cfg.head_dim, dtype or cfg.compute_dtype)

@@ -13,8 +13,8 @@ class KVCache:
   """Key/value buffers, one pair per decoder layer.
 
   Attributes:
-    k: tuple of num_layers arrays [B, max_len, num_kv_heads, head_dim].
-    v: tuple of num_layers arrays [B, max_len, num_kv_heads, head_dim].
+    k: tuple of num_layers arrays [B, num_kv_heads, max_len, head_dim].
+    v: tuple of num_layers arrays [B, num_kv_heads, max_len, head_dim].
 
   Which slots are valid is tracked by the caller (`kv_mask bool[B, max_len]`), and where to
   write by `cache_index`; the cache itself is only the buffers, so it passes through `jax.jit`
@@ -26,7 +26,7 @@ class KVCache:
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
             dtype=jnp.float32) -> "KVCache":
-    shape = (batch_size, max_len, num_kv_heads, head_dim)
+    shape = (batch_size, num_kv_heads, max_len, head_dim)
     return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
 
@@ -40,4 +40,4 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]

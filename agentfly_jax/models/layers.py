@@ -97,7 +97,7 @@ class Attention(nnx.Module):
   def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
     """x [B, T, D]; cos/sin [B, T, hd]; mask bool[B, T, S] (True = may attend).
 
-    Without `kv`, S == T. With `kv` = (k, v), each [B, S, KVH, hd] (S = cache length), the new
+    Without `kv`, S == T. With `kv` = (k, v), each [B, KVH, S, hd] (S = cache length), the new
     keys/values are written at slots [cache_index, cache_index + T) before attending.
     Returns (out [B, T, D], (k, v) or None).
     """
@@ -108,20 +108,31 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    new_kv = None
-    if kv is not None:
+    groups = self.num_heads // self.num_kv_heads
+    if kv is None:
+      scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(b, t, self.num_kv_heads, groups, self.head_dim), k,
+                          precision=self.precision)
+      new_kv = None
+    else:
+      # Cache layout [B, KVH, S, hd]: the per-(row, kv head) [S, hd] blocks are contiguous, so the
+      # two attention products read the cache as it lies (with [B, S, KVH, hd] XLA transposed
+      # the whole cache of every layer at every decode step).
       k_cache, v_cache = kv
-      start = (0, cache_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+      start = (0, 0, cache_index, 0)
+      k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), start)
+      v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), start)
       new_kv = (k, v)
       k, v = k.astype(self.dtype), v.astype(self.dtype)
-    groups = self.num_heads // self.num_kv_heads
-    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, precision=self.precision).astype(jnp.float32) / math.sqrt(self.head_dim)
+      q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)  # [B,KVH,G,T,hd]
+      scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, precision=self.precision)
+    scores = scores.astype(jnp.float32) / math.sqrt(self.head_dim)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=self.precision).reshape(b, t, self.num_heads * self.head_dim)
+    if kv is None:
+      out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=self.precision)
+    else:
+      out = jnp.einsum("bkgts,bksd->btkgd", probs, v, precision=self.precision)
+    out = out.reshape(b, t, self.num_heads * self.head_dim)
     return self.o_proj(out), new_kv
 
 

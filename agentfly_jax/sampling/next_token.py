@@ -11,6 +11,11 @@ nucleus of the renormalised top-k distribution (top-k first, then top-p, as vLLM
 vLLM's `logprobs_mode="processed_logprobs"`. With top_p == 1 and top_k == 0 (the usual RL
 setting) it equals log_softmax(logits / T), what a trainer computes at temperature T.
 
+Drawing uses the inverse CDF with one uniform number per row, in two levels (blocks of
+`DRAW_BLOCK` tokens, then a token inside the chosen block), so a step costs O(V) simple work and
+B random numbers. `jax.random.categorical` (Gumbel-max) needs V random numbers per row: with
+threefry on CPU that was ~30 ms of a ~200 ms SmolLM2 decode step at batch 32.
+
 Top-k keeps every token whose logit is >= the k-th largest (ties at the boundary are kept).
 Top-p keeps a token iff the renormalised probability mass of the tokens ranked strictly above it
 is < top_p (so the most likely token is always kept).
@@ -22,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean greedy (vLLM's _SAMPLING_EPS)
+DRAW_BLOCK = 256  # tokens per block of the two-level inverse-CDF draw
 
 
 def truncation_mask(scaled_logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
@@ -79,7 +85,43 @@ def sample_next_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Arr
       lambda: jnp.ones(scaled.shape, bool))
   truncated = jnp.where(keep, scaled, -jnp.inf)
   logprobs_all = jax.nn.log_softmax(truncated, axis=-1)
-  drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, truncated)
+  drawn = draw_from_probs(jnp.exp(logprobs_all), keys)
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
   logprobs = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
   return tokens, logprobs
+
+
+def _last_reachable(mass: jax.Array, before: jax.Array, target: jax.Array) -> jax.Array:
+  """Index of the last entry with mass > 0 whose exclusive prefix `before` is < target.
+
+  mass, before: float32[B, K]; target float32[B] in (0, total]. Such an entry always exists when
+  the first entry with mass > 0 has before < target (its before is the exact sum of zeros, 0, or
+  the caller's offset), so a zero-mass entry is never chosen, even after rounding.
+  """
+  k = mass.shape[-1]
+  ok = (mass > 0) & (before < target[:, None])
+  return jnp.max(jnp.where(ok, jnp.arange(k, dtype=jnp.int32)[None, :], -1), axis=-1)
+
+
+def draw_from_probs(probs: jax.Array, keys: jax.Array) -> jax.Array:
+  """One token per row from `probs` by the inverse CDF, two-level (see the module docstring).
+
+  Args:
+    probs: float32[B, V], each row >= 0 with a positive sum (need not be exactly 1).
+    keys: PRNG keys, one per row.
+  Returns:
+    int32[B]; a token with probability 0 is never returned.
+  """
+  chex.assert_rank(probs, 2)
+  batch, vocab = probs.shape
+  blocks = -(-vocab // DRAW_BLOCK)
+  padded = jnp.pad(probs, ((0, 0), (0, blocks * DRAW_BLOCK - vocab))).reshape(batch, blocks, DRAW_BLOCK)
+  block_mass = jnp.sum(padded, axis=-1)  # [B, blocks]
+  block_before = jnp.cumsum(block_mass, axis=-1) - block_mass
+  total = block_before[:, -1] + block_mass[:, -1]
+  uniform = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [0, 1)
+  target = (1.0 - uniform) * total  # (0, total]
+  block = _last_reachable(block_mass, block_before, target)  # [B]
+  in_block = jnp.take_along_axis(padded, block[:, None, None], axis=1)[:, 0]  # [B, DRAW_BLOCK]
+  before = jnp.take_along_axis(block_before, block[:, None], axis=1) + jnp.cumsum(in_block, axis=-1) - in_block
+  return block * DRAW_BLOCK + _last_reachable(in_block, before, target)
