@@ -40,9 +40,11 @@ def _sync(vllm_sampler, jax_sampler, model):
   jax_sampler.update_weights(state)
 
 
-def test_weight_sync_makes_vllm_match_the_jax_sampler(engines):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed_cpu_path", "reload_weights"])
+def test_weight_sync_makes_vllm_match_the_jax_sampler(engines, packed):
   vllm_sampler, jax_sampler, model_a, model_b = engines
-  _sync(vllm_sampler, jax_sampler, model_a)
+  vllm_sampler.update_weights(nnx.state(model_a, nnx.Param), packed_cpu_path=packed)
+  jax_sampler.update_weights(nnx.state(model_a, nnx.Param))
   jax_a = jax_sampler.generate(PROMPTS, GREEDY)
   before = vllm_sampler.generate(PROMPTS, GREEDY)
   assert [r.token_ids for r in before] == [r.token_ids for r in jax_a]
@@ -50,7 +52,8 @@ def test_weight_sync_makes_vllm_match_the_jax_sampler(engines):
   jax_b = jax_sampler.generate(PROMPTS, GREEDY)
   assert [r.token_ids for r in before] != [r.token_ids for r in jax_b]  # the engine still has A
 
-  vllm_sampler.update_weights(nnx.state(model_b, nnx.Param))
+  vllm_sampler.update_weights(nnx.state(model_b, nnx.Param), packed_cpu_path=packed)
+  assert vllm_sampler.last_sync_path == ("packed" if packed else "reload_weights")
   after = vllm_sampler.generate(PROMPTS, GREEDY)
   assert vllm_sampler.last_sync_seconds is not None
   for got, want in zip(after, jax_b):
@@ -135,9 +138,10 @@ def test_bad_requests_get_clear_errors(engines):
 
 
 def test_engine_in_another_process_syncs_through_safetensors_bytes(tmp_path):
-  """in_process=False: vLLM's own worker process; the tied-embedding fix runs there too."""
-  model_a = make_model("qwen2", tie=True, seed=1, vocab_size=VOCAB)
-  model_b = make_model("qwen2", tie=True, seed=2, vocab_size=VOCAB)
+  """in_process=False: vLLM's own worker process; the tied-embedding fix runs there too. Qwen3
+  (q/k norms, no qkv bias), so the packed CPU loader also sees a second architecture."""
+  model_a = make_model("qwen3", tie=True, seed=1, vocab_size=VOCAB)
+  model_b = make_model("qwen3", tie=True, seed=2, vocab_size=VOCAB)
   save_pretrained(model_a, str(tmp_path))
   sampler = VllmSampler(str(tmp_path), max_model_len=128, max_num_seqs=8, in_process=False)
   try:
@@ -145,6 +149,7 @@ def test_engine_in_another_process_syncs_through_safetensors_bytes(tmp_path):
     want = [r.token_ids for r in jax_sampler.generate(PROMPTS, GREEDY)]
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] != want
     sampler.update_weights(nnx.state(model_b, nnx.Param))
+    assert sampler.last_sync_path == "packed"
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] == want
   finally:
     sampler.close()

@@ -76,6 +76,7 @@ class VllmSampler:
     self._seed_rng = np.random.default_rng(seed)
     self._lock = threading.Lock()  # one generate / update at a time
     self.last_sync_seconds: float | None = None
+    self.last_sync_path: str | None = None
     self.scheduler = BatchingScheduler(
         self._generate_list, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
         validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
@@ -90,18 +91,23 @@ class VllmSampler:
     """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
     return await self.scheduler.submit(prompt, params)
 
-  def update_weights(self, params: Any, *, refresh_tied_lm_head: bool = True) -> None:
+  def update_weights(self, params: Any, *, refresh_tied_lm_head: bool = True,
+                     packed_cpu_path: bool = True) -> None:
     """Loads `params` (an nnx.State of the policy's nnx.Params, or the model) into the engine
-    in place (see `vllm_sync`), then drops the prefix cache. `refresh_tied_lm_head=False` only
-    exists for the test that shows the tied-embedding bug."""
+    in place (see `vllm_sync`), then drops the prefix cache. `last_sync_path` says which loader
+    ran ("packed" on CPU, else "reload_weights"); `packed_cpu_path=False` forces vLLM's
+    reload_weights. `refresh_tied_lm_head=False` only exists for the test that shows the
+    tied-embedding bug."""
     from agentfly_jax.sampling import vllm_sync
     start = time.perf_counter()
     payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
                else vllm_sync.safetensors_blob(params))
     with self._lock:
-      self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=(payload, refresh_tied_lm_head))
+      (report,) = self.llm.collective_rpc(vllm_sync.reload_worker_weights,
+                                          args=(payload, refresh_tied_lm_head, packed_cpu_path))
       self.llm.reset_prefix_cache()
     self.last_sync_seconds = time.perf_counter() - start
+    self.last_sync_path = report["path"]
 
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker)."""

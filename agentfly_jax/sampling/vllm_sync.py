@@ -13,8 +13,10 @@ Two transports, one worker-side function (`reload_worker_weights`, sent with
   do not survive vLLM's RPC serialisation, bytes do). Needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1`
   for the callable.
 
-On the worker, `model_runner.reload_weights(weights_iterator=...)` loads the tensors in place and
-re-runs each layer's post-load processing (on CPU: weight prepacking). **Tied embeddings on
+On the worker, on CPU, `load_packed_on_cpu` packs each linear layer straight from our tensors
+(the fast path; see its docstring). Elsewhere, or for a model it does not know,
+`model_runner.reload_weights(weights_iterator=...)` loads the tensors in place and re-runs each
+layer's post-load processing (on CPU: weight prepacking). **Tied embeddings on
 CPU:** the lm_head shares `embed_tokens.weight`, so the reload never visits the lm_head layer and
 its prepacked GEMM copy (`lm_head.cpu_linear`) keeps the old embedding; we re-tie the parameter
 and re-run `dispatch_cpu_unquantized_gemm` on the lm_head after every reload.
@@ -41,8 +43,10 @@ def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
     value = var[...] if isinstance(var, nnx.Variable) else var
     name, transposed = hf_name(path)
     if isinstance(value, jax.Array) and len(value.sharding.device_set) == 1:
-      array = jnp.transpose(value) if transposed else value
-      yield name, torch.from_dlpack(array)
+      # A transposed *view*: vLLM's weight loaders copy into their own buffers anyway, and a
+      # strided copy there is cheaper than a separate transpose pass here.
+      tensor = torch.from_dlpack(value)
+      yield name, (tensor.t() if transposed else tensor)
     else:  # sharded (or numpy): gather on the host
       host = np.asarray(jax.device_get(value))
       yield name, torch.from_numpy(np.ascontiguousarray(host.T if transposed else host))
@@ -56,16 +60,18 @@ def safetensors_blob(params: Any) -> bytes:
   return safetensors.numpy.save(to_hf_state_dict(params))
 
 
-def reload_worker_weights(worker: Any, payload: Any, refresh_tied_lm_head: bool = True) -> dict:
+def reload_worker_weights(worker: Any, payload: Any, refresh_tied_lm_head: bool = True,
+                          packed_cpu_path: bool = True) -> dict:
   """Runs on a vLLM worker (via `collective_rpc`): loads `payload` in place.
 
   Args:
     worker: the vLLM worker (passed by collective_rpc).
     payload: safetensors `bytes`, or a list of `(hf_name, torch.Tensor)`.
     refresh_tied_lm_head: re-tie and re-pack a tied lm_head after the reload (see the module
-      docstring). Only tests turn it off, to show the bug it fixes.
+      docstring). Only tests turn it off, to show the bug it fixes (on the reload_weights path).
+    packed_cpu_path: try `load_packed_on_cpu` first (False: always vLLM's reload_weights).
   Returns:
-    {"num_tensors": int, "tied_lm_head_refreshed": bool}.
+    {"num_tensors": int, "tied_lm_head_refreshed": bool, "path": "packed" | "reload_weights"}.
   """
   if isinstance(payload, (bytes, bytearray)):
     import safetensors.torch
@@ -73,11 +79,107 @@ def reload_worker_weights(worker: Any, payload: Any, refresh_tied_lm_head: bool 
   else:
     tensors = list(payload)
   runner = worker.model_runner
+  if packed_cpu_path and refresh_tied_lm_head and load_packed_on_cpu(runner.get_model(), dict(tensors)):
+    return {"num_tensors": len(tensors), "tied_lm_head_refreshed": bool(_is_tied(runner.get_model())),
+            "path": "packed"}
   runner.reload_weights(weights_iterator=iter(tensors))
   refreshed = False
   if refresh_tied_lm_head:
     refreshed = refresh_tied_lm_head_on_cpu(runner.get_model())
-  return {"num_tensors": len(tensors), "tied_lm_head_refreshed": refreshed}
+  return {"num_tensors": len(tensors), "tied_lm_head_refreshed": refreshed, "path": "reload_weights"}
+
+
+def _is_tied(model: Any) -> bool:
+  return bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+
+
+def _cpu_packed_linear_model(model: Any) -> bool:
+  """True if `model` is a vLLM Llama/Qwen2/Qwen3-style decoder on CPU whose linear layers were
+  prepacked (`cpu_linear`), i.e. the layout `load_packed_on_cpu` writes."""
+  from vllm.platforms import current_platform
+  if not current_platform.is_cpu():
+    return False
+  inner = getattr(model, "model", None)
+  layers = getattr(inner, "layers", None)
+  if inner is None or layers is None or not hasattr(inner, "embed_tokens") or not hasattr(model, "lm_head"):
+    return False
+  for layer in layers:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    for owner, name in ((attn, "qkv_proj"), (attn, "o_proj"), (mlp, "gate_up_proj"), (mlp, "down_proj")):
+      if not hasattr(getattr(owner, name, None), "cpu_linear"):
+        return False
+  return True
+
+
+def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
+  """Fast in-place load for vLLM's CPU backend; False (nothing changed) if it does not apply.
+
+  vLLM's `reload_weights` copies every tensor into the layer's buffer, then repacks each linear
+  layer from that buffer (oneDNN), with per-layer bookkeeping around it. Here each linear layer is
+  packed straight from our tensors with vLLM's own `dispatch_cpu_unquantized_gemm`: the packing
+  reads the [in, out] kernel, which is how JAX stores it (the HF-layout tensors we get are
+  transposed views of the JAX buffers), so a layer that is one JAX kernel is packed with no copy
+  at all, and fused layers (qkv, gate_up) cost one concatenation. The packed copy is owned by
+  vLLM (`remove_weight=True` drops the reference to our buffer), so JAX may donate or free its
+  arrays afterwards. Embedding, norms and biases are copied into vLLM's tensors; a tied lm_head
+  is re-packed from the new embedding (see `refresh_tied_lm_head_on_cpu`).
+
+  Args:
+    model: the worker's vLLM model.
+    tensors: {hf_name: torch.Tensor in HF layout (views are fine)}.
+  """
+  import torch
+  from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+  if not _cpu_packed_linear_model(model):
+    return False
+  inner = model.model
+  needed = ["model.embed_tokens.weight", "model.norm.weight"]
+  for i in range(len(inner.layers)):
+    needed += [f"model.layers.{i}.{n}.weight" for n in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")]
+  if not _is_tied(model):
+    needed.append("lm_head.weight")
+  if any(n not in tensors for n in needed):
+    return False
+
+  def pack(layer, names: list[str]) -> None:
+    parts = [tensors[n].t() for n in names]  # [in, out] each
+    kernel = parts[0] if len(parts) == 1 and parts[0].is_contiguous() else torch.cat(parts, dim=1)
+    layer.weight = torch.nn.Parameter(kernel.t(), requires_grad=False)  # HF [out, in] view
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+
+  def copy(dst: torch.Tensor, names: list[str]) -> None:
+    src = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names])
+    dst.data.copy_(src)
+
+  with torch.no_grad():
+    copy(inner.embed_tokens.weight, ["model.embed_tokens.weight"])
+    copy(inner.norm.weight, ["model.norm.weight"])
+    for i, layer in enumerate(inner.layers):
+      p = f"model.layers.{i}."
+      attn, mlp = layer.self_attn, layer.mlp
+      qkv = [p + f"self_attn.{x}_proj" for x in "qkv"]
+      pack(attn.qkv_proj, [n + ".weight" for n in qkv])
+      if getattr(attn.qkv_proj, "bias", None) is not None:
+        copy(attn.qkv_proj.bias, [n + ".bias" for n in qkv])
+      pack(attn.o_proj, [p + "self_attn.o_proj.weight"])
+      if getattr(attn.o_proj, "bias", None) is not None:
+        copy(attn.o_proj.bias, [p + "self_attn.o_proj.bias"])
+      for norm in ("q_norm", "k_norm"):
+        if getattr(attn, norm, None) is not None:
+          copy(getattr(attn, norm).weight, [p + f"self_attn.{norm}.weight"])
+      pack(mlp.gate_up_proj, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+      pack(mlp.down_proj, [p + "mlp.down_proj.weight"])
+      copy(layer.input_layernorm.weight, [p + "input_layernorm.weight"])
+      copy(layer.post_attention_layernorm.weight, [p + "post_attention_layernorm.weight"])
+    if _is_tied(model):
+      refresh_tied_lm_head_on_cpu(model)
+    else:
+      copy(model.lm_head.weight, ["lm_head.weight"])
+      dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
+  return True
 
 
 def refresh_tied_lm_head_on_cpu(model: Any) -> bool:
