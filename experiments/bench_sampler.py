@@ -32,10 +32,12 @@ import time
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny and/or smollm2")
+flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny, smollm2 (the shipped weights) and/or "
+                  "smollm2_random (same shapes, random init: needs no files, e.g. on a GPU machine)")
+flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "where JAX and HF run (vLLM: the installed build)")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "params + compute dtype of every engine")
 flags.DEFINE_list("engines", ["jax", "hf", "vllm"], "which samplers to time")
 flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "batch sizes")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
@@ -51,8 +53,20 @@ flags.DEFINE_string("serve", "", "internal: run as the MODEL:ENGINE worker (comm
 
 # ---------------------------------------------------------------- machine floor
 def measure_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
-  """Bytes/s of a host memory copy, counting read + write (2 * nbytes per copy)."""
+  """Bytes/s of a memory copy on the benchmark's device, counting read + write (2 * nbytes)."""
   import numpy as np
+  if FLAGS.device == "gpu":
+    import jax
+    import jax.numpy as jnp
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    f = jax.jit(lambda a: a * 1.0001)
+    f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+      t = time.perf_counter()
+      f(x).block_until_ready()
+      best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
   src = np.random.default_rng(0).random(nbytes // 8)
   dst = np.empty_like(src)
   best = float("inf")
@@ -64,10 +78,10 @@ def measure_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
 
 
 def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
-  """FLOP/s of a float32 n x n `jnp.matmul` (jitted, best of reps)."""
+  """FLOP/s of an n x n `jnp.matmul` in --dtype (jitted, best of reps)."""
   import jax
   import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.key(0), (n, n), FLAGS.dtype)
   f = jax.jit(jnp.matmul)
   f(a, a).block_until_ready()
   best = float("inf")
@@ -108,6 +122,14 @@ def generate_floor(cfg, batch: int, prompt_len: int, new_tokens: int, bandwidth:
 
 
 # ---------------------------------------------------------------- engines
+XLA_CPU_VARIANTS = {  # engine "jax+NAME" runs the JAX sampler with these XLA_FLAGS (A/B of backends)
+    "noynn": "--xla_cpu_experimental_ynn_fusion_type=",
+    "onednn": "--xla_cpu_experimental_ynn_fusion_type= "
+              "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+    "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+}
+
+
 class Engine:
   """One engine on one model, built once; `run(batch)` is one timed generate call (seconds)."""
 
@@ -119,7 +141,7 @@ class Engine:
     self.prompts = {b: rng.integers(1, cfg.vocab_size, (b, FLAGS.prompt_len)).tolist() for b in self.sizes}
     self.engine = engine
     self.start_s = 0.0
-    build = {"jax": self._build_jax, "hf": self._build_hf, "vllm": self._build_vllm}.get(engine)
+    build = {"jax": self._build_jax, "hf": self._build_hf, "vllm": self._build_vllm}.get(engine.split("+")[0])
     if build is None:
       raise ValueError(f"--engines: unknown engine {engine!r} (jax, hf, vllm)")
     t = time.perf_counter()
@@ -144,20 +166,23 @@ class Engine:
   def _build_hf(self):
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
-    ids = {b: torch.tensor(p, dtype=torch.long) for b, p in self.prompts.items()}
+    device = "cuda" if FLAGS.device == "gpu" else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, FLAGS.dtype)).eval().to(device)
+    ids = {b: torch.tensor(p, dtype=torch.long, device=device) for b, p in self.prompts.items()}
 
     def generate(b):
       with torch.inference_mode():
         model.generate(ids[b], attention_mask=torch.ones_like(ids[b]), do_sample=True, temperature=1.0,
                        top_k=0, top_p=1.0, max_new_tokens=FLAGS.new_tokens, min_new_tokens=FLAGS.new_tokens,
                        pad_token_id=0)
+      if device == "cuda":
+        torch.cuda.synchronize()
     return generate
 
   def _build_vllm(self):
     from agentfly_jax.sampling import SamplingParams, VllmSampler
     new = FLAGS.new_tokens
-    self.vllm = VllmSampler(self.folder, max_model_len=FLAGS.prompt_len + new + 8,
+    self.vllm = VllmSampler(self.folder, dtype=FLAGS.dtype, max_model_len=FLAGS.prompt_len + new + 8,
                             max_num_seqs=self.sizes[-1], max_batch_size=self.sizes[-1])
     params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
     return lambda b: self.vllm.generate(self.prompts[b], params)
@@ -210,9 +235,15 @@ class Worker:
     cmd = [sys.executable, os.path.abspath(__file__), f"--serve={name}:{engine}",
            f"--batch_sizes={','.join(FLAGS.batch_sizes)}", f"--prompt_len={FLAGS.prompt_len}",
            f"--new_tokens={FLAGS.new_tokens}", f"--work_dir={FLAGS.work_dir}",
-           f"--sync_repeats={FLAGS.sync_repeats}"]
+           f"--sync_repeats={FLAGS.sync_repeats}", f"--device={FLAGS.device}", f"--dtype={FLAGS.dtype}"]
+    env = dict(os.environ)
+    if "+" in engine:
+      variant = engine.split("+", 1)[1]
+      if variant not in XLA_CPU_VARIANTS:
+        raise ValueError(f"--engines: unknown variant {engine!r} (jax+{'|'.join(XLA_CPU_VARIANTS)})")
+      env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_VARIANTS[variant]}".strip()
     self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                 text=True, bufsize=1)
+                                 text=True, bufsize=1, env=env)
     self.start_s = self._read()["start_s"]
 
   def _read(self) -> dict:
@@ -236,34 +267,42 @@ class Worker:
 
 
 # ---------------------------------------------------------------- models
-def load_model(name: str):
-  """(HF folder, JAX model, config) for 'tiny' or 'smollm2'."""
-  from flax import nnx
-
-  from agentfly_jax.models import CausalLM, from_pretrained, save_pretrained, smollm2_folder, tiny_config
-  if name == "tiny":
-    cfg = tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False)
-    model = CausalLM(cfg, rngs=nnx.Rngs(0))
-    folder = os.path.join(FLAGS.work_dir, "tiny")
-    save_pretrained(model, folder)
-    return folder, model, cfg
-  if name == "smollm2":
-    folder = smollm2_folder()
-    model = from_pretrained(folder)
-    return folder, model, model.config
-  raise ValueError(f"--models: unknown model {name!r} (tiny, smollm2)")
+SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+                          tie_word_embeddings=True)
 
 
 def model_config(name: str):
   from agentfly_jax.models import ModelConfig, smollm2_folder, tiny_config
+  dtypes = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
   if name == "tiny":
-    return tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False)
-  with open(os.path.join(smollm2_folder(), "config.json")) as f:
-    return ModelConfig.from_hf_dict(json.load(f))
+    return tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False, **dtypes)
+  if name == "smollm2_random":
+    return ModelConfig(**SMOLLM2_135M_SHAPES, **dtypes)
+  if name == "smollm2":
+    with open(os.path.join(smollm2_folder(), "config.json")) as f:
+      return ModelConfig.from_hf_dict(json.load(f), **dtypes)
+  raise ValueError(f"--models: unknown model {name!r} (tiny, smollm2, smollm2_random)")
+
+
+def load_model(name: str):
+  """(HF folder, JAX model, config): the shipped SmolLM2 folder, or random weights saved as one."""
+  from flax import nnx
+
+  from agentfly_jax.models import CausalLM, from_pretrained, save_pretrained, smollm2_folder
+  cfg = model_config(name)
+  if name == "smollm2":
+    return smollm2_folder(), from_pretrained(smollm2_folder(), dtype=FLAGS.dtype, param_dtype=FLAGS.dtype), cfg
+  model = CausalLM(cfg, rngs=nnx.Rngs(0))
+  folder = os.path.join(FLAGS.work_dir, name)
+  save_pretrained(model, folder)
+  return folder, model, cfg
 
 
 def main(argv):
   del argv
+  os.environ.setdefault("JAX_PLATFORMS", "cuda" if FLAGS.device == "gpu" else "cpu")
   if FLAGS.serve:
     serve(*FLAGS.serve.split(":"))
     return
@@ -320,19 +359,23 @@ def main(argv):
 def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> None:
   new_tokens = FLAGS.new_tokens
   result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
+                        "device": _device_name(),
                         "copy_bytes_per_s": bandwidth, "matmul_flop_per_s": flops_rate,
                         "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
                         "xla_flags": os.environ.get("XLA_FLAGS", "")},
             "settings": {"prompt_len": FLAGS.prompt_len, "new_tokens": new_tokens, "repeats": FLAGS.repeats,
-                         "batch_sizes": [int(b) for b in FLAGS.batch_sizes], "dtype": "float32",
+                         "batch_sizes": [int(b) for b in FLAGS.batch_sizes], "dtype": FLAGS.dtype,
+                         "device": FLAGS.device,
                          "method": "engines in separate worker processes, runs interleaved; medians"},
             "engine_start_s": starts, "rows": rows, "weight_sync": syncs}
   os.makedirs(FLAGS.out_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.out_dir, "bench_sampler.json"), "w") as f:
+  stem = "bench_sampler" if FLAGS.device == "cpu" else f"bench_sampler_{FLAGS.device}_{FLAGS.dtype}"
+  with open(os.path.join(FLAGS.out_dir, f"{stem}.json"), "w") as f:
     json.dump(result, f, indent=2)
   md = [f"# Sampler benchmark\n\nMachine: {os.cpu_count()} CPUs ({_cpu_name()}), copy {bandwidth / 1e9:.1f} GB/s, "
         f"matmul {flops_rate / 1e9:.1f} GFLOP/s; load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}. "
-        f"Prompt {FLAGS.prompt_len} + {new_tokens} sampled tokens (temperature 1), float32; tokens/s = batch x "
+        f"Device {_device_name()}. Prompt {FLAGS.prompt_len} + {new_tokens} sampled tokens (temperature 1), "
+        f"{FLAGS.dtype}; tokens/s = batch x "
         f"new tokens / wall of the whole call (prefill included), median of {FLAGS.repeats} interleaved "
         "repeats (each engine in its own process, runs alternating, so machine drift hits all alike). "
         "Floor = the same call's prefill + decode work at the measured copy bandwidth / matmul rate.\n",
@@ -351,9 +394,16 @@ def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> Non
       md.append(f"| {name} | {s['sync_bytes'] / 1e6:.1f} MB | {statistics.median(s['sync_s']):.3f} | "
                 f"{statistics.median(s['host_copy_s']):.3f} | {s['sync_over_copy_median']:.2f} | "
                 f"{s['sync_over_copy_best']:.2f} | {s['path']} | {s['engine_start_s']:.0f} |")
-  with open(os.path.join(FLAGS.out_dir, "bench_sampler.md"), "w") as f:
+  with open(os.path.join(FLAGS.out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(md) + "\n")
   print("\n".join(md))
+
+
+def _device_name() -> str:
+  if FLAGS.device == "cpu":
+    return "CPU"
+  import jax
+  return jax.devices()[0].device_kind
 
 
 def _cpu_name() -> str:
