@@ -5,10 +5,12 @@ Two transports, one worker-side function (`reload_worker_weights`, sent with
 
 * **in-process engine** (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the default of `VllmSampler`): the
   worker runs in this process, so the payload is a list of `(hf_name, torch.Tensor)` made with
-  `torch.from_dlpack` straight from the JAX arrays: zero-copy for single-device arrays (CPU here;
-  on a GPU machine the same code hands CUDA buffers to vLLM without a host round trip —
-  **GPU path not tested on the CPU CI machine**). Params whose layout differs from HF's are
-  transposed on device first (one device copy); sharded arrays are gathered to the host.
+  `torch.from_dlpack` straight from the JAX arrays: zero-copy for single-device arrays, and
+  params whose layout differs from HF's are passed as transposed *views* (`tensor.t()`), so
+  nothing is copied here (tests/test_vllm_sync_payload.py checks the shared buffers; it passed
+  on an H200 with JAX_PLATFORMS=cuda, where the views are CUDA tensors; vLLM itself was not
+  available on that machine, so the GPU engine side is untested). Sharded arrays are gathered
+  to the host.
 * **engine in another process**: the payload is one safetensors blob (`bytes`; dicts of tensors
   do not survive vLLM's RPC serialisation, bytes do). Needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1`
   for the callable.
