@@ -432,3 +432,26 @@ async def test_cpu_limit_per_call_kills_a_cpu_hog():
       await env.run_code("while True:\n  pass")
   finally:
     await env.close()
+
+
+@pytest.mark.skipif(not __import__("envservers.envs.memory_cgroup").envs.memory_cgroup.available(),
+                    reason="no writable memory cgroup here")
+def test_a_leftover_cgroup_with_our_reused_pid_does_not_unbound_the_sandbox(monkeypatch):
+  """pids wrap (pid_max 32768): a dead worker's cgroup can carry the name a new worker with the
+  same pid picks next. Before the fix, create() then returned None and the sandbox ran with no
+  memory cgroup at all."""
+  import itertools
+  import os
+
+  from envservers.envs import memory_cgroup
+  parent = memory_cgroup._parent_dir()
+  monkeypatch.setattr(memory_cgroup, "_counter", itertools.count(10_000))
+  stale = os.path.join(parent, f"agentfly-sandbox-{os.getpid()}-10000")
+  os.mkdir(stale)
+  try:
+    path = memory_cgroup.create(64 << 20)
+    assert path == stale and os.path.isdir(path)
+    with open(os.path.join(path, "memory.limit_in_bytes")) as f:
+      assert int(f.read()) == 64 << 20
+  finally:
+    assert memory_cgroup.remove(stale)

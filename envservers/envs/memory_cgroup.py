@@ -40,11 +40,13 @@ def _parent_dir() -> str | None:
 
 
 def _sweep_stale(directory: str) -> None:
-  """Removes sandbox cgroups left by servers that died without cleaning up."""
+  """Removes sandbox cgroups left by servers that died without cleaning up: those whose owner
+  is gone, and those named with our own pid (we have made none yet, so they belong to a dead
+  process whose pid was reused: pids wrap at pid_max, 32768 here, within hours)."""
   for name in os.listdir(directory):
     if name.startswith("agentfly-sandbox-"):
       owner = name.split("-")[2]
-      if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+      if owner.isdigit() and (int(owner) == os.getpid() or not os.path.exists(f"/proc/{owner}")):
         remove(os.path.join(directory, name))
 
 
@@ -53,24 +55,35 @@ def available() -> bool:
 
 
 def create(limit_bytes: int) -> str | None:
-  """A new memory cgroup limited to `limit_bytes`, or None where not possible."""
+  """A new memory cgroup limited to `limit_bytes`; None where cgroups are not available.
+
+  Raises OSError where they are available but this one could not be made (a sandbox must then
+  not start unbounded). A leftover group of the same name (a dead process with our reused pid)
+  is removed first.
+  """
   parent = _parent_dir()
   if parent is None:
     return None
   path = os.path.join(parent, f"agentfly-sandbox-{os.getpid()}-{next(_counter)}")
+  if os.path.isdir(path):
+    remove(path)
   try:
     os.mkdir(path)
     with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
       f.write(str(int(limit_bytes)))
   except OSError:
     remove(path)
-    return None
+    raise
   return path
 
 
-def add_process_tree(path: str, root_pid: int) -> None:
-  """Moves `root_pid` and all its descendants into the cgroup."""
-  pending, seen = [root_pid], set()
+def add_process_tree(path: str, root_pid: int) -> list[int]:
+  """Moves `root_pid` and all its descendants into the cgroup; returns the pids moved.
+
+  A process that exits meanwhile is skipped; a thread that exits meanwhile does not hide the
+  children of the others.
+  """
+  pending, seen, moved = [root_pid], set(), []
   while pending:
     pid = pending.pop()
     if pid in seen:
@@ -79,11 +92,17 @@ def add_process_tree(path: str, root_pid: int) -> None:
     try:
       with open(os.path.join(path, "cgroup.procs"), "w") as f:
         f.write(str(pid))
-      for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-          pending.extend(int(child) for child in f.read().split())
+      moved.append(pid)
+      tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
       continue
+    for tid in tids:
+      try:
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+          pending.extend(int(child) for child in f.read().split())
+      except OSError:
+        continue
+  return moved
 
 
 def remove(path: str | None) -> bool:

@@ -174,9 +174,12 @@ class PythonSandbox(ServerEnv):
     hello = await self._receive()
     if self.memory_cgroup:   # before any user code runs
       limit = (self.limits["memory_mb"] + self.work_mb + 2 * self.tmp_mb) << 20
-      self.cgroup = memory_cgroup.create(limit)
-      if self.cgroup:
-        memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
+      try:
+        self.cgroup = memory_cgroup.create(limit)
+      except OSError as e:
+        raise EnvCrashed(f"could not create the sandbox's memory cgroup: {e}") from e
+      if self.cgroup and self.process.pid not in memory_cgroup.add_process_tree(self.cgroup, self.process.pid):
+        raise EnvCrashed("could not move the sandbox into its memory cgroup")
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
 
