@@ -27,3 +27,28 @@ def test_payload_is_hf_layout_and_shares_the_jax_buffers(model_type, tie):
     assert tuple(tensor.shape) == want[name].shape, name
     assert tensor.data_ptr() in pointers, f"{name} was copied, not shared"
     np.testing.assert_array_equal(tensor.cpu().numpy(), want[name])
+
+
+def test_packed_loader_declines_an_incomplete_payload_before_writing_anything():
+  """A payload missing a tensor the vLLM model has (here a qkv bias) must not half-update it."""
+  pytest.importorskip("vllm")
+  from types import SimpleNamespace
+
+  from agentfly_jax.sampling import vllm_sync
+
+  def linear(bias):
+    return SimpleNamespace(cpu_linear=None, bias=torch.zeros(3) if bias else None)
+
+  layer = SimpleNamespace(self_attn=SimpleNamespace(qkv_proj=linear(True), o_proj=linear(False)),
+                          mlp=SimpleNamespace(gate_up_proj=linear(False), down_proj=linear(False)))
+  embed = torch.zeros(4, 2)
+  model = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=True), lm_head=object(),
+                          model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=embed), layers=[layer],
+                                                norm=SimpleNamespace(weight=torch.zeros(2))))
+  names = ["model.embed_tokens.weight", "model.norm.weight"] + [
+      f"model.layers.0.{n}.weight" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                             "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                             "input_layernorm", "post_attention_layernorm")]
+  tensors = {n: torch.ones(4, 2) for n in names}  # no self_attn.{q,k,v}_proj.bias
+  assert vllm_sync.load_packed_on_cpu(model, tensors) is False
+  assert not embed.any()

@@ -103,11 +103,11 @@ class VllmSampler:
     payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
                else vllm_sync.safetensors_blob(params))
     with self._lock:
-      (report,) = self.llm.collective_rpc(vllm_sync.reload_worker_weights,
-                                          args=(payload, refresh_tied_lm_head, packed_cpu_path))
+      reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights,
+                                        args=(payload, refresh_tied_lm_head, packed_cpu_path))
       self.llm.reset_prefix_cache()
     self.last_sync_seconds = time.perf_counter() - start
-    self.last_sync_path = report["path"]
+    self.last_sync_path = "+".join(sorted({r["path"] for r in reports}))  # one report per worker
 
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker)."""

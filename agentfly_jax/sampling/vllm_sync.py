@@ -137,13 +137,19 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
     return False
   inner = model.model
   needed = ["model.embed_tokens.weight", "model.norm.weight"]
-  for i in range(len(inner.layers)):
-    needed += [f"model.layers.{i}.{n}.weight" for n in (
+  for i, layer in enumerate(inner.layers):
+    p, attn = f"model.layers.{i}.", layer.self_attn
+    needed += [f"{p}{n}.weight" for n in (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
         "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")]
+    if getattr(attn.qkv_proj, "bias", None) is not None:
+      needed += [f"{p}self_attn.{x}_proj.bias" for x in "qkv"]
+    if getattr(attn.o_proj, "bias", None) is not None:
+      needed.append(f"{p}self_attn.o_proj.bias")
+    needed += [f"{p}self_attn.{n}.weight" for n in ("q_norm", "k_norm") if getattr(attn, n, None) is not None]
   if not _is_tied(model):
     needed.append("lm_head.weight")
-  if any(n not in tensors for n in needed):
+  if any(n not in tensors for n in needed):  # checked before anything is written
     return False
 
   def pack(layer, names: list[str]) -> None:
