@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from agentfly_jax.models import (CausalLM, Critic, KVCache, ModelConfig, from_pretrained, make_mesh,
                                  partition_specs, save_pretrained, shard_model, tiny_config)
-from agentfly_jax.models.layers import rope_inv_freq
+from agentfly_jax.models.layers import apply_rope, rope_inv_freq, rope_tables
 
 
 def _left_padded(rng, vocab, lengths, total):
@@ -51,7 +51,11 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
   kv_mask = np.zeros((3, max_len), bool)
   kv_mask[:, :prompt_len + new] = full_mask
   cache = model.init_cache(3, max_len)
-  assert isinstance(cache, KVCache) and cache.k[0].shape == (3, cfg.num_key_value_heads, max_len, cfg.head_dim)
+  assert isinstance(cache, KVCache)
+  kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+  assert cache.k[0].shape == (3 * kvh, hd, max_len) and cache.v[0].shape == (3 * kvh, max_len, hd)
+  assert cache.keys(0).shape == cache.values(0).shape == (3, kvh, max_len, hd)
+  assert (cache.batch_size, cache.max_len) == (3, max_len)
   # Prefill in two chunks (0..4, 4..8), then one token at a time.
   for start, stop in ((0, 4), (4, prompt_len)):
     logits, cache = _cached_step(model, jnp.asarray(full_ids[:, start:stop]), jnp.asarray(positions[:, start:stop]),
@@ -63,7 +67,18 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
                                  jnp.asarray(kv_mask), cache, jnp.int32(j))
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, j], rtol=1e-5, atol=1e-5)
   # Slots past the written ones are untouched.
-  assert not np.any(np.asarray(cache.k[0])[:, :, prompt_len + new:])
+  for layer_kv in (cache.keys(0), cache.values(0)):
+    assert not np.any(np.asarray(layer_kv)[:, :, prompt_len + new:])
+    assert np.all(np.any(np.asarray(layer_kv)[:, :, :prompt_len + new] != 0, axis=-1))  # all written
+  # The cached keys are the model's own (rotated) keys: recompute layer 0's keys for the prompt.
+  layer0 = model.model.layers[0]
+  cos, sin = rope_tables(jnp.asarray(positions), rope_inv_freq(cfg))
+  x0 = layer0.input_layernorm(model.model.embed_tokens(jnp.asarray(full_ids)))
+  k0 = layer0.self_attn.k_proj(x0).reshape(3, prompt_len + new, kvh, hd)
+  if layer0.self_attn.k_norm is not None:
+    k0 = layer0.self_attn.k_norm(k0)
+  k0 = apply_rope(k0, cos, sin).transpose(0, 2, 1, 3)
+  np.testing.assert_allclose(np.asarray(cache.keys(0))[:, :, :prompt_len + new], np.asarray(k0), rtol=1e-5, atol=1e-5)
 
 
 def test_kv_mask_excludes_pad_slots():
@@ -74,7 +89,8 @@ def test_kv_mask_excludes_pad_slots():
   kv_mask = jnp.asarray(np.r_[[[False] * 2 + [True] * 6] * 2])
   pos = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
   clean = model.init_cache(2, 8)
-  dirty = KVCache(k=tuple(jnp.full_like(k, 7.0) for k in clean.k), v=tuple(jnp.full_like(v, -3.0) for v in clean.v))
+  dirty = KVCache(k=tuple(jnp.full_like(k, 7.0) for k in clean.k), v=tuple(jnp.full_like(v, -3.0) for v in clean.v),
+                  num_kv_heads=clean.num_kv_heads)
   a, _ = _cached_step(model, ids, pos, kv_mask, clean, jnp.int32(2))
   b, _ = _cached_step(model, ids, pos, kv_mask, dirty, jnp.int32(2))
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)

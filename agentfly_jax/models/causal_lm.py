@@ -118,7 +118,7 @@ class _Base(nnx.Module):
         new_k.append(kv[0])
         new_v.append(kv[1])
     x = self.model.norm(x)
-    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
     return x, new_cache
 
 

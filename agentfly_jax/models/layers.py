@@ -114,26 +114,44 @@ class Attention(nnx.Module):
                           precision=self.precision)
       new_kv = None
     else:
-      # Cache layout [B, KVH, S, hd]: the per-(row, kv head) [S, hd] blocks are contiguous, so the
-      # two attention products read the cache as it lies (with [B, S, KVH, hd] XLA transposed
-      # the whole cache of every layer at every decode step).
+      # Cache layouts (see KVCache): keys [B*KVH, hd, S], values [B*KVH, S, hd], so both attention
+      # products are plain 3-D batched matmuls (q @ K, probs @ V) straight on the updated caches.
+      # (With [B, KVH, S, hd] XLA's CPU backend transposed or copied every layer's cache at every
+      # decode step, and ran the two-batch-dim products ~2x slower.)
       k_cache, v_cache = kv
-      start = (0, 0, cache_index, 0)
-      k = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), start)
-      v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), start)
+      kvh, hd = self.num_kv_heads, self.head_dim
+      k_new = k.transpose(0, 2, 3, 1).reshape(b * kvh, hd, t).astype(k_cache.dtype)
+      v_new = v.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd).astype(v_cache.dtype)
+      k = jax.lax.dynamic_update_slice(k_cache, k_new, (0, 0, cache_index))
+      v = jax.lax.dynamic_update_slice(v_cache, v_new, (0, cache_index, 0))
       new_kv = (k, v)
       k, v = k.astype(self.dtype), v.astype(self.dtype)
-      q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)  # [B,KVH,G,T,hd]
-      scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, precision=self.precision)
+      return self.o_proj(self._cached_attention(q, k, v, mask)), new_kv
     scores = scores.astype(jnp.float32) / math.sqrt(self.head_dim)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    if kv is None:
-      out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=self.precision)
-    else:
-      out = jnp.einsum("bkgts,bksd->btkgd", probs, v, precision=self.precision)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=self.precision)
     out = out.reshape(b, t, self.num_heads * self.head_dim)
     return self.o_proj(out), new_kv
+
+  def _cached_attention(self, q, k, v, mask):
+    """q [B, T, H, hd]; k/v caches [B, KVH, S, hd]; mask bool[B, T, S] -> [B, T, H * hd].
+
+    (batch, kv head) pairs are folded into one batch dimension, so both products are plain 3-D
+    batched matmuls over the cache as it lies in memory (XLA's CPU backend runs those ~2x faster
+    than the same contraction written with two batch dimensions).
+    """
+    b, t, h, hd = q.shape
+    kvh, s = self.num_kv_heads, v.shape[1]
+    g = h // kvh
+    q = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b * kvh, g * t, hd)
+    batch_dims = ((0,), (0,))
+    scores = jax.lax.dot_general(q, k, (((2,), (1,)), batch_dims), precision=self.precision)
+    scores = scores.reshape(b, kvh, g, t, s).astype(jnp.float32) / math.sqrt(hd)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype).reshape(b * kvh, g * t, s)
+    out = jax.lax.dot_general(probs, v, (((2,), (1,)), batch_dims), precision=self.precision)
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)
 
 
 class MLP(nnx.Module):
