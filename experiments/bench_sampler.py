@@ -43,7 +43,7 @@ flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "batch sizes")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
 flags.DEFINE_integer("new_tokens", 64, "generated tokens per row")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions (the median is reported)")
-flags.DEFINE_integer("sync_repeats", 5, "weight-sync / host-copy timing pairs")
+flags.DEFINE_integer("sync_repeats", 9, "weight-sync / host-copy timing pairs")
 flags.DEFINE_float("pause_s", 0.5, "idle gap before each timed call")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     "where bench_sampler.{json,md} go")

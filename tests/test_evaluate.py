@@ -8,23 +8,15 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_cli import ROOT, run_train
 
 
 @pytest.mark.slow
 def test_dapo_run_then_evaluate(tmp_path):
   workdir = tmp_path / "run"
-  train = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), "--config=configs/lookup_grpo.py",
-           f"--workdir={workdir}", "--config.train.steps=2", "--config.rollout.rows_per_step=4",
-           "--config.rollout.num_chains=4",
-           "--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "--config.loss.kl_coef=0.01",
-           "--config.eval.every=0",
-           "--config.eval.num_rows=0", "--config.log.progress=False"]
-  out = subprocess.run(train, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  with open(workdir / "metrics.jsonl") as f:
-    recs = [json.loads(line) for line in f]
+  overrides = ["--config.rollout.rows_per_step=4", "--config.rollout.num_chains=4",
+               "--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "--config.loss.kl_coef=0.01"]
+  recs = run_train(workdir, "--config.train.steps=2", *overrides)
   assert [r["step"] for r in recs] == [1, 2]
   assert all("dapo/overlong_penalty_mean" in r and "actor/kl_ref" in r for r in recs)
   assert recs[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
@@ -35,9 +27,5 @@ def test_dapo_run_then_evaluate(tmp_path):
   result = json.loads((workdir / "eval_step2.json").read_text())
   assert result["step"] == 2 and 0.0 <= result["eval/success_rate"] <= 1.0
   assert "eval/pass@2" in result and result["eval/num_chains"] == 16
-  more = subprocess.run([a if a != "--config.train.steps=2" else "--config.train.steps=3" for a in train],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert more.returncode == 0, more.stderr[-3000:]
-  with open(workdir / "metrics.jsonl") as f:
-    recs = [json.loads(line) for line in f]
+  recs = run_train(workdir, "--config.train.steps=3", *overrides)  # resumes from step 2
   assert [r["step"] for r in recs] == [1, 2, 3] and recs[2]["actor/kl_ref"] > 0

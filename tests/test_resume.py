@@ -1,31 +1,26 @@
 """Killing training with SIGKILL and resuming gives the same metrics for the following steps as
 an uninterrupted run (same seed, CPU)."""
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+from train_cli import ROOT, read_metrics, train_command
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = ["--config=configs/lookup_grpo.py", "--config.sft.steps=2", "--config.sft.rows_per_step=4",
+FLAGS = ["--config.sft.steps=2", "--config.sft.rows_per_step=4",
          "--config.train.steps=4", "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4",
          "--config.rollout.max_tokens_per_turn=16", "--config.rollout.max_turns=2",
          "--config.loss.entropy_coef=0.05", "--config.train.lr=0.001", "--config.train.micro_batch_size=8",
-         "--config.eval.every=0", "--config.eval.num_rows=0", "--config.checkpoint.every=1",
-         "--config.log.tensorboard=False", "--config.log.progress=False"]
+         "--config.checkpoint.every=1", "--config.log.tensorboard=False"]
 
 
 def _cmd(workdir):
-  return [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--workdir={workdir}", *FLAGS]
+  return train_command(workdir, *FLAGS)
 
 
 def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
-  return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")} for r in recs}
+  return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_metrics(workdir)}
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
     parts = [tensors[n].t() for n in names]  # [in, out] each
     kernel = parts[0] if len(parts) == 1 and parts[0].is_contiguous() else torch.cat(parts, dim=1)
     layer.weight = torch.nn.Parameter(kernel.t(), requires_grad=False)  # HF [out, in] view
+    _release_packed(layer)
     dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
 
   def copy(dst: torch.Tensor, names: list[str]) -> None:
@@ -186,8 +187,16 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
       refresh_tied_lm_head_on_cpu(model)
     else:
       copy(model.lm_head.weight, ["lm_head.weight"])
+      _release_packed(model.lm_head)
       dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
   return True
+
+
+def _release_packed(layer: Any) -> None:
+  """Drops `layer`'s packed GEMM (its oneDNN handle is freed with the closure) before a new one
+  is packed, so the allocator can reuse that memory instead of faulting in fresh pages while
+  both copies are alive."""
+  layer.cpu_linear = None
 
 
 def refresh_tied_lm_head_on_cpu(model: Any) -> bool:
@@ -203,5 +212,6 @@ def refresh_tied_lm_head_on_cpu(model: Any) -> bool:
     lm_head.weight = embed.weight
   if current_platform.is_cpu() and hasattr(lm_head, "cpu_linear"):
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    _release_packed(lm_head)
     dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
   return True

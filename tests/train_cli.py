@@ -1,0 +1,32 @@
+"""Running experiments/train.py from tests: the command line and the metrics it writes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# No periodic eval and no progress bar: tests read metrics.jsonl, not the terminal.
+QUIET = ("--config.eval.every=0", "--config.eval.num_rows=0", "--config.log.progress=False")
+
+
+def train_command(workdir, *overrides: str, config: str = "configs/lookup_grpo.py") -> list[str]:
+  """argv for one train.py run; `overrides` ("--config.train.steps=2", ...) come last and win."""
+  return [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config}",
+          f"--workdir={workdir}", *QUIET, *overrides]
+
+
+def read_metrics(workdir) -> list[dict]:
+  """The records of workdir/metrics.jsonl, in order."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run_train(workdir, *overrides: str, timeout: float = 600) -> list[dict]:
+  """Runs train.py to completion (asserting exit 0, with its stderr tail on failure); returns
+  the metrics records."""
+  out = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return read_metrics(workdir)
