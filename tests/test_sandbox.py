@@ -486,3 +486,28 @@ def test_a_leftover_cgroup_with_our_reused_pid_does_not_unbound_the_sandbox(monk
       assert int(f.read()) == 64 << 20
   finally:
     assert memory_cgroup.remove(stale)
+
+
+@pytest.mark.skipif(not __import__("envservers.envs.memory_cgroup").envs.memory_cgroup.available(),
+                    reason="no writable memory cgroup here")
+def test_add_process_tree_moves_every_descendant_and_reports_none_outside():
+  """A shell with two background children and a grandchild: all four end up in the group (the
+  group's own member list is the check), and a tree that is gone reports nothing to move."""
+  import subprocess
+
+  from envservers.envs import memory_cgroup
+  proc = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
+  path = memory_cgroup.create(256 << 20)
+  try:
+    deadline = time.monotonic() + 10
+    while len(memory_cgroup.process_tree(proc.pid)) < 4 and time.monotonic() < deadline:
+      time.sleep(0.05)   # sh, its sleep, the inner sh, its sleep
+    tree = memory_cgroup.process_tree(proc.pid)
+    assert tree[0] == proc.pid and len(tree) == 4, tree
+    assert memory_cgroup.add_process_tree(path, proc.pid) == []
+    assert set(tree) <= memory_cgroup.members(path)
+  finally:
+    proc.kill()
+    proc.wait()
+    memory_cgroup.remove(path)
+  assert memory_cgroup.process_tree(proc.pid) == []

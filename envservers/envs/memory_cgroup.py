@@ -77,32 +77,54 @@ def create(limit_bytes: int) -> str | None:
   return path
 
 
-def add_process_tree(path: str, root_pid: int) -> list[int]:
-  """Moves `root_pid` and all its descendants into the cgroup; returns the pids moved.
-
-  A process that exits meanwhile is skipped; a thread that exits meanwhile does not hide the
-  children of the others.
-  """
-  pending, seen, moved = [root_pid], set(), []
-  while pending:
-    pid = pending.pop()
-    if pid in seen:
+def process_tree(root_pid: int) -> list[int]:
+  """`root_pid` and all its live descendants (parent pids read from /proc/*/stat), parents first."""
+  children: dict[int, list[int]] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
       continue
-    seen.add(pid)
     try:
-      with open(os.path.join(path, "cgroup.procs"), "w") as f:
-        f.write(str(pid))
-      moved.append(pid)
-      tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-      continue
-    for tid in tids:
+      with open(f"/proc/{entry}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue   # exited meanwhile
+    children.setdefault(parent, []).append(int(entry))
+  if not os.path.exists(f"/proc/{root_pid}"):
+    return []
+  tree, i = [root_pid], 0
+  while i < len(tree):
+    tree.extend(children.get(tree[i], ()))
+    i += 1
+  return tree
+
+
+def members(path: str) -> set[int]:
+  """The pids in the cgroup."""
+  with open(os.path.join(path, "cgroup.procs")) as f:
+    return {int(pid) for pid in f.read().split()}
+
+
+def add_process_tree(path: str, root_pid: int, passes: int = 3) -> list[int]:
+  """Moves `root_pid` and all its descendants into the cgroup, then checks the group's own
+  member list against the process tree again (a process forked during a pass is moved by the
+  next). Returns the tree's pids still outside the group: empty means the whole tree is bounded.
+  """
+  outside: list[int] = []
+  for _ in range(passes):
+    inside = members(path)
+    outside = [pid for pid in process_tree(root_pid) if pid not in inside]
+    if not outside:
+      break
+    for pid in outside:
       try:
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-          pending.extend(int(child) for child in f.read().split())
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+          f.write(str(pid))
       except OSError:
-        continue
-  return moved
+        pass   # exited meanwhile: the next pass no longer lists it
+  else:
+    inside = members(path)
+    outside = [pid for pid in process_tree(root_pid) if pid not in inside]
+  return outside
 
 
 def remove(path: str | None) -> bool:

@@ -178,8 +178,10 @@ class PythonSandbox(ServerEnv):
         self.cgroup = memory_cgroup.create(limit)
       except OSError as e:
         raise EnvCrashed(f"could not create the sandbox's memory cgroup: {e}") from e
-      if self.cgroup and self.process.pid not in memory_cgroup.add_process_tree(self.cgroup, self.process.pid):
-        raise EnvCrashed("could not move the sandbox into its memory cgroup")
+      if self.cgroup:
+        outside = memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
+        if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
+          raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left outside: {outside})")
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
 
