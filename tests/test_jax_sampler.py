@@ -178,6 +178,32 @@ def test_update_weights_uses_new_params_by_reference():
   assert [r.token_ids for r in s.generate(PROMPTS, greedy)] == before
 
 
+@pytest.mark.parametrize("model_type, tie", [("qwen2", False), ("llama", True)])
+def test_kernel_layouts_give_the_same_results(model_type, tie):
+  model = make_model(model_type, tie=tie, seed=4)
+  kernels_before = {p: v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  plain = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,), kernel_layout="in_out")
+  fast = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,))
+  assert plain.kernel_layout == "in_out"
+  assert fast.kernel_layout == ("out_in" if jax.default_backend() == "cpu" else "in_out")
+  fast = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,), kernel_layout="out_in")
+  # The decode copy holds [out, in] kernels; the caller's model keeps its own arrays.
+  decode = dict(nnx.to_flat_state(fast._decode[1]))
+  q_path = ("model", "layers", 0, "self_attn", "q_proj", "kernel")
+  up_path = ("model", "layers", 0, "mlp", "up_proj", "kernel")
+  np.testing.assert_array_equal(np.asarray(decode[up_path][...]), np.asarray(kernels_before[up_path]).T)
+  assert decode[q_path][...].shape == kernels_before[q_path].shape[::-1]
+  for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    assert value[...] is kernels_before[path]
+  for params in (SamplingParams(temperature=0.0, max_new_tokens=8),
+                 SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)):
+    for a, b in zip(plain.generate(PROMPTS, params), fast.generate(PROMPTS, params)):
+      assert a.token_ids == b.token_ids
+      np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="kernel_layout must be 'auto' or one of"):
+    JaxSampler(model, kernel_layout="kn")
+
+
 def test_update_weights_rejects_a_different_model(sampler):
   other = make_model(vocab_size=80)
   with pytest.raises(ValueError, match=r"update_weights: param .*(embedding|lm_head).* shape \((80, 128|128, 80)\)"):
@@ -204,6 +230,11 @@ SHARDED_SCRIPT = textwrap.dedent("""
   assert any(len(l.sharding.device_set) == 8 for l in jax.tree.leaves(sharded))
   sampler = JaxSampler(model, max_batch_size=4, max_len=32)
   sampler.update_weights(sharded)
+  # The CPU decode copy has [out, in] kernels that keep the (transposed) sharding.
+  decode = dict(nnx.to_flat_state(sampler._decode[1]))
+  up = decode[("model", "layers", 0, "mlp", "up_proj", "kernel")][...]
+  spec = tuple(up.sharding.spec) + (None,) * (2 - len(up.sharding.spec))
+  assert sampler.kernel_layout == "out_in" and spec == ("tp", "fsdp"), up.sharding
   got = sampler.generate(PROMPTS_REF, params)
   for g, w in zip(got, want):
     assert g.token_ids == w.token_ids, (g, w)

@@ -278,3 +278,36 @@ def test_streaming_load_peak_host_memory_is_about_one_copy(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   peak = int(proc.stdout.split("PEAK_KB")[1]) * 1024
   assert peak < 1.35 * weights, (peak / 1e6, weights / 1e6)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_linear_matches_nnx_linear_and_both_kernel_layouts_agree(use_bias):
+  from agentfly_jax.models import Linear, set_kernel_layout
+  init = nnx.initializers.normal(0.5)
+  ours = Linear(12, 7, use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32,
+                precision="highest", kernel_init=init, rngs=nnx.Rngs(3))
+  ref = nnx.Linear(12, 7, use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32,
+                   precision="highest", kernel_init=init, rngs=nnx.Rngs(3))
+  # Same init stream and names as nnx.Linear: random inits and checkpoints carry over.
+  np.testing.assert_array_equal(np.asarray(ours.kernel[...]), np.asarray(ref.kernel[...]))
+  if use_bias:
+    ref.bias.set_value(jax.random.normal(jax.random.key(5), (7,)))
+    ours.bias.set_value(ref.bias[...])
+  assert [p for p, _ in nnx.to_flat_state(nnx.state(ours, nnx.Param))] == \
+         [p for p, _ in nnx.to_flat_state(nnx.state(ref, nnx.Param))]
+  x = jax.random.normal(jax.random.key(int(use_bias)), (2, 5, 12))
+  want = np.asarray(x, np.float64) @ np.asarray(ref.kernel[...], np.float64)
+  if use_bias:
+    want = want + np.asarray(ref.bias[...], np.float64)
+  np.testing.assert_allclose(np.asarray(ours(x)), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ref(x)), want, rtol=1e-5, atol=1e-5)
+  old_kernel = ours.kernel
+  set_kernel_layout(ours, "out_in")
+  assert ours.kernel_layout == "out_in" and ours.kernel[...].shape == (7, 12)
+  assert old_kernel[...].shape == (12, 7)  # the old Param object is left as it was
+  np.testing.assert_allclose(np.asarray(ours(x)), want, rtol=1e-5, atol=1e-5)
+  set_kernel_layout(ours, "in_out")
+  assert ours.kernel[...].shape == (12, 7)
+  np.testing.assert_allclose(np.asarray(ours(x)), want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="kernel layout must be one of"):
+    set_kernel_layout(ours, "transposed")

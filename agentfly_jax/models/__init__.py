@@ -11,12 +11,13 @@ from agentfly_jax.models.gguf_convert import convert_gguf_to_hf, smollm2_folder,
 from agentfly_jax.models.hf_io import (from_pretrained, hf_name, iter_hf_tensors, save_pretrained,
                                        to_hf_state_dict)
 from agentfly_jax.models.kv_cache import KVCache
+from agentfly_jax.models.layers import Linear, set_kernel_layout
 from agentfly_jax.models.qwen25_tokenizer import qwen25_tokenizer_folder, write_qwen25_tokenizer
 from agentfly_jax.models.sharding import make_mesh, partition_spec_for, partition_specs, shard_model
 
 __all__ = [
-    "CausalLM", "Critic", "KVCache", "ModelConfig", "build_attention_mask", "convert_gguf_to_hf",
+    "CausalLM", "Critic", "KVCache", "Linear", "ModelConfig", "build_attention_mask", "convert_gguf_to_hf",
     "from_pretrained", "hf_name", "iter_hf_tensors", "make_mesh", "partition_spec_for", "partition_specs",
-    "save_pretrained", "shard_model", "smollm2_folder", "smollm2_gguf_path", "tiny_config", "to_hf_state_dict",
+    "save_pretrained", "set_kernel_layout", "shard_model", "smollm2_folder", "smollm2_gguf_path", "tiny_config", "to_hf_state_dict",
     "qwen25_tokenizer_folder", "write_qwen25_tokenizer",
 ]

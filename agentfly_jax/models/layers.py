@@ -2,7 +2,8 @@
 
 Numerics follow HF transformers' Qwen2 / Qwen3 / Llama modules: RMSNorm in float32 then cast
 back, RoPE tables in float32, softmax in float32. Parameter layouts: Linear kernels are
-[in, out] (HF stores [out, in]); see `hf_io.py` for the one name/transpose table.
+[in, out] (HF stores [out, in]); see `hf_io.py` for the one name/transpose table. A sampler may
+hold a copy with [out, in] kernels (`set_kernel_layout`), faster for decode GEMMs on CPU.
 """
 from __future__ import annotations
 
@@ -69,10 +70,62 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
-def linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                    precision=cfg.matmul_precision, kernel_init=nnx.initializers.normal(cfg.initializer_range),
-                    bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+KERNEL_LAYOUTS = ("in_out", "out_in")
+
+
+class Linear(nnx.Module):
+  """y = x W + b over the last dim.  x [..., in] -> [..., out] (compute dtype).
+
+  `kernel` is [in, out] (`kernel_layout="in_out"`, the training and checkpoint layout) or
+  [out, in] (`"out_in"`, HF/torch's layout), set by `set_kernel_layout` on a decode copy: XLA's
+  CPU GEMMs at decode sizes (8-32 rows) run ~15-30 % faster reading each output's weights as one
+  contiguous row (measured on the 2-core dev machine, SmolLM2 shapes; ~10 % at 1024 rows).
+  Parameter names and init match `nnx.Linear` (kernel, bias), so checkpoints carry over.
+  """
+
+  def __init__(self, d_in: int, d_out: int, *, use_bias: bool, dtype, param_dtype, precision,
+               kernel_init, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (d_in, d_out), param_dtype))
+    if use_bias:
+      rngs.params()  # the key nnx.Linear spends on its (zero) bias, so random inits stay the same
+      self.bias = nnx.Param(jnp.zeros((d_out,), param_dtype))
+    else:
+      self.bias = nnx.data(None)
+    self.in_features, self.out_features = d_in, d_out
+    self.dtype = dtype
+    self.precision = precision
+    self.kernel_layout = "in_out"
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.kernel[...].astype(self.dtype)
+    contract = 0 if self.kernel_layout == "in_out" else 1
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel, (((x.ndim - 1,), (contract,)), ((), ())),
+                            precision=self.precision)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
+  """Puts every `Linear` of `model` in `layout` ("in_out" | "out_in"); returns `model`.
+
+  A Linear whose layout changes gets a new, transposed kernel Param (a copy); its old Param
+  object is left as it was, so a model made by `nnx.merge` from another model's state changes
+  without touching the other model's arrays.
+  """
+  if layout not in KERNEL_LAYOUTS:
+    raise ValueError(f"kernel layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
+  for _, module in nnx.iter_modules(model):
+    if isinstance(module, Linear) and module.kernel_layout != layout:
+      module.kernel = nnx.Param(jnp.transpose(module.kernel[...]))
+      module.kernel_layout = layout
+  return model
+
+
+def linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> Linear:
+  return Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                precision=cfg.matmul_precision, kernel_init=nnx.initializers.normal(cfg.initializer_range),
+                rngs=rngs)
 
 
 class Attention(nnx.Module):
