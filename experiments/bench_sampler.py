@@ -92,14 +92,51 @@ def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
   return 2 * n ** 3 / best
 
 
+def measure_decode_gemm_rates(cfg, batch: int, reps: int = 15) -> dict:
+  """FLOP/s of one decode-step weight GEMM at this batch, per library: x [batch, D] times the
+  MLP's [I, D] weights (transposed, as HF/torch keep them), 30 distinct weights per call so they
+  stream from memory as in decode. XLA (jnp, what the JAX sampler runs), and on CPU OpenBLAS
+  (numpy) and oneDNN (torch). Best of `reps` each: what the machine's libraries reach at the
+  decode shape, next to the square-matmul rate of the floor."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  d, inter = cfg.hidden_size, cfg.intermediate_size
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((batch, d)).astype(FLAGS.dtype)
+  weights = [rng.standard_normal((inter, d)).astype(FLAGS.dtype) for _ in range(30)]
+  flops = 2 * batch * d * inter * len(weights)
+
+  def best_rate(fn) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+      t = time.perf_counter()
+      fn()
+      best = min(best, time.perf_counter() - t)
+    return flops / best
+
+  jx, jws = jnp.asarray(x), [jnp.asarray(w) for w in weights]
+  xla = jax.jit(lambda x, ws: [jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))) for w in ws])
+  rates = {"xla": best_rate(lambda: jax.block_until_ready(xla(jx, jws)))}
+  if FLAGS.device == "cpu":
+    import torch
+    rates["openblas"] = best_rate(lambda: [x @ w.T for w in weights])
+    tx, tws = torch.from_numpy(x), [torch.from_numpy(w) for w in weights]
+    with torch.inference_mode():
+      rates["onednn"] = best_rate(lambda: [torch.nn.functional.linear(tx, w) for w in tws])
+  return rates
+
+
 def generate_floor(cfg, batch: int, prompt_len: int, new_tokens: int, bandwidth: float,
-                   flops_rate: float) -> dict:
+                   flops_rate: float, decode_flops_rate: float | None = None) -> dict:
   """Lower bound on the wall time of one whole generate call (what the tokens/s count).
 
   Prefill: batch * prompt_len tokens through every layer (+ the lm_head at the last position) and
   causal attention; decode step s (context prompt_len + s): every weight read once plus the KV
   cache, batch * (2 * params + attention) FLOPs. Each phase takes max(bytes / bandwidth,
-  FLOPs / matmul rate); the floor is their sum.
+  FLOPs / matmul rate); the floor is their sum. `decode_flops_rate` (default `flops_rate`)
+  is the rate for the decode steps' FLOPs (e.g. the best library rate at the decode shape).
   """
   d, layers, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
   q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -114,7 +151,8 @@ def generate_floor(cfg, batch: int, prompt_len: int, new_tokens: int, bandwidth:
     phases.append((4 * matmul_params + 4 * 2 * layers * kv * context * batch,
                    batch * (2 * matmul_params + 4 * layers * q * context)))
   t_mem = [b / bandwidth for b, _ in phases]
-  t_flop = [f / flops_rate for _, f in phases]
+  decode_rate = decode_flops_rate or flops_rate
+  t_flop = [f / (flops_rate if i == 0 else decode_rate) for i, (_, f) in enumerate(phases)]
   total = sum(max(m, f) for m, f in zip(t_mem, t_flop))
   decode_compute = sum(f > m for m, f in zip(t_mem[1:], t_flop[1:])) > (new_tokens - 1) / 2
   return {"weight_bytes": weight_bytes, "floor_s": total, "floor_tok_s": batch * new_tokens / total,
@@ -128,6 +166,8 @@ XLA_CPU_VARIANTS = {  # engine "jax+NAME" runs the JAX sampler with these XLA_FL
               "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
     "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
 }
+KERNEL_LAYOUT_VARIANTS = ("in_out", "out_in")  # engine "jax+in_out": JaxSampler(kernel_layout=...)
+GEMM_LIBRARIES = ("xla", "openblas", "onednn")  # measured at the decode shape (measure_decode_gemm_rates)
 
 
 class Engine:
@@ -158,8 +198,12 @@ class Engine:
   def _build_jax(self):
     from agentfly_jax.sampling import JaxSampler, SamplingParams
     new = FLAGS.new_tokens
+    variant = self.engine.split("+", 1)[1] if "+" in self.engine else ""
+    layout = variant if variant in KERNEL_LAYOUT_VARIANTS else "auto"
     sampler = JaxSampler(self.model, max_batch_size=self.sizes[-1], max_len=FLAGS.prompt_len + new,
-                         batch_buckets=self.sizes, prompt_buckets=(FLAGS.prompt_len,), new_token_buckets=(new,))
+                         batch_buckets=self.sizes, prompt_buckets=(FLAGS.prompt_len,), new_token_buckets=(new,),
+                         kernel_layout=layout)
+    self.jax_sampler = sampler
     params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
     return lambda b: sampler.generate(self.prompts[b], params)
 
@@ -188,7 +232,9 @@ class Engine:
     return lambda b: self.vllm.generate(self.prompts[b], params)
 
   def sync_times(self) -> dict:
-    """vLLM only: `update_weights` vs a plain host copy (np.copy) of the same HF tensors."""
+    """`update_weights` vs a plain host copy (np.copy) of the same HF tensors. vLLM: the in-place
+    push into the engine; JAX: the decode copy (transposed Linear kernels on CPU, else a reference)."""
+    import jax
     import numpy as np
     from flax import nnx
 
@@ -196,16 +242,23 @@ class Engine:
     state = nnx.state(self.model, nnx.Param)
     arrays = list(to_hf_state_dict(state).values())
     sync, copy = [], []
-    self.vllm.update_weights(state)  # warm-up
+    if self.engine == "vllm":
+      update, path = self.vllm.update_weights, lambda: self.vllm.last_sync_path
+    else:
+      def update(params):
+        self.jax_sampler.update_weights(params)
+        jax.block_until_ready(jax.tree.leaves(self.jax_sampler._decode[1]))
+      path = lambda: f"jax {self.jax_sampler.kernel_layout}"  # noqa: E731
+    update(state)  # warm-up
     for _ in range(FLAGS.sync_repeats):  # interleaved, so drift hits both alike
       t = time.perf_counter()
-      self.vllm.update_weights(state)
+      update(state)
       sync.append(time.perf_counter() - t)
       t = time.perf_counter()
       [np.copy(a) for a in arrays]
       copy.append(time.perf_counter() - t)
     return {"engine_start_s": self.start_s, "sync_s": sorted(sync), "host_copy_s": sorted(copy),
-            "sync_bytes": int(sum(a.nbytes for a in arrays)), "path": self.vllm.last_sync_path}
+            "sync_bytes": int(sum(a.nbytes for a in arrays)), "path": path()}
 
 
 def serve(name: str, engine: str) -> None:
@@ -239,9 +292,11 @@ class Worker:
     env = dict(os.environ)
     if "+" in engine:
       variant = engine.split("+", 1)[1]
-      if variant not in XLA_CPU_VARIANTS:
-        raise ValueError(f"--engines: unknown variant {engine!r} (jax+{'|'.join(XLA_CPU_VARIANTS)})")
-      env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_VARIANTS[variant]}".strip()
+      known = (*XLA_CPU_VARIANTS, *KERNEL_LAYOUT_VARIANTS)
+      if variant not in known:
+        raise ValueError(f"--engines: unknown variant {engine!r} (jax+{'|'.join(known)})")
+      if variant in XLA_CPU_VARIANTS:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_VARIANTS[variant]}".strip()
     self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                  text=True, bufsize=1, env=env)
     self.start_s = self._read()["start_s"]
@@ -312,8 +367,13 @@ def main(argv):
   bandwidth, flops_rate = measure_copy_bandwidth(), measure_matmul_rate()
   print(f"machine: copy {bandwidth / 1e9:.1f} GB/s (read+write), matmul {flops_rate / 1e9:.1f} GFLOP/s", flush=True)
   rows, syncs, starts = [], {}, {}
+  gemm_rates_by_model = {}
   for name in FLAGS.models:
     cfg = model_config(name)
+    gemm_rates_by_model[name] = {b: measure_decode_gemm_rates(cfg, b) for b in sizes}
+    print(f"{name} decode GEMM GFLOP/s: " + "; ".join(
+        f"b{b} " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in r.items())
+        for b, r in gemm_rates_by_model[name].items()), flush=True)
     workers = {}
     try:
       for engine in FLAGS.engines:
@@ -330,20 +390,26 @@ def main(argv):
         print(f"{name} repeat {rep + 1}: " + "; ".join(
             f"{e} " + ", ".join(f"b{b} {b * new_tokens / t[b][-1]:.0f}" for b in sizes) for e, t in times.items())
             + " tok/s", flush=True)
-      if "vllm" in workers:
-        syncs[name] = workers["vllm"].ask("sync")
+      for engine in ("vllm", "jax"):
+        if engine in workers:
+          syncs[f"{name}:{engine}"] = workers[engine].ask("sync")
     finally:
       for worker in workers.values():
         worker.close()
     for b in sizes:
       floor = generate_floor(cfg, b, FLAGS.prompt_len, new_tokens, bandwidth, flops_rate)
+      gemm_rates = gemm_rates_by_model[name][b]
+      shape_floor = generate_floor(cfg, b, FLAGS.prompt_len, new_tokens, bandwidth, flops_rate,
+                                   decode_flops_rate=max(gemm_rates.values()))
       for engine, by_batch in times.items():
         median = statistics.median(by_batch[b])
         tok_s = b * new_tokens / median
         rows.append({"model": name, "engine": engine, "batch": b, "seconds_median": median,
                      "seconds_all": by_batch[b], "tok_s": tok_s, "floor_tok_s": floor["floor_tok_s"],
                      "fraction_of_floor": tok_s / floor["floor_tok_s"], "floor_bound": floor["bound"],
-                     "weight_bytes": floor["weight_bytes"], "floor_seconds": floor["floor_s"]})
+                     "weight_bytes": floor["weight_bytes"], "floor_seconds": floor["floor_s"],
+                     "decode_gemm_flop_per_s": gemm_rates, "shape_floor_tok_s": shape_floor["floor_tok_s"],
+                     "fraction_of_shape_floor": tok_s / shape_floor["floor_tok_s"]})
   for r in rows:
     for other in ("hf", "vllm"):
       match = [o for o in rows if (o["model"], o["batch"], o["engine"]) == (r["model"], r["batch"], other)]
@@ -378,20 +444,32 @@ def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> Non
         f"{FLAGS.dtype}; tokens/s = batch x "
         f"new tokens / wall of the whole call (prefill included), median of {FLAGS.repeats} interleaved "
         "repeats (each engine in its own process, runs alternating, so machine drift hits all alike). "
-        "Floor = the same call's prefill + decode work at the measured copy bandwidth / matmul rate.\n",
-        "| model | engine | batch | tok/s | floor tok/s | % floor | vs HF | vs vLLM | vs HF per repeat |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "Floor = the same call's prefill + decode work at the measured copy bandwidth / matmul rate "
+        "(a square 2048 matmul). Shape floor = the same, but the decode FLOPs at the best rate any "
+        "library here (XLA, OpenBLAS, oneDNN) reaches on the decode's own GEMM shape "
+        "([batch, D] x [I, D]^T, weights streamed): what the machine's GEMMs allow at that batch.\n",
+        "| model | engine | batch | tok/s | floor tok/s | % floor | % shape floor | vs HF | vs vLLM | vs HF per repeat |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
   fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
   for r in rows:
     per = r.get("speedup_vs_hf_per_repeat")
     md.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['tok_s']:.0f} | {r['floor_tok_s']:.0f} "
-              f"({r['floor_bound']}) | {100 * r['fraction_of_floor']:.0f}% | {fmt(r['speedup_vs_hf'])} | "
+              f"({r['floor_bound']}) | {100 * r['fraction_of_floor']:.0f}% | "
+              f"{100 * r['fraction_of_shape_floor']:.0f}% | {fmt(r['speedup_vs_hf'])} | "
               f"{fmt(r['speedup_vs_vllm'])} | {' '.join(f'{x:.2f}' for x in per) if per else '-'} |")
+  md += ["", "Decode GEMM rate (GFLOP/s, best of 15) by library at the decode shape:", "",
+         "| model | batch | " + " | ".join(GEMM_LIBRARIES) + " |", "|---|---|" + "---|" * len(GEMM_LIBRARIES)]
+  for r in rows:
+    if r["engine"] == rows[0]["engine"]:
+      rates = r["decode_gemm_flop_per_s"]
+      md.append(f"| {r['model']} | {r['batch']} | " + " | ".join(
+          f"{rates[k] / 1e9:.0f}" if k in rates else "-" for k in GEMM_LIBRARIES) + " |")
   if syncs:
-    md += ["", "| model | sync bytes | vLLM sync s (median) | host copy s (median) | sync / copy median | "
-           "sync / copy best | loader | engine start s |", "|---|---|---|---|---|---|---|---|"]
-    for name, s in syncs.items():
-      md.append(f"| {name} | {s['sync_bytes'] / 1e6:.1f} MB | {statistics.median(s['sync_s']):.3f} | "
+    md += ["", "| model | engine | sync bytes | update_weights s (median) | host copy s (median) | "
+           "sync / copy median | sync / copy best | loader | engine start s |", "|---|---|---|---|---|---|---|---|---|"]
+    for key, s in syncs.items():
+      name, engine = key.split(":")
+      md.append(f"| {name} | {engine} | {s['sync_bytes'] / 1e6:.1f} MB | {statistics.median(s['sync_s']):.3f} | "
                 f"{statistics.median(s['host_copy_s']):.3f} | {s['sync_over_copy_median']:.2f} | "
                 f"{s['sync_over_copy_best']:.2f} | {s['path']} | {s['engine_start_s']:.0f} |")
   with open(os.path.join(FLAGS.out_dir, f"{stem}.md"), "w") as f:
