@@ -16,8 +16,9 @@ from agentfly_jax.models.qwen25_tokenizer import qwen25_tokenizer_folder, write_
 from agentfly_jax.models.sharding import make_mesh, partition_spec_for, partition_specs, shard_model
 
 __all__ = [
-    "CausalLM", "Critic", "KVCache", "Linear", "ModelConfig", "build_attention_mask", "convert_gguf_to_hf",
-    "from_pretrained", "hf_name", "iter_hf_tensors", "make_mesh", "partition_spec_for", "partition_specs",
-    "save_pretrained", "set_kernel_layout", "shard_model", "smollm2_folder", "smollm2_gguf_path", "tiny_config", "to_hf_state_dict",
-    "qwen25_tokenizer_folder", "write_qwen25_tokenizer",
+    "CausalLM", "Critic", "KVCache", "Linear", "ModelConfig", "build_attention_mask",
+    "convert_gguf_to_hf", "from_pretrained", "hf_name", "iter_hf_tensors", "make_mesh",
+    "partition_spec_for", "partition_specs", "qwen25_tokenizer_folder", "save_pretrained",
+    "set_kernel_layout", "shard_model", "smollm2_folder", "smollm2_gguf_path", "tiny_config",
+    "to_hf_state_dict", "write_qwen25_tokenizer",
 ]
