@@ -95,16 +95,16 @@ def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
 def measure_decode_gemm_rates(cfg, batch: int, reps: int = 15) -> dict:
   """FLOP/s of one decode-step weight GEMM at this batch, per library: x [batch, D] times the
   MLP's [I, D] weights (transposed, as HF/torch keep them), 30 distinct weights per call so they
-  stream from memory as in decode. XLA (jnp, what the JAX sampler runs), and on CPU OpenBLAS
-  (numpy) and oneDNN (torch). Best of `reps` each: what the machine's libraries reach at the
-  decode shape, next to the square-matmul rate of the floor."""
+  stream from memory as in decode. XLA (jnp, what the JAX sampler runs), and on CPU in float32
+  OpenBLAS (numpy) and oneDNN (torch). Best of `reps` each: what the machine's libraries reach at
+  the decode shape, next to the square-matmul rate of the floor."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   d, inter = cfg.hidden_size, cfg.intermediate_size
   rng = np.random.default_rng(0)
-  x = rng.standard_normal((batch, d)).astype(FLAGS.dtype)
-  weights = [rng.standard_normal((inter, d)).astype(FLAGS.dtype) for _ in range(30)]
+  x = rng.standard_normal((batch, d), np.float32)
+  weights = [rng.standard_normal((inter, d), np.float32) for _ in range(30)]
   flops = 2 * batch * d * inter * len(weights)
 
   def best_rate(fn) -> float:
@@ -116,10 +116,10 @@ def measure_decode_gemm_rates(cfg, batch: int, reps: int = 15) -> dict:
       best = min(best, time.perf_counter() - t)
     return flops / best
 
-  jx, jws = jnp.asarray(x), [jnp.asarray(w) for w in weights]
+  jx, jws = jnp.asarray(x, FLAGS.dtype), [jnp.asarray(w, FLAGS.dtype) for w in weights]
   xla = jax.jit(lambda x, ws: [jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))) for w in ws])
   rates = {"xla": best_rate(lambda: jax.block_until_ready(xla(jx, jws)))}
-  if FLAGS.device == "cpu":
+  if FLAGS.device == "cpu" and FLAGS.dtype == "float32":  # (numpy has no bfloat16 GEMM)
     import torch
     rates["openblas"] = best_rate(lambda: [x @ w.T for w in weights])
     tx, tws = torch.from_numpy(x), [torch.from_numpy(w) for w in weights]

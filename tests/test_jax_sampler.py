@@ -183,9 +183,9 @@ def test_kernel_layouts_give_the_same_results(model_type, tie):
   model = make_model(model_type, tie=tie, seed=4)
   kernels_before = {p: v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   plain = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,), kernel_layout="in_out")
-  fast = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,))
+  auto = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,))
   assert plain.kernel_layout == "in_out"
-  assert fast.kernel_layout == ("out_in" if jax.default_backend() == "cpu" else "in_out")
+  assert auto.kernel_layout == ("out_in" if jax.default_backend() == "cpu" else "in_out")
   fast = JaxSampler(model, max_batch_size=4, max_len=64, batch_buckets=(4,), kernel_layout="out_in")
   # The decode copy holds [out, in] kernels; the caller's model keeps its own arrays.
   decode = dict(nnx.to_flat_state(fast._decode[1]))
