@@ -3,6 +3,7 @@
   from agentfly_jax.tools import tool, calculator, code_interpreter, answer
 """
 from agentfly_jax.tools.builtin import answer, calculator, code_interpreter, evaluate_arithmetic
+from agentfly_jax.tools.registry import BUILTIN_TOOLS, get_tool, list_tools, register_builtin_tool
 from agentfly_jax.tools.local_env import LocalEnvProvider, LocalMemoryEnv
 from agentfly_jax.tools.schema import function_schema, parse_google_docstring
 from agentfly_jax.tools.tool import (Tool, ToolOutput, get_env_provider, set_env_provider, tool,
@@ -10,4 +11,5 @@ from agentfly_jax.tools.tool import (Tool, ToolOutput, get_env_provider, set_env
 
 __all__ = ["tool", "Tool", "ToolOutput", "calculator", "code_interpreter", "answer",
            "evaluate_arithmetic", "function_schema", "parse_google_docstring", "truncate",
-           "LocalEnvProvider", "LocalMemoryEnv", "set_env_provider", "get_env_provider"]
+           "LocalEnvProvider", "LocalMemoryEnv", "set_env_provider", "get_env_provider",
+           "get_tool", "list_tools", "register_builtin_tool", "BUILTIN_TOOLS"]

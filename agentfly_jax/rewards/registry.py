@@ -1,0 +1,37 @@
+"""Rewards by name: the built-ins, and user rewards as `module:function`.
+
+  get_reward("exact_match")              # a built-in
+  get_reward("my_pkg.my_task:my_reward") # a user's @reward (a plain function is wrapped)
+  list_rewards()
+"""
+from __future__ import annotations
+
+from agentfly_jax.tools.registry import resolve_object
+
+BUILTIN_REWARDS: dict[str, str] = {
+    "exact_match": "agentfly_jax.rewards.builtin:exact_match",
+    "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",
+}
+
+
+def register_builtin_reward(name: str, target: str) -> None:
+  """Adds `name` -> "module:attribute" to the built-in listing."""
+  if ":" not in target:
+    raise ValueError(f"register_builtin_reward({name!r}): target must be 'module:attribute', got {target!r}")
+  BUILTIN_REWARDS[name] = target
+
+
+def list_rewards() -> list[str]:
+  """The names `get_reward` knows without a module path."""
+  return sorted(BUILTIN_REWARDS)
+
+
+def get_reward(name: str):
+  """The `Reward` named `name`: a built-in (see `list_rewards()`) or 'module:function'."""
+  from agentfly_jax.rewards.reward import Reward
+  obj = resolve_object(name, kind="reward", builtins=BUILTIN_REWARDS)
+  if isinstance(obj, Reward):
+    return obj
+  if callable(obj):
+    return Reward(obj)
+  raise ValueError(f"reward {name!r} is a {type(obj).__name__}, not a function")

@@ -1,0 +1,68 @@
+"""Tools by name: the built-ins, and user tools as `module:attribute`.
+
+  get_tool("calculator")               # a built-in
+  get_tool("my_pkg.my_task:lookup")    # a user's @tool
+  list_tools()                         # the built-in names
+
+Built-ins are listed here as "module:attribute" strings and imported on first use, so a listing
+costs nothing and a built-in that needs an optional package fails only when asked for.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+BUILTIN_TOOLS: dict[str, str] = {
+    "answer": "agentfly_jax.tools.builtin:answer",
+    "calculator": "agentfly_jax.tools.builtin:calculator",
+    "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
+}
+
+
+def register_builtin_tool(name: str, target: str) -> None:
+  """Adds `name` -> "module:attribute" to the built-in listing (for packages that ship tools)."""
+  if ":" not in target:
+    raise ValueError(f"register_builtin_tool({name!r}): target must be 'module:attribute', got {target!r}")
+  BUILTIN_TOOLS[name] = target
+
+
+def list_tools() -> list[str]:
+  """The names `get_tool` knows without a module path."""
+  return sorted(BUILTIN_TOOLS)
+
+
+def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:
+  """A built-in by name, or `module:attribute` (also `module.attribute`) imported; clear errors."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ValueError(f"{kind} name must be a non-empty string, got {spec!r}")
+  spec = spec.strip()
+  target = builtins.get(spec)
+  if target is None:
+    if ":" in spec:
+      target = spec
+    elif "." in spec:
+      module, _, attr = spec.rpartition(".")
+      target = f"{module}:{attr}"
+    else:
+      raise ValueError(f"unknown {kind} {spec!r}; built-in {kind}s: {sorted(builtins)} "
+                       f"(a user {kind} is named as 'module:function')")
+  module_name, _, attr = target.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # noqa: BLE001 — any import failure is the user's module failing
+    raise ValueError(f"{kind} {spec!r}: module {module_name!r} does not import: "
+                     f"{type(e).__name__}: {e}") from e
+  try:
+    obj = getattr(module, attr)
+  except AttributeError:
+    raise ValueError(f"{kind} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+  return obj
+
+
+def get_tool(name: str):
+  """The `Tool` named `name`: a built-in (see `list_tools()`) or 'module:function'."""
+  from agentfly_jax.tools.tool import Tool
+  obj = resolve_object(name, kind="tool", builtins=BUILTIN_TOOLS)
+  if not isinstance(obj, Tool):
+    raise ValueError(f"tool {name!r} is a {type(obj).__name__}, not a @tool function")
+  return obj
