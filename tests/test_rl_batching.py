@@ -3,8 +3,8 @@ the overlong penalty counts generated tokens, micro-batch padding rows are fully
 import numpy as np
 
 from agentfly_jax.agents.trajectory import Trajectory
-from agentfly_jax.rl.batching import (drop_zero_variance_groups, overlong_penalty, rollout_metrics,
-                                      to_microbatches)
+from agentfly_jax.rl.batching import (drop_zero_variance_groups, micro_batch_layout, overlong_penalty,
+                                      rollout_metrics, to_microbatches)
 
 
 def _traj(group, reward, n_gen=3, calls=()):
@@ -39,6 +39,21 @@ def test_microbatches_pad_with_masked_rows_and_keep_order():
   np.testing.assert_array_equal(flat["token_ids"][:3], batch["token_ids"][rows])
   np.testing.assert_array_equal(flat["action_mask"][:3], batch["action_mask"][rows])
   assert not flat["action_mask"][3:].any()
+
+
+def test_micro_batch_layout_never_pads_a_small_batch_up_to_the_cap():
+  assert micro_batch_layout(8, 16) == (8, 1)
+  assert micro_batch_layout(24, 16) == (12, 2)
+  assert micro_batch_layout(64, 16) == (16, 4)
+  for n in range(1, 80):
+    for cap in (1, 3, 8, 16):
+      size, num = micro_batch_layout(n, cap)
+      assert size <= cap and size * num >= n and size * num - n < num, (n, cap, size, num)
+      assert num == -(-n // cap)  # no more micro-batches (sequential steps) than the cap needs
+  rng = np.random.default_rng(1)
+  batch = {"token_ids": rng.integers(0, 9, (8, 4)), "action_mask": np.ones((8, 4), bool)}
+  mb = to_microbatches(batch, np.arange(8), micro_batch_size=16)
+  assert mb["token_ids"].shape == (1, 8, 4) and mb["action_mask"].all()
 
 
 def test_rollout_metrics_counts_tools_finish_reasons_and_success():

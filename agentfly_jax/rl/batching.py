@@ -68,12 +68,30 @@ def overlong_penalty(num_generated: np.ndarray, *, max_tokens: int, buffer: int,
   return -np.clip(over, 0, None) / buffer * factor
 
 
+def micro_batch_layout(num_rows: int, max_micro_batch_size: int) -> tuple[int, int]:
+  """(micro_batch_size, num_micro) for `num_rows` rows with at most `max_micro_batch_size` rows
+  per micro-batch: the fewest micro-batches, then the smallest equal size that holds the rows,
+  so a batch is never padded up to the cap (8 rows with a cap of 16 -> (8, 1); 24 -> (12, 2)).
+  Padding is under num_micro rows."""
+  if max_micro_batch_size < 1:
+    raise ValueError(f"micro_batch_layout: max_micro_batch_size must be >= 1, got {max_micro_batch_size}")
+  n = max(1, int(num_rows))
+  num_micro = -(-n // max_micro_batch_size)
+  return -(-n // num_micro), num_micro
+
+
 def to_microbatches(batch: dict, rows: np.ndarray, micro_batch_size: int, num_micro: int | None = None) -> dict:
-  """Selects `rows` and reshapes every array to [M, micro_batch_size, ...], padding with
-  all-masked copies of row 0 (they add 0 to every loss sum and denominator). A fixed `num_micro`
-  keeps shapes static across steps (no recompiles when the batch shrinks)."""
+  """Selects `rows` and reshapes every array to [M, mb, ...], padding with all-masked copies of
+  row 0 (they add 0 to every loss sum and denominator).
+
+  With `num_micro` given, mb = `micro_batch_size` exactly and M = max(num_micro, rows needed): a
+  fixed layout keeps shapes static across steps (no recompiles when the batch shrinks; see
+  `micro_batch_layout`). Without it, `micro_batch_size` is a cap and the layout is
+  `micro_batch_layout(len(rows), micro_batch_size)` (no padding up to the cap)."""
   n = len(rows)
-  m = max(num_micro or 0, -(-n // micro_batch_size))
+  if num_micro is None:
+    micro_batch_size, num_micro = micro_batch_layout(n, micro_batch_size)
+  m = max(num_micro, -(-n // micro_batch_size))
   total = m * micro_batch_size
   idx = np.concatenate([rows, np.full(total - n, rows[0] if n else 0, rows.dtype)])
   valid = np.arange(total) < n

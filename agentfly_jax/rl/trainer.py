@@ -25,8 +25,8 @@ from agentfly_jax.checkpoint import Checkpointer
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
 from agentfly_jax.rl import advantages as adv_lib
-from agentfly_jax.rl.batching import (bucket, drop_zero_variance_groups, overlong_penalty,
-                                      rollout_metrics, to_microbatches)
+from agentfly_jax.rl.batching import (bucket, drop_zero_variance_groups, micro_batch_layout,
+                                      overlong_penalty, rollout_metrics, to_microbatches)
 from agentfly_jax.rl.config import ALGORITHMS, resolved_agg, validate_config
 from agentfly_jax.rl.setup import build_components
 from agentfly_jax.rl.train_state import create_train_state, make_optimizer
@@ -145,7 +145,7 @@ class Trainer:
     """Padded arrays + old/ref log-probs + values + advantages, all [B, T] position-aligned."""
     c = self.config
     arr = self._arrays(trajs)
-    mb = c.train.micro_batch_size
+    mb, _ = micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains, c.train.micro_batch_size)
     mask = arr["action_mask"]
     old_lp = self._per_row(self._logprob_fn, state.params, arr, mb)
     try:
@@ -322,7 +322,7 @@ class Trainer:
     B = batch["token_ids"].shape[0]
     full_b = c.rollout.rows_per_step * c.rollout.num_chains
     per_mini = -(-full_b // c.train.minibatches)
-    num_micro = -(-per_mini // c.train.micro_batch_size)
+    micro_size, num_micro = micro_batch_layout(per_mini, c.train.micro_batch_size)
     rng = np.random.default_rng([c.seed, step])
     step_metrics = []
     for _ in range(c.train.epochs):
@@ -330,7 +330,7 @@ class Trainer:
       for rows in np.array_split(perm, c.train.minibatches):
         if len(rows) == 0:
           continue
-        mb = self._put_batch(to_microbatches(batch, rows, c.train.micro_batch_size, num_micro))
+        mb = self._put_batch(to_microbatches(batch, rows, micro_size, num_micro))
         state, m = self._jitted("rl", state_sh, mb)(state, mb)
         step_metrics.append(m)
     for k in step_metrics[0]:
