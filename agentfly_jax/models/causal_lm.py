@@ -19,6 +19,7 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
+from agentfly_jax.models.token_stats import chunked_logprobs_entropy
 
 
 def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
@@ -28,11 +29,21 @@ def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
 _call_layer_remat = nnx.remat(_call_layer)
 
 
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+  """int32[B, T] position of each token within its segment (0 at each segment's first token),
+  for packed rows: segment_ids int[B, T], a run of equal ids is one segment."""
+  t = segment_ids.shape[1]
+  idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
 def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=None, cache_len=None,
-                         cache_index=None) -> jax.Array:
+                         cache_index=None, segment_ids=None) -> jax.Array:
   """bool[B, T, S]: may query t attend to key s.
 
-  Without a cache (S = T): s <= t and attention_mask[b, s] (bool[B, T] padding mask, True = real).
+  Without a cache (S = T): s <= t and attention_mask[b, s] (bool[B, T] padding mask, True = real),
+  and with `segment_ids` (int[B, T], packed rows) only within the same segment.
   With a cache of length S: the query at slot cache_index + t sees slot s iff
   s <= cache_index + t and attention_mask[b, s] (bool[B, S], valid cache slots).
   """
@@ -46,6 +57,8 @@ def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=No
   allowed = jnp.broadcast_to(allowed, (batch_size, num_queries, key_slot.shape[0]))
   if attention_mask is not None:
     allowed = allowed & attention_mask.astype(bool)[:, None, :]
+  if segment_ids is not None:
+    allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])
   return allowed
 
 
@@ -72,7 +85,8 @@ class _Base(nnx.Module):
     return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
                          cfg.head_dim, dtype or cfg.compute_dtype)
 
-  def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+  def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
+                    segment_ids=None):
     """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
 
     Args: see `CausalLM.__call__`.
@@ -87,13 +101,19 @@ class _Base(nnx.Module):
         raise ValueError("cache_index was given without cache")
       if attention_mask is not None:
         chex.assert_shape(attention_mask, (b, t))
-      mask = build_attention_mask(b, t, attention_mask=attention_mask)
+      if segment_ids is not None:
+        chex.assert_shape(segment_ids, (b, t))
+      mask = build_attention_mask(b, t, attention_mask=attention_mask, segment_ids=segment_ids)
       if positions is None:
-        if attention_mask is None:
+        if segment_ids is not None:
+          positions = segment_positions(segment_ids)
+        elif attention_mask is None:
           positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         else:
           positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
     else:
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packed rows) are not supported with a cache")
       if not isinstance(cache, KVCache) or cache.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"cache must be a KVCache with {cfg.num_hidden_layers} layers (model.init_cache)")
       if cache.batch_size != b:
@@ -143,7 +163,21 @@ class CausalLM(_Base):
       logits = self.lm_head(hidden)
     return logits.astype(jnp.float32)
 
-  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+  def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
+                             chunk: int = 256) -> tuple[jax.Array, jax.Array]:
+    """hidden [B, T, D], targets int[B, T] -> (log-prob of each target, entropy) float32[B, T] under
+    softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats)."""
+    if self.lm_head is None:
+      weight, vocab_major = self.model.embed_tokens.embedding[...], True
+    else:
+      weight, vocab_major = self.lm_head.kernel[...], self.lm_head.kernel_layout == "out_in"
+    return chunked_logprobs_entropy(hidden.astype(self.config.compute_dtype),
+                                    weight.astype(self.config.compute_dtype), targets,
+                                    temperature=temperature, chunk=chunk, vocab_major=vocab_major,
+                                    precision=self.config.matmul_precision)
+
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
+               segment_ids=None):
     """Forward pass.
 
     Args:
@@ -156,12 +190,14 @@ class CausalLM(_Base):
       cache: a KVCache (from `init_cache`); the new keys/values go to slots
         [cache_index, cache_index + T).
       cache_index: int32 scalar write offset into the cache (same for the whole batch).
+      segment_ids: int[B, T] (no cache): packed rows, several sequences per row; a token attends
+        only to earlier tokens of its own segment, and default positions restart at 0 per segment.
 
     Returns:
       logits float32[B, T, V]; with a cache, (logits, new_cache).
     """
     hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
-                                           cache=cache, cache_index=cache_index)
+                                           cache=cache, cache_index=cache_index, segment_ids=segment_ids)
     logits = self.logits_from_hidden(hidden)
     return logits if cache is None else (logits, new_cache)
 
@@ -175,10 +211,11 @@ class Critic(_Base):
     self.model = Transformer(cfg, rngs=rngs)
     self.score = linear(cfg, cfg.hidden_size, 1, True, rngs)
 
-  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None):
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
+               segment_ids=None):
     """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""
     hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
-                                           cache=cache, cache_index=cache_index)
+                                           cache=cache, cache_index=cache_index, segment_ids=segment_ids)
     values = self.score(hidden)[..., 0].astype(jnp.float32)
     return values if cache is None else (values, new_cache)
 

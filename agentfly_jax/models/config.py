@@ -41,7 +41,9 @@ class ModelConfig:
   Ours: dtype (compute dtype name), param_dtype (parameter dtype name), remat (nnx.remat per
   decoder layer), num_labels (critic head width; 1), matmul_precision ('highest' | 'high' |
   'default', jax.lax.Precision for every matmul: 'highest' keeps float32 exact on GPU, where
-  'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed).
+  'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed), attention_chunk
+  (> 0: self-attention without a cache runs this many queries at a time, causal blocks under
+  jax.checkpoint, so no [B, H, T, T] is kept for the backward pass; 0: one masked square).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
   model_type: str = "qwen2"
@@ -69,6 +71,7 @@ class ModelConfig:
   remat: bool = False
   num_labels: int = 1
   matmul_precision: str = "highest"
+  attention_chunk: int = 0
 
   def __post_init__(self):
     if self.head_dim is None:
@@ -96,6 +99,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
     if self.hidden_act != "silu":
       raise ValueError(f"ModelConfig.hidden_act {self.hidden_act!r} is not supported; only 'silu'")
+    if not (isinstance(self.attention_chunk, int) and self.attention_chunk >= 0):
+      raise ValueError(f"ModelConfig.attention_chunk must be an int >= 0, got {self.attention_chunk!r}")
     if self.matmul_precision not in ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16"):
       raise ValueError(f"ModelConfig.matmul_precision {self.matmul_precision!r} is not a jax.lax.Precision name")
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:

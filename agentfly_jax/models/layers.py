@@ -7,6 +7,7 @@ hold a copy with [out, in] kernels (`set_kernel_layout`), faster for decode GEMM
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -136,6 +137,7 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
     self.dtype = cfg.compute_dtype
     self.precision = cfg.matmul_precision
+    self.attention_chunk = cfg.attention_chunk
     self.q_proj = linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs)
     self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
     self.v_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs)
@@ -182,31 +184,59 @@ class Attention(nnx.Module):
     return self.o_proj(out), (k, v)
 
   def _attend(self, q, k, v, mask, *, keys_transposed: bool):
-    """Masked softmax attention with (batch row, kv head) pairs folded into one batch dim.
+    """Masked softmax attention; see `attend`. Without a cache and with `attention_chunk` > 0,
+    queries go `attention_chunk` at a time (`chunked_causal_attention`)."""
+    chunk = self.attention_chunk
+    if not keys_transposed and chunk and q.shape[1] > chunk:
+      return chunked_causal_attention(q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk,
+                                      dtype=self.dtype, precision=self.precision)
+    return attend(q, k, v, mask, num_kv_heads=self.num_kv_heads, keys_transposed=keys_transposed,
+                  dtype=self.dtype, precision=self.precision)
 
-    Args:
-      q: [B, T, H, hd] (RoPE applied).
-      k: [B*KVH, hd, S] if `keys_transposed`, else [B*KVH, S, hd].
-      v: [B*KVH, S, hd].
-      mask: bool[B, T, S], True = may attend.
-    Returns:
-      [B, T, H * hd].
 
-    Both products are plain 3-D batched matmuls: XLA's CPU backend runs those ~1.3-2x faster
-    than the same contraction written with two batch dims (B and KVH), forward and backward.
-    """
-    b, t, h, hd = q.shape
-    kvh, s = self.num_kv_heads, v.shape[1]
-    g = h // kvh
-    q = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b * kvh, g * t, hd)
-    batch_dims = ((0,), (0,))
-    k_contract = (1,) if keys_transposed else (2,)
-    scores = jax.lax.dot_general(q, k, (((2,), k_contract), batch_dims), precision=self.precision)
-    scores = scores.reshape(b, kvh, g, t, s).astype(jnp.float32) / math.sqrt(hd)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype).reshape(b * kvh, g * t, s)
-    out = jax.lax.dot_general(probs, v, (((2,), (1,)), batch_dims), precision=self.precision)
-    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)
+def attend(q, k, v, mask, *, num_kv_heads: int, keys_transposed: bool, dtype, precision):
+  """Masked softmax attention with (batch row, kv head) pairs folded into one batch dim.
+
+  Args:
+    q: [B, T, H, hd] (RoPE applied).
+    k: [B*KVH, hd, S] if `keys_transposed`, else [B*KVH, S, hd].
+    v: [B*KVH, S, hd].
+    mask: bool[B, T, S], True = may attend.
+  Returns:
+    [B, T, H * hd].
+
+  Both products are plain 3-D batched matmuls: XLA's CPU backend runs those ~1.3-2x faster
+  than the same contraction written with two batch dims (B and KVH), forward and backward.
+  """
+  b, t, h, hd = q.shape
+  kvh, s = num_kv_heads, v.shape[1]
+  g = h // kvh
+  q = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b * kvh, g * t, hd)
+  batch_dims = ((0,), (0,))
+  k_contract = (1,) if keys_transposed else (2,)
+  scores = jax.lax.dot_general(q, k, (((2,), k_contract), batch_dims), precision=precision)
+  scores = scores.reshape(b, kvh, g, t, s).astype(jnp.float32) / math.sqrt(hd)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dtype).reshape(b * kvh, g * t, s)
+  out = jax.lax.dot_general(probs, v, (((2,), (1,)), batch_dims), precision=precision)
+  return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)
+
+
+def chunked_causal_attention(q, k, v, mask, *, num_kv_heads: int, chunk: int, dtype, precision):
+  """Causal self-attention (no cache) a block of `chunk` queries at a time: block [s, e) attends
+  to keys [0, e) only (the masked upper triangle beyond e is never computed), and each block runs
+  under `jax.checkpoint`, so the backward pass recomputes its scores instead of keeping the
+  [B, H, T, T] probabilities. Same args/result as `attend` with k [B*KVH, T, hd]; `mask` must be
+  causal (keys past the query never allowed), as `build_attention_mask` makes it.
+  """
+  t = q.shape[1]
+  block = jax.checkpoint(functools.partial(attend, num_kv_heads=num_kv_heads, keys_transposed=False,
+                                           dtype=dtype, precision=precision))
+  outs = []
+  for start in range(0, t, chunk):
+    end = min(t, start + chunk)
+    outs.append(block(q[:, start:end], k[:, :end], v[:, :end], mask[:, start:end, :end]))
+  return jnp.concatenate(outs, axis=1)
 
 
 class MLP(nnx.Module):

@@ -69,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.max_grad_norm = 1.0
   c.train.minibatches = 1          # optimizer updates per epoch
   c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
+  c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
   c.train.micro_batch_size = 16    # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
   c.loss = ml_collections.ConfigDict()

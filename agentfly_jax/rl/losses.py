@@ -43,13 +43,39 @@ def _masked_tokens(fn: str, name: str, x, mask) -> tuple[Array, Array]:
   return x, mask
 
 
+def sequence_ids(shape: tuple, segment_ids: Array | None) -> tuple[Array | None, int]:
+  """(int32[B, T] sequence index of each token, number of sequence slots) for packed rows
+  (`segment_ids` int[B, T], runs of equal ids within a row), or (None, B) for one sequence per row."""
+  if segment_ids is None:
+    return None, shape[0]
+  b, t = shape
+  return (jnp.arange(b, dtype=jnp.int32)[:, None] * t + segment_ids.astype(jnp.int32)), b * t
+
+
+def sequence_sums(x: Array, segment_ids: Array | None = None) -> Array:
+  """Per-sequence sums of x float[B, T]: float[B] (rows), or with packed `segment_ids` one slot
+  per possible (row, segment id) pair, float[B * T] (unused slots are 0)."""
+  seq, n = sequence_ids(x.shape, segment_ids)
+  if seq is None:
+    return x.sum(axis=1)
+  return jax.ops.segment_sum(x.reshape(-1), seq.reshape(-1), num_segments=n)
+
+
+def per_token_of_sequence(values: Array, shape: tuple, segment_ids: Array | None = None) -> Array:
+  """Broadcast per-sequence `values` (from `sequence_sums`) back to float[B, T] tokens."""
+  seq, _ = sequence_ids(shape, segment_ids)
+  return values[:, None] * jnp.ones(shape, values.dtype) if seq is None else values[seq]
+
+
 def aggregate(per_token: Array, mask: Array, mode: str = "token-mean", *,
-              norm_len: int | None = None) -> tuple[Array, Array]:
+              norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array]:
   """Reduce a per-token loss to (loss_sum, denom); the mean is loss_sum / denom.
 
   Args:
     per_token: float[B, T]; mask: bool/float[B, T] (0/1); mode: one of AGG_MODES (see the
-    module docstring); norm_len: C for seq-mean-token-sum-norm.
+    module docstring); norm_len: C for seq-mean-token-sum-norm; segment_ids: int[B, T] for
+    packed rows (several sequences per row): the seq-mean modes then count each segment as
+    one sequence, exactly as if each sat in its own row.
   Returns:
     (loss_sum float[], denom float[]), both additive over micro-batches (rows split).
   """
@@ -57,12 +83,14 @@ def aggregate(per_token: Array, mask: Array, mode: str = "token-mean", *,
   v.check_choice(fn, "aggregation mode", mode, AGG_MODES)
   per_token, mask = _masked_tokens(fn, "per_token", per_token, mask)
   x = jnp.where(mask > 0, per_token * mask, 0.0)  # no NaN leaks from masked positions
-  n_tok = mask.sum(axis=1)
+  if segment_ids is not None:
+    v.check_shape(fn, "segment_ids", segment_ids, per_token.shape, "per_token")
+  n_tok = sequence_sums(mask.astype(x.dtype), segment_ids)
   n_seq = (n_tok > 0).sum().astype(x.dtype)
   if mode == "token-mean":
     return x.sum(), n_tok.sum()
   if mode == "seq-mean-token-mean":
-    return (x.sum(axis=1) / jnp.maximum(n_tok, 1e-8)).sum(), n_seq
+    return (sequence_sums(x, segment_ids) / jnp.maximum(n_tok, 1e-8)).sum(), n_seq
   if mode == "seq-mean-token-sum":
     return x.sum(), n_seq
   c = per_token.shape[1] if norm_len is None else norm_len
@@ -168,7 +196,7 @@ def _check_clips(fn, clip_low, clip_high, dual_clip):
 
 
 def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, *, clip_low,
-                       clip_high, dual_clip, is_weights, agg, norm_len):
+                       clip_high, dual_clip, is_weights, agg, norm_len, segment_ids=None):
   """The clipped objective shared by PPO and GSPO; all arrays float[B, T]."""
   loss_unclipped = -adv * ratio
   loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -181,7 +209,7 @@ def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs
     loss = jnp.where(adv < 0, jnp.minimum(loss, loss_dual), loss)
   if is_weights is not None:
     loss = loss * is_weights
-  loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len)
+  loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len, segment_ids=segment_ids)
   metrics = {
       "clipfrac": _mean(clipped, mask),
       "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
@@ -198,7 +226,7 @@ def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs
 def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
                 agg: str = "token-mean", is_weights: Array | None = None,
-                norm_len: int | None = None) -> tuple[Array, Array, dict]:
+                norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
   """PPO clipped surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`).
 
   ratio = exp(clamp(logprobs - old_logprobs, -20, 20));
@@ -210,7 +238,7 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
 
   Args:
     logprobs: float[B, T] current policy; old_logprobs: float[B, T]; advantages: float[B, T];
-    mask: bool/float[B, T]; is_weights: float[B, T] or None; agg, norm_len: see `aggregate`.
+    mask: bool/float[B, T]; is_weights: float[B, T] or None; agg, norm_len, segment_ids: see `aggregate`.
   Returns:
     (loss_sum, denom, metrics) with metrics clipfrac, clipfrac_high (A > 0, ratio > 1 +
     clip_high), clipfrac_low (A < 0, ratio < 1 - clip_low), dual_clip_frac (A < 0, ratio >
@@ -225,14 +253,14 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
   return _clipped_surrogate(
       jnp.exp(log_ratio), adv, mask, log_ratio, logprobs, old_logprobs, clip_low=clip_low,
       clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
-      norm_len=norm_len)
+      norm_len=norm_len, segment_ids=segment_ids)
 
 
 def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
                      clip_low: float = 3e-4, clip_high: float = 4e-4,
                      dual_clip: float | None = None, agg: str = "seq-mean-token-mean",
                      is_weights: Array | None = None,
-                     norm_len: int | None = None) -> tuple[Array, Array, dict]:
+                     norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
   """GSPO (arXiv 2507.18071) with verl's `compute_policy_loss_gspo` definition.
 
   Sequence log-ratio: s_b = sum_t m*(logprobs - old_logprobs) / max(n_b, 1) (geometric mean of
@@ -251,15 +279,15 @@ def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, ma
       fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
   _check_clips(fn, clip_low, clip_high, dual_clip)
   token_log_ratio = jnp.where(mask > 0, logprobs - old_logprobs, 0.0)
-  n_tok = mask.sum(axis=1)
-  seq_log_ratio = (token_log_ratio * mask).sum(axis=1) / jnp.maximum(n_tok, 1.0)
+  n_tok = sequence_sums(mask.astype(logprobs.dtype), segment_ids)
+  seq_log_ratio = sequence_sums(token_log_ratio * mask, segment_ids) / jnp.maximum(n_tok, 1.0)
   log_ratio = (logprobs - jax.lax.stop_gradient(logprobs)
-               + jax.lax.stop_gradient(seq_log_ratio)[:, None])
+               + jax.lax.stop_gradient(per_token_of_sequence(seq_log_ratio, logprobs.shape, segment_ids)))
   ratio = jnp.exp(jnp.minimum(log_ratio, GSPO_LOG_RATIO_MAX))
   return _clipped_surrogate(
       ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, clip_low=clip_low,
       clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
-      norm_len=norm_len)
+      norm_len=norm_len, segment_ids=segment_ids)
 
 
 _POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss}
@@ -286,7 +314,7 @@ def get_policy_loss(name: str) -> Callable:
 # --------------------------------------------------------------------------- value loss
 def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
                clip: float | None = 0.5, agg: str = "token-mean",
-               norm_len: int | None = None) -> tuple[Array, Array, dict]:
+               norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
   """Clipped value loss (verl `compute_value_loss`):
   l = 0.5 * max((V - R)^2, (old + clip(V - old, -clip, clip) - R)^2); `clip=None`: 0.5 (V - R)^2.
 
@@ -314,7 +342,7 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     loss_clipped = jnp.square(values_clipped - returns)
     loss = jnp.maximum(loss_unclipped, loss_clipped)
     clipped = loss_clipped > loss_unclipped
-  loss_sum, denom = aggregate(0.5 * loss, mask, agg, norm_len=norm_len)
+  loss_sum, denom = aggregate(0.5 * loss, mask, agg, norm_len=norm_len, segment_ids=segment_ids)
   metrics = {
       "vf_clipfrac": _mean(clipped, mask),
       "value_mean": _mean(values, mask),

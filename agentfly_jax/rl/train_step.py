@@ -9,7 +9,9 @@ Batch (all arrays [M, mb, T], token-position aligned like the Trajectory: positi
 its action-mask bit and its sampler log-prob; the loss shifts by one internally):
   token_ids int32, attention_mask bool, action_mask bool, old_logprobs f32, advantages f32;
   optional: ref_logprobs f32 (KL), is_weights f32 (sampler/trainer mismatch correction),
-  returns f32 + old_values f32 (critic, PPO).
+  returns f32 + old_values f32 (critic, PPO), segment_ids int32 + positions int32 (packed rows,
+  `rl/packing.py`: attention stays within a segment, positions restart, seq-mean losses count
+  segments; a segment's first token must not be an action token).
 The jitted step has explicit in/out shardings on the (fsdp, tp) mesh and donates the state.
 """
 from __future__ import annotations
@@ -39,45 +41,71 @@ class LossConfig:
   entropy_coef: float = 0.0
   value_clip: float = 0.5
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
+  logits_chunk: int = 256           # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, T, V] logits
 
 
 def _shifted(mb: dict, key: str):
   return mb[key][:, 1:] if key in mb else None
 
 
-def policy_logprobs(model, token_ids, attention_mask, temperature: float = 1.0):
+def _packing(segment_ids, positions) -> dict:
+  """Model kwargs for the inputs (tokens :-1) of packed rows (none for plain rows)."""
+  out = {}
+  if segment_ids is not None:
+    out["segment_ids"] = segment_ids[:, :-1]
+  if positions is not None:
+    out["positions"] = positions[:, :-1]
+  return out
+
+
+def policy_logprobs(model, token_ids, attention_mask, temperature: float = 1.0, segment_ids=None, positions=None):
   """Trainer log-probs of each token given its prefix, position-aligned.
 
-  token_ids int32[B, T], attention_mask bool[B, T] -> (logprobs f32[B, T] (position 0 is 0),
-  logits f32[B, T-1, V]).
+  token_ids int32[B, T], attention_mask bool[B, T] (segment_ids / positions int32[B, T]: packed
+  rows) -> (logprobs f32[B, T] (position 0 is 0), logits f32[B, T-1, V]).
   """
-  logits = model(token_ids[:, :-1], attention_mask=attention_mask[:, :-1])
+  logits = model(token_ids[:, :-1], attention_mask=attention_mask[:, :-1], **_packing(segment_ids, positions))
   lp = losses.token_logprobs(logits.astype(jnp.float32), token_ids[:, 1:], temperature=temperature)
   return jnp.pad(lp, ((0, 0), (1, 0))), logits
 
 
+def policy_logprobs_entropy(model, token_ids, attention_mask, temperature: float = 1.0, chunk: int = 256,
+                            segment_ids=None, positions=None):
+  """(log-probs f32[B, T-1] of tokens 1.., entropies f32[B, T-1] of the softmax that predicts
+  them) for token_ids int32[B, T], attention_mask bool[B, T] (segment_ids / positions: packed
+  rows). `chunk` > 0: chunked over tokens, no [B, T, V] logits
+  (CausalLM.token_logprobs_entropy); 0: plain logits."""
+  if chunk:
+    hidden, _ = model.hidden_states(token_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                                    **_packing(segment_ids, positions))
+    return model.token_logprobs_entropy(hidden, token_ids[:, 1:], temperature=temperature, chunk=chunk)
+  lp, logits = policy_logprobs(model, token_ids, attention_mask, temperature, segment_ids, positions)
+  return lp[:, 1:], losses.entropy_from_logits(logits.astype(jnp.float32) / temperature)
+
+
 def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   model = nnx.merge(graphdef, params, rest)
-  lp_full, logits = policy_logprobs(model, mb["token_ids"], mb["attention_mask"], cfg.temperature)
-  lp = lp_full[:, 1:]
+  lp, entropy = policy_logprobs_entropy(model, mb["token_ids"], mb["attention_mask"], cfg.temperature,
+                                        cfg.logits_chunk, mb.get("segment_ids"), mb.get("positions"))
   mask = mb["action_mask"][:, 1:]
+  seg = _shifted(mb, "segment_ids")
+  packed = {} if seg is None else {"segment_ids": seg}
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
   pg_sum, denom, pg_metrics = loss_fn(
       lp, _shifted(mb, "old_logprobs"), _shifted(mb, "advantages"), mask,
       clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
-      is_weights=_shifted(mb, "is_weights"))
+      is_weights=_shifted(mb, "is_weights"), **packed)
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)
   metrics["actor/pg_loss"] = pg_sum / safe
-  entropy = losses.entropy_from_logits(logits.astype(jnp.float32) / cfg.temperature)
-  ent_sum, _ = losses.aggregate(entropy, mask, cfg.agg)
+  ent_sum, _ = losses.aggregate(entropy, mask, cfg.agg, segment_ids=seg)
   metrics["actor/entropy"] = ent_sum / safe
   if cfg.entropy_coef:
     total = total - cfg.entropy_coef * ent_sum
   if "ref_logprobs" in mb:
     kl = losses.kl_penalty(lp, _shifted(mb, "ref_logprobs"), kind=cfg.kl_kind)
-    kl_sum, _ = losses.aggregate(kl, mask, cfg.agg)
+    kl_sum, _ = losses.aggregate(kl, mask, cfg.agg, segment_ids=seg)
     metrics["actor/kl_ref"] = kl_sum / safe
     if cfg.kl_coef:
       total = total + cfg.kl_coef * kl_sum
@@ -86,11 +114,12 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
 
 def _critic_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   critic = nnx.merge(graphdef, params, rest)
-  values = critic(mb["token_ids"][:, :-1], attention_mask=mb["attention_mask"][:, :-1])
+  values = critic(mb["token_ids"][:, :-1], attention_mask=mb["attention_mask"][:, :-1],
+                  **_packing(mb.get("segment_ids"), mb.get("positions")))
   mask = mb["action_mask"][:, 1:]
   vf_sum, denom, vf_metrics = losses.value_loss(
       values.astype(jnp.float32), _shifted(mb, "old_values"), _shifted(mb, "returns"), mask,
-      clip=cfg.value_clip, agg=cfg.agg)
+      clip=cfg.value_clip, agg=cfg.agg, segment_ids=_shifted(mb, "segment_ids"))
   metrics = {f"critic/{k}": v for k, v in vf_metrics.items()}
   metrics["critic/vf_loss"] = vf_sum / jnp.maximum(denom, 1e-8)
   return vf_sum, (denom, metrics)

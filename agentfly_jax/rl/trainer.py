@@ -27,6 +27,7 @@ from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, W
 from agentfly_jax.rl import advantages as adv_lib
 from agentfly_jax.rl.batching import (bucket, drop_zero_variance_groups, micro_batch_layout,
                                       overlong_penalty, rollout_metrics, to_microbatches)
+from agentfly_jax.rl.packing import pack_batch, padding_fraction
 from agentfly_jax.rl.config import ALGORITHMS, resolved_agg, validate_config
 from agentfly_jax.rl.setup import build_components
 from agentfly_jax.rl.train_state import create_train_state, make_optimizer
@@ -330,7 +331,13 @@ class Trainer:
       for rows in np.array_split(perm, c.train.minibatches):
         if len(rows) == 0:
           continue
-        mb = self._put_batch(to_microbatches(batch, rows, micro_size, num_micro))
+        if c.train.pack_sequences:  # fewer, fuller rows: M shrinks with the padding saved
+          packed, _ = pack_batch({k: v[rows] for k, v in batch.items()})
+          host = to_microbatches(packed, np.arange(len(packed["token_ids"])), micro_size, 1)
+        else:
+          host = to_microbatches(batch, rows, micro_size, num_micro)
+        metrics["train/padding_fraction"] = padding_fraction(host["attention_mask"])
+        mb = self._put_batch(host)
         state, m = self._jitted("rl", state_sh, mb)(state, mb)
         step_metrics.append(m)
     for k in step_metrics[0]:

@@ -1,0 +1,128 @@
+"""Per-token log-probs and entropies straight from final hidden states, chunked over tokens.
+
+    lp, ent = chunked_logprobs_entropy(hidden, weight, targets, temperature=1.0, chunk=256)
+
+The plain route (logits = hidden @ W, then log-softmax / entropy over the vocabulary) keeps a
+float32 [B, T, V] logits array alive for the backward pass, and XLA adds several more [B, T, V]
+temporaries (exp, the softmax, the gradient and its transpose for dW). Here a `lax.scan` walks
+`chunk` tokens at a time: the forward keeps only the per-token log-sum-exp and mean logit; the
+backward (a custom VJP) recomputes each chunk's logits and turns them straight into d hidden and
+an accumulated dW, so no [B, T, V] array ever exists, at the cost of one more [chunk, D] x [D, V]
+matmul per chunk.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _logits(h, w, vocab_major: bool, precision):
+  """h [c, D], w [V, D] (vocab_major) or [D, V] -> float32 [c, V]."""
+  contract = 1 if vocab_major else 0
+  return jax.lax.dot_general(h, w, (((1,), (contract,)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
+
+
+def _stats(h, w, tgt, temperature, vocab_major, precision):
+  """One chunk: z = logits / T; returns (z, lse, mean z under softmax, log-prob of tgt)."""
+  z = _logits(h, w, vocab_major, precision) / temperature
+  top = jax.lax.stop_gradient(z.max(axis=-1, keepdims=True))
+  e = jnp.exp(z - top)
+  s = e.sum(axis=-1, keepdims=True)
+  lse = (top + jnp.log(s))[:, 0]
+  mean_z = jnp.where(e > 0, e * z, 0.0).sum(axis=-1) / s[:, 0]
+  picked = jnp.take_along_axis(z, tgt[:, None], axis=-1)[:, 0]
+  return z, lse, mean_z, picked - lse
+
+
+def _chunks(x, chunk: int):
+  """[N, ...] -> [N_pad / chunk, chunk, ...] (zero-padded at the end)."""
+  n = x.shape[0]
+  pad = (-n) % chunk
+  x = jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1))
+  return x.reshape(-1, chunk, *x.shape[1:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _flat_logprobs_entropy(h, w, tgt, temperature, chunk, vocab_major, precision):
+  out, _ = _fwd(h, w, tgt, temperature, chunk, vocab_major, precision)
+  return out
+
+
+def _fwd(h, w, tgt, temperature, chunk, vocab_major, precision):
+  n = h.shape[0]
+
+  def body(_, xs):
+    hc, tc = xs
+    _, lse, mean_z, lp = _stats(hc, w, tc, temperature, vocab_major, precision)
+    return None, (lp, lse - mean_z, lse, mean_z)
+
+  _, (lp, ent, lse, mean_z) = jax.lax.scan(body, None, (_chunks(h, chunk), _chunks(tgt, chunk)))
+  flat = lambda a: a.reshape(-1)[:n]  # noqa: E731
+  return (flat(lp), flat(ent)), (h, w, tgt, lse, mean_z)
+
+
+def _bwd(temperature, chunk, vocab_major, precision, res, cts):
+  h, w, tgt, lse, mean_z = res
+  g_lp, g_ent = cts
+  n = h.shape[0]
+  g_lp, g_ent = _chunks(g_lp, chunk), _chunks(g_ent, chunk)
+
+  def body(dw, xs):
+    hc, tc, lse_c, mz_c, glp_c, gent_c = xs
+    z = _logits(hc, w, vocab_major, precision) / temperature
+    p = jnp.exp(z - lse_c[:, None])
+    onehot = jax.nn.one_hot(tc, z.shape[-1], dtype=z.dtype)
+    # d lp / dz = onehot - p;  d entropy / dz = -p (z - E_p[z])
+    dz = glp_c[:, None] * (onehot - p) - gent_c[:, None] * jnp.where(p > 0, p * (z - mz_c[:, None]), 0.0)
+    dlogits = (dz / temperature).astype(hc.dtype)
+    dh = jax.lax.dot_general(dlogits, w, (((1,), (0 if vocab_major else 1,)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
+    if vocab_major:  # dW [V, D] = dlogits^T h
+      dw_c = jax.lax.dot_general(dlogits, hc, (((0,), (0,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)
+    else:            # dW [D, V] = h^T dlogits
+      dw_c = jax.lax.dot_general(hc, dlogits, (((0,), (0,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)
+    return dw + dw_c, dh.astype(hc.dtype)
+
+  xs = (_chunks(h, chunk), _chunks(tgt, chunk), lse, mean_z, g_lp, g_ent)  # lse, mean_z: [chunks, chunk]
+  dw, dh = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32), xs)
+  return dh.reshape(-1, h.shape[-1])[:n], dw.astype(w.dtype), np.zeros(tgt.shape, jax.dtypes.float0)
+
+
+_flat_logprobs_entropy.defvjp(_fwd, _bwd)
+
+
+def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *,
+                             temperature: float = 1.0, chunk: int = 256, vocab_major: bool = True,
+                             precision=None) -> tuple[jax.Array, jax.Array]:
+  """log softmax(hidden @ W / temperature)[targets] and the softmax's entropy, per token.
+
+  Args:
+    hidden: float[..., D] final hidden states (compute dtype).
+    weight: the output projection, [V, D] when `vocab_major` (a tied embedding) else [D, V]
+      (an untied lm_head kernel).
+    targets: int[...] token ids in [0, V), the same leading shape as `hidden`.
+    temperature: Python float > 0; chunk: tokens per scan step (static).
+    precision: jax.lax.Precision of the matmuls.
+  Returns:
+    (logprobs float32[...], entropy float32[...]); differentiable in hidden and weight (custom
+    VJP: logits are recomputed chunk by chunk in the backward pass).
+  """
+  if not temperature > 0:
+    raise ValueError(f"chunked_logprobs_entropy: temperature must be > 0, got {temperature!r}")
+  if chunk < 1:
+    raise ValueError(f"chunked_logprobs_entropy: chunk must be >= 1, got {chunk!r}")
+  lead = hidden.shape[:-1]
+  if targets.shape != lead:
+    raise ValueError(f"chunked_logprobs_entropy: targets shape {targets.shape} != hidden's leading shape {lead}")
+  h = hidden.reshape(-1, hidden.shape[-1])
+  tgt = targets.reshape(-1).astype(jnp.int32)
+  chunk = min(chunk, max(1, h.shape[0]))
+  lp, ent = _flat_logprobs_entropy(h, weight.astype(h.dtype), tgt, float(temperature), int(chunk),
+                                   bool(vocab_major), precision)
+  return lp.reshape(lead), ent.reshape(lead)

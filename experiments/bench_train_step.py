@@ -1,0 +1,460 @@
+"""Train-step benchmark: our jitted PPO-clip step vs the same maths in PyTorch + transformers.
+
+    .venv/bin/python experiments/bench_train_step.py --models=tiny,smollm2 \
+        --shapes=8x256,4x512,16x128,1x2048 --frameworks=jax,jax+plain,torch --steps=policy,ppo
+
+One policy step: forward on tokens[:, :-1], log-prob of each next token (temperature 1), PPO-clip
+(clip 0.2/0.2, dual-clip 3) over the action tokens, token-mean, entropy as a metric, backward,
+global-norm clipping to 1.0, AdamW (lr 1e-6, weight decay 0.01), float32. `ppo` adds the critic's
+clipped value-loss step on a value-head model with the same trunk (what the trainer runs for
+PPO). Same weights (an HF folder both load), same batch (numpy, seeded), one micro-batch.
+
+Frameworks: `jax` (the library's defaults), `jax+plain` (the same step with the earlier
+formulation: [B, T, V] logits and one masked [B, H, T, T] attention square, for the A/B),
+`torch` (transformers' model, eager, its default attention).
+
+Method: each (model, shape, framework) runs in its own worker process (so peak RSS is that
+shape's), built and compiled once; the parent then times `repeats` rounds in which the
+frameworks take turns. Reported: median and minimum wall seconds, the process CPU seconds of the
+step (user + system over all threads: less sensitive to other jobs on a shared machine than the
+wall), compile (first-step) time, peak RSS, model FLOPs (6 x matmul params x tokens + attention,
+full square) per second and as a fraction of `jnp.matmul`'s rate (2048^2 float32, measured in
+the same run), and the first step's loss in each framework.
+
+`--demo`: on real batches of the README demo (the lookup task's warm start, one rollout), the
+train step unpacked vs packed (`rl/packing.py`): padding fraction and useful (non-padding)
+tokens/s; and the demo's end-to-end step-time budget (rollout / old + ref log-probs / train /
+sync / eval) from `Trainer.train` metrics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny | smollm2 (shipped weights) | smollm2_random "
+                  "(same shapes, random init; with --num_layers for scaled-down A/Bs)")
+flags.DEFINE_integer("num_layers", 0, "smollm2_random: decoder layers (0 = SmolLM2's 30)")
+flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch shapes")
+flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
+flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
+flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
+flags.DEFINE_bool("demo", False, "also: packing on the demo's real batches + the demo's step-time budget")
+flags.DEFINE_integer("demo_steps", 3, "trainer steps timed for the demo budget")
+flags.DEFINE_bool("bench", True, "run the framework comparison (off: only --demo)")
+flags.DEFINE_string("out", "bench_train_step", "result file stem in experiments/results/")
+flags.DEFINE_string("work_dir", "/dev/shm/bench_train_step", "scratch folder for random models' HF files")
+flags.DEFINE_string("serve", "", "internal: run as the MODEL:SHAPE:FRAMEWORK worker")
+
+LR, WEIGHT_DECAY, CLIP, DUAL_CLIP, MAX_GRAD_NORM, VALUE_CLIP = 1e-6, 0.01, 0.2, 3.0, 1.0, 0.5
+SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+                          tie_word_embeddings=True)
+
+
+# ---------------------------------------------------------------- shared inputs
+def model_config(name: str):
+  from agentfly_jax.models import ModelConfig, smollm2_folder, tiny_config
+  if name == "tiny":
+    return tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
+  if name == "smollm2_random":
+    return ModelConfig(**{**SMOLLM2_135M_SHAPES, "num_hidden_layers": FLAGS.num_layers or 30})
+  if name == "smollm2":
+    with open(os.path.join(smollm2_folder(), "config.json")) as f:
+      return ModelConfig.from_hf_dict(json.load(f))
+  raise ValueError(f"--models: unknown model {name!r} (tiny, smollm2, smollm2_random)")
+
+
+def model_folder(name: str) -> str:
+  """The HF folder both frameworks load (random models are saved once)."""
+  from flax import nnx
+
+  from agentfly_jax.models import CausalLM, save_pretrained, smollm2_folder
+  if name == "smollm2":
+    return smollm2_folder()
+  folder = os.path.join(FLAGS.work_dir, f"{name}_{FLAGS.num_layers}")
+  if not os.path.exists(os.path.join(folder, "config.json")):
+    save_pretrained(CausalLM(model_config(name), rngs=nnx.Rngs(0)), folder)
+  return folder
+
+
+def make_batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
+  """Numpy batch [B, T]: ~1/8 of rows end early (padding), the first quarter is prompt."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1, vocab, (b, t)).astype(np.int32)
+  lengths = np.where(rng.random(b) < 0.125, rng.integers(t // 2, t + 1, b), t)
+  attn = np.arange(t)[None] < lengths[:, None]
+  action = attn & (np.arange(t)[None] >= t // 4)
+  f = lambda x: np.where(action, x, 0).astype(np.float32)  # noqa: E731
+  return {"token_ids": ids, "attention_mask": attn, "action_mask": action,
+          "old_logprobs": f(-rng.random((b, t)) * 2 - 9.5), "advantages": f(rng.normal(size=(b, t))),
+          "returns": f(rng.normal(size=(b, t))), "old_values": f(rng.normal(size=(b, t)) * 0.1)}
+
+
+def value_head(d: int):
+  import numpy as np
+  return (np.random.default_rng(7).normal(size=(d,)) * 0.02).astype(np.float32)
+
+
+def step_flops(cfg, b: int, t: int, step: str) -> float:
+  """Model FLOPs of one step: 6 x matmul params x tokens + attention (full square, fwd + bwd)."""
+  d, layers = cfg.hidden_size, cfg.num_hidden_layers
+  q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+  per_layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size
+  tokens = b * (t - 1)
+  attn = 12 * layers * q * (t - 1) * tokens
+  policy = 6 * tokens * (layers * per_layer + cfg.vocab_size * d) + attn
+  critic = 6 * tokens * (layers * per_layer + d) + attn
+  return policy + (critic if step == "ppo" else 0)
+
+
+# ---------------------------------------------------------------- workers
+class JaxStep:
+  def __init__(self, name: str, b: int, t: int, variant: str):
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from agentfly_jax.models import Critic, from_pretrained
+    from agentfly_jax.rl.batching import to_microbatches
+    from agentfly_jax.rl.train_state import create_train_state, make_optimizer
+    from agentfly_jax.rl.train_step import LossConfig, make_train_step
+    plain = variant == "plain"
+    overrides = {"attention_chunk": 0} if plain else {}
+    model = from_pretrained(model_folder(name), **overrides)
+    critic = Critic.from_causal_lm(model)
+    critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
+    loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP,
+                          **({"logits_chunk": 0} if plain else {}))
+    opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
+    g, p, r = nnx.split(model, nnx.Param, ...)
+    cg, cp, cr = nnx.split(critic, nnx.Param, ...)
+    batch = make_batch(model.config.vocab_size, b, t)
+    self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
+    self.fns, self.states = {}, {}
+    for step in FLAGS.steps:
+      with_critic = step == "ppo"
+      fn = make_train_step(g, r, opt, loss_cfg, **(dict(critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt)
+                                                    if with_critic else {}))
+      self.fns[step] = jax.jit(fn, donate_argnums=(0,))
+      state = create_train_state(p, opt, critic_params=cp if with_critic else None,
+                                 critic_optimizer=opt if with_critic else None)
+      self.states[step] = jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, state)
+
+  def run(self, step: str) -> dict:
+    import jax
+    self.states[step], m = self.fns[step](self.states[step], self.mb)
+    jax.block_until_ready((self.states[step], m))
+    out = {"loss": float(m["actor/pg_loss"])}
+    if "critic/vf_loss" in m:
+      out["vf_loss"] = float(m["critic/vf_loss"])
+    return out
+
+
+class TorchStep:
+  def __init__(self, name: str, b: int, t: int):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    torch.manual_seed(0)
+    folder = model_folder(name)
+    self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
+    if "ppo" in FLAGS.steps:
+      self.critic = AutoModelForTokenClassification.from_pretrained(folder, num_labels=1, dtype=torch.float32).eval()
+      with torch.no_grad():
+        self.critic.score.weight.copy_(torch.from_numpy(value_head(self.model.config.hidden_size))[None])
+        if self.critic.score.bias is not None:
+          self.critic.score.bias.zero_()
+      self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
+    batch = make_batch(self.model.config.vocab_size, b, t)
+    self.batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+
+  def _policy(self) -> float:
+    import torch
+    bt = self.batch
+    ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
+    logits = self.model(input_ids=ids[:, :-1], attention_mask=am[:, :-1]).logits.float()
+    target = ids[:, 1:]
+    # TRL's selective_log_softmax for float32: gather minus a per-row logsumexp (loop saves memory)
+    picked = torch.gather(logits, -1, target[..., None])[..., 0]
+    lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+    lp = picked - lse
+    with torch.no_grad():  # entropy as a metric, as the JAX step reports it
+      p = torch.softmax(logits, -1)
+      _ = (lse - (p * logits).sum(-1))
+    mask = bt["action_mask"][:, 1:].float()
+    old, adv = bt["old_logprobs"][:, 1:], bt["advantages"][:, 1:]
+    ratio = torch.exp(torch.clamp(lp - old, -20.0, 20.0))
+    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
+    loss = torch.where(adv < 0, torch.minimum(loss, -adv * DUAL_CLIP), loss)
+    loss = (loss * mask).sum() / mask.sum().clamp(min=1e-8)
+    self.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
+    self.opt.step()
+    return float(loss)
+
+  def _critic(self) -> float:
+    import torch
+    bt = self.batch
+    ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
+    values = self.critic(input_ids=ids[:, :-1], attention_mask=am[:, :-1]).logits[..., 0].float()
+    mask = bt["action_mask"][:, 1:].float()
+    old, ret = bt["old_values"][:, 1:], bt["returns"][:, 1:]
+    clipped = old + torch.clamp(values - old, -VALUE_CLIP, VALUE_CLIP)
+    loss = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2)
+    loss = (loss * mask).sum() / mask.sum().clamp(min=1e-8)
+    self.critic_opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), MAX_GRAD_NORM)
+    self.critic_opt.step()
+    return float(loss)
+
+  def run(self, step: str) -> dict:
+    out = {"loss": self._policy()}
+    if step == "ppo":
+      out["vf_loss"] = self._critic()
+    return out
+
+
+def serve(spec: str) -> None:
+  """Worker loop: builds, runs each step once (compile), prints READY, then answers
+  "run STEP" with {"wall", "cpu", ...} JSON lines; "mem" -> peak RSS."""
+  name, shape, framework = spec.split(":")
+  b, t = (int(x) for x in shape.split("x"))
+  out = sys.__stdout__
+  if framework == "torch":
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    runner = TorchStep(name, b, t)
+  else:
+    runner = JaxStep(name, b, t, framework.split("+", 1)[1] if "+" in framework else "")
+  rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  first = {}
+  for step in FLAGS.steps:
+    t0 = time.perf_counter()
+    first[step] = {**runner.run(step), "compile_s": time.perf_counter() - t0}
+  print(json.dumps({"ready": True, "first": first, "rss_loaded": rss_loaded}), file=out, flush=True)
+  for line in sys.stdin:
+    cmd = line.split()
+    if not cmd or cmd[0] == "quit":
+      break
+    if cmd[0] == "mem":
+      reply = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    else:
+      c0, t0 = os.times(), time.perf_counter()
+      reply = runner.run(cmd[1])
+      c1 = os.times()
+      reply.update(wall=time.perf_counter() - t0, cpu=(c1.user - c0.user) + (c1.system - c0.system))
+    print(json.dumps(reply), file=out, flush=True)
+
+
+class Worker:
+  def __init__(self, spec: str):
+    import subprocess
+    import tempfile
+    self.label = spec
+    self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(FLAGS.steps)}",
+           f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                 text=True, bufsize=1)
+    self.ready = self._read()
+
+  def _read(self) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith("{"):
+        return json.loads(line)
+    self.log.seek(0)
+    raise RuntimeError(f"{self.label} worker died (exit {self.proc.wait()}):\n{self.log.read()[-3000:]}")
+
+  def ask(self, command: str) -> dict:
+    self.proc.stdin.write(command + "\n")
+    self.proc.stdin.flush()
+    return self._read()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=300)
+    os.unlink(self.log.name)
+
+
+def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
+  """FLOP/s of an n x n float32 `jnp.matmul` (jitted, best of reps)."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  f(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n ** 3 / best
+
+
+# ---------------------------------------------------------------- the comparison
+def compare(matmul_rate: float) -> list[dict]:
+  rows = []
+  for name in FLAGS.models:
+    cfg = model_config(name)
+    model_folder(name)
+    for shape in FLAGS.shapes:
+      b, t = (int(x) for x in shape.split("x"))
+      workers = {}
+      try:
+        for fw in FLAGS.frameworks:
+          t0 = time.perf_counter()
+          workers[fw] = Worker(f"{name}:{shape}:{fw}")
+          print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
+                f"(first step {json.dumps(workers[fw].ready['first'])})", flush=True)
+        times = {(fw, s): [] for fw in workers for s in FLAGS.steps}
+        for rep in range(FLAGS.repeats):
+          for s in FLAGS.steps:
+            for fw, w in workers.items():
+              times[fw, s].append(w.ask(f"run {s}"))
+          print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
+              f"{fw}/{s} {v[-1]['wall']:.2f}s wall {v[-1]['cpu']:.2f}s cpu" for (fw, s), v in times.items()), flush=True)
+        mem = {fw: w.ask("mem")["peak_rss"] for fw, w in workers.items()}
+      finally:
+        for w in workers.values():
+          w.close()
+      for (fw, s), runs in times.items():
+        wall = [r["wall"] for r in runs]
+        cpu = [r["cpu"] for r in runs]
+        flops = step_flops(cfg, b, t, s)
+        first = workers[fw].ready["first"][s]
+        rows.append({"model": name, "shape": shape, "step": s, "framework": fw,
+                     "wall_median_s": statistics.median(wall), "wall_min_s": min(wall), "wall_all_s": wall,
+                     "cpu_median_s": statistics.median(cpu), "cpu_all_s": cpu, "compile_s": first["compile_s"],
+                     "first_loss": first["loss"], "first_vf_loss": first.get("vf_loss"),
+                     "peak_rss_bytes": mem[fw], "rss_after_load_bytes": workers[fw].ready["rss_loaded"],
+                     "model_flops": flops, "flop_per_s": flops / statistics.median(wall),
+                     "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
+                     "flop_per_s_best": flops / min(wall)})
+  for r in rows:
+    ref = [o for o in rows if (o["model"], o["shape"], o["step"], o["framework"]) == (r["model"], r["shape"], r["step"], "torch")]
+    if ref:
+      o = ref[0]
+      r["speedup_vs_torch_median"] = o["wall_median_s"] / r["wall_median_s"]
+      r["speedup_vs_torch_min"] = o["wall_min_s"] / r["wall_min_s"]
+      r["speedup_vs_torch_per_repeat"] = [a / b for a, b in zip(o["wall_all_s"], r["wall_all_s"])]
+      r["cpu_speedup_vs_torch"] = o["cpu_median_s"] / r["cpu_median_s"]
+      r["loss_rel_diff_vs_torch"] = abs(r["first_loss"] - o["first_loss"]) / max(abs(o["first_loss"]), 1e-12)
+      r["peak_rss_vs_torch"] = r["peak_rss_bytes"] / o["peak_rss_bytes"]
+  return rows
+
+
+# ---------------------------------------------------------------- the demo: packing + budget
+def demo() -> dict:
+  """Real demo batches: train step unpacked vs packed, and the trainer's step-time budget."""
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from agentfly_jax.rl.batching import micro_batch_layout, to_microbatches
+  from agentfly_jax.rl.config import lookup_config
+  from agentfly_jax.rl.packing import pack_batch, padding_fraction
+  from agentfly_jax.rl.trainer import Trainer
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  c = lookup_config("grpo", os.path.join(root, "experiments", "results", "lookup_warmstart"))
+  c.train.steps, c.eval.every, c.eval.num_rows, c.log.progress, c.log.tensorboard = FLAGS.demo_steps, 0, 0, False, False
+  c.checkpoint.every = 10 ** 6
+  out = {}
+  with tempfile.TemporaryDirectory() as wd:
+    tr = Trainer(c, wd)
+    params = tr._init_params
+    tr.sampler.update_weights(params)
+    trajs = tr.rollout(tr._rows_at(0, c.rollout.rows_per_step), seed=1)
+    from agentfly_jax.rl.train_state import create_train_state
+    state = create_train_state(params, tr.optimizer)
+    batch = tr._prepare(state, trajs, {})
+    size, num = micro_batch_layout(len(trajs), c.train.micro_batch_size)
+    plain = to_microbatches(batch, np.arange(len(trajs)), size, num)
+    packed_rows, _ = pack_batch(batch)
+    packed = to_microbatches(packed_rows, np.arange(len(packed_rows["token_ids"])), size, 1)
+    from agentfly_jax.rl.train_step import make_train_step
+    useful = int(batch["attention_mask"].sum())
+    timing = {}
+    for label, mb in (("unpacked", plain), ("packed", packed)):
+      fn = jax.jit(make_train_step(tr.graphdef, tr.rest, tr.optimizer, tr.loss_cfg))
+      st = create_train_state(params, tr.optimizer)
+      st, m = fn(st, mb)
+      jax.block_until_ready(m)
+      timing[label] = {"fn": fn, "state": st, "mb": mb, "wall": [], "loss": float(m["actor/pg_loss"])}
+    for _ in range(max(3, FLAGS.repeats)):
+      for label, d in timing.items():
+        t0 = time.perf_counter()
+        d["state"], m = d["fn"](d["state"], d["mb"])
+        jax.block_until_ready(m)
+        d["wall"].append(time.perf_counter() - t0)
+    out["packing"] = {label: {"rows": int(np.prod(d["mb"]["token_ids"].shape[:2])), "row_len": int(d["mb"]["token_ids"].shape[2]),
+                              "padding_fraction": padding_fraction(d["mb"]["attention_mask"]),
+                              "wall_median_s": statistics.median(d["wall"]), "wall_all_s": d["wall"],
+                              "useful_tok_s": useful / statistics.median(d["wall"]), "first_loss": d["loss"]}
+                      for label, d in timing.items()}
+    out["packing"]["trajectories"] = len(trajs)
+    out["packing"]["useful_tokens"] = useful
+    budget = {}
+    for packed_flag in (False, True):
+      c2 = c.copy_and_resolve_references()
+      c2.train.pack_sequences = packed_flag
+      c2.eval.every, c2.eval.num_rows = FLAGS.demo_steps, 16
+      with tempfile.TemporaryDirectory() as wd2:
+        records = Trainer(c2, wd2).train()
+      steps = [r for r in records if r.get("step", 0) > 1 and "time/step_s" in r]  # step 1 compiles
+      keys = sorted({k for r in steps for k in r if k.startswith("time/")})
+      budget["packed" if packed_flag else "unpacked"] = {k: statistics.median([r[k] for r in steps if k in r]) for k in keys}
+    out["budget"] = budget
+  return out
+
+
+def main(argv):
+  del argv
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if FLAGS.serve:
+    serve(FLAGS.serve)
+    return
+  from bench_train_step_report import write_results  # noqa: E402 (experiments/ is on sys.path)
+  load_start = os.getloadavg()
+  rate = measure_matmul_rate()
+  print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
+  rows = compare(rate) if FLAGS.bench else []
+  demo_out = demo() if FLAGS.demo else None
+  rate_end = measure_matmul_rate()
+  machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
+             "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
+             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+             "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"}
+  write_results(FLAGS.out, machine, rows, demo_out, {
+      "models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
+      "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
+      "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
+                "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}})
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor()
+
+
+if __name__ == "__main__":
+  app.run(main)
