@@ -11,6 +11,7 @@ PPO). Same weights (an HF folder both load), same batch (numpy, seeded), one mic
 
 Frameworks: `jax` (the library's defaults), `jax+plain` (the same step with the earlier
 formulation: [B, T, V] logits and one masked [B, H, T, T] attention square, for the A/B),
+`jax+KNOBS` (A/B variants, see `parse_variant`: e.g. `jax+ac256`, `jax+lc1024`, `jax+remat1`),
 `torch` (transformers' model, eager, its default attention).
 
 Method: each (model, shape, framework) runs in its own worker process (so peak RSS is that
@@ -120,6 +121,25 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 
 
 # ---------------------------------------------------------------- workers
+VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
+                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision")}
+
+
+def parse_variant(variant: str) -> tuple[dict, dict]:
+  """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
+  lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision.
+  Returns (model overrides, loss overrides)."""
+  out = {"model": {}, "loss": {}}
+  for knob in ("lc0_ac0" if variant == "plain" else variant).split("_") if variant else []:
+    key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
+    if key is None:
+      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>)")
+    where, field = VARIANT_KNOBS[key]
+    value = knob[len(key):]
+    out[where][field] = value if key == "prec" else (bool(int(value)) if key == "remat" else int(value))
+  return out["model"], out["loss"]
+
+
 class JaxStep:
   def __init__(self, name: str, b: int, t: int, variant: str):
     import jax
@@ -130,13 +150,12 @@ class JaxStep:
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
-    plain = variant == "plain"
-    overrides = {"attention_chunk": 0} if plain else {}
-    model = from_pretrained(model_folder(name), **overrides)
+    model_overrides, loss_overrides = parse_variant(variant)
+    model = from_pretrained(model_folder(name), **model_overrides)
     critic = Critic.from_causal_lm(model)
     critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
     loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP,
-                          **({"logits_chunk": 0} if plain else {}))
+                          **loss_overrides)
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
     cg, cp, cr = nnx.split(critic, nnx.Param, ...)

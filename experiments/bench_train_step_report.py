@@ -49,11 +49,14 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
       d = p[label]
       md.append(f"| {label} | {d['rows']} x {d['row_len']} | {100 * d['padding_fraction']:.0f}% | "
                 f"{d['wall_median_s']:.3f} | {d['useful_tok_s']:.0f} |")
-    md += ["", "## Demo step-time budget (Trainer metrics, median over steps after the first)", "",
-           "| layout | " + " | ".join(k.split("/", 1)[1] for k in sorted(demo["budget"]["unpacked"])) + " |",
-           "|---|" + "---|" * len(demo["budget"]["unpacked"])]
+    cols = ["rollout", "prepare (old/ref log-probs)", "update", "sync", "eval", "step"]
+    md += ["", "## Demo step-time budget (Trainer metrics, seconds, median over the steps after the first)", "",
+           "| layout | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for label, b in demo["budget"].items():
-      md.append(f"| {label} | " + " | ".join(f"{b.get(k, float('nan')):.2f}" for k in sorted(demo["budget"]["unpacked"])) + " |")
+      vals = [b.get("time/rollout_s"), b.get("time/prepare_s"),
+              None if "time/train_s" not in b else b["time/train_s"] - b.get("time/prepare_s", 0.0),
+              b.get("time/sync_s"), b.get("time/eval_s"), b.get("time/step_s")]
+      md.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
   with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
     f.write("\n".join(md) + "\n")
   print("\n".join(md))

@@ -42,6 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = 768         # tiny tokenizer size when random init
   c.model.tie_word_embeddings = True
   c.model.remat = False
+  c.model.attention_chunk = 0      # >0: causal attention this many queries at a time (no [B,H,T,T] kept)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
@@ -69,6 +70,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.max_grad_norm = 1.0
   c.train.minibatches = 1          # optimizer updates per epoch
   c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
+  c.train.logits_chunk = 256       # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
   c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
   c.train.micro_batch_size = 16    # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
@@ -138,6 +140,11 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
                    "rollout.max_tokens_per_turn", "rollout.max_total_tokens", "rollout.concurrency",
                    "rollout.max_batch_size", "train.minibatches", "train.epochs",
                    "train.micro_batch_size", "mesh.fsdp", "mesh.tp", "checkpoint.keep"]
+  for field in ("model.attention_chunk", "train.logits_chunk"):
+    sec, key = field.split(".")
+    v = c[sec][key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      _fail(field, v, "must be an integer >= 0 (0 = off)")
   for field in positive_ints:
     sec, key = field.split(".")
     v = c[sec][key]

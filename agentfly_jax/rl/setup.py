@@ -51,11 +51,13 @@ def build_model(config, vocab_size: int, *, critic: bool = False):
   from agentfly_jax.models import CausalLM, Critic, from_pretrained, tiny_config
   m = config.model
   if m.pretrained:
-    return from_pretrained(m.pretrained, critic=critic, seed=config.seed)
+    return from_pretrained(m.pretrained, critic=critic, seed=config.seed, remat=m.remat,
+                           attention_chunk=m.attention_chunk)
   cfg = tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
                     hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                     num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=m.remat)
+                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=m.remat,
+                    attention_chunk=m.attention_chunk)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
 

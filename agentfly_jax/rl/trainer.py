@@ -60,7 +60,8 @@ class Trainer:
         clip_high=config.loss.clip_high, dual_clip=config.loss.dual_clip, agg=resolved_agg(config),
         kl_coef=config.loss.kl_coef, kl_kind=config.loss.kl_kind,
         entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
-        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0)
+        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
+        logits_chunk=config.train.logits_chunk)
     self.optimizer = make_optimizer(
         lr=config.train.lr, warmup_steps=config.train.warmup_steps, total_steps=config.train.steps,
         schedule=config.train.schedule, weight_decay=config.train.weight_decay,
@@ -297,6 +298,7 @@ class Trainer:
       t_sync = time.perf_counter()
       if c.eval.every and step % c.eval.every == 0:
         metrics.update(self.evaluate(state.params, seed=c.seed))
+        metrics["time/eval_s"] = time.perf_counter() - t_sync
       metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                       "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
       env_metrics = getattr(self.agent, "env_metrics", None)
@@ -319,7 +321,9 @@ class Trainer:
 
   def _update(self, state, state_sh, trajs, metrics: dict, step: int):
     c = self.config
+    t_prepare = time.perf_counter()
     batch = self._prepare(state, trajs, metrics)
+    metrics["time/prepare_s"] = time.perf_counter() - t_prepare  # old (+ ref) log-probs, values, advantages
     B = batch["token_ids"].shape[0]
     full_b = c.rollout.rows_per_step * c.rollout.num_chains
     per_mini = -(-full_b // c.train.minibatches)
