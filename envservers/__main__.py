@@ -3,6 +3,8 @@
   --env NAME=CAP[:WARM]     serve env type NAME with at most CAP live instances, WARM of them
                             started ahead of demand (default min(CAP, 2)); repeatable.
   --env-opt NAME.KEY=VALUE  an option for env type NAME (VALUE parsed as JSON, else a string).
+  --call-timeout-s NAME=S   wall-clock limit of one call of env type NAME (default: the type's
+                            own); clients learn it at `acquire`.
   --import MODULE           import MODULE first (it registers env types with @register_env);
                             repeatable.
   --port 0                  picks a free port; the ready line on stdout says which.
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--port", type=int, default=8765)
   parser.add_argument("--env", action="append", default=[], metavar="NAME=CAP[:WARM]")
   parser.add_argument("--env-opt", action="append", default=[], metavar="NAME.KEY=VALUE")
+  parser.add_argument("--call-timeout-s", action="append", default=[], metavar="NAME=SECONDS")
   parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
   parser.add_argument("--max-frame-bytes", type=int, default=protocol.DEFAULT_MAX_FRAME_BYTES)
   parser.add_argument("--grace-s", type=float, default=5.0)
@@ -104,6 +107,15 @@ def main(argv: list[str] | None = None) -> int:
       if name not in pools:
         raise ValueError(f"--env-opt {spec!r}: env {name!r} is not served (add --env {name}=N)")
       options.setdefault(name, {})[key] = value
+    call_timeout_s = {}
+    for spec in args.call_timeout_s:
+      name, _, seconds = spec.partition("=")
+      try:
+        call_timeout_s[name] = float(seconds)
+      except ValueError:
+        raise ValueError(f"--call-timeout-s {spec!r}: expected NAME=SECONDS") from None
+      if name not in pools or not 0 < call_timeout_s[name] <= 3600:
+        raise ValueError(f"--call-timeout-s {spec!r}: need a served env and 0 < SECONDS <= 3600")
   except (ValueError, KeyError, TypeError) as e:
     print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
     return 2
@@ -118,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   try:
     server = EnvServer(pools, env_options=options, max_frame_bytes=args.max_frame_bytes,
-                       token=token, ssl_context=ssl_context)
+                       call_timeout_s=call_timeout_s, token=token, ssl_context=ssl_context)
   except (ValueError, KeyError, TypeError) as e:
     print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
     return 2

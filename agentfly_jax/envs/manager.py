@@ -127,7 +127,11 @@ class RemoteEnv:
     except RemoteError as e:
       return StepResult(observation=f"Error ({e.error_type}): {e.message}",
                         info={"error": e.error_type})
-    except (ConnectionLost, EnvUnavailable, trio.TooSlowError) as e:
+    except trio.TooSlowError:
+      return StepResult(observation=f"Error (Timeout): the environment server did not answer "
+                                    f"within {self._call_limit_s():g} s; the environment state is "
+                                    f"lost.", info={"error": "Timeout"})
+    except (ConnectionLost, EnvUnavailable) as e:
       return StepResult(observation=f"Error: the environment server is unavailable ({e}); the "
                                     f"environment state is lost.", info={"error": "ConnectionLost"})
     return StepResult(observation=self._take_note() + result["observation"],
