@@ -70,6 +70,7 @@ class Connection:
     self._writer = protocol.FrameWriter(stream)
     self._ids = itertools.count(1)
     self._pending: dict[int, list] = {}   # id -> [event, reply]
+    self._abandoned: dict[int, Any] = {}  # id -> on_abandoned(reply) of a call given up on
     self.closed = False
     self.close_reason = ""
     self.token = trio.lowlevel.current_trio_token()
@@ -130,6 +131,11 @@ class Connection:
         if slot is not None:
           slot[1] = reply
           slot[0].set()
+        elif reply_id in self._abandoned and type(reply_id) is int:
+          try:
+            self._abandoned.pop(reply_id)(reply)
+          except Exception:  # noqa: BLE001 -- a callback must not kill the reader
+            pass
         elif reply_id is None and reply.get("ok") is False:
           reason = f"server error: {protocol.short_repr(reply.get('error'), 500)}"
     except trio.Cancelled:
@@ -163,11 +169,14 @@ class Connection:
     self._pending.clear()
 
   async def call(self, op: str, args: dict[str, Any] | None = None,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+                 timeout_s: float | None = None, on_abandoned=None) -> dict[str, Any]:
     """Sends one request and waits for its reply's result.
 
     Raises RemoteError (an error reply), ConnectionLost, trio.TooSlowError after timeout_s,
     TypeError/ValueError (args not JSON) or ProtocolError (request over the frame limit).
+    `on_abandoned(reply)`: if the call is cancelled or times out after it was sent, the reply
+    that still arrives is passed to it (in the reader task: it must be quick and not raise), e.g.
+    to release an instance an abandoned `acquire` got anyway.
     """
     if self.closed:
       raise ConnectionLost(f"env server {self.address}: {self.close_reason}")
@@ -183,6 +192,10 @@ class Connection:
       else:
         with trio.fail_after(timeout_s):
           await slot[0].wait()
+    except BaseException:
+      if on_abandoned is not None and slot[1] is None and not self.closed:
+        self._abandoned[request_id] = on_abandoned
+      raise
     finally:
       self._pending.pop(request_id, None)
     reply = slot[1]

@@ -202,3 +202,27 @@ async def test_client_bad_reply_fails_the_call_and_closes():
       await conn.call("step", {})
     assert conn.closed and conn.bad_replies == 1
     nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_cancelled_acquire_never_leaks_an_instance():
+  """An acquire cancelled while the server waits for a free instance: when one frees up, the
+  server binds it to the abandoned chain, and the manager releases it again."""
+  async with trio.open_nursery() as nursery:
+    server = EnvServer({"counter": (1, 1)})
+    port = await nursery.start(lambda task_status: server.serve("127.0.0.1", 0,
+                                                                task_status=task_status))
+    manager = EnvManager([f"127.0.0.1:{port}"], token=None, acquire_wait_s=5)
+    await manager.acquire("counter", "holder")
+    with trio.move_on_after(0.3) as scope:
+      await manager.acquire("counter", "impatient")   # waits on the server: the pool is full
+    assert scope.cancelled_caught
+    await manager.release("counter", "holder")   # the waiting acquire now gets the instance
+    pool = server.pools["counter"]
+    with trio.fail_after(10):
+      while pool.counters["releases"] < 2 or pool.bound:
+        await trio.sleep(0.02)
+    assert pool.counters["acquires"] == 2 and not pool.bound
+    assert manager.metrics()["envs/allocated"] == 0
+    await manager.aclose()
+    server.shutdown()

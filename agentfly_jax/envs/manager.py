@@ -360,6 +360,21 @@ class EnvManager:
     order = {a: (i - start) % len(self.servers) for i, a in enumerate(self.servers)}
     return sorted(up, key=lambda a: (load[a], order[a]))
 
+  def _release_if_bound(self, connection: Connection, env_name: str, chain_id: str):
+    """For an acquire given up on (cancelled, timed out): if the server bound an instance anyway,
+    release it (so a cancelled acquire never leaks an instance)."""
+    async def release():
+      try:
+        await connection.call("release", {"env": env_name, "chain_id": chain_id}, timeout_s=30)
+      except Exception:  # noqa: BLE001 -- best effort; a closed connection frees it anyway
+        pass
+
+    def on_reply(reply):
+      if reply.get("ok") is True:
+        self._count("abandoned_acquires")
+        trio.lowlevel.spawn_system_task(release, name=f"release abandoned {env_name}/{chain_id}")
+    return on_reply
+
   async def _bind(self, state: _RunState, env_name: str, chain_id: str):
     """Acquires an instance on some server, backing off while all are full or down."""
     deadline = time.monotonic() + self.acquire_timeout_s
@@ -374,7 +389,8 @@ class EnvManager:
           connection = await self._connection(state, address)
           info = await connection.call(
               "acquire", {"env": env_name, "chain_id": chain_id, "wait_s": self.acquire_wait_s},
-              timeout_s=self.acquire_wait_s + self.reply_grace_s)
+              timeout_s=self.acquire_wait_s + self.reply_grace_s,
+              on_abandoned=self._release_if_bound(connection, env_name, chain_id))
         except RemoteError as e:
           if e.error_type in (AUTH_REQUIRED, AUTH_FAILED):
             self._count("auth_failures")
