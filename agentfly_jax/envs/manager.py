@@ -285,7 +285,7 @@ class EnvManager:
     for env_name, n in per_env.items():
       out[f"envs/allocated/{env_name}"] = float(n)
     for key in ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
-                "connection_errors", "auth_failures", "timeouts"):
+                "connection_errors", "auth_failures", "timeouts", "abandoned_acquires"):
       out[f"envs/{key}"] = float(self._counters[key])
     return out
 
