@@ -104,7 +104,8 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
   try:
     context.load_cert_chain(cert_file, key_file)
   except (OSError, ssl.SSLError) as e:
-    raise AuthError(f"cannot load the TLS certificate {cert_file!r} / key {key_file!r}: {e}") from None
+    raise AuthError(f"cannot load the TLS certificate {cert_file!r} / key {key_file!r}: "
+                    f"{e}") from None
   return context
 
 

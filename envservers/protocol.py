@@ -109,10 +109,10 @@ def decode_body(body: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str,
     raise
   except UnicodeEncodeError as e:
     raise ProtocolError(BAD_FRAME, f"frame body has a string that is not valid Unicode "
-                                   f"(a lone surrogate?): {_short(e)}") from None
+                                   f"(a lone surrogate?): {short_text(e)}") from None
   except Exception as e:  # noqa: BLE001 -- whatever the parser raises, the frame is bad
-    raise ProtocolError(BAD_FRAME,
-                        f"frame body is not UTF-8 JSON: {type(e).__name__}: {_short(e)}") from None
+    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {type(e).__name__}: "
+                                   f"{short_text(e)}") from None
   if not isinstance(message, dict):
     raise ProtocolError(BAD_FRAME,
                         f"frame body must be a JSON object, got {type(message).__name__}")
@@ -176,7 +176,7 @@ def _check_sizes(message: Any, limits: DecodeLimits) -> None:
         stack.extend(value)
 
 
-def _short(value: Any, limit: int = 120) -> str:
+def short_text(value: Any, limit: int = 120) -> str:
   """str(value) cut to `limit` characters (error messages never echo a whole hostile value)."""
   text = str(value)
   return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
@@ -184,8 +184,7 @@ def _short(value: Any, limit: int = 120) -> str:
 
 def short_repr(value: Any, limit: int = 80) -> str:
   """repr(value) cut to `limit` characters, for messages naming a client's bad value."""
-  text = repr(value)
-  return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+  return short_text(repr(value), limit)
 
 
 class FrameReader:

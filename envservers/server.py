@@ -69,7 +69,7 @@ class _Connection:
     except Exception as e:  # noqa: BLE001 -- an env returned something JSON cannot encode
       frame = _encode_error(message.get("id"), protocol.ENV_ERROR,
                             f"result is not JSON-serialisable: {type(e).__name__}: "
-                            f"{protocol.short_repr(str(e))}")
+                            f"{protocol.short_text(e)}")
     if not self.closed and not self.writer.closed:
       self.writer.put(frame)
 
@@ -345,7 +345,7 @@ class EnvServer:
         self.counters["internal_errors"] += 1
         log.exception("envservers: request handling failed")
         reply = _error_reply(request.get("id"), protocol.INTERNAL, f"{type(e).__name__}: "
-                             f"{protocol.short_repr(str(e))}")
+                             f"{protocol.short_text(e)}")
       conn.send(reply)
     finally:
       self.inflight -= 1
@@ -381,7 +381,8 @@ class EnvServer:
     except EnvCrashed as e:
       error_type, message = "EnvCrashed", str(e)
     except Exception as e:  # an env raised: report it and keep serving
-      error_type, message = protocol.ENV_ERROR, f"{type(e).__name__}: {protocol._short(e, 2000)}"
+      error_type = protocol.ENV_ERROR
+      message = f"{type(e).__name__}: {protocol.short_text(e, 2000)}"
     self.counters["errors"] += 1
     return _error_reply(request_id, error_type, message)
 

@@ -1,6 +1,7 @@
 """Load run of one env server: many concurrent chains on a capped sandbox pool.
 
-    .venv/bin/python experiments/bench_envserver_load.py [--num_chains=1024 --cap=16 --duration_s=120]
+    .venv/bin/python experiments/bench_envserver_load.py [--num_chains=1024 --cap=16 \
+        --duration_s=120]
 
 Starts `python -m envservers --env python_sandbox=CAP:2` and runs `num_chains` chains at once
 through one EnvManager for `duration_s`: each chain repeatedly acquires a sandbox (waiting,
