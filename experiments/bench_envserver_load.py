@@ -85,6 +85,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
   processes_before = len(_descendants(server_pid))
   memory, samples, episodes, wrong, errors = [], [], [0], [0], []
   windows: list[int] = []
+  rss_per_window: list[int] = []
   deadline = time.monotonic() + FLAGS.duration_s
   trio_deadline = trio.current_time() + FLAGS.duration_s
 
@@ -111,14 +112,15 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
       n += 1
 
   async def monitor(done: trio.Event) -> None:
-    last = 0
+    last, window_end = 0, time.monotonic() + 10
     while not done.is_set():
       memory.append(_memory_kib(server_pid)["VmRSS"])
+      if time.monotonic() >= window_end:   # a 10 s window ended: episodes in it, RSS at its end
+        windows.append(episodes[0] - last)
+        rss_per_window.append(memory[-1])
+        last, window_end = episodes[0], window_end + 10
       stats = (await manager.server_stats())[address]["pools"]["python_sandbox"]
       samples.append({k: stats[k] for k in ("live", "in_use", "idle", "starting")})
-      if len(memory) % 10 == 0:
-        windows.append(episodes[0] - last)
-        last = episodes[0]
       with trio.move_on_after(1.0):
         await done.wait()
 
@@ -153,7 +155,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
                                                    "exhausted")},
       "rss_kib": {"first": memory[0], "last": memory[-1], "peak_sampled": max(memory),
                   "second_half_peak": max(memory[len(memory) // 2:]),
-                  "VmHWM": _memory_kib(server_pid)["VmHWM"], "every_10s": memory[::10]},
+                  "VmHWM": _memory_kib(server_pid)["VmHWM"], "every_10s": rss_per_window},
       "manager": {k: v for k, v in manager.metrics().items() if not k.startswith("envs/alloc")},
   }
 
@@ -195,7 +197,8 @@ def _markdown(r: dict) -> str:
       f"{rss['last'] / 1024:.1f} / {rss['peak_sampled'] / 1024:.1f} MiB |",
       f"| server RSS peak, second half / VmHWM | {rss['second_half_peak'] / 1024:.1f} / "
       f"{rss['VmHWM'] / 1024:.1f} MiB |",
-      f"| server RSS every 10 s | {' '.join(f'{k / 1024:.1f}' for k in rss['every_10s'])} MiB |",
+      f"| server RSS at the end of each 10 s window | "
+      f"{' '.join(f'{k / 1024:.1f}' for k in rss['every_10s'])} MiB |",
       f"| wrong results / error observations | {r['wrong_results']} / "
       f"{r['error_observations']} |",
       f"| manager back-off total | {r['manager']['envs/backoff_s']:.0f} s over "
