@@ -236,3 +236,23 @@ def test_manager_uses_tls_from_the_environment(token_file, tmp_path, monkeypatch
       return observation
 
     assert trio.run(main) == "tls manager"
+
+
+@pytest.mark.trio
+async def test_silent_connection_is_closed_after_the_handshake_timeout():
+  import envservers.envs  # noqa: F401  (registers the built-in env types)
+  from envservers.server import EnvServer
+  server = EnvServer({"echo": (1, 0)}, token=TOKEN, handshake_timeout_s=0.5)
+  async with trio.open_nursery() as nursery:
+    port = await nursery.start(lambda task_status: server.serve("127.0.0.1", 0,
+                                                                task_status=task_status))
+    stream, reader = await _raw(f"127.0.0.1:{port}")
+    assert (await _next(reader))["hello"]["auth"] == auth.SCHEME
+    reply = await _next(reader)   # says nothing: one error reply, then closed
+    assert reply["ok"] is False and reply["error"]["type"] == "AuthRequired"
+    assert await _next(reader) is None
+    assert server.counters["auth_failures"] == 1 and server.counters["auth_ok"] == 0
+    await stream.aclose()
+    server.shutdown()
+  with pytest.raises(auth.AuthError, match="refusing to listen on '0.0.0.0'"):
+    await EnvServer({"echo": (1, 0)}).serve("0.0.0.0", 0)
