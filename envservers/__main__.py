@@ -23,7 +23,7 @@ import sys
 import trio
 
 from envservers import protocol
-from envservers.env import ENV_TYPES
+from envservers.registry import ENV_TYPES
 from envservers.server import EnvServer
 
 
