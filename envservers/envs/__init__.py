@@ -1,2 +1,3 @@
-"""Built-in env types; importing this package registers them."""
-from envservers.envs import python_sandbox, testing  # noqa: F401  (registration side effects)
+"""Built-in env types; importing this package registers them (the simulators they drive, e.g.
+ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
+from envservers.envs import python_sandbox, testing, webshop  # noqa: F401  (registration side effects)
