@@ -1,10 +1,9 @@
 """ScienceWorld: elementary-science tasks in a text simulator (30 task types, many variations).
 
-Rows: {"question", "task_name", "variation", "simplification", "split"}, over all tasks with
-ScienceWorld's own train/dev/test variation split (`experiments/make_world_tasks.py` writes
-them from the simulator; `make_rows` uses the split recorded in SPLIT_SIZES-free form: the
-variation lists come from a running JVM, so the trainer's rows come from `rows_file` if given).
-Tools: `act` (one command) and `valid_actions`; reward: score / 100 (1.0 = solved).
+Rows: {"question", "task_name", "variation", "simplification", "split"} over all 30 tasks, with
+ScienceWorld's own train/dev/test variation split (data/scienceworld_splits.json, read from
+scienceworld 1.2.3 by `experiments/make_world_tasks.py --world=scienceworld`, which also writes
+the rows). Tools: `act` (one command) and `valid_actions`; reward: score / 100 (1.0 = solved).
 """
 from __future__ import annotations
 
@@ -21,9 +20,9 @@ ENV = "scienceworld"
 SYSTEM_PROMPT = ("You do a science task in a text world. Send one command at a time with the act "
                  "tool (e.g. look around, go to kitchen, focus on water); valid_actions lists "
                  "possible commands.")
-# Tasks whose variation 0..k are in ScienceWorld's train split (its split puts the first
-# variations in train); used when no rows file is given.
-DEFAULT_TASKS = ("find-living-thing", "find-non-living-thing", "find-plant", "find-animal")
+SPLITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                           "scienceworld_splits.json")
+SIMPLIFICATION = "easy"   # ScienceWorld's common simplification set for agents
 
 
 @tool(name="act", env=ENV)
@@ -63,28 +62,33 @@ def rows_from_splits(splits: dict[str, dict[str, list[int]]], split: str,
   return rows
 
 
-def _rows(n: int, seed: int, split: str) -> list[dict]:
-  path = os.environ.get("AGENTFLY_SCIENCEWORLD_ROWS", "")
-  if path:
-    with open(path) as f:
-      rows = [r for r in json.load(f) if r.get("split") == split]
-  else:   # variation 0-3 of the find-* tasks are train variations; test uses later ones
-    variations = range(4) if split == "train" else range(150, 152)
-    rows = rows_from_splits({t: {split: list(variations)} for t in DEFAULT_TASKS}, split)
-  if not rows:
-    raise ValueError(f"scienceworld: no {split!r} rows (rows file {path!r})")
+def splits() -> dict[str, dict[str, list[int]]]:
+  """{task_name: {"train" | "dev" | "test": [variation, ...]}} (ScienceWorld's own split)."""
+  with open(SPLITS_FILE) as f:
+    return json.load(f)
+
+
+def make_split_rows(n: int, seed: int, split: str, tasks=None) -> list[dict]:
+  """n rows drawn (seeded) from one split, over all tasks or only `tasks`."""
+  table = splits()
+  if tasks is not None:
+    unknown = sorted(set(tasks) - set(table))
+    if unknown:
+      raise ValueError(f"scienceworld: unknown tasks {unknown}; known: {sorted(table)}")
+    table = {t: table[t] for t in tasks}
+  rows = rows_from_splits(table, split, SIMPLIFICATION)
   rng = np.random.default_rng([seed, 2718])
   return [dict(rows[int(i)]) for i in rng.integers(len(rows), size=n)]
 
 
 def make_rows(n: int, seed: int) -> list[dict]:
-  """n training rows: from $AGENTFLY_SCIENCEWORLD_ROWS (written by make_world_tasks.py) if set,
-  else the find-* tasks' first train variations."""
-  return _rows(n, seed, "train")
+  """n training rows over all tasks' train variations."""
+  return make_split_rows(n, seed, "train")
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  return _rows(n, seed, "test")
+  """n held-out rows from the test variations."""
+  return make_split_rows(n, seed, "test")
 
 
 def make_agent(tokenizer):
