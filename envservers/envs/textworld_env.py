@@ -56,17 +56,28 @@ class TextWorldEnv(BlockingEnv):
     if row is None:
       return ""
     import textworld
-    path = resolve_game(row, self.cache_dir)
+    path = self.game_path(row)
     if path != self.path:
       self.close_blocking()
-      infos = textworld.EnvInfos(admissible_commands=True, max_score=True, score=True,
-                                 policy_commands=True, objective=True, won=True, lost=True)
-      self.env = textworld.start(path, request_infos=infos)
+      self.env = textworld.start(path, request_infos=self.request_infos())
       self.path = path
     self.state = self.env.reset()
     self.steps, self.score, self.done = 0, 0, False
-    self.walkthrough = list(self.state.policy_commands or [])
+    self.walkthrough = self.expert_commands(self.state)
     return self.state.feedback.strip()
+
+  def game_path(self, row: dict) -> str:
+    """The game file of a row (subclasses: other layouts)."""
+    return resolve_game(row, self.cache_dir)
+
+  def request_infos(self):
+    import textworld
+    return textworld.EnvInfos(admissible_commands=True, max_score=True, score=True,
+                              policy_commands=True, objective=True, won=True, lost=True)
+
+  def expert_commands(self, state) -> list[str]:
+    """The walkthrough of the game just reset."""
+    return list(state.policy_commands or [])
 
   def step_blocking(self, action: Any) -> StepOutcome:
     if isinstance(action, dict) and action.get("query") in ("admissible_commands", "walkthrough"):
