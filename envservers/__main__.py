@@ -28,7 +28,7 @@ import sys
 import trio
 
 from envservers import auth, protocol
-from envservers.env import ENV_TYPES
+from envservers.registry import ENV_TYPES
 from envservers.server import EnvServer
 
 

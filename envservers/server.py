@@ -19,7 +19,8 @@ from typing import Any
 import trio
 
 from envservers import auth, protocol
-from envservers.env import ENV_TYPES, EnvCrashed, StepOutcome, make_factory
+from envservers.env import EnvCrashed, StepOutcome
+from envservers.registry import ENV_TYPES, make_factory
 from envservers.pool import CallTimeout, EnvPool, PoolError
 
 log = logging.getLogger("envservers")

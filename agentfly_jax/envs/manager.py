@@ -226,6 +226,8 @@ class EnvManager:
     self._counters = collections.Counter()
     self._backoff_s = 0.0
     self._peak_allocated = 0
+    self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)
+    self._peak_in_use: collections.Counter = collections.Counter()   # since take_step_stats
 
   # -- EnvProvider --------------------------------------------------------------------------------
 
@@ -251,6 +253,8 @@ class EnvManager:
     state.bindings[(env_name, chain_id)] = env
     state.load[(env_name, address)] += 1
     self._peak_allocated = max(self._peak_allocated, self._allocated_total())
+    in_use = sum(1 for s in self._states.values() for name, _ in s.bindings if name == env_name)
+    self._peak_in_use[env_name] = max(self._peak_in_use[env_name], in_use)
     return env
 
   async def release(self, env_name: str, chain_id: str) -> None:
@@ -288,6 +292,13 @@ class EnvManager:
                 "connection_errors", "auth_failures", "timeouts", "abandoned_acquires"):
       out[f"envs/{key}"] = float(self._counters[key])
     return out
+
+  def take_step_stats(self) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Since the last call, per env type: the seconds each acquire waited, and the most chains
+    bound at once (then starts counting afresh)."""
+    waits, self._acquire_waits = self._acquire_waits, collections.defaultdict(list)
+    peaks, self._peak_in_use = self._peak_in_use, collections.Counter()
+    return dict(waits), dict(peaks)
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""
@@ -377,7 +388,8 @@ class EnvManager:
 
   async def _bind(self, state: _RunState, env_name: str, chain_id: str):
     """Acquires an instance on some server, backing off while all are full or down."""
-    deadline = time.monotonic() + self.acquire_timeout_s
+    started = time.monotonic()
+    deadline = started + self.acquire_timeout_s
     backoff = 0.02
     last_error = "no server tried"
     while True:
@@ -416,6 +428,7 @@ class EnvManager:
             await connection.aclose()
           continue
         self._count("acquires")
+        self._acquire_waits[env_name].append(time.monotonic() - started)
         return address, connection, info
       if all((a, env_name) in self._not_serving for a in self.servers):
         raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers}); "

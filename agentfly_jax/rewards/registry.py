@@ -11,6 +11,9 @@ from agentfly_jax.tools.registry import resolve_object
 BUILTIN_REWARDS: dict[str, str] = {
     "exact_match": "agentfly_jax.rewards.builtin:exact_match",
     "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",
+    "scienceworld_score": "agentfly_jax.tasks.scienceworld:score_reward",
+    "textworld_score": "agentfly_jax.tasks.textworld:score_reward",
+    "webshop_purchase": "agentfly_jax.tasks.webshop:purchase_reward",
 }
 
 

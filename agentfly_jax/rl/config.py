@@ -184,3 +184,24 @@ def lookup_config(algo: str, warmstart_dir: str) -> ml_collections.ConfigDict:
   c.train.steps = 40
   c.train.lr = 5e-4
   return c
+
+
+def world_config(task: str, algo: str = "grpo") -> ml_collections.ConfigDict:
+  """An interactive-world task (webshop / textworld / scienceworld) with `algo`: a tiny random-init
+  policy (its tokenizer trained on the task's texts) and small rollouts, sized for a CPU smoke
+  run; on a GPU set model.pretrained and raise rollout/train sizes with flags."""
+  c = default_config()
+  c.name = f"{task}_{algo}"
+  c.task = task
+  c.algo = algo
+  c.model.vocab_size = 1024
+  c.rollout.rows_per_step = 4
+  c.rollout.num_chains = 4
+  c.rollout.max_turns = 8
+  c.rollout.max_tokens_per_turn = 48
+  c.rollout.max_total_tokens = 1536
+  c.train.steps = 100
+  c.train.lr = 3e-4
+  c.eval.every = 0
+  c.eval.num_rows = 16
+  return c

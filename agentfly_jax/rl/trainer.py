@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
+from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
 from agentfly_jax.rl import distributed
@@ -251,9 +252,7 @@ class Trainer:
       metrics.update(self.evaluate(state.params, seed=c.seed))
     metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                     "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
-    env_metrics = getattr(self.agent, "env_metrics", None)
-    if callable(env_metrics):
-      metrics.update({f"env/{k}": v for k, v in env_metrics().items()})
+    metrics.update(env_pool_metrics(active_provider(self.agent)))  # env/<type>/in_use, ...
     return LoopState(state, loop.ref_params, loop.data_position + c.rollout.rows_per_step), metrics
 
   def train(self) -> list[dict]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup"}
+_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "webshop": "agentfly_jax.tasks.webshop",
+          "textworld": "agentfly_jax.tasks.textworld", "scienceworld": "agentfly_jax.tasks.scienceworld"}
 
 
 def get_task(name: str):
