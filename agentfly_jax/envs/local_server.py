@@ -20,7 +20,7 @@ import time
 import envservers
 from agentfly_jax.envs.manager import EnvManager
 
-DEFAULT_LOCAL_ENVS = "python_sandbox=16:2,echo=8:1,counter=8:1,sleep=64:1"
+DEFAULT_LOCAL_ENVS = "python_sandbox=16:2,retrieval=16:1,echo=8:1,counter=8:1,sleep=64:1"
 
 
 class LocalEnvServer:

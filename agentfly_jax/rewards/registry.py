@@ -9,7 +9,9 @@ from __future__ import annotations
 from agentfly_jax.tools.registry import resolve_object
 
 BUILTIN_REWARDS: dict[str, str] = {
-    "exact_match": "agentfly_jax.rewards.builtin:exact_match",
+    "exact_match": "agentfly_jax.rewards.qa:exact_match",
+    "f1": "agentfly_jax.rewards.qa:f1",
+    "math_equal": "agentfly_jax.rewards.math:math_equal",
     "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",
 }
 

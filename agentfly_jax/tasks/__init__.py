@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup"}
+_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa"}
 
 
 def get_task(name: str):

@@ -16,6 +16,7 @@ BUILTIN_TOOLS: dict[str, str] = {
     "answer": "agentfly_jax.tools.builtin:answer",
     "calculator": "agentfly_jax.tools.builtin:calculator",
     "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
+    "retrieve": "agentfly_jax.tools.retrieval:retrieve",
 }
 
 
