@@ -10,6 +10,7 @@ from agentfly_jax.tools.registry import resolve_object
 
 BUILTIN_REWARDS: dict[str, str] = {
     "exact_match": "agentfly_jax.rewards.qa:exact_match",
+    "code_pass_rate": "agentfly_jax.rewards.code:code_pass_rate",
     "f1": "agentfly_jax.rewards.qa:f1",
     "math_equal": "agentfly_jax.rewards.math:math_equal",
     "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa"}
+_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa",
+          "math_calc": "agentfly_jax.tasks.math_calc", "code": "agentfly_jax.tasks.code_tasks"}
 
 
 def get_task(name: str):
