@@ -40,6 +40,8 @@ def solve(i, key):
       return m.group().decode()
   for maps in glob.glob("/proc/*/maps"):   # other processes' memory (the harness holds it)
     pid = maps.split("/")[2]
+    if pid in ("self", "thread-self", str(os.getpid())):   # its own memory holds the needle
+      continue
     try:
       with open(maps) as f, open(f"/proc/{{pid}}/mem", "rb") as mem:
         for line in f:
