@@ -17,6 +17,7 @@ BUILTIN_TOOLS: dict[str, str] = {
     "calculator": "agentfly_jax.tools.builtin:calculator",
     "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
     "retrieve": "agentfly_jax.tools.retrieval:retrieve",
+    "web_search": "agentfly_jax.tools.web:web_search",
 }
 
 
