@@ -184,3 +184,21 @@ def lookup_config(algo: str, warmstart_dir: str) -> ml_collections.ConfigDict:
   c.train.steps = 40
   c.train.lr = 5e-4
   return c
+
+
+def task_config(task: str, algo: str, **overrides) -> ml_collections.ConfigDict:
+  """A built-in task (agentfly_jax.tasks) with `algo`, a random-init tiny policy (its tokenizer
+  trained on the task's texts) and rollout limits sized for multi-turn tool use; `overrides`
+  are "section.key" -> value."""
+  c = default_config()
+  c.name = f"{task}_{algo}"
+  c.task = task
+  c.algo = algo
+  c.model.vocab_size = 1024
+  c.rollout.max_turns = 4
+  c.rollout.max_tokens_per_turn = 48
+  c.rollout.max_total_tokens = 1024
+  for field, value in overrides.items():
+    section, _, key = field.rpartition(".")
+    (c[section] if section else c)[key] = value
+  return c

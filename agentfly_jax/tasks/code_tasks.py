@@ -151,3 +151,11 @@ _REFERENCE_SOURCES = {
     "merge_sorted": "def merge_sorted(a, b):\n  return sorted(a + b)\n",
     "word_lengths": "def word_lengths(text):\n  return {w: len(w) for w in text.split()}\n",
 }
+
+
+def tokenizer_corpus(n: int = 200, seed: int = 12345) -> list[str]:
+  """Texts for the task's tiny tokenizer (statements, reference solutions, tool calls)."""
+  texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
+  texts += [row["question"] for row in make_rows(n, seed)]
+  texts += list(_REFERENCE_SOURCES.values()) * 4
+  return texts

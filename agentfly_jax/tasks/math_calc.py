@@ -118,3 +118,12 @@ def make_rows(n: int, seed: int) -> list[dict]:
 def make_eval_rows(n: int, seed: int) -> list[dict]:
   """n held-out problems."""
   return _rows(n, 1_000_003 + seed, test=True)
+
+
+def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
+  """Texts for the task's tiny tokenizer (questions, answers, code-interpreter calls)."""
+  texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
+  for row in make_rows(n, seed):
+    texts += [row["question"], row["answer"],
+              '{"name": "code_interpreter", "arguments": {"code": "print(12 * 34)"}}']
+  return texts
