@@ -16,9 +16,11 @@ shipped in envservers/data/ (agentfly_jax.tasks.multihop_kb writes it).
 """
 from __future__ import annotations
 
+import collections.abc
 import gzip
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -26,13 +28,15 @@ import tempfile
 import threading
 from typing import Any
 
+import numpy as np
+
 from envservers.env import ServerEnv, StepOutcome, register_env
 
 DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                               "multihop_kb.jsonl.gz")
 MAX_K = 50
 MAX_QUERY_CHARS = 2000
-_INDEX_FORMAT = "bm25s-v1"   # bump when the cached layout or the tokenization changes
+_INDEX_FORMAT = "bm25s-v2"   # bump when the cached layout or the tokenization changes
 
 
 class CorpusError(ValueError):
@@ -118,6 +122,35 @@ def _tokenize(bm25s, texts: list[str], **kwargs):
   return bm25s.tokenize(texts, stopwords="en", show_progress=False, **kwargs)
 
 
+class PassageFile(collections.abc.Sequence):
+  """Passages stored as JSON lines + an offsets array, memory-mapped: loading costs nothing and
+  a passage is decoded only when a query returns it (one copy, in the page cache)."""
+
+  def __init__(self, stem: str):
+    self._offsets = np.load(stem + ".offsets.npy", mmap_mode="r")
+    with open(stem + ".jsonl", "rb") as f:
+      self._data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+  @staticmethod
+  def write(stem: str, docs) -> None:
+    offsets = [0]
+    with open(stem + ".jsonl", "wb") as f:
+      for doc in docs:
+        line = (json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8")
+        f.write(line)
+        offsets.append(offsets[-1] + len(line))
+    np.save(stem + ".offsets.npy", np.asarray(offsets, dtype=np.int64))
+
+  def __len__(self) -> int:
+    return len(self._offsets) - 1
+
+  def __getitem__(self, i: int) -> dict:
+    if not -len(self) <= i < len(self):
+      raise IndexError(i)
+    i %= len(self)
+    return json.loads(self._data[int(self._offsets[i]):int(self._offsets[i + 1])])
+
+
 class BM25Index:
   """A bm25s index over passages {"id", "title", "text"} (title and text are both indexed).
 
@@ -149,8 +182,7 @@ class BM25Index:
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     try:
       self.retriever.save(tmp, show_progress=False)
-      with open(os.path.join(tmp, "passages.json"), "w", encoding="utf-8") as f:
-        json.dump(self.docs, f, ensure_ascii=False)
+      PassageFile.write(os.path.join(tmp, "passages"), self.docs)
       with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump({"format": _INDEX_FORMAT, "sha256": self.sha256, "num_docs": len(self.docs)}, f)
       try:
@@ -168,9 +200,8 @@ class BM25Index:
       meta = json.load(f)
     if meta.get("format") != _INDEX_FORMAT:
       raise ValueError(f"index cache {folder} has format {meta.get('format')!r}")
-    with open(os.path.join(folder, "passages.json"), encoding="utf-8") as f:
-      docs = json.load(f)
-    retriever = bm25s.BM25.load(folder, show_progress=False, mmap=False)
+    docs = PassageFile(os.path.join(folder, "passages"))
+    retriever = bm25s.BM25.load(folder, show_progress=False, mmap=True)
     return cls(docs, retriever, meta["sha256"], "cache")
 
   def search(self, query: str, k: int) -> list[tuple[dict, float]]:
@@ -182,9 +213,12 @@ class BM25Index:
     if not ids:
       return []
     scores = self.retriever.get_scores_from_ids(ids)
-    top = scores.argpartition(-k)[-k:] if k < len(scores) else range(len(scores))
-    ranked = sorted(top, key=lambda i: (-scores[i], i))
-    return [(self.docs[i], float(scores[i])) for i in ranked if scores[i] > 0]
+    # Only matching passages (argpartition over ~all-zero scores degrades to ~30 ms at 100k).
+    candidates = np.flatnonzero(scores > 0)
+    if len(candidates) > k:
+      candidates = candidates[np.argpartition(-scores[candidates], k - 1)[:k]]
+    ranked = sorted(candidates.tolist(), key=lambda i: (-scores[i], i))
+    return [(self.docs[i], float(scores[i])) for i in ranked]
 
 
 _indexes: dict[tuple, BM25Index] = {}
