@@ -175,3 +175,22 @@ def test_one_off_retrieve_call_uses_the_embedded_local_server(tmp_path):
   assert result.stdout.startswith(f"[1] {row['hops'][0]['query']}\n") and "[2] " in result.stdout
   assert get_tool("retrieve") is retrieve
   assert retrieve.parameters["required"] == ["query"]
+
+
+def test_scripted_demonstrations_follow_the_hops():
+  import re
+  index = retrieval_env.shared_index(retrieval_env.DEFAULT_CORPUS, None)
+  rows = [r for r in multihop_qa.knowledge_base().questions["train"] if r["type"] != "1-hop"][:40]
+  rng = np.random.default_rng(0)
+  for row in rows:
+    prompt = f"<|im_start|>user\n{row['question']}<|im_end|>\n"
+    for _ in range(4):
+      message = multihop_qa.scripted_response(prompt, True, rng)
+      call = json.loads(re.search(r"<tool_call>\n(.*)\n</tool_call>", message).group(1))
+      if call["name"] == "answer":
+        break
+      observation = retrieval_env.format_results(index.search(call["arguments"]["query"], 3))
+      prompt += f"{message}\n<tool_response>\n{observation}\n</tool_response>\n"
+    assert call["name"] == "answer" and f1(call["arguments"]["answer"], row["answer"]) == 1.0, row
+  guess = multihop_qa.scripted_response(f"user\n{rows[0]['question']}\n", False, rng)
+  assert '"answer"' in guess and "retrieve" not in guess
