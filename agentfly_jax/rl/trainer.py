@@ -33,6 +33,7 @@ from agentfly_jax.rl.train_state import create_train_state, make_optimizer
 from agentfly_jax.rl.train_step import (LossConfig, batch_sharding, jit_step, make_sft_step,
                                         make_train_step, policy_logprobs, state_shardings)
 from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.tasks.from_config import task_fingerprint, task_name
 
 
 class Trainer:
@@ -192,7 +193,8 @@ class Trainer:
     c = self.config
     if not c.sft.cache_dir:
       return self._sft()
-    key = json.dumps({"task": c.task, "seed": c.seed, "model": c.model.to_dict(), "sft": {
+    key = json.dumps({"task": task_name(c), "task_content": task_fingerprint(self.task, self.train_rows),
+                      "seed": c.seed, "model": c.model.to_dict(), "sft": {
         k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}, "rollout": c.rollout.to_dict()},
         sort_keys=True)
     path = os.path.join(os.path.abspath(c.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
@@ -313,7 +315,7 @@ class Trainer:
     self.state = state
     records = read_jsonl(jsonl_path)
     plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {c.task}")
+                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {task_name(c)}")
     return records
 
   def _update(self, state, state_sh, trajs, metrics: dict, step: int):
