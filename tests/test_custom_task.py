@@ -198,3 +198,23 @@ def test_builtin_task_name_still_works():
   with pytest.raises(ValueError, match="config.task='nope'"):
     build_task(c)
   assert isinstance(custom_task_config(), ml_collections.ConfigDict)
+
+
+def test_sweep_rebuilds_a_saved_runs_task_and_checks_points(user_task, tmp_path):
+  """sweep.py around a saved run (configs/from_run.py:<run>): every point's task is checked before
+  anything runs, and the planned train.py commands carry that run's config."""
+  run = tmp_path / "saved_run"
+  run.mkdir()
+  config = _config(module="mirror_task", train_path=str(user_task / "train.json"))
+  (run / "config.json").write_text(config.to_json())
+  sweep = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), f"--config=configs/from_run.py:{run}"]
+  ok = subprocess.run([*sweep, f"--sweep_dir={tmp_path / 's1'}", "--grid=train.lr=1e-4,3e-4", "--dry_run"],
+                      cwd=ROOT, env=_env(user_task), capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  plan = json.loads((tmp_path / "s1" / "plan.json").read_text())
+  assert len(plan) == 2 and all(f"from_run.py:{run}" in " ".join(p["cmd"]) for p in plan)
+  bad = subprocess.run([*sweep, f"--sweep_dir={tmp_path / 's2'}", "--grid=task.tools=mirror_word;train.lr=1e-4",
+                        "--base=task.reward=no_such_reward", "--dry_run"],
+                       cwd=ROOT, env=_env(user_task), capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "unknown reward 'no_such_reward'" in bad.stderr, bad.stderr[-2000:]
+  assert not (tmp_path / "s2" / "plan.json").exists()
