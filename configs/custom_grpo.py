@@ -22,5 +22,5 @@ def get_config():
   c.rollout.rows_per_step = 4
   c.rollout.num_chains = 4
   c.eval.every = 10
-  c.eval.num_rows = 16
+  c.eval.num_rows = 8
   return c

@@ -60,16 +60,25 @@ def _task_flags(folder, *extra):
           f"--config.task.eval_path={folder / 'eval.jsonl'}", *extra]
 
 
-@pytest.mark.slow
-def test_custom_task_trains_and_evaluates_from_flags(tmp_path):
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  """A user task trained 2 steps through train.py flags, logging to an offline W&B run too."""
+  tmp_path = tmp_path_factory.mktemp("custom_run")
   folder = tmp_path / "user"
   _write_task(folder)
   workdir = tmp_path / "run"
   cmd = train_command(workdir, *_task_flags(folder), "--config.train.steps=2", "--config.rollout.rows_per_step=2",
-                      "--config.rollout.num_chains=2", "--config.rollout.max_turns=2",
-                      config="configs/custom_grpo.py")
-  out = subprocess.run(cmd, cwd=ROOT, env=_env(folder), capture_output=True, text=True, timeout=600)
+                      "--config.rollout.num_chains=2", "--config.rollout.max_turns=2", "--wandb",
+                      "--config.log.tensorboard=False", config="configs/custom_grpo.py")
+  env = {**_env(folder), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
+  return tmp_path, folder, workdir
+
+
+@pytest.mark.slow
+def test_custom_task_trains_and_evaluates_from_flags(trained_run):
+  tmp_path, folder, workdir = trained_run
   recs = read_metrics(workdir)
   assert [r["step"] for r in recs] == [1, 2]
   assert all(r["rollout/reward_metric/mirror_reward_ran"] == 1.0 for r in recs)  # the user's reward ran
@@ -90,6 +99,25 @@ def test_custom_task_trains_and_evaluates_from_flags(tmp_path):
     assert f"Spell {w} backwards." in transcript
   assert "mirror_word" in transcript and "Spell words backwards with the mirror tool." in transcript
   assert "lookup" not in transcript  # not the built-in demo task
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_the_metrics_jsonl_steps(trained_run):
+  """The W&B writer, run for real (WANDB_MODE=offline): the run's record log holds every
+  per-step metric of metrics.jsonl, same step, same value."""
+  from wandb_offline import offline_history
+  tmp_path, _, workdir = trained_run
+  history = {row["_step"]: row for row in offline_history(str(tmp_path))}
+  recs = read_metrics(workdir)
+  assert sorted(history) == [r["step"] for r in recs]
+  for r in recs:
+    logged = history[r["step"]]
+    for key, value in r.items():
+      if key == "step":
+        continue
+      assert key in logged, key
+      assert logged[key] == (pytest.approx(value) if isinstance(value, (int, float)) else value), key
+  assert "rollout/reward_mean" in history[1] and "rollout/turns_mean" in history[2]
 
 
 def _config(**task):
