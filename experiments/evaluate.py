@@ -37,10 +37,20 @@ def main(argv):
   with open(cfg_path) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.log.progress = False
+  trained_task = None
+  if os.path.exists(os.path.join(_WORKDIR.value, "task.json")):
+    with open(os.path.join(_WORKDIR.value, "task.json")) as f:
+      trained_task = json.load(f)
   try:
     trainer = Trainer(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"evaluate: the run's task does not rebuild: {e}")
+  if trained_task and trained_task["fingerprint"] != trainer.task_fingerprint:
+    sys.exit(f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
+             "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
+             "(a Task given in Python, or edited task files); evaluate it in Python with "
+             "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
+             "(--config.task.module) to evaluate it from the command line")
   step = _STEP.value if _STEP.value is not None else trainer.checkpointer.latest_step()
   if step is None:
     sys.exit(f"evaluate: no checkpoint in {_WORKDIR.value}/checkpoints")

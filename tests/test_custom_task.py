@@ -100,6 +100,15 @@ def test_custom_task_trains_and_evaluates_from_flags(trained_run):
   assert "mirror_word" in transcript and "Spell words backwards with the mirror tool." in transcript
   assert "lookup" not in transcript  # not the built-in demo task
 
+  # a run whose recorded task content differs from what its config rebuilds (e.g. a Task given in
+  # Python) is refused by name instead of silently evaluating another task
+  task_json = json.loads((workdir / "task.json").read_text())
+  assert task_json["name"] == "custom" and len(task_json["fingerprint"]) == 16
+  (workdir / "task.json").write_text(json.dumps({**task_json, "fingerprint": "0" * 16}))
+  ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
+                       "--num_rows=3"], cwd=tmp_path, env=_env(folder), capture_output=True, text=True, timeout=600)
+  assert ev.returncode != 0 and "differs from what its config.json rebuilds" in ev.stderr, ev.stderr[-2000:]
+
 
 @pytest.mark.slow
 def test_wandb_offline_run_holds_the_metrics_jsonl_steps(trained_run):

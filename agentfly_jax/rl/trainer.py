@@ -53,6 +53,7 @@ class Trainer:
     self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs
     self.critic_graphdef, self.critic_rest, self.critic_specs = c.critic_graphdef, c.critic_rest, c.critic_specs
     self.train_rows, self.eval_rows = c.train_rows, c.eval_rows
+    self.task_fingerprint = task_fingerprint(self.task, self.train_rows)  # evaluate.py checks it
     self._init_params, self._init_critic_params = c.params, c.critic_params
     self.end_of_turn_id = c.end_of_turn_id
     self.loss_cfg = LossConfig(
@@ -193,7 +194,7 @@ class Trainer:
     c = self.config
     if not c.sft.cache_dir:
       return self._sft()
-    key = json.dumps({"task": task_name(c), "task_content": task_fingerprint(self.task, self.train_rows),
+    key = json.dumps({"task": task_name(c), "task_content": self.task_fingerprint,
                       "seed": c.seed, "model": c.model.to_dict(), "sft": {
         k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}, "rollout": c.rollout.to_dict()},
         sort_keys=True)
@@ -248,6 +249,8 @@ class Trainer:
     c = self.config
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
     start = self.checkpointer.latest_step()
+    with open(os.path.join(self.workdir, "task.json"), "w") as f:
+      json.dump({"name": task_name(c), "fingerprint": self.task_fingerprint}, f)
     params = self._init_params
     if start is None and c.sft.steps > 0:
       params = self._sft_cached()
