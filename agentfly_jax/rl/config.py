@@ -125,8 +125,9 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
   if c.algo not in ALGORITHMS:
     _fail("algo", c.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
   from agentfly_jax.tasks import _TASKS
-  if not custom_task and c.task not in _TASKS:
-    _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)}")
+  if not custom_task and isinstance(c.task, str) and c.task not in _TASKS:
+    _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)} (a user task: configs/custom_grpo.py "
+          "with --config.task.module=... or --config.task.train_path=...)")
   if c.loss.agg and c.loss.agg not in AGG_MODES:
     _fail("loss.agg", c.loss.agg, f"unknown aggregation; known: {AGG_MODES}")
   if c.loss.kl_kind not in KL_KINDS:
