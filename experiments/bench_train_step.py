@@ -103,6 +103,17 @@ def make_batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
           "returns": f(rng.normal(size=(b, t))), "old_values": f(rng.normal(size=(b, t)) * 0.1)}
 
 
+def target_aligned(batch: dict) -> dict:
+  """The [B, T] token-aligned batch as the JAX step reads it ([B, T-1], rl.batching.train_arrays'
+  layout): input_ids[t] = token t predicts target_ids[t] = token t+1; masks and per-token values
+  of the targets."""
+  out = {"input_ids": batch["token_ids"][:, :-1], "target_ids": batch["token_ids"][:, 1:],
+         "attention_mask": batch["attention_mask"][:, :-1]}
+  for k in ("action_mask", "old_logprobs", "advantages", "returns", "old_values"):
+    out[k] = batch[k][:, 1:]
+  return out
+
+
 def value_head(d: int):
   import numpy as np
   return (np.random.default_rng(7).normal(size=(d,)) * 0.02).astype(np.float32)
@@ -159,7 +170,7 @@ class JaxStep:
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
     cg, cp, cr = nnx.split(critic, nnx.Param, ...)
-    batch = make_batch(model.config.vocab_size, b, t)
+    batch = target_aligned(make_batch(model.config.vocab_size, b, t))
     self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
     self.fns, self.states = {}, {}
     for step in FLAGS.steps:
@@ -397,22 +408,24 @@ def demo() -> dict:
   out = {}
   with tempfile.TemporaryDirectory() as wd:
     tr = Trainer(c, wd)
-    params = tr._init_params
-    tr.sampler.update_weights(params)
+    params = tr.init_params
+    tr.weights.load(params)
     trajs = tr.rollout(tr._rows_at(0, c.rollout.rows_per_step), seed=1)
+    from agentfly_jax.rl.batching import train_arrays
     from agentfly_jax.rl.train_state import create_train_state
-    state = create_train_state(params, tr.optimizer)
-    batch = tr._prepare(state, trajs, {})
+    arrays = train_arrays(trajs, pad_id=tr.tokenizer.pad_token_id)
+    batch, _ = tr.update.prepare(params, None, None, tr.update.put_arrays(arrays))
+    batch = {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
     size, num = micro_batch_layout(len(trajs), c.train.micro_batch_size)
     plain = to_microbatches(batch, np.arange(len(trajs)), size, num)
     packed_rows, _ = pack_batch(batch)
-    packed = to_microbatches(packed_rows, np.arange(len(packed_rows["token_ids"])), size, 1)
+    packed = to_microbatches(packed_rows, np.arange(len(packed_rows["input_ids"])), size, 1)
     from agentfly_jax.rl.train_step import make_train_step
     useful = int(batch["attention_mask"].sum())
     timing = {}
     for label, mb in (("unpacked", plain), ("packed", packed)):
       fn = jax.jit(make_train_step(tr.graphdef, tr.rest, tr.optimizer, tr.loss_cfg))
-      st = create_train_state(params, tr.optimizer)
+      st = create_train_state(jax.tree.map(jax.numpy.copy, params), tr.optimizer)
       st, m = fn(st, mb)
       jax.block_until_ready(m)
       timing[label] = {"fn": fn, "state": st, "mb": mb, "wall": [], "loss": float(m["actor/pg_loss"])}
@@ -422,7 +435,7 @@ def demo() -> dict:
         d["state"], m = d["fn"](d["state"], d["mb"])
         jax.block_until_ready(m)
         d["wall"].append(time.perf_counter() - t0)
-    out["packing"] = {label: {"rows": int(np.prod(d["mb"]["token_ids"].shape[:2])), "row_len": int(d["mb"]["token_ids"].shape[2]),
+    out["packing"] = {label: {"rows": int(np.prod(d["mb"]["input_ids"].shape[:2])), "row_len": int(d["mb"]["input_ids"].shape[2]),
                               "padding_fraction": padding_fraction(d["mb"]["attention_mask"]),
                               "wall_median_s": statistics.median(d["wall"]), "wall_all_s": d["wall"],
                               "useful_tok_s": useful / statistics.median(d["wall"]), "first_loss": d["loss"]}

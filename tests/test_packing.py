@@ -25,15 +25,17 @@ def _cfg():
 
 @pytest.fixture(scope="module")
 def batch():
+  """Target-aligned [N, T] (as rl.batching.train_arrays): input_ids[t] predicts target_ids[t]."""
   rng = np.random.default_rng(0)
   lengths = rng.integers(4, T + 1, size=N)
   lengths[0] = T
   attn = np.arange(T)[None] < lengths[:, None]
   action = attn & (rng.random((N, T)) < 0.6)
   action[:, :2] = False
-  ids = np.where(attn, rng.integers(1, V, (N, T)), 0).astype(np.int32)
+  tokens = rng.integers(1, V, (N, T + 1)).astype(np.int32)
+  ids, targets = np.where(attn, tokens[:, :-1], 0), np.where(attn, tokens[:, 1:], 0)
   f = lambda x: np.where(action, x, 0).astype(np.float32)  # noqa: E731
-  return {"token_ids": ids, "attention_mask": attn, "action_mask": action,
+  return {"input_ids": ids, "target_ids": targets, "attention_mask": attn, "action_mask": action,
           "old_logprobs": f(-rng.random((N, T)) * 3), "advantages": f(rng.normal(size=(N, T))),
           "ref_logprobs": f(-rng.random((N, T)) * 3), "returns": f(rng.normal(size=(N, T))),
           "old_values": f(rng.normal(size=(N, T)) * 0.1)}
@@ -41,7 +43,7 @@ def batch():
 
 def test_pack_keeps_every_token_and_fewer_rows(batch):
   packed, layout = pack_batch(batch)
-  assert layout.num_rows < N and packed["token_ids"].shape == (layout.num_rows, T)
+  assert layout.num_rows < N and packed["input_ids"].shape == (layout.num_rows, T)
   assert padding_fraction(packed["attention_mask"]) < padding_fraction(batch["attention_mask"])
   for k in batch:
     np.testing.assert_array_equal(unpack(packed[k], layout, T), batch[k])
@@ -66,12 +68,12 @@ def test_pack_rejects_bad_input(batch):
 def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   model = CausalLM(_cfg(), rngs=nnx.Rngs(0))
   packed, layout = pack_batch(batch)
-  lp = lambda b: np.asarray(policy_logprobs(model, jnp.asarray(b["token_ids"]), jnp.asarray(b["attention_mask"]),  # noqa: E731
-                                            segment_ids=b.get("segment_ids"), positions=b.get("positions"))[0])
+  lp = lambda b: np.asarray(policy_logprobs(  # noqa: E731
+      model, jnp.asarray(b["input_ids"]), jnp.asarray(b["target_ids"]), jnp.asarray(b["attention_mask"]),
+      segment_ids=b.get("segment_ids"), positions=b.get("positions"))[0])
   want = lp(batch)
   got = unpack(lp(packed), layout, T)
-  am = batch["attention_mask"].copy()
-  am[:, 0] = False  # a segment's first token has no prefix of its own
+  am = batch["attention_mask"]
   np.testing.assert_allclose(got[am], want[am], rtol=1e-5, atol=1e-5)
   # without explicit positions the model derives them from the segment ids
   got2 = unpack(lp({k: v for k, v in packed.items() if k != "positions"}), layout, T)
@@ -81,9 +83,9 @@ def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   members = np.nonzero(layout.row == row)[0]
   first = members[np.argmin(layout.offset[members])]
   changed = {k: v.copy() for k, v in packed.items()}
-  changed["token_ids"][row, layout.offset[first] + layout.length[first] - 1] += 1
+  changed["input_ids"][row, layout.offset[first] + layout.length[first] - 1] += 1
   after = lp(changed)
-  rest = (packed["segment_ids"][row] > 1) & (packed["positions"][row] > 0)  # (a first token is predicted from the row before)
+  rest = packed["segment_ids"][row] > 1
   np.testing.assert_allclose(after[row, rest], lp(packed)[row, rest], rtol=1e-6, atol=1e-6)
 
 
@@ -100,7 +102,7 @@ def test_packed_train_step_equals_unpacked(batch, policy, agg):
     opt = optax.sgd(0.1)
     state = create_train_state(p, opt, critic_params=cp, critic_optimizer=opt)
     step = jax.jit(make_train_step(g, r, opt, cfg, critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt))
-    rows = b["token_ids"].shape[0]
+    rows = b["input_ids"].shape[0]
     state, m = step(state, to_microbatches(b, np.arange(rows), rows))
     results.append((state, m))
   (s0, m0), (s1, m1) = results

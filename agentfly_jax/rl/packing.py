@@ -61,35 +61,56 @@ def first_fit_decreasing(lengths: np.ndarray, row_len: int) -> PackLayout:
   return PackLayout(row=row, offset=offset, length=lengths, num_rows=max(1, len(used)))
 
 
+def pack_index(attention_mask: np.ndarray, rows: np.ndarray | None = None, *,
+               row_len: int | None = None) -> tuple[dict, PackLayout]:
+  """Where each packed slot reads from: for the right-padded rows `rows` (default all) of
+  attention_mask bool[N, T], packed into [R, row_len] (default T), returns ({"src_row",
+  "src_col" int32[R, row_len] (indices into the [N, T] arrays), "valid" bool, "segment_ids",
+  "positions" int32[R, row_len]}, layout over the selected rows)."""
+  am = np.asarray(attention_mask, bool)
+  rows = np.arange(am.shape[0]) if rows is None else np.asarray(rows)
+  row_len = am.shape[1] if row_len is None else int(row_len)
+  layout = first_fit_decreasing(row_lengths(am[rows]), row_len)
+  src_row, src_col, dst_row, dst_col = _token_moves(layout)
+  shape = (layout.num_rows, row_len)
+  index = {"src_row": np.zeros(shape, np.int32), "src_col": np.zeros(shape, np.int32),
+           "valid": np.zeros(shape, bool), "segment_ids": np.zeros(shape, np.int32),
+           "positions": np.zeros(shape, np.int32)}
+  rank = np.zeros(len(rows), np.int32)  # segment number within its packed row, in column order
+  for r in range(layout.num_rows):
+    members = np.nonzero(layout.row == r)[0]
+    rank[members[np.argsort(layout.offset[members])]] = np.arange(1, len(members) + 1)
+  index["src_row"][dst_row, dst_col] = rows[src_row]
+  index["src_col"][dst_row, dst_col] = src_col
+  index["valid"][dst_row, dst_col] = True
+  index["segment_ids"][dst_row, dst_col] = rank[src_row]
+  index["positions"][dst_row, dst_col] = src_col
+  return index, layout
+
+
+def take_packed(batch: dict, index: dict) -> dict:
+  """Every [N, T] array of `batch` gathered into packed [R, row_len] rows (0 / False on padding),
+  plus `segment_ids` and `positions`. Works on numpy arrays and, inside jit, on jnp arrays."""
+  out = {}
+  for k, v in batch.items():
+    sel = v[index["src_row"], index["src_col"]]
+    out[k] = sel * index["valid"].astype(sel.dtype) if sel.dtype != bool else sel & index["valid"]
+  out["segment_ids"], out["positions"] = index["segment_ids"], index["positions"]
+  return out
+
+
 def pack_batch(batch: dict, *, row_len: int | None = None) -> tuple[dict, PackLayout]:
   """Packs every [N, T] array of `batch` (must hold a right-padded `attention_mask`) into
   [R, row_len] rows (default row_len = T), adding `segment_ids` and `positions` (int32).
   Padding is 0 / False in every field. Returns (packed, layout)."""
   if "attention_mask" not in batch:
     raise ValueError("pack_batch: the batch needs an 'attention_mask' [N, T]")
-  n, t = batch["attention_mask"].shape
-  row_len = t if row_len is None else int(row_len)
+  n = batch["attention_mask"].shape[0]
   for k, v in batch.items():
     if np.ndim(v) != 2 or v.shape[0] != n:
       raise ValueError(f"pack_batch: field {k!r} has shape {np.shape(v)}, expected [{n}, T]")
-  lengths = row_lengths(batch["attention_mask"])
-  layout = first_fit_decreasing(lengths, row_len)
-  src_row, src_col, dst_row, dst_col = _token_moves(layout)
-  out = {}
-  for k, v in batch.items():
-    dst = np.zeros((layout.num_rows, row_len), v.dtype)
-    dst[dst_row, dst_col] = v[src_row, src_col]
-    out[k] = dst
-  segment = np.zeros((layout.num_rows, row_len), np.int32)
-  positions = np.zeros((layout.num_rows, row_len), np.int32)
-  rank = np.zeros(n, np.int32)  # segment number within its row, in column order
-  for r in range(layout.num_rows):
-    members = np.nonzero(layout.row == r)[0]
-    rank[members[np.argsort(layout.offset[members])]] = np.arange(1, len(members) + 1)
-  segment[dst_row, dst_col] = rank[src_row]
-  positions[dst_row, dst_col] = src_col
-  out["segment_ids"], out["positions"] = segment, positions
-  return out, layout
+  index, layout = pack_index(batch["attention_mask"], row_len=row_len)
+  return take_packed({k: np.asarray(v) for k, v in batch.items()}, index), layout
 
 
 def _token_moves(layout: PackLayout):
