@@ -21,13 +21,25 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/lookup_grpo.py", "m
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<config.name>).")
 _RESUME = flags.DEFINE_bool("resume", True, "Continue from the latest checkpoint in --workdir.")
 _WANDB = flags.DEFINE_bool("wandb", False, "Also log to Weights & Biases.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: host:port of process 0's JAX coordinator "
+    "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes "
+                                      "(env AGENTFLY_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index "
+                                   "(env AGENTFLY_PROCESS_ID).")
 
 
 def main(argv):
   del argv
   from absl import logging
   logging.set_verbosity(logging.WARNING)
+  from agentfly_jax.rl import distributed
   from agentfly_jax.rl.config import validate_config
+  try:  # before anything touches a device
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as e:
+    sys.exit(f"bad multi-host flags: {e}")
   from agentfly_jax.rl.trainer import Trainer
   config = _CONFIG.value
   if _WANDB.value:
@@ -37,10 +49,11 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"bad config: {e}")
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
-  if not _RESUME.value and os.path.exists(workdir):
+  if not _RESUME.value and os.path.exists(workdir) and distributed.is_primary():
     shutil.rmtree(workdir)
+  distributed.barrier("workdir")
   trainer = Trainer(config, workdir)
-  records = trainer.train()
+  records = trainer.train()  # [] on processes other than 0
   final = [r for r in records if "rollout/success_rate" in r]
   if final:
     print(f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "

@@ -35,6 +35,8 @@ class Trajectory:
       `Final Answer:` text, else the last assistant message's text ("" if there was no turn;
       None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
+    policy_versions: the trainer's policy version that wrote each turn (asynchronous
+      training; empty when not recorded).
   """
   token_ids: np.ndarray
   action_mask: np.ndarray
@@ -51,6 +53,7 @@ class Trajectory:
   row: dict = dataclasses.field(default_factory=dict)
   prediction: str | None = None
   error: str | None = None
+  policy_versions: list[int] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)
