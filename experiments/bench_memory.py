@@ -60,6 +60,14 @@ def measure(size: str, fsdp: int, tp: int, remat: bool, micro: int, seq: int) ->
           "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes)}
 
 
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor() or platform.machine()
+
+
 def main(argv):
   del argv
   import jax
@@ -74,8 +82,7 @@ def main(argv):
         r = measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value)
         rows.append(r)
         print(json.dumps(r), flush=True)
-  machine = f"{platform.node()} ({platform.processor() or platform.machine()}), backend {jax.default_backend()}, " \
-            f"{len(jax.devices())} devices"
+  machine = f"{_cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
   out = {"machine": machine, "micro_batch": _BATCH.value, "seq_len": _LEN.value, "rows": rows,
          "note": "compile-time plan per device from XLA memory_analysis (no allocation); CPU backend "
                  "with forced host devices; the machine was shared with other jobs (does not affect "
