@@ -14,6 +14,9 @@ BUILTIN_REWARDS: dict[str, str] = {
     "f1": "agentfly_jax.rewards.qa:f1",
     "math_equal": "agentfly_jax.rewards.math:math_equal",
     "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",
+    "scienceworld_score": "agentfly_jax.tasks.scienceworld:score_reward",
+    "textworld_score": "agentfly_jax.tasks.textworld:score_reward",
+    "webshop_purchase": "agentfly_jax.tasks.webshop:purchase_reward",
 }
 
 
