@@ -22,11 +22,12 @@ from absl import app, flags  # noqa: E402
 _OUT = flags.DEFINE_string("out", "experiments/results/bench_memory", "Output path (no extension).")
 _BATCH = flags.DEFINE_integer("micro_batch", 8, "Rows per micro-batch.")
 _LEN = flags.DEFINE_integer("seq_len", 512, "Sequence length L.")
+_SIZES = flags.DEFINE_list("sizes", None, "Model sizes to report (default: all of SIZES).")
 
 SIZES = {  # name -> tiny_config overrides
     "d256_L4_v8k": dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=32),
-    "d576_L30_v49k (SmolLM2-135M)": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+    "smollm2_135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                          num_hidden_layers=30, num_attention_heads=9,
                                          num_key_value_heads=3, head_dim=64),
 }
@@ -50,8 +51,7 @@ def measure(size: str, fsdp: int, tp: int, remat: bool, micro: int, seq: int) ->
   keys = {"input_ids": jnp.int32, "target_ids": jnp.int32, "attention_mask": jnp.bool_,
           "action_mask": jnp.bool_, "old_logprobs": jnp.float32, "advantages": jnp.float32}
   batch_sh = batch_sharding(mesh, keys)
-  batch = {k: jax.ShapeDtypeStruct((1, micro, seq), dt, sharding=batch_sh[k]) for k, dt in keys.items()}
-  state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state, state_sh)
+  batch = {k: jax.ShapeDtypeStruct((1, micro, seq), dt) for k, dt in keys.items()}  # jit_step has in_shardings
   step = jit_step(make_train_step(graphdef, rest, opt, LossConfig()), state_sh, batch_sh)
   mem = step.lower(state, batch).compile().memory_analysis()
   n_params = sum(int(x.size) for x in jax.tree.leaves(params))
@@ -64,7 +64,9 @@ def main(argv):
   del argv
   import jax
   rows = []
-  for size in SIZES:
+  for size in _SIZES.value or list(SIZES):
+    if size not in SIZES:
+      raise app.UsageError(f"--sizes: unknown size {size!r}; known: {sorted(SIZES)}")
     for fsdp, tp in MESHES:
       if fsdp * tp > len(jax.devices()):
         continue

@@ -13,6 +13,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+# Counts of strict inequalities between quantities that are equal in exact arithmetic at a
+# step's first minibatch (PPO's value clip: loss_clipped > loss_unclipped while V == V_old): a
+# rounding difference flips single tokens. Compared as fractions of tokens, to within 0.1.
+TIE_METRICS = {"critic/vf_clipfrac": (0.0, 0.1)}
+
+
 def run(algo: str, fsdp: int, tp: int, workdir: str) -> list[dict]:
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.trainer import Trainer
@@ -43,12 +49,16 @@ def main():
       one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
       mesh = run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))
       assert [r["step"] for r in one] == [1, 2] == [r["step"] for r in mesh]
+      bad = []
       for a, b in zip(one, mesh):
         assert set(a) == set(b), set(a) ^ set(b)
         for k in a:
           if k.startswith("time/"):
             continue
-          np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-4, err_msg=f"{algo} step {a['step']} {k}")
+          rtol, atol = TIE_METRICS.get(k, (2e-3, 2e-4))
+          if not np.isclose(b[k], a[k], rtol=rtol, atol=atol):
+            bad.append(f"{algo} step {a['step']} {k}: 1 device {a[k]!r}, 2x4 mesh {b[k]!r}")
+      assert not bad, "\n".join(bad)
       assert one[-1]["actor/kl_ref"] > 0 and (algo != "ppo" or one[-1]["critic/grad_norm"] > 0)
       print(f"{algo}: {len(one[0])} metrics equal on 1x1 and 2x4", flush=True)
   print("OK")
