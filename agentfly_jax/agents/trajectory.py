@@ -35,6 +35,7 @@ class Trajectory:
       `Final Answer:` text, else the last assistant message's text ("" if there was no turn;
       None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
+    env_names: the environments (by name) the chain acquired, in order.
     policy_versions: the trainer's policy version that wrote each turn (asynchronous
       training; empty when not recorded).
   """
@@ -53,6 +54,7 @@ class Trajectory:
   row: dict = dataclasses.field(default_factory=dict)
   prediction: str | None = None
   error: str | None = None
+  env_names: list[str] = dataclasses.field(default_factory=list)
   policy_versions: list[int] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):

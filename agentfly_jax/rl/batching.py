@@ -40,13 +40,15 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
 
 
 def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: str = "rollout") -> dict:
-  """reward mean/std, success rate, turns, tool calls per tool, finish reasons, tokens."""
+  """reward mean/std, success rate, turns (mean, max), tool calls and tool errors per tool,
+  environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels)."""
   rewards = np.array([t.reward for t in trajs], np.float64)
   m = {
       f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
       f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,
       f"{prefix}/success_rate": float((rewards > success_threshold).mean()) if len(rewards) else 0.0,
       f"{prefix}/turns_mean": float(np.mean([t.num_turns for t in trajs])) if trajs else 0.0,
+      f"{prefix}/turns_max": int(max((t.num_turns for t in trajs), default=0)),
       f"{prefix}/tokens_total_mean": float(np.mean([len(t.token_ids) for t in trajs])) if trajs else 0.0,
       f"{prefix}/tokens_generated_mean": float(np.mean([int(t.action_mask.sum()) for t in trajs])) if trajs else 0.0,
       f"{prefix}/num_chains": len(trajs),
@@ -55,8 +57,14 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   failed = sum(1 for t in trajs for c in t.tool_calls if not c.get("ok", True))
   m[f"{prefix}/tool_calls_per_chain"] = sum(calls.values()) / max(1, len(trajs))
   m[f"{prefix}/tool_errors_per_chain"] = failed / max(1, len(trajs))
+  errors = collections.Counter(c.get("name", "?") for t in trajs for c in t.tool_calls if not c.get("ok", True))
   for name, count in calls.items():
     m[f"{prefix}/tool_calls/{name}"] = count / max(1, len(trajs))
+    m[f"{prefix}/tool_errors/{name}"] = errors[name] / max(1, len(trajs))
+  envs = collections.Counter(name for t in trajs for name in getattr(t, "env_names", ()))
+  m[f"{prefix}/envs_per_chain"] = sum(envs.values()) / max(1, len(trajs))
+  for name, count in envs.items():
+    m[f"{prefix}/envs/{name}"] = count
   for reason, count in collections.Counter(t.finish_reason for t in trajs).items():
     m[f"{prefix}/finish/{reason}"] = count / max(1, len(trajs))
   extra = collections.defaultdict(list)

@@ -66,9 +66,9 @@ def build_components(config, workdir: str, task=None) -> Components:
   from agentfly_jax.agents import ToolCallAgent, load_tokenizer
   from agentfly_jax.models import make_mesh, partition_specs, save_pretrained, shard_model
   from agentfly_jax.rl.config import ALGORITHMS
-  from agentfly_jax.tasks import get_task
+  from agentfly_jax.tasks.from_config import build_task
 
-  task = task if task is not None else get_task(config.task)
+  task = build_task(config, task)
   tok_dir = build_tokenizer_dir(config, task, workdir)
   tokenizer = load_tokenizer(tok_dir)
   end_of_turn = tokenizer.token_to_id("<|im_end|>")

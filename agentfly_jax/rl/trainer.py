@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
+from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
 from agentfly_jax.rl import distributed
@@ -39,6 +40,7 @@ from agentfly_jax.rl.train_state import create_train_state, make_optimizer
 from agentfly_jax.rl.train_step import LossConfig, state_shardings
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.tasks.from_config import task_fingerprint, task_name
 
 @dataclasses.dataclass
 class LoopState:
@@ -96,6 +98,7 @@ class Trainer:
     self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs
     self.critic_graphdef, self.critic_rest, self.critic_specs = c.critic_graphdef, c.critic_rest, c.critic_specs
     self.train_rows, self.eval_rows = c.train_rows, c.eval_rows
+    self.task_fingerprint = task_fingerprint(self.task, self.train_rows)  # evaluate.py checks it
     self.init_params, self.init_critic_params = c.params, c.critic_params
     self.end_of_turn_id = c.end_of_turn_id
     self.loss_cfg = LossConfig(
@@ -174,9 +177,10 @@ class Trainer:
   # ------------------------------------------------------------------ SFT warm start
   def _sft_cache_key(self) -> str:
     c = self.config
-    return json.dumps({"task": c.task, "seed": c.seed, "model": c.model.to_dict(), "sft": {
-        k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}, "rollout": c.rollout.to_dict()},
-        sort_keys=True)
+    return json.dumps({
+        "task": task_name(c), "task_content": self.task_fingerprint, "seed": c.seed,
+        "model": c.model.to_dict(), "rollout": c.rollout.to_dict(),
+        "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}}, sort_keys=True)
 
   def _sft_cached(self) -> Any:
     """SFT params, from `sft.cache_dir` when a run with the same task/model/sft config saved them."""
@@ -288,14 +292,15 @@ class Trainer:
       metrics.update(self.evaluate(state.params, seed=c.seed))
     metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                     "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
-    env_metrics = getattr(self.agent, "env_metrics", None)
-    if callable(env_metrics):
-      metrics.update({f"env/{k}": v for k, v in env_metrics().items()})
+    metrics.update(env_pool_metrics(active_provider(self.agent)))  # env/<type>/in_use, ...
     return LoopState(state, loop.ref_params, loop.data_position + c.rollout.rows_per_step), metrics
 
   def train(self) -> list[dict]:
     c = self.config
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
+    if distributed.is_primary():
+      with open(os.path.join(self.workdir, "task.json"), "w") as f:
+        json.dump({"name": task_name(c), "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
     producer = None
     if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
@@ -337,7 +342,7 @@ class Trainer:
     writer.close()
     records = read_jsonl(jsonl_path)
     plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {c.task}")
+                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {task_name(c)}")
     return records
 
   def _writer(self, jsonl_path: str):
