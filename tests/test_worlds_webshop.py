@@ -12,7 +12,7 @@ import trio
 
 from agentfly_jax.envs.manager import EnvManager
 from agentfly_jax.tasks import webshop as task
-from envservers.envs.webshop import WebShopEnv, expert_actions, random_action, webshop_reward
+from envservers.envs.webshop import WebShopEnv, expert_actions, webshop_reward
 from envservers.envs.webshop_catalog import (generate_catalog, load_webshop_products,
                                              make_goals)
 from tests.envservers_helpers import running_server
