@@ -21,7 +21,7 @@ import time
 import envservers
 from agentfly_jax.envs.manager import EnvManager
 
-DEFAULT_LOCAL_ENVS = ("python_sandbox=16:2,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,"
+DEFAULT_LOCAL_ENVS = ("python_sandbox=16:2,retrieval=16:1,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,"
                       "textworld=16:0,scienceworld=4:0")
 
 

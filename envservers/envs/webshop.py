@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from typing import Any
 
 import numpy as np
 
 from envservers.env import ServerEnv, StepOutcome, env_reward
+from envservers.envs.retrieval import import_bm25s  # bm25s without its JAX back-end
 from envservers.envs.webshop_catalog import generate_catalog, load_webshop_products
 from envservers.registry import register_env
 
@@ -76,21 +76,6 @@ def webshop_reward(product: dict, goal: dict, options: dict[str, str]) -> dict:
           "r_option": option_hits / n_opt if n_opt else 1.0, "r_price": price_ok}
 
 
-def import_bm25s():
-  """bm25s, imported without JAX: bm25s imports JAX when it can (and runs a JAX op at import,
-  ~290 MiB per process); env servers stay JAX-free (a None entry in sys.modules makes that
-  import fail, so bm25s uses numpy). A process that already has JAX keeps it."""
-  if "bm25s" in sys.modules or "jax" in sys.modules:
-    import bm25s
-    return bm25s
-  sys.modules["jax"] = None
-  try:
-    import bm25s
-  finally:
-    del sys.modules["jax"]
-  return bm25s
-
-
 class Shop:
   """The catalog and its BM25 index (shared by every instance of one server process)."""
 
@@ -98,12 +83,12 @@ class Shop:
     self.products = products
     self.by_asin = {p["asin"]: p for p in products}
     texts = [" ".join([p["name"], p["query"], p["category"], *p["attributes"]]) for p in products]
-    self.bm25s = bm25s = import_bm25s()
+    bm25s = import_bm25s()
     self.retriever = bm25s.BM25()
     self.retriever.index(bm25s.tokenize(texts, show_progress=False), show_progress=False)
 
   def search(self, query: str) -> list[dict]:
-    tokens = self.bm25s.tokenize([query], show_progress=False)
+    tokens = import_bm25s().tokenize([query], show_progress=False)
     if not tokens.vocab:   # nothing searchable (only stop words)
       return []
     k = min(MAX_RESULTS, len(self.products))
