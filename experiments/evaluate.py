@@ -54,7 +54,7 @@ def main(argv):
   step = _STEP.value if _STEP.value is not None else trainer.checkpointer.latest_step()
   if step is None:
     sys.exit(f"evaluate: no checkpoint in {_WORKDIR.value}/checkpoints")
-  state, _ = trainer._new_state(trainer._init_params, trainer.optimizer, trainer._init_critic_params)
+  state = trainer.new_state(trainer.init_params, critic_params=trainer.init_critic_params)
   state, _ = trainer.checkpointer.restore(step, state)
   trainer.sampler.update_weights(state.params)
   make_eval_rows = getattr(trainer.task, "make_eval_rows", None) or trainer.task.make_rows

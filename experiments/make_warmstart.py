@@ -37,12 +37,11 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   import json
-  import numpy as np
   from flax import nnx
   from agentfly_jax.models import save_pretrained
-  from agentfly_jax.rl.batching import rollout_metrics, to_microbatches
+  from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.config import default_config
-  from agentfly_jax.rl.sft import ScriptedPolicySampler
+  from agentfly_jax.rl.sft import ScriptedPolicySampler, SftRunner
   from agentfly_jax.rl.train_state import make_optimizer
   from agentfly_jax.rl.trainer import Trainer
 
@@ -54,9 +53,10 @@ def main(argv):
   c.model.intermediate_size = 2 * _HIDDEN.value
   c.log.progress = False
   workdir = os.path.abspath(_OUT.value) + ".work"
+  c.train.micro_batch_size = _BATCH.value  # one SFT step = one micro-batch, as before
   tr = Trainer(c, workdir)
-  tr._sft_optimizer = make_optimizer(lr=_LR.value, max_grad_norm=1.0, warmup_steps=10)
-  state, sh = tr._new_state(tr._init_params, tr._sft_optimizer)
+  runner = SftRunner(tr, make_optimizer(lr=_LR.value, max_grad_norm=1.0, warmup_steps=10))
+  state = runner.new_state(tr.init_params)
   t0 = time.time()
   step = 0
   for phase, steps, p_tool in [("copy", _COPY_STEPS.value, 1.0), ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value)]:
@@ -65,10 +65,7 @@ def main(argv):
     for _ in range(steps):
       rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
-      arr = tr._arrays(trajs)
-      batch = {k: arr[k] for k in ("token_ids", "attention_mask", "action_mask")}
-      mb = tr._put_batch(to_microbatches(batch, np.arange(len(trajs)), _BATCH.value))
-      state, m = tr._jitted("sft", sh, mb)(state, mb)
+      state, m = runner.step(state, trajs)
       step += 1
       if step % 25 == 0:
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)

@@ -278,9 +278,9 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
                   max_turns: int = 4, sampling_params: SamplingParams | None = None,
                   max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
                   concurrency: int = 256, env_provider=None, seed: int | None = 0,
-                  tool_threads: int = 128) -> list[Trajectory]:
+                  tool_threads: int = 128, group_offset: int = 0) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
-  (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = row index.
+  (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
 
   Args:
     agent: a ToolCallAgent / ReactAgent / CodeAgent.
@@ -299,6 +299,8 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
     seed: base seed; each request gets a seed derived from (seed, group, chain, turn). None
       keeps `sampling_params.seed`.
     tool_threads: worker threads for synchronous tool and reward functions.
+    group_offset: added to every group id (and so to the request seeds): a process rolling out
+      rows k.. of a larger batch gets the trajectories a single rollout of the batch would.
   """
   for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
                       ("max_tokens_per_turn", max_tokens_per_turn),
@@ -326,7 +328,7 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
   async with trio.open_nursery() as nursery:
     for g, row in enumerate(rows):
       for c in range(num_chains):
-        nursery.start_soon(chain, g * num_chains + c, row, g, c)
+        nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)
   return results
 
 
