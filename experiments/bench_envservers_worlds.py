@@ -7,8 +7,9 @@ EnvManager (the trainer's path):
 - reset: the first reset of a fresh instance (instance start + loading the task) and later
   resets of the same task on the warm instance (p50);
 - step latency: sequential cheap steps (p50 / p99);
-- memory: resident memory of the server's process tree (server, workers, JVMs) with 0 and with
-  `instances` bound instances -> MiB per instance -> instances per GiB.
+- memory: resident memory of the server's process tree (server, workers, JVMs) idle, with one
+  and with `instances` loaded instances -> MiB of the first and of each further instance ->
+  instances per GiB.
 Writes JSON and a markdown table to --out_dir/bench_envservers_worlds.{json,md}.
 """
 from __future__ import annotations
@@ -24,11 +25,11 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 import trio  # noqa: E402
 
 from agentfly_jax.envs import EnvManager, LocalEnvServer  # noqa: E402
 from envservers.envs.webshop_catalog import generate_catalog, make_goals  # noqa: E402
-from experiments.bench_envservers import _percentiles  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("worlds", ["webshop", "textworld", "scienceworld"], "worlds to measure")
@@ -50,6 +51,12 @@ def _world_setup(world: str, cache: str) -> tuple[dict, list]:
     return ({"game_file": game_file("treasure_hunter", "easy", 1, cache_dir=cache)},
             ["look", "inventory"])
   return {"task_name": "find-animal", "variation": 0}, ["look around", "inventory"]
+
+
+def _percentiles(samples_s: list[float]) -> dict[str, float]:
+  ms = np.asarray(samples_s) * 1e3
+  return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+          "mean_ms": float(ms.mean()), "n": int(ms.size)}
 
 
 def _tree_rss_mib(pid: int) -> float:
@@ -78,10 +85,11 @@ def _tree_rss_mib(pid: int) -> float:
 async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: list) -> dict:
   manager = EnvManager([server.address], acquire_timeout_s=900)
   rss_idle = _tree_rss_mib(server.process.pid)
-  env = await manager.acquire(world, "bench-0")
   t0 = time.perf_counter()
+  env = await manager.acquire(world, "bench-0")   # starts the instance (lazy pool)
   await env.reset(row)
   first_reset_s = time.perf_counter() - t0
+  rss_one = _tree_rss_mib(server.process.pid)
   resets = []
   for _ in range(FLAGS.num_resets):
     t0 = time.perf_counter()
@@ -105,10 +113,11 @@ async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: l
   for k in range(len(envs)):
     await manager.release(world, f"bench-{k}")
   await manager.aclose()
-  per_instance = (rss_loaded - rss_idle) / len(envs)
+  per_instance = max(rss_loaded - rss_one, 0.0) / (len(envs) - 1)
   return {"first_reset_s": first_reset_s, "reset": _percentiles(resets),
           "step": _percentiles(steps), "instances": len(envs), "rss_idle_mib": rss_idle,
-          "rss_loaded_mib": rss_loaded, "mib_per_instance": per_instance,
+          "rss_one_mib": rss_one, "rss_loaded_mib": rss_loaded,
+          "mib_first_instance": rss_one - rss_idle, "mib_per_instance": per_instance,
           "instances_per_gib": 1024 / per_instance if per_instance > 0 else float("inf")}
 
 
@@ -116,16 +125,20 @@ def _markdown(report: dict) -> str:
   lines = [f"# bench_envservers_worlds ({report['date']})", "",
            f"Machine: {report['machine']} (shared with other jobs; load average "
            f"{report['load_average']:.1f} at the end), Python {report['python']}", "",
-           "| world | first reset (start + load) | warm reset p50 | step p50 / p99 | MiB per "
-           "instance | instances per GiB |", "|---|---|---|---|---|---|"]
+           "| world | first reset (start + load) | warm reset p50 | step p50 / p99 | MiB first "
+           "instance | MiB each further | instances per GiB |", "|---|---|---|---|---|---|---|"]
   for world, r in report["worlds"].items():
     lines.append(f"| {world} | {r['first_reset_s']:.2f} s | {r['reset']['p50_ms']:.1f} ms | "
                  f"{r['step']['p50_ms']:.2f} / {r['step']['p99_ms']:.2f} ms | "
-                 f"{r['mib_per_instance']:.1f} | {r['instances_per_gib']:.1f} |")
-  lines += ["", "Memory: resident memory of the server's process tree with the instances bound "
-            "and loaded, minus the idle server, over the instance count (webshop instances share "
-            "one catalog + BM25 index per server process; textworld and scienceworld run a worker "
-            "process per instance, scienceworld with its own JVM)."]
+                 f"{r['mib_first_instance']:.1f} | {r['mib_per_instance']:.1f} | "
+                 f"{r['instances_per_gib']:.1f} |")
+  lines += ["", "Memory: resident memory of the server's process tree (server, workers, JVMs). "
+            "'First instance' = with one instance loaded minus the idle server (includes what "
+            "instances share: webshop's catalog + BM25 index); 'each further' = the growth per "
+            "extra loaded instance, which gives instances per GiB. textworld and scienceworld "
+            "run a worker process per instance, scienceworld with its own JVM.", "",
+            "Machine shared with other jobs (several training runs and test suites): latencies are "
+            "upper bounds; compare worlds only within one run."]
   return "\n".join(lines) + "\n"
 
 

@@ -155,6 +155,10 @@ def test_module_and_rows_make_the_task(user_task):
   task = build_task(_config(train_path=str(user_task / "plain.json"), tools="calculator,mirror_task:mirror_word",
                             reward="exact_match"))
   assert [t.name for t in task.tools] == ["calculator", "mirror_word"] and task.reward.name == "exact_match"
+  # a full task module (the lookup demo: TOOLS, REWARD, make_rows, a demo policy, its own agent)
+  lookup = build_task(_config(module="agentfly_jax.tasks.lookup"))
+  assert [t.name for t in lookup.tools] == ["lookup"] and len(lookup.rows) == 2000
+  assert lookup.scripted_response is not None and lookup.agent_factory is not None
 
 
 def test_fingerprint_covers_rows_tools_reward_and_demo(user_task):

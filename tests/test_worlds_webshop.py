@@ -3,6 +3,8 @@ env server."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import trio
 
 from agentfly_jax.envs.manager import EnvManager
 from agentfly_jax.tasks import webshop as task
-from envservers.envs.webshop import WebShopEnv, expert_actions, random_action, webshop_reward
+from envservers.envs.webshop import WebShopEnv, expert_actions, webshop_reward
 from envservers.envs.webshop_catalog import (generate_catalog, load_webshop_products,
                                              make_goals)
 from tests.envservers_helpers import running_server
@@ -162,3 +164,13 @@ def test_loader_reads_webshop_files_and_serves_them(tmp_path):
       await manager.aclose()
       return rewards
     assert trio.run(main) == [1.0] * len(goals)
+
+
+def test_env_server_side_stays_jax_free():
+  code = ("import sys, envservers.envs\n"
+          "from envservers.envs.webshop import Shop\n"
+          "from envservers.envs.webshop_catalog import generate_catalog\n"
+          "assert Shop(generate_catalog(100, 0)).search('running shoes')\n"
+          "assert 'jax' not in sys.modules, 'envservers imported JAX'\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]

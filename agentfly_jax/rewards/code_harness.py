@@ -106,4 +106,6 @@ def _run():
                     "stderr": stderr}))
 
 
-_run()
+
+if __name__ == "__main__":   # the sandbox runs it as a cell; importing it runs nothing
+  _run()

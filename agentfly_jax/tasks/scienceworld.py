@@ -48,6 +48,21 @@ async def score_reward(env) -> dict:
 
 
 TOOLS = (act, valid_actions)
+# Typical simulator text, so that a tiny tokenizer trained for a random-init policy covers it.
+SAMPLE_OBSERVATIONS = (
+    "Task: Your task is to find a(n) animal. First, focus on the thing. Then, move it to the "
+    "red box in the kitchen.",
+    "This room is called the hallway. In it, you see: the agent, a substance called air, a "
+    "picture. You also see: A door to the art studio (that is closed), A door to the bedroom "
+    "(that is closed), A door to the greenhouse (that is open), A door to the kitchen (that is "
+    "closed), A door to the living room (that is open), A door to the workshop (that is closed)",
+    "This room is called the kitchen. In it, you see: a chair, a counter. On the counter is: a "
+    "bowl (containing a red apple, a banana, an orange, a potato), a drawer. a cupboard (that is "
+    "closed), a freezer (that is closed), a fridge (that is closed), a glass jar (containing a "
+    "substance called sodium chloride), a lighter, an oven, which is turned off, a sink, a stove, "
+    "a thermometer, currently reading a temperature of 10 degrees celsius",
+    "No known action matches that input. You move to the kitchen. The door is now open. You "
+    "focus on the water. You teleport to the outside. Completed.")
 REWARD = score_reward
 
 
@@ -101,4 +116,5 @@ def tokenizer_corpus(n: int = 50, seed: int = 0) -> list[str]:
                   "focus on", "pick up", "move to", "inventory", "wait", "activate stove"):
     texts += [tool_call_text("act", command=command)] * 3
   texts += [r["question"] for r in make_rows(n, seed)]
+  texts += list(SAMPLE_OBSERVATIONS) * 5
   return texts

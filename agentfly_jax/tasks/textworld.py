@@ -42,6 +42,18 @@ async def score_reward(env) -> dict:
 
 
 TOOLS = (act, admissible_commands)
+# Typical game text, so that a tiny tokenizer trained for a random-init policy covers it.
+SAMPLE_OBSERVATIONS = (
+    "You are now playing a exciting session of TextWorld! Here is your task for today. First, "
+    "it would be fantastic if you could attempt to venture east. After that, go to the south. "
+    "With that done, pick-up the coin from the floor of the room.",
+    "-= Vault =- Of every vault you could have shown up in, you had to saunter into an ordinary "
+    "one. You begin to take stock of what's here. There is an unguarded exit to the east. You "
+    "don't like doors? Why not try going south, that entranceway is unblocked.",
+    "-= Kitchen =- You find yourself in a kitchen. You see a fridge, a counter, a stove and a "
+    "table. You see a cookbook on the table. The fridge contains a red bell pepper.",
+    "You can't go that way. That's not a verb I recognise. You pick up the key. Taken. "
+    "Your score has just gone up by one point. *** The End *** You scored 1 out of a possible 1.")
 REWARD = score_reward
 
 
@@ -81,4 +93,5 @@ def tokenizer_corpus(n: int = 50, seed: int = 0) -> list[str]:
                   "look", "inventory", "examine cookbook", "prepare meal", "eat meal"):
     texts += [tool_call_text("act", command=command)] * 3
   texts += [r["question"] for r in make_rows_split(n, seed, "train")]
+  texts += list(SAMPLE_OBSERVATIONS) * 5
   return texts

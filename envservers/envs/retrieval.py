@@ -43,7 +43,7 @@ class CorpusError(ValueError):
   """The corpus file cannot be used (the message names the file and line)."""
 
 
-def _import_bm25s():
+def import_bm25s():
   """bm25s, imported with its optional JAX and numba back-ends switched off.
 
   bm25s imports JAX (for top-k) and numba when they are installed; an env server never imports
@@ -165,11 +165,11 @@ class BM25Index:
     self.retriever = retriever
     self.sha256 = sha256
     self.source = source
-    self._bm25s = _import_bm25s()
+    self._bm25s = import_bm25s()
 
   @classmethod
   def build(cls, docs: list[dict], sha256: str = "") -> "BM25Index":
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     retriever = bm25s.BM25()
     retriever.index(_tokenize(bm25s, [f"{d['title']} {d['text']}" for d in docs]),
                     show_progress=False)
@@ -195,7 +195,7 @@ class BM25Index:
 
   @classmethod
   def load(cls, folder: str) -> "BM25Index":
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     with open(os.path.join(folder, "meta.json")) as f:
       meta = json.load(f)
     if meta.get("format") != _INDEX_FORMAT:

@@ -1,7 +1,7 @@
 """`textworld`: TextWorld games (generated and cached by `textworld_games`), one per episode.
 
 A row names its game by `game_file` (a path) or by {"game_seed", "game_kind", "difficulty"}.
-`reset` returns the objective and the opening text; a step is one command; the step reward is
+`reset` returns the objective and the opening text (without the ASCII-art title); a step is one command; the step reward is
 the score change / the game's max score (a won game sums to 1.0); done when won or lost. Each
 instance runs in a worker process of its own (TextWorld drives a Z-machine interpreter in C): a
 crash there costs only that instance, which the pool recycles. Query actions (not game moves):
@@ -12,6 +12,7 @@ Options (`--env-opt textworld.NAME=VALUE`): cache_dir (games folder), max_steps 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from envservers.env import BlockingEnv, StepOutcome, env_reward
@@ -31,6 +32,14 @@ def resolve_game(row: dict, cache_dir: str | None) -> str:
     raise ValueError(f"textworld row needs 'game_file' or game_seed/game_kind/difficulty; "
                      f"missing {missing}")
   return game_file(row["game_kind"], row["difficulty"], row["game_seed"], cache_dir)
+
+
+def strip_banner(text: str) -> str:
+  """The opening text without TextWorld's ASCII-art title (its leading lines without letters)."""
+  lines = text.strip("\n").split("\n")
+  while lines and not re.search(r"[A-Za-z]", lines[0]):
+    lines.pop(0)
+  return "\n".join(lines).strip()
 
 
 @register_env
@@ -64,7 +73,7 @@ class TextWorldEnv(BlockingEnv):
     self.state = self.env.reset()
     self.steps, self.score, self.done = 0, 0, False
     self.walkthrough = self.expert_commands(self.state)
-    return self.state.feedback.strip()
+    return strip_banner(self.state.feedback)
 
   def game_path(self, row: dict) -> str:
     """The game file of a row (subclasses: other layouts)."""

@@ -20,10 +20,10 @@ import functools
 import re
 from typing import Any
 
-import bm25s
 import numpy as np
 
 from envservers.env import ServerEnv, StepOutcome, env_reward
+from envservers.envs.retrieval import import_bm25s  # bm25s without its JAX back-end
 from envservers.envs.webshop_catalog import generate_catalog, load_webshop_products
 from envservers.registry import register_env
 
@@ -83,11 +83,12 @@ class Shop:
     self.products = products
     self.by_asin = {p["asin"]: p for p in products}
     texts = [" ".join([p["name"], p["query"], p["category"], *p["attributes"]]) for p in products]
+    bm25s = import_bm25s()
     self.retriever = bm25s.BM25()
     self.retriever.index(bm25s.tokenize(texts, show_progress=False), show_progress=False)
 
   def search(self, query: str) -> list[dict]:
-    tokens = bm25s.tokenize([query], show_progress=False)
+    tokens = import_bm25s().tokenize([query], show_progress=False)
     if not tokens.vocab:   # nothing searchable (only stop words)
       return []
     k = min(MAX_RESULTS, len(self.products))
