@@ -208,7 +208,7 @@ class Trainer:
     return params
 
   def _sft(self) -> Any:
-    from agentfly_jax.rl.sft import ScriptedPolicySampler
+    from agentfly_jax.rl.sft import ScriptedPolicySampler, sft_batch
     c = self.config
     self._sft_optimizer = make_optimizer(lr=c.sft.lr, max_grad_norm=c.train.max_grad_norm)
     state, sh = self._new_state(self._init_params, self._sft_optimizer)
@@ -222,8 +222,7 @@ class Trainer:
     for i in range(c.sft.steps):
       rows = self.task.make_rows(c.sft.rows_per_step, seed=10_000_000 + c.seed * 100_003 + i)
       trajs = self.rollout(rows, sampler=demo, num_chains=1, seed=c.seed * 7919 + i)
-      arr = self._arrays(trajs)
-      batch = {k: arr[k] for k in ("token_ids", "attention_mask", "action_mask")}
+      batch = sft_batch(self._arrays(trajs), demo)
       mbatch = self._put_batch(to_microbatches(batch, np.arange(len(trajs)), mb))
       step_fn = self._jitted("sft", sh, mbatch)
       state, m = step_fn(state, mbatch)
@@ -313,7 +312,10 @@ class Trainer:
     self.state = state
     records = read_jsonl(jsonl_path)
     plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {c.task}")
+                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {c.task}",
+                labels={"rollout/reward_mean": "reward (sampled rollouts)",
+                        "rollout/success_rate": f"success, sampled (T={c.rollout.temperature:g})",
+                        "eval/success_rate": "success, greedy eval (held-out)"})
     return records
 
   def _update(self, state, state_sh, trajs, metrics: dict, step: int):

@@ -33,8 +33,9 @@ class Task:
     eval_rows: held-out rows (default: the first 32 training rows).
     system_prompt: the agent's system prompt.
     corpus: extra texts for the tiny tokenizer when the model is random-init.
-    scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` for
-      the SFT warm start (config.sft.steps > 0).
+    scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` (or
+      `[(text, learn), ...]` pieces; `learn=False` pieces stay out of the loss) for the SFT warm
+      start (config.sft.steps > 0).
     agent_factory: optional `tokenizer -> Agent` (default: a ToolCallAgent).
   """
   tools: Sequence[Any]
