@@ -28,7 +28,12 @@ _COPY_STEPS = flags.DEFINE_integer("copy_steps", 300, "SFT steps on always-tool 
 _PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 150, "SFT steps on mixed demonstrations.")
 _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
-_LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate.")
+_LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate of the copy phase.")
+_PRIOR_LR = flags.DEFINE_float("prior_lr", 1e-3, "SFT learning rate of the prior phase (lower: the tool-use "
+                                "decision settles near --tool_use_prob instead of following each batch).")
+_INIT = flags.DEFINE_string("init", "", "Start from this HF folder (model + tokenizer) instead of a random init.")
+_FIRST_STEP = flags.DEFINE_integer("first_step", 0, "Step number to start counting at (seeds the demo rows; "
+                                   "give the init's step count when continuing from --init).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 _LAYERS = flags.DEFINE_integer("layers", 2, "Decoder layers.")
 _HIDDEN = flags.DEFINE_integer("hidden", 128, "Hidden size.")
@@ -57,13 +62,21 @@ def main(argv):
   c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = _HEADS.value, _KV_HEADS.value, _HEAD_DIM.value
   c.model.intermediate_size = 2 * _HIDDEN.value
   c.log.progress = False
+  c.model.pretrained = os.path.abspath(_INIT.value) if _INIT.value else ""
   workdir = os.path.abspath(_OUT.value) + ".work"
   tr = Trainer(c, workdir)
-  tr._sft_optimizer = make_optimizer(lr=_LR.value, max_grad_norm=1.0, warmup_steps=10)
-  state, sh = tr._new_state(tr._init_params, tr._sft_optimizer)
+  params = tr._init_params
   t0 = time.time()
-  step = 0
-  for phase, steps, p_tool in [("copy", _COPY_STEPS.value, 1.0), ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value)]:
+  step = _FIRST_STEP.value
+  last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
+  greedy = sampled = None
+  for phase, steps, p_tool, lr in [("copy", _COPY_STEPS.value, 1.0, _LR.value),
+                                   ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value)]:
+    if not steps:
+      continue
+    tr._sft_optimizer = make_optimizer(lr=lr, max_grad_norm=1.0, warmup_steps=10)
+    tr._steps_jitted.pop("sft", None)
+    state, sh = tr._new_state(params, tr._sft_optimizer)
     demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
         text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
     for _ in range(steps):
@@ -75,18 +88,25 @@ def main(argv):
       step += 1
       if step % 25 == 0:
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)
-      if step % 50 == 0 or step == _COPY_STEPS.value + _PRIOR_STEPS.value:
+      if step % 50 == 0 or step == last:
         greedy = tr.evaluate(state.params, seed=c.seed)
         sampled = rollout_metrics(tr.rollout(tr.eval_rows, num_chains=2, seed=step), prefix="t1")
         print(f"  greedy: success {greedy['eval/success_rate']:.2f}, tool calls/chain "
               f"{greedy['eval/tool_calls_per_chain']:.2f}; sampled (T=1): success "
               f"{sampled['t1/success_rate']:.2f}, tool calls/chain {sampled['t1/tool_calls_per_chain']:.2f}",
               flush=True)
-  model = nnx.merge(tr.graphdef, state.params, tr.rest)
-  save_pretrained(model, _OUT.value, tokenizer_dir=os.path.join(workdir, "tokenizer"))
+    params = state.params
+  model = nnx.merge(tr.graphdef, params, tr.rest)
+  save_pretrained(model, _OUT.value, tokenizer_dir=_INIT.value or os.path.join(workdir, "tokenizer"))
+  init_recipe = None
+  if _INIT.value and os.path.isfile(os.path.join(_INIT.value, "warmstart.json")):
+    with open(os.path.join(_INIT.value, "warmstart.json")) as f:
+      init_recipe = json.load(f)
   with open(os.path.join(_OUT.value, "warmstart.json"), "w") as f:
-    json.dump({"copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
+    json.dump({"command": " ".join(sys.argv), "init": _INIT.value or None, "init_recipe": init_recipe,
+               "first_step": _FIRST_STEP.value, "copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
                "tool_use_prob": _TOOL_USE_PROB.value, "batch": _BATCH.value, "lr": _LR.value,
+               "prior_lr": _PRIOR_LR.value,
                "seed": c.seed, "guess_word_in_loss": False, "final_greedy": greedy,
                "final_sampled": sampled, "wall_s": time.time() - t0}, f, indent=2)
   print(f"saved {_OUT.value}")
