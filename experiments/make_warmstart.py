@@ -29,8 +29,8 @@ _PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 150, "SFT steps on mixed demo
 _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
 _LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate of the copy phase.")
-_PRIOR_LR = flags.DEFINE_float("prior_lr", 1e-3, "SFT learning rate of the prior phase (lower: the tool-use "
-                                "decision settles near --tool_use_prob instead of following each batch).")
+_PRIOR_LR = flags.DEFINE_float("prior_lr", 0.0, "> 0: the prior phase gets a fresh optimizer with this learning "
+                                "rate; 0 (the shipped recipe): it continues the copy phase's optimizer.")
 _INIT = flags.DEFINE_string("init", "", "Start from this HF folder (model + tokenizer) instead of a random init.")
 _FIRST_STEP = flags.DEFINE_integer("first_step", 0, "Step number to start counting at (seeds the demo rows; "
                                    "give the init's step count when continuing from --init).")
@@ -74,9 +74,10 @@ def main(argv):
                                    ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value)]:
     if not steps:
       continue
-    tr._sft_optimizer = make_optimizer(lr=lr, max_grad_norm=1.0, warmup_steps=10)
-    tr._steps_jitted.pop("sft", None)
-    state, sh = tr._new_state(params, tr._sft_optimizer)
+    if phase == "copy" or lr > 0 or not _COPY_STEPS.value:
+      tr._sft_optimizer = make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10)
+      tr._steps_jitted.pop("sft", None)
+      state, sh = tr._new_state(params, tr._sft_optimizer)
     demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
         text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
     for _ in range(steps):
