@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup"}
+_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "arithmetic": "agentfly_jax.tasks.arithmetic"}
 
 
 def get_task(name: str):
