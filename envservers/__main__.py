@@ -3,9 +3,14 @@
   --env NAME=CAP[:WARM]     serve env type NAME with at most CAP live instances, WARM of them
                             started ahead of demand (default min(CAP, 2)); repeatable.
   --env-opt NAME.KEY=VALUE  an option for env type NAME (VALUE parsed as JSON, else a string).
+  --call-timeout-s NAME=S   wall-clock limit of one call of env type NAME (default: the type's
+                            own); clients learn it at `acquire`.
   --import MODULE           import MODULE first (it registers env types with @register_env);
                             repeatable.
   --port 0                  picks a free port; the ready line on stdout says which.
+  --token-file FILE         shared secret for the HMAC handshake (else $AGENTFLY_ENV_TOKEN_FILE
+                            or $AGENTFLY_ENV_TOKEN); required unless --host is loopback.
+  --tls-cert PEM --tls-key PEM   serve TLS (clients: $AGENTFLY_ENV_TLS_CA names the CA file).
 
 When it is listening it prints one line `envservers listening on HOST:PORT` to stdout. SIGTERM or
 SIGINT shut it down gracefully: it stops accepting, lets in-flight calls finish (up to
@@ -22,8 +27,8 @@ import sys
 
 import trio
 
-from envservers import protocol
-from envservers.env import ENV_TYPES
+from envservers import auth, protocol
+from envservers.registry import ENV_TYPES
 from envservers.server import EnvServer
 
 
@@ -72,9 +77,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--port", type=int, default=8765)
   parser.add_argument("--env", action="append", default=[], metavar="NAME=CAP[:WARM]")
   parser.add_argument("--env-opt", action="append", default=[], metavar="NAME.KEY=VALUE")
+  parser.add_argument("--call-timeout-s", action="append", default=[], metavar="NAME=SECONDS")
   parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
   parser.add_argument("--max-frame-bytes", type=int, default=protocol.DEFAULT_MAX_FRAME_BYTES)
   parser.add_argument("--grace-s", type=float, default=5.0)
+  parser.add_argument("--token-file", default=None,
+                      help=f"file holding the shared secret (default: ${auth.TOKEN_FILE_ENV} or "
+                           f"${auth.TOKEN_ENV})")
+  parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
+  parser.add_argument("--tls-key", default=None, help="PEM private key (with --tls-cert)")
   parser.add_argument("--log-level", default="WARNING")
   parser.add_argument("--exit-on-stdin-eof", action="store_true",
                       help="shut down when stdin closes (a parent that started us has exited)")
@@ -96,7 +107,30 @@ def main(argv: list[str] | None = None) -> int:
       if name not in pools:
         raise ValueError(f"--env-opt {spec!r}: env {name!r} is not served (add --env {name}=N)")
       options.setdefault(name, {})[key] = value
-    server = EnvServer(pools, env_options=options, max_frame_bytes=args.max_frame_bytes)
+    call_timeout_s = {}
+    for spec in args.call_timeout_s:
+      name, _, seconds = spec.partition("=")
+      try:
+        call_timeout_s[name] = float(seconds)
+      except ValueError:
+        raise ValueError(f"--call-timeout-s {spec!r}: expected NAME=SECONDS") from None
+      if name not in pools or not 0 < call_timeout_s[name] <= 3600:
+        raise ValueError(f"--call-timeout-s {spec!r}: need a served env and 0 < SECONDS <= 3600")
+  except (ValueError, KeyError, TypeError) as e:
+    print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
+    return 2
+  try:
+    token = auth.load_token(args.token_file)
+    auth.check_bind(args.host, token)
+    if (args.tls_cert is None) != (args.tls_key is None):
+      raise auth.AuthError("--tls-cert and --tls-key go together")
+    ssl_context = auth.server_ssl_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+  except auth.AuthError as e:
+    print(f"envservers: {e}", file=sys.stderr)
+    return 2
+  try:
+    server = EnvServer(pools, env_options=options, max_frame_bytes=args.max_frame_bytes,
+                       call_timeout_s=call_timeout_s, token=token, ssl_context=ssl_context)
   except (ValueError, KeyError, TypeError) as e:
     print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
     return 2

@@ -6,6 +6,12 @@
 
 The reply reader runs as a trio system task of the current run, so a Connection needs no nursery
 and dies with its run (its pending calls then fail with ConnectionLost).
+
+Authentication and TLS (auth.py): the token is $AGENTFLY_ENV_TOKEN(_FILE) unless `token=` is
+given; with one, `open` runs the HMAC handshake and also checks the server's proof. TLS when
+`ssl_context=` is given or $AGENTFLY_ENV_TLS_CA names a CA file. Whatever a server sends, a call
+gets either its result (a dict) or an exception: a reply that breaks the protocol fails that call
+with BadReply and closes the connection (the next `open` starts afresh).
 """
 from __future__ import annotations
 
@@ -14,22 +20,57 @@ from typing import Any
 
 import trio
 
-from envservers import protocol
+from envservers import auth, protocol
+
+FROM_ENV = "from-env"   # token / ssl_context default: read the environment (auth.py)
 
 
 class ConnectionLost(ConnectionError):
   """The server closed the connection or could not be reached."""
 
 
+class BadReply(ConnectionLost):
+  """The server sent something that breaks the protocol; the connection has been closed."""
+
+
+class AuthenticationFailed(ConnectionLost):
+  """The handshake failed: wrong or missing token on either side, or a server without one."""
+
+
+def check_reply(reply: dict) -> str | None:
+  """None if `reply` has the shape of a reply (PROTOCOL.md), else what is wrong with it."""
+  ok = reply.get("ok")
+  if not isinstance(ok, bool):
+    return f"field 'ok' must be a bool, got {type(ok).__name__}"
+  if ok and not isinstance(reply.get("result", {}), dict):
+    return f"field 'result' must be an object, got {type(reply.get('result')).__name__}"
+  if not ok:
+    error = reply.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("type"), str) \
+        or not isinstance(error.get("message", ""), str):
+      return "field 'error' must be an object with string 'type' and 'message'"
+  return None
+
+
+def _socket_of(stream):
+  while not hasattr(stream, "socket"):   # trio.SSLStream wraps the SocketStream
+    stream = stream.transport_stream
+  return stream.socket
+
+
 class Connection:
-  def __init__(self, stream: trio.SocketStream, address: str,
-               max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES):
+  def __init__(self, stream: trio.abc.Stream, address: str,
+               max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+               reader: protocol.FrameReader | None = None):
     self.address = address
     self.max_frame_bytes = max_frame_bytes
     self._stream = stream
+    self._reader = reader or protocol.FrameReader(stream, max_frame_bytes)
+    self.bad_replies = 0
     self._writer = protocol.FrameWriter(stream)
     self._ids = itertools.count(1)
     self._pending: dict[int, list] = {}   # id -> [event, reply]
+    self._abandoned: dict[int, Any] = {}  # id -> on_abandoned(reply) of a call given up on
     self.closed = False
     self.close_reason = ""
     self.token = trio.lowlevel.current_trio_token()
@@ -37,32 +78,66 @@ class Connection:
     trio.lowlevel.spawn_system_task(self._write_requests, name=f"envservers writer {address}")
 
   @classmethod
-  async def open(cls, address: str, connect_timeout_s: float = 5.0, **kwargs) -> "Connection":
+  async def open(cls, address: str, connect_timeout_s: float = 5.0, *, token=FROM_ENV,
+                 ssl_context=FROM_ENV, max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES
+                 ) -> "Connection":
+    """Connects (TLS if configured) and authenticates (if a token is configured) within
+    `connect_timeout_s`. Raises ConnectionLost, or AuthenticationFailed (a subclass)."""
     host, port = protocol.parse_address(address)
+    token = auth.load_token() if token == FROM_ENV else token
+    ssl_context = auth.default_client_ssl_context() if ssl_context == FROM_ENV else ssl_context
+    stream = None
     try:
       with trio.fail_after(connect_timeout_s):
         stream = await trio.open_tcp_stream(host, port)
-    except (OSError, trio.TooSlowError) as e:
+        if ssl_context is not None:
+          stream = trio.SSLStream(stream, ssl_context, server_hostname=host)
+          await stream.do_handshake()
+        reader = protocol.FrameReader(stream, max_frame_bytes)
+        await _handshake(stream, reader, token, address)
+    except AuthenticationFailed:
+      await trio.aclose_forcefully(stream)
+      raise
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError, protocol.ProtocolError) as e:
+      if stream is not None:
+        await trio.aclose_forcefully(stream)
       reason = str(e) or type(e).__name__
+      if e.__cause__ is not None:   # e.g. the ssl error behind a BrokenResourceError
+        reason = f"{reason}: {e.__cause__}"
       raise ConnectionLost(f"cannot connect to env server {address}: {reason}") from None
-    return cls(stream, address, **kwargs)
+    except BaseException:
+      if stream is not None:
+        await trio.aclose_forcefully(stream)
+      raise
+    return cls(stream, address, max_frame_bytes, reader)
 
   async def _read_replies(self) -> None:
-    reader = protocol.FrameReader(self._stream, self.max_frame_bytes)
     reason = "the server closed the connection"
     try:
       while True:
-        body = await reader.read_body()
+        body = await self._reader.read_body()
         if body is None:
           break
         reply = protocol.decode_body(body)
         reply_id = reply.get("id")
-        slot = self._pending.pop(reply_id, None) if isinstance(reply_id, int) else None
+        slot = self._pending.pop(reply_id, None) if type(reply_id) is int else None
+        problem = check_reply(reply) if slot is not None or reply_id is None else None
+        if problem is not None and "hello" not in reply:
+          self.bad_replies += 1
+          reason = f"bad reply from the server: {problem}"
+          if slot is not None:
+            slot[0].set()   # no reply stored: the call raises BadReply
+          break
         if slot is not None:
           slot[1] = reply
           slot[0].set()
-        elif not reply.get("ok", True) and reply.get("id") is None:
-          reason = f"server error: {reply.get('error')}"
+        elif reply_id in self._abandoned and type(reply_id) is int:
+          try:
+            self._abandoned.pop(reply_id)(reply)
+          except Exception:  # noqa: BLE001 -- a callback must not kill the reader
+            pass
+        elif reply_id is None and reply.get("ok") is False:
+          reason = f"server error: {protocol.short_repr(reply.get('error'), 500)}"
     except trio.Cancelled:
       reason = "the trio run that opened the connection ended"
       raise
@@ -86,7 +161,7 @@ class Connection:
     self._writer.close()
     self.close_reason = reason
     try:
-      self._stream.socket.close()
+      _socket_of(self._stream).close()
     except OSError:
       pass
     for slot in self._pending.values():
@@ -94,11 +169,14 @@ class Connection:
     self._pending.clear()
 
   async def call(self, op: str, args: dict[str, Any] | None = None,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+                 timeout_s: float | None = None, on_abandoned=None) -> dict[str, Any]:
     """Sends one request and waits for its reply's result.
 
     Raises RemoteError (an error reply), ConnectionLost, trio.TooSlowError after timeout_s,
     TypeError/ValueError (args not JSON) or ProtocolError (request over the frame limit).
+    `on_abandoned(reply)`: if the call is cancelled or times out after it was sent, the reply
+    that still arrives is passed to it (in the reader task: it must be quick and not raise), e.g.
+    to release an instance an abandoned `acquire` got anyway.
     """
     if self.closed:
       raise ConnectionLost(f"env server {self.address}: {self.close_reason}")
@@ -114,11 +192,16 @@ class Connection:
       else:
         with trio.fail_after(timeout_s):
           await slot[0].wait()
+    except BaseException:
+      if on_abandoned is not None and slot[1] is None and not self.closed:
+        self._abandoned[request_id] = on_abandoned
+      raise
     finally:
       self._pending.pop(request_id, None)
     reply = slot[1]
     if reply is None:
-      raise ConnectionLost(f"env server {self.address}: {self.close_reason}")
+      kind = BadReply if self.close_reason.startswith("bad reply") else ConnectionLost
+      raise kind(f"env server {self.address}: {self.close_reason}")
     if not reply.get("ok"):
       error = reply.get("error") or {}
       raise protocol.RemoteError(str(error.get("type", "Unknown")), str(error.get("message", "")))
@@ -128,3 +211,41 @@ class Connection:
     if not self.closed:
       self._fail_all("closed by the client")
       await trio.lowlevel.checkpoint()
+
+
+async def _handshake(stream, reader: protocol.FrameReader, token: bytes | None,
+                     address: str) -> None:
+  """Reads the server's hello and, if either side has a token, runs the HMAC handshake
+  (auth.py); raises AuthenticationFailed (ProtocolError if the hello is not a frame)."""
+  body = await reader.read_body()
+  if body is None:
+    raise ConnectionLost(f"env server {address} closed the connection before its hello")
+  hello = protocol.decode_body(body).get("hello")
+  if not isinstance(hello, dict):
+    raise AuthenticationFailed(f"{address} did not greet like an env server (no hello frame)")
+  if hello.get("auth") is None and token is None:
+    return
+  if hello.get("auth") is None:
+    raise AuthenticationFailed(f"env server {address} does not ask for authentication although a "
+                               f"token is configured (a server started without one?); refusing "
+                               f"to send it work")
+  if token is None:
+    raise AuthenticationFailed(f"env server {address} needs authentication: set "
+                               f"${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token")
+  if hello.get("auth") != auth.SCHEME or not isinstance(hello.get("nonce"), str):
+    raise AuthenticationFailed(f"env server {address} asks for authentication scheme "
+                               f"{protocol.short_repr(hello.get('auth'))}; this client speaks "
+                               f"{auth.SCHEME}")
+  client_nonce = auth.new_nonce()
+  await stream.send_all(protocol.encode_frame({"id": 0, "op": "auth", "args": {
+      "client_nonce": client_nonce, "mac": auth.client_mac(token, hello["nonce"], client_nonce)}}))
+  body = await reader.read_body()
+  reply = protocol.decode_body(body) if body is not None else {}
+  if reply.get("ok") is not True:
+    error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+    raise AuthenticationFailed(f"env server {address} refused the token: "
+                               f"{error.get('type', 'closed')}: {error.get('message', '')}")
+  result = reply.get("result") if isinstance(reply.get("result"), dict) else {}
+  if not auth.macs_equal(auth.server_mac(token, hello["nonce"], client_nonce),
+                         result.get("server_mac")):
+    raise AuthenticationFailed(f"env server {address} could not prove it holds the token")

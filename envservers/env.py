@@ -5,6 +5,7 @@ rewards declared with `@env_reward`. Code that blocks (a simulator, a JVM call) 
 `BlockingEnv` and writes plain methods; they run in worker threads so one slow env never stalls
 the server. An env that runs user code in a child process (the Python sandbox) is async and
 reports its process id in `worker_pid` so a crashed worker can be detected and recycled.
+Env types are registered by name in `envservers.registry`.
 """
 from __future__ import annotations
 
@@ -90,18 +91,23 @@ class ServerEnv:
 
   async def compute_reward(self, name: str, **kwargs) -> dict[str, Any]:
     """Runs the env-bound reward `name`; returns {'reward': float, ...}."""
-    for _, method in inspect.getmembers(self):
-      if getattr(method, "_env_reward_name", None) == name:
-        break
-    else:
-      raise ValueError(f"env {self.name!r} has no reward {name!r}; it has {self.reward_names()}")
-    result = method(**kwargs)
+    result = reward_method(self, name)(**kwargs)
     if inspect.isawaitable(result):
       result = await result
-    return _reward_dict(name, result)
+    return reward_dict(name, result)
 
 
-def _reward_dict(name: str, result: Any) -> dict[str, Any]:
+def reward_method(env: Any, name: str) -> Callable:
+  """The bound method of `env` marked `@env_reward(name)`; ValueError naming the known ones."""
+  for _, method in inspect.getmembers(env):
+    if getattr(method, "_env_reward_name", None) == name:
+      return method
+  raise ValueError(f"env {env.name!r} has no reward {name!r}; it has {env.reward_names()}")
+
+
+def reward_dict(name: str, result: Any) -> dict[str, Any]:
+  """An env reward's return value (a float, or a dict with a float 'reward' and metrics) as
+  {'reward': float, **metrics}; TypeError naming the reward otherwise."""
   if isinstance(result, dict):
     if not isinstance(result.get("reward"), (int, float)) or isinstance(result.get("reward"), bool):
       raise TypeError(f"env reward {name!r} returned a dict without a float 'reward': {result!r}")
@@ -150,41 +156,18 @@ class BlockingEnv(ServerEnv):
       pass
 
   async def compute_reward(self, name, **kwargs):
-    for _, method in inspect.getmembers(self):
-      if getattr(method, "_env_reward_name", None) == name:
-        break
-    else:
-      raise ValueError(f"env {self.name!r} has no reward {name!r}; it has {self.reward_names()}")
+    method = reward_method(self, name)
     if inspect.iscoroutinefunction(method):
       result = await method(**kwargs)
     else:
       result = await trio.to_thread.run_sync(lambda: method(**kwargs), abandon_on_cancel=True)
-    return _reward_dict(name, result)
+    return reward_dict(name, result)
 
 
-ENV_TYPES: dict[str, type[ServerEnv]] = {}
-
-
-def register_env(cls: type[ServerEnv]) -> type[ServerEnv]:
-  """Class decorator: makes `cls` available as `--env <cls.name>=N`."""
-  if not cls.name:
-    raise ValueError(f"env class {cls.__qualname__} has no `name`")
-  if cls.name in ENV_TYPES and ENV_TYPES[cls.name] is not cls:
-    raise ValueError(f"env name {cls.name!r} is already registered by {ENV_TYPES[cls.name]}")
-  ENV_TYPES[cls.name] = cls
-  return cls
-
-
-def make_factory(env_name: str, options: dict[str, Any]) -> Callable[[], ServerEnv]:
-  """Returns a zero-argument constructor for env type `env_name` with its options.
-
-  Options are checked now (constructors must be cheap; slow set-up belongs in `start`).
-  """
-  if env_name not in ENV_TYPES:
-    raise KeyError(f"unknown env type {env_name!r}; known: {sorted(ENV_TYPES)}")
-  cls = ENV_TYPES[env_name]
-  cls(**options)
-  if getattr(cls, "run_in_subprocess", False):
-    from envservers.subprocess_env import SubprocessEnv
-    return lambda: SubprocessEnv(cls, options)
-  return lambda: cls(**options)
+def __getattr__(name: str):
+  """The registry used to live here: `envservers.env.register_env` etc. still resolve (lazily,
+  so this module never imports the registry at import time)."""
+  if name in ("ENV_TYPES", "register_env", "make_factory"):
+    from envservers import registry
+    return getattr(registry, name)
+  raise AttributeError(f"module 'envservers.env' has no attribute {name!r}")

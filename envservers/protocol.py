@@ -9,7 +9,9 @@ order. See PROTOCOL.md for the operations. This module is transport-agnostic and
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import struct
 from typing import Any
 
@@ -24,8 +26,26 @@ except ImportError:  # pragma: no cover - depends on the environment
   msgspec = None
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLimits:
+  """What one frame body may contain (besides `max_frame_bytes` on its length); see PROTOCOL.md.
+
+  max_depth: nesting of arrays/objects (`{"a": [1]}` has depth 2).
+  max_string_chars: characters in one string (keys included).
+  max_items: elements of one array or members of one object.
+  max_values: JSON values in the whole body (every scalar, array and object counts one).
+  """
+  max_depth: int = 64
+  max_string_chars: int = 8 * 1024 * 1024
+  max_items: int = 100_000
+  max_values: int = 1_000_000
+
+
+DEFAULT_LIMITS = DecodeLimits()
+
 # Error types a server can reply with (the `error.type` field).
-BAD_FRAME = "BadFrame"              # frame body is not a JSON object / not UTF-8
+BAD_FRAME = "BadFrame"              # frame body is not a JSON object / not UTF-8 / over a limit
 FRAME_TOO_LARGE = "FrameTooLarge"    # length header above the server's limit (connection closed)
 BAD_REQUEST = "BadRequest"           # missing/wrong-typed field: message names the field
 UNKNOWN_OP = "UnknownOp"
@@ -35,6 +55,8 @@ POOL_EXHAUSTED = "PoolExhausted"     # every instance up to the cap is in use; r
 ENV_ERROR = "EnvError"               # the env raised (message has the exception)
 SHUTTING_DOWN = "ShuttingDown"
 INTERNAL = "InternalError"
+AUTH_REQUIRED = "AuthRequired"       # first frame of a connection to a token server was not `auth`
+AUTH_FAILED = "AuthFailed"           # wrong HMAC (wrong token or replayed handshake)
 
 
 class ProtocolError(Exception):
@@ -65,22 +87,104 @@ def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRA
   return HEADER.pack(len(body)) + body
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
-  """Parses one frame body; raises ProtocolError(BAD_FRAME) unless it is a JSON object."""
+def decode_body(body: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+  """Parses one frame body; raises ProtocolError(BAD_FRAME) unless it is a JSON object within
+  `limits`. Never raises anything else: the nesting depth is checked on the bytes before parsing
+  (no RecursionError), and any other parser failure becomes BAD_FRAME."""
   try:
+    _check_depth(body, limits.max_depth)
+    fallback = False
     if msgspec is not None:
       try:
         message = _FAST_DECODER.decode(body)
-      except msgspec.DecodeError:
-        message = json.loads(body.decode("utf-8"))   # the stdlib also takes NaN / Infinity
+      except msgspec.DecodeError:   # the stdlib also takes NaN / Infinity / integers > 64 bits
+        fallback = True
     else:
+      fallback = True
+    if fallback:
       message = json.loads(body.decode("utf-8"))
-  except (UnicodeDecodeError, ValueError) as e:
-    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {e}") from None
+      # Lone surrogates ("\ud800") parse to a str that cannot be sent back as UTF-8.
+      _ENCODER.encode(message).encode("utf-8")
+  except ProtocolError:
+    raise
+  except UnicodeEncodeError as e:
+    raise ProtocolError(BAD_FRAME, f"frame body has a string that is not valid Unicode "
+                                   f"(a lone surrogate?): {short_text(e)}") from None
+  except Exception as e:  # noqa: BLE001 -- whatever the parser raises, the frame is bad
+    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {type(e).__name__}: "
+                                   f"{short_text(e)}") from None
   if not isinstance(message, dict):
     raise ProtocolError(BAD_FRAME,
                         f"frame body must be a JSON object, got {type(message).__name__}")
+  if len(body) > min(limits.max_string_chars, 2 * limits.max_items, limits.max_values):
+    _check_sizes(message, limits)   # smaller bodies cannot exceed any of these limits
   return message
+
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_CURLY_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
+
+
+def _check_depth(body: bytes, max_depth: int) -> None:
+  """Raises BAD_FRAME if arrays/objects nest deeper than `max_depth` (linear passes, no recursion).
+
+  Escapes are dropped first (so no quote is escaped), then strings, then everything but brackets
+  (all made square). Each pass then removes every adjacent "[]": that lowers the deepest point of
+  balanced brackets by exactly one, so brackets that are not gone after `max_depth` passes nest
+  deeper. Brackets that stop shrinking do not match: the parser rejects them.
+  """
+  if body.count(b"[") + body.count(b"{") <= max_depth:
+    return
+  brackets = _STRING.sub(b"", _ESCAPE.sub(b"", body)).translate(_CURLY_AS_SQUARE, _NOT_BRACKETS)
+  too_deep = b"[" * (max_depth + 1)
+  for _ in range(max_depth):
+    if not brackets:
+      return
+    if too_deep in brackets:
+      break
+    reduced = brackets.replace(b"[]", b"")
+    if len(reduced) == len(brackets):
+      return
+    brackets = reduced
+  if brackets:
+    raise ProtocolError(BAD_FRAME, f"JSON nests deeper than the limit of {max_depth} levels")
+
+
+def _check_sizes(message: Any, limits: DecodeLimits) -> None:
+  """Raises BAD_FRAME if a string, array or object, or the value count, is over `limits`."""
+  stack, values = [message], 0
+  while stack:
+    value = stack.pop()
+    values += 1
+    if values > limits.max_values:
+      raise ProtocolError(BAD_FRAME, f"frame has more than {limits.max_values} JSON values")
+    if isinstance(value, str):
+      if len(value) > limits.max_string_chars:
+        raise ProtocolError(BAD_FRAME, f"a string of {len(value)} characters exceeds the limit "
+                                       f"of {limits.max_string_chars}")
+    elif isinstance(value, (list, dict)):
+      if len(value) > limits.max_items:
+        kind = "array" if isinstance(value, list) else "object"
+        raise ProtocolError(BAD_FRAME, f"an {kind} of {len(value)} items exceeds the limit of "
+                                       f"{limits.max_items}")
+      if isinstance(value, dict):
+        stack.extend(value.keys())
+        stack.extend(value.values())
+      else:
+        stack.extend(value)
+
+
+def short_text(value: Any, limit: int = 120) -> str:
+  """str(value) cut to `limit` characters (error messages never echo a whole hostile value)."""
+  text = str(value)
+  return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+  """repr(value) cut to `limit` characters, for messages naming a client's bad value."""
+  return short_text(repr(value), limit)
 
 
 class FrameReader:

@@ -18,11 +18,14 @@ from typing import Any
 
 import trio
 
-from envservers import protocol
-from envservers.env import ENV_TYPES, EnvCrashed, StepOutcome, make_factory
+from envservers import auth, protocol
+from envservers.env import EnvCrashed, StepOutcome
+from envservers.registry import ENV_TYPES, make_factory
 from envservers.pool import CallTimeout, EnvPool, PoolError
 
 log = logging.getLogger("envservers")
+MAX_CHAIN_ID_CHARS = 1024
+_DECODE_IN_THREAD_BYTES = 1024 * 1024
 _connection_ids = itertools.count(1)
 
 
@@ -59,15 +62,15 @@ class _Connection:
     self.room.set()
 
   def send(self, message: dict[str, Any]) -> None:
-    """Queues one reply (never waits; the connection's writer task sends it)."""
+    """Queues one reply (never waits, never raises; the connection's writer task sends it)."""
     try:
       frame = protocol.encode_frame(message, self.max_frame_bytes)
     except protocol.ProtocolError as e:
-      frame = protocol.encode_frame({"id": message.get("id"), "ok": False,
-                                     "error": {"type": e.error_type, "message": e.message}})
-    except (TypeError, ValueError) as e:  # an env returned something JSON cannot encode
-      frame = protocol.encode_frame({"id": message.get("id"), "ok": False, "error": {
-          "type": protocol.ENV_ERROR, "message": f"result is not JSON-serialisable: {e}"}})
+      frame = _encode_error(message.get("id"), e.error_type, e.message)
+    except Exception as e:  # noqa: BLE001 -- an env returned something JSON cannot encode
+      frame = _encode_error(message.get("id"), protocol.ENV_ERROR,
+                            f"result is not JSON-serialisable: {type(e).__name__}: "
+                            f"{protocol.short_text(e)}")
     if not self.closed and not self.writer.closed:
       self.writer.put(frame)
 
@@ -89,13 +92,21 @@ class EnvServer:
     max_frame_bytes: frames above this get a FrameTooLarge error and the connection is closed.
     max_inflight_per_connection, max_queued_reply_bytes: back-pressure; past either, the server
       stops reading that connection's requests until some finish / its replies are sent.
+    limits: what one frame body may hold (nesting, string/array sizes, value count).
+    token: shared secret; when set, every connection must pass the HMAC handshake (auth.py)
+      before its first request. `serve` refuses a non-loopback host without one.
+    ssl_context: serve TLS (auth.server_ssl_context) instead of plain TCP.
+    handshake_timeout_s: a connection that has not finished TLS + authentication by then is
+      closed.
   """
 
   def __init__(self, pools: dict[str, tuple[int, int]], env_options: dict[str, dict] | None = None,
                max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
                call_timeout_s: dict[str, float] | None = None,
                max_inflight_per_connection: int = 16384,
-               max_queued_reply_bytes: int = 64 * 1024 * 1024):
+               max_queued_reply_bytes: int = 64 * 1024 * 1024,
+               limits: protocol.DecodeLimits = protocol.DEFAULT_LIMITS,
+               token: bytes | None = None, ssl_context=None, handshake_timeout_s: float = 10.0):
     env_options = env_options or {}
     call_timeout_s = call_timeout_s or {}
     self.pools: dict[str, EnvPool] = {}
@@ -108,10 +119,20 @@ class EnvServer:
     self.max_frame_bytes = max_frame_bytes
     self.max_inflight_per_connection = max_inflight_per_connection
     self.max_queued_reply_bytes = max_queued_reply_bytes
+    self.limits = limits
+    self.token = token
+    self.ssl_context = ssl_context
+    self.handshake_timeout_s = handshake_timeout_s
     self.server_id = uuid.uuid4().hex
     self.started = time.monotonic()
-    self.counters = {"connections": 0, "open_connections": 0, "requests": 0, "bad_frames": 0,
-                     "errors": 0}
+    # frames: bodies read; bad_frames: bodies that are not a JSON object within the limits;
+    # frames_too_large / truncated_frames: length over the limit / stream ended inside a frame
+    # (both close the connection); connection_errors / internal_errors: bugs contained per
+    # connection / per request (stay 0 unless something is wrong here).
+    self.counters = {key: 0 for key in (
+        "connections", "open_connections", "frames", "requests", "bad_frames", "frames_too_large",
+        "truncated_frames", "errors", "auth_ok", "auth_failures", "tls_failures",
+        "connection_errors", "internal_errors")}
     self.inflight = 0
     self._shutdown = trio.Event()
     self._idle = trio.Event()
@@ -123,7 +144,9 @@ class EnvServer:
   async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
                   handle_signals: bool = False, grace_s: float = 5.0) -> None:
     """Serves until `shutdown()` (or SIGTERM/SIGINT with handle_signals); then drains in-flight
-    requests for up to `grace_s` and closes every instance. task_status gets the bound port."""
+    requests for up to `grace_s` and closes every instance. task_status gets the bound port.
+    Raises auth.AuthError if `host` is not loopback and the server has no token."""
+    auth.check_bind(host, self.token)
     total = sum(p.cap for p in self.pools.values())
     limiter = trio.to_thread.current_default_thread_limiter()
     limiter.total_tokens = max(limiter.total_tokens, total + 8)
@@ -185,27 +208,101 @@ class EnvServer:
   # -- connections ------------------------------------------------------------------------------
 
   async def _handle_connection(self, stream: trio.SocketStream) -> None:
-    conn = _Connection(stream, self.max_frame_bytes)
-    self._connections.add(conn)
+    """One connection's whole life. Never raises (but Cancelled) into the server's nursery:
+    whatever goes wrong here closes this connection only and is counted."""
     self.counters["connections"] += 1
     self.counters["open_connections"] += 1
-    reader = protocol.FrameReader(stream, self.max_frame_bytes)
+    conn = None
     try:
-      async with trio.open_nursery() as writer_nursery:
-        writer_nursery.start_soon(conn.write_loop)
+      if self.ssl_context is not None:
+        tls = await self._start_tls(stream)
+        if tls is None:
+          return
+        stream = tls
+      conn = _Connection(stream, self.max_frame_bytes)
+      self._connections.add(conn)
+      await self._serve_connection(conn)
+    except Exception:  # noqa: BLE001 -- containment: a bug must not take the server down
+      self.counters["connection_errors"] += 1
+      log.exception("envservers: connection handler failed (connection closed)")
+    finally:
+      self.counters["open_connections"] -= 1
+      try:
+        if conn is not None:
+          conn.closed = True
+          self._connections.discard(conn)
+          for env_name, keys in conn.keys.items():
+            self.pools[env_name].release_all(keys)
+      except Exception:  # noqa: BLE001
+        self.counters["connection_errors"] += 1
+        log.exception("envservers: releasing a closed connection's chains failed")
+      with trio.CancelScope(shield=True):
+        await trio.aclose_forcefully(stream)
+
+  async def _start_tls(self, stream):
+    tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
+    try:
+      with trio.fail_after(self.handshake_timeout_s):
+        await tls.do_handshake()
+    except (trio.BrokenResourceError, trio.TooSlowError, OSError):
+      self.counters["tls_failures"] += 1
+      return None
+    return tls
+
+  async def _serve_connection(self, conn: _Connection) -> None:
+    reader = protocol.FrameReader(conn.stream, self.max_frame_bytes)
+    async with trio.open_nursery() as writer_nursery:
+      writer_nursery.start_soon(conn.write_loop)
+      nonce = auth.new_nonce()
+      conn.send({"hello": {"protocol": 1, "auth": None if self.token is None else auth.SCHEME,
+                           "nonce": nonce, "server_id": self.server_id}})
+      if self.token is None or await self._authenticate(conn, reader, nonce):
         async with trio.open_nursery() as requests:
           if not await self._read_requests(conn, reader, requests):
             requests.cancel_scope.cancel()   # the client is gone: stop its in-flight calls
-        # No more requests and every in-flight one has queued its reply: flush, then close.
-        conn.writer.close()
-    finally:
-      conn.closed = True
-      self._connections.discard(conn)
-      self.counters["open_connections"] -= 1
-      for env_name, keys in conn.keys.items():
-        self.pools[env_name].release_all(keys)
-      with trio.CancelScope(shield=True):
-        await trio.aclose_forcefully(stream)
+      # No more requests and every in-flight one has queued its reply: flush, then close.
+      conn.writer.close()
+
+  async def _authenticate(self, conn: _Connection, reader: protocol.FrameReader,
+                          nonce: str) -> bool:
+    """The server side of the handshake (auth.py) after the hello carrying `nonce`: True if the
+    client proved the secret; else it got one error reply and the connection is to be closed."""
+    request, request_id = None, None
+    with trio.move_on_after(self.handshake_timeout_s):
+      try:
+        body = await reader.read_body()
+        request = None if body is None else protocol.decode_body(body, self.limits)
+      except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        request = None
+    self.counters["auth_failures"] += 1   # undone below on success
+    if not isinstance(request, dict):
+      conn.send(_error_reply(None, protocol.AUTH_REQUIRED, "this server needs authentication: "
+                             "the first frame must be an `auth` request (see PROTOCOL.md)"))
+      return False
+    request_id = request.get("id")
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+      request_id = None
+    args = request.get("args")
+    if request.get("op") != "auth" or not isinstance(args, dict):
+      conn.send(_error_reply(request_id, protocol.AUTH_REQUIRED,
+                             f"this server needs authentication: got op "
+                             f"{protocol.short_repr(request.get('op'))} before `auth`"))
+      return False
+    client_nonce = args.get("client_nonce")
+    if not isinstance(client_nonce, str) or not 16 <= len(client_nonce) <= 256 \
+        or not client_nonce.isascii():
+      conn.send(_error_reply(request_id, protocol.AUTH_FAILED,
+                             "argument 'client_nonce' must be an ASCII string of 16-256 chars"))
+      return False
+    if not auth.macs_equal(auth.client_mac(self.token, nonce, client_nonce), args.get("mac")):
+      conn.send(_error_reply(request_id, protocol.AUTH_FAILED,
+                             "authentication failed: wrong token (or a replayed handshake)"))
+      return False
+    self.counters["auth_failures"] -= 1
+    self.counters["auth_ok"] += 1
+    conn.send({"id": request_id, "ok": True,
+               "result": {"server_mac": auth.server_mac(self.token, nonce, client_nonce)}})
+    return True
 
   async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader,
                            requests: trio.Nursery) -> bool:
@@ -218,15 +315,20 @@ class EnvServer:
       try:
         body = await reader.read_body()
       except protocol.ProtocolError as e:
-        self.counters["bad_frames"] += 1
+        key = "frames_too_large" if e.error_type == protocol.FRAME_TOO_LARGE else "truncated_frames"
+        self.counters[key] += 1
         conn.send(_error_reply(None, e.error_type, e.message))
         return True   # framing is lost: answer what is in flight, then close
       except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return False
       if body is None:
         return False
+      self.counters["frames"] += 1
       try:
-        request = protocol.decode_body(body)
+        if len(body) > _DECODE_IN_THREAD_BYTES:   # keep the event loop serving other clients
+          request = await trio.to_thread.run_sync(protocol.decode_body, body, self.limits)
+        else:
+          request = protocol.decode_body(body, self.limits)
       except protocol.ProtocolError as e:
         self.counters["bad_frames"] += 1
         conn.send(_error_reply(None, e.error_type, e.message))
@@ -238,7 +340,14 @@ class EnvServer:
 
   async def _run_request(self, conn: _Connection, request: dict[str, Any]) -> None:
     try:
-      conn.send(await self._reply_to(conn, request))
+      try:
+        reply = await self._reply_to(conn, request)
+      except Exception as e:  # noqa: BLE001 -- containment: a bug answers this request only
+        self.counters["internal_errors"] += 1
+        log.exception("envservers: request handling failed")
+        reply = _error_reply(request.get("id"), protocol.INTERNAL, f"{type(e).__name__}: "
+                             f"{protocol.short_text(e)}")
+      conn.send(reply)
     finally:
       self.inflight -= 1
       conn.inflight -= 1
@@ -261,7 +370,8 @@ class EnvServer:
                         f"field 'args' must be an object, got {type(args).__name__}")
       handler = _OPS.get(op)
       if handler is None:
-        raise PoolError(protocol.UNKNOWN_OP, f"unknown op {op!r}; ops: {sorted(_OPS)}")
+        raise PoolError(protocol.UNKNOWN_OP,
+                        f"unknown op {protocol.short_repr(op)}; ops: {sorted(_OPS)}")
       if self._shutdown.is_set() and op == "acquire":
         raise PoolError(protocol.SHUTTING_DOWN, "server is shutting down")
       return {"id": request_id, "ok": True, "result": await handler(self, conn, args)}
@@ -272,7 +382,8 @@ class EnvServer:
     except EnvCrashed as e:
       error_type, message = "EnvCrashed", str(e)
     except Exception as e:  # an env raised: report it and keep serving
-      error_type, message = protocol.ENV_ERROR, f"{type(e).__name__}: {e}"
+      error_type = protocol.ENV_ERROR
+      message = f"{type(e).__name__}: {protocol.short_text(e, 2000)}"
     self.counters["errors"] += 1
     return _error_reply(request_id, error_type, message)
 
@@ -282,11 +393,15 @@ class EnvServer:
     env_name = _arg(args, "env", str)
     if env_name not in self.pools:
       raise PoolError(protocol.UNKNOWN_ENV,
-                      f"env type {env_name!r} is not served here; served: {sorted(self.pools)}")
+                      f"env type {protocol.short_repr(env_name)} is not served here; served: "
+                      f"{sorted(self.pools)}")
     return self.pools[env_name]
 
   def _key(self, conn: _Connection, args: dict) -> tuple:
     chain_id = _arg(args, "chain_id", (str, int))
+    if isinstance(chain_id, str) and len(chain_id) > MAX_CHAIN_ID_CHARS:
+      raise PoolError(protocol.BAD_REQUEST, f"argument 'chain_id' has {len(chain_id)} characters; "
+                                            f"the limit is {MAX_CHAIN_ID_CHARS}")
     return (conn.id, str(chain_id))
 
   async def _op_health(self, conn, args):
@@ -305,7 +420,8 @@ class EnvServer:
       await pool.release(key)
       raise PoolError(protocol.BAD_REQUEST, "connection closed")
     conn.keys.setdefault(pool.name, set()).add(key)
-    return {"instance_id": inst.id, "worker_pid": inst.env.worker_pid}
+    return {"instance_id": inst.id, "worker_pid": inst.env.worker_pid,
+            "call_timeout_s": pool.call_timeout_s or inst.env.call_timeout_s}
 
   async def _op_release(self, conn, args):
     pool, key = self._pool(args), self._key(conn, args)
@@ -361,6 +477,14 @@ def _timeout_arg(args: dict) -> float | None:
 
 def _error_reply(request_id, error_type: str, message: str) -> dict[str, Any]:
   return {"id": request_id, "ok": False, "error": {"type": error_type, "message": message}}
+
+
+def _encode_error(request_id, error_type: str, message: str) -> bytes:
+  """An error reply frame; drops the id if even that cannot be encoded."""
+  try:
+    return protocol.encode_frame(_error_reply(request_id, error_type, message))
+  except Exception:  # noqa: BLE001
+    return protocol.encode_frame(_error_reply(None, error_type, protocol.short_repr(message)))
 
 
 _OPS = {

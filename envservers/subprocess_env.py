@@ -10,29 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import trio
 
 from envservers import protocol
-from envservers.env import EnvCrashed, ServerEnv, StepOutcome, _reward_dict
+from envservers.env import EnvCrashed, ServerEnv, StepOutcome, reward_dict
+from envservers.process import StderrCapture, exit_reason, kill_process, wait_exit
 
 log = logging.getLogger("envservers")
-
-
-def exit_reason(returncode: int | None) -> str:
-  """Words for a child's exit status (negative = killed by a signal)."""
-  if returncode is None:
-    return "it stopped answering"
-  if returncode < 0:
-    return f"it was killed by {signal.Signals(-returncode).name}"
-  if returncode > 128 and returncode - 128 in signal.valid_signals():
-    return f"it was killed by {signal.Signals(returncode - 128).name}"
-  return f"it exited with status {returncode}"
 
 
 class WorkerError(RuntimeError):
@@ -50,7 +38,7 @@ class SubprocessEnv(ServerEnv):
     self.call_timeout_s = env_class.call_timeout_s
     self.process: trio.Process | None = None
     self.reader: protocol.FrameReader | None = None
-    self._stderr_file = None
+    self.stderr: StderrCapture | None = None
 
   @property
   def worker_pid(self) -> int | None:
@@ -65,22 +53,15 @@ class SubprocessEnv(ServerEnv):
   async def start(self) -> None:
     target = f"{self.env_class.__module__}:{self.env_class.__qualname__}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    self._stderr_file = tempfile.TemporaryFile()
+    self.stderr = StderrCapture()
     self.process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "envservers.worker", target, json.dumps(self.options)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file, env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file, env=env,
         start_new_session=True)
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive("start")
     if not hello.get("ready"):
       raise EnvCrashed(f"env {self.name!r} worker sent {hello!r} instead of ready")
-
-  def _stderr_tail(self) -> str:
-    if self._stderr_file is None:
-      return ""
-    self._stderr_file.seek(0, os.SEEK_END)
-    self._stderr_file.seek(max(0, self._stderr_file.tell() - 1500))
-    return self._stderr_file.read().decode("utf-8", "replace").strip()
 
   async def _receive(self, what: str) -> dict:
     try:
@@ -88,11 +69,9 @@ class SubprocessEnv(ServerEnv):
     except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
       body = None
     if body is None:
-      returncode = None
-      with trio.move_on_after(2):
-        returncode = await self.process.wait()
+      returncode = await wait_exit(self.process)
       log.warning("env %r worker %s died during %s (%s); its stderr ends:\n%s", self.name,
-                  self.process.pid, what, exit_reason(returncode), self._stderr_tail())
+                  self.process.pid, what, exit_reason(returncode), self.stderr.tail() if self.stderr else "")
       raise EnvCrashed(f"env {self.name!r} worker process died during {what}: "
                        f"{exit_reason(returncode)}")
     return protocol.decode_body(body)
@@ -107,6 +86,9 @@ class SubprocessEnv(ServerEnv):
     reply = await self._receive(op)
     if not reply.get("ok"):
       error = reply.get("error") or {}
+      if error.get("type") == "EnvCrashed":   # the env declared itself unusable; the worker exits
+        await kill_process(self.process)
+        raise EnvCrashed(f"env {self.name!r}: {error.get('message')}")
       raise WorkerError(f"{error.get('type')}: {error.get('message')}")
     return reply["result"]
 
@@ -120,7 +102,7 @@ class SubprocessEnv(ServerEnv):
 
   async def compute_reward(self, name: str, **kwargs):
     result = await self._call("compute_reward", name=name, kwargs=kwargs)
-    return _reward_dict(name, result["value"])
+    return reward_dict(name, result["value"])
 
   async def close(self) -> None:
     if self.alive():   # let the env clean up (e.g. stop a simulator), briefly
@@ -130,18 +112,7 @@ class SubprocessEnv(ServerEnv):
         except (EnvCrashed, WorkerError, protocol.ProtocolError):
           pass
     process, self.process = self.process, None
-    if process is not None:
-      with trio.CancelScope(shield=True), trio.move_on_after(5):
-        if process.poll() is None:
-          try:
-            process.kill()
-          except ProcessLookupError:
-            pass
-        await process.wait()
-      for stream in (process.stdin, process.stdout):
-        if stream is not None:
-          with trio.CancelScope(shield=True):
-            await trio.aclose_forcefully(stream)
-    if self._stderr_file is not None:
-      self._stderr_file.close()
-      self._stderr_file = None
+    await kill_process(process)
+    if self.stderr is not None:
+      self.stderr.close()
+      self.stderr = None

@@ -5,16 +5,18 @@ process, so a crash, a hang or a leak in env code (a simulator, a JVM bridge) ta
 that instance: the server kills and replaces the process. Requests arrive on stdin and replies
 leave on the original stdout, both as envservers frames (4-byte length + JSON); the env's own
 prints go to stderr, never into the protocol. Ops: reset {row}, step {action},
-compute_reward {name, kwargs}, close.
+compute_reward {name, kwargs}, close. An env raising EnvCrashed (its simulator died) ends
+the worker: the server then recycles the instance.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
 import sys
 import traceback
+
+from envservers.env import EnvCrashed, reward_method
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -43,13 +45,6 @@ def _load(target: str):
   return obj
 
 
-def _reward_method(env, name: str):
-  for _, method in inspect.getmembers(env):
-    if getattr(method, "_env_reward_name", None) == name:
-      return method
-  raise ValueError(f"env {env.name!r} has no reward {name!r}; it has {env.reward_names()}")
-
-
 def main(argv: list[str]) -> int:
   proto_in, proto_out = os.dup(0), os.dup(1)
   os.dup2(2, 1)   # env code printing to stdout must not corrupt the protocol
@@ -73,7 +68,7 @@ def main(argv: list[str]) -> int:
       elif op == "step":
         result = env.step_blocking(request.get("action")).to_wire()
       elif op == "compute_reward":
-        result = {"value": _reward_method(env, request["name"])(**request.get("kwargs", {}))}
+        result = {"value": reward_method(env, request["name"])(**request.get("kwargs", {}))}
       elif op == "close":
         env.close_blocking()
         _send(proto_out, {"ok": True, "result": {}})
@@ -81,6 +76,10 @@ def main(argv: list[str]) -> int:
       else:
         raise ValueError(f"unknown worker op {op!r}")
       _send(proto_out, {"ok": True, "result": result})
+    except EnvCrashed as e:   # the env is unusable (e.g. its simulator died): report and exit
+      traceback.print_exc()
+      _send(proto_out, {"ok": False, "error": {"type": "EnvCrashed", "message": str(e)}})
+      return 3
     except Exception as e:  # noqa: BLE001 -- reported to the server, which keeps serving
       traceback.print_exc()
       _send(proto_out, {"ok": False, "error": {"type": type(e).__name__, "message": str(e)}})

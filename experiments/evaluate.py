@@ -2,14 +2,16 @@
 
   .venv/bin/python experiments/evaluate.py --workdir=runs/demo --num_rows=128 [--step=N] [--num_chains=4 --temperature=1.0]
 
-Reads the run's config.json and checkpoint (latest, or --step), prints the metrics and writes
-them to <workdir>/eval_step<N>.json.
+Reads the run's config.json (it rebuilds the run's task, built-in or user task) and checkpoint
+(latest, or --step), prints the metrics and writes them to <workdir>/eval_step<N>.json, and the
+first --transcript_chains chains (model-written text in ⟦ ⟧) to <workdir>/eval_step<N>_transcript.txt.
 """
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.getcwd())  # user task modules, as `python -m` would find them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
@@ -19,12 +21,14 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 _NUM_ROWS = flags.DEFINE_integer("num_rows", 128, "Held-out rows to evaluate on.")
 _NUM_CHAINS = flags.DEFINE_integer("num_chains", 1, "Chains per row (pass@k style success with >1).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
+_TRANSCRIPT_CHAINS = flags.DEFINE_integer("transcript_chains", 4, "Chains written to the transcript file.")
 _SEED = flags.DEFINE_integer("seed", 4242, "Seed of the held-out rows.")
 
 
 def main(argv):
   del argv
   import ml_collections
+  from agentfly_jax.agents.display import format_trajectory
   from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.trainer import Trainer
   cfg_path = os.path.join(_WORKDIR.value, "config.json")
@@ -33,14 +37,28 @@ def main(argv):
   with open(cfg_path) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.log.progress = False
-  trainer = Trainer(config, _WORKDIR.value)
+  trained_task = None
+  if os.path.exists(os.path.join(_WORKDIR.value, "task.json")):
+    with open(os.path.join(_WORKDIR.value, "task.json")) as f:
+      trained_task = json.load(f)
+  try:
+    trainer = Trainer(config, _WORKDIR.value)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"evaluate: the run's task does not rebuild: {e}")
+  if trained_task and trained_task["fingerprint"] != trainer.task_fingerprint:
+    sys.exit(f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
+             "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
+             "(a Task given in Python, or edited task files); evaluate it in Python with "
+             "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
+             "(--config.task.module) to evaluate it from the command line")
   step = _STEP.value if _STEP.value is not None else trainer.checkpointer.latest_step()
   if step is None:
     sys.exit(f"evaluate: no checkpoint in {_WORKDIR.value}/checkpoints")
-  state, _ = trainer._new_state(trainer._init_params, trainer.optimizer, trainer._init_critic_params)
+  state = trainer.new_state(trainer.init_params, critic_params=trainer.init_critic_params)
   state, _ = trainer.checkpointer.restore(step, state)
   trainer.sampler.update_weights(state.params)
-  rows = trainer.task.make_rows(_NUM_ROWS.value, seed=_SEED.value)
+  make_eval_rows = getattr(trainer.task, "make_eval_rows", None) or trainer.task.make_rows
+  rows = make_eval_rows(_NUM_ROWS.value, seed=_SEED.value)
   trajs = trainer.rollout(rows, num_chains=_NUM_CHAINS.value, temperature=_TEMPERATURE.value, seed=_SEED.value)
   metrics = rollout_metrics(trajs, prefix="eval")
   if _NUM_CHAINS.value > 1:
@@ -52,9 +70,13 @@ def main(argv):
   out = os.path.join(_WORKDIR.value, f"eval_step{step}.json")
   with open(out, "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
+  transcript = os.path.join(_WORKDIR.value, f"eval_step{step}_transcript.txt")
+  with open(transcript, "w") as f:
+    for t in trajs[:_TRANSCRIPT_CHAINS.value]:
+      f.write(format_trajectory(t, trainer.tokenizer, color=False) + "\n\n")
   for k, v in sorted(metrics.items()):
     print(f"{k}: {v}")
-  print(f"written: {out}")
+  print(f"written: {out}, {transcript}")
 
 
 if __name__ == "__main__":

@@ -46,12 +46,11 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   import json
-  import numpy as np
   from flax import nnx
   from agentfly_jax.models import save_pretrained
-  from agentfly_jax.rl.batching import rollout_metrics, to_microbatches
+  from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.config import default_config
-  from agentfly_jax.rl.sft import ScriptedPolicySampler, sft_batch
+  from agentfly_jax.rl.sft import ScriptedPolicySampler, SftRunner
   from agentfly_jax.rl.train_state import make_optimizer
   from agentfly_jax.rl.trainer import Trainer
 
@@ -64,28 +63,27 @@ def main(argv):
   c.log.progress = False
   c.model.pretrained = os.path.abspath(_INIT.value) if _INIT.value else ""
   workdir = os.path.abspath(_OUT.value) + ".work"
+  c.train.micro_batch_size = _BATCH.value  # one SFT step = one micro-batch, as before
   tr = Trainer(c, workdir)
-  params = tr._init_params
+  params = tr.init_params
   t0 = time.time()
   step = _FIRST_STEP.value
   last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
   greedy = sampled = None
+  runner = state = None
   for phase, steps, p_tool, lr in [("copy", _COPY_STEPS.value, 1.0, _LR.value),
                                    ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value)]:
     if not steps:
       continue
-    if phase == "copy" or lr > 0 or not _COPY_STEPS.value:
-      tr._sft_optimizer = make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10)
-      tr._steps_jitted.pop("sft", None)
-      state, sh = tr._new_state(params, tr._sft_optimizer)
+    if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
+      runner = SftRunner(tr, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
+      state = runner.new_state(params)
     demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
         text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
     for _ in range(steps):
       rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
-      batch = sft_batch(tr._arrays(trajs), demo)
-      mb = tr._put_batch(to_microbatches(batch, np.arange(len(trajs)), _BATCH.value))
-      state, m = tr._jitted("sft", sh, mb)(state, mb)
+      state, m = runner.step(state, trajs, demo)
       step += 1
       if step % 25 == 0:
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)

@@ -8,7 +8,12 @@ Runs every point as its own `experiments/train.py` process (N at a time, locally
 SLURM job-array script (`slurm_array.sh`, one array task per point) for clusters, and, when the
 runs finish, a summary table (`summary.md`, `summary.json`) of each run's final metrics and a plot
 (`summary.png`). `--dry_run` only writes the points and the SLURM script.
+
+Every point's config and task (rows, tools, reward; agentfly_jax/tasks/from_config.py) is
+checked before any run starts. `--config=configs/from_run.py:runs/x` sweeps around a saved run
+(its config.json, hence exactly its task). Paths are taken relative to the current directory.
 """
+import importlib.util
 import itertools
 import json
 import os
@@ -56,6 +61,61 @@ def sweep_points(grid: dict, mode: str, num_random: int, seed: int) -> list[dict
     rng = random.Random(seed)
     points = rng.sample(points, min(num_random, len(points)))
   return points
+
+
+def load_config(spec: str):
+  """The ConfigDict of a config file spec 'path.py' or 'path.py:arg' (as --config takes it)."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("sweep_base_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def with_overrides(config, overrides: dict):
+  """A copy of `config` with 'section.key' -> string values, each cast to the field's type."""
+  config = config.copy_and_resolve_references()
+  for key, text in overrides.items():
+    *sections, field = key.split(".")
+    node = config
+    for s in sections:
+      node = node[s]
+    old = node[field]
+    if isinstance(old, bool):
+      value = text.lower() in ("1", "true", "yes")
+    elif isinstance(old, (int, float)):
+      value = type(old)(float(text)) if isinstance(old, int) and "." in text else type(old)(text)
+    else:
+      value = text
+    node[field] = value
+  return config
+
+
+def check_point(base_config, overrides: dict) -> None:
+  """Raises ValueError naming the bad field, row or file of one sweep point (nothing is built)."""
+  from agentfly_jax.rl.config import validate_config
+  from agentfly_jax.tasks.from_config import build_task
+  config = with_overrides(base_config, overrides)
+  validate_config(config)
+  build_task(config)
+
+
+def absolute_spec(spec: str) -> str:
+  """A config spec with its file (and an existing-path argument) made absolute."""
+  path, sep, arg = spec.partition(":")
+  if arg and os.path.exists(arg):
+    arg = os.path.abspath(arg)
+  return os.path.abspath(path) + sep + arg
+
+
+def absolute_overrides(overrides: dict) -> dict:
+  """Task file paths made absolute, so train.py (run from the repository) finds them."""
+  out = dict(overrides)
+  for key in ("task.train_path", "task.eval_path", "task.module"):
+    value = out.get(key)
+    if value and (key != "task.module" or value.endswith(".py")):
+      out[key] = os.path.abspath(value)
+  return out
 
 
 def run_command(config: str, workdir: str, overrides: dict) -> list[str]:
@@ -122,14 +182,22 @@ def main(argv):
   grid = parse_assignments(_GRID.value, multi=True)
   base = parse_assignments(_BASE.value, multi=False)
   points = sweep_points(grid, _MODE.value, _NUM_RANDOM.value, _SEED.value)
+  config_spec = absolute_spec(_CONFIG.value)
+  base_config = load_config(config_spec)
+  sys.path.insert(0, os.getcwd())  # user task modules import as train.py will import them
+  for point in points:
+    try:
+      check_point(base_config, {**base, **point})
+    except (ValueError, FileNotFoundError, KeyError, AttributeError) as e:
+      sys.exit(f"sweep: point {point or base} is not a valid run: {e}")
   sweep_dir = os.path.abspath(_SWEEP_DIR.value)
   os.makedirs(sweep_dir, exist_ok=True)
   runs = []
   for i, point in enumerate(points):
-    overrides = {**base, **point}
+    overrides = absolute_overrides({**base, **point})
     workdir = os.path.join(sweep_dir, f"run_{i:03d}")
     runs.append({"run": f"run_{i:03d}", "overrides": point, "all_overrides": overrides, "workdir": workdir,
-                 "cmd": run_command(_CONFIG.value, workdir, overrides)})
+                 "cmd": run_command(config_spec, workdir, overrides)})
   write_slurm(os.path.join(sweep_dir, "slurm_array.sh"), [r["cmd"] for r in runs])
   with open(os.path.join(sweep_dir, "plan.json"), "w") as f:
     json.dump([{k: r[k] for k in ("run", "overrides", "cmd")} for r in runs], f, indent=2)
@@ -142,7 +210,8 @@ def main(argv):
       r = pending.pop(0)
       os.makedirs(r["workdir"], exist_ok=True)
       log = open(os.path.join(r["workdir"], "train.log"), "w")
-      r["proc"] = subprocess.Popen(r["cmd"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+      env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+      r["proc"] = subprocess.Popen(r["cmd"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
       active.append(r)
     time.sleep(0.5)
     for r in list(active):

@@ -3,7 +3,15 @@
   .venv/bin/python experiments/train.py --config=configs/lookup_grpo.py --workdir=runs/demo \
       --config.train.steps=30 --config.rollout.num_chains=8
 
-Resumes from the latest checkpoint in --workdir when one exists (--noresume starts over: the
+A user task (tools, a reward, rows) from the command line, see configs/custom_grpo.py:
+
+  .venv/bin/python experiments/train.py --config=configs/custom_grpo.py --workdir=runs/mine \
+      --config.task.module=my_task                       # @tool / @reward functions (+ ROWS)
+  .venv/bin/python experiments/train.py --config=configs/custom_grpo.py --workdir=runs/mine \
+      --config.task.train_path=rows.jsonl --config.task.tools=calculator \
+      --config.task.reward=exact_match                   # or my_task:my_reward
+
+Modules import from the current directory too (as with `python -m`). Resumes from the latest checkpoint in --workdir when one exists (--noresume starts over: the
 workdir must then be empty of checkpoints). Writes metrics.jsonl, TensorBoard events (tb/),
 checkpoints/, reward.png into --workdir.
 """
@@ -12,6 +20,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.getcwd())  # user task modules, as `python -m` would find them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
@@ -28,18 +37,21 @@ def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)
   from agentfly_jax.rl.config import validate_config
-  from agentfly_jax.rl.trainer import Trainer
+  from agentfly_jax.tasks.from_config import absolutize_paths, build_task
   config = _CONFIG.value
   if _WANDB.value:
     config.log.wandb = True
-  try:
+  try:  # config and task (rows, tools, reward, demo policy) checked before anything is built
     validate_config(config)
-  except ValueError as e:
+    absolutize_paths(config)
+    task = build_task(config)
+  except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
+  from agentfly_jax.rl.trainer import Trainer  # JAX loads only once the config is good
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
   if not _RESUME.value and os.path.exists(workdir):
     shutil.rmtree(workdir)
-  trainer = Trainer(config, workdir)
+  trainer = Trainer(config, workdir, task=task)
   records = trainer.train()
   final = [r for r in records if "rollout/success_rate" in r]
   if final:

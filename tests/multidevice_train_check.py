@@ -26,7 +26,7 @@ def run(fsdp, tp, batch):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt = optax.sgd(0.5)  # (adam would turn reduction-order noise in near-zero grads into +-lr steps)
   state = create_train_state(params, opt)
-  sh = state_shardings(state, mesh, specs)
+  sh = state_shardings(state, mesh, specs, optimizer=opt)
   state = jax.device_put(state, sh)
   mb = to_microbatches(batch, np.arange(B), 4)
   step = jit_step(make_train_step(graphdef, rest, opt, LossConfig(kl_coef=0.0)), sh, batch_sharding(mesh, mb))
@@ -47,10 +47,10 @@ def run(fsdp, tp, batch):
 def main():
   assert len(jax.devices()) == 8, jax.devices()
   rng = np.random.default_rng(0)
-  ids = rng.integers(0, V, size=(B, T)).astype(np.int32)
+  ids = rng.integers(0, V, size=(B, T + 1)).astype(np.int32)
   action = rng.random((B, T)) < 0.5
-  action[:, 0] = False
-  batch = {"token_ids": ids, "attention_mask": np.ones((B, T), bool), "action_mask": action,
+  batch = {"input_ids": ids[:, :-1], "target_ids": ids[:, 1:], "attention_mask": np.ones((B, T), bool),
+           "action_mask": action,
            "old_logprobs": np.where(action, -rng.random((B, T)) * 4, 0).astype(np.float32),
            "advantages": np.where(action, rng.normal(size=(B, T)), 0).astype(np.float32)}
   ref, ref_loss = run(1, 1, batch)

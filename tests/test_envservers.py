@@ -270,8 +270,12 @@ async def test_closed_connection_releases_its_chains(server):
 # -- malformed input ----------------------------------------------------------------------------
 
 async def _raw(server):
+  """A raw connection, past the server's hello frame."""
   host, port = protocol.parse_address(server.address)
-  return await trio.open_tcp_stream(host, port)
+  stream = await trio.open_tcp_stream(host, port)
+  hello = await _read_reply(stream)
+  assert hello["hello"]["auth"] is None and hello["hello"]["protocol"] == 1
+  return stream
 
 
 async def _read_reply(stream) -> dict | None:

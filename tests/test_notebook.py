@@ -1,4 +1,5 @@
-"""The quickstart notebook executes top to bottom on CPU (nbclient), and trains."""
+"""The quickstart notebook executes top to bottom on CPU (nbclient), and trains; it is Colab-ready:
+its first code cell installs the package when it is not importable, and no cell edits sys.path."""
 import os
 
 import nbformat
@@ -12,6 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_quickstart_notebook_runs():
   path = os.path.join(ROOT, "experiments", "quickstart.ipynb")
   nb = nbformat.read(path, as_version=4)
+  code = [c.source for c in nb.cells if c.cell_type == "code"]
+  assert "find_spec(\"agentfly_jax\") is None" in code[0] and "pip" in code[0]
+  assert not any("sys.path" in src for src in code)
+  assert any(".run(" in src for src in code)  # agent.run
   client = NotebookClient(nb, timeout=900, kernel_name="python3",
                           resources={"metadata": {"path": os.path.join(ROOT, "experiments")}})
   client.execute()

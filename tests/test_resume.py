@@ -1,5 +1,7 @@
-"""Killing training with SIGKILL and resuming gives the same metrics for the following steps as
-an uninterrupted run (same seed, CPU)."""
+"""Killing training with SIGKILL while a checkpoint is being written, then resuming, starts from
+the last complete checkpoint and gives the same metrics for the following steps as an
+uninterrupted run (same seed, CPU): orbax writes a step into `<step>.orbax-checkpoint-tmp` and
+renames it when complete."""
 import os
 import signal
 import subprocess
@@ -19,6 +21,32 @@ def _cmd(workdir):
   return train_command(workdir, *FLAGS)
 
 
+def _kill_while_a_checkpoint_is_written(proc, ckpt, first_step: int) -> int:
+  """SIGKILLs `proc` while orbax writes a checkpoint of step >= first_step; returns that step.
+
+  On seeing a temporary checkpoint directory it freezes the process (SIGSTOP stops orbax's
+  writer threads too), checks the directory is still temporary, and kills; if the write finished
+  in between, it lets the run go on and waits for the next checkpoint.
+  """
+  deadline = time.time() + 900
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      pytest.fail("training ended before it could be killed during a checkpoint write")
+    names = os.listdir(ckpt) if ckpt.is_dir() else []
+    writing = [int(n.split(".")[0]) for n in names if n.endswith(".orbax-checkpoint-tmp")]
+    writing = [step for step in writing if step >= first_step]
+    if writing:
+      os.kill(proc.pid, signal.SIGSTOP)
+      if (ckpt / f"{writing[0]}.orbax-checkpoint-tmp").is_dir():
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return writing[0]
+      os.kill(proc.pid, signal.SIGCONT)
+      first_step = writing[0] + 1
+    time.sleep(0.002)
+  pytest.fail("no checkpoint write was caught")
+
+
 def _metrics(workdir):
   return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_metrics(workdir)}
 
@@ -32,21 +60,21 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
 
   killed = tmp_path / "killed"
   proc = subprocess.Popen(_cmd(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  writing = _kill_while_a_checkpoint_is_written(proc, killed / "checkpoints", first_step=2)
   ckpt = killed / "checkpoints"
-  deadline = time.time() + 900
-  while time.time() < deadline and not (ckpt / "2").is_dir():
-    if proc.poll() is not None:
-      pytest.fail("training ended before it could be killed")
-    time.sleep(0.2)
-  os.kill(proc.pid, signal.SIGKILL)
-  proc.wait()
   steps_done = sorted(int(p) for p in os.listdir(ckpt) if p.isdigit())
-  assert 2 in steps_done and max(steps_done) < 4, steps_done
+  # The step being written is not there (only its temporary directory); the one before it is.
+  assert (ckpt / f"{writing}.orbax-checkpoint-tmp").is_dir() and writing not in steps_done
+  assert max(steps_done) == writing - 1 >= 1, steps_done
 
+  resumed_from = max(steps_done)   # the last complete checkpoint
+  kept = [r for r in read_metrics(killed) if r["step"] <= resumed_from]
   subprocess.run(_cmd(killed), cwd=ROOT, check=True, capture_output=True, timeout=900)
   got = _metrics(killed)
   assert sorted(got) == [1, 2, 3, 4]
-  resumed_from = max(steps_done)
+  # It resumed there: the records up to that step (wall times included) are the killed run's.
+  assert [r for r in read_metrics(killed) if r["step"] <= resumed_from] == kept
+  assert [r["step"] for r in kept] == list(range(1, resumed_from + 1))
   for step in range(resumed_from + 1, 5):
     assert set(got[step]) == set(expected[step])
     for key, value in expected[step].items():

@@ -47,3 +47,28 @@ def test_rollout_metrics_counts_tools_finish_reasons_and_success():
   assert m["rollout/success_rate"] == 1 / 3 and m["rollout/tool_calls/lookup"] == 2 / 3
   assert m["rollout/tool_errors_per_chain"] == 1 / 3 and m["rollout/finish/no_tool_call"] == 1.0
   assert m["rollout/tokens_generated_mean"] == 3.0
+
+
+def test_rollout_metrics_panels_turns_tools_errors_envs():
+  """AgentFly's panels on random chains: turns (mean/max), calls and errors per tool, environments
+  allocated per chain and per type, counted here independently."""
+  rng = np.random.default_rng()
+  trajs = []
+  for g in range(12):
+    t = _traj(g, float(rng.random()))
+    t.num_turns = int(rng.integers(1, 6))
+    t.tool_calls = [{"name": str(rng.choice(["search", "python", "answer"])), "ok": bool(rng.random() < 0.7)}
+                    for _ in range(int(rng.integers(0, 4)))]
+    t.env_names = list(rng.choice(["python_sandbox", "redis"], size=int(rng.integers(0, 3)), replace=False))
+    trajs.append(t)
+  m = rollout_metrics(trajs)
+  n = len(trajs)
+  assert m["rollout/turns_mean"] == np.mean([t.num_turns for t in trajs])
+  assert m["rollout/turns_max"] == max(t.num_turns for t in trajs)
+  for name in {c["name"] for t in trajs for c in t.tool_calls}:
+    calls = [c for t in trajs for c in t.tool_calls if c["name"] == name]
+    assert m[f"rollout/tool_calls/{name}"] == len(calls) / n
+    assert m[f"rollout/tool_errors/{name}"] == sum(not c["ok"] for c in calls) / n
+  for env in {e for t in trajs for e in t.env_names}:
+    assert m[f"rollout/envs/{env}"] == sum(env in t.env_names for t in trajs)
+  assert m["rollout/envs_per_chain"] == sum(len(t.env_names) for t in trajs) / n

@@ -272,6 +272,7 @@ def test_stateful_tools_and_env_reward_share_the_chains_instance():
     word = t.row["question"]
     assert t.tool_calls[-1]["observation"] == word  # its own instance, not another chain's
     assert t.reward == 2.0 and t.reward_metrics == {"steps": 3}
+    assert t.env_names == ["memory"]  # the rollout metrics count allocated environments from this
   assert provider.num_created == 4 and provider.num_released == 4 and not provider.acquired
 
 

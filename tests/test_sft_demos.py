@@ -8,7 +8,7 @@ import pytest
 from agentfly_jax.agents import load_tokenizer
 from agentfly_jax.agents.rollout import run_rollout
 from agentfly_jax.agents.trajectory import pad_batch
-from agentfly_jax.rl.sft import ScriptedPolicySampler, sft_batch
+from agentfly_jax.rl.sft import ScriptedPolicySampler, sft_loss_mask
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tasks import lookup
 
@@ -34,12 +34,13 @@ def test_guessed_word_is_generated_but_not_learned():
                                eot, seed=0)
   trajs = _rollout(tok, demo, rows, eot)
   arr = pad_batch(trajs, max_len=128, pad_id=tok.pad_token_id)
-  batch = sft_batch(arr, demo)
+  loss_masks = sft_loss_mask(trajs, demo, 127)  # target-aligned: position t is token t + 1
+  targets, action = arr["token_ids"][:, 1:], arr["action_mask"][:, 1:]
   kinds = set()
   for i, t in enumerate(trajs):
-    loss = batch["action_mask"][i]
-    dropped = np.flatnonzero(arr["action_mask"][i] & ~loss)
-    assert not (loss & ~arr["action_mask"][i]).any()  # never adds a token
+    loss = loss_masks[i]
+    dropped = np.flatnonzero(action[i] & ~loss)
+    assert not (loss & ~action[i]).any()  # never adds a token
     if t.tool_calls:
       kinds.add("tool")
       assert dropped.size == 0  # tool call and copied answer are learned whole
@@ -48,13 +49,12 @@ def test_guessed_word_is_generated_but_not_learned():
       kinds.add("guess")
       guess = lookup.extract_answer(t.prediction)
       assert guess in lookup.WORDS
-      assert tok.decode(arr["token_ids"][i, dropped].tolist()) == f" {guess}"
+      assert tok.decode(targets[i, dropped].tolist()) == f" {guess}"
       # the rest of the answer ("The code is", ".", end of turn) stays in the loss
-      kept = tok.decode(arr["token_ids"][i][loss].tolist())
+      kept = tok.decode(targets[i][loss].tolist())
       assert kept.startswith("The code is.") and guess not in kept
   assert kinds == {"tool", "guess"}
-  assert demo._unlearned == {}  # sft_batch took and cleared the record
-  np.testing.assert_array_equal(batch["token_ids"], arr["token_ids"])
+  assert demo._unlearned == {}  # sft_loss_mask took and cleared the record
 
 
 def test_plain_text_demo_and_bad_piece():
@@ -63,7 +63,8 @@ def test_plain_text_demo_and_bad_piece():
   demo = ScriptedPolicySampler(tok, lambda text, rng: lookup.scripted_response(text, True, rng), eot)
   trajs = _rollout(tok, demo, lookup.make_rows(4, seed=2), eot)
   arr = pad_batch(trajs, pad_id=tok.pad_token_id)
-  np.testing.assert_array_equal(sft_batch(arr, demo)["action_mask"], arr["action_mask"])
+  width = arr["token_ids"].shape[1] - 1
+  np.testing.assert_array_equal(sft_loss_mask(trajs, demo, width), arr["action_mask"][:, 1:])
   bad = ScriptedPolicySampler(tok, lambda text, rng: [("The code is", True), "apple"], eot)
   with pytest.raises(TypeError, match="piece 1 of a demo turn must be"):
     bad.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8))

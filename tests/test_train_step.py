@@ -23,17 +23,18 @@ def _model(seed=0):
 
 
 def _batch(rng):
-  ids = rng.integers(0, V, size=(B, T)).astype(np.int32)
+  """A target-aligned batch [B, T]: input_ids[t] predicts target_ids[t] = token t+1."""
+  ids = rng.integers(0, V, size=(B, T + 1)).astype(np.int32)
   lengths = rng.integers(T // 2, T + 1, size=B)
   attn = np.arange(T)[None] < lengths[:, None]
   action = attn & (rng.random((B, T)) < 0.6)
-  action[:, :3] = False
+  action[:, :2] = False
   action[5] = False  # an all-masked row
   old = np.where(action, -rng.random((B, T)) * 3, 0).astype(np.float32)
   adv = np.where(action, rng.normal(size=(B, T)), 0).astype(np.float32)
   ref = np.where(action, -rng.random((B, T)) * 3, 0).astype(np.float32)
-  return {"token_ids": ids, "attention_mask": attn, "action_mask": action, "old_logprobs": old,
-          "advantages": adv, "ref_logprobs": ref}
+  return {"input_ids": ids[:, :-1], "target_ids": ids[:, 1:], "attention_mask": attn,
+          "action_mask": action, "old_logprobs": old, "advantages": adv, "ref_logprobs": ref}
 
 
 def _run(cfg, batch, micro, seed=0, steps=1, lr=0.1):
@@ -62,11 +63,12 @@ def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   # Independent reference: grad of the global-mean loss over the whole batch, one call.
   def mean_loss(p):
     model = nnx.merge(graphdef, p, rest)
-    lp, logits = policy_logprobs(model, jnp.asarray(batch["token_ids"]), jnp.asarray(batch["attention_mask"]))
-    mask = jnp.asarray(batch["action_mask"][:, 1:])
-    s, d, _ = losses.policy_loss(lp[:, 1:], jnp.asarray(batch["old_logprobs"][:, 1:]),
-                                 jnp.asarray(batch["advantages"][:, 1:]), mask, clip_high=0.28, agg=agg)
-    kl = losses.kl_penalty(lp[:, 1:], jnp.asarray(batch["ref_logprobs"][:, 1:]), kind="k3")
+    lp, logits = policy_logprobs(model, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["target_ids"]),
+                                 jnp.asarray(batch["attention_mask"]))
+    mask = jnp.asarray(batch["action_mask"])
+    s, d, _ = losses.policy_loss(lp, jnp.asarray(batch["old_logprobs"]),
+                                 jnp.asarray(batch["advantages"]), mask, clip_high=0.28, agg=agg)
+    kl = losses.kl_penalty(lp, jnp.asarray(batch["ref_logprobs"]), kind="k3")
     ks, _ = losses.aggregate(kl, mask, agg)
     es, _ = losses.aggregate(losses.entropy_from_logits(logits), mask, agg)
     return (s + 0.05 * ks - 0.01 * es) / d
@@ -89,7 +91,7 @@ def test_sharded_jit_with_donation_matches_plain_jit():
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt = optax.sgd(0.1)
   state = create_train_state(params, opt)
-  sh = state_shardings(state, mesh, partition_specs(model, mesh))
+  sh = state_shardings(state, mesh, partition_specs(model, mesh), optimizer=opt)
   state = jax.device_put(state, sh)
   mb = to_microbatches(batch, np.arange(B), 4)
   step = jit_step(make_train_step(graphdef, rest, opt, cfg), sh, batch_sharding(mesh, mb))
@@ -131,7 +133,8 @@ def test_sft_step_lowers_masked_nll():
   opt = optax.adam(3e-3)
   state = create_train_state(params, opt)
   step = jax.jit(make_sft_step(graphdef, rest, opt))
-  mb = to_microbatches({k: batch[k] for k in ("token_ids", "attention_mask", "action_mask")}, np.arange(B), 4)
+  mb = to_microbatches({k: batch[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")},
+                       np.arange(B), 4)
   state, m0 = step(state, mb)
   for _ in range(30):
     state, m = step(state, mb)

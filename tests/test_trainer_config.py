@@ -1,5 +1,6 @@
 """A bad config value or unknown algorithm stops the run before any model, tokenizer or rollout,
 with a message naming the field."""
+import inspect
 import os
 import subprocess
 import sys
@@ -19,6 +20,8 @@ def test_default_and_shipped_configs_validate():
       spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(ROOT, "configs", name))
       mod = importlib.util.module_from_spec(spec)
       spec.loader.exec_module(mod)
+      if any(p.default is inspect.Parameter.empty for p in inspect.signature(mod.get_config).parameters.values()):
+        continue  # configs/from_run.py:<run dir> needs a run (tests/test_custom_task.py covers it)
       cfg = mod.get_config()
       validate_config(cfg)
       assert cfg.algo in ALGORITHMS

@@ -4,6 +4,7 @@
   agent = ToolCallAgent(tokenizer_dir, tools=[calculator, answer], reward_fn=exact_match)
   trajectories = run_rollout(agent, rows, sampler=sampler, num_chains=4, max_turns=4)
   batch = pad_batch(trajectories)
+  result = ToolCallAgent.from_pretrained(hf_folder, tools=["calculator"]).run("What is 6*7?")
 """
 from agentfly_jax.agents.agents import CodeAgent, ReactAgent, ToolCallAgent
 from agentfly_jax.agents.base import Agent, TemplatePrefixError
@@ -12,6 +13,7 @@ from agentfly_jax.agents.display import format_trajectory, mask_segments
 from agentfly_jax.agents.parsers import (ParsedTurn, ToolCall, parse_code_blocks,
                                          parse_hermes_tool_calls, parse_react)
 from agentfly_jax.agents.rollout import rollout, run_rollout, validate_rows
+from agentfly_jax.agents.run import RunResult
 from agentfly_jax.agents.tokenizer import AgentTokenizer, load_tokenizer
 from agentfly_jax.agents.trajectory import Trajectory, pad_batch
 
@@ -19,4 +21,4 @@ __all__ = ["Agent", "ToolCallAgent", "ReactAgent", "CodeAgent", "TemplatePrefixE
            "ChatTemplate", "load_chat_template", "AgentTokenizer", "load_tokenizer",
            "ParsedTurn", "ToolCall", "parse_hermes_tool_calls", "parse_react",
            "parse_code_blocks", "rollout", "run_rollout", "validate_rows", "Trajectory",
-           "pad_batch", "format_trajectory", "mask_segments"]
+           "pad_batch", "format_trajectory", "mask_segments", "RunResult"]

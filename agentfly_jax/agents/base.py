@@ -38,6 +38,7 @@ class Agent:
       description) is appended to the first user message; None = no such environment.
   """
   observation_role = "tool"
+  sampler = None   # set by `from_pretrained`; `run` uses it when given no sampler
 
   def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
                reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
@@ -60,6 +61,27 @@ class Agent:
     self.end_of_turn_text = self._find_end_of_turn_text()
     self.stop_token_ids = self._find_stop_token_ids()
     self.check_prefix_stable()
+
+  # -- prototyping without the trainer (agents/run.py) ----------------------------------------
+  @classmethod
+  def from_pretrained(cls, folder: str, *, tools: Sequence = (), reward: Any = None,
+                      vllm: bool = False, sampler_kwargs: dict | None = None, **agent_kwargs):
+    """The agent over an HF model folder (its tokenizer + chat template), with a sampler of the
+    folder's model attached: the JAX sampler, or vLLM with `vllm=True`. Tools and the reward may
+    be objects or names (built-ins, or 'module:function')."""
+    from agentfly_jax.agents.run import agent_from_pretrained
+    return agent_from_pretrained(cls, folder, tools=tools, reward=reward, vllm=vllm,
+                                 sampler_kwargs=sampler_kwargs, **agent_kwargs)
+
+  def run(self, rows_or_messages: Any, *, num_chains: int = 1, max_turns: int = 4,
+          sampler: Any = None, **kwargs):
+    """Rolls the agent out: `rows_or_messages` is a question, a row, a list of rows or a chat
+    conversation; returns a `RunResult` (trajectories, rewards, and a transcript per chain with
+    the model-written, trained-on tokens in ⟦ ⟧). Other keywords: temperature, sampling_params,
+    max_tokens_per_turn, max_total_tokens, seed, env_provider, color (ANSI instead of ⟦ ⟧)."""
+    from agentfly_jax.agents.run import run_agent
+    return run_agent(self, rows_or_messages, num_chains=num_chains, max_turns=max_turns,
+                     sampler=sampler, **kwargs)
 
   # -- template --------------------------------------------------------------------------------
   def render(self, messages: list[dict], template_tools: list[dict] | None,
@@ -158,6 +180,11 @@ class Agent:
     if not isinstance(row, dict) or not isinstance(row.get("question"), str):
       raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got "
                        f"{row!r:.120}")
+    if row.get("messages"):  # a conversation given to agent.run: start from it
+      messages = [dict(m) for m in row["messages"]]
+      if first_observation:
+        messages[-1]["content"] = f"{messages[-1]['content']}\n\n{first_observation}"
+      return messages
     messages = []
     system = self.system_text(tools)
     if system is not None:

@@ -32,7 +32,7 @@ import trio
 from agentfly_jax.agents.base import Agent
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.sampling.protocol import SamplingParams
-from agentfly_jax.tools.tool import ToolOutput
+from agentfly_jax.tools.tool import ToolOutput, get_env_provider
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ class _ChainEnvs:
         self._envs[env_name] = env
         self.first_observations[env_name] = await env.reset(self._row)
       return self._envs[env_name]
+
+  def names(self) -> list[str]:
+    """The environments this chain acquired, by name."""
+    return list(self._envs)
 
   async def release_all(self):
     for name in list(self._envs):
@@ -117,105 +121,138 @@ async def _run_turn_tools(cfg, envs, agent: Agent, parsed, tool_map) -> list[Too
   return outputs
 
 
+class _ChainBuilder:
+  """One chain's growing record. The token-in/token-out rule lives here only: `token_ids`,
+  `action_mask` and `sampler_logprobs` grow together, the model's ids verbatim with its
+  log-probs (mask True), everything else (prompt, observations) with mask False, log-prob 0."""
+
+  def __init__(self, group_id: int, chain_id: int, row: dict):
+    self.group_id, self.chain_id, self.row = group_id, chain_id, row
+    self.ids: list[int] = []
+    self.mask: list[bool] = []
+    self.logps: list[float] = []
+    self.messages: list[dict] = []
+    self.tool_records: list[dict] = []
+    self.env_names: list[str] = []
+    self.num_turns = 0
+    self.prompt_length = 0
+    self.prediction: str | None = None
+    self.finish_reason: str | None = None
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+  def add_prompt(self, ids: Sequence[int]) -> None:
+    self.add_observation(ids)
+    self.prompt_length = len(self.ids)
+
+  def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id)."""
+    if not ids or len(logprobs) != len(ids):
+      raise ValueError(f"sampler returned {len(ids)} token ids and {len(logprobs)} log-probs "
+                       "(need equal, >= 1)")
+    self.ids += [int(t) for t in ids]
+    self.mask += [True] * len(ids)
+    self.logps += [float(x) for x in logprobs]
+    self.num_turns += 1
+
+  def add_observation(self, ids: Sequence[int]) -> None:
+    """Non-model ids (prompt, tool observations, template text): never trained on."""
+    self.ids += [int(t) for t in ids]
+    self.mask += [False] * len(ids)
+    self.logps += [0.0] * len(ids)
+
+  def finish(self, reason: str, prediction: str | None = None) -> None:
+    self.finish_reason = reason
+    if prediction is not None:
+      self.prediction = prediction
+
+  def trajectory(self, reward: float, metrics: dict, error: str | None = None) -> Trajectory:
+    return Trajectory(token_ids=self.ids, action_mask=self.mask, sampler_logprobs=self.logps,
+                      reward=reward, reward_metrics=metrics, group_id=self.group_id,
+                      chain_id=self.chain_id, messages=self.messages, num_turns=self.num_turns,
+                      tool_calls=self.tool_records, finish_reason=self.finish_reason or "max_turns",
+                      prompt_length=self.prompt_length, row=self.row, prediction=self.prediction,
+                      error=error, env_names=list(self.env_names))
+
+
+async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
+  """Model turns and tool calls until the chain finishes (sets `chain.finish_reason`)."""
+  tok, row = agent.tokenizer, chain.row
+  stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
+  tools = agent.tools_for_row(row)
+  tool_map = {t.name: t for t in tools}
+  template_tools = agent.template_tools(tools)
+  first_observation = None
+  if agent.task_env:
+    await envs.get(agent.task_env)
+    first_observation = envs.first_observations.get(agent.task_env)
+  chain.messages = agent.initial_messages(row, tools, first_observation)
+  chain.add_prompt(tok.encode(agent.render(chain.messages, template_tools, add_generation_prompt=True)))
+  for turn in range(cfg.max_turns):
+    room = cfg.max_total_tokens - len(chain)
+    if room <= 0:
+      return chain.finish("max_total_tokens")
+    budget = min(cfg.max_tokens_per_turn, room)
+    params = dataclasses.replace(
+        cfg.sampling_params, max_new_tokens=budget, stop_token_ids=stop_ids,
+        seed=_request_seed(cfg.seed, chain.group_id, chain.chain_id, turn, cfg.sampling_params.seed))
+    result = await cfg.sampler.agenerate(list(chain.ids), params)
+    generated = [int(t) for t in result.token_ids]
+    chain.add_model_tokens(generated, result.logprobs)
+    ended = generated[-1] in stop_ids
+    text = tok.decode(generated[:-1] if ended else generated)
+    parsed = agent.parse(text)
+    chain.messages.append(agent.assistant_message(text, parsed))
+    chain.prediction = parsed.content if parsed.final_answer is None else parsed.final_answer
+    if not ended and len(generated) >= budget:
+      return chain.finish("max_tokens_per_turn" if budget == cfg.max_tokens_per_turn else "max_total_tokens")
+    if not parsed.tool_calls and not parsed.errors:
+      return chain.finish("final_answer" if parsed.final_answer is not None else "no_tool_call")
+    outputs = await _run_turn_tools(cfg, envs, agent, parsed, tool_map)
+    for call, out in zip(parsed.tool_calls, outputs):
+      chain.tool_records.append({"turn": turn, "name": call.name, "arguments": call.arguments,
+                                 "observation": out.observation, "ok": out.ok})
+    finished = [out for out in outputs if out.finished and out.ok]
+    if finished:
+      return chain.finish("finish_tool", finished[0].observation)
+    new_messages = agent.observation_messages(list(zip(parsed.tool_calls, outputs)), parsed.errors)
+    if turn == cfg.max_turns - 1:
+      chain.messages += new_messages
+      return chain.finish("max_turns")
+    model_end_text = tok.decode(generated[-1:]) if ended else ""
+    obs_ids = tok.encode(agent.observation_text(chain.messages, new_messages, template_tools,
+                                                model_end_text))
+    chain.messages += new_messages
+    if len(chain) + len(obs_ids) >= cfg.max_total_tokens:
+      return chain.finish("max_total_tokens")
+    chain.add_observation(obs_ids)
+  chain.finish("max_turns")
+
+
 async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
                      cfg: _Config) -> Trajectory:
-  tok = agent.tokenizer
+  chain = _ChainBuilder(group_id, chain_id, row)
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
-  ids: list[int] = []
-  mask: list[bool] = []
-  logps: list[float] = []
-  messages: list[dict] = []
-  tool_records: list[dict] = []
-  num_turns, prompt_length = 0, 0
-  finish, prediction, error = None, None, None
-  reward, metrics = 0.0, {}
-  stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
-  stop_set = set(stop_ids)
+  reward, metrics, error = 0.0, {}, None
   try:
-    tools = agent.tools_for_row(row)
-    tool_map = {t.name: t for t in tools}
-    template_tools = agent.template_tools(tools)
-    first_observation = None
-    if agent.task_env:
-      await envs.get(agent.task_env)
-      first_observation = envs.first_observations.get(agent.task_env)
-    messages = agent.initial_messages(row, tools, first_observation)
-    ids = tok.encode(agent.render(messages, template_tools, add_generation_prompt=True))
-    mask, logps = [False] * len(ids), [0.0] * len(ids)
-    prompt_length = len(ids)
-    for turn in range(cfg.max_turns):
-      room = cfg.max_total_tokens - len(ids)
-      if room <= 0:
-        finish = "max_total_tokens"
-        break
-      budget = min(cfg.max_tokens_per_turn, room)
-      params = dataclasses.replace(
-          cfg.sampling_params, max_new_tokens=budget, stop_token_ids=stop_ids,
-          seed=_request_seed(cfg.seed, group_id, chain_id, turn, cfg.sampling_params.seed))
-      result = await cfg.sampler.agenerate(list(ids), params)
-      generated = [int(t) for t in result.token_ids]
-      if not generated or len(result.logprobs) != len(generated):
-        raise ValueError(f"sampler returned {len(generated)} token ids and "
-                         f"{len(result.logprobs)} log-probs (need equal, >= 1)")
-      ids += generated
-      mask += [True] * len(generated)
-      logps += [float(x) for x in result.logprobs]
-      num_turns += 1
-      ended = generated[-1] in stop_set
-      text = tok.decode(generated[:-1] if ended else generated)
-      model_end_text = tok.decode(generated[-1:]) if ended else ""
-      parsed = agent.parse(text)
-      messages.append(agent.assistant_message(text, parsed))
-      prediction = parsed.content if parsed.final_answer is None else parsed.final_answer
-      if not ended and len(generated) >= budget:
-        finish = "max_tokens_per_turn" if budget == cfg.max_tokens_per_turn else "max_total_tokens"
-        break
-      if not parsed.tool_calls and not parsed.errors:
-        finish = "final_answer" if parsed.final_answer is not None else "no_tool_call"
-        break
-      outputs = await _run_turn_tools(cfg, envs, agent, parsed, tool_map)
-      for call, out in zip(parsed.tool_calls, outputs):
-        tool_records.append({"turn": turn, "name": call.name, "arguments": call.arguments,
-                             "observation": out.observation, "ok": out.ok})
-      finished = [out for out in outputs if out.finished and out.ok]
-      if finished:
-        prediction, finish = finished[0].observation, "finish_tool"
-        break
-      new_messages = agent.observation_messages(list(zip(parsed.tool_calls, outputs)),
-                                                parsed.errors)
-      if turn == cfg.max_turns - 1:
-        messages += new_messages
-        finish = "max_turns"
-        break
-      obs_ids = tok.encode(agent.observation_text(messages, new_messages, template_tools,
-                                                  model_end_text))
-      messages += new_messages
-      if len(ids) + len(obs_ids) >= cfg.max_total_tokens:
-        finish = "max_total_tokens"
-        break
-      ids += obs_ids
-      mask += [False] * len(obs_ids)
-      logps += [0.0] * len(obs_ids)
-    if finish is None:
-      finish = "max_turns"
-    if prediction is None:  # no model turn at all (the prompt filled the context)
-      prediction = ""
+    await _play_turns(agent, chain, envs, cfg)
+    if chain.prediction is None:  # no model turn at all (the prompt filled the context)
+      chain.prediction = ""
     if agent.reward_fn is not None:
       env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
-      metrics = await agent.reward_fn.compute(prediction, messages, row, env,
+      metrics = await agent.reward_fn.compute(chain.prediction, chain.messages, row, env,
                                               thread_limiter=cfg.thread_limiter)
       reward = float(metrics.pop("reward"))
   except Exception as e:  # one chain's failure never stops the others
     log.warning("rollout chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
-    finish, error, reward, metrics = "error", f"{type(e).__name__}: {e}", 0.0, {}
+    chain.finish("error")
+    reward, metrics, error = 0.0, {}, f"{type(e).__name__}: {e}"
   finally:
+    chain.env_names = envs.names()
     with trio.CancelScope(shield=True):
       await envs.release_all()
-  return Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=logps, reward=reward,
-                    reward_metrics=metrics, group_id=group_id, chain_id=chain_id,
-                    messages=messages, num_turns=num_turns, tool_calls=tool_records,
-                    finish_reason=finish, prompt_length=prompt_length, row=row,
-                    prediction=prediction, error=error)
+  return chain.trajectory(reward, metrics, error)
 
 
 def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
@@ -241,9 +278,9 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
                   max_turns: int = 4, sampling_params: SamplingParams | None = None,
                   max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
                   concurrency: int = 256, env_provider=None, seed: int | None = 0,
-                  tool_threads: int = 128) -> list[Trajectory]:
+                  tool_threads: int = 128, group_offset: int = 0) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
-  (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = row index.
+  (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
 
   Args:
     agent: a ToolCallAgent / ReactAgent / CodeAgent.
@@ -262,6 +299,8 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
     seed: base seed; each request gets a seed derived from (seed, group, chain, turn). None
       keeps `sampling_params.seed`.
     tool_threads: worker threads for synchronous tool and reward functions.
+    group_offset: added to every group id (and so to the request seeds): a process rolling out
+      rows k.. of a larger batch gets the trajectories a single rollout of the batch would.
   """
   for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
                       ("max_tokens_per_turn", max_tokens_per_turn),
@@ -273,12 +312,7 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
   sampling_params = sampling_params or SamplingParams()
 
   def provider_getter():
-    if env_provider is not None:
-      return env_provider
-    if getattr(agent, "env_provider", None) is not None:
-      return agent.env_provider
-    from agentfly_jax.tools.tool import get_env_provider
-    return get_env_provider()
+    return get_env_provider(env_provider, getattr(agent, "env_provider", None))
 
   cfg = _Config(sampler=sampler, max_turns=max_turns, sampling_params=sampling_params,
                 max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
@@ -294,7 +328,7 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
   async with trio.open_nursery() as nursery:
     for g, row in enumerate(rows):
       for c in range(num_chains):
-        nursery.start_soon(chain, g * num_chains + c, row, g, c)
+        nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)
   return results
 
 

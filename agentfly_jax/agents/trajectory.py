@@ -35,6 +35,7 @@ class Trajectory:
       `Final Answer:` text, else the last assistant message's text ("" if there was no turn;
       None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
+    env_names: the environments (by name) the chain acquired, in order.
   """
   token_ids: np.ndarray
   action_mask: np.ndarray
@@ -51,6 +52,7 @@ class Trajectory:
   row: dict = dataclasses.field(default_factory=dict)
   prediction: str | None = None
   error: str | None = None
+  env_names: list[str] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)

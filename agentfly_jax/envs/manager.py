@@ -15,6 +15,11 @@
 - Works from any trio run: connections belong to the run that opened them (a synchronous one-off
   tool call does its own `trio.run`), so each run gets its own connections and bindings.
 - `metrics()` reports pool use (allocated envs per type, back-off, reconnects, errors).
+- Security: the shared token ($AGENTFLY_ENV_TOKEN / $AGENTFLY_ENV_TOKEN_FILE, or `token=`) and
+  TLS ($AGENTFLY_ENV_TLS_CA, or `ssl_context=`) are those of `envservers.client`; a refused
+  token fails at once (EnvUnavailable), it is not retried.
+- Containment: a reply that breaks the protocol or has the wrong shape fails only that call (an
+  error observation for `step`), and the connection is dropped and reopened at the next call.
 """
 from __future__ import annotations
 
@@ -27,9 +32,10 @@ from typing import Any, Sequence
 import trio
 
 from agentfly_jax.envs.base import StepResult
-from envservers.client import Connection, ConnectionLost
-from envservers.protocol import (NOT_ACQUIRED, POOL_EXHAUSTED, UNKNOWN_ENV, ProtocolError,
-                                 RemoteError, parse_address)
+from envservers import auth
+from envservers.client import AuthenticationFailed, BadReply, Connection, ConnectionLost
+from envservers.protocol import (AUTH_FAILED, AUTH_REQUIRED, NOT_ACQUIRED, POOL_EXHAUSTED,
+                                 UNKNOWN_ENV, ProtocolError, RemoteError, parse_address)
 
 
 class EnvUnavailable(RuntimeError):
@@ -70,7 +76,12 @@ class RemoteEnv:
     await self._ensure_bound()
     payload = {"env": self.env_name, "chain_id": self.chain_id, **args}
     try:
-      return await self.connection.call(op, payload, timeout_s=self._manager.call_timeout_s)
+      result = await self.connection.call(op, payload, timeout_s=self._call_limit_s())
+      problem = _check_result(op, result)
+      if problem is not None:   # the server is broken: drop it, reconnect at the next call
+        await self.connection.aclose()
+        raise BadReply(f"env server {self.address}: bad {op!r} result: {problem}")
+      return result
     except RemoteError as e:
       if e.error_type == NOT_ACQUIRED:  # the server lost our binding: take a fresh one next call
         self._rebind = True
@@ -79,6 +90,20 @@ class RemoteEnv:
     except ConnectionLost:
       self._manager._count("connection_errors")
       raise
+    except trio.TooSlowError:   # the server did not answer within the env's limit: treat it as
+      self._manager._count("timeouts")   # hung (new chains go elsewhere for a while)
+      self._manager._down_until[self.address] = time.monotonic() + self._manager.down_retry_s
+      await self.connection.aclose()
+      raise
+
+  def _call_limit_s(self) -> float:
+    """Client-side limit of one call: the env's own limit (from acquire) + the reply grace."""
+    env_limit = self.info.get("call_timeout_s") if isinstance(self.info, dict) else None
+    limit = (float(env_limit) if isinstance(env_limit, (int, float)) and env_limit > 0
+             else self._manager.default_call_limit_s) + self._manager.reply_grace_s
+    if self._manager.call_timeout_s is not None:
+      limit = min(limit, self._manager.call_timeout_s)
+    return limit
 
   async def reset(self, row: dict | None = None) -> str:
     """Starts an episode; raises EnvUnavailable if the server cannot be reached."""
@@ -102,7 +127,11 @@ class RemoteEnv:
     except RemoteError as e:
       return StepResult(observation=f"Error ({e.error_type}): {e.message}",
                         info={"error": e.error_type})
-    except (ConnectionLost, EnvUnavailable, trio.TooSlowError) as e:
+    except trio.TooSlowError:
+      return StepResult(observation=f"Error (Timeout): the environment server did not answer "
+                                    f"within {self._call_limit_s():g} s; the environment state is "
+                                    f"lost.", info={"error": "Timeout"})
+    except (ConnectionLost, EnvUnavailable) as e:
       return StepResult(observation=f"Error: the environment server is unavailable ({e}); the "
                                     f"environment state is lost.", info={"error": "ConnectionLost"})
     return StepResult(observation=self._take_note() + result["observation"],
@@ -115,6 +144,23 @@ class RemoteEnv:
       return await self._call("compute_reward", {"name": name, "kwargs": kwargs})
     except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
       raise EnvUnavailable(f"{self!r}: reward {name!r} failed: {e}") from e
+
+
+def _check_result(op: str, result: dict) -> str | None:
+  """None if an op's result has the fields the manager reads, else what is wrong."""
+  observation = result.get("observation")
+  if op in ("reset", "step") and not isinstance(observation, str):
+    return f"'observation' must be a string, got {type(observation).__name__}"
+  if op == "step":
+    reward, info = result.get("reward"), result.get("info", {})
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+      return f"'reward' must be a number or null, got {type(reward).__name__}"
+    if not isinstance(result.get("done", False), bool) or not isinstance(info, (dict, type(None))):
+      return "'done' must be a bool and 'info' an object"
+  if op == "compute_reward" and (isinstance(result.get("reward"), bool)
+                                 or not isinstance(result.get("reward"), (int, float))):
+    return f"'reward' must be a number, got {type(result.get('reward')).__name__}"
+  return None
 
 
 class _RunState:
@@ -139,14 +185,22 @@ class EnvManager:
     acquire_wait_s: how long one server may hold an acquire while its pool is full.
     acquire_timeout_s: give up (EnvUnavailable) after backing off this long.
     max_backoff_s: cap of the exponential back-off between acquire rounds.
-    call_timeout_s: optional client-side limit per call (servers enforce their own limits).
+    call_timeout_s: optional client-side cap per call. Without it a call waits for the env's
+      own limit (the server reports it at acquire; else `default_call_limit_s`) plus
+      `reply_grace_s`; a call past that fails (an error observation for `step`), its connection
+      is dropped, and the server is skipped for `down_retry_s` (a hung server cannot stall a run).
+    reply_grace_s: also bounds how long an acquire waits for a reply beyond `acquire_wait_s`.
     down_retry_s: an unreachable server is skipped for this long before reconnecting.
+    token: shared secret for the servers' handshake (default: $AGENTFLY_ENV_TOKEN(_FILE)).
+    ssl_context: TLS to the servers (default: $AGENTFLY_ENV_TLS_CA names the CA file).
   """
 
   def __init__(self, servers: Sequence[str], *, acquire_wait_s: float = 0.5,
                acquire_timeout_s: float = 600.0, max_backoff_s: float = 2.0,
                call_timeout_s: float | None = None, connect_timeout_s: float = 5.0,
-               down_retry_s: float = 1.0):
+               reply_grace_s: float = 30.0, default_call_limit_s: float = 600.0,
+               down_retry_s: float = 1.0, token: bytes | None | str = "from-env",
+               ssl_context: Any = "from-env"):
     if isinstance(servers, str):
       servers = [s for s in servers.split(",") if s.strip()]
     if not servers:
@@ -158,8 +212,13 @@ class EnvManager:
     self.acquire_timeout_s = acquire_timeout_s
     self.max_backoff_s = max_backoff_s
     self.call_timeout_s = call_timeout_s
+    self.reply_grace_s = reply_grace_s
+    self.default_call_limit_s = default_call_limit_s
     self.connect_timeout_s = connect_timeout_s
     self.down_retry_s = down_retry_s
+    self._token = auth.load_token() if token == "from-env" else token
+    self._ssl_context = (auth.default_client_ssl_context() if ssl_context == "from-env"
+                         else ssl_context)
     self._states: dict[Any, _RunState] = {}
     self._down_until: dict[str, float] = {}
     self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
@@ -167,6 +226,8 @@ class EnvManager:
     self._counters = collections.Counter()
     self._backoff_s = 0.0
     self._peak_allocated = 0
+    self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)
+    self._peak_in_use: collections.Counter = collections.Counter()   # since take_step_stats
 
   # -- EnvProvider --------------------------------------------------------------------------------
 
@@ -192,6 +253,8 @@ class EnvManager:
     state.bindings[(env_name, chain_id)] = env
     state.load[(env_name, address)] += 1
     self._peak_allocated = max(self._peak_allocated, self._allocated_total())
+    in_use = sum(1 for s in self._states.values() for name, _ in s.bindings if name == env_name)
+    self._peak_in_use[env_name] = max(self._peak_in_use[env_name], in_use)
     return env
 
   async def release(self, env_name: str, chain_id: str) -> None:
@@ -226,9 +289,16 @@ class EnvManager:
     for env_name, n in per_env.items():
       out[f"envs/allocated/{env_name}"] = float(n)
     for key in ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
-                "connection_errors"):
+                "connection_errors", "auth_failures", "timeouts", "abandoned_acquires"):
       out[f"envs/{key}"] = float(self._counters[key])
     return out
+
+  def take_step_stats(self) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Since the last call, per env type: the seconds each acquire waited, and the most chains
+    bound at once (then starts counting afresh)."""
+    waits, self._acquire_waits = self._acquire_waits, collections.defaultdict(list)
+    peaks, self._peak_in_use = self._peak_in_use, collections.Counter()
+    return dict(waits), dict(peaks)
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""
@@ -276,7 +346,10 @@ class EnvManager:
       if connection is not None and not connection.closed:
         return connection
       try:
-        connection = await Connection.open(address, self.connect_timeout_s)
+        connection = await Connection.open(address, self.connect_timeout_s, token=self._token,
+                                           ssl_context=self._ssl_context)
+      except AuthenticationFailed:
+        raise
       except ConnectionLost:
         self._down_until[address] = time.monotonic() + self.down_retry_s
         raise
@@ -298,9 +371,25 @@ class EnvManager:
     order = {a: (i - start) % len(self.servers) for i, a in enumerate(self.servers)}
     return sorted(up, key=lambda a: (load[a], order[a]))
 
+  def _release_if_bound(self, connection: Connection, env_name: str, chain_id: str):
+    """For an acquire given up on (cancelled, timed out): if the server bound an instance anyway,
+    release it (so a cancelled acquire never leaks an instance)."""
+    async def release():
+      try:
+        await connection.call("release", {"env": env_name, "chain_id": chain_id}, timeout_s=30)
+      except Exception:  # noqa: BLE001 -- best effort; a closed connection frees it anyway
+        pass
+
+    def on_reply(reply):
+      if reply.get("ok") is True:
+        self._count("abandoned_acquires")
+        trio.lowlevel.spawn_system_task(release, name=f"release abandoned {env_name}/{chain_id}")
+    return on_reply
+
   async def _bind(self, state: _RunState, env_name: str, chain_id: str):
     """Acquires an instance on some server, backing off while all are full or down."""
-    deadline = time.monotonic() + self.acquire_timeout_s
+    started = time.monotonic()
+    deadline = started + self.acquire_timeout_s
     backoff = 0.02
     last_error = "no server tried"
     while True:
@@ -312,8 +401,14 @@ class EnvManager:
           connection = await self._connection(state, address)
           info = await connection.call(
               "acquire", {"env": env_name, "chain_id": chain_id, "wait_s": self.acquire_wait_s},
-              timeout_s=self.acquire_wait_s + 60)
+              timeout_s=self.acquire_wait_s + self.reply_grace_s,
+              on_abandoned=self._release_if_bound(connection, env_name, chain_id))
         except RemoteError as e:
+          if e.error_type in (AUTH_REQUIRED, AUTH_FAILED):
+            self._count("auth_failures")
+            raise EnvUnavailable(f"env server {address} needs authentication: set "
+                                 f"${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token; "
+                                 f"it replied {e}") from e
           if e.error_type == UNKNOWN_ENV:
             self._not_serving.add((address, env_name))
           elif e.error_type == POOL_EXHAUSTED:
@@ -322,11 +417,18 @@ class EnvManager:
             raise EnvUnavailable(f"acquire {env_name!r} on {address} failed: {e}") from e
           last_error = f"{address}: {e}"
           continue
+        except AuthenticationFailed as e:
+          self._count("auth_failures")
+          raise EnvUnavailable(f"acquire {env_name!r} on {address}: {e}") from e
         except (ConnectionLost, trio.TooSlowError) as e:
-          last_error = f"{address}: {e}"
+          last_error = f"{address}: {e or 'no reply in time'}"
           self._count("connection_errors")
+          if isinstance(e, trio.TooSlowError):   # a hung server: skip it for a while
+            self._down_until[address] = time.monotonic() + self.down_retry_s
+            await connection.aclose()
           continue
         self._count("acquires")
+        self._acquire_waits[env_name].append(time.monotonic() - started)
         return address, connection, info
       if all((a, env_name) in self._not_serving for a in self.servers):
         raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers}); "

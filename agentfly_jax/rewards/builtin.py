@@ -1,8 +1,10 @@
-"""Built-in rewards: exact match and numeric match of the prediction against the row's answer."""
+"""Built-in rewards: numeric match of the prediction against the row's answer (`exact_match`, the
+SQuAD-normalised one, lives in qa.py and is re-exported here for older imports)."""
 from __future__ import annotations
 
 import re
 
+from agentfly_jax.rewards.qa import exact_match  # noqa: F401  (older import path)
 from agentfly_jax.rewards.reward import reward
 
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -22,14 +24,6 @@ def last_number(text) -> float | None:
     return float(found[-1].replace(",", ""))
   except ValueError:
     return None
-
-
-@reward
-def exact_match(prediction, answer) -> float:
-  """1.0 if the normalized prediction equals the normalized answer, else 0.0."""
-  if prediction is None:
-    return 0.0
-  return float(normalize_answer(prediction) == normalize_answer(answer))
 
 
 @reward

@@ -9,8 +9,14 @@ from __future__ import annotations
 from agentfly_jax.tools.registry import resolve_object
 
 BUILTIN_REWARDS: dict[str, str] = {
-    "exact_match": "agentfly_jax.rewards.builtin:exact_match",
+    "exact_match": "agentfly_jax.rewards.qa:exact_match",
+    "code_pass_rate": "agentfly_jax.rewards.code:code_pass_rate",
+    "f1": "agentfly_jax.rewards.qa:f1",
+    "math_equal": "agentfly_jax.rewards.math:math_equal",
     "numeric_match": "agentfly_jax.rewards.builtin:numeric_match",
+    "scienceworld_score": "agentfly_jax.tasks.scienceworld:score_reward",
+    "textworld_score": "agentfly_jax.tasks.textworld:score_reward",
+    "webshop_purchase": "agentfly_jax.tasks.webshop:purchase_reward",
 }
 
 

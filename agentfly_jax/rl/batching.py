@@ -14,14 +14,41 @@ def bucket(n: int, multiple: int) -> int:
   return max(multiple, -(-n // multiple) * multiple)
 
 
+def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: int | None = None) -> dict:
+  """Trajectories -> target-aligned padded arrays; the one place the next-token shift happens.
+
+  Position t of every [B, L] array describes predicting token t+1 of the trajectory from tokens
+  0..t: input_ids[t] = token t, target_ids[t] = token t+1, attention_mask of the inputs,
+  action_mask / sampler_logprobs of the targets. L = `length`, else the longest trajectory minus
+  one rounded up to `multiple` (few distinct shapes, few compilations).
+
+  Returns {"input_ids" int32[B, L], "target_ids" int32[B, L], "attention_mask" bool[B, L],
+  "action_mask" bool[B, L], "sampler_logprobs" f32[B, L], "rewards" f32[B], "group_ids" int32[B]}.
+  """
+  from agentfly_jax.agents.trajectory import pad_batch
+  need = max(len(t.token_ids) for t in trajs) - 1
+  if length is None:
+    length = bucket(need, multiple)
+  elif length < need:
+    raise ValueError(f"train_arrays: length={length} < longest trajectory - 1 = {need}")
+  arr = pad_batch(trajs, max_len=length + 1, pad_id=pad_id)
+  return {"input_ids": arr["token_ids"][:, :-1], "target_ids": arr["token_ids"][:, 1:],
+          "attention_mask": arr["attention_mask"][:, :-1], "action_mask": arr["action_mask"][:, 1:],
+          "sampler_logprobs": arr["sampler_logprobs"][:, 1:].astype(np.float32),
+          "rewards": np.asarray(arr["rewards"], np.float32),
+          "group_ids": np.asarray(arr["group_ids"], np.int32)}
+
+
 def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: str = "rollout") -> dict:
-  """reward mean/std, success rate, turns, tool calls per tool, finish reasons, tokens."""
+  """reward mean/std, success rate, turns (mean, max), tool calls and tool errors per tool,
+  environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels)."""
   rewards = np.array([t.reward for t in trajs], np.float64)
   m = {
       f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
       f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,
       f"{prefix}/success_rate": float((rewards > success_threshold).mean()) if len(rewards) else 0.0,
       f"{prefix}/turns_mean": float(np.mean([t.num_turns for t in trajs])) if trajs else 0.0,
+      f"{prefix}/turns_max": int(max((t.num_turns for t in trajs), default=0)),
       f"{prefix}/tokens_total_mean": float(np.mean([len(t.token_ids) for t in trajs])) if trajs else 0.0,
       f"{prefix}/tokens_generated_mean": float(np.mean([int(t.action_mask.sum()) for t in trajs])) if trajs else 0.0,
       f"{prefix}/num_chains": len(trajs),
@@ -30,8 +57,14 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   failed = sum(1 for t in trajs for c in t.tool_calls if not c.get("ok", True))
   m[f"{prefix}/tool_calls_per_chain"] = sum(calls.values()) / max(1, len(trajs))
   m[f"{prefix}/tool_errors_per_chain"] = failed / max(1, len(trajs))
+  errors = collections.Counter(c.get("name", "?") for t in trajs for c in t.tool_calls if not c.get("ok", True))
   for name, count in calls.items():
     m[f"{prefix}/tool_calls/{name}"] = count / max(1, len(trajs))
+    m[f"{prefix}/tool_errors/{name}"] = errors[name] / max(1, len(trajs))
+  envs = collections.Counter(name for t in trajs for name in getattr(t, "env_names", ()))
+  m[f"{prefix}/envs_per_chain"] = sum(envs.values()) / max(1, len(trajs))
+  for name, count in envs.items():
+    m[f"{prefix}/envs/{name}"] = count
   for reason, count in collections.Counter(t.finish_reason for t in trajs).items():
     m[f"{prefix}/finish/{reason}"] = count / max(1, len(trajs))
   extra = collections.defaultdict(list)
@@ -59,28 +92,64 @@ def drop_zero_variance_groups(trajs: Sequence) -> tuple[list, int]:
   return kept, dropped
 
 
-def overlong_penalty(num_generated: np.ndarray, *, max_tokens: int, buffer: int, factor: float) -> np.ndarray:
+def overlong_penalty(num_generated, *, max_tokens: int, buffer: int, factor: float):
   """DAPO soft overlong punishment, counted in generated tokens: 0 up to max-buffer, then linear
-  down to -factor at max_tokens (and below past it)."""
+  down to -factor at max_tokens (and below past it). num_generated: int[B] (numpy or jnp) ->
+  f32[B] of the same kind."""
+  num_generated = num_generated.astype(np.float32)
   if buffer <= 0:
-    return np.zeros_like(num_generated, dtype=np.float32)
-  over = np.asarray(num_generated, np.float32) - (max_tokens - buffer)
-  return -np.clip(over, 0, None) / buffer * factor
+    return num_generated * 0.0
+  over = num_generated - (max_tokens - buffer)
+  return -over.clip(0, None) / buffer * factor
 
 
-def to_microbatches(batch: dict, rows: np.ndarray, micro_batch_size: int, num_micro: int | None = None) -> dict:
-  """Selects `rows` and reshapes every array to [M, micro_batch_size, ...], padding with
-  all-masked copies of row 0 (they add 0 to every loss sum and denominator). A fixed `num_micro`
-  keeps shapes static across steps (no recompiles when the batch shrinks)."""
+def microbatch_index(rows: np.ndarray, micro_batch_size: int, num_micro: int | None = None):
+  """Row indices [M, micro_batch_size] selecting `rows` in order, padded with row 0 (or rows[0]),
+  and a validity mask [M, micro_batch_size] (False on padding). A fixed `num_micro` keeps shapes
+  static across steps (no recompiles when the batch shrinks)."""
+  rows = np.asarray(rows)
   n = len(rows)
   m = max(num_micro or 0, -(-n // micro_batch_size))
   total = m * micro_batch_size
   idx = np.concatenate([rows, np.full(total - n, rows[0] if n else 0, rows.dtype)])
   valid = np.arange(total) < n
+  return idx.reshape(m, micro_batch_size).astype(np.int32), valid.reshape(m, micro_batch_size)
+
+
+def take_microbatches(batch: dict, idx, valid) -> dict:
+  """Every [B, ...] array of `batch` -> [M, mb, ...] rows `idx`; `action_mask` is cleared where
+  `valid` is False (padding rows add 0 to every loss sum and denominator). Works on numpy arrays
+  and, inside jit, on jnp arrays."""
   out = {}
   for k, v in batch.items():
     sel = v[idx]
     if k == "action_mask":
-      sel = sel & valid[:, None]
-    out[k] = sel.reshape(m, micro_batch_size, *sel.shape[1:])
+      sel = sel & valid[..., None]
+    out[k] = sel
+  return out
+
+
+def to_microbatches(batch: dict, rows: np.ndarray, micro_batch_size: int, num_micro: int | None = None) -> dict:
+  """Selects `rows` and reshapes every array to [M, micro_batch_size, ...], padding with
+  all-masked copies of row 0 (see `microbatch_index`, `take_microbatches`)."""
+  idx, valid = microbatch_index(rows, micro_batch_size, num_micro)
+  return take_microbatches(batch, idx, valid)
+
+
+def pad_rows(arrays: dict, multiple: int) -> dict:
+  """Pads every [B, ...] array of `train_arrays` output to a multiple of `multiple` rows with
+  inert rows: nothing attended or trained on, reward 0, and group ids -1, -2, ... (each its own
+  group, so no real group's advantages change). Real rows are those with group_ids >= 0."""
+  b = len(arrays["group_ids"])
+  pad = -b % multiple
+  if not pad:
+    return arrays
+  out = {}
+  for k, v in arrays.items():
+    fill = np.zeros((pad, *v.shape[1:]), v.dtype)
+    if k == "group_ids":
+      fill = -1 - np.arange(pad, dtype=v.dtype)
+    elif k == "attention_mask":
+      fill[:, 0] = True  # one attended position: no all-masked softmax
+    out[k] = np.concatenate([v, fill])
   return out

@@ -125,8 +125,9 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
   if c.algo not in ALGORITHMS:
     _fail("algo", c.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
   from agentfly_jax.tasks import _TASKS
-  if not custom_task and c.task not in _TASKS:
-    _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)}")
+  if not custom_task and isinstance(c.task, str) and c.task not in _TASKS:
+    _fail("task", c.task, f"unknown task; known: {sorted(_TASKS)} (a user task: configs/custom_grpo.py "
+          "with --config.task.module=... or --config.task.train_path=...)")
   if c.loss.agg and c.loss.agg not in AGG_MODES:
     _fail("loss.agg", c.loss.agg, f"unknown aggregation; known: {AGG_MODES}")
   if c.loss.kl_kind not in KL_KINDS:
@@ -184,3 +185,31 @@ def lookup_config(algo: str, warmstart_dir: str) -> ml_collections.ConfigDict:
   c.train.steps = 40
   c.train.lr = 5e-4
   return c
+
+
+def task_config(task: str, algo: str, **overrides) -> ml_collections.ConfigDict:
+  """A built-in task (agentfly_jax.tasks) with `algo`, a random-init tiny policy (its tokenizer
+  trained on the task's texts) and rollout limits sized for multi-turn tool use; `overrides`
+  are "section.key" -> value."""
+  c = default_config()
+  c.name = f"{task}_{algo}"
+  c.task = task
+  c.algo = algo
+  c.model.vocab_size = 1024
+  c.rollout.max_turns = 4
+  c.rollout.max_tokens_per_turn = 48
+  c.rollout.max_total_tokens = 1024
+  for field, value in overrides.items():
+    section, _, key = field.rpartition(".")
+    (c[section] if section else c)[key] = value
+  return c
+
+
+def world_config(task: str, algo: str = "grpo") -> ml_collections.ConfigDict:
+  """An interactive-world task (webshop / textworld / scienceworld) with `algo`: a tiny random-init
+  policy (its tokenizer trained on the task's texts) and small rollouts, sized for a CPU smoke
+  run; on a GPU set model.pretrained and raise rollout/train sizes with flags."""
+  return task_config(task, algo, **{
+      "rollout.rows_per_step": 4, "rollout.num_chains": 4, "rollout.max_turns": 8,
+      "rollout.max_tokens_per_turn": 48, "rollout.max_total_tokens": 1536, "train.steps": 100,
+      "train.lr": 3e-4, "eval.every": 0, "eval.num_rows": 16})

@@ -262,7 +262,45 @@ def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, ma
       norm_len=norm_len)
 
 
-_POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss}
+def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
+                       behaviour_logprobs: Array, behaviour_cap: float = 2.0,
+                       clip_low: float = 0.2, clip_high: float = 0.2,
+                       dual_clip: float | None = 3.0, agg: str = "token-mean",
+                       is_weights: Array | None = None,
+                       norm_len: int | None = None) -> tuple[Array, Array, dict]:
+  """Decoupled PPO for off-policy (asynchronous) rollouts, as in AReaL (arXiv 2505.24298).
+
+  Three policies: the behaviour policy that sampled the tokens (`behaviour_logprobs`, from the
+  sampler, possibly several versions old), the proximal policy (`old_logprobs`: the trainer's
+  params when the batch arrived) and the current one (`logprobs`). The clipped surrogate is
+  taken against the proximal policy, and each token's loss is weighted by the truncated
+  importance weight w = min(pi_prox / pi_behav, behaviour_cap) (no gradient):
+    l = w * max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)),  r = pi / pi_prox
+  (+ dual-clip as in `policy_loss`). With pi_behav == pi_prox it is `policy_loss`.
+
+  Args: as `policy_loss`, plus behaviour_logprobs float[B, T] and behaviour_cap > 0.
+  Returns: as `policy_loss`; metrics add behaviour_weight_mean and behaviour_capped_frac.
+  """
+  fn = "decoupled_ppo_loss"
+  behaviour_logprobs = v.float_array(fn, "behaviour_logprobs", behaviour_logprobs)
+  v.check_shape(fn, "behaviour_logprobs", behaviour_logprobs, jnp.shape(logprobs), "logprobs")
+  if isinstance(behaviour_cap, (int, float)) and not behaviour_cap > 0:
+    raise ValueError(f"{fn}: behaviour_cap must be > 0, got {behaviour_cap!r}")
+  raw = jnp.exp(jnp.clip(jnp.asarray(old_logprobs, jnp.float32) - behaviour_logprobs,
+                         -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+  w = jax.lax.stop_gradient(jnp.minimum(raw, behaviour_cap))
+  weights = w if is_weights is None else w * is_weights
+  loss_sum, denom, metrics = policy_loss(
+      logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+      dual_clip=dual_clip, agg=agg, is_weights=weights, norm_len=norm_len)
+  mask_f = jnp.asarray(mask, jnp.float32)
+  metrics["behaviour_weight_mean"] = _mean(w, mask_f)
+  metrics["behaviour_capped_frac"] = _mean(raw > behaviour_cap, mask_f)
+  return loss_sum, denom, metrics
+
+
+_POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss,
+                                       "decoupled_ppo": decoupled_ppo_loss}
 
 
 def register_policy_loss(name: str, fn: Callable) -> None:

@@ -40,10 +40,12 @@ def build_tokenizer_dir(config, task, workdir: str) -> str:
   if config.model.pretrained:
     return config.model.pretrained
   from agentfly_jax.data.tiny_tokenizer import build_tiny_tokenizer
+  from agentfly_jax.rl import distributed
   out = os.path.join(workdir, "tokenizer")
-  if not os.path.exists(os.path.join(out, "tokenizer.json")):
+  if distributed.is_primary() and not os.path.exists(os.path.join(out, "tokenizer.json")):
     build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=config.model.vocab_size,
                          template="qwen2.5")
+  distributed.barrier("tokenizer")  # the other processes read what process 0 wrote
   return out
 
 
@@ -64,9 +66,9 @@ def build_components(config, workdir: str, task=None) -> Components:
   from agentfly_jax.agents import ToolCallAgent, load_tokenizer
   from agentfly_jax.models import make_mesh, partition_specs, save_pretrained, shard_model
   from agentfly_jax.rl.config import ALGORITHMS
-  from agentfly_jax.tasks import get_task
+  from agentfly_jax.tasks.from_config import build_task
 
-  task = task if task is not None else get_task(config.task)
+  task = build_task(config, task)
   tok_dir = build_tokenizer_dir(config, task, workdir)
   tokenizer = load_tokenizer(tok_dir)
   end_of_turn = tokenizer.token_to_id("<|im_end|>")
@@ -77,6 +79,8 @@ def build_components(config, workdir: str, task=None) -> Components:
 
   mesh = make_mesh(config.mesh.fsdp, config.mesh.tp)
   model = build_model(config, tokenizer.vocab_size)
+  # On several processes each runs its own sampler on its local devices: a second, unsharded copy.
+  sampler_model = model if jax.process_count() == 1 else build_model(config, tokenizer.vocab_size)
   shard_model(model, mesh)
   specs = partition_specs(model, mesh)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -98,7 +102,7 @@ def build_components(config, workdir: str, task=None) -> Components:
   else:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout
-    sampler = JaxSampler(model, tokenizer, max_batch_size=r.max_batch_size,
+    sampler = JaxSampler(sampler_model, tokenizer, max_batch_size=r.max_batch_size,
                          max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed)
 
   if hasattr(task, "make_agent"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, Union
 
+import jax
 import numpy as np
 
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
@@ -91,9 +92,68 @@ class ScriptedPolicySampler:
     self._unlearned.clear()
 
 
-def sft_batch(arrays: dict, demo: ScriptedPolicySampler) -> dict:
-  """The SFT step's batch from padded rollout arrays (`pad_batch` of the demo's trajectories):
-  {"token_ids", "attention_mask": [B, T], "action_mask": bool[B, T] = the loss mask}."""
-  loss_mask = np.stack([demo.loss_mask(ids, am) for ids, am in zip(arrays["token_ids"], arrays["action_mask"])])
-  demo.clear()
-  return {"token_ids": arrays["token_ids"], "attention_mask": arrays["attention_mask"], "action_mask": loss_mask}
+def sft_loss_mask(trajs: Sequence, demo, width: int) -> np.ndarray:
+  """bool[B, width]: target-aligned SFT loss mask (as `train_arrays`' action_mask: position t
+  is token t+1) — each trajectory's action mask without the demo's `learn=False` pieces."""
+  out = np.zeros((len(trajs), width + 1), dtype=bool)
+  for i, t in enumerate(trajs):
+    mask = demo.loss_mask(t.token_ids, t.action_mask) if demo is not None else t.action_mask
+    out[i, :len(mask)] = mask[:width + 1]
+  if demo is not None:
+    demo.clear()
+  return out[:, 1:]
+
+
+class SftRunner:
+  """Supervised steps on trajectories: `runner.step(state, trajs) -> (state, device metrics)`.
+
+  trainer: a `Trainer` (its mesh, graphdef/rest, tokenizer and micro-batch size); optimizer: the
+  SFT optimizer (it lives here, not on the trainer). `runner.new_state(params)` makes the state.
+  """
+
+  def __init__(self, trainer, optimizer):
+    from agentfly_jax.rl.train_step import batch_sharding, jit_step, make_sft_step
+    self.trainer, self.optimizer = trainer, optimizer
+    self.state_sharding = trainer.state_sharding_for(optimizer)
+    keys = dict.fromkeys(("input_ids", "target_ids", "attention_mask", "action_mask"))
+    self.batch_sharding = batch_sharding(trainer.mesh, keys)
+    self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer),
+                          self.state_sharding, self.batch_sharding)
+
+  def new_state(self, params):
+    return self.trainer.new_state(params, self.optimizer, state_sharding=self.state_sharding)
+
+  def step(self, state, trajs, demo: "ScriptedPolicySampler | None" = None):
+    """`demo`: the sampler that produced `trajs`; its `learn=False` pieces stay out of the loss."""
+    from agentfly_jax.rl.batching import to_microbatches, train_arrays
+    from agentfly_jax.rl.update import put_global
+    arr = train_arrays(trajs, pad_id=self.trainer.tokenizer.pad_token_id)
+    arr["action_mask"] = sft_loss_mask(trajs, demo, arr["action_mask"].shape[1])
+    batch = {k: arr[k] for k in self.batch_sharding}
+    mb = to_microbatches(batch, np.arange(len(trajs)), self.trainer.config.train.micro_batch_size)
+    mb = {k: put_global(v, self.batch_sharding[k]) for k, v in mb.items()}
+    return self._step(state, mb)
+
+
+def run_sft(trainer) -> tuple[object, list[float]]:
+  """The warm start phase of `config.sft`: scripted demonstrations of `trainer.task` rolled out by
+  the real agent, SFT steps on them. Returns (params, per-step NLL)."""
+  from agentfly_jax.rl.train_state import make_optimizer
+  c = trainer.config
+  runner = SftRunner(trainer, make_optimizer(lr=c.sft.lr, max_grad_norm=c.train.max_grad_norm))
+  state = runner.new_state(trainer.init_params)
+  p_tool = c.sft.tool_use_prob
+  demo = ScriptedPolicySampler(
+      trainer.tokenizer, lambda text, rng: trainer.task.scripted_response(text, rng.random() < p_tool, rng),
+      trainer.end_of_turn_id, seed=c.seed)
+  from tqdm.auto import tqdm
+  bar = tqdm(total=c.sft.steps, desc="sft", disable=not c.log.progress, dynamic_ncols=True)
+  nll = []
+  for i in range(c.sft.steps):
+    rows = trainer.task.make_rows(c.sft.rows_per_step, seed=10_000_000 + c.seed * 100_003 + i)
+    trajs = trainer.rollout(rows, sampler=demo, num_chains=1, seed=c.seed * 7919 + i)
+    state, m = runner.step(state, trajs, demo)
+    nll.append(m["sft/nll"])
+    bar.update(1)
+  bar.close()
+  return state.params, [float(x) for x in jax.device_get(nll)]

@@ -5,11 +5,12 @@ One call = one optimizer update on one minibatch. The minibatch arrives split in
 `lax.scan` and divided once by the summed denominator, so the update equals the single-batch
 global mean exactly (losses return (loss_sum, denom), see `rl/losses.py`).
 
-Batch (all arrays [M, mb, T], token-position aligned like the Trajectory: position t holds token t,
-its action-mask bit and its sampler log-prob; the loss shifts by one internally):
-  token_ids int32, attention_mask bool, action_mask bool, old_logprobs f32, advantages f32;
-  optional: ref_logprobs f32 (KL), is_weights f32 (sampler/trainer mismatch correction),
-  returns f32 + old_values f32 (critic, PPO).
+Batch (all arrays [M, mb, L], *target-aligned*: position t describes the prediction of
+target_ids[t] = token t+1 of the trajectory from input_ids[:t+1]; the shift is done once, by
+`rl.batching.train_arrays`, and nothing here shifts again):
+  input_ids int32, target_ids int32, attention_mask bool (of the inputs), action_mask bool (of
+  the targets), old_logprobs f32, advantages f32; optional: ref_logprobs f32 (KL), is_weights f32
+  (sampler/trainer mismatch correction), returns f32 + old_values f32 (critic, PPO).
 The jitted step has explicit in/out shardings on the (fsdp, tp) mesh and donates the state.
 """
 from __future__ import annotations
@@ -41,31 +42,36 @@ class LossConfig:
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
 
 
-def _shifted(mb: dict, key: str):
-  return mb[key][:, 1:] if key in mb else None
+def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: float = 1.0):
+  """Trainer log-probs of each target token given its prefix.
 
-
-def policy_logprobs(model, token_ids, attention_mask, temperature: float = 1.0):
-  """Trainer log-probs of each token given its prefix, position-aligned.
-
-  token_ids int32[B, T], attention_mask bool[B, T] -> (logprobs f32[B, T] (position 0 is 0),
-  logits f32[B, T-1, V]).
+  input_ids, target_ids int32[B, L], attention_mask bool[B, L] (of the inputs) ->
+  (logprobs f32[B, L], logits [B, L, V]).
   """
-  logits = model(token_ids[:, :-1], attention_mask=attention_mask[:, :-1])
-  lp = losses.token_logprobs(logits.astype(jnp.float32), token_ids[:, 1:], temperature=temperature)
-  return jnp.pad(lp, ((0, 0), (1, 0))), logits
+  logits = model(input_ids, attention_mask=attention_mask)
+  lp = losses.token_logprobs(logits.astype(jnp.float32), target_ids, temperature=temperature)
+  return lp, logits
+
+
+def critic_values(critic, input_ids, attention_mask, action_mask):
+  """Critic values of the states before each target token, 0 off the action mask.
+
+  input_ids int32[B, L], attention_mask bool[B, L], action_mask bool[B, L] -> f32[B, L].
+  """
+  values = critic(input_ids, attention_mask=attention_mask).astype(jnp.float32)
+  return jnp.where(action_mask, values, 0.0)
 
 
 def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   model = nnx.merge(graphdef, params, rest)
-  lp_full, logits = policy_logprobs(model, mb["token_ids"], mb["attention_mask"], cfg.temperature)
-  lp = lp_full[:, 1:]
-  mask = mb["action_mask"][:, 1:]
+  lp, logits = policy_logprobs(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
+                               cfg.temperature)
+  mask = mb["action_mask"]
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
   pg_sum, denom, pg_metrics = loss_fn(
-      lp, _shifted(mb, "old_logprobs"), _shifted(mb, "advantages"), mask,
+      lp, mb["old_logprobs"], mb["advantages"], mask,
       clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
-      is_weights=_shifted(mb, "is_weights"))
+      is_weights=mb.get("is_weights"))
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)
@@ -76,7 +82,7 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   if cfg.entropy_coef:
     total = total - cfg.entropy_coef * ent_sum
   if "ref_logprobs" in mb:
-    kl = losses.kl_penalty(lp, _shifted(mb, "ref_logprobs"), kind=cfg.kl_kind)
+    kl = losses.kl_penalty(lp, mb["ref_logprobs"], kind=cfg.kl_kind)
     kl_sum, _ = losses.aggregate(kl, mask, cfg.agg)
     metrics["actor/kl_ref"] = kl_sum / safe
     if cfg.kl_coef:
@@ -86,10 +92,10 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
 
 def _critic_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   critic = nnx.merge(graphdef, params, rest)
-  values = critic(mb["token_ids"][:, :-1], attention_mask=mb["attention_mask"][:, :-1])
-  mask = mb["action_mask"][:, 1:]
+  values = critic(mb["input_ids"], attention_mask=mb["attention_mask"])
+  mask = mb["action_mask"]
   vf_sum, denom, vf_metrics = losses.value_loss(
-      values.astype(jnp.float32), _shifted(mb, "old_values"), _shifted(mb, "returns"), mask,
+      values.astype(jnp.float32), mb["old_values"], mb["returns"], mask,
       clip=cfg.value_clip, agg=cfg.agg)
   metrics = {f"critic/{k}": v for k, v in vf_metrics.items()}
   metrics["critic/vf_loss"] = vf_sum / jnp.maximum(denom, 1e-8)
@@ -149,14 +155,14 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
 
 def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
-  under micro-batching). Same state/batch layout as `train_step` (only token_ids, attention_mask,
-  action_mask are read)."""
+  under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
+  attention_mask, action_mask are read)."""
 
   def micro_loss(params, mb):
     model = nnx.merge(graphdef, params, rest)
-    lp, _ = policy_logprobs(model, mb["token_ids"], mb["attention_mask"])
-    mask = mb["action_mask"][:, 1:].astype(jnp.float32)
-    nll_sum = -jnp.sum(lp[:, 1:] * mask)
+    lp, _ = policy_logprobs(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"])
+    mask = mb["action_mask"].astype(jnp.float32)
+    nll_sum = -jnp.sum(lp * mask)
     denom = jnp.sum(mask)
     return nll_sum, (denom, {"sft/nll": nll_sum / jnp.maximum(denom, 1.0)})
 
@@ -172,9 +178,12 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation):
 
 # ----------------------------------------------------------------------------- sharding + jit
 
-def state_shardings(state: Any, mesh: jax.sharding.Mesh, param_specs=None, critic_specs=None):
-  """NamedShardings for every leaf of a TrainState: params (and their optimizer moments) follow
-  the partition rules; everything else is replicated on the mesh."""
+def state_shardings(state: Any, mesh: jax.sharding.Mesh, param_specs=None, critic_specs=None, *,
+                    optimizer: optax.GradientTransformation, critic_optimizer=None):
+  """NamedShardings for every leaf of a TrainState (arrays or `jax.eval_shape` structs): params
+  follow their partition specs (None: replicated); every copy of the params inside the optimizer
+  state (moments) gets the params' shardings, found by optax from `optimizer.init`
+  (`optax.tree_map_params`); the rest (counts, step, rng) is replicated."""
   replicated = NamedSharding(mesh, P())
 
   def from_specs(tree, specs):
@@ -183,42 +192,19 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, param_specs=None, criti
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                         is_leaf=lambda x: isinstance(x, P))
 
+  def opt_shardings(opt, opt_state, p_shard):
+    return optax.tree_map_params(opt, lambda _, sh: sh, opt_state, p_shard,
+                                 transform_non_params=lambda _: replicated,
+                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
+
   p_sh = from_specs(state.params, param_specs)
   c_sh = None if state.critic_params is None else from_specs(state.critic_params, critic_specs)
-
-  def opt_shardings(opt_state, params, p_shard):
-    # optax moments mirror the params tree; match them by structure, replicate the rest.
-    p_struct = jax.tree.structure(params)
-    p_leaves = jax.tree.leaves(p_shard)
-
-    def walk(node):
-      try:
-        if jax.tree.structure(node) == p_struct:
-          return jax.tree.unflatten(jax.tree.structure(node), p_leaves)
-      except Exception:  # noqa: BLE001
-        pass
-      return None
-
-    def map_node(node):
-      sh = walk(node)
-      if sh is not None:
-        return sh
-      if isinstance(node, tuple) and hasattr(node, "_fields"):  # NamedTuple optax states
-        return type(node)(*[map_node(c) for c in node])
-      if isinstance(node, (tuple, list)):
-        return type(node)(map_node(c) for c in node)
-      if isinstance(node, dict):
-        return {k: map_node(v) for k, v in node.items()}
-      return jax.tree.map(lambda _: replicated, node)
-
-    return map_node(opt_state)
-
   return state.replace(
       step=replicated,
       params=p_sh,
-      opt_state=opt_shardings(state.opt_state, state.params, p_sh),
+      opt_state=opt_shardings(optimizer, state.opt_state, p_sh),
       critic_params=c_sh,
-      critic_opt_state=None if c_sh is None else opt_shardings(state.critic_opt_state, state.critic_params, c_sh),
+      critic_opt_state=None if c_sh is None else opt_shardings(critic_optimizer, state.critic_opt_state, c_sh),
       rng=None if state.rng is None else replicated,
   )
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import importlib
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "arithmetic": "agentfly_jax.tasks.arithmetic"}
+_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa",
+          "math_calc": "agentfly_jax.tasks.math_calc", "code": "agentfly_jax.tasks.code_tasks",
+          "webshop": "agentfly_jax.tasks.webshop", "textworld": "agentfly_jax.tasks.textworld",
+          "scienceworld": "agentfly_jax.tasks.scienceworld", "arithmetic": "agentfly_jax.tasks.arithmetic"}
 
 
 def get_task(name: str):

@@ -16,6 +16,8 @@ BUILTIN_TOOLS: dict[str, str] = {
     "answer": "agentfly_jax.tools.builtin:answer",
     "calculator": "agentfly_jax.tools.builtin:calculator",
     "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
+    "retrieve": "agentfly_jax.tools.retrieval:retrieve",
+    "web_search": "agentfly_jax.tools.web:web_search",
 }
 
 

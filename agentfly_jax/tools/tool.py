@@ -51,8 +51,13 @@ def set_env_provider(provider) -> None:
   _env_provider_override = provider
 
 
-def get_env_provider():
-  """The EnvProvider direct calls use: the one set by `set_env_provider`, else the default."""
+def get_env_provider(*preferred):
+  """The one place an EnvProvider is chosen: the first non-None of `preferred` (e.g. the
+  rollout's `env_provider=` argument, then the agent's), else the one set by `set_env_provider`,
+  else `agentfly_jax.envs.default_provider()` (created on first use)."""
+  for provider in preferred:
+    if provider is not None:
+      return provider
   if _env_provider_override is not None:
     return _env_provider_override
   try:

@@ -28,15 +28,15 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from typing import Any
 
 import trio
 
 from envservers import protocol
 from envservers.envs import memory_cgroup
-from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward, register_env
-from envservers.subprocess_env import exit_reason
+from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward
+from envservers.process import StderrCapture, exit_reason, kill_process, wait_exit
+from envservers.registry import register_env
 
 BWRAP = "/usr/bin/bwrap"
 _DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("sandbox_driver.py")).read_text()
@@ -111,7 +111,7 @@ class PythonSandbox(ServerEnv):
     self.process: trio.Process | None = None
     self.reader: protocol.FrameReader | None = None
     self.calls = 0
-    self._stderr_file = None
+    self.stderr: StderrCapture | None = None
     self.memory_cgroup = bool(memory_cgroup)
     self.cgroup: str | None = None
 
@@ -166,9 +166,9 @@ class PythonSandbox(ServerEnv):
     if os.geteuid() == 0:  # run as a uid of our own: NPROC holds, root-only files unreadable
       uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
       options.update(user=uid, group=uid, extra_groups=[])
-    self._stderr_file = tempfile.TemporaryFile()
+    self.stderr = StderrCapture()
     self.process = await trio.lowlevel.open_process(
-        self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
+        self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file,
         **options)
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive()
@@ -185,18 +185,9 @@ class PythonSandbox(ServerEnv):
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
 
-  def _stderr_tail(self) -> str:
-    if self._stderr_file is None:
-      return ""
-    self._stderr_file.seek(0)
-    return self._stderr_file.read(2000).decode("utf-8", "replace").strip()
-
   async def _crashed(self, what: str) -> EnvCrashed:
-    returncode = None
-    if self.process is not None:
-      with trio.move_on_after(2):
-        returncode = await self.process.wait()
-    detail = self._stderr_tail()
+    returncode = await wait_exit(self.process) if self.process is not None else None
+    detail = self.stderr.head() if self.stderr is not None else ""
     message = f"the Python sandbox died during {what}: {exit_reason(returncode)}"
     if returncode == -signal.SIGXCPU or returncode == 128 + signal.SIGXCPU:
       message += f" (CPU limit of {self.limits['cpu_s']:g} s per call)"
@@ -270,20 +261,10 @@ class PythonSandbox(ServerEnv):
 
   async def close(self) -> None:
     process, self.process = self.process, None
-    if process is not None:
-      try:
-        process.kill()
-      except ProcessLookupError:
-        pass
-      with trio.CancelScope(shield=True), trio.move_on_after(5):
-        await process.wait()
-      for stream in (process.stdin, process.stdout):
-        if stream is not None:
-          with trio.CancelScope(shield=True):
-            await trio.aclose_forcefully(stream)
-    if self._stderr_file is not None:
-      self._stderr_file.close()
-      self._stderr_file = None
+    await kill_process(process)
+    if self.stderr is not None:
+      self.stderr.close()
+      self.stderr = None
     cgroup, self.cgroup = self.cgroup, None
     with trio.CancelScope(shield=True):
       await memory_cgroup.remove_soon(cgroup)

@@ -17,7 +17,8 @@ from typing import Any
 
 import trio
 
-from envservers.env import BlockingEnv, ServerEnv, StepOutcome, env_reward, register_env
+from envservers.env import BlockingEnv, ServerEnv, StepOutcome, env_reward
+from envservers.registry import register_env
 
 
 def _as_text(action: Any) -> str:

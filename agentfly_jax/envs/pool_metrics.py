@@ -1,0 +1,78 @@
+"""Env-pool metrics for the training logs: per env type, summed over the env servers.
+
+`env_pool_metrics(provider)` -> {"env/<type>/in_use": ..., "env/<type>/warm": ..., ...}:
+  in_use      most of this trainer's chains bound at once since the previous report
+  in_use_now  instances bound on the servers now     warm        idle started instances
+  live        instances alive (any state)            cap         the pools' caps
+  crashes     calls that crashed an instance         recycled    instances closed and replaced
+  timeouts    calls past their wall-clock limit      start_failures
+  acquire_wait_s / acquire_wait_max_s   mean / max seconds this trainer's acquires waited since
+                                        the previous report (client side, back-off included)
+Counters are cumulative since each server started. Only an `EnvManager` (env servers) reports;
+any other provider gives {}.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+
+import trio
+
+from agentfly_jax.envs.manager import EnvManager
+
+log = logging.getLogger(__name__)
+POOL_KEYS = {"in_use_now": "in_use", "warm": "idle", "live": "live", "cap": "cap", "crashes": "crashes",
+             "recycled": "recycled", "timeouts": "timeouts", "start_failures": "start_failures"}
+
+
+def active_provider(agent=None):
+  """The provider a rollout of `agent` used: the agent's own, else the process-wide default if it
+  was created (never starts one)."""
+  provider = getattr(agent, "env_provider", None)
+  if provider is not None:
+    return provider
+  tool_module = importlib.import_module("agentfly_jax.tools.tool")
+  if tool_module._env_provider_override is not None:
+    return tool_module._env_provider_override
+  from agentfly_jax.envs import local_server
+  return local_server._default
+
+
+def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]],
+                            peaks: dict[str, int]) -> dict[str, float]:
+  """Flat metrics from servers' `stats` replies ({address: reply}), acquire waits and peak
+  bound chains per env type."""
+  totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  for reply in stats.values():
+    for env_name, pool in (reply.get("pools") or {}).items():
+      for key, source in POOL_KEYS.items():
+        totals[env_name][key] += float(pool.get(source, 0))
+  out = {}
+  for env_name in sorted(set(totals) | set(waits) | set(peaks)):
+    out[f"env/{env_name}/in_use"] = float(peaks.get(env_name, 0))
+    for key in POOL_KEYS:
+      out[f"env/{env_name}/{key}"] = float(totals[env_name][key])
+    w = waits.get(env_name) or []
+    out[f"env/{env_name}/acquires"] = float(len(w))
+    out[f"env/{env_name}/acquire_wait_s"] = float(sum(w) / len(w)) if w else 0.0
+    out[f"env/{env_name}/acquire_wait_max_s"] = float(max(w)) if w else 0.0
+  return out
+
+
+def env_pool_metrics(provider) -> dict[str, float]:
+  """Per-env-type pool metrics of `provider`'s servers (see the module docstring); {} for a
+  provider that is not an EnvManager or when called inside a trio run. Never raises."""
+  if not isinstance(provider, EnvManager):
+    return {}
+  try:
+    trio.lowlevel.current_task()
+    return {}   # inside trio: the caller must await provider.server_stats() itself
+  except RuntimeError:
+    pass
+  try:
+    stats = trio.run(provider.server_stats)
+  except Exception:  # noqa: BLE001 -- metrics must never stop training
+    log.warning("env pool metrics: could not read server stats", exc_info=True)
+    stats = {}
+  return pool_metrics_from_stats(stats, *provider.take_step_stats())

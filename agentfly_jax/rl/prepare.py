@@ -1,0 +1,110 @@
+"""One jitted device call from the rollout's padded arrays to the training batch.
+
+    prepare = make_prepare(graphdef, rest, PrepareConfig(...), critic_graphdef=..., critic_rest=...)
+    batch, metrics = prepare(params, ref_params, critic_params, arrays)   # all on device
+
+`arrays` are `rl.batching.train_arrays` (target-aligned [B, L], already shifted). One call gives
+the trainer's log-probs of the sampled tokens (old), the reference policy's (KL), the critic's
+values (PPO), the truncated importance weights, the (DAPO overlong-penalised) scores' advantages
+and returns, and the metrics of the sampler/trainer mismatch and of the advantages. Forward
+passes run over fixed chunks of `chunk` rows (`lax.map`), so memory stays that of one chunk.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentfly_jax.rl import advantages as adv_lib
+from agentfly_jax.rl.batching import overlong_penalty
+from agentfly_jax.rl.train_step import critic_values, policy_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+  estimator: str                    # advantage estimator name (rl/advantages.py)
+  chunk: int = 16                   # rows per forward pass
+  temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
+  gamma: float = 1.0
+  lam: float = 1.0
+  tis_cap: float = 0.0              # > 0: is_weights = min(exp(old - sampler), tis_cap)
+  overlong_max_tokens: int = 0      # DAPO soft overlong penalty (buffer 0 = off)
+  overlong_buffer: int = 0
+  overlong_factor: float = 1.0
+
+
+def chunked_rows(fn, chunk: int, *arrays):
+  """fn(*[chunk, ...] arrays) -> [chunk, ...] applied over the rows of [B, ...] arrays with
+  `lax.map`; B is padded up to a multiple of `chunk` with copies of row 0 (sliced off again)."""
+  b = arrays[0].shape[0]
+  m = -(-b // chunk)
+  pad = m * chunk - b
+
+  def split(x):
+    if pad:
+      x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad, *x.shape[1:]))])
+    return x.reshape(m, chunk, *x.shape[1:])
+
+  out = jax.lax.map(lambda xs: fn(*xs), tuple(split(x) for x in arrays))
+  return out.reshape(m * chunk, *out.shape[2:])[:b]
+
+
+def _masked_mean(x, mask):
+  return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None):
+  """Builds the jitted `prepare(params, ref_params, critic_params, arrays) -> (batch, metrics)`.
+
+  arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
+  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
+  be None (no KL reference / no critic).
+  batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
+  action_mask, old_logprobs, advantages; + ref_logprobs, is_weights, old_values, returns when on.
+  metrics: f32[] scalars: mismatch/*, adv/mean, adv/abs_mean, dapo/overlong_penalty_mean.
+  """
+  from agentfly_jax.sampling.mismatch import logprob_mismatch_metrics
+
+  def logprobs(params, a):
+    model = nnx.merge(graphdef, params, rest)
+    fn = lambda ids, tg, am: policy_logprobs(model, ids, tg, am, cfg.temperature)[0]
+    lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"])
+    return jnp.where(a["action_mask"], lp, 0.0)
+
+  def prepare(params, ref_params, critic_params, arrays):
+    mask = arrays["action_mask"]
+    batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
+    old = logprobs(params, arrays)
+    batch["old_logprobs"] = old
+    metrics = {f"mismatch/{k}": v for k, v in
+               logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
+    if ref_params is not None:
+      batch["ref_logprobs"] = logprobs(ref_params, arrays)
+    if cfg.tis_cap > 0:
+      w = jnp.exp(jnp.clip(old - arrays["sampler_logprobs"], -20, 20))
+      batch["is_weights"] = jnp.where(mask, jnp.minimum(w, cfg.tis_cap), 0.0)
+    scores = arrays["rewards"].astype(jnp.float32)
+    if cfg.overlong_buffer > 0:
+      pen = overlong_penalty(mask.sum(1), max_tokens=cfg.overlong_max_tokens,
+                             buffer=cfg.overlong_buffer, factor=cfg.overlong_factor)
+      real = arrays["group_ids"] >= 0  # rows of `pad_rows` are not trajectories
+      metrics["dapo/overlong_penalty_mean"] = jnp.sum(jnp.where(real, pen, 0.0)) / jnp.maximum(real.sum(), 1)
+      scores = scores + pen
+    values = None
+    if critic_params is not None:
+      critic = nnx.merge(critic_graphdef, critic_params, critic_rest)
+      values = chunked_rows(lambda ids, am, act: critic_values(critic, ids, am, act), cfg.chunk,
+                            arrays["input_ids"], arrays["attention_mask"], mask)
+      batch["old_values"] = values
+    adv, ret = adv_lib.compute(cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"],
+                               values=values, gamma=cfg.gamma, lam=cfg.lam)
+    batch["advantages"] = adv.astype(jnp.float32)
+    if critic_params is not None:
+      batch["returns"] = ret.astype(jnp.float32)
+    metrics["adv/mean"] = _masked_mean(adv, mask)
+    metrics["adv/abs_mean"] = _masked_mean(jnp.abs(adv), mask)
+    return batch, metrics
+
+  return jax.jit(prepare)

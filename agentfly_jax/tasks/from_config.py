@@ -1,0 +1,303 @@
+"""A run's task from its config: a built-in name, or a user task from a module and/or JSON rows.
+
+  config.task = "lookup"                                        # a built-in (agentfly_jax.tasks)
+  config.task = custom_task_config(module="my_pkg.my_task")     # @tool / @reward functions (+ rows)
+  config.task = custom_task_config(train_path="rows.jsonl", tools="calculator,answer",
+                                   reward="exact_match")        # names, or 'module:function'
+
+`build_task(config)` is what train.py, evaluate.py, sweep.py and the Trainer all call, so a run's
+saved config.json rebuilds exactly its task. Everything is checked before a model is built: rows
+(file, row / line, field), the fields the reward reads, tool names, the module's import, and a
+demonstration policy when `config.sft.steps > 0`. `task_fingerprint` hashes the task's content
+(rows, tool names + schemas + code, reward, demo policy) for the SFT cache key.
+
+A task module may define (all optional but a reward and rows, which may come from the config):
+  TOOLS (else every @tool in the module), REWARD (else its one @reward), ROWS or
+  make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed), SYSTEM_PROMPT,
+  scripted_response(prompt_text, use_tool, rng) (the SFT demonstration policy; also `demo_policy`),
+  make_agent(tokenizer), tokenizer_corpus().
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from typing import Any
+
+import ml_collections
+
+from agentfly_jax.data.dataset import load_rows, validate_row
+
+_NUM_GENERATED_ROWS = 2000   # rows drawn from a module's make_rows (the trainer's stream length)
+_NUM_GENERATED_EVAL = 512
+
+
+def custom_task_config(**overrides) -> ml_collections.ConfigDict:
+  """The `config.task` section of a user task (every field overridable by an absl flag).
+
+  Fields:
+    name: shown in plots and logs.
+    module: a Python module (dotted name, or a .py file) with tools / a reward / rows.
+    train_path, eval_path: JSON list or JSON Lines files of rows ({"question": ..., fields}).
+    tools: comma-separated tool names: the module's tools, built-ins, or 'module:function'.
+    reward: a built-in reward name, a @reward of the module, or 'module:function'.
+    system_prompt: the agent's system prompt ("" = the module's SYSTEM_PROMPT, if any).
+    demo_policy: 'module:function' demonstration policy for the SFT warm start.
+  """
+  c = ml_collections.ConfigDict(dict(name="custom", module="", train_path="", eval_path="",
+                                     tools="", reward="", system_prompt="", demo_policy=""))
+  c.update(overrides)
+  return c
+
+
+def set_custom_task(config, **fields) -> ml_collections.ConfigDict:
+  """Replaces `config.task` (a built-in name) by a user task section (`custom_task_config`)."""
+  if "task" in config:
+    del config["task"]   # a str field cannot be overridden by a section
+  config.task = custom_task_config(**fields)
+  return config
+
+
+def task_name(config) -> str:
+  """A short name of the config's task (for plot titles and logs)."""
+  t = config.task
+  return t if isinstance(t, str) else (t.get("name") or "custom")
+
+
+def is_custom(config) -> bool:
+  return not isinstance(config.task, str)
+
+
+def absolutize_paths(config) -> None:
+  """Makes the task's file paths absolute (before config.json is saved), so a run's saved config
+  rebuilds the same task from any working directory."""
+  if not is_custom(config):  # a built-in name holds no paths
+    return
+  t = config.task
+  for field in ("train_path", "eval_path"):
+    if t.get(field):
+      t[field] = os.path.abspath(t[field])
+  if t.get("module") and _is_file_module(t.module):
+    t.module = os.path.abspath(t.module)
+
+
+def build_task(config, task: Any = None):
+  """The run's task (a built-in task module or a `Task`), validated; ValueError names the problem.
+
+  `task` (a `Task` given in Python) is returned as is after the checks that need the config.
+  """
+  if task is None:
+    if is_custom(config):
+      task = _custom_task(config)
+    else:
+      from agentfly_jax.tasks import get_task
+      try:
+        task = get_task(config.task)
+      except ValueError as e:
+        raise ValueError(f"config.task={config.task!r}: {e}") from None
+  check_demo_policy(config, task)
+  return task
+
+
+def check_demo_policy(config, task) -> None:
+  """`sft.steps > 0` needs the task's demonstration policy (`scripted_response`)."""
+  if config.sft.steps > 0 and getattr(task, "scripted_response", None) is None:
+    raise ValueError(
+        f"config.sft.steps={config.sft.steps}: the SFT warm start imitates a demonstration "
+        f"policy, and task {task_name(config)!r} has none; define scripted_response(prompt_text, "
+        f"use_tool, rng) in the task module or set config.task.demo_policy='module:function', "
+        f"or set config.sft.steps=0")
+
+
+# --------------------------------------------------------------------------- user tasks
+def _is_file_module(spec: str) -> bool:
+  return spec.endswith(".py") or os.sep in spec
+
+
+def import_task_module(spec: str):
+  """The module `spec` (dotted name, or a .py file path); ValueError naming it if it does not import."""
+  where = f"config.task.module={spec!r}"
+  try:
+    if _is_file_module(spec):
+      path = os.path.abspath(spec)
+      if not os.path.exists(path):
+        raise FileNotFoundError(f"no file {path}")
+      name = os.path.splitext(os.path.basename(path))[0]
+      module_spec = importlib.util.spec_from_file_location(name, path)
+      module = importlib.util.module_from_spec(module_spec)
+      sys.modules[name] = module   # so 'name:function' references resolve to this module
+      module_spec.loader.exec_module(module)
+      return module
+    return importlib.import_module(spec)
+  except Exception as e:  # noqa: BLE001 — whatever the user's module raised, name it
+    raise ValueError(f"{where}: the module does not import: {type(e).__name__}: {e}") from None
+
+
+def _module_objects(module, cls) -> list:
+  """The module's public `cls` instances: those defined in it, else (none defined) imported ones."""
+  found = [v for k, v in vars(module).items() if isinstance(v, cls) and not k.startswith("_")]
+  own = [v for v in found if getattr(v.fn, "__module__", None) == module.__name__]
+  return own or found
+
+
+def _first_attr(module, *names):
+  for n in names:
+    value = getattr(module, n, None) if module is not None else None
+    if value is not None:
+      return value
+  return None
+
+
+def _resolve_tools(spec: str, module) -> list:
+  from agentfly_jax.tools import Tool
+  from agentfly_jax.tools.registry import get_tool
+  module_tools = {}
+  if module is not None:
+    found = _first_attr(module, "TOOLS")
+    for t in (found if found is not None else _module_objects(module, Tool)):
+      module_tools[t.name] = t
+  if not spec:
+    return list(module_tools.values())
+  tools = []
+  for name in filter(None, (n.strip() for n in spec.split(","))):
+    if name in module_tools:
+      tools.append(module_tools[name])
+      continue
+    try:
+      tools.append(get_tool(name))
+    except ValueError as e:
+      extra = f" (the module's tools: {sorted(module_tools)})" if module is not None else ""
+      raise ValueError(f"config.task.tools={spec!r}: {e}{extra}") from None
+  return tools
+
+
+def _resolve_reward(spec: str, module):
+  from agentfly_jax.rewards import Reward
+  from agentfly_jax.rewards.registry import get_reward
+  if spec:
+    local = [r for r in _module_objects(module, Reward) if r.name == spec] if module else []
+    if local:
+      return local[0]
+    try:
+      return get_reward(spec)
+    except ValueError as e:
+      raise ValueError(f"config.task.reward={spec!r}: {e}") from None
+  if module is not None:
+    found = _first_attr(module, "REWARD")
+    if found is not None:
+      return found if isinstance(found, Reward) else Reward(found)
+    rewards = _module_objects(module, Reward)
+    if len(rewards) == 1:
+      return rewards[0]
+    if len(rewards) > 1:
+      raise ValueError(f"config.task.module={module.__name__!r} defines several rewards "
+                       f"{[r.name for r in rewards]}; name one with config.task.reward or REWARD")
+  raise ValueError("config.task.reward is empty and no task module defines a @reward: set "
+                   "config.task.reward to a built-in name or 'module:function'")
+
+
+def _module_rows(module, plural: str, maker: str, n: int, seed: int):
+  rows = _first_attr(module, plural, plural.lower())
+  if rows is not None and not callable(rows):
+    return list(rows)
+  fn = getattr(module, maker, None) if module is not None else None
+  return list(fn(n, seed)) if callable(fn) else None
+
+
+def _custom_task(config):
+  from agentfly_jax.tasks import Task
+  t = config.task
+  module = import_task_module(t.module) if t.get("module") else None
+  mod_label = f"module {t.module}" if module is not None else ""
+  if t.get("train_path"):
+    rows, source = load_rows(t.train_path), t.train_path
+  else:
+    rows, source = _module_rows(module, "ROWS", "make_rows", _NUM_GENERATED_ROWS, config.seed), mod_label
+    if rows is None:
+      raise ValueError("the task has no training rows: set config.task.train_path (a JSON / JSONL "
+                       "file of rows) or define ROWS / make_rows(n, seed) in config.task.module")
+    rows = [validate_row(r, i, f"{source} rows") for i, r in enumerate(rows)]
+    if not rows:
+      raise ValueError(f"{source}: the training rows are empty")
+  eval_rows, eval_source = [], source
+  if t.get("eval_path"):
+    eval_rows, eval_source = load_rows(t.eval_path), t.eval_path
+  elif module is not None:
+    eval_rows = _module_rows(module, "EVAL_ROWS", "make_eval_rows", _NUM_GENERATED_EVAL, config.seed) or []
+    eval_source = f"{mod_label} eval rows"
+    eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
+  tools = _resolve_tools(t.get("tools", ""), module)
+  reward = _resolve_reward(t.get("reward", ""), module)
+  check_rows_fit(rows, source, tools, reward)
+  if eval_rows:
+    check_rows_fit(eval_rows, eval_source, tools, reward)
+  demo = _first_attr(module, "scripted_response", "demo_policy")
+  if t.get("demo_policy"):
+    from agentfly_jax.tools.registry import resolve_object
+    try:
+      demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
+    except ValueError as e:
+      raise ValueError(f"config.task.demo_policy={t.demo_policy!r}: {e}") from None
+  corpus_fn = getattr(module, "tokenizer_corpus", None) if module is not None else None
+  return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
+              system_prompt=t.get("system_prompt") or _first_attr(module, "SYSTEM_PROMPT") or "",
+              corpus=list(corpus_fn()) if callable(corpus_fn) else (),
+              scripted_response=demo, agent_factory=getattr(module, "make_agent", None))
+
+
+def reward_fields(reward) -> list[str]:
+  """The dataset fields a reward must find in every row (parameters without defaults that are
+  not prediction / trajectory / row / env)."""
+  from agentfly_jax.rewards.reward import _SPECIAL
+  return [n for n, p in reward.signature.parameters.items()
+          if n not in _SPECIAL and p.default is inspect.Parameter.empty
+          and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def check_rows_fit(rows: list[dict], source: str, tools: list, reward) -> None:
+  """Every field the reward reads is in every row, and a row's `tools` names only task tools."""
+  for field in reward_fields(reward):
+    lacking = [i for i, r in enumerate(rows) if field not in r]
+    if len(lacking) == len(rows):
+      raise ValueError(f"reward {reward.name!r} reads field {field!r}, which no row of {source} "
+                       f"has (row fields: {sorted(rows[0])})")
+    if lacking:
+      raise ValueError(f"{source}: row {lacking[0]} has no field {field!r}, which reward "
+                       f"{reward.name!r} reads ({len(lacking)} of {len(rows)} rows lack it)")
+  names = {t.name for t in tools}
+  for i, r in enumerate(rows):
+    unknown = [n for n in r.get("tools") or () if n not in names]
+    if unknown:
+      raise ValueError(f"{source}: row {i} field 'tools' names unknown tool(s) {unknown}; the "
+                       f"task's tools: {sorted(names)}")
+
+
+# --------------------------------------------------------------------------- content hash
+def _source(obj) -> str:
+  fn = getattr(obj, "fn", obj)
+  try:
+    return inspect.getsource(fn)
+  except (OSError, TypeError):
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def task_fingerprint(task, train_rows=None) -> str:
+  """sha256 of what a task trains on: rows, tool names + schemas + code, reward name + code,
+  system prompt, demonstration policy code (hex, 16 characters)."""
+  tools = getattr(task, "TOOLS", None) or getattr(task, "tools", ())
+  reward = getattr(task, "REWARD", None) or getattr(task, "reward", None)
+  demo = getattr(task, "scripted_response", None)
+  content = {
+      "rows": list(train_rows if train_rows is not None else getattr(task, "rows", ())),
+      "eval_rows": list(getattr(task, "eval_rows", ()) or ()),
+      "tools": [[t.name, t.schema, _source(t)] for t in tools],
+      "reward": [getattr(reward, "name", ""), _source(reward) if reward is not None else ""],
+      "system_prompt": getattr(task, "SYSTEM_PROMPT", ""),
+      "demo_policy": _source(demo) if demo is not None else "",
+  }
+  text = json.dumps(content, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,93 @@
+"""WebShop-style shopping: find and buy the product an instruction describes.
+
+Rows: {"question": instruction, "goal": {asin, name, query, category, attributes, goal_options,
+price_upper, instruction_text}, "split"}; goals are drawn from the env server's catalog (its
+default: 1,000 generated products, seed 0), train and eval from disjoint seeds. Tool `shop`
+(one action: search[query] or click[button]); reward: WebShop's purchase reward (r_type x share of
+matched attributes, options and price), its parts as metrics.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from agentfly_jax.rewards import reward
+from agentfly_jax.tasks.worlds import tool_call_text, world_agent
+from agentfly_jax.tools import tool
+from envservers.envs.webshop import expert_actions, random_action
+from envservers.envs.webshop_catalog import generate_catalog, make_goals
+
+ENV = "webshop"
+NUM_PRODUCTS, CATALOG_SEED = 1000, 0   # the env's defaults (rows must come from its catalog)
+SYSTEM_PROMPT = ("You shop on a web store. Act with the shop tool: search[query] on the search "
+                 "page, click[button] on the others. Buy the product the instruction describes.")
+
+
+@tool(name="shop", env=ENV)
+async def shop(action: str, env) -> str:
+  """Acts in the web shop.
+
+  Args:
+    action: search[query] or click[button], e.g. click[buy now].
+  """
+  return (await env.step(action)).observation
+
+
+@tool(name="valid_actions", env=ENV)
+async def valid_actions(env) -> str:
+  """Lists the actions possible on the current page."""
+  return (await env.step({"query": "valid_actions"})).observation
+
+
+@reward(name="webshop_purchase", env=ENV)
+async def purchase_reward(env) -> dict:
+  """WebShop's reward of what the chain bought (0 if nothing), with r_type/r_att/r_option/r_price."""
+  return await env.compute_reward("purchase")
+
+
+TOOLS = (shop, valid_actions)
+REWARD = purchase_reward
+
+
+@functools.lru_cache(maxsize=2)
+def catalog(num_products: int = NUM_PRODUCTS, seed: int = CATALOG_SEED) -> list[dict]:
+  return generate_catalog(num_products, seed)
+
+
+def _rows(goals: list[dict], split: str) -> list[dict]:
+  return [{"question": g["instruction_text"], "goal": g, "split": split} for g in goals]
+
+
+def make_rows(n: int, seed: int) -> list[dict]:
+  """n training rows (goals from seed `seed`)."""
+  return _rows(make_goals(catalog(), n, seed=2 * seed), "train")
+
+
+def make_eval_rows(n: int, seed: int) -> list[dict]:
+  """n held-out rows (goals from a seed disjoint from training's)."""
+  return _rows(make_goals(catalog(), n, seed=2 * seed + 1), "test")
+
+
+def make_agent(tokenizer):
+  return world_agent(tokenizer, TOOLS, REWARD, SYSTEM_PROMPT, ENV)
+
+
+def expert_policy(row: dict, observation: str) -> str:
+  """The goal path's next shop action."""
+  return expert_actions(observation, row["goal"])
+
+
+def random_policy(row: dict, observation: str, rng: np.random.Generator) -> str:
+  """A uniformly random valid action; searches use a random product type."""
+  return random_action(observation, rng, sorted({p["query"] for p in catalog()}))
+
+
+def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
+  texts = [SYSTEM_PROMPT] * 10
+  for p in catalog()[:n]:
+    texts += [p["name"], " ".join(p["attributes"]), " ".join(sum(p["options"].values(), []))]
+  for row in make_rows(n, seed):
+    texts += [row["question"], tool_call_text("shop", action=f"search[{row['goal']['name']}]"),
+              tool_call_text("shop", action="click[buy now]")]
+  return texts

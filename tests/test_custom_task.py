@@ -1,0 +1,261 @@
+"""A user's task from the command line: a JSON dataset + a module with a custom tool and reward,
+trained 2 steps through experiments/train.py flags, then experiments/evaluate.py on the run
+(both must use the custom task: its rows and tool in the transcript, its reward's metric in the
+metrics); malformed inputs stop before anything is built, with a message naming what is wrong."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_collections
+import pytest
+from train_cli import ROOT, read_metrics, train_command
+
+from agentfly_jax.rl.config import default_config
+from agentfly_jax.tasks.from_config import build_task, custom_task_config, set_custom_task, task_fingerprint
+
+MODULE = textwrap.dedent('''
+    from agentfly_jax.rewards import reward
+    from agentfly_jax.tools import tool
+
+    SYSTEM_PROMPT = "Spell words backwards with the mirror tool."
+
+    @tool
+    def mirror_word(word: str) -> str:
+      """Spells a word backwards.
+
+      Args:
+        word: the word to reverse.
+      """
+      return word[::-1]
+
+    @reward
+    def mirror_match(prediction: str, mirrored: str) -> dict:
+      return {"reward": float(mirrored in (prediction or "")), "mirror_reward_ran": 1.0}
+
+    def scripted_response(prompt_text, use_tool, rng):
+      return "I do not know."
+''')
+WORDS = ["otter", "maple", "quartz", "violet", "walnut", "zephyr", "basil", "cobalt"]
+
+
+def _write_task(folder, module_name="mirror_task"):
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f"{module_name}.py").write_text(MODULE)
+  rows = [{"question": f"Spell {w} backwards.", "mirrored": w[::-1]} for w in WORDS]
+  (folder / "train.json").write_text(json.dumps(rows, indent=1))
+  (folder / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:4]) + "\n")
+  return rows
+
+
+def _env(folder):
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
+  return env
+
+
+def _task_flags(folder, *extra):
+  return ["--config.task.module=mirror_task", f"--config.task.train_path={folder / 'train.json'}",
+          f"--config.task.eval_path={folder / 'eval.jsonl'}", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  """A user task trained 2 steps through train.py flags, logging to an offline W&B run too."""
+  tmp_path = tmp_path_factory.mktemp("custom_run")
+  folder = tmp_path / "user"
+  _write_task(folder)
+  workdir = tmp_path / "run"
+  cmd = train_command(workdir, *_task_flags(folder), "--config.train.steps=2", "--config.rollout.rows_per_step=2",
+                      "--config.rollout.num_chains=2", "--config.rollout.max_turns=2", "--wandb",
+                      "--config.log.tensorboard=False", config="configs/custom_grpo.py")
+  env = {**_env(folder), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return tmp_path, folder, workdir
+
+
+@pytest.mark.slow
+def test_custom_task_trains_and_evaluates_from_flags(trained_run):
+  tmp_path, folder, workdir = trained_run
+  recs = read_metrics(workdir)
+  assert [r["step"] for r in recs] == [1, 2]
+  assert all(r["rollout/reward_metric/mirror_reward_ran"] == 1.0 for r in recs)  # the user's reward ran
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["task"]["module"] == "mirror_task" and os.path.isabs(saved["task"]["train_path"])
+
+  # evaluate.py from another directory: it rebuilds the custom task from the saved config.json
+  ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
+                       "--num_rows=3", "--transcript_chains=3"],
+                      cwd=tmp_path, env=_env(folder), capture_output=True, text=True, timeout=600)
+  assert ev.returncode == 0, ev.stderr[-4000:]
+  result = json.loads((workdir / "eval_step2.json").read_text())
+  assert result["eval/num_chains"] == 3 and result["eval/reward_metric/mirror_reward_ran"] == 1.0
+  transcript = (workdir / "eval_step2_transcript.txt").read_text()
+  # the eval rows (eval.jsonl: the first 4 words), the custom tool's schema and the system prompt
+  assert transcript.count("group ") == 3 and "⟦" in transcript
+  for w in WORDS[:3]:
+    assert f"Spell {w} backwards." in transcript
+  assert "mirror_word" in transcript and "Spell words backwards with the mirror tool." in transcript
+  assert "lookup" not in transcript  # not the built-in demo task
+
+  # a run whose recorded task content differs from what its config rebuilds (e.g. a Task given in
+  # Python) is refused by name instead of silently evaluating another task
+  task_json = json.loads((workdir / "task.json").read_text())
+  assert task_json["name"] == "custom" and len(task_json["fingerprint"]) == 16
+  (workdir / "task.json").write_text(json.dumps({**task_json, "fingerprint": "0" * 16}))
+  ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
+                       "--num_rows=3"], cwd=tmp_path, env=_env(folder), capture_output=True, text=True, timeout=600)
+  assert ev.returncode != 0 and "differs from what its config.json rebuilds" in ev.stderr, ev.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_the_metrics_jsonl_steps(trained_run):
+  """The W&B writer, run for real (WANDB_MODE=offline): the run's record log holds every
+  per-step metric of metrics.jsonl, same step, same value."""
+  from wandb_offline import offline_history
+  tmp_path, _, workdir = trained_run
+  history = {row["_step"]: row for row in offline_history(str(tmp_path))}
+  recs = read_metrics(workdir)
+  assert sorted(history) == [r["step"] for r in recs]
+  for r in recs:
+    logged = history[r["step"]]
+    for key, value in r.items():
+      if key == "step":
+        continue
+      assert key in logged, key
+      assert logged[key] == (pytest.approx(value) if isinstance(value, (int, float)) else value), key
+  assert "rollout/reward_mean" in history[1] and "rollout/turns_mean" in history[2]
+
+
+def _config(**task):
+  return set_custom_task(default_config(), **task)
+
+
+@pytest.fixture()
+def user_task(tmp_path, monkeypatch):
+  folder = tmp_path / "user"
+  _write_task(folder)
+  monkeypatch.syspath_prepend(str(folder))
+  sys.modules.pop("mirror_task", None)
+  yield folder
+  sys.modules.pop("mirror_task", None)
+
+
+def test_module_and_rows_make_the_task(user_task):
+  task = build_task(_config(module="mirror_task", train_path=str(user_task / "train.json"),
+                            eval_path=str(user_task / "eval.jsonl")))
+  assert [t.name for t in task.tools] == ["mirror_word"] and task.reward.name == "mirror_match"
+  assert len(task.rows) == 8 and len(task.make_eval_rows(10, 0)) == 4
+  assert task.system_prompt.startswith("Spell words") and task.scripted_response is not None
+  # names: a built-in tool next to the module's, a built-in reward over the same rows
+  rows = [{"question": "q", "answer": "4"}]
+  (user_task / "plain.json").write_text(json.dumps(rows))
+  task = build_task(_config(train_path=str(user_task / "plain.json"), tools="calculator,mirror_task:mirror_word",
+                            reward="exact_match"))
+  assert [t.name for t in task.tools] == ["calculator", "mirror_word"] and task.reward.name == "exact_match"
+  # a full task module (the lookup demo: TOOLS, REWARD, make_rows, a demo policy, its own agent)
+  lookup = build_task(_config(module="agentfly_jax.tasks.lookup"))
+  assert [t.name for t in lookup.tools] == ["lookup"] and len(lookup.rows) == 2000
+  assert lookup.scripted_response is not None and lookup.agent_factory is not None
+
+
+def test_fingerprint_covers_rows_tools_reward_and_demo(user_task):
+  base = dict(module="mirror_task", train_path=str(user_task / "train.json"))
+  fp = task_fingerprint(build_task(_config(**base)))
+  assert fp == task_fingerprint(build_task(_config(**base)))
+  rows = json.loads((user_task / "train.json").read_text())
+  (user_task / "train2.json").write_text(json.dumps(rows[:-1]))
+  assert task_fingerprint(build_task(_config(**{**base, "train_path": str(user_task / "train2.json")}))) != fp
+  assert task_fingerprint(build_task(_config(**base, tools="mirror_word,calculator"))) != fp
+  (user_task / "other.py").write_text(MODULE.replace("float(mirrored in", "0.5 * float(mirrored in")
+                                      .replace("I do not know.", "No idea."))
+  other = build_task(_config(module="other", train_path=str(user_task / "train.json")))
+  assert task_fingerprint(other) != fp
+
+
+BAD_CASES = {
+    # name: (files to write {name: text}, task fields, extra flags, message parts)
+    "row without question": ({"rows.json": '[{"question": "a", "mirrored": "a"}, {"mirrored": "b"}]'},
+                             {"train_path": "rows.json"}, [], ["rows.json: row 1", "no field 'question'"]),
+    "reward field no row has": ({"rows.jsonl": '{"question": "a"}\n{"question": "b"}\n'},
+                                {"train_path": "rows.jsonl"}, [],
+                                ["reward 'mirror_match' reads field 'mirrored'", "no row of", "rows.jsonl"]),
+    "unknown tool": ({}, {"tools": "mirror_word,no_such_tool"}, [],
+                     ["config.task.tools", "unknown tool 'no_such_tool'"]),
+    "module does not import": ({"broken_task.py": "import not_a_real_package_xyz\n"},
+                               {"module": "broken_task"}, [],
+                               ["config.task.module='broken_task'", "does not import", "not_a_real_package_xyz"]),
+    "JSON does not parse": ({"rows.json": '[\n {"question": "a", "mirrored": "a"},\n {"question": "b" "x"}\n]'},
+                            {"train_path": "rows.json"}, [], ["rows.json", "not valid JSON", "line 3"]),
+    "JSONL line does not parse": ({"rows.jsonl": '{"question": "a", "mirrored": "a"}\n{"question": \n'},
+                                  {"train_path": "rows.jsonl"}, [], ["rows.jsonl: line 2 is not valid JSON"]),
+    "sft without demo policy": ({"nodemo.py": MODULE.replace("def scripted_response", "def _unused")},
+                                {"module": "nodemo"}, ["--config.sft.steps=3"],
+                                ["config.sft.steps=3", "demonstration policy"]),
+}
+
+
+def _bad_case(folder, name):
+  files, fields, flags, parts = BAD_CASES[name]
+  for fname, text in files.items():
+    (folder / fname).write_text(text)
+  fields = {"module": "mirror_task", "train_path": "train.json", **fields}
+  return {k: str(folder / v) if k.endswith("_path") else v for k, v in fields.items()}, flags, parts
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CASES))
+def test_malformed_input_is_named(user_task, name):
+  fields, flags, parts = _bad_case(user_task, name)
+  config = _config(**fields)
+  for flag in flags:
+    key, value = flag[len("--config."):].split("=")
+    section, field = key.split(".")
+    config[section][field] = int(value)
+  with pytest.raises(ValueError) as info:
+    build_task(config)
+  for part in parts:
+    assert part in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["row without question", "sft without demo policy", "module does not import"])
+def test_train_script_stops_before_building(user_task, tmp_path, name):
+  fields, flags, parts = _bad_case(user_task, name)
+  workdir = tmp_path / "run"
+  cmd = train_command(workdir, *[f"--config.task.{k}={v}" for k, v in fields.items()], *flags,
+                      config="configs/custom_grpo.py")
+  out = subprocess.run(cmd, cwd=ROOT, env=_env(user_task), capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  for part in parts:
+    assert part in out.stderr, out.stderr[-2000:]
+  assert not workdir.exists()  # nothing was built
+
+
+def test_builtin_task_name_still_works():
+  c = default_config()
+  assert build_task(c).__name__ == "agentfly_jax.tasks.lookup"
+  c.task = "nope"
+  with pytest.raises(ValueError, match="config.task='nope'"):
+    build_task(c)
+  assert isinstance(custom_task_config(), ml_collections.ConfigDict)
+
+
+def test_sweep_rebuilds_a_saved_runs_task_and_checks_points(user_task, tmp_path):
+  """sweep.py around a saved run (configs/from_run.py:<run>): every point's task is checked before
+  anything runs, and the planned train.py commands carry that run's config."""
+  run = tmp_path / "saved_run"
+  run.mkdir()
+  config = _config(module="mirror_task", train_path=str(user_task / "train.json"))
+  (run / "config.json").write_text(config.to_json())
+  sweep = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), f"--config=configs/from_run.py:{run}"]
+  ok = subprocess.run([*sweep, f"--sweep_dir={tmp_path / 's1'}", "--grid=train.lr=1e-4,3e-4", "--dry_run"],
+                      cwd=ROOT, env=_env(user_task), capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  plan = json.loads((tmp_path / "s1" / "plan.json").read_text())
+  assert len(plan) == 2 and all(f"from_run.py:{run}" in " ".join(p["cmd"]) for p in plan)
+  bad = subprocess.run([*sweep, f"--sweep_dir={tmp_path / 's2'}", "--grid=task.tools=mirror_word;train.lr=1e-4",
+                        "--base=task.reward=no_such_reward", "--dry_run"],
+                       cwd=ROOT, env=_env(user_task), capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "unknown reward 'no_such_reward'" in bad.stderr, bad.stderr[-2000:]
+  assert not (tmp_path / "s2" / "plan.json").exists()
