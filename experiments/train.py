@@ -30,6 +30,13 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/lookup_grpo.py", "m
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<config.name>).")
 _RESUME = flags.DEFINE_bool("resume", True, "Continue from the latest checkpoint in --workdir.")
 _WANDB = flags.DEFINE_bool("wandb", False, "Also log to Weights & Biases.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: host:port of process 0's JAX coordinator "
+    "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes "
+                                      "(env AGENTFLY_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index "
+                                   "(env AGENTFLY_PROCESS_ID).")
 
 
 def main(argv):
@@ -47,12 +54,18 @@ def main(argv):
     task = build_task(config)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
-  from agentfly_jax.rl.trainer import Trainer  # JAX loads only once the config is good
+  from agentfly_jax.rl import distributed  # JAX loads only once the config is good
+  try:  # before anything touches a device
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as e:
+    sys.exit(f"bad multi-host flags: {e}")
+  from agentfly_jax.rl.trainer import Trainer
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
-  if not _RESUME.value and os.path.exists(workdir):
+  if not _RESUME.value and os.path.exists(workdir) and distributed.is_primary():
     shutil.rmtree(workdir)
+  distributed.barrier("workdir")
   trainer = Trainer(config, workdir, task=task)
-  records = trainer.train()
+  records = trainer.train()  # [] on processes other than 0
   final = [r for r in records if "rollout/success_rate" in r]
   if final:
     print(f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "

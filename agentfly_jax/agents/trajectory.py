@@ -36,6 +36,8 @@ class Trajectory:
       None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
     env_names: the environments (by name) the chain acquired, in order.
+    policy_versions: the trainer's policy version that wrote each turn (asynchronous
+      training; empty when not recorded).
   """
   token_ids: np.ndarray
   action_mask: np.ndarray
@@ -53,6 +55,7 @@ class Trajectory:
   prediction: str | None = None
   error: str | None = None
   env_names: list[str] = dataclasses.field(default_factory=list)
+  policy_versions: list[int] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)

@@ -78,5 +78,22 @@ def shard_model(model, mesh: Mesh):
   specs = partition_specs(model, mesh)
   shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
                            is_leaf=lambda x: isinstance(x, P))
-  nnx.update(model, jax.device_put(state, shardings))
+  nnx.update(model, place(state, shardings))
   return model
+
+
+def place(tree, shardings):
+  """`jax.device_put(tree, shardings)` that also works across processes: there each global
+  array is assembled from this process's (identical) host values of its addressable shards
+  (device_put of a local array onto a replicated multi-process sharding gives a broken array in
+  jax 0.10)."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)
+
+  def one(sharding, x):
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+  # shardings is a prefix of tree (a NamedSharding may stand for a whole nnx.Variable)
+  return jax.tree.map(lambda sh, sub: jax.tree.map(lambda x: one(sh, x), sub), shardings, tree,
+                      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))

@@ -59,6 +59,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.max_total_tokens = 256
   c.rollout.concurrency = 256
   c.rollout.max_batch_size = 64    # sampler batch cap
+  c.rollout.mode = "sync"          # sync | async (rollout overlaps the update; rl/async_rollout.py)
+  c.rollout.max_staleness = 1      # async: a step's batch is from a policy at most this many updates old
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 40
@@ -83,6 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss.gamma = 1.0
   c.loss.lam = 1.0
   c.loss.tis_cap = 0.0             # >0: truncated importance weights exp(old - sampler) capped
+  c.loss.behaviour_cap = 2.0       # async, max_staleness > 0: decoupled PPO's behaviour weight cap
 
   c.critic = ml_collections.ConfigDict()
   c.critic.lr = 1e-3
@@ -132,6 +135,12 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("loss.agg", c.loss.agg, f"unknown aggregation; known: {AGG_MODES}")
   if c.loss.kl_kind not in KL_KINDS:
     _fail("loss.kl_kind", c.loss.kl_kind, f"unknown KL estimator; known: {KL_KINDS}")
+  if c.rollout.mode not in ("sync", "async"):
+    _fail("rollout.mode", c.rollout.mode, "must be 'sync' or 'async'")
+  if not isinstance(c.rollout.max_staleness, int) or c.rollout.max_staleness < 0:
+    _fail("rollout.max_staleness", c.rollout.max_staleness, "must be an integer >= 0")
+  if not c.loss.behaviour_cap > 0:
+    _fail("loss.behaviour_cap", c.loss.behaviour_cap, "must be > 0")
   if c.rollout.sampler not in ("jax", "vllm"):
     _fail("rollout.sampler", c.rollout.sampler, "must be 'jax' or 'vllm'")
   positive_ints = ["rollout.rows_per_step", "rollout.num_chains", "rollout.max_turns",

@@ -33,6 +33,7 @@ class PrepareConfig:
   overlong_max_tokens: int = 0      # DAPO soft overlong penalty (buffer 0 = off)
   overlong_buffer: int = 0
   overlong_factor: float = 1.0
+  behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
 
 
 def chunked_rows(fn, chunk: int, *arrays):
@@ -80,6 +81,8 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
     batch["old_logprobs"] = old
     metrics = {f"mismatch/{k}": v for k, v in
                logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
+    if cfg.behaviour_logprobs:
+      batch["behaviour_logprobs"] = arrays["sampler_logprobs"]
     if ref_params is not None:
       batch["ref_logprobs"] = logprobs(ref_params, arrays)
     if cfg.tis_cap > 0:

@@ -9,8 +9,9 @@ Batch (all arrays [M, mb, L], *target-aligned*: position t describes the predict
 target_ids[t] = token t+1 of the trajectory from input_ids[:t+1]; the shift is done once, by
 `rl.batching.train_arrays`, and nothing here shifts again):
   input_ids int32, target_ids int32, attention_mask bool (of the inputs), action_mask bool (of
-  the targets), old_logprobs f32, advantages f32; optional: ref_logprobs f32 (KL), is_weights f32
-  (sampler/trainer mismatch correction), returns f32 + old_values f32 (critic, PPO).
+  the targets), old_logprobs f32, advantages f32; optional: ref_logprobs f32 (KL),
+  behaviour_logprobs f32 (decoupled PPO), is_weights f32 (sampler/trainer mismatch correction),
+  returns f32 + old_values f32 (critic, PPO).
 The jitted step has explicit in/out shardings on the (fsdp, tp) mesh and donates the state.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class LossConfig:
   entropy_coef: float = 0.0
   value_clip: float = 0.5
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
+  behaviour_cap: float = 2.0        # decoupled_ppo: cap of the behaviour importance weight
 
 
 def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: float = 1.0):
@@ -68,10 +70,13 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
                                cfg.temperature)
   mask = mb["action_mask"]
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
+  extra = {}
+  if "behaviour_logprobs" in mb:  # decoupled PPO (asynchronous rollout)
+    extra = dict(behaviour_logprobs=mb["behaviour_logprobs"], behaviour_cap=cfg.behaviour_cap)
   pg_sum, denom, pg_metrics = loss_fn(
       lp, mb["old_logprobs"], mb["advantages"], mask,
       clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
-      is_weights=mb.get("is_weights"))
+      is_weights=mb.get("is_weights"), **extra)
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -51,11 +52,17 @@ class LoopState:
 
 
 class SamplerWeights:
-  """The sampler and the params it holds: `load(params)` pushes them unless already loaded."""
+  """The sampler and the params it holds: `load(params)` pushes them unless already loaded.
+  `lock` serialises users of the sampler (the async rollout thread, evaluation)."""
 
   def __init__(self, sampler):
     self.sampler = sampler
+    self.lock = threading.RLock()
     self._loaded = None
+
+  @property
+  def loaded(self):
+    return self._loaded
 
   def load(self, params) -> bool:
     """Returns whether weights were pushed (False: the sampler already holds `params`)."""
@@ -72,6 +79,12 @@ class Trainer:
   def __init__(self, config, workdir: str, *, task=None):
     validate_config(config, custom_task=task is not None)
     self.config = config
+    self.asynchronous = config.rollout.mode == "async"
+    if self.asynchronous and jax.process_count() > 1:
+      raise ValueError("config.rollout.mode='async' runs on one process; multi-host runs are sync")
+    # max_staleness 0 makes async the sync loop exactly: keep the algorithm's own loss then.
+    self.decoupled = (self.asynchronous and config.rollout.max_staleness > 0
+                      and ALGORITHMS[config.algo]["policy_loss"] == "ppo")
     self.workdir = os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
     if distributed.is_primary():
@@ -93,7 +106,10 @@ class Trainer:
         clip_high=config.loss.clip_high, dual_clip=config.loss.dual_clip, agg=resolved_agg(config),
         kl_coef=config.loss.kl_coef, kl_kind=config.loss.kl_kind,
         entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
-        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0)
+        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
+        behaviour_cap=config.loss.behaviour_cap)
+    if self.decoupled:  # off-policy batches: clip against the proximal policy (AReaL)
+      self.loss_cfg = dataclasses.replace(self.loss_cfg, policy_loss="decoupled_ppo")
     self.optimizer = make_optimizer(
         lr=config.train.lr, warmup_steps=config.train.warmup_steps, total_steps=config.train.steps,
         schedule=config.train.schedule, weight_decay=config.train.weight_decay,
@@ -119,9 +135,10 @@ class Trainer:
   def new_state(self, params, optimizer=None, critic_params=None, *, state_sharding=None):
     """A fresh TrainState (optimizer: this run's by default), placed on the mesh."""
     optimizer = optimizer or self.optimizer
-    state = create_train_state(params, optimizer, critic_params=critic_params,
-                               critic_optimizer=self.critic_optimizer, seed=self.config.seed)
-    return jax.device_put(state, state_sharding or self.state_sharding)
+    make = lambda p, cp: create_train_state(p, optimizer, critic_params=cp,
+                                            critic_optimizer=self.critic_optimizer, seed=self.config.seed)
+    # Built by a jit with the target shardings: also valid across processes (no host arrays).
+    return jax.jit(make, out_shardings=state_sharding or self.state_sharding)(params, critic_params)
 
   def _new_state(self, params, optimizer, critic_params=None):
     """(state, shardings), as before the restructuring (experiments/evaluate.py uses it)."""
@@ -188,9 +205,13 @@ class Trainer:
   # ------------------------------------------------------------------ evaluation
   def evaluate(self, params, rows=None, *, seed=0) -> dict:
     """Greedy single-chain rollout on eval rows -> eval/* metrics (pushes `params` to the
-    sampler unless it already holds them)."""
-    self.weights.load(params)
-    trajs = self.rollout(rows or self.eval_rows, num_chains=1, temperature=0.0, seed=seed)
+    sampler unless it already holds them; an async rollout's weights are put back after)."""
+    with self.weights.lock:
+      held = self.weights.loaded
+      self.weights.load(params)
+      trajs = self.rollout(rows or self.eval_rows, num_chains=1, temperature=0.0, seed=seed)
+      if self.asynchronous and held is not None:
+        self.weights.load(held)
     return rollout_metrics(trajs, prefix="eval")
 
   # ------------------------------------------------------------------ the loop
@@ -232,14 +253,27 @@ class Trainer:
     ref_ckpt.close()
     return ref
 
-  def _run_step(self, loop: LoopState, step: int) -> tuple[LoopState, dict]:
-    """One RL step: rollout, update, weight sync, (eval). Returns the new loop state + metrics."""
+  def _rollout_step(self, position: int, step: int) -> list:
+    """The trajectories of step `step`, whose rows start at data position `position`."""
+    rows = self._rows_at(position, self.config.rollout.rows_per_step)
+    return self.rollout(rows, seed=self.config.seed * 1_000_003 + step)
+
+  def _run_step(self, loop: LoopState, step: int, producer=None) -> tuple[LoopState, dict]:
+    """One RL step: rollout (or the async producer's batch), update, weight sync / publish,
+    (eval). Returns the new loop state + metrics."""
     c = self.config
     t0 = time.perf_counter()
-    rows = self._rows_at(loop.data_position, c.rollout.rows_per_step)
-    trajs = self.rollout(rows, seed=c.seed * 1_000_003 + step)
+    async_metrics = {}
+    if producer is None:
+      trajs = self._rollout_step(loop.data_position, step)
+    else:
+      from agentfly_jax.rl.async_rollout import staleness_metrics
+      batch = producer.get(step)
+      trajs = batch.trajectories
+      async_metrics = staleness_metrics(batch, step, c.rollout.max_staleness)
     t_rollout = time.perf_counter()
     metrics: dict[str, Any] = rollout_metrics(trajs)
+    metrics.update(async_metrics)
     if c.dapo.dynamic_sampling:
       trajs, dropped = drop_zero_variance_groups(trajs)
       metrics["dapo/groups_dropped"] = dropped
@@ -249,7 +283,10 @@ class Trainer:
       state, device_metrics = self.update(state, loop.ref_params, arrays, step)
       metrics.update(fetch_metrics(device_metrics))  # the step's one device->host fetch
     t_train = time.perf_counter()
-    self.weights.load(state.params)
+    if producer is None:
+      self.weights.load(state.params)
+    else:
+      producer.publish(step, state.params)
     t_sync = time.perf_counter()
     if c.eval.every and step % c.eval.every == 0:
       metrics.update(self.evaluate(state.params, seed=c.seed))
@@ -265,12 +302,28 @@ class Trainer:
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
         json.dump({"name": task_name(c), "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
-    self.weights.load(loop.state.params)
+    producer = None
+    if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
+      from agentfly_jax.rl.async_rollout import RolloutProducer
+      self.weights.load(jax.tree.map(jnp.copy, loop.state.params))
+      pos0 = loop.data_position
+      producer = RolloutProducer(
+          lambda s: self._rollout_step(pos0 + (s - start - 1) * c.rollout.rows_per_step, s),
+          self.weights, first_step=start + 1, last_step=c.train.steps,
+          max_staleness=c.rollout.max_staleness, start_version=start).start()
+    else:
+      self.weights.load(loop.state.params)
     primary = distributed.is_primary()
     writer = self._writer(jsonl_path) if primary else None
     bar = _progress(c.train.steps, c.algo, c.log.progress and primary, initial=start)
+    t_loop, trainer_wait = time.perf_counter(), 0.0
     for step in range(start + 1, c.train.steps + 1):
-      loop, metrics = self._run_step(loop, step)
+      loop, metrics = self._run_step(loop, step, producer)
+      if producer is not None:
+        trainer_wait += metrics["time/rollout_s"]
+        wall = time.perf_counter() - t_loop
+        metrics["async/trainer_idle_frac"] = trainer_wait / wall
+        metrics["async/sampler_idle_frac"] = producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s)
       if writer is not None:
         writer.write(step, metrics)
       if step % c.checkpoint.every == 0 or step == c.train.steps:
@@ -279,6 +332,8 @@ class Trainer:
                       success=f"{metrics['rollout/success_rate']:.2f}")
       bar.update(1)
     bar.close()
+    if producer is not None:
+      producer.close()
     self.checkpointer.wait()
     self.state = loop.state  # the final state, for callers after train()
     distributed.barrier("train_done")

@@ -56,7 +56,8 @@ class PolicyUpdate:
         estimator=estimator, chunk=c.train.micro_batch_size, temperature=loss_cfg.temperature,
         gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
         overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
-        overlong_factor=c.dapo.overlong_penalty),
+        overlong_factor=c.dapo.overlong_penalty,
+        behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo"),
         critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest)
     self._step_fn = make_train_step(parts.graphdef, parts.rest, parts.optimizer, loss_cfg,
                                     critic_graphdef=parts.critic_graphdef,
