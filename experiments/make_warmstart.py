@@ -5,8 +5,12 @@ scripted demonstrations, saved as an HF folder (config.json, model.safetensors, 
 
 Two SFT phases: `--copy_steps` on demonstrations that always use the tool (the tiny policy learns
 to copy the key into the call and the code out of the observation), then `--prior_steps` on
-demonstrations that use the tool only `--tool_use_prob` of the time (so the warm-started policy
-mostly answers without looking and RL has something to learn). The folder is shipped in the repo
+demonstrations that use the tool only `--tool_use_prob` of the time, so the warm-started policy
+mostly answers without looking: its *greedy* first move is a guess (held-out greedy success
+<= 0.5) and RL has a decision to learn. The guessed word itself is left out of the SFT loss (a
+`learn=False` piece of `tasks/lookup.scripted_response`), so the prior phase teaches when to
+answer, not a word, and does not pull on the copy. Greedy and sampled (T=1) held-out success are
+printed along the way and saved in warmstart.json. The folder is shipped in the repo
 so the demo and the CI learning test start from it in seconds (`configs/lookup_*.py` point
 `model.pretrained` at it).
 """
@@ -21,10 +25,15 @@ from absl import app, flags, logging  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/lookup_warmstart", "Output HF folder.")
 _COPY_STEPS = flags.DEFINE_integer("copy_steps", 300, "SFT steps on always-tool demonstrations.")
-_PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 60, "SFT steps on mixed demonstrations.")
+_PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 150, "SFT steps on mixed demonstrations.")
 _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
-_LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate.")
+_LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate of the copy phase.")
+_PRIOR_LR = flags.DEFINE_float("prior_lr", 0.0, "> 0: the prior phase gets a fresh optimizer with this learning "
+                                "rate; 0 (the shipped recipe): it continues the copy phase's optimizer.")
+_INIT = flags.DEFINE_string("init", "", "Start from this HF folder (model + tokenizer) instead of a random init.")
+_FIRST_STEP = flags.DEFINE_integer("first_step", 0, "Step number to start counting at (seeds the demo rows; "
+                                   "give the init's step count when continuing from --init).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 _LAYERS = flags.DEFINE_integer("layers", 2, "Decoder layers.")
 _HIDDEN = flags.DEFINE_integer("hidden", 128, "Hidden size.")
@@ -52,34 +61,53 @@ def main(argv):
   c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = _HEADS.value, _KV_HEADS.value, _HEAD_DIM.value
   c.model.intermediate_size = 2 * _HIDDEN.value
   c.log.progress = False
+  c.model.pretrained = os.path.abspath(_INIT.value) if _INIT.value else ""
   workdir = os.path.abspath(_OUT.value) + ".work"
   c.train.micro_batch_size = _BATCH.value  # one SFT step = one micro-batch, as before
   tr = Trainer(c, workdir)
-  runner = SftRunner(tr, make_optimizer(lr=_LR.value, max_grad_norm=1.0, warmup_steps=10))
-  state = runner.new_state(tr.init_params)
+  params = tr.init_params
   t0 = time.time()
-  step = 0
-  for phase, steps, p_tool in [("copy", _COPY_STEPS.value, 1.0), ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value)]:
+  step = _FIRST_STEP.value
+  last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
+  greedy = sampled = None
+  runner = state = None
+  for phase, steps, p_tool, lr in [("copy", _COPY_STEPS.value, 1.0, _LR.value),
+                                   ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value)]:
+    if not steps:
+      continue
+    if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
+      runner = SftRunner(tr, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
+      state = runner.new_state(params)
     demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
         text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
     for _ in range(steps):
       rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
-      state, m = runner.step(state, trajs)
+      state, m = runner.step(state, trajs, demo)
       step += 1
       if step % 25 == 0:
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)
-      if step % 100 == 0 or step == _COPY_STEPS.value + _PRIOR_STEPS.value:
-        tr.sampler.update_weights(state.params)
+      if step % 50 == 0 or step == last:
+        greedy = tr.evaluate(state.params, seed=c.seed)
         sampled = rollout_metrics(tr.rollout(tr.eval_rows, num_chains=2, seed=step), prefix="t1")
-        print(f"  sampled (T=1): success {sampled['t1/success_rate']:.2f}, tool calls/chain "
-              f"{sampled['t1/tool_calls_per_chain']:.2f}", flush=True)
-  model = nnx.merge(tr.graphdef, state.params, tr.rest)
-  save_pretrained(model, _OUT.value, tokenizer_dir=os.path.join(workdir, "tokenizer"))
+        print(f"  greedy: success {greedy['eval/success_rate']:.2f}, tool calls/chain "
+              f"{greedy['eval/tool_calls_per_chain']:.2f}; sampled (T=1): success "
+              f"{sampled['t1/success_rate']:.2f}, tool calls/chain {sampled['t1/tool_calls_per_chain']:.2f}",
+              flush=True)
+    params = state.params
+  model = nnx.merge(tr.graphdef, params, tr.rest)
+  save_pretrained(model, _OUT.value, tokenizer_dir=_INIT.value or os.path.join(workdir, "tokenizer"))
+  init_recipe = None
+  if _INIT.value and os.path.isfile(os.path.join(_INIT.value, "warmstart.json")):
+    with open(os.path.join(_INIT.value, "warmstart.json")) as f:
+      init_recipe = json.load(f)
   with open(os.path.join(_OUT.value, "warmstart.json"), "w") as f:
-    json.dump({"copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
+    json.dump({"command": " ".join(sys.argv), "init": _INIT.value or None, "init_recipe": init_recipe,
+               "first_step": _FIRST_STEP.value, "copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
                "tool_use_prob": _TOOL_USE_PROB.value, "batch": _BATCH.value, "lr": _LR.value,
-               "seed": c.seed, "final_sampled": sampled, "wall_s": time.time() - t0}, f, indent=2)
+               "prior_lr": _PRIOR_LR.value,
+               "seed": c.seed, "guess_word_in_loss": False, "final_greedy": greedy,
+               "final_sampled": sampled, "wall_s": time.time() - t0}, f, indent=2)
   print(f"saved {_OUT.value}")
 
 

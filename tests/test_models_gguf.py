@@ -90,17 +90,6 @@ def test_qwen25_tokenizer_ids_equal_tiktoken_reference(qwen_tok_dir):
 
 # ---- SmolLM2-135M-Instruct ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def smollm2_dir():
-  pytest.importorskip("gguf")
-  from agentfly_jax.models.gguf_convert import smollm2_folder, smollm2_gguf_path
-  try:
-    smollm2_gguf_path()
-  except FileNotFoundError as e:
-    pytest.skip(str(e))
-  return smollm2_folder()
-
-
 @pytest.mark.slow
 def test_smollm2_greedy_paris_and_chat_template(smollm2_dir):
   from transformers import AutoTokenizer

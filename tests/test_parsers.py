@@ -41,9 +41,19 @@ def test_arbitrary_text_never_raises(text):
 @settings(max_examples=200, deadline=None)
 @given(model_text)
 def test_every_tool_call_block_gives_a_call_or_an_error(text):
-  blocks = list(re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL))
-  end = blocks[-1].end() if blocks else 0
-  expected = len(blocks) + (1 if "<tool_call>" in text[end:] else 0)
+  blocks = [m.group(1) for m in re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)]
+  end = text.rfind("</tool_call>") + len("</tool_call>") if blocks else 0
+  if "<tool_call>" in text[end:]:
+    blocks.append(text[text.find("<tool_call>", end) + len("<tool_call>"):])
+
+  def items(body):  # a block holding a JSON list gives one call or error per item
+    try:
+      obj = json.loads(body.strip())
+    except (ValueError, RecursionError):
+      return 1
+    return len(obj) if isinstance(obj, list) else 1
+
+  expected = sum(items(b) for b in blocks)
   parsed = parse_hermes_tool_calls(text)
   assert len(parsed.tool_calls) + len(parsed.errors) == expected
 
@@ -83,6 +93,13 @@ def test_hermes_examples():
   assert "tool call #7" in parsed.errors[3]
   assert parsed.content == "I will call."
   assert parse_hermes_tool_calls("just text").tool_calls == []
+  # a block may hold a JSON list of calls (SmolLM2 / xLAM style); [] is no call, no error
+  listed = parse_hermes_tool_calls('<tool_call>[\n{"name": "calc", "arguments": {"x": 1}}, '
+                                   '{"name": "f", "arguments": {}}, {"arguments": {}}\n]</tool_call>')
+  assert [(c.name, c.arguments) for c in listed.tool_calls] == [("calc", {"x": 1}), ("f", {})]
+  assert listed.errors == ["tool call #1, item 3: missing a string field 'name'"]
+  empty = parse_hermes_tool_calls("No call needed. <tool_call>[]</tool_call>")
+  assert empty.tool_calls == [] and empty.errors == [] and empty.content == "No call needed."
 
 
 def test_react_examples():

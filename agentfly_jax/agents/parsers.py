@@ -76,7 +76,8 @@ def _call_from_object(obj: Any, where: str) -> tuple[ToolCall | None, str | None
 
 
 def parse_hermes_tool_calls(text: str) -> ParsedTurn:
-  """Parses `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
+  """Parses `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; a block may also
+  hold a JSON list of such objects (the SmolLM2 / xLAM function-calling style).
 
   An unclosed last `<tool_call>` is parsed up to the end of the text.
   """
@@ -94,11 +95,12 @@ def parse_hermes_tool_calls(text: str) -> ParsedTurn:
       errors.append(f"{where} is not valid JSON ({err}); write "
                     '<tool_call>{"name": <tool name>, "arguments": {...}}</tool_call>')
       continue
-    call, err = _call_from_object(obj, where)
-    if err is not None:
-      errors.append(err)
-    else:
-      calls.append(call)
+    for j, item in enumerate(obj if isinstance(obj, list) else [obj]):  # a call, or a list ([] = none)
+      call, err = _call_from_object(item, where if not isinstance(obj, list) else f"{where}, item {j + 1}")
+      if err is not None:
+        errors.append(err)
+      else:
+        calls.append(call)
   pieces, pos = [], 0
   for start, end, _ in spans:
     pieces.append(text[pos:start])

@@ -10,10 +10,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_curves(records: Sequence[dict], keys: Sequence[str], path: str, *, title: str = "",
-                smooth: int = 1) -> str:
-  """Plots metric `keys` against `step` from JSONL-style records into a PNG at `path`."""
+                smooth: int = 1, labels: dict | None = None) -> str:
+  """Plots metric `keys` against `step` from JSONL-style records into a PNG at `path`.
+
+  `labels` maps a key to its legend text (default: the key). A series logged at fewer than half
+  the steps of the densest one (e.g. a periodic greedy eval) is drawn with point markers.
+  """
   fig, ax = plt.subplots(figsize=(7, 4))
-  for key in keys:
+  counts = [sum(isinstance(r.get(k), (int, float)) for r in records) for k in keys]
+  for key, count in zip(keys, counts):
     pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
     if not pts:
       continue
@@ -21,7 +26,8 @@ def plot_curves(records: Sequence[dict], keys: Sequence[str], path: str, *, titl
     if smooth > 1:
       values = [sum(values[max(0, i - smooth + 1):i + 1]) / len(values[max(0, i - smooth + 1):i + 1])
                 for i in range(len(values))]
-    ax.plot(steps, values, label=key)
+    sparse = count < max(counts) / 2
+    ax.plot(steps, values, label=(labels or {}).get(key, key), marker="o" if sparse else None)
   ax.set_xlabel("step")
   ax.set_title(title)
   ax.grid(alpha=0.3)

@@ -5,32 +5,58 @@ text: it returns the demonstration's assistant message as token ids (+ the end-o
 Running the normal agent rollout with it yields real trajectories (same template, same tool
 execution, same observation tokens, same action mask) — the SFT loss then trains on exactly the
 masked-in tokens, as RL later does.
+
+A policy returns either the message text, or its pieces `[(text, learn), ...]`: pieces with
+`learn=False` are generated (they are part of the conversation) but left out of the SFT loss
+(`loss_mask`). The lookup demo uses this for a guessed answer word: the warm start learns the
+decision to answer without the tool, but not a guess it could only memorise.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 import jax
 import numpy as np
 
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
 
+DemoTurn = Union[str, Sequence[tuple]]
+
 
 class ScriptedPolicySampler:
-  """Sampler protocol over `policy(prompt_text, rng) -> assistant_text`."""
+  """Sampler protocol over `policy(prompt_text, rng) -> text | [(text, learn), ...]`."""
 
-  def __init__(self, tokenizer, policy: Callable[[str, np.random.Generator], str], end_of_turn_id: int,
+  def __init__(self, tokenizer, policy: Callable[[str, np.random.Generator], DemoTurn], end_of_turn_id: int,
                seed: int = 0):
     self.tokenizer = tokenizer
     self.policy = policy
     self.end_of_turn_id = int(end_of_turn_id)
     self._rng = np.random.default_rng(seed)
+    # prompt ids + generated ids -> positions (within the generated ids) left out of the loss
+    self._unlearned: dict[tuple, list[int]] = {}
+
+  def _encode(self, turn: DemoTurn) -> tuple[list[int], list[int]]:
+    """Token ids of a demo turn and the indices (into them) of its `learn=False` pieces."""
+    if isinstance(turn, str):
+      return list(self.tokenizer.encode(turn)), []
+    ids, unlearned = [], []
+    for i, piece in enumerate(turn):
+      if not (isinstance(piece, (tuple, list)) and len(piece) == 2 and isinstance(piece[0], str)):
+        raise TypeError(f"scripted policy: piece {i} of a demo turn must be (text, learn), got {piece!r:.80}")
+      piece_ids = list(self.tokenizer.encode(piece[0]))
+      if not piece[1]:
+        unlearned += range(len(ids), len(ids) + len(piece_ids))
+      ids += piece_ids
+    return ids, unlearned
 
   def _one(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
     text = self.tokenizer.decode(list(prompt))
     rng = np.random.default_rng(params.seed) if params.seed is not None else self._rng
-    ids = list(self.tokenizer.encode(self.policy(text, rng)))[: params.max_new_tokens - 1]
-    ids.append(self.end_of_turn_id)
+    ids, unlearned = self._encode(self.policy(text, rng))
+    ids = ids[: params.max_new_tokens - 1] + [self.end_of_turn_id]
+    unlearned = [i for i in unlearned if i < len(ids) - 1]
+    if unlearned:
+      self._unlearned[tuple(prompt) + tuple(ids)] = unlearned
     return SampleResult(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
   def generate(self, prompts, params):
@@ -41,6 +67,41 @@ class ScriptedPolicySampler:
 
   def update_weights(self, params) -> None:  # a script has no weights
     return None
+
+  def loss_mask(self, token_ids: np.ndarray, action_mask: np.ndarray) -> np.ndarray:
+    """bool[T]: `action_mask` without the tokens of `learn=False` pieces this sampler produced.
+
+    A model turn is a maximal run of `action_mask`; it is looked up by the ids up to its end
+    (the rollout keeps the sampler's ids verbatim). A turn the rollout cut short keeps its mask.
+    """
+    token_ids = np.asarray(token_ids).reshape(-1)
+    mask = np.asarray(action_mask, dtype=bool).reshape(-1).copy()
+    T = mask.shape[0]
+    ends = [e for e in range(1, T + 1) if mask[e - 1] and (e == T or not mask[e])]
+    for e in ends:
+      s = e
+      while s > 0 and mask[s - 1]:
+        s -= 1
+      unlearned = self._unlearned.get(tuple(int(t) for t in token_ids[:e]))
+      for i in unlearned or ():
+        mask[s + i] = False
+    return mask
+
+  def clear(self) -> None:
+    """Forgets the recorded turns (call after their loss masks were taken)."""
+    self._unlearned.clear()
+
+
+def sft_loss_mask(trajs: Sequence, demo, width: int) -> np.ndarray:
+  """bool[B, width]: target-aligned SFT loss mask (as `train_arrays`' action_mask: position t
+  is token t+1) — each trajectory's action mask without the demo's `learn=False` pieces."""
+  out = np.zeros((len(trajs), width + 1), dtype=bool)
+  for i, t in enumerate(trajs):
+    mask = demo.loss_mask(t.token_ids, t.action_mask) if demo is not None else t.action_mask
+    out[i, :len(mask)] = mask[:width + 1]
+  if demo is not None:
+    demo.clear()
+  return out[:, 1:]
 
 
 class SftRunner:
@@ -62,10 +123,12 @@ class SftRunner:
   def new_state(self, params):
     return self.trainer.new_state(params, self.optimizer, state_sharding=self.state_sharding)
 
-  def step(self, state, trajs):
+  def step(self, state, trajs, demo: "ScriptedPolicySampler | None" = None):
+    """`demo`: the sampler that produced `trajs`; its `learn=False` pieces stay out of the loss."""
     from agentfly_jax.rl.batching import to_microbatches, train_arrays
     from agentfly_jax.rl.update import put_global
     arr = train_arrays(trajs, pad_id=self.trainer.tokenizer.pad_token_id)
+    arr["action_mask"] = sft_loss_mask(trajs, demo, arr["action_mask"].shape[1])
     batch = {k: arr[k] for k in self.batch_sharding}
     mb = to_microbatches(batch, np.arange(len(trajs)), self.trainer.config.train.micro_batch_size)
     mb = {k: put_global(v, self.batch_sharding[k]) for k, v in mb.items()}
@@ -89,7 +152,7 @@ def run_sft(trainer) -> tuple[object, list[float]]:
   for i in range(c.sft.steps):
     rows = trainer.task.make_rows(c.sft.rows_per_step, seed=10_000_000 + c.seed * 100_003 + i)
     trajs = trainer.rollout(rows, sampler=demo, num_chains=1, seed=c.seed * 7919 + i)
-    state, m = runner.step(state, trajs)
+    state, m = runner.step(state, trajs, demo)
     nll.append(m["sft/nll"])
     bar.update(1)
   bar.close()

@@ -347,7 +347,10 @@ class Trainer:
     writer.close()
     records = read_jsonl(jsonl_path)
     plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {task_name(c)}")
+                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {task_name(c)}",
+                labels={"rollout/reward_mean": "reward (sampled rollouts)",
+                        "rollout/success_rate": f"success, sampled (T={c.rollout.temperature:g})",
+                        "eval/success_rate": "success, greedy eval (held-out)"})
     return records
 
   def _writer(self, jsonl_path: str):

@@ -6,7 +6,7 @@ import importlib
 _TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa",
           "math_calc": "agentfly_jax.tasks.math_calc", "code": "agentfly_jax.tasks.code_tasks",
           "webshop": "agentfly_jax.tasks.webshop", "textworld": "agentfly_jax.tasks.textworld",
-          "scienceworld": "agentfly_jax.tasks.scienceworld"}
+          "scienceworld": "agentfly_jax.tasks.scienceworld", "arithmetic": "agentfly_jax.tasks.arithmetic"}
 
 
 def get_task(name: str):
@@ -36,8 +36,9 @@ class Task:
     eval_rows: held-out rows (default: the first 32 training rows).
     system_prompt: the agent's system prompt.
     corpus: extra texts for the tiny tokenizer when the model is random-init.
-    scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` for
-      the SFT warm start (config.sft.steps > 0).
+    scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` (or
+      `[(text, learn), ...]` pieces; `learn=False` pieces stay out of the loss) for the SFT warm
+      start (config.sft.steps > 0).
     agent_factory: optional `tokenizer -> Agent` (default: a ToolCallAgent).
   """
   tools: Sequence[Any]

@@ -7,9 +7,11 @@ it in its next turn (multi-turn; learns only from its own tokens). Keys and obse
 formatted so that copying them is a token-for-token copy (one token for the key: a two-word key
 made the tiny policy's copy ambiguous after the `"` token that also opens the JSON strings).
 
-`scripted_response(prompt_text, use_tool)` is the demonstration policy used for the SFT warm start
-(it uses the tool only part of the time, so the warm-started policy starts well below the ceiling
-and RL has something to learn).
+`scripted_response(prompt_text, use_tool, rng)` is the demonstration policy used for the SFT warm
+start. It uses the tool only part of the time, so the warm-started policy mostly answers without
+looking (its greedy answer is a guess) and RL has a decision to learn. A guessed answer word is a
+`learn=False` piece (left out of the SFT loss, `rl/sft.py`): the warm start learns when to answer
+and how to copy an observation, not a random word that would also pull on the copy.
 """
 from __future__ import annotations
 
@@ -90,11 +92,12 @@ def answer_text(word: str) -> str:
   return f"The code is {word}."
 
 
-def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:
+def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str | list:
   """The demonstration policy's next assistant message, given the rendered prompt so far.
 
-  First turn: a tool call (if use_tool) or a guessed answer; after a tool response: the answer
-  copied from the observation.
+  First turn: a tool call (if use_tool) or a guessed answer, as pieces
+  `[("The code is", True), (" <word>", False), (".", True)]` (the guess is not trained on);
+  after a tool response: the answer copied from the observation.
   """
   last_user = prompt_text.rfind("code of key")
   after = prompt_text[last_user:]
@@ -104,7 +107,8 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   key = re.search(r'code of key "([a-z]+)"', after)
   if use_tool and key:
     return tool_call_text(key.group(1))
-  return answer_text(WORDS[int(rng.integers(len(WORDS)))])
+  guess = WORDS[int(rng.integers(len(WORDS)))]
+  return [("The code is", True), (f" {guess}", False), (".", True)]
 
 
 def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
