@@ -60,6 +60,13 @@ def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]
   return out
 
 
+def start_env_step(provider) -> None:
+  """Starts counting a step's acquire waits and peak bound chains afresh, so the step's report
+  holds only its own (not what earlier use of a process-wide server left)."""
+  if isinstance(provider, EnvManager):
+    provider.take_step_stats()
+
+
 def env_pool_metrics(provider) -> dict[str, float]:
   """Per-env-type pool metrics of `provider`'s servers (see the module docstring); {} for a
   provider that is not an EnvManager or when called inside a trio run. Never raises."""

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
-from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics
+from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics, start_env_step
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
 from agentfly_jax.rl import distributed
@@ -266,6 +266,7 @@ class Trainer:
     t0 = time.perf_counter()
     async_metrics = {}
     if producer is None:
+      start_env_step(active_provider(self.agent))  # the step reports only its own acquires
       trajs = self._rollout_step(loop.data_position, step)
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
