@@ -33,6 +33,11 @@ class BadReply(ConnectionLost):
   """The server sent something that breaks the protocol; the connection has been closed."""
 
 
+class ServerHung(ConnectionLost):
+  """The connection was closed because the server left a call unanswered past its limit; every
+  call that was still waiting on it gets this (it waited on the same hung server)."""
+
+
 class AuthenticationFailed(ConnectionLost):
   """The handshake failed: wrong or missing token on either side, or a server without one."""
 
@@ -73,6 +78,7 @@ class Connection:
     self._abandoned: dict[int, Any] = {}  # id -> on_abandoned(reply) of a call given up on
     self.closed = False
     self.close_reason = ""
+    self.hung = False   # closed because the server left a call unanswered (aclose)
     self.token = trio.lowlevel.current_trio_token()
     trio.lowlevel.spawn_system_task(self._read_replies, name=f"envservers reader {address}")
     trio.lowlevel.spawn_system_task(self._write_requests, name=f"envservers writer {address}")
@@ -200,16 +206,22 @@ class Connection:
       self._pending.pop(request_id, None)
     reply = slot[1]
     if reply is None:
-      kind = BadReply if self.close_reason.startswith("bad reply") else ConnectionLost
+      kind = (BadReply if self.close_reason.startswith("bad reply")
+              else ServerHung if self.hung else ConnectionLost)
       raise kind(f"env server {self.address}: {self.close_reason}")
     if not reply.get("ok"):
       error = reply.get("error") or {}
       raise protocol.RemoteError(str(error.get("type", "Unknown")), str(error.get("message", "")))
     return reply.get("result") or {}
 
-  async def aclose(self) -> None:
+  async def aclose(self, hung_after_s: float | None = None) -> None:
+    """Closes the connection; calls still waiting raise ConnectionLost, or ServerHung when
+    `hung_after_s` says a call got no reply within that many seconds (the reason it closes)."""
     if not self.closed:
-      self._fail_all("closed by the client")
+      self.hung = hung_after_s is not None
+      self._fail_all("closed by the client" if hung_after_s is None else
+                     f"closed by the client: the server left a call unanswered for "
+                     f"{hung_after_s:g} s")
       await trio.lowlevel.checkpoint()
 
 

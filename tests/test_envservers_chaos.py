@@ -130,6 +130,9 @@ async def test_a_hung_server_costs_its_calls_the_env_limit_and_the_run_goes_on()
       timeouts = [o for o in observations["step1"] if o.startswith("Error (Timeout)")]
       assert timeouts and len(timeouts) < CHAINS, observations
       assert "within 2 s" in timeouts[0]   # a's 1 s env limit + the 1 s reply grace
+      # Every call that waited on the frozen server is a timeout (one call's timeout closes the
+      # shared connection; the calls still waiting on it are timeouts too, not lost connections).
+      assert [o for o in observations["step1"] if o.startswith("Error")] == timeouts
       assert observations["step1"].count("slept") == CHAINS - len(timeouts)
       assert elapsed < 20
       # The next step runs entirely on b.

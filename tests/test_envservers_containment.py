@@ -190,6 +190,35 @@ async def test_manager_survives_any_reply():
 
 
 @pytest.mark.trio
+async def test_every_call_waiting_on_a_hung_server_is_a_timeout():
+  """Two chains share one connection to a server that stops answering: the first call's timeout
+  closes the connection, and the second call (still inside its own limit) is reported as the
+  same timeout, never as a lost connection (the race behind a flaky chaos test)."""
+  hostile = HostileServer()
+  async with trio.open_nursery() as nursery:
+    listeners = await nursery.start(trio.serve_tcp, hostile.handle, 0)
+    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    manager = EnvManager([address], token=None, reply_grace_s=0.5, down_retry_s=60)
+    first, second = await manager.acquire("any", "c0"), await manager.acquire("any", "c1")
+    results = {}
+
+    async def step(env, delay):
+      await trio.sleep(delay)
+      hostile.next = "hang"
+      results[env.chain_id] = await env.step("x")
+    with trio.fail_after(20):
+      async with trio.open_nursery() as steps:
+        steps.start_soon(step, first, 0)
+        steps.start_soon(step, second, 0.4)
+    assert {r.info["error"] for r in results.values()} == {"Timeout"}, results
+    assert all(r.observation.startswith("Error (Timeout)") for r in results.values())
+    assert manager.metrics()["envs/timeouts"] == 2
+    assert manager.metrics()["envs/connection_errors"] == 0
+    await manager.aclose()
+    nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
 async def test_client_bad_reply_fails_the_call_and_closes():
   hostile = HostileServer()
   async with trio.open_nursery() as nursery:

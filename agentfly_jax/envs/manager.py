@@ -33,7 +33,8 @@ import trio
 
 from agentfly_jax.envs.base import StepResult
 from envservers import auth
-from envservers.client import AuthenticationFailed, BadReply, Connection, ConnectionLost
+from envservers.client import (AuthenticationFailed, BadReply, Connection, ConnectionLost,
+                               ServerHung)
 from envservers.protocol import (AUTH_FAILED, AUTH_REQUIRED, NOT_ACQUIRED, POOL_EXHAUSTED,
                                  UNKNOWN_ENV, ProtocolError, RemoteError, parse_address)
 
@@ -87,13 +88,16 @@ class RemoteEnv:
         self._rebind = True
       self._manager._count("errors")
       raise
+    except ServerHung:   # another call on this connection timed out: we waited on the same
+      self._manager._count("timeouts")   # hung server, so this is a timeout too
+      raise trio.TooSlowError from None
     except ConnectionLost:
       self._manager._count("connection_errors")
       raise
     except trio.TooSlowError:   # the server did not answer within the env's limit: treat it as
       self._manager._count("timeouts")   # hung (new chains go elsewhere for a while)
       self._manager._down_until[self.address] = time.monotonic() + self._manager.down_retry_s
-      await self.connection.aclose()
+      await self.connection.aclose(hung_after_s=self._call_limit_s())
       raise
 
   def _call_limit_s(self) -> float:
