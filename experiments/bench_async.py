@@ -18,7 +18,6 @@ the run's `async/sampler_idle_frac` (time held back by the staleness bound) and
 """
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
+from experiments.bench_machine import machine, train_command, write_results  # noqa: E402
 
 _STEPS = flags.DEFINE_integer("steps", 40, "RL steps per run (the demo's default is 40).")
 _STALENESS = flags.DEFINE_integer("max_staleness", 2, "Async runs' rollout.max_staleness.")
@@ -46,12 +46,9 @@ _NOTE = flags.DEFINE_string("note", "", "Machine note for the results (e.g. shar
 def run(mode: str, seed: int, steps: int, staleness: int, eval_rows: int) -> dict:
   """One train.py run; returns its records and wall time."""
   workdir = os.path.join(_WORKDIR.value, f"{mode}_seed{seed}")
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={_CONFIG.value}",
-         f"--workdir={workdir}", "--noresume", f"--config.seed={seed}", f"--config.train.steps={steps}",
-         f"--config.rollout.mode={mode}", f"--config.rollout.max_staleness={staleness}",
-         f"--config.eval.every=10", f"--config.eval.num_rows={eval_rows}",
-         f"--config.checkpoint.every={steps}", "--config.log.progress=False",
-         "--config.log.tensorboard=False"]
+  cmd = train_command(ROOT, _CONFIG.value, workdir, steps, f"--config.seed={seed}",
+                      f"--config.rollout.mode={mode}", f"--config.rollout.max_staleness={staleness}",
+                      "--config.eval.every=10", f"--config.eval.num_rows={eval_rows}")
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   t0 = time.perf_counter()
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -94,15 +91,6 @@ def summarize(mode: str, records: list[dict], wall: float, steps: int, staleness
     s["staleness_turn_hist"] = {k: sum(r[f"async/staleness_hist/{k}"] for r in train) / len(train)
                                 for k in range(staleness + 1)}
   return s
-
-
-def machine() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    model = platform.processor() or platform.machine()
-  return f"{model}, {os.cpu_count()} cores, CPU only"
 
 
 def table(result: dict) -> str:
@@ -161,12 +149,7 @@ def main(argv):
   result = {"machine": machine(), "note": _NOTE.value, "config": _CONFIG.value, "steps": steps,
             "max_staleness": staleness, "eval_rows": _EVAL_ROWS.value, "runs": runs, "pairs": pairs,
             "mean_speedup": mean_speed, "mean_steady_speedup": mean_steady, "reading": reading}
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value + ".json", "w") as f:
-    json.dump(result, f, indent=1)
-  with open(_OUT.value + ".md", "w") as f:
-    f.write(table(result))
-  print(table(result))
+  write_results(_OUT.value, result, table(result))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ rerun on that backend. Ratios (temp vs 1 device, remat vs none) are the point.
 """
 import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
+from experiments.bench_machine import cpu_name  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/bench_memory", "Output path (no extension).")
 _BATCH = flags.DEFINE_integer("micro_batch", 8, "Rows per micro-batch.")
@@ -63,14 +63,6 @@ def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> 
           "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes)}
 
 
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
-
-
 def main(argv):
   del argv
   import jax
@@ -91,7 +83,7 @@ def main(argv):
         r = measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value)
         rows.append(r)
         print(json.dumps(r), flush=True)
-  machine = f"{_cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
+  machine = f"{cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
   out = {"machine": machine, "micro_batch": _BATCH.value, "seq_len": _LEN.value, "rows": rows,
          "note": "compile-time plan per device from XLA memory_analysis (no allocation); CPU backend "
                  "with forced host devices; the machine was shared with other jobs (does not affect "
