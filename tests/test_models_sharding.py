@@ -148,3 +148,16 @@ def test_make_mesh_checks_device_count():
     make_mesh(fsdp=4, tp=4)
   mesh = make_mesh(fsdp=-1, tp=1)
   assert mesh.axis_names == ("fsdp", "tp")
+
+
+def test_a_config_saved_before_the_rules_existed_still_validates():
+  import json
+
+  import ml_collections
+
+  from agentfly_jax.rl.config import default_config, resolved_remat, validate_config
+  saved = json.loads(default_config().to_json())
+  del saved["mesh"]["rules"], saved["train"]["remat"]  # an older run's config.json
+  old = ml_collections.ConfigDict(saved)
+  validate_config(old)
+  assert old.mesh.get("rules") is None and resolved_remat(old) is False  # defaults apply

@@ -154,16 +154,17 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("rollout.max_staleness", c.rollout.max_staleness, "must be an integer >= 0")
   if not c.loss.behaviour_cap > 0:
     _fail("loss.behaviour_cap", c.loss.behaviour_cap, "must be > 0")
-  if c.train.remat:
+  if c.train.get("remat"):  # .get: a run saved before the field existed has none
     from agentfly_jax.models.remat import remat_name
     try:
       remat_name(c.train.remat)
     except ValueError as e:
       _fail("train.remat", c.train.remat, str(e))
   try:
-    resolve_rules(c.mesh.rules)
+    resolve_rules(c.mesh.get("rules"))
   except ValueError as e:
-    _fail("mesh.rules", c.mesh.rules.to_dict(), str(e))
+    rules = c.mesh.rules
+    _fail("mesh.rules", rules.to_dict() if hasattr(rules, "to_dict") else rules, str(e))
   if c.rollout.sampler not in ("jax", "vllm"):
     _fail("rollout.sampler", c.rollout.sampler, "must be 'jax' or 'vllm'")
   positive_ints = ["rollout.rows_per_step", "rollout.num_chains", "rollout.max_turns",
@@ -208,7 +209,7 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
 
 def resolved_remat(c):
   """The decoder layers' remat policy: train.remat, or the legacy bool model.remat."""
-  return c.train.remat or bool(c.model.remat)
+  return c.train.get("remat") or bool(c.model.remat)
 
 
 def resolved_agg(c) -> str:

@@ -84,7 +84,7 @@ def build_components(config, workdir: str, task=None) -> Components:
   model = build_model(config, tokenizer.vocab_size)
   # On several processes each runs its own sampler on its local devices: a second, unsharded copy.
   sampler_model = model if jax.process_count() == 1 else build_model(config, tokenizer.vocab_size)
-  rules = config.mesh.rules
+  rules = config.mesh.get("rules")  # None (a run saved before config.mesh.rules): the defaults
   shard_model(model, mesh, rules)
   specs = partition_specs(model, mesh, rules)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
