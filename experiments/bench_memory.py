@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
-from experiments.bench_machine import cpu_name  # noqa: E402
+from experiments.bench_machine import cpu_name, write_results  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/bench_memory", "Output path (no extension).")
 _BATCH = flags.DEFINE_integer("micro_batch", 8, "Rows per micro-batch.")
@@ -72,6 +72,7 @@ def main(argv):
     remats = [remat_name(r) for r in _REMAT.value]
   except ValueError as e:
     raise app.UsageError(f"--meshes (e.g. 2x4) or --remat: {e}")
+  machine = f"{cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
   rows = []
   for size in _SIZES.value or list(SIZES):
     if size not in SIZES:
@@ -80,17 +81,16 @@ def main(argv):
       if fsdp * tp > len(jax.devices()):
         continue
       for remat in remats:
-        r = measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-  machine = f"{cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
+        rows.append(measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value))
+        print(json.dumps(rows[-1]), flush=True)
+        write(machine, rows)  # after every row: a long report stopped early keeps what it measured
+
+
+def write(machine: str, rows: list[dict]) -> None:
   out = {"machine": machine, "micro_batch": _BATCH.value, "seq_len": _LEN.value, "rows": rows,
          "note": "compile-time plan per device from XLA memory_analysis (no allocation); CPU backend "
                  "with forced host devices; the machine was shared with other jobs (does not affect "
                  "these compile-time numbers)"}
-  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
-  with open(_OUT.value + ".json", "w") as f:
-    json.dump(out, f, indent=2)
   mib = lambda b: f"{b / 2**20:,.1f}"
   lines = [f"# Train-step memory per device (XLA memory_analysis)", "",
            f"Machine: {machine}. Micro-batch {_BATCH.value} x {_LEN.value} tokens, AdamW, float32. "
@@ -100,14 +100,13 @@ def main(argv):
   base = {(r["size"], r["remat"]): r["temp_bytes"] for r in rows if r["fsdp"] * r["tp"] == 1}
   no_remat = {(r["size"], r["fsdp"], r["tp"]): r["temp_bytes"] for r in rows if r["remat"] == "none"}
   for r in rows:
-    ratio = r["temp_bytes"] / max(1, base.get((r["size"], r["remat"]), r["temp_bytes"]))
+    vs_1 = base.get((r["size"], r["remat"]))
+    vs_1 = f"{r['temp_bytes'] / vs_1:.2f}" if vs_1 else "-"
     vs = no_remat.get((r["size"], r["fsdp"], r["tp"]))
     vs = f"{r['temp_bytes'] / vs:.2f}" if vs else "-"
     lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f}M | {r['fsdp']} x {r['tp']} | {r['remat']} | "
-                 f"{mib(r['argument_bytes'])} | {mib(r['temp_bytes'])} | {ratio:.2f} | {vs} |")
-  with open(_OUT.value + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+                 f"{mib(r['argument_bytes'])} | {mib(r['temp_bytes'])} | {vs_1} | {vs} |")
+  write_results(_OUT.value, out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
