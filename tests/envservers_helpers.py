@@ -41,12 +41,18 @@ async def server_stats(address: str) -> dict:
     await conn.aclose()
 
 
-async def busy(address: str, env: str = "sleep", calls_before: int = 0) -> bool:
-  """Whether the server has a chain of `env` bound with a request in flight (besides this
-  `stats` call) and more than `calls_before` calls of that pool started."""
-  stats = await server_stats(address)
+def steps_started(stats: dict, env: str = "sleep") -> int:
+  """The `env` pool's calls beyond one `reset` per acquire: the steps started (a lower bound)."""
   pool = stats["pools"][env]
-  return pool["in_use"] >= 1 and pool["calls"] > calls_before and stats["inflight"] >= 2
+  return pool["calls"] - pool["acquires"]
+
+
+async def busy(address: str, env: str = "sleep", steps_before: int = 0) -> bool:
+  """Whether the server has a chain of `env` bound with a request in flight (besides this
+  `stats` call) and more than `steps_before` steps started (see `steps_started`)."""
+  stats = await server_stats(address)
+  return (stats["pools"][env]["in_use"] >= 1 and stats["inflight"] >= 2
+          and steps_started(stats, env) > steps_before)
 
 
 async def signal_when_busy(server: LocalEnvServer, sig: int = signal.SIGKILL, env: str = "sleep"):

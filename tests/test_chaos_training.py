@@ -30,7 +30,8 @@ from agentfly_jax.envs import EnvManager
 from agentfly_jax.rl.config import lookup_config
 from agentfly_jax.rl.trainer import Trainer
 from agentfly_jax.tasks import Task, lookup
-from envservers_helpers import busy, kill, restart_on_port, running_server, server_stats
+from envservers_helpers import (busy, kill, restart_on_port, running_server, server_stats,
+                                steps_started)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,8 +55,8 @@ class Chaos:
     if self.watcher is not None:   # the previous step's signal must have been sent
       assert self.watcher.finish(), (f"step {step - 1}: no chain was inside a call to signal", self.calls)
       self.watcher = None
-    self.b_acquires[step] = trio.run(server_stats, self.b.address)["pools"]["sleep"]["acquires"] \
-        if step <= 4 else None
+    if step in (2, 3):   # b's own count of acquires around step 2
+      self.b_acquires[step] = trio.run(server_stats, self.b.address)["pools"]["sleep"]["acquires"]
     if step == 1:
       self.watcher = SignalWhenBusy(self.a, signal.SIGKILL)
     elif step == 2:
@@ -81,19 +82,20 @@ class Chaos:
 
 
 class SignalWhenBusy:
-  """A thread that sends `sig` to a server once one of its chains is inside a call (polling its
-  `stats`), unless `finish()` stops it first; `finish()` says whether it sent it."""
+  """A thread that sends `sig` to a server once one of its chains is inside a `step` started
+  after this was made (polling its `stats`), unless `finish()` stops it first; `finish()` says
+  whether it sent it."""
 
   def __init__(self, server, sig):
     self.server, self.sig, self.fired = server, sig, False
-    self.calls_before = trio.run(server_stats, server.address)["pools"]["sleep"]["calls"]
+    self.steps_before = steps_started(trio.run(server_stats, server.address))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=trio.run, args=(self._watch,), daemon=True)
     self._thread.start()
 
   async def _watch(self):
     while not self._stop.is_set():
-      if await busy(self.server.address, "sleep", self.calls_before):
+      if await busy(self.server.address, "sleep", self.steps_before):
         kill(self.server.process.pid, self.sig)
         self.fired = True
         return
