@@ -182,16 +182,19 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert all("unavailable" in c["observation"] for c in failed), failed
       assert any(c["server"] == b.address and not c["error"] for c in chaos.on(1))
       assert by_step[1]["rollout/tool_errors/lookup"] >= len(failed) / 32
+      assert by_step[1]["env/client/connection_errors"] >= len(failed)   # the trainer's own count
 
       # Step 2: a is down; every chain went to b (b's own count of acquires says so too).
       assert chaos.on(2) and all(c["server"] == b.address and not c["error"] for c in chaos.on(2))
       assert chaos.b_acquires[3] - chaos.b_acquires[2] == by_step[2]["env/sleep/acquires"] > 0
       assert by_step[2]["rollout/tool_errors/lookup"] == 0
+      assert by_step[2]["env/client/connection_errors"] >= 1   # a refused the connects
 
       # Step 3: a restarted on its port is used again.
       assert a2 == a.address
       assert any(c["server"] == a2 for c in chaos.on(3))
       assert all(not c["error"] for c in chaos.on(3))
+      assert by_step[3]["env/client/connects"] >= 2   # to both servers
 
       # Step 4: b frozen; its calls timed out after the env's 3 s limit + 1 s reply grace.
       timed_out = [c for c in chaos.on(4) if c["error"]]
@@ -200,11 +203,12 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert all("within 4 s" in c["observation"] for c in timed_out)
       assert 3.9 <= max(c["seconds"] for c in timed_out) < 15   # the first one waited it out
       assert by_step[4]["rollout/tool_errors/lookup"] > 0
-      assert manager.metrics()["envs/timeouts"] >= len(timed_out)
+      assert by_step[4]["env/client/timeouts"] >= len(timed_out)
 
       # Step 5: b still frozen; every chain went to a, no errors.
       assert chaos.on(5) and all(c["server"] == a2 and not c["error"] for c in chaos.on(5))
       assert by_step[5]["rollout/tool_errors/lookup"] == 0
+      assert by_step[5]["env/client/timeouts"] == 0
 
       # Training really ran: the policy's params moved.
       moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(trainer.init_params),

@@ -150,6 +150,26 @@ async def test_chains_waiting_on_a_failing_connect_do_not_each_retry_it():
       nursery.cancel_scope.cancel()
 
 
+def test_step_counters_are_the_growth_since_the_last_take(two_servers):
+  a, b = two_servers
+  manager = EnvManager([a.address, b.address])
+
+  async def acquire(chains):
+    for chain in chains:
+      await manager.acquire("echo", chain)
+    await manager.aclose()
+
+  trio.run(acquire, ["s1", "s2", "s3"])
+  first = manager.take_step_counters()
+  assert first["acquires"] == 3 and first["connects"] == 2 and first["timeouts"] == 0
+  assert set(manager.take_step_counters().values()) == {0}   # nothing since
+  trio.run(acquire, ["s4"])
+  second = manager.take_step_counters()
+  assert second["acquires"] == 1 and second["connects"] == 1
+  totals = manager.metrics()
+  assert all(totals[f"envs/{k}"] == first[k] + second[k] for k in first)
+
+
 @pytest.mark.trio
 async def test_manager_errors_become_observations(two_servers):
   a, _ = two_servers

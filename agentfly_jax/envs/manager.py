@@ -41,6 +41,10 @@ from envservers.protocol import (AUTH_FAILED, AUTH_REQUIRED, NOT_ACQUIRED, POOL_
                                  UNKNOWN_ENV, ProtocolError, RemoteError, parse_address)
 
 
+COUNTERS = ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
+            "connection_errors", "auth_failures", "timeouts", "abandoned_acquires")
+
+
 class EnvUnavailable(RuntimeError):
   """No env instance could be had (unknown type, all servers down, or pools full too long)."""
 
@@ -231,6 +235,7 @@ class EnvManager:
     self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
     self._round_robin = itertools.count()
     self._counters = collections.Counter()
+    self._counters_taken: dict[str, int] = {}   # the counters at the last take_step_counters
     self._backoff_s = 0.0
     self._peak_allocated = 0
     self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)
@@ -295,8 +300,7 @@ class EnvManager:
            "envs/backoff_s": self._backoff_s}
     for env_name, n in per_env.items():
       out[f"envs/allocated/{env_name}"] = float(n)
-    for key in ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
-                "connection_errors", "auth_failures", "timeouts", "abandoned_acquires"):
+    for key in COUNTERS:
       out[f"envs/{key}"] = float(self._counters[key])
     return out
 
@@ -306,6 +310,12 @@ class EnvManager:
     waits, self._acquire_waits = self._acquire_waits, collections.defaultdict(list)
     peaks, self._peak_in_use = self._peak_in_use, collections.Counter()
     return dict(waits), dict(peaks)
+
+  def take_step_counters(self) -> dict[str, int]:
+    """How much each of `metrics()`'s counters (COUNTERS) grew since the last call."""
+    now, before = dict(self._counters), self._counters_taken
+    self._counters_taken = now
+    return {key: now.get(key, 0) - before.get(key, 0) for key in COUNTERS}
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""
