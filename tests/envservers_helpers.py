@@ -26,7 +26,8 @@ async def connect(server: LocalEnvServer) -> Connection:
   return await Connection.open(server.address)
 
 
-def restart_on_port(server: LocalEnvServer, *envs: str, extra: tuple[str, ...] = ()) -> LocalEnvServer:
+def restart_on_port(server: LocalEnvServer, *envs: str,
+                    extra: tuple[str, ...] = ()) -> LocalEnvServer:
   """A new server process on the (dead) `server`'s port; the caller stops it."""
   port = server.address.rsplit(":", 1)[1]
   return LocalEnvServer(list(envs), extra_args=["--port", port, *extra])

@@ -53,7 +53,8 @@ class Chaos:
 
   def before_step(self, step: int) -> None:
     if self.watcher is not None:   # the previous step's signal must have been sent
-      assert self.watcher.finish(), (f"step {step - 1}: no chain was inside a call to signal", self.calls)
+      assert self.watcher.finish(), (f"step {step - 1}: no chain was inside a call to signal",
+                                     self.calls)
       self.watcher = None
     if step in (2, 3):   # b's own count of acquires around step 2
       self.b_acquires[step] = trio.run(server_stats, self.b.address)["pools"]["sleep"]["acquires"]
