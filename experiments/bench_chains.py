@@ -79,19 +79,22 @@ def table(result: dict) -> str:
     lines.append(f"| {r['chains']} | {r['steps_per_s']:.4f} | {r['step_s']:.1f} | {r['fastest_step_s']:.1f} "
                  f"| {r['chains_per_s']:.1f} | {r['rollout_s']:.1f} | {r['train_s']:.1f} "
                  f"| {r['peak_rss_mib']:,.0f} | {r['chains_per_s'] / base:.2f}x |")
+  if result["not_measured"]:
+    lines += ["", f"Not measured (the run was stopped first): {result['not_measured']} chains per step."]
   return "\n".join(lines + [""])
 
 
 def main(argv):
   del argv
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  rows = []
-  for chains in sorted(int(c) for c in _CHAINS.value):
+  rows, sizes = [], sorted(int(c) for c in _CHAINS.value)
+  for chains in sizes:
     rows.append(summarize(chains, run(chains)))
     print(json.dumps(rows[-1]), flush=True)
-  result = {"machine": machine(), "note": _NOTE.value, "config": _CONFIG.value, "steps": _STEPS.value,
-            "num_chains": _NUM_CHAINS.value, "rows": rows}
-  write_results(_OUT.value, result, table(result))
+    # after every size: a run stopped early keeps what it measured (and says what it did not)
+    result = {"machine": machine(), "note": _NOTE.value, "config": _CONFIG.value, "steps": _STEPS.value,
+              "num_chains": _NUM_CHAINS.value, "rows": rows, "not_measured": sizes[len(rows):]}
+    write_results(_OUT.value, result, table(result))
 
 
 if __name__ == "__main__":
