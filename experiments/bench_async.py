@@ -74,7 +74,8 @@ def summarize(mode: str, records: list[dict], wall: float, steps: int, staleness
        "steady_from": _STEADY.value, "steady_steps_per_s": len(steady) / steady_s if steady else None,
        "final_step": final_eval["step"], "final_greedy_success": final_eval["eval/success_rate"],
        "greedy_success_by_step": {int(r["step"]): r["eval/success_rate"] for r in evals},
-       "final_sampled_success": train[-1]["rollout/success_rate"]}
+       "final_sampled_success": train[-1]["rollout/success_rate"],
+       "last10_sampled_success": sum(r["rollout/success_rate"] for r in train[-10:]) / len(train[-10:])}
   if mode == "sync":
     rollout = sum(r["time/rollout_s"] for r in train)
     s["sampler_idle_frac"] = 1 - rollout / loop_s
@@ -98,15 +99,17 @@ def table(result: dict) -> str:
            f"Machine: {result['machine']}. {result['note']}".strip(), "",
            f"{result['steps']} RL steps per run, async max_staleness={result['max_staleness']}, "
            f"greedy eval on {result['eval_rows']} held-out rows every 10 steps.", "",
-           "| seed | mode | steps/s (steady) | steps/s (all) | loop s | wall s | sampler idle | trainer idle | staleness (steps at 0/1/2..) "
-           "| final greedy success |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+           "| seed | mode | steps/s (steady) | steps/s (all) | loop s | wall s | sampler idle | trainer idle "
+           "| staleness (steps at 0/1/2..) | greedy success at 10/20/.. | final greedy success | sampled success, last 10 steps |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
   for r in result["runs"]:
     stale = "/".join(str(v) for v in r["staleness_steps"].values()) if "staleness_steps" in r else "-"
     steady = f"{r['steady_steps_per_s']:.3f}" if r["steady_steps_per_s"] else "-"
     wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
     lines.append(f"| {r['seed']} | {r['mode']} | {steady} | {r['steps_per_s']:.3f} | {r['loop_s']:.0f} | {wall} "
                  f"| {r['sampler_idle_frac']:.2f} | {r['trainer_idle_frac']:.2f} | {stale} "
-                 f"| {r['final_greedy_success']:.3f} |")
+                 f"| {'/'.join(f'{v:.2f}' for k, v in sorted(r['greedy_success_by_step'].items()) if k)} "
+                 f"| {r['final_greedy_success']:.3f} | {r['last10_sampled_success']:.3f} |")
   lines += ["", "| seed | async / sync steps/s (steady) | (all steps) | greedy success async - sync | within 0.05 |",
             "|---|---:|---:|---:|---|"]
   for p in result["pairs"]:
@@ -120,12 +123,17 @@ def main(argv):
   del argv
   steps, staleness = _STEPS.value, _STALENESS.value
   runs, pairs = [], []
+  previous_walls = {}  # --summarize_only: wall times of the runs from the results it rewrites
+  if _SUMMARIZE_ONLY.value and os.path.exists(_OUT.value + ".json"):
+    with open(_OUT.value + ".json") as f:
+      previous_walls = {(r["mode"], r["seed"]): r["wall_s"] for r in json.load(f)["runs"]}
   for seed in [int(s) for s in _SEEDS.value]:
     by_mode = {}
     for mode in ("sync", "async"):
       if _SUMMARIZE_ONLY.value:
         with open(os.path.join(_WORKDIR.value, f"{mode}_seed{seed}", "metrics.jsonl")) as f:
-          out = {"records": [json.loads(line) for line in f if line.strip()], "wall_s": None}
+          out = {"records": [json.loads(line) for line in f if line.strip()],
+                 "wall_s": previous_walls.get((mode, seed))}
       else:
         out = run(mode, seed, steps, staleness if mode == "async" else 0, _EVAL_ROWS.value)
       s = summarize(mode, out["records"], out["wall_s"], steps, staleness)
@@ -140,12 +148,17 @@ def main(argv):
   mean_speed = sum(p["speedup"] for p in pairs) / len(pairs)
   steady = [p["steady_speedup"] for p in pairs if p["steady_speedup"]]
   mean_steady = sum(steady) / len(steady) if steady else None
-  a_idle = [r["sampler_idle_frac"] for r in runs if r["mode"] == "async"]
+  idle = {(m, k): sum(r[k] for r in runs if r["mode"] == m) / len(pairs)
+          for m in ("sync", "async") for k in ("sampler_idle_frac", "trainer_idle_frac")}
   reading = (f"Mean async/sync steps/s {mean_speed:.2f}x over all steps"
-             + (f", {mean_steady:.2f}x steady" if mean_steady else "") + " (goal >= 1.5x). On a CPU the sampler thread and "
-             "the trainer share the same cores, so overlapping them gives no new compute: async helps only "
-             "as far as one side leaves cores idle. Async sampler idle fraction "
-             f"{min(a_idle):.2f}-{max(a_idle):.2f} (time held back by the staleness bound).")
+             + (f", {mean_steady:.2f}x steady" if mean_steady else "") + " (goal >= 1.5x). "
+             f"Sync alternates: the sampler idles {idle['sync', 'sampler_idle_frac']:.2f} and the trainer "
+             f"{idle['sync', 'trainer_idle_frac']:.2f} of the loop; async overlaps them (sampler idle "
+             f"{idle['async', 'sampler_idle_frac']:.2f}, held back by the staleness bound; trainer idle "
+             f"{idle['async', 'trainer_idle_frac']:.2f}, waiting for a batch). On this CPU both share the "
+             "same cores, so the overlap pays only where one side alone leaves cores idle (single-row "
+             "decode steps, Python between turns, host work of the update); the machine's load from "
+             "other jobs also changed between runs, so the ratio is indicative, not a GPU figure.")
   result = {"machine": machine(), "note": _NOTE.value, "config": _CONFIG.value, "steps": steps,
             "max_staleness": staleness, "eval_rows": _EVAL_ROWS.value, "runs": runs, "pairs": pairs,
             "mean_speedup": mean_speed, "mean_steady_speedup": mean_steady, "reading": reading}
