@@ -100,7 +100,8 @@ def table(result: dict) -> str:
            f"{result['steps']} RL steps per run, async max_staleness={result['max_staleness']}, "
            f"greedy eval on {result['eval_rows']} held-out rows every 10 steps.", "",
            "| seed | mode | steps/s (steady) | steps/s (all) | loop s | wall s | sampler idle | trainer idle "
-           "| staleness (steps at 0/1/2..) | greedy success at 10/20/.. | final greedy success | sampled success, last 10 steps |",
+           "| staleness (steps at 0/1/2..) | greedy success at 10/20/.. | final greedy success "
+           "| sampled success, last 10 steps |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
   for r in result["runs"]:
     stale = "/".join(str(v) for v in r["staleness_steps"].values()) if "staleness_steps" in r else "-"
@@ -110,7 +111,8 @@ def table(result: dict) -> str:
                  f"| {r['sampler_idle_frac']:.2f} | {r['trainer_idle_frac']:.2f} | {stale} "
                  f"| {'/'.join(f'{v:.2f}' for k, v in sorted(r['greedy_success_by_step'].items()) if k)} "
                  f"| {r['final_greedy_success']:.3f} | {r['last10_sampled_success']:.3f} |")
-  lines += ["", "| seed | async / sync steps/s (steady) | (all steps) | greedy success async - sync | within 0.05 |",
+  lines += ["", "| seed | async / sync steps/s (steady) | (all steps) | greedy success async - sync "
+            "| within 0.05 |",
             "|---|---:|---:|---:|---|"]
   for p in result["pairs"]:
     st = f"{p['steady_speedup']:.2f}x" if p["steady_speedup"] else "-"
@@ -143,7 +145,8 @@ def main(argv):
       print(json.dumps({k: v for k, v in s.items() if k != "greedy_success_by_step"}), flush=True)
     diff = by_mode["async"]["final_greedy_success"] - by_mode["sync"]["final_greedy_success"]
     sa, ss = by_mode["async"]["steady_steps_per_s"], by_mode["sync"]["steady_steps_per_s"]
-    pairs.append({"seed": seed, "steady_speedup": sa / ss if sa and ss else None, "speedup": by_mode["async"]["steps_per_s"] / by_mode["sync"]["steps_per_s"],
+    pairs.append({"seed": seed, "steady_speedup": sa / ss if sa and ss else None,
+                  "speedup": by_mode["async"]["steps_per_s"] / by_mode["sync"]["steps_per_s"],
                   "success_diff": diff, "parity": abs(diff) <= 0.05 + 1e-9})
   mean_speed = sum(p["speedup"] for p in pairs) / len(pairs)
   steady = [p["steady_speedup"] for p in pairs if p["steady_speedup"]]
