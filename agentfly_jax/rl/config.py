@@ -49,6 +49,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
   c.mesh.tp = 1
+  # >0: the JAX sampler gets its own sub-mesh, the last `sampler_devices` local devices (tensor
+  # parallel over them), and the trainer's (fsdp, tp) mesh takes the first fsdp * tp devices: on
+  # GPU, rollout and training run on separate chips (with rollout.mode=async they overlap); each
+  # weight sync copies the params across. 0: the sampler shares the trainer's devices.
+  c.mesh.sampler_devices = 0
   # logical axis name (params' metadata, models/sharding.py) -> mesh axis ("" = kept whole);
   # e.g. --config.mesh.rules.mlp=fsdp; a module with a new logical name adds its rule here.
   c.mesh.rules = ml_collections.ConfigDict({k: v or "" for k, v in DEFAULT_RULES.items()})
@@ -171,6 +176,13 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
                    "rollout.max_tokens_per_turn", "rollout.max_total_tokens", "rollout.concurrency",
                    "rollout.max_batch_size", "train.minibatches", "train.epochs",
                    "train.micro_batch_size", "mesh.fsdp", "mesh.tp", "checkpoint.keep"]
+  sampler_devices = c.mesh.get("sampler_devices", 0)   # .get: runs saved before the field
+  if not isinstance(sampler_devices, int) or isinstance(sampler_devices, bool) or sampler_devices < 0:
+    _fail("mesh.sampler_devices", sampler_devices, "must be an integer >= 0 (0 = share the trainer's)")
+  if sampler_devices and c.rollout.sampler != "jax":
+    _fail("mesh.sampler_devices", sampler_devices,
+          f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={c.rollout.sampler!r}; "
+          f"vLLM places itself: set its gpu_memory_utilization instead)")
   for field in ("model.attention_chunk", "train.logits_chunk"):
     sec, key = field.split(".")
     v = c[sec][key]
