@@ -41,6 +41,9 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench_common import (SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name,  # noqa: E402
+                          measure_matmul_rate, xla_flags_env)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny | smollm2 (shipped weights) | smollm2_random "
                   "(same shapes, random init; with --num_layers for scaled-down A/Bs)")
@@ -57,10 +60,6 @@ flags.DEFINE_string("work_dir", "/dev/shm/bench_train_step", "scratch folder for
 flags.DEFINE_string("serve", "", "internal: run as the MODEL:SHAPE:FRAMEWORK worker")
 
 LR, WEIGHT_DECAY, CLIP, DUAL_CLIP, MAX_GRAD_NORM, VALUE_CLIP = 1e-6, 0.01, 0.2, 3.0, 1.0, 0.5
-SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                          tie_word_embeddings=True)
 
 
 # ---------------------------------------------------------------- shared inputs
@@ -133,22 +132,34 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 
 # ---------------------------------------------------------------- workers
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
-                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision")}
+                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla")}
 
 
-def parse_variant(variant: str) -> tuple[dict, dict]:
+def parse_variant(variant: str) -> tuple[dict, dict, str]:
   """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
-  lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision.
-  Returns (model overrides, loss overrides)."""
-  out = {"model": {}, "loss": {}}
+  lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
+  xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
+  Returns (model overrides, loss overrides, XLA variant name or '')."""
+  out = {"model": {}, "loss": {}, "env": {}}
   for knob in ("lc0_ac0" if variant == "plain" else variant).split("_") if variant else []:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
-      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>)")
+      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
+                       f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     where, field = VARIANT_KNOBS[key]
     value = knob[len(key):]
-    out[where][field] = value if key == "prec" else (bool(int(value)) if key == "remat" else int(value))
-  return out["model"], out["loss"]
+    if key == "xla" and value not in XLA_CPU_VARIANTS:
+      raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
+    out[where][field] = value if key in ("prec", "xla") else (bool(int(value)) if key == "remat" else int(value))
+  return out["model"], out["loss"], out["env"].get("xla", "")
+
+
+def worker_env(framework: str) -> dict | None:
+  """The worker's environment: framework 'jax+...xla<name>...' adds that XLA variant's flags."""
+  if not framework.startswith("jax+"):
+    return None
+  xla = parse_variant(framework.split("+", 1)[1])[2]
+  return xla_flags_env(xla) if xla else None
 
 
 class JaxStep:
@@ -161,7 +172,7 @@ class JaxStep:
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
-    model_overrides, loss_overrides = parse_variant(variant)
+    model_overrides, loss_overrides, _ = parse_variant(variant)
     model = from_pretrained(model_folder(name), **model_overrides)
     critic = Critic.from_causal_lm(model)
     critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
@@ -290,51 +301,14 @@ def serve(spec: str) -> None:
     print(json.dumps(reply), file=out, flush=True)
 
 
-class Worker:
+class Worker(WorkerProcess):
+  """Parent-side handle of a `serve` subprocess for MODEL:SHAPE:FRAMEWORK; `ready` = its READY reply."""
+
   def __init__(self, spec: str):
-    import subprocess
-    import tempfile
-    self.label = spec
-    self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(FLAGS.steps)}",
            f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                 text=True, bufsize=1)
-    self.ready = self._read()
-
-  def _read(self) -> dict:
-    for line in self.proc.stdout:
-      if line.startswith("{"):
-        return json.loads(line)
-    self.log.seek(0)
-    raise RuntimeError(f"{self.label} worker died (exit {self.proc.wait()}):\n{self.log.read()[-3000:]}")
-
-  def ask(self, command: str) -> dict:
-    self.proc.stdin.write(command + "\n")
-    self.proc.stdin.flush()
-    return self._read()
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.stdin.write("quit\n")
-      self.proc.stdin.flush()
-      self.proc.wait(timeout=300)
-    os.unlink(self.log.name)
-
-
-def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
-  """FLOP/s of an n x n float32 `jnp.matmul` (jitted, best of reps)."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(jnp.matmul)
-  f(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+    super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
+    self.ready = self.first
 
 
 # ---------------------------------------------------------------- the comparison
@@ -469,7 +443,7 @@ def main(argv):
   rows = compare(rate) if FLAGS.bench else []
   demo_out = demo() if FLAGS.demo else None
   rate_end = measure_matmul_rate()
-  machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
+  machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
              "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
              "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
              "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"}
@@ -478,14 +452,6 @@ def main(argv):
       "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
       "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
                 "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}})
-
-
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor()
 
 
 if __name__ == "__main__":
