@@ -140,9 +140,6 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("loss.kl_kind", c.loss.kl_kind, f"unknown KL estimator; known: {KL_KINDS}")
   if c.rollout.mode not in ("sync", "async"):
     _fail("rollout.mode", c.rollout.mode, "must be 'sync' or 'async'")
-  if c.train.pack_sequences and c.rollout.mode == "async":
-    _fail("train.pack_sequences", c.train.pack_sequences,
-          "not supported with rollout.mode='async' yet (decoupled PPO's loss has no segment_ids)")
   if not isinstance(c.rollout.max_staleness, int) or c.rollout.max_staleness < 0:
     _fail("rollout.max_staleness", c.rollout.max_staleness, "must be an integer >= 0")
   if not c.loss.behaviour_cap > 0:
