@@ -132,12 +132,14 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 
 # ---------------------------------------------------------------- workers
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
-                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla")}
+                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
+                 "fuse": ("model", "fuse_projections")}
 
 
 def parse_variant(variant: str) -> tuple[dict, dict, str]:
   """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
   lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
+  fuse0/1 ModelConfig.fuse_projections,
   xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
   Returns (model overrides, loss overrides, XLA variant name or '')."""
   out = {"model": {}, "loss": {}, "env": {}}
@@ -150,7 +152,7 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
     value = knob[len(key):]
     if key == "xla" and value not in XLA_CPU_VARIANTS:
       raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
-    out[where][field] = value if key in ("prec", "xla") else (bool(int(value)) if key == "remat" else int(value))
+    out[where][field] = value if key in ("prec", "xla") else (bool(int(value)) if key in ("remat", "fuse") else int(value))
   return out["model"], out["loss"], out["env"].get("xla", "")
 
 
@@ -312,7 +314,9 @@ class Worker(WorkerProcess):
 
 
 # ---------------------------------------------------------------- the comparison
-def compare(matmul_rate: float) -> list[dict]:
+def compare(matmul_rate: float, on_shape=None) -> list[dict]:
+  """Every (model, shape): workers per framework, interleaved repeats -> result rows (with the
+  ratios against torch). `on_shape(rows)` is called after each shape (partial results)."""
   rows = []
   for name in FLAGS.models:
     cfg = model_config(name)
@@ -350,6 +354,13 @@ def compare(matmul_rate: float) -> list[dict]:
                      "model_flops": flops, "flop_per_s": flops / statistics.median(wall),
                      "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
                      "flop_per_s_best": flops / min(wall)})
+      if on_shape is not None:
+        on_shape(with_ratios(rows))
+  return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+  """Adds each row's ratios against the torch row of the same model, shape and step."""
   for r in rows:
     ref = [o for o in rows if (o["model"], o["shape"], o["step"], o["framework"]) == (r["model"], r["shape"], r["step"], "torch")]
     if ref:
@@ -440,18 +451,22 @@ def main(argv):
   load_start = os.getloadavg()
   rate = measure_matmul_rate()
   print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
-  rows = compare(rate) if FLAGS.bench else []
+  settings = {"models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
+              "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
+              "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
+                        "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}}
+
+  def save(rows, demo_out, rate_end):
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
+               "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
+               "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+               "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"
+                       + ("" if rate_end else " (partial results: the run was still going)")}
+    write_results(FLAGS.out, machine, rows, demo_out, settings)
+
+  rows = compare(rate, on_shape=lambda r: save(r, None, None)) if FLAGS.bench else []
   demo_out = demo() if FLAGS.demo else None
-  rate_end = measure_matmul_rate()
-  machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
-             "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
-             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-             "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"}
-  write_results(FLAGS.out, machine, rows, demo_out, {
-      "models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
-      "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
-      "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
-                "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}})
+  save(rows, demo_out, measure_matmul_rate())
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ class ModelConfig:
   'default', jax.lax.Precision for every matmul: 'highest' keeps float32 exact on GPU, where
   'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed), attention_chunk
   (> 0: self-attention without a cache runs this many queries at a time, causal blocks under
-  jax.checkpoint, so no [B, H, T, T] is kept for the backward pass; 0: one masked square).
+  jax.checkpoint, so no [B, H, T, T] is kept for the backward pass; 0: one masked square),
+  fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels; the
+  params stay separate, so names and checkpoints are unchanged).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
   model_type: str = "qwen2"
@@ -72,6 +74,7 @@ class ModelConfig:
   num_labels: int = 1
   matmul_precision: str = "highest"
   attention_chunk: int = 0
+  fuse_projections: bool = False
 
   def __post_init__(self):
     if self.head_dim is None:
