@@ -40,6 +40,7 @@ from bench_common import cpu_name  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile_out", "profile_train_step", "result file stem in experiments/results/")
 flags.DEFINE_integer("top", 25, "top ops listed per variant")
+flags.DEFINE_integer("top_gemms", 10, "GEMM shapes (by FLOPs per step) timed in JAX and torch")
 flags.DEFINE_string("hlo_dir", "", "also write each variant's optimized HLO text here")
 
 # Instruction line of HLO text: "  [ROOT] name = shape opcode(operands), attrs"
@@ -71,12 +72,84 @@ def parse_hlo(text: str) -> dict[str, dict]:
     calls = re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=\{?([\w.\-, ]+)\}?", m.group("args"))
     current["instrs"].append({
         "name": m.group("name"), "op": m.group("op"), "dims": [a[1] for a in arrays],
+        "operands": re.findall(r"([\w.\-]+)", m.group("args").split(")", 1)[0]), "args": m.group("args"),
         "bytes": sum(_BYTES.get(dt, 4) * _prod(d) for dt, d in arrays),
         "calls": [c.strip() for group in calls for c in group.split(",")],
         "kind": (re.search(r"kind=(k\w+)", m.group("args")) or [None, ""])[1],
         # a GEMM XLA hands to a library (YNNPACK / XNNPACK / oneDNN): kCustom fusion or custom-call
         "library": bool(re.search(r'"kind":"__(ynn|xnn|onednn)|custom_call_target="__onednn', m.group("args")))})
   return comps
+
+
+def _dims_attr(args: str, key: str) -> tuple[int, ...]:
+  m = re.search(key + r"=\{([\d,]*)\}", args)
+  return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
+
+
+def dot_signature(comps: dict, instr: dict):
+  """The GEMM a thunk-level dot / library fusion runs: ((lhs dims, rhs dims, lhs contracting,
+  rhs contracting, lhs batch, rhs batch), flops) or None."""
+  if instr["op"] == "dot":
+    where, dot = None, instr
+  else:
+    where = comps.get(instr["calls"][0] if instr["calls"] else "", {"instrs": []})
+    dot = next((i for i in where["instrs"] if i["op"] == "dot"), None)
+    if dot is None:
+      return None
+  scope = where["instrs"] if where else [i for c in comps.values() for i in c["instrs"]]
+  shapes = {i["name"]: i["dims"][0] for i in scope if len(i["dims"]) == 1}
+  if len(dot["operands"]) < 2 or any(o not in shapes for o in dot["operands"][:2]):
+    return None
+  lhs, rhs = shapes[dot["operands"][0]], shapes[dot["operands"][1]]
+  sig = (lhs, rhs, _dims_attr(dot["args"], "lhs_contracting_dims"), _dims_attr(dot["args"], "rhs_contracting_dims"),
+         _dims_attr(dot["args"], "lhs_batch_dims"), _dims_attr(dot["args"], "rhs_batch_dims"))
+  k = _prod(lhs[d] for d in sig[2])
+  return sig, 2 * _prod(dot["dims"][0]) * k
+
+
+def gemm_einsum(sig) -> str:
+  """The einsum spec of a dot signature (batch dims, then lhs free, then rhs free: XLA's order)."""
+  lhs, rhs, lc, rc, lb, rb = sig
+  letters = iter("abcdefghijklmnopqrstuvwxyz")
+  a = [next(letters) for _ in lhs]
+  b = [None] * len(rhs)
+  for i, j in zip(lc + lb, rc + rb):
+    b[j] = a[i]
+  b = [x or next(letters) for x in b]
+  out = [a[i] for i in lb] + [a[i] for i in range(len(lhs)) if i not in lc + lb] + \
+        [b[j] for j in range(len(rhs)) if j not in rc + rb]
+  return f"{''.join(a)},{''.join(b)}->{''.join(out)}"
+
+
+def time_gemms(sigs: list, reps: int = 3) -> list[dict]:
+  """Each GEMM timed as `jnp.einsum` (jitted) and `torch.einsum` on the same shapes, interleaved,
+  best of reps: {einsum, lhs, rhs, jax_gflops, torch_gflops}."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+  torch.set_num_threads(os.cpu_count())
+  out = []
+  for sig, flops in sigs:
+    spec = gemm_einsum(sig)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s, dtype=np.float32) for s in sig[:2])
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    f = jax.jit(lambda x, y, spec=spec: jnp.einsum(spec, x, y, precision="highest"))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    f(ja, jb).block_until_ready()
+    torch.einsum(spec, ta, tb)
+    best = {"jax": float("inf"), "torch": float("inf")}
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      f(ja, jb).block_until_ready()
+      best["jax"] = min(best["jax"], time.perf_counter() - t0)
+      t0 = time.perf_counter()
+      torch.einsum(spec, ta, tb)
+      best["torch"] = min(best["torch"], time.perf_counter() - t0)
+    out.append({"einsum": spec, "lhs": list(sig[0]), "rhs": list(sig[1]),
+                "jax_gflops": flops / best["jax"] / 1e9, "torch_gflops": flops / best["torch"] / 1e9})
+  return out
 
 
 def _prod(dims) -> int:
@@ -150,9 +223,10 @@ def hlo_counts(ops: dict) -> dict:
   return dict(sorted(table.items()))
 
 
-def trace_times(trace_dir: str, ops: dict) -> tuple[dict, list, float]:
+def trace_times(trace_dir: str, ops: dict) -> tuple[dict, list, float, dict]:
   """Sums the trace's complete ("X") events of HLO thunks by category; returns
-  (seconds by category/weights, top ops [(name, seconds, calls, category, shape)], total s)."""
+  (seconds by category/weights, top ops [(name, seconds, calls, category, shape)], total s,
+  {op name: calls})."""
   events = []
   for path in glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True):
     with gzip.open(path) as f:
@@ -170,7 +244,8 @@ def trace_times(trace_dir: str, ops: dict) -> tuple[dict, list, float]:
       by_cat[f"{o['category']}/{'weights' if o['weights'] else 'activations'}"] += sec
   top = sorted(((n, s, c, ops[n]["category"], ops[n]["shape"]) for n, (s, c) in per_op.items()
                 if ops[n]["category"] != "control"), key=lambda r: -r[1])
-  return dict(sorted(by_cat.items(), key=lambda kv: -kv[1])), top, sum(by_cat.values())
+  return (dict(sorted(by_cat.items(), key=lambda kv: -kv[1])), top, sum(by_cat.values()),
+          {n: c for n, (_, c) in per_op.items()})
 
 
 def profile_variant(name: str, shape: str, framework: str) -> dict:
@@ -212,14 +287,33 @@ def profile_variant(name: str, shape: str, framework: str) -> dict:
       jax.block_until_ready(m)
       walls.append(time.perf_counter() - t0)
     jax.profiler.stop_trace()
-    by_cat, top, total = trace_times(trace_dir, ops)
+    by_cat, top, total, call_counts = trace_times(trace_dir, ops)
   reps = FLAGS.repeats
+  gemms = collections.defaultdict(lambda: {"flops": 0, "count": 0, "executor": set()})
+  for comp in comps.values():
+    for i in comp["instrs"]:
+      if i["name"] in ops and ops[i["name"]]["category"] == "dot":
+        found = dot_signature(comps, i)
+        if found is None:
+          continue
+        sig, flops = found
+        n = max(1.0, call_counts.get(i["name"], 0) / reps)
+        g = gemms[sig]
+        g["flops"] += flops * n
+        g["count"] += n
+        g["executor"].add("library" if i["library"] else "xla")
+  total_flops = sum(g["flops"] for g in gemms.values())
+  biggest = sorted(gemms.items(), key=lambda kv: -kv[1]["flops"])[:FLAGS.top_gemms]
+  rates = time_gemms([(sig, g["flops"] / g["count"]) for sig, g in biggest])
+  gemm_rows = [{**r, "calls_per_step": g["count"], "gflop_per_step": g["flops"] / 1e9,
+                "executor": "+".join(sorted(g["executor"]))} for (sig, g), r in zip(biggest, rates)]
   return {"model": name, "shape": shape, "framework": framework, "step": step, "compile_s": compile_s,
           "wall_s": walls, "loss": float(m["actor/pg_loss"]),
           "hlo_counts": hlo_counts(ops),
           "cost_flops": float(cost.get("flops", 0)), "cost_bytes_accessed": float(cost.get("bytes accessed", 0)),
           "temp_gib": mem.temp_size_in_bytes / 2 ** 30 if mem else None,
           "thunk_s_per_step": {k: v / reps for k, v in by_cat.items()}, "thunk_total_s_per_step": total / reps,
+          "gemm_gflop_per_step": total_flops / 1e9, "gemms": gemm_rows,
           "top_ops": [{"name": n, "s_per_step": s / reps, "calls_per_step": c / reps, "category": cat, "shape": shp}
                       for n, s, c, cat, shp in top[:FLAGS.top]]}
 
@@ -246,6 +340,14 @@ def write(rows: list[dict], machine: dict) -> None:
       s = r["thunk_s_per_step"].get(k, 0.0)
       c = r["hlo_counts"].get(k, {"count": 0, "gib": 0.0})
       md.append(f"| {k} | {s:.3f} | {100 * s / max(r['thunk_total_s_per_step'], 1e-12):.1f}% | {c['count']} | {c['gib']:.2f} |")
+    md.append(f"\nGEMMs: {r['gemm_gflop_per_step']:.0f} GFLOP per step. The largest, each timed alone as `jnp.einsum` "
+              "(jitted) and `torch.einsum` on the same shapes in this process (interleaved, best of 3):\n")
+    md.append("| einsum | lhs | rhs | executor in the step | calls/step | GFLOP/step | JAX GFLOP/s | torch GFLOP/s | JAX/torch |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+    for g in r["gemms"]:
+      md.append(f"| {g['einsum']} | {g['lhs']} | {g['rhs']} | {g['executor']} | {g['calls_per_step']:.0f} | "
+                f"{g['gflop_per_step']:.1f} | {g['jax_gflops']:.1f} | {g['torch_gflops']:.1f} | "
+                f"{g['jax_gflops'] / g['torch_gflops']:.2f} |")
     md.append("\n| top op | category | shape | s/step | calls/step |\n|---|---|---|---|---|")
     for o in r["top_ops"]:
       md.append(f"| {o['name']} | {o['category']} | {o['shape']} | {o['s_per_step']:.3f} | {o['calls_per_step']:.0f} |")

@@ -1,6 +1,7 @@
 """Fused projections (ModelConfig.fuse_projections: q/k/v and gate/up each one GEMM over the
 concatenated kernels) equal the separate projections: logits and every parameter gradient of a
-random loss (Qwen2: q/k/v biases), and the cached decode path in both kernel layouts; the
+random loss (Qwen2: q/k/v biases), and the cached decode path in both kernel layouts (the row
+threshold that keeps decode unfused is lowered here so every path fuses); the
 parameter tree (names, shapes) is the same, so checkpoints and HF/vLLM weight maps carry over."""
 import numpy as np
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models import CausalLM, tiny_config
+from agentfly_jax.models import layers
 from agentfly_jax.models.layers import fused_linear, set_kernel_layout
 
 B, T, V = 2, 11, 64
@@ -19,7 +21,8 @@ def _model(fuse):
   return CausalLM(cfg, rngs=nnx.Rngs(0))
 
 
-def test_fused_projections_match_separate_values_and_grads():
+def test_fused_projections_match_separate_values_and_grads(monkeypatch):
+  monkeypatch.setattr(layers, "FUSE_MIN_ROWS", 1)  # fuse at these small test shapes too
   rng = np.random.default_rng(3)
   ids = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
   attn = jnp.asarray(np.arange(T)[None] < np.array([T, 7])[:, None])
@@ -44,7 +47,8 @@ def test_fused_projections_match_separate_values_and_grads():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
-def test_fused_linear_in_both_kernel_layouts_and_cached_decode():
+def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
+  monkeypatch.setattr(layers, "FUSE_MIN_ROWS", 1)
   plain, fused = _model(False), _model(True)
   nnx.update(fused, nnx.state(plain))
   rng = np.random.default_rng(4)

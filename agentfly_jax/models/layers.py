@@ -107,6 +107,20 @@ class Linear(nnx.Module):
     return y
 
 
+# Fused projections concatenate their kernels on every call (one extra pass over those weights):
+# that pays when the GEMM has many rows (training, prefill), not at decode, which is bound by
+# reading the weights.
+FUSE_MIN_ROWS = 256
+
+
+def project(x: jax.Array, linears, fuse: bool) -> list[jax.Array]:
+  """[l(x) for l in linears], as one GEMM (`fused_linear`) when `fuse` and x has at least
+  FUSE_MIN_ROWS rows (static shapes: decided at trace time)."""
+  if fuse and math.prod(x.shape[:-1]) >= FUSE_MIN_ROWS:
+    return fused_linear(x, linears)
+  return [l(x) for l in linears]
+
+
 def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
   """The `Linear`s (same input width, layout and dtype) applied to x [..., in] as one GEMM over
   their concatenated kernels: [..., out_i] each, equal to [l(x) for l in linears]. The params stay
@@ -175,10 +189,7 @@ class Attention(nnx.Module):
     Returns (out [B, T, D], (k, v) or None).
     """
     b, t, _ = x.shape
-    if self.fuse_projections:
-      q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
-    else:
-      q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), self.fuse_projections)
     q = q.reshape(b, t, self.num_heads, self.head_dim)
     k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
     v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -271,10 +282,7 @@ class MLP(nnx.Module):
     self.down_proj = linear(cfg, i, d, cfg.mlp_bias, rngs)
 
   def __call__(self, x):
-    if self.fuse_projections:
-      gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
-    else:
-      gate, up = self.gate_proj(x), self.up_proj(x)
+    gate, up = project(x, (self.gate_proj, self.up_proj), self.fuse_projections)
     return self.down_proj(jax.nn.silu(gate) * up)
 
 
