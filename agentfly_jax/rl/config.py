@@ -42,7 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = 768         # tiny tokenizer size when random init
   c.model.tie_word_embeddings = True
   c.model.remat = False
-  c.model.attention_chunk = 0      # >0: causal attention this many queries at a time (no [B,H,T,T] kept)
+  c.model.attention_chunk = 512    # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
