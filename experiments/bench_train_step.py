@@ -52,6 +52,8 @@ flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch s
 flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
 flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
+flags.DEFINE_bool("one_worker_at_a_time", False, "each framework's worker runs all its repeats alone, then exits "
+                  "(for machines without memory for all workers at once; ratios are then not interleaved)")
 flags.DEFINE_bool("demo", False, "also: packing on the demo's real batches + the demo's step-time budget")
 flags.DEFINE_integer("demo_steps", 3, "trainer steps timed for the demo budget")
 flags.DEFINE_bool("bench", True, "run the framework comparison (off: only --demo)")
@@ -323,24 +325,29 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
     model_folder(name)
     for shape in FLAGS.shapes:
       b, t = (int(x) for x in shape.split("x"))
-      workers = {}
-      try:
-        for fw in FLAGS.frameworks:
-          t0 = time.perf_counter()
-          workers[fw] = Worker(f"{name}:{shape}:{fw}")
-          print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
-                f"(first step {json.dumps(workers[fw].ready['first'])})", flush=True)
-        times = {(fw, s): [] for fw in workers for s in FLAGS.steps}
-        for rep in range(FLAGS.repeats):
-          for s in FLAGS.steps:
-            for fw, w in workers.items():
-              times[fw, s].append(w.ask(f"run {s}"))
-          print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
-              f"{fw}/{s} {v[-1]['wall']:.2f}s wall {v[-1]['cpu']:.2f}s cpu" for (fw, s), v in times.items()), flush=True)
-        mem = {fw: w.ask("mem")["peak_rss"] for fw, w in workers.items()}
-      finally:
-        for w in workers.values():
-          w.close()
+      workers, times, mem = {}, {(fw, s): [] for fw in FLAGS.frameworks for s in FLAGS.steps}, {}
+      # interleaved: all workers alive, taking turns each repeat; --one_worker_at_a_time (memory-
+      # tight machines): each framework's worker runs all its repeats, then exits
+      groups = [[fw] for fw in FLAGS.frameworks] if FLAGS.one_worker_at_a_time else [list(FLAGS.frameworks)]
+      for group in groups:
+        live = {}
+        try:
+          for fw in group:
+            t0 = time.perf_counter()
+            live[fw] = workers[fw] = Worker(f"{name}:{shape}:{fw}")
+            print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
+                  f"(first step {json.dumps(live[fw].ready['first'])})", flush=True)
+          for rep in range(FLAGS.repeats):
+            for s in FLAGS.steps:
+              for fw, w in live.items():
+                times[fw, s].append(w.ask(f"run {s}"))
+            print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
+                f"{fw}/{s} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu"
+                for fw in live for s in FLAGS.steps), flush=True)
+          mem.update({fw: w.ask("mem")["peak_rss"] for fw, w in live.items()})
+        finally:
+          for w in live.values():
+            w.close()
       for (fw, s), runs in times.items():
         wall = [r["wall"] for r in runs]
         cpu = [r["cpu"] for r in runs]
@@ -452,7 +459,7 @@ def main(argv):
   rate = measure_matmul_rate()
   print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
   settings = {"models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
-              "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
+              "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers, "one_worker_at_a_time": FLAGS.one_worker_at_a_time,
               "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
                         "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}}
 

@@ -328,7 +328,10 @@ def write(rows: list[dict], machine: dict) -> None:
   md = [f"# Train-step profile (compiled step, by op category)\n\nMachine: {machine['note']} ({machine['cpu']}); "
         f"load average {machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Thunk seconds are sums "
         f"of `jax.profiler` trace events per step (XLA:CPU runs independent thunks on both cores at once, so "
-        f"they can exceed the wall). 'weights' = results shaped like a parameter (or its transpose).\n"]
+        f"they can exceed the wall). 'weights' = results shaped like a parameter (or its transpose). GEMMs "
+        f"that XLA runs itself (executor `xla`, plain `dot` thunks, e.g. the weight gradients with a transposed "
+        f"operand) run on its thread pool after their trace event closes, so their time is missing from the "
+        f"thunk sums (`dot/weights` is mostly those); the GEMM table times every large GEMM alone instead.\n"]
   for r in rows:
     md.append(f"\n## {r['model']} ({FLAGS.num_layers or 'all'} layers) {r['shape']} {r['step']} step, `{r['framework']}`\n\n"
               f"wall per step {', '.join(f'{w:.2f}' for w in r['wall_s'])} s; thunk sum {r['thunk_total_s_per_step']:.2f} s; "
