@@ -51,14 +51,15 @@ def build_tokenizer_dir(config, task, workdir: str) -> str:
 
 def build_model(config, vocab_size: int, *, critic: bool = False):
   from agentfly_jax.models import CausalLM, Critic, from_pretrained, tiny_config
+  from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
-    return from_pretrained(m.pretrained, critic=critic, seed=config.seed, remat=m.remat,
+    return from_pretrained(m.pretrained, critic=critic, seed=config.seed, remat=resolved_remat(config),
                            attention_chunk=m.attention_chunk)
   cfg = tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
                     hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                     num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=m.remat,
+                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=resolved_remat(config),
                     attention_chunk=m.attention_chunk)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
@@ -83,15 +84,16 @@ def build_components(config, workdir: str, task=None) -> Components:
   model = build_model(config, tokenizer.vocab_size)
   # On several processes each runs its own sampler on its local devices: a second, unsharded copy.
   sampler_model = model if jax.process_count() == 1 else build_model(config, tokenizer.vocab_size)
-  shard_model(model, mesh)
-  specs = partition_specs(model, mesh)
+  rules = config.mesh.get("rules")  # None (a run saved before config.mesh.rules): the defaults
+  shard_model(model, mesh, rules)
+  specs = partition_specs(model, mesh, rules)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
   c_graphdef = c_rest = c_params = c_specs = None
   if ALGORITHMS[config.algo]["critic"]:
     critic = build_model(config, tokenizer.vocab_size, critic=True)
-    shard_model(critic, mesh)
-    c_specs = partition_specs(critic, mesh)
+    shard_model(critic, mesh, rules)
+    c_specs = partition_specs(critic, mesh, rules)
     c_graphdef, c_params, c_rest = nnx.split(critic, nnx.Param, ...)
 
   model_dir = None
