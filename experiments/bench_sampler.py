@@ -33,6 +33,9 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_common  # noqa: E402 (experiments/ is on sys.path: the script's folder)
+from bench_common import SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name, xla_flags_env  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny, smollm2 (the shipped weights) and/or "
                   "smollm2_random (same shapes, random init: needs no files, e.g. on a GPU machine)")
@@ -79,17 +82,7 @@ def measure_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
 
 def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
   """FLOP/s of an n x n `jnp.matmul` in --dtype (jitted, best of reps)."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), FLAGS.dtype)
-  f = jax.jit(jnp.matmul)
-  f(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return bench_common.measure_matmul_rate(n, reps, FLAGS.dtype)
 
 
 def measure_decode_gemm_rates(cfg, batch: int, reps: int = 15) -> dict:
@@ -160,12 +153,6 @@ def generate_floor(cfg, batch: int, prompt_len: int, new_tokens: int, bandwidth:
 
 
 # ---------------------------------------------------------------- engines
-XLA_CPU_VARIANTS = {  # engine "jax+NAME" runs the JAX sampler with these XLA_FLAGS (A/B of backends)
-    "noynn": "--xla_cpu_experimental_ynn_fusion_type=",
-    "onednn": "--xla_cpu_experimental_ynn_fusion_type= "
-              "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
-    "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
-}
 KERNEL_LAYOUT_VARIANTS = ("in_out", "out_in")  # engine "jax+in_out": JaxSampler(kernel_layout=...)
 GEMM_LIBRARIES = ("xla", "openblas", "onednn")  # measured at the decode shape (measure_decode_gemm_rates)
 
@@ -277,55 +264,27 @@ def serve(name: str, engine: str) -> None:
     eng.vllm.close()
 
 
-class Worker:
+class Worker(WorkerProcess):
   """Parent-side handle of a `serve` subprocess (stdout carries only the JSON replies)."""
 
   def __init__(self, name: str, engine: str):
-    import subprocess
-    import tempfile
-    self.label = f"{name}:{engine}"
-    self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, os.path.abspath(__file__), f"--serve={name}:{engine}",
            f"--batch_sizes={','.join(FLAGS.batch_sizes)}", f"--prompt_len={FLAGS.prompt_len}",
            f"--new_tokens={FLAGS.new_tokens}", f"--work_dir={FLAGS.work_dir}",
            f"--sync_repeats={FLAGS.sync_repeats}", f"--device={FLAGS.device}", f"--dtype={FLAGS.dtype}"]
-    env = dict(os.environ)
+    env = None
     if "+" in engine:
       variant = engine.split("+", 1)[1]
       known = (*XLA_CPU_VARIANTS, *KERNEL_LAYOUT_VARIANTS)
       if variant not in known:
         raise ValueError(f"--engines: unknown variant {engine!r} (jax+{'|'.join(known)})")
       if variant in XLA_CPU_VARIANTS:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_VARIANTS[variant]}".strip()
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                 text=True, bufsize=1, env=env)
-    self.start_s = self._read()["start_s"]
-
-  def _read(self) -> dict:
-    for line in self.proc.stdout:
-      if line.startswith("{"):
-        return json.loads(line)
-    self.log.seek(0)
-    raise RuntimeError(f"{self.label} worker died (exit {self.proc.wait()}):\n{self.log.read()[-3000:]}")
-
-  def ask(self, command: str) -> dict:
-    self.proc.stdin.write(command + "\n")
-    self.proc.stdin.flush()
-    return self._read()
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.stdin.write("quit\n")
-      self.proc.stdin.flush()
-      self.proc.wait(timeout=120)
-    os.unlink(self.log.name)
+        env = xla_flags_env(variant)
+    super().__init__(cmd, label=f"{name}:{engine}", env=env, close_timeout_s=120)
+    self.start_s = self.first["start_s"]
 
 
 # ---------------------------------------------------------------- models
-SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                          tie_word_embeddings=True)
 
 
 def model_config(name: str):
@@ -424,7 +383,7 @@ def main(argv):
 
 def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> None:
   new_tokens = FLAGS.new_tokens
-  result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
+  result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
                         "device": _device_name(),
                         "copy_bytes_per_s": bandwidth, "matmul_flop_per_s": flops_rate,
                         "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
@@ -438,7 +397,7 @@ def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> Non
   stem = "bench_sampler" if FLAGS.device == "cpu" else f"bench_sampler_{FLAGS.device}_{FLAGS.dtype}"
   with open(os.path.join(FLAGS.out_dir, f"{stem}.json"), "w") as f:
     json.dump(result, f, indent=2)
-  md = [f"# Sampler benchmark\n\nMachine: {os.cpu_count()} CPUs ({_cpu_name()}), copy {bandwidth / 1e9:.1f} GB/s, "
+  md = [f"# Sampler benchmark\n\nMachine: {os.cpu_count()} CPUs ({cpu_name()}), copy {bandwidth / 1e9:.1f} GB/s, "
         f"matmul {flops_rate / 1e9:.1f} GFLOP/s; load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}. "
         f"Device {_device_name()}. Prompt {FLAGS.prompt_len} + {new_tokens} sampled tokens (temperature 1), "
         f"{FLAGS.dtype}; tokens/s = batch x "
@@ -482,14 +441,6 @@ def _device_name() -> str:
     return "CPU"
   import jax
   return jax.devices()[0].device_kind
-
-
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor()
 
 
 if __name__ == "__main__":

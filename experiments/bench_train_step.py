@@ -41,6 +41,9 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench_common import (SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name,  # noqa: E402
+                          measure_matmul_rate, xla_flags_env)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny | smollm2 (shipped weights) | smollm2_random "
                   "(same shapes, random init; with --num_layers for scaled-down A/Bs)")
@@ -49,6 +52,8 @@ flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch s
 flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
 flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
+flags.DEFINE_bool("one_worker_at_a_time", False, "each framework's worker runs all its repeats alone, then exits "
+                  "(for machines without memory for all workers at once; ratios are then not interleaved)")
 flags.DEFINE_bool("demo", False, "also: packing on the demo's real batches + the demo's step-time budget")
 flags.DEFINE_integer("demo_steps", 3, "trainer steps timed for the demo budget")
 flags.DEFINE_bool("bench", True, "run the framework comparison (off: only --demo)")
@@ -57,10 +62,6 @@ flags.DEFINE_string("work_dir", "/dev/shm/bench_train_step", "scratch folder for
 flags.DEFINE_string("serve", "", "internal: run as the MODEL:SHAPE:FRAMEWORK worker")
 
 LR, WEIGHT_DECAY, CLIP, DUAL_CLIP, MAX_GRAD_NORM, VALUE_CLIP = 1e-6, 0.01, 0.2, 3.0, 1.0, 0.5
-SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                          tie_word_embeddings=True)
 
 
 # ---------------------------------------------------------------- shared inputs
@@ -133,22 +134,36 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 
 # ---------------------------------------------------------------- workers
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
-                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision")}
+                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
+                 "fuse": ("model", "fuse_projections")}
 
 
-def parse_variant(variant: str) -> tuple[dict, dict]:
+def parse_variant(variant: str) -> tuple[dict, dict, str]:
   """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
-  lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision.
-  Returns (model overrides, loss overrides)."""
-  out = {"model": {}, "loss": {}}
+  lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
+  fuse0/1 ModelConfig.fuse_projections,
+  xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
+  Returns (model overrides, loss overrides, XLA variant name or '')."""
+  out = {"model": {}, "loss": {}, "env": {}}
   for knob in ("lc0_ac0" if variant == "plain" else variant).split("_") if variant else []:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
-      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>)")
+      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
+                       f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     where, field = VARIANT_KNOBS[key]
     value = knob[len(key):]
-    out[where][field] = value if key == "prec" else (bool(int(value)) if key == "remat" else int(value))
-  return out["model"], out["loss"]
+    if key == "xla" and value not in XLA_CPU_VARIANTS:
+      raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
+    out[where][field] = value if key in ("prec", "xla") else (bool(int(value)) if key in ("remat", "fuse") else int(value))
+  return out["model"], out["loss"], out["env"].get("xla", "")
+
+
+def worker_env(framework: str) -> dict | None:
+  """The worker's environment: framework 'jax+...xla<name>...' adds that XLA variant's flags."""
+  if not framework.startswith("jax+"):
+    return None
+  xla = parse_variant(framework.split("+", 1)[1])[2]
+  return xla_flags_env(xla) if xla else None
 
 
 class JaxStep:
@@ -161,7 +176,7 @@ class JaxStep:
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
-    model_overrides, loss_overrides = parse_variant(variant)
+    model_overrides, loss_overrides, _ = parse_variant(variant)
     model = from_pretrained(model_folder(name), **model_overrides)
     critic = Critic.from_causal_lm(model)
     critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
@@ -290,79 +305,49 @@ def serve(spec: str) -> None:
     print(json.dumps(reply), file=out, flush=True)
 
 
-class Worker:
+class Worker(WorkerProcess):
+  """Parent-side handle of a `serve` subprocess for MODEL:SHAPE:FRAMEWORK; `ready` = its READY reply."""
+
   def __init__(self, spec: str):
-    import subprocess
-    import tempfile
-    self.label = spec
-    self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(FLAGS.steps)}",
            f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                 text=True, bufsize=1)
-    self.ready = self._read()
-
-  def _read(self) -> dict:
-    for line in self.proc.stdout:
-      if line.startswith("{"):
-        return json.loads(line)
-    self.log.seek(0)
-    raise RuntimeError(f"{self.label} worker died (exit {self.proc.wait()}):\n{self.log.read()[-3000:]}")
-
-  def ask(self, command: str) -> dict:
-    self.proc.stdin.write(command + "\n")
-    self.proc.stdin.flush()
-    return self._read()
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.stdin.write("quit\n")
-      self.proc.stdin.flush()
-      self.proc.wait(timeout=300)
-    os.unlink(self.log.name)
-
-
-def measure_matmul_rate(n: int = 2048, reps: int = 5) -> float:
-  """FLOP/s of an n x n float32 `jnp.matmul` (jitted, best of reps)."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(jnp.matmul)
-  f(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+    super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
+    self.ready = self.first
 
 
 # ---------------------------------------------------------------- the comparison
-def compare(matmul_rate: float) -> list[dict]:
+def compare(matmul_rate: float, on_shape=None) -> list[dict]:
+  """Every (model, shape): workers per framework, interleaved repeats -> result rows (with the
+  ratios against torch). `on_shape(rows)` is called after each shape (partial results)."""
   rows = []
   for name in FLAGS.models:
     cfg = model_config(name)
     model_folder(name)
     for shape in FLAGS.shapes:
       b, t = (int(x) for x in shape.split("x"))
-      workers = {}
-      try:
-        for fw in FLAGS.frameworks:
-          t0 = time.perf_counter()
-          workers[fw] = Worker(f"{name}:{shape}:{fw}")
-          print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
-                f"(first step {json.dumps(workers[fw].ready['first'])})", flush=True)
-        times = {(fw, s): [] for fw in workers for s in FLAGS.steps}
-        for rep in range(FLAGS.repeats):
-          for s in FLAGS.steps:
-            for fw, w in workers.items():
-              times[fw, s].append(w.ask(f"run {s}"))
-          print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
-              f"{fw}/{s} {v[-1]['wall']:.2f}s wall {v[-1]['cpu']:.2f}s cpu" for (fw, s), v in times.items()), flush=True)
-        mem = {fw: w.ask("mem")["peak_rss"] for fw, w in workers.items()}
-      finally:
-        for w in workers.values():
-          w.close()
+      workers, times, mem = {}, {(fw, s): [] for fw in FLAGS.frameworks for s in FLAGS.steps}, {}
+      # interleaved: all workers alive, taking turns each repeat; --one_worker_at_a_time (memory-
+      # tight machines): each framework's worker runs all its repeats, then exits
+      groups = [[fw] for fw in FLAGS.frameworks] if FLAGS.one_worker_at_a_time else [list(FLAGS.frameworks)]
+      for group in groups:
+        live = {}
+        try:
+          for fw in group:
+            t0 = time.perf_counter()
+            live[fw] = workers[fw] = Worker(f"{name}:{shape}:{fw}")
+            print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
+                  f"(first step {json.dumps(live[fw].ready['first'])})", flush=True)
+          for rep in range(FLAGS.repeats):
+            for s in FLAGS.steps:
+              for fw, w in live.items():
+                times[fw, s].append(w.ask(f"run {s}"))
+            print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
+                f"{fw}/{s} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu"
+                for fw in live for s in FLAGS.steps), flush=True)
+          mem.update({fw: w.ask("mem")["peak_rss"] for fw, w in live.items()})
+        finally:
+          for w in live.values():
+            w.close()
       for (fw, s), runs in times.items():
         wall = [r["wall"] for r in runs]
         cpu = [r["cpu"] for r in runs]
@@ -376,6 +361,13 @@ def compare(matmul_rate: float) -> list[dict]:
                      "model_flops": flops, "flop_per_s": flops / statistics.median(wall),
                      "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
                      "flop_per_s_best": flops / min(wall)})
+      if on_shape is not None:
+        on_shape(with_ratios(rows))
+  return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+  """Adds each row's ratios against the torch row of the same model, shape and step."""
   for r in rows:
     ref = [o for o in rows if (o["model"], o["shape"], o["step"], o["framework"]) == (r["model"], r["shape"], r["step"], "torch")]
     if ref:
@@ -466,26 +458,22 @@ def main(argv):
   load_start = os.getloadavg()
   rate = measure_matmul_rate()
   print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
-  rows = compare(rate) if FLAGS.bench else []
+  settings = {"models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
+              "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers, "one_worker_at_a_time": FLAGS.one_worker_at_a_time,
+              "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
+                        "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}}
+
+  def save(rows, demo_out, rate_end):
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
+               "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
+               "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+               "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"
+                       + ("" if rate_end else " (partial results: the run was still going)")}
+    write_results(FLAGS.out, machine, rows, demo_out, settings)
+
+  rows = compare(rate, on_shape=lambda r: save(r, None, None)) if FLAGS.bench else []
   demo_out = demo() if FLAGS.demo else None
-  rate_end = measure_matmul_rate()
-  machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
-             "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
-             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-             "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"}
-  write_results(FLAGS.out, machine, rows, demo_out, {
-      "models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
-      "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers,
-      "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
-                "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}})
-
-
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor()
+  save(rows, demo_out, measure_matmul_rate())
 
 
 if __name__ == "__main__":

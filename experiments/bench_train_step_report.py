@@ -18,10 +18,13 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
   md = [f"# Train-step benchmark: JAX vs PyTorch + transformers\n",
         f"Machine: {machine['note']} ({machine['cpu']}); `jnp.matmul` 2048^2 float32 "
         f"{machine['matmul_flop_per_s_start'] / 1e9:.0f} GFLOP/s at the start, "
-        f"{machine['matmul_flop_per_s_end'] / 1e9:.0f} at the end; load average "
+        f"{(machine['matmul_flop_per_s_end'] or 0) / 1e9:.0f} at the end; load average "
         f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Wall times on a machine shared "
         "with other jobs move by 2x between minutes: compare the per-repeat ratios (frameworks interleaved) "
         "and the CPU seconds (all threads of the worker), not absolute numbers across runs.\n",
+        ("**Workers ran one at a time** (not interleaved: the machine had no memory for both at once), so "
+         "wall ratios compare different minutes; the CPU-seconds ratio is the steadier one.\n"
+         if settings.get("one_worker_at_a_time") else ""),
         "Step: PPO-clip (0.2, dual-clip 3), token-mean, AdamW, grad-norm clip 1.0, float32, one micro-batch; "
         "`ppo` adds the critic's clipped value step. `jax` = library defaults; `jax+plain` = [B, T, V] logits "
         "and one masked attention square (the formulation before #18). FLOP/s = model FLOPs (6 x matmul params "
@@ -59,4 +62,5 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
       md.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
   with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
     f.write("\n".join(md) + "\n")
-  print("\n".join(md))
+  if machine["matmul_flop_per_s_end"]:
+    print("\n".join(md))

@@ -89,10 +89,16 @@ def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   np.testing.assert_allclose(after[row, rest], lp(packed)[row, rest], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("policy,agg", [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm")])
+@pytest.mark.parametrize("policy,agg", [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm"),
+                                        ("decoupled_ppo", "seq-mean-token-mean")])
 def test_packed_train_step_equals_unpacked(batch, policy, agg):
   cfg = LossConfig(policy_loss=policy, agg=agg, kl_coef=0.05, entropy_coef=0.01, logits_chunk=16,
-                   clip_low=0.2 if policy == "ppo" else 3e-4, clip_high=0.28 if policy == "ppo" else 4e-4)
+                   clip_low=3e-4 if policy == "gspo" else 0.2, clip_high=4e-4 if policy == "gspo" else 0.28,
+                   behaviour_cap=1.5)
+  if policy == "decoupled_ppo":  # the sampler's log-probs: some behaviour weights past the cap
+    noise = np.random.default_rng(1).normal(size=batch["old_logprobs"].shape) * 0.5
+    batch = {**batch, "behaviour_logprobs": np.where(batch["action_mask"], batch["old_logprobs"] + noise, 0)
+             .astype(np.float32)}
   packed, layout = pack_batch(batch)
   results = []
   for b in (batch, packed):
@@ -106,7 +112,11 @@ def test_packed_train_step_equals_unpacked(batch, policy, agg):
     state, m = step(state, to_microbatches(b, np.arange(rows), rows))
     results.append((state, m))
   (s0, m0), (s1, m1) = results
-  for k in ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "critic/vf_loss", "actor/loss_denom"):
+  keys = ["actor/pg_loss", "actor/entropy", "actor/kl_ref", "critic/vf_loss", "actor/loss_denom"]
+  if policy == "decoupled_ppo":
+    assert 0 < float(m0["actor/behaviour_capped_frac"]) < 1
+    keys += ["actor/behaviour_weight_mean", "actor/behaviour_capped_frac"]
+  for k in keys:
     np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, atol=1e-6, err_msg=k)
   for tree0, tree1 in ((s0.params, s1.params), (s0.critic_params, s1.critic_params)):
     for a, b_ in zip(jax.tree.leaves(tree0), jax.tree.leaves(tree1)):

@@ -44,8 +44,10 @@ def _ref_logprobs(model, traj, temperature):
   return logits[np.arange(len(traj.token_ids) - 1), traj.token_ids[1:]] - logz
 
 
-@pytest.mark.parametrize("estimator,chunk", [("grpo", 4), ("gae", 3)])
-def test_prepare_matches_per_trajectory_reference(estimator, chunk):
+@pytest.mark.parametrize("estimator,chunk,logits_chunk", [("grpo", 4, 0), ("gae", 3, 5)])
+def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk):
+  """logits_chunk 0: plain [chunk, L, V] logits; 5: the chunked log-prob scan (5 does not divide
+  the 3 x 32 tokens of a row chunk)."""
   rng = np.random.default_rng(abs(hash(estimator)) % 2**31)
   trajs = _trajs(rng)
   policy = CausalLM(tiny_config("qwen2", **CFG), rngs=nnx.Rngs(0))
@@ -55,7 +57,7 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk):
   cg = cp = cr = None
   if critic is not None:
     cg, cp, cr = _split(critic)
-  cfg = PrepareConfig(estimator=estimator, chunk=chunk, temperature=0.7, tis_cap=1.5,
+  cfg = PrepareConfig(estimator=estimator, chunk=chunk, logits_chunk=logits_chunk, temperature=0.7, tis_cap=1.5,
                       overlong_max_tokens=20, overlong_buffer=8, overlong_factor=0.5)
   prepare = make_prepare(g, r, cfg, critic_graphdef=cg, critic_rest=cr)
   arrays = pad_rows(train_arrays(trajs, pad_id=0, multiple=16), 4)  # 9 rows + 3 inert ones

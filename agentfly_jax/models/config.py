@@ -44,7 +44,12 @@ class ModelConfig:
   'default', jax.lax.Precision for every matmul: 'highest' keeps float32 exact on GPU, where
   'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed), attention_chunk
   (> 0: self-attention without a cache runs this many queries at a time, causal blocks under
-  jax.checkpoint, so no [B, H, T, T] is kept for the backward pass; 0: one masked square).
+  jax.checkpoint, so no [B, H, T, T] is kept for the backward pass; 0: one masked square; default
+  512: sequences up to 512 are one square, longer ones go in blocks, measured 0.7x the wall of
+  one square at T=2048 on CPU),
+  fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels when a
+  call has >= layers.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay
+  separate, so names and checkpoints are unchanged; measured 2-8 % faster train step on CPU).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
   model_type: str = "qwen2"
@@ -72,7 +77,8 @@ class ModelConfig:
   remat: bool | str = False
   num_labels: int = 1
   matmul_precision: str = "highest"
-  attention_chunk: int = 0
+  attention_chunk: int = 512
+  fuse_projections: bool = True
 
   def __post_init__(self):
     if self.head_dim is None:

@@ -113,6 +113,36 @@ class Linear(nnx.Module):
     return y
 
 
+# Fused projections concatenate their kernels on every call (one extra pass over those weights):
+# that pays when the GEMM has many rows (training, prefill), not at decode, which is bound by
+# reading the weights.
+FUSE_MIN_ROWS = 256
+
+
+def project(x: jax.Array, linears, fuse: bool) -> list[jax.Array]:
+  """[l(x) for l in linears], as one GEMM (`fused_linear`) when `fuse` and x has at least
+  FUSE_MIN_ROWS rows (static shapes: decided at trace time)."""
+  if fuse and math.prod(x.shape[:-1]) >= FUSE_MIN_ROWS:
+    return fused_linear(x, linears)
+  return [l(x) for l in linears]
+
+
+def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
+  """The `Linear`s (same input width, layout and dtype) applied to x [..., in] as one GEMM over
+  their concatenated kernels: [..., out_i] each, equal to [l(x) for l in linears]. The params stay
+  separate (the concatenation is part of the step; its gradient is a split)."""
+  first = linears[0]
+  in_out = first.kernel_layout == "in_out"
+  kernel = jnp.concatenate([l.kernel[...] for l in linears], axis=1 if in_out else 0).astype(first.dtype)
+  y = jax.lax.dot_general(x.astype(first.dtype), kernel, (((x.ndim - 1,), (0 if in_out else 1,)), ((), ())),
+                          precision=first.precision)
+  if any(l.bias is not None for l in linears):
+    y = y + jnp.concatenate([jnp.zeros((l.out_features,), first.dtype) if l.bias is None
+                             else l.bias[...].astype(first.dtype) for l in linears])
+  splits = [sum(l.out_features for l in linears[:i + 1]) for i in range(len(linears) - 1)]
+  return jnp.split(y, splits, axis=-1)
+
+
 def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
   """Puts every `Linear` of `model` in `layout` ("in_out" | "out_in"); returns `model`.
 
@@ -148,6 +178,7 @@ class Attention(nnx.Module):
     self.dtype = cfg.compute_dtype
     self.precision = cfg.matmul_precision
     self.attention_chunk = cfg.attention_chunk
+    self.fuse_projections = cfg.fuse_projections
     self.q_proj = linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "q_heads"))
     self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
     self.v_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
@@ -169,9 +200,10 @@ class Attention(nnx.Module):
     Returns (out [B, T, D], (k, v) or None).
     """
     b, t, _ = x.shape
-    q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-    k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-    v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), self.fuse_projections)
+    q = q.reshape(b, t, self.num_heads, self.head_dim)
+    k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
+    v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -255,12 +287,14 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, i = cfg.hidden_size, cfg.intermediate_size
+    self.fuse_projections = cfg.fuse_projections
     self.gate_proj = linear(cfg, d, i, cfg.mlp_bias, rngs, axes=("embed", "mlp"))
     self.up_proj = linear(cfg, d, i, cfg.mlp_bias, rngs, axes=("embed", "mlp"))
     self.down_proj = linear(cfg, i, d, cfg.mlp_bias, rngs, axes=("mlp", "embed"), bias_axis="embed_vector")
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate, up = project(x, (self.gate_proj, self.up_proj), self.fuse_projections)
+    return self.down_proj(jax.nn.silu(gate) * up)
 
 
 class DecoderLayer(nnx.Module):

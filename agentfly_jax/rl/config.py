@@ -44,7 +44,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = 768         # tiny tokenizer size when random init
   c.model.tie_word_embeddings = True
   c.model.remat = False            # legacy bool (True = "full"); train.remat wins when set
-  c.model.attention_chunk = 0      # >0: causal attention this many queries at a time (no [B,H,T,T] kept)
+  c.model.attention_chunk = 512    # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
@@ -152,9 +152,6 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("loss.kl_kind", c.loss.kl_kind, f"unknown KL estimator; known: {KL_KINDS}")
   if c.rollout.mode not in ("sync", "async"):
     _fail("rollout.mode", c.rollout.mode, "must be 'sync' or 'async'")
-  if c.train.pack_sequences and c.rollout.mode == "async":
-    _fail("train.pack_sequences", c.train.pack_sequences,
-          "not supported with rollout.mode='async' yet (decoupled PPO's loss has no segment_ids)")
   if not isinstance(c.rollout.max_staleness, int) or c.rollout.max_staleness < 0:
     _fail("rollout.max_staleness", c.rollout.max_staleness, "must be an integer >= 0")
   if not c.loss.behaviour_cap > 0:

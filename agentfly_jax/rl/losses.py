@@ -294,8 +294,8 @@ def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, 
                        behaviour_logprobs: Array, behaviour_cap: float = 2.0,
                        clip_low: float = 0.2, clip_high: float = 0.2,
                        dual_clip: float | None = 3.0, agg: str = "token-mean",
-                       is_weights: Array | None = None,
-                       norm_len: int | None = None) -> tuple[Array, Array, dict]:
+                       is_weights: Array | None = None, norm_len: int | None = None,
+                       segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
   """Decoupled PPO for off-policy (asynchronous) rollouts, as in AReaL (arXiv 2505.24298).
 
   Three policies: the behaviour policy that sampled the tokens (`behaviour_logprobs`, from the
@@ -306,7 +306,8 @@ def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, 
     l = w * max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)),  r = pi / pi_prox
   (+ dual-clip as in `policy_loss`). With pi_behav == pi_prox it is `policy_loss`.
 
-  Args: as `policy_loss`, plus behaviour_logprobs float[B, T] and behaviour_cap > 0.
+  Args: as `policy_loss` (segment_ids for packed rows), plus behaviour_logprobs float[B, T] and
+  behaviour_cap > 0.
   Returns: as `policy_loss`; metrics add behaviour_weight_mean and behaviour_capped_frac.
   """
   fn = "decoupled_ppo_loss"
@@ -320,7 +321,7 @@ def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, 
   weights = w if is_weights is None else w * is_weights
   loss_sum, denom, metrics = policy_loss(
       logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-      dual_clip=dual_clip, agg=agg, is_weights=weights, norm_len=norm_len)
+      dual_clip=dual_clip, agg=agg, is_weights=weights, norm_len=norm_len, segment_ids=segment_ids)
   mask_f = jnp.asarray(mask, jnp.float32)
   metrics["behaviour_weight_mean"] = _mean(w, mask_f)
   metrics["behaviour_capped_frac"] = _mean(raw > behaviour_cap, mask_f)

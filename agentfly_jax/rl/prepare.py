@@ -7,7 +7,9 @@
 the trainer's log-probs of the sampled tokens (old), the reference policy's (KL), the critic's
 values (PPO), the truncated importance weights, the (DAPO overlong-penalised) scores' advantages
 and returns, and the metrics of the sampler/trainer mismatch and of the advantages. Forward
-passes run over fixed chunks of `chunk` rows (`lax.map`), so memory stays that of one chunk.
+passes run over fixed chunks of `chunk` rows (`lax.map`), so memory stays that of one chunk; the
+log-probs of a chunk come from its hidden states `logits_chunk` tokens at a time, so no
+[chunk, L, V] logits array exists either.
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ from flax import nnx
 
 from agentfly_jax.rl import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty
-from agentfly_jax.rl.train_step import critic_values, policy_logprobs
+from agentfly_jax.rl.train_step import critic_values, policy_logprobs_entropy
 
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
   estimator: str                    # advantage estimator name (rl/advantages.py)
   chunk: int = 16                   # rows per forward pass
+  logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
   temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
   gamma: float = 1.0
   lam: float = 1.0
@@ -70,7 +73,8 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
 
   def logprobs(params, a):
     model = nnx.merge(graphdef, params, rest)
-    fn = lambda ids, tg, am: policy_logprobs(model, ids, tg, am, cfg.temperature)[0]
+    fn = lambda ids, tg, am: policy_logprobs_entropy(model, ids, tg, am, cfg.temperature,  # noqa: E731
+                                                     chunk=cfg.logits_chunk)[0]
     lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"])
     return jnp.where(a["action_mask"], lp, 0.0)
 
