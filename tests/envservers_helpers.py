@@ -26,6 +26,42 @@ async def connect(server: LocalEnvServer) -> Connection:
   return await Connection.open(server.address)
 
 
+def restart_on_port(server: LocalEnvServer, *envs: str,
+                    extra: tuple[str, ...] = ()) -> LocalEnvServer:
+  """A new server process on the (dead) `server`'s port; the caller stops it."""
+  port = server.address.rsplit(":", 1)[1]
+  return LocalEnvServer(list(envs), extra_args=["--port", port, *extra])
+
+
+async def server_stats(address: str) -> dict:
+  """The server's `stats` reply, on a connection of its own."""
+  conn = await Connection.open(address, token=None)
+  try:
+    return await conn.call("stats", timeout_s=10)
+  finally:
+    await conn.aclose()
+
+
+def steps_started(stats: dict, env: str = "sleep") -> int:
+  """The `env` pool's calls beyond one `reset` per acquire: the steps started (a lower bound)."""
+  pool = stats["pools"][env]
+  return pool["calls"] - pool["acquires"]
+
+
+async def busy(address: str, env: str = "sleep", steps_before: int = 0) -> bool:
+  """Whether the server has a chain of `env` bound with a request in flight (besides this
+  `stats` call) and more than `steps_before` steps started (see `steps_started`)."""
+  stats = await server_stats(address)
+  return (stats["pools"][env]["in_use"] >= 1 and stats["inflight"] >= 2
+          and steps_started(stats, env) > steps_before)
+
+
+async def signal_when_busy(server: LocalEnvServer, sig: int = signal.SIGKILL, env: str = "sleep"):
+  """Sends `sig` to the server once it has chains inside a call (see `busy`)."""
+  await wait_until(lambda: busy(server.address, env), timeout_s=30, interval_s=0.02)
+  kill(server.process.pid, sig)
+
+
 def child_pids(pid: int) -> list[int]:
   """Direct children of `pid` (from /proc)."""
   children = []

@@ -2,6 +2,7 @@
 and default_provider()."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -117,6 +118,56 @@ async def test_reconnects_after_server_restart():
   finally:
     await manager.aclose()
     second.stop()
+
+
+@pytest.mark.trio
+async def test_chains_waiting_on_a_failing_connect_do_not_each_retry_it():
+  """A server that accepts but never greets (hung): the chains that queue behind the first
+  connect attempt fail over with it, so the server costs one connect timeout, not one each."""
+  accepted = []
+
+  async def never_greets(stream):
+    accepted.append(stream)
+    await trio.sleep_forever()
+
+  with running_server("echo=8:1") as good:
+    async with trio.open_nursery() as nursery:
+      listeners = await nursery.start(functools.partial(trio.serve_tcp, never_greets, 0,
+                                                        host="127.0.0.1"))
+      hung = "127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
+      manager = EnvManager([hung, good.address], connect_timeout_s=0.5, down_retry_s=60)
+      envs = [None] * 6
+
+      async def acquire(i):   # round-robin ties: every other chain tries the hung server first
+        envs[i] = await manager.acquire("echo", f"w{i}")
+      async with trio.open_nursery() as chains:
+        for i in range(6):
+          chains.start_soon(acquire, i)
+      assert [e.address for e in envs] == [good.address] * 6
+      assert len(accepted) == 1   # one connect attempt to the hung server, not three
+      assert manager.metrics()["envs/servers_down"] == 1
+      await manager.aclose()
+      nursery.cancel_scope.cancel()
+
+
+def test_step_counters_are_the_growth_since_the_last_take(two_servers):
+  a, b = two_servers
+  manager = EnvManager([a.address, b.address])
+
+  async def acquire(chains):
+    for chain in chains:
+      await manager.acquire("echo", chain)
+    await manager.aclose()
+
+  trio.run(acquire, ["s1", "s2", "s3"])
+  first = manager.take_step_counters()
+  assert first["acquires"] == 3 and first["connects"] == 2 and first["timeouts"] == 0
+  assert set(manager.take_step_counters().values()) == {0}   # nothing since
+  trio.run(acquire, ["s4"])
+  second = manager.take_step_counters()
+  assert second["acquires"] == 1 and second["connects"] == 1
+  totals = manager.metrics()
+  assert all(totals[f"envs/{k}"] == first[k] + second[k] for k in first)
 
 
 @pytest.mark.trio

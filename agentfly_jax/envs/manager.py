@@ -12,6 +12,8 @@
   exponential back-off and jitter until `acquire_timeout_s`.
 - Reconnect: a lost connection is reopened at the next call; a chain whose server went away gets
   an error observation for the call that failed, then a fresh instance (state lost, and said so).
+  Calls waiting on one connect attempt that fails fail with it (a hung server costs one connect
+  timeout, not one per waiting chain).
 - Works from any trio run: connections belong to the run that opened them (a synchronous one-off
   tool call does its own `trio.run`), so each run gets its own connections and bindings.
 - `metrics()` reports pool use (allocated envs per type, back-off, reconnects, errors).
@@ -37,6 +39,10 @@ from envservers.client import (AuthenticationFailed, BadReply, Connection, Conne
                                ServerHung)
 from envservers.protocol import (AUTH_FAILED, AUTH_REQUIRED, NOT_ACQUIRED, POOL_EXHAUSTED,
                                  UNKNOWN_ENV, ProtocolError, RemoteError, parse_address)
+
+
+COUNTERS = ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
+            "connection_errors", "auth_failures", "timeouts", "abandoned_acquires")
 
 
 class EnvUnavailable(RuntimeError):
@@ -225,9 +231,11 @@ class EnvManager:
                          else ssl_context)
     self._states: dict[Any, _RunState] = {}
     self._down_until: dict[str, float] = {}
+    self._connect_failed_at: dict[str, float] = {}   # the last failed connect per server
     self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
     self._round_robin = itertools.count()
     self._counters = collections.Counter()
+    self._counters_taken: dict[str, int] = {}   # the counters at the last take_step_counters
     self._backoff_s = 0.0
     self._peak_allocated = 0
     self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)
@@ -292,8 +300,7 @@ class EnvManager:
            "envs/backoff_s": self._backoff_s}
     for env_name, n in per_env.items():
       out[f"envs/allocated/{env_name}"] = float(n)
-    for key in ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
-                "connection_errors", "auth_failures", "timeouts", "abandoned_acquires"):
+    for key in COUNTERS:
       out[f"envs/{key}"] = float(self._counters[key])
     return out
 
@@ -303,6 +310,12 @@ class EnvManager:
     waits, self._acquire_waits = self._acquire_waits, collections.defaultdict(list)
     peaks, self._peak_in_use = self._peak_in_use, collections.Counter()
     return dict(waits), dict(peaks)
+
+  def take_step_counters(self) -> dict[str, int]:
+    """How much each of `metrics()`'s counters (COUNTERS) grew since the last call."""
+    now, before = dict(self._counters), self._counters_taken
+    self._counters_taken = now
+    return {key: now.get(key, 0) - before.get(key, 0) for key in COUNTERS}
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""
@@ -345,16 +358,24 @@ class EnvManager:
     connection = state.connections.get(address)
     if connection is not None and not connection.closed:
       return connection
+    waiting_since = time.monotonic()
     async with state.connect_locks[address]:
       connection = state.connections.get(address)
       if connection is not None and not connection.closed:
         return connection
+      failed_at = self._connect_failed_at.get(address)
+      if failed_at is not None and failed_at >= waiting_since:
+        # A connect that started while we waited for the lock just failed: do not try again
+        # right away (a hung server would cost every waiting chain a connect timeout in turn).
+        raise ConnectionLost(f"cannot connect to env server {address} (a connect attempt just "
+                             f"failed; it is retried after {self.down_retry_s:g} s)")
       try:
         connection = await Connection.open(address, self.connect_timeout_s, token=self._token,
                                            ssl_context=self._ssl_context)
       except AuthenticationFailed:
         raise
       except ConnectionLost:
+        self._connect_failed_at[address] = time.monotonic()
         self._down_until[address] = time.monotonic() + self.down_retry_s
         raise
       self._count("reconnects" if address in state.connections else "connects")

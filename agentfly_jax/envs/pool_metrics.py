@@ -8,8 +8,11 @@
   timeouts    calls past their wall-clock limit      start_failures
   acquire_wait_s / acquire_wait_max_s   mean / max seconds this trainer's acquires waited since
                                         the previous report (client side, back-off included)
-Counters are cumulative since each server started. Only an `EnvManager` (env servers) reports;
-any other provider gives {}.
+Counters are cumulative since each server started. And this trainer's own (client-side) counts
+since the previous report, `env/client/<counter>` (envs.manager.COUNTERS): acquires, connects,
+reconnects, connection_errors (a server gone mid-call or refusing connections), timeouts (a hung
+server), errors, pool_full, ... Only an `EnvManager` (env servers) reports; any other provider
+gives {}.
 """
 from __future__ import annotations
 
@@ -61,10 +64,11 @@ def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]
 
 
 def start_env_step(provider) -> None:
-  """Starts counting a step's acquire waits and peak bound chains afresh, so the step's report
-  holds only its own (not what earlier use of a process-wide server left)."""
+  """Starts counting a step's acquire waits, peak bound chains and client counters afresh, so
+  the step's report holds only its own (not what earlier use of a process-wide server left)."""
   if isinstance(provider, EnvManager):
     provider.take_step_stats()
+    provider.take_step_counters()
 
 
 def env_pool_metrics(provider) -> dict[str, float]:
@@ -77,9 +81,12 @@ def env_pool_metrics(provider) -> dict[str, float]:
     return {}   # inside trio: the caller must await provider.server_stats() itself
   except RuntimeError:
     pass
+  counters = provider.take_step_counters()   # before the stats calls' own connects
   try:
     stats = trio.run(provider.server_stats)
   except Exception:  # noqa: BLE001 -- metrics must never stop training
     log.warning("env pool metrics: could not read server stats", exc_info=True)
     stats = {}
-  return pool_metrics_from_stats(stats, *provider.take_step_stats())
+  out = pool_metrics_from_stats(stats, *provider.take_step_stats())
+  out.update({f"env/client/{key}": float(n) for key, n in counters.items()})
+  return out

@@ -124,13 +124,16 @@ TOOLS = (lookup,)
 REWARD = code_match
 
 
-def make_agent(tokenizer):
+def make_agent(tokenizer, tools=TOOLS, env_provider=None):
   """A ToolCallAgent whose system prompt describes the tool in one line instead of the
-  template's full JSON schema block (keeps prompts ~50 tokens for the tiny CPU policy)."""
+  template's full JSON schema block (keeps prompts ~50 tokens for the tiny CPU policy).
+  `tools`: another tool named `lookup` (e.g. an env-bound one) with the same arguments;
+  `env_provider`: the agent's EnvProvider for env-bound tools (default: the process-wide one)."""
   from agentfly_jax.agents import ToolCallAgent
 
   class CompactToolCallAgent(ToolCallAgent):
     def template_tools(self, tools):
       return None
 
-  return CompactToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT)
+  return CompactToolCallAgent(tokenizer, tools=list(tools), reward_fn=REWARD,
+                              system_prompt=SYSTEM_PROMPT, env_provider=env_provider)
