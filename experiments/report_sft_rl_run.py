@@ -35,7 +35,7 @@ def series(records, key):
 
 def main(argv):
   del argv
-  from agentfly_jax.metrics.plots import plot_curves
+  import agentfly_jax.metrics.plots  # noqa: F401  (headless matplotlib backend)
   os.makedirs(_OUT.value, exist_ok=True)
   for name in ("metrics.jsonl", "config.json"):
     shutil.copy(os.path.join(_WORKDIR.value, name), os.path.join(_OUT.value, name))
@@ -49,8 +49,21 @@ def main(argv):
   if pre is not None:  # before SFT drawn at step -1 (the SFT phase sits between -1 and 0)
     curve_records.insert(0, {"step": -1, "eval/success_rate": pre,
                              "eval/tool_calls_per_chain": step0.get("eval_pre_sft/tool_calls_per_chain")})
-  plot_curves(curve_records, list(CURVES), os.path.join(_OUT.value, "curve.png"), labels=CURVES,
-              title=f"{config.get('name', '')}: SFT (step -1 -> 0), then {config.get('algo', '')}")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for key, label in CURVES.items():
+    pts = series(curve_records, key)
+    if pts:
+      greedy = key.startswith("eval/")
+      ax.plot(*zip(*pts), label=label, marker="o" if greedy else None, linestyle="--" if "tool" in key else "-")
+  ax.axvspan(-1, 0, color="0.9", label="SFT")
+  ax.set_xlabel("RL step (-1: before SFT)")
+  ax.set_title(f"{config.get('name', '')}: SFT, then {config.get('algo', '')}")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(_OUT.value, "curve.png"), dpi=100)
+  plt.close(fig)
   ev = series(records, "eval/success_rate")
   roll = series(records, "rollout/success_rate")
   rl_s = sum(r.get("time/step_s", 0) for r in records)
