@@ -1,9 +1,10 @@
-"""Memory report of the sharded train step: per model size x mesh x remat, the per-device bytes
+"""Memory report of the sharded train step: per model size x mesh x remat policy, the per-device bytes
 XLA plans for the compiled step (`compiled.memory_analysis()`: arguments, outputs, temporaries),
 without allocating the model (abstract params from `nnx.eval_shape`).
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
-    .venv/bin/python experiments/bench_memory.py
+    .venv/bin/python experiments/bench_memory.py --sizes=d256_L4_v8k,smollm2_135m \\
+      --remat=none,full,dots_saveable --meshes=1x1,8x1,2x4
   -> experiments/results/bench_memory.{json,md}
 
 Compile-only: numbers are XLA's plan for this backend (CPU here), not a measured peak; on GPU/TPU
@@ -11,18 +12,21 @@ rerun on that backend. Ratios (temp vs 1 device, remat vs none) are the point.
 """
 import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
+from experiments.bench_machine import cpu_name, write_results  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/bench_memory", "Output path (no extension).")
 _BATCH = flags.DEFINE_integer("micro_batch", 8, "Rows per micro-batch.")
 _LEN = flags.DEFINE_integer("seq_len", 512, "Sequence length L.")
 _SIZES = flags.DEFINE_list("sizes", None, "Model sizes to report (default: all of SIZES).")
+_REMAT = flags.DEFINE_list("remat", ["none", "full", "dots_saveable"],
+                           "Remat policies per decoder layer (models/remat.py names).")
+_MESHES = flags.DEFINE_list("meshes", ["1x1", "8x1", "2x4", "1x8"], "Meshes, fsdp x tp.")
 
 SIZES = {  # name -> tiny_config overrides
     "d256_L4_v8k": dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -31,10 +35,9 @@ SIZES = {  # name -> tiny_config overrides
                                          num_hidden_layers=30, num_attention_heads=9,
                                          num_key_value_heads=3, head_dim=64),
 }
-MESHES = [(1, 1), (8, 1), (2, 4), (1, 8)]
 
 
-def measure(size: str, fsdp: int, tp: int, remat: bool, micro: int, seq: int) -> dict:
+def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> dict:
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -60,50 +63,50 @@ def measure(size: str, fsdp: int, tp: int, remat: bool, micro: int, seq: int) ->
           "temp_bytes": int(mem.temp_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes)}
 
 
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
-
-
 def main(argv):
   del argv
   import jax
+  from agentfly_jax.models.remat import remat_name
+  try:
+    meshes = [tuple(int(x) for x in m.split("x")) for m in _MESHES.value]
+    remats = [remat_name(r) for r in _REMAT.value]
+  except ValueError as e:
+    raise app.UsageError(f"--meshes (e.g. 2x4) or --remat: {e}")
+  machine = f"{cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
   rows = []
   for size in _SIZES.value or list(SIZES):
     if size not in SIZES:
       raise app.UsageError(f"--sizes: unknown size {size!r}; known: {sorted(SIZES)}")
-    for fsdp, tp in MESHES:
+    for fsdp, tp in meshes:
       if fsdp * tp > len(jax.devices()):
         continue
-      for remat in (False, True):
-        r = measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-  machine = f"{_cpu_name()}, {os.cpu_count()} cores, backend {jax.default_backend()}, {len(jax.devices())} devices"
+      for remat in remats:
+        rows.append(measure(size, fsdp, tp, remat, _BATCH.value, _LEN.value))
+        print(json.dumps(rows[-1]), flush=True)
+        write(machine, rows)  # after every row: a long report stopped early keeps what it measured
+
+
+def write(machine: str, rows: list[dict]) -> None:
   out = {"machine": machine, "micro_batch": _BATCH.value, "seq_len": _LEN.value, "rows": rows,
          "note": "compile-time plan per device from XLA memory_analysis (no allocation); CPU backend "
                  "with forced host devices; the machine was shared with other jobs (does not affect "
                  "these compile-time numbers)"}
-  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
-  with open(_OUT.value + ".json", "w") as f:
-    json.dump(out, f, indent=2)
   mib = lambda b: f"{b / 2**20:,.1f}"
   lines = [f"# Train-step memory per device (XLA memory_analysis)", "",
            f"Machine: {machine}. Micro-batch {_BATCH.value} x {_LEN.value} tokens, AdamW, float32. "
            "Compile-time plan, not a measured peak.", "",
-           "| model | params | mesh (fsdp x tp) | remat | arguments MiB | temporaries MiB | temp vs 1x1 |",
-           "|---|---:|---|---|---:|---:|---:|"]
+           "| model | params | mesh (fsdp x tp) | remat | arguments MiB | temporaries MiB | temp vs 1x1 "
+           "| temp vs no remat |", "|---|---:|---|---|---:|---:|---:|---:|"]
   base = {(r["size"], r["remat"]): r["temp_bytes"] for r in rows if r["fsdp"] * r["tp"] == 1}
+  no_remat = {(r["size"], r["fsdp"], r["tp"]): r["temp_bytes"] for r in rows if r["remat"] == "none"}
   for r in rows:
-    ratio = r["temp_bytes"] / max(1, base.get((r["size"], r["remat"]), r["temp_bytes"]))
+    vs_1 = base.get((r["size"], r["remat"]))
+    vs_1 = f"{r['temp_bytes'] / vs_1:.2f}" if vs_1 else "-"
+    vs = no_remat.get((r["size"], r["fsdp"], r["tp"]))
+    vs = f"{r['temp_bytes'] / vs:.2f}" if vs else "-"
     lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f}M | {r['fsdp']} x {r['tp']} | {r['remat']} | "
-                 f"{mib(r['argument_bytes'])} | {mib(r['temp_bytes'])} | {ratio:.2f} |")
-  with open(_OUT.value + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+                 f"{mib(r['argument_bytes'])} | {mib(r['temp_bytes'])} | {vs_1} | {vs} |")
+  write_results(_OUT.value, out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

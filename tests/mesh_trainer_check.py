@@ -19,11 +19,11 @@ sys.path.insert(0, ROOT)
 TIE_METRICS = {"critic/vf_clipfrac": (0.0, 0.1)}
 
 
-def run(algo: str, fsdp: int, tp: int, workdir: str) -> list[dict]:
+def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -> list[dict]:
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.trainer import Trainer
   c = lookup_config(algo, os.path.join(ROOT, "experiments", "results", "lookup_warmstart"))
-  c.mesh.fsdp, c.mesh.tp = fsdp, tp
+  c.mesh.fsdp, c.mesh.tp, c.mesh.sampler_devices = fsdp, tp, sampler_devices
   c.train.steps = 2
   c.rollout.rows_per_step, c.rollout.num_chains, c.rollout.max_turns = 2, 4, 2
   c.rollout.max_tokens_per_turn = 16
@@ -38,6 +38,15 @@ def run(algo: str, fsdp: int, tp: int, workdir: str) -> list[dict]:
   specs = {str(x.sharding.spec) for x in leaves}
   if fsdp * tp > 1 and specs == {"PartitionSpec()"}:
     sys.exit(f"{algo} on {fsdp}x{tp}: params were not sharded")
+  if sampler_devices:   # the sampler's copy lives on the last devices only, the trainer's not
+    trainer_devices = set().union(*(x.sharding.device_set for x in leaves))
+    sampler_devices_used = set().union(
+        *(x.sharding.device_set for x in jax.tree.leaves(trainer.sampler._params)))
+    expected = set(jax.devices()[-sampler_devices:])
+    if sampler_devices_used != expected or trainer_devices & expected:
+      sys.exit(f"sampler sub-mesh: sampler on {sampler_devices_used}, trainer on {trainer_devices}")
+    for a, b in zip(leaves, jax.tree.leaves(trainer.sampler._params), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # a copy of the final params
   return records
 
 
@@ -47,21 +56,29 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     for algo in algos:
       one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
-      mesh = run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))
-      assert [r["step"] for r in one] == [1, 2] == [r["step"] for r in mesh]
-      bad = []
-      for a, b in zip(one, mesh):
-        assert set(a) == set(b), set(a) ^ set(b)
-        for k in a:
-          if k.startswith("time/"):
-            continue
-          rtol, atol = TIE_METRICS.get(k, (2e-3, 2e-4))
-          if not np.isclose(b[k], a[k], rtol=rtol, atol=atol):
-            bad.append(f"{algo} step {a['step']} {k}: 1 device {a[k]!r}, 2x4 mesh {b[k]!r}")
+      runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
+      if algo == "grpo":   # the trainer on a 2x2 mesh, the sampler on its own 4 devices
+        runs["2x2 mesh + 4 sampler devices"] = run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)
+      bad = [f"{name}: {diff}" for name, mesh in runs.items() if (diff := compare(algo, one, mesh))]
       assert not bad, "\n".join(bad)
       assert one[-1]["actor/kl_ref"] > 0 and (algo != "ppo" or one[-1]["critic/grad_norm"] > 0)
-      print(f"{algo}: {len(one[0])} metrics equal on 1x1 and 2x4", flush=True)
+      print(f"{algo}: {len(one[0])} metrics equal on 1x1 and {', '.join(runs)}", flush=True)
   print("OK")
+
+
+def compare(algo, one, mesh) -> str:
+  """The metrics of two runs that differ beyond float32 tolerance (time/* aside), one per line."""
+  assert [r["step"] for r in one] == [1, 2] == [r["step"] for r in mesh]
+  bad = []
+  for a, b in zip(one, mesh):
+    assert set(a) == set(b), set(a) ^ set(b)
+    for k in a:
+      if k.startswith("time/"):
+        continue
+      rtol, atol = TIE_METRICS.get(k, (2e-3, 2e-4))
+      if not np.isclose(b[k], a[k], rtol=rtol, atol=atol):
+        bad.append(f"{algo} step {a['step']} {k}: 1 device {a[k]!r}, mesh {b[k]!r}")
+  return "\n".join(bad)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,16 @@ def main():
   check_param_shardings(critic, mesh, "critic")
   out = np.asarray(nnx.jit(lambda c, x: c(x))(critic, ids))
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+  # A module models/sharding.py does not know: its names + one rule shard it.
+  from agentfly_jax.models import DEFAULT_RULES, param_with_axes
+
+  class Router(nnx.Module):
+    def __init__(self):
+      self.gate = param_with_axes(jnp.ones((128, 8)), ("embed", "experts"))
+
+  router = shard_model(Router(), mesh, {**DEFAULT_RULES, "experts": "tp"})
+  assert router.gate[...].sharding.spec == P("fsdp", "tp"), router.gate[...].sharding
+  assert router.gate[...].addressable_shards[0].data.shape == (64, 2)
   print("SHARDING OK")
   return 0
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from agentfly_jax.rl.config import ALGORITHMS, default_config, validate_config
@@ -37,6 +38,7 @@ def test_default_and_shipped_configs_validate():
     ("train.lr", -1.0, "config.train.lr=-1.0"),
     ("rollout.top_p", 0.0, "config.rollout.top_p=0.0"),
     ("train.epochs", 0, "config.train.epochs=0"),
+    ("mesh.sampler_devices", -1, "config.mesh.sampler_devices=-1"),
 ])
 def test_bad_values_name_the_field(field, value, needle):
   cfg = default_config()
@@ -45,6 +47,20 @@ def test_bad_values_name_the_field(field, value, needle):
   with pytest.raises(ValueError) as e:
     validate_config(cfg)
   assert needle in str(e.value)
+
+
+def test_sampler_sub_mesh_needs_the_jax_sampler_and_enough_devices():
+  from agentfly_jax.rl.setup import training_and_sampler_meshes
+  cfg = default_config()
+  cfg.mesh.sampler_devices, cfg.rollout.sampler = 1, "vllm"
+  with pytest.raises(ValueError, match="config.mesh.sampler_devices=1.*JAX sampler"):
+    validate_config(cfg)
+  cfg.rollout.sampler = "jax"
+  validate_config(cfg)
+  n = len(jax.local_devices())
+  cfg.mesh.sampler_devices = n   # + the trainer's one device: one too many
+  with pytest.raises(ValueError, match=f"need {n + 1} devices; this host has {n}"):
+    training_and_sampler_meshes(cfg)
 
 
 def test_train_script_exits_before_rollout(tmp_path):

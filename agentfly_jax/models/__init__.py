@@ -13,12 +13,13 @@ from agentfly_jax.models.hf_io import (from_pretrained, hf_name, iter_hf_tensors
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import Linear, set_kernel_layout
 from agentfly_jax.models.qwen25_tokenizer import qwen25_tokenizer_folder, write_qwen25_tokenizer
-from agentfly_jax.models.sharding import make_mesh, partition_spec_for, partition_specs, shard_model
+from agentfly_jax.models.sharding import (DEFAULT_RULES, make_mesh, param_with_axes, partition_spec_of,
+                                          partition_specs, shard_model, spec_for_axes)
 
 __all__ = [
-    "CausalLM", "Critic", "KVCache", "Linear", "ModelConfig", "build_attention_mask",
+    "CausalLM", "Critic", "DEFAULT_RULES", "KVCache", "Linear", "ModelConfig", "build_attention_mask",
     "convert_gguf_to_hf", "from_pretrained", "hf_name", "iter_hf_tensors", "make_mesh",
-    "partition_spec_for", "partition_specs", "qwen25_tokenizer_folder", "save_pretrained",
-    "set_kernel_layout", "shard_model", "smollm2_folder", "smollm2_gguf_path", "tiny_config",
+    "param_with_axes", "partition_spec_of", "partition_specs", "qwen25_tokenizer_folder", "save_pretrained",
+    "set_kernel_layout", "shard_model", "smollm2_folder", "smollm2_gguf_path", "spec_for_axes", "tiny_config",
     "to_hf_state_dict", "write_qwen25_tokenizer",
 ]

@@ -19,14 +19,12 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
+from agentfly_jax.models.remat import layer_call
 from agentfly_jax.models.token_stats import chunked_logprobs_entropy
 
 
 def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
   return layer(x, cos, sin, mask, kv, cache_index)
-
-
-_call_layer_remat = nnx.remat(_call_layer)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -68,7 +66,9 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
                                   param_dtype=cfg.params_dtype,
-                                  embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs)
+                                  embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs,
+                                  embedding_metadata={"out_sharding": ("vocab", "embed"),
+                                                      "eager_sharding": False})  # logical axes
     self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
     self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype,
                         param_dtype=cfg.params_dtype)
@@ -129,7 +129,7 @@ class _Base(nnx.Module):
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
     x = self.model.embed_tokens(input_ids)
-    call = _call_layer_remat if cfg.remat else _call_layer
+    call = layer_call(_call_layer, cfg.remat)  # remat policy per decoder layer (models/remat.py)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
@@ -151,7 +151,7 @@ class CausalLM(_Base):
     if cfg.tie_word_embeddings:
       self.lm_head = None
     else:
-      self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+      self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs, axes=("embed", "vocab"))
 
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embedding.T)."""
@@ -209,7 +209,7 @@ class Critic(_Base):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.model = Transformer(cfg, rngs=rngs)
-    self.score = linear(cfg, cfg.hidden_size, 1, True, rngs)
+    self.score = linear(cfg, cfg.hidden_size, 1, True, rngs, axes=("embed", "score"))
 
   def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
                segment_ids=None):
@@ -226,7 +226,8 @@ class Critic(_Base):
     cfg = lm.config
     graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
     trunk = dict(nnx.to_flat_state(nnx.state(lm.model)))
-    head = dict(nnx.to_flat_state(nnx.state(linear(cfg, cfg.hidden_size, 1, True, rngs or nnx.Rngs(0)))))
+    head = dict(nnx.to_flat_state(nnx.state(linear(cfg, cfg.hidden_size, 1, True, rngs or nnx.Rngs(0),
+                                                   axes=("embed", "score")))))
     flat = nnx.to_flat_state(state)
     for path, var in flat:
       source = trunk[path[1:]] if path[0] == "model" else head[path[1:]]

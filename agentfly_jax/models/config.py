@@ -38,8 +38,9 @@ class ModelConfig:
   head_dim, rms_norm_eps, rope_theta, rope_scaling (None or {'rope_type': 'llama3' | 'linear',
   ...}), max_position_embeddings, tie_word_embeddings, attention_bias (q/k/v/o biases, Llama
   and Qwen3), mlp_bias (Llama), bos/eos/pad_token_id, initializer_range.
-  Ours: dtype (compute dtype name), param_dtype (parameter dtype name), remat (nnx.remat per
-  decoder layer), num_labels (critic head width; 1), matmul_precision ('highest' | 'high' |
+  Ours: dtype (compute dtype name), param_dtype (parameter dtype name), remat (per decoder
+  layer: a policy name of models/remat.py, "none" | "full" | "dots_saveable" | ...; or a bool),
+  num_labels (critic head width; 1), matmul_precision ('highest' | 'high' |
   'default', jax.lax.Precision for every matmul: 'highest' keeps float32 exact on GPU, where
   'default' would use TF32 and drift ~5e-4 from HF; use 'default' for speed), attention_chunk
   (> 0: self-attention without a cache runs this many queries at a time, causal blocks under
@@ -68,7 +69,7 @@ class ModelConfig:
   hidden_act: str = "silu"
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: bool | str = False
   num_labels: int = 1
   matmul_precision: str = "highest"
   attention_chunk: int = 0
@@ -103,6 +104,11 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention_chunk must be an int >= 0, got {self.attention_chunk!r}")
     if self.matmul_precision not in ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16"):
       raise ValueError(f"ModelConfig.matmul_precision {self.matmul_precision!r} is not a jax.lax.Precision name")
+    from agentfly_jax.models.remat import remat_name
+    try:
+      remat_name(self.remat)
+    except ValueError as e:
+      raise ValueError(f"ModelConfig.remat: {e}") from None
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
       raise ValueError(f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; "
                        f"expected one of {_ROPE_TYPES}")

@@ -176,7 +176,7 @@ def _tensor_files(folder: str) -> dict[str, str]:
 
 def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, param_dtype: str | None = None,
                     critic: bool = False, mesh: jax.sharding.Mesh | None = None, seed: int = 0,
-                    **config_overrides):
+                    sharding_rules=None, **config_overrides):
   """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic).
 
   Tensors are streamed one at a time from the safetensors files into the parameters, so peak
@@ -189,7 +189,8 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
     param_dtype: parameter dtype.
     critic: build a Critic: trunk from the folder, value head `score.*` from the folder when
       present (an HF *ForTokenClassification checkpoint), else freshly initialised from `seed`.
-    mesh: place each parameter with its partition rule (`partition_specs`) as it is loaded.
+    mesh: place each parameter with its partition spec (`partition_specs`) as it is loaded.
+    sharding_rules: logical axis name -> mesh axes (default models.sharding.DEFAULT_RULES).
     **config_overrides: ModelConfig fields, e.g. remat=True.
 
   Returns:
@@ -216,8 +217,8 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
   head_init = None
   specs = None
   if mesh is not None:
-    from agentfly_jax.models.sharding import partition_spec_for
-    specs = partition_spec_for
+    from agentfly_jax.models.sharding import partition_spec_of
+    specs = partition_spec_of
   handles = {}
   used = set()
   try:
@@ -247,7 +248,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
         array = array.T
       array = np.asarray(array, dtype=var.dtype)
       if specs is not None:
-        sharding = jax.sharding.NamedSharding(mesh, specs(path, expected, mesh))
+        sharding = jax.sharding.NamedSharding(mesh, specs(path, var, sharding_rules, mesh))
         value = jax.device_put(array, sharding)
       else:
         value = jnp.asarray(array)

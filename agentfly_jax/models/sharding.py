@@ -1,19 +1,32 @@
-"""Partition rules on a ('fsdp', 'tp') mesh: Megatron column/row splits + FSDP, vocab-split embeddings.
+"""Sharding by logical axis names: params carry names, rules map names to mesh axes.
 
     mesh = make_mesh(fsdp=2, tp=4)
-    model = shard_model(model, mesh)        # params placed with NamedSharding per partition_specs
-    specs = partition_specs(model, mesh)    # nnx.State of PartitionSpec, same tree as the params
+    model = shard_model(model, mesh)              # params placed with NamedSharding per partition_specs
+    specs = partition_specs(model, mesh)          # nnx.State of PartitionSpec, same tree as the params
+    specs = partition_specs(model, mesh, rules={**DEFAULT_RULES, "mlp": "fsdp"})   # other rules
 
-Rules (kernel layout [in, out]):
-  embed_tokens.embedding [V, D]            -> ('tp', 'fsdp')   vocab split over tp
-  q/k/v_proj, gate/up_proj kernel [D, out] -> ('fsdp', 'tp')   column parallel; bias ('tp',)
-  o_proj, down_proj kernel [in, D]         -> ('tp', 'fsdp')   row parallel; bias (None,)
-  lm_head.kernel [D, V]                    -> ('fsdp', 'tp')
-  score.kernel [D, 1]                      -> ('fsdp', None);  score.bias (None,)
-  norm scales [D]                          -> (None,)
-A dimension whose size the mesh axis does not divide is left unsplit (None) on that mesh.
+Each param declares the logical name of each of its dims when it is created (flax NNX metadata
+`out_sharding`, see `param_with_axes`, as maxtext does); `rules` (config.mesh.rules) map each
+logical name to a mesh axis, several mesh axes (a tuple), or None / "" (kept whole). A new module
+only names its dims (and adds a rule for a new name); this file needs no edit.
+
+DEFAULT_RULES on a ('fsdp', 'tp') mesh give Megatron column/row splits + FSDP, vocab-split
+embeddings (kernel layout [in, out]):
+  embed_tokens.embedding [V, D]   ('vocab', 'embed')        -> ('tp', 'fsdp')
+  q_proj kernel [D, H*hd]         ('embed', 'q_heads')      -> ('fsdp', 'tp'); bias ('tp',)
+  k/v_proj kernel [D, KVH*hd]     ('embed', 'kv_heads')     -> ('fsdp', 'tp'); bias ('tp',)
+  o_proj kernel [H*hd, D]         ('q_heads', 'embed')      -> ('tp', 'fsdp'); bias ('embed_vector',) -> (None,)
+  gate/up_proj kernel [D, I]      ('embed', 'mlp')          -> ('fsdp', 'tp'); bias ('tp',)
+  down_proj kernel [I, D]         ('mlp', 'embed')          -> ('tp', 'fsdp'); bias (None,)
+  lm_head.kernel [D, V]           ('embed', 'vocab')        -> ('fsdp', 'tp')
+  score.kernel [D, 1]             ('embed', 'score')        -> ('fsdp', None); bias (None,)
+  norm scales [D] / q,k norms [hd] ('embed_vector',) / ('head_dim',) -> (None,)
+On a mesh, a dimension whose size the mesh axes do not divide is left unsplit (None), and a mesh
+axis already used by an earlier dim of the same param is not used again.
 """
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -21,42 +34,105 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("fsdp", "tp")
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")
-_ROW = ("o_proj", "down_proj")
+DEFAULT_RULES: dict[str, Any] = {
+    "vocab": "tp",          # vocabulary rows of the embedding / lm_head columns
+    "embed": "fsdp",        # the model width D of weight matrices (FSDP)
+    "q_heads": "tp",        # query heads x head_dim (column parallel)
+    "kv_heads": "tp",       # key/value heads x head_dim (column parallel)
+    "mlp": "tp",            # MLP hidden width (column parallel in, row parallel out)
+    "embed_vector": None,   # D-sized vectors: norm scales, row-parallel output biases (whole)
+    "head_dim": None,       # q/k norm scales
+    "score": None,          # the critic's value head output (size 1)
+}
+_METADATA_KEY = "out_sharding"  # flax NNX's sharding metadata (the logical names here)
 
 
-def rule_for(path: tuple) -> tuple:
-  """The partition rule (tuple of axis names / None, one per dim) for a param path."""
-  names = [str(p) for p in path]
-  leaf, owner = names[-1], names[-2] if len(names) > 1 else ""
-  if leaf == "embedding":
-    return ("tp", "fsdp")
-  if leaf == "scale":
-    return (None,)
-  if owner in _COLUMN:
-    return ("fsdp", "tp") if leaf == "kernel" else ("tp",)
-  if owner in _ROW:
-    return ("tp", "fsdp") if leaf == "kernel" else (None,)
-  if owner == "score":
-    return ("fsdp", None) if leaf == "kernel" else (None,)
-  raise KeyError(f"no partition rule for parameter {'/'.join(names)}")
+def param_with_axes(value: jax.Array, axes: tuple | None) -> nnx.Param:
+  """An nnx.Param of `value` whose dims carry the logical names `axes` (one per dim; None: a
+  plain, unnamed Param); it is not placed anywhere here (`shard_model` / `partition_specs` apply
+  the rules)."""
+  if axes is None:
+    return nnx.Param(value)
+  axes = tuple(axes)
+  if len(axes) != np.ndim(value):
+    raise ValueError(f"logical axes {axes} do not fit a param of shape {np.shape(value)}")
+  return nnx.Param(value, **{_METADATA_KEY: axes}, eager_sharding=False)
 
 
-def partition_spec_for(path: tuple, shape: tuple, mesh: Mesh | None = None) -> P:
-  """PartitionSpec for a param at `path` with `shape`; on `mesh`, axes that do not divide the
-  dimension are dropped."""
-  rule = rule_for(path)
-  if len(rule) != len(shape):
-    raise ValueError(f"rule {rule} for {'/'.join(map(str, path))} does not fit shape {shape}")
-  if mesh is not None:
-    rule = tuple(ax if ax is None or dim % mesh.shape[ax] == 0 else None for ax, dim in zip(rule, shape))
-  return P(*rule)
+def logical_axes(var) -> tuple | None:
+  """The logical axis names a param (nnx.Variable) was created with, or None."""
+  names = var.get_metadata().get(_METADATA_KEY) if isinstance(var, nnx.Variable) else None
+  return None if names is None else tuple(names)
 
 
-def partition_specs(model, mesh: Mesh | None = None) -> nnx.State:
-  """nnx.State of PartitionSpec with the same tree as `nnx.state(model, nnx.Param)`."""
-  state = nnx.state(model, nnx.Param)
-  return nnx.from_flat_state([(path, partition_spec_for(path, tuple(var.shape), mesh))
+def resolve_rules(rules: Mapping | None = None) -> dict[str, tuple]:
+  """{logical name: tuple of mesh axes} from a mapping (or ConfigDict) whose values are a mesh
+  axis name, a tuple/list of them, or None / "" (kept whole). None: DEFAULT_RULES. Idempotent."""
+  if rules is None:
+    rules = DEFAULT_RULES
+  if hasattr(rules, "to_dict"):
+    rules = rules.to_dict()
+  out = {}
+  for name, target in dict(rules).items():
+    if target is None or target == "":
+      out[name] = ()
+    elif isinstance(target, str):
+      out[name] = (target,)
+    elif isinstance(target, (tuple, list)) and all(isinstance(a, str) for a in target):
+      out[name] = tuple(target)
+    else:
+      raise ValueError(f"sharding rule {name!r} -> {target!r}: must be a mesh axis name, a tuple of "
+                       "them, or None / '' (kept whole)")
+  return out
+
+
+def spec_for_axes(axes: tuple, shape: tuple, rules: Mapping | None = None, mesh: Mesh | None = None,
+                  *, where: str = "a param") -> P:
+  """PartitionSpec of a param of `shape` whose dims are named `axes` under `rules`; on `mesh`,
+  mesh axes that do not divide their dimension (or that an earlier dim already uses) are dropped.
+  Raises ValueError naming `where` and the logical name that has no rule."""
+  resolved = resolve_rules(rules)
+  if len(axes) != len(shape):
+    raise ValueError(f"{where}: logical axes {axes} do not fit shape {tuple(shape)}")
+  sizes = None if mesh is None else dict(mesh.shape)
+  used, spec = set(), []
+  for name, dim in zip(axes, shape):
+    if name is None:
+      spec.append(None)
+      continue
+    if name not in resolved:
+      raise ValueError(f"{where}: logical axis {name!r} has no sharding rule (config.mesh.rules); "
+                       f"known names: {sorted(resolved)}")
+    targets = resolved[name]
+    if sizes is not None:
+      unknown = [a for a in targets if a not in sizes]
+      if unknown:
+        raise ValueError(f"{where}: rule {name!r} -> {targets} names mesh axes {unknown} not in the "
+                         f"mesh {tuple(sizes)}")
+      n = int(np.prod([sizes[a] for a in targets])) if targets else 1
+      if used.intersection(targets) or dim % n:
+        targets = ()
+    used.update(targets)
+    spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)
+  return P(*spec)
+
+
+def partition_spec_of(path: tuple, var, rules: Mapping | None = None, mesh: Mesh | None = None) -> P:
+  """PartitionSpec of the param `var` at `path` (for error messages) from its logical names."""
+  where = "parameter " + "/".join(map(str, path))
+  axes = logical_axes(var)
+  if axes is None:
+    raise ValueError(f"{where} has no logical axis names: create it with "
+                     "agentfly_jax.models.sharding.param_with_axes (or nnx.Param(..., out_sharding=names))")
+  return spec_for_axes(axes, tuple(var.shape), rules, mesh, where=where)
+
+
+def partition_specs(model, mesh: Mesh | None = None, rules: Mapping | None = None) -> nnx.State:
+  """nnx.State of PartitionSpec with the same tree as `nnx.state(model, nnx.Param)` (`model`: a
+  module or a State of its params)."""
+  state = model if isinstance(model, nnx.State) else nnx.state(model, nnx.Param)
+  resolved = resolve_rules(rules)
+  return nnx.from_flat_state([(path, partition_spec_of(path, var, resolved, mesh))
                               for path, var in nnx.to_flat_state(state)])
 
 
@@ -71,11 +147,11 @@ def make_mesh(fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
   return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def shard_model(model, mesh: Mesh):
-  """Places every param of `model` (in place) with NamedSharding(mesh, its partition spec);
-  returns the model."""
+def shard_model(model, mesh: Mesh, rules: Mapping | None = None):
+  """Places every param of `model` (in place) with NamedSharding(mesh, its partition spec under
+  `rules`); returns the model."""
   state = nnx.state(model, nnx.Param)
-  specs = partition_specs(model, mesh)
+  specs = partition_specs(state, mesh, rules)
   shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
                            is_leaf=lambda x: isinstance(x, P))
   nnx.update(model, place(state, shardings))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
+
 # algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
 ALGORITHMS = {
     "grpo": dict(estimator="grpo", policy_loss="ppo", critic=False, agg="seq-mean-token-mean"),
@@ -41,7 +43,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.intermediate_size = 256
   c.model.vocab_size = 768         # tiny tokenizer size when random init
   c.model.tie_word_embeddings = True
-  c.model.remat = False
+  c.model.remat = False            # legacy bool (True = "full"); train.remat wins when set
   c.model.attention_chunk = 0      # >0: causal attention this many queries at a time (no [B,H,T,T] kept)
   c.model.dtype = "float32"        # compute dtype (bfloat16 on GPU)
   c.model.param_dtype = "float32"  # master params, hence gradients and AdamW moments (keep float32)
@@ -49,6 +51,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
   c.mesh.tp = 1
+  # >0: the JAX sampler gets its own sub-mesh, the last `sampler_devices` local devices (tensor
+  # parallel over them), and the trainer's (fsdp, tp) mesh takes the first fsdp * tp devices: on
+  # GPU, rollout and training run on separate chips (with rollout.mode=async they overlap); each
+  # weight sync copies the params across. 0: the sampler shares the trainer's devices.
+  c.mesh.sampler_devices = 0
+  # logical axis name (params' metadata, models/sharding.py) -> mesh axis ("" = kept whole);
+  # e.g. --config.mesh.rules.mlp=fsdp; a module with a new logical name adds its rule here.
+  c.mesh.rules = ml_collections.ConfigDict({k: v or "" for k, v in DEFAULT_RULES.items()})
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.sampler = "jax"        # jax | vllm
@@ -82,6 +92,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
   c.train.logits_chunk = 256       # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
   c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
+  c.train.remat = ""               # per decoder layer: none | full | dots_saveable | another
+                                   # jax.checkpoint_policies name (models/remat.py); "" = model.remat
   c.train.micro_batch_size = 16    # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
   c.loss = ml_collections.ConfigDict()
@@ -155,12 +167,30 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("rollout.max_staleness", c.rollout.max_staleness, "must be an integer >= 0")
   if not c.loss.behaviour_cap > 0:
     _fail("loss.behaviour_cap", c.loss.behaviour_cap, "must be > 0")
+  if c.train.get("remat"):  # .get: a run saved before the field existed has none
+    from agentfly_jax.models.remat import remat_name
+    try:
+      remat_name(c.train.remat)
+    except ValueError as e:
+      _fail("train.remat", c.train.remat, str(e))
+  try:
+    resolve_rules(c.mesh.get("rules"))
+  except ValueError as e:
+    rules = c.mesh.rules
+    _fail("mesh.rules", rules.to_dict() if hasattr(rules, "to_dict") else rules, str(e))
   if c.rollout.sampler not in ("jax", "vllm"):
     _fail("rollout.sampler", c.rollout.sampler, "must be 'jax' or 'vllm'")
   positive_ints = ["rollout.rows_per_step", "rollout.num_chains", "rollout.max_turns",
                    "rollout.max_tokens_per_turn", "rollout.max_total_tokens", "rollout.concurrency",
                    "rollout.max_batch_size", "train.minibatches", "train.epochs",
                    "train.micro_batch_size", "mesh.fsdp", "mesh.tp", "checkpoint.keep"]
+  sampler_devices = c.mesh.get("sampler_devices", 0)   # .get: runs saved before the field
+  if not isinstance(sampler_devices, int) or isinstance(sampler_devices, bool) or sampler_devices < 0:
+    _fail("mesh.sampler_devices", sampler_devices, "must be an integer >= 0 (0 = share the trainer's)")
+  if sampler_devices and c.rollout.sampler != "jax":
+    _fail("mesh.sampler_devices", sampler_devices,
+          f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={c.rollout.sampler!r}; "
+          f"vLLM places itself: set its gpu_memory_utilization instead)")
   for field in ("model.attention_chunk", "train.logits_chunk"):
     sec, key = field.split(".")
     v = c[sec][key]
@@ -202,6 +232,11 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
   if c.rollout.num_chains < 2 and ALGORITHMS[c.algo]["estimator"] in ("grpo", "drgrpo", "rloo",
                                                                       "reinforce_pp_baseline"):
     _fail("rollout.num_chains", c.rollout.num_chains, f"{c.algo} needs >= 2 chains per group")
+
+
+def resolved_remat(c):
+  """The decoder layers' remat policy: train.remat, or the legacy bool model.remat."""
+  return c.train.get("remat") or bool(c.model.remat)
 
 
 def resolved_agg(c) -> str:

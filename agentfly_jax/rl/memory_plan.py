@@ -194,11 +194,11 @@ def model_shape_from_config(config) -> ModelShape:
 
 
 def run_sizes_from_config(config) -> RunSizes:
-  from agentfly_jax.rl.config import ALGORITHMS
+  from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
   c, r = config, config.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
   return RunSizes(micro_batch=c.train.micro_batch_size, seq_len=seq, logits_chunk=c.train.logits_chunk,
-                  attention_chunk=c.model.attention_chunk, remat=bool(c.model.remat),
+                  attention_chunk=c.model.attention_chunk, remat=bool(resolved_remat(c)),
                   compute_dtype=c.model.dtype, param_dtype=c.model.param_dtype,
                   reference_copy=c.loss.kl_coef > 0, critic=ALGORITHMS[c.algo]["critic"],
                   vllm_dtype=c.rollout.vllm_dtype or c.model.dtype, max_num_seqs=r.max_batch_size,

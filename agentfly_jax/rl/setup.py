@@ -34,6 +34,7 @@ class Components:
   eval_rows: list
   end_of_turn_id: int
   model_dir: str | None
+  sampler_shardings: Any = None   # the sampler sub-mesh's param shardings (None: no sub-mesh)
 
 
 def build_tokenizer_dir(config, task, workdir: str) -> str:
@@ -56,8 +57,10 @@ def model_config(config, vocab_size: int):
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
+  from agentfly_jax.rl.config import resolved_remat
   m = config.model
-  ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention_chunk=m.attention_chunk)
+  ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
+              attention_chunk=m.attention_chunk)
   if m.pretrained:
     path = os.path.join(m.pretrained, "config.json")
     if not os.path.isfile(path):
@@ -72,18 +75,38 @@ def model_config(config, vocab_size: int):
 
 def build_model(config, vocab_size: int, *, critic: bool = False):
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
+  from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
     return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
-                           remat=m.remat, attention_chunk=m.attention_chunk)
+                           remat=resolved_remat(config), attention_chunk=m.attention_chunk)
   cfg = model_config(config, vocab_size)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
 
 
+def training_and_sampler_meshes(config):
+  """(the trainer's (fsdp, tp) mesh, the JAX sampler's sub-mesh or None). With
+  `mesh.sampler_devices = N > 0` the trainer takes the first fsdp * tp local devices and the
+  sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device."""
+  from agentfly_jax.models import make_mesh
+  m = config.mesh
+  n = m.get("sampler_devices", 0)
+  if not n:
+    return make_mesh(m.fsdp, m.tp), None
+  if jax.process_count() > 1:
+    raise ValueError("config.mesh.sampler_devices > 0 runs on one process (each process of a "
+                     "multi-host run samples on its own local devices)")
+  devices = jax.local_devices()
+  if m.fsdp * m.tp + n > len(devices):
+    raise ValueError(f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
+                     f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}")
+  return make_mesh(m.fsdp, m.tp, devices[:m.fsdp * m.tp]), make_mesh(1, n, devices[-n:])
+
+
 def build_components(config, workdir: str, task=None) -> Components:
   from agentfly_jax.agents import ToolCallAgent, load_tokenizer
-  from agentfly_jax.models import make_mesh, partition_specs, save_pretrained, shard_model
+  from agentfly_jax.models import partition_specs, save_pretrained, shard_model
   from agentfly_jax.rl.config import ALGORITHMS
   from agentfly_jax.tasks.from_config import build_task
 
@@ -96,19 +119,25 @@ def build_components(config, workdir: str, task=None) -> Components:
   if end_of_turn is None:
     raise ValueError(f"tokenizer in {tok_dir} has neither <|im_end|> nor an eos token to stop turns on")
 
-  mesh = make_mesh(config.mesh.fsdp, config.mesh.tp)
+  rules = config.mesh.get("rules")  # None (a run saved before config.mesh.rules): the defaults
+  mesh, sampler_mesh = training_and_sampler_meshes(config)
   model = build_model(config, tokenizer.vocab_size)
-  # On several processes each runs its own sampler on its local devices: a second, unsharded copy.
-  sampler_model = model if jax.process_count() == 1 else build_model(config, tokenizer.vocab_size)
-  shard_model(model, mesh)
-  specs = partition_specs(model, mesh)
+  # On several processes each runs its own sampler on its local devices: a second, unsharded
+  # copy; with a sampler sub-mesh, a second copy placed on it (weight syncs copy across).
+  sampler_model = model
+  if jax.process_count() > 1 or sampler_mesh is not None:
+    sampler_model = build_model(config, tokenizer.vocab_size)
+  if sampler_mesh is not None:
+    shard_model(sampler_model, sampler_mesh, rules)
+  shard_model(model, mesh, rules)
+  specs = partition_specs(model, mesh, rules)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
   c_graphdef = c_rest = c_params = c_specs = None
   if ALGORITHMS[config.algo]["critic"]:
     critic = build_model(config, tokenizer.vocab_size, critic=True)
-    shard_model(critic, mesh)
-    c_specs = partition_specs(critic, mesh)
+    shard_model(critic, mesh, rules)
+    c_specs = partition_specs(critic, mesh, rules)
     c_graphdef, c_params, c_rest = nnx.split(critic, nnx.Param, ...)
 
   model_dir = None
@@ -141,4 +170,6 @@ def build_components(config, workdir: str, task=None) -> Components:
                     mesh=mesh, graphdef=graphdef, rest=rest, params=params, param_specs=specs,
                     critic_graphdef=c_graphdef, critic_rest=c_rest, critic_params=c_params,
                     critic_specs=c_specs, train_rows=train_rows, eval_rows=eval_rows,
-                    end_of_turn_id=int(end_of_turn), model_dir=model_dir)
+                    end_of_turn_id=int(end_of_turn), model_dir=model_dir,
+                    sampler_shardings=None if sampler_mesh is None else jax.tree.map(
+                        lambda x: x.sharding, nnx.state(sampler_model, nnx.Param)))

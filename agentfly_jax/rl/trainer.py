@@ -53,10 +53,13 @@ class LoopState:
 
 class SamplerWeights:
   """The sampler and the params it holds: `load(params)` pushes them unless already loaded.
-  `lock` serialises users of the sampler (the async rollout thread, evaluation)."""
+  `lock` serialises users of the sampler (the async rollout thread, evaluation). `placement`:
+  the shardings of a sampler on its own sub-mesh (config.mesh.sampler_devices): each push copies
+  the trainer's params onto them."""
 
-  def __init__(self, sampler):
+  def __init__(self, sampler, placement=None):
     self.sampler = sampler
+    self.placement = placement
     self.lock = threading.RLock()
     self._loaded = None
 
@@ -68,7 +71,10 @@ class SamplerWeights:
     """Returns whether weights were pushed (False: the sampler already holds `params`)."""
     if params is self._loaded:
       return False
-    self.sampler.update_weights(distributed.host_local(params))
+    local = distributed.host_local(params)
+    if self.placement is not None:
+      local = jax.device_put(local, self.placement)
+    self.sampler.update_weights(local)
     self._loaded = params
     return True
 
@@ -94,7 +100,7 @@ class Trainer:
     c = build_components(config, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = c.task, c.tokenizer, c.agent
     self.sampler, self.mesh = c.sampler, c.mesh
-    self.weights = SamplerWeights(c.sampler)
+    self.weights = SamplerWeights(c.sampler, c.sampler_shardings)
     self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs
     self.critic_graphdef, self.critic_rest, self.critic_specs = c.critic_graphdef, c.critic_rest, c.critic_specs
     self.train_rows, self.eval_rows = c.train_rows, c.eval_rows
