@@ -5,7 +5,8 @@
 
 Each algorithm trains from the same shipped warm-started policy (experiments/make_warmstart.py,
 `model.pretrained` in configs/lookup_*.py); writes <out>/<algo>/metrics.jsonl + reward.png, a combined plot
-<out>/learning_curves.png and <out>/summary.json (initial vs final success, wall-clock).
+<out>/learning_curves.png and <out>/summary.json (initial vs final success, wall-clock). Algorithms
+already recorded in <out> and not in --algos keep their results (summary entry, folder, curve).
 """
 import json
 import os
@@ -63,22 +64,38 @@ def main(argv):
     summary["algos"][algo] = {"rollout_success_first3": first, "rollout_success_last3": last,
                               "eval_success": ev, "rl_wall_s": rl_time, "total_wall_s": wall}
     print(f"{algo}: rollout success {first:.2f} -> {last:.2f}; eval {ev}; RL time {rl_time:.0f}s", flush=True)
-  with open(os.path.join(out, "summary.json"), "w") as f:
+  # algorithms not run now keep their recorded results (their folders and summary entries)
+  old_path = os.path.join(out, "summary.json")
+  if os.path.exists(old_path):
+    with open(old_path) as f:
+      old = json.load(f).get("algos", {})
+    for algo in sorted(set(old) - set(summary["algos"])):
+      jsonl = os.path.join(out, algo, "metrics.jsonl")
+      if os.path.exists(jsonl):
+        summary["algos"][algo] = old[algo]
+        with open(jsonl) as f:
+          all_records[algo] = [json.loads(line) for line in f if line.strip()]
+  with open(old_path, "w") as f:
     json.dump(summary, f, indent=2)
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
-  for algo, records in all_records.items():
+  for i, (algo, records) in enumerate(sorted(all_records.items())):
+    color = f"C{i}"
     pts = success_of(records, "rollout/success_rate")
     if pts:
       xs, ys = zip(*pts)
-      ax.plot(xs, ys, label=f"{algo} (rollout, T=1)")
+      ax.plot(xs, ys, color=color, label=f"{algo}, sampled (T=1)")
+    pts = success_of(records, "eval/success_rate")
+    if pts:
+      xs, ys = zip(*pts)
+      ax.plot(xs, ys, color=color, linestyle="--", marker="o", label=f"{algo}, greedy eval (held-out)")
   ax.set_xlabel("RL step")
   ax.set_ylabel("success rate")
   ax.set_ylim(0, 1)
   ax.grid(alpha=0.3)
-  ax.legend()
+  ax.legend(fontsize=7)
   ax.set_title("lookup task: success vs RL step (tiny policy, CPU)")
   fig.tight_layout()
   fig.savefig(os.path.join(out, "learning_curves.png"), dpi=100)

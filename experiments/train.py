@@ -54,6 +54,13 @@ def main(argv):
     task = build_task(config)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
+  from agentfly_jax.rl.memory_plan import MemorySplitError, apply_memory_split
+  try:  # JAX + vLLM on one GPU: JAX's share is set before its backend starts, both sides checked
+    plan = apply_memory_split(config)
+  except (MemorySplitError, FileNotFoundError) as e:
+    sys.exit(f"bad config: {e}")
+  if plan is not None:
+    print(f"memory split: {plan.describe()}")
   from agentfly_jax.rl import distributed  # JAX loads only once the config is good
   try:  # before anything touches a device
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

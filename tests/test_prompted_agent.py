@@ -38,3 +38,30 @@ def test_bad_format_and_example_are_named():
     PromptedToolCallAgent(tok, tools=list(arithmetic.TOOLS), tool_format="xml")
   with pytest.raises(ValueError, match=r"example_messages\[0\]"):
     PromptedToolCallAgent(tok, tools=list(arithmetic.TOOLS), example_messages=[{"role": "tool", "content": "x"}])
+
+
+def test_brief_format_lists_signatures_and_demo_calls_parse():
+  """The "brief" prompt (task arithmetic_brief): one line per tool with its argument names and
+  types; the task's scripted demo call parses to the question's expression."""
+  import numpy as np
+
+  from agentfly_jax.tasks import get_task
+  from agentfly_jax.tools import tool
+
+  @tool
+  def lookup(key: str, limit: int = 3) -> str:
+    """Looks a key up."""
+    return key
+
+  agent = PromptedToolCallAgent(agent_tokenizer(), tools=[arithmetic.calculator, lookup], tool_format="brief")
+  system = agent.system_text(list(agent.tools.values()))
+  assert "calculator(expression: string): Evaluates" in system
+  assert "lookup(key: string, limit: integer): Looks a key up." in system
+  brief = get_task("arithmetic_brief")
+  agent = brief.make_agent(agent_tokenizer())
+  row = brief.make_rows(1, seed=5)[0]
+  messages = agent.initial_messages(row, list(agent.tools.values()))
+  assert [m["role"] for m in messages] == ["system", "user"]  # no worked example
+  demo = brief.scripted_response(f"...{messages[-1]['content']}", True, np.random.default_rng(0))
+  [call] = agent.parse(demo).tool_calls
+  assert call.name == "calculator" and call.arguments == {"expression": row["expression"]}

@@ -9,6 +9,8 @@ Formats (`TOOL_FORMATS`; measured on SmolLM2-135M-Instruct by experiments/measur
 - "hermes": the tools as JSON in `<tools>...</tools>`, one call per `<tool_call>{...}</tool_call>`.
 - "json_list": the function-calling prompt style of SmolLM2's instruct mix: the tools as a JSON
   list and the calls as one JSON list `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`.
+- "brief": one line per tool (`name(arg: type): description`) and the hermes call syntax: a short
+  prompt (cheap to train on) for a model taught the format by SFT.
 Both are parsed by `parse_hermes_tool_calls` (a block may hold one call object or a list of them).
 The assistant message keeps the model's raw text (so the template renders exactly the sampled
 text) and tool outputs come back as a user message `<tool_response>...</tool_response>`
@@ -49,11 +51,24 @@ The example format is as follows. Please make sure the parameter type is correct
 ]</tool_call>
 The result comes back within <tool_response></tool_response> tags. Then answer the user."""
 
-TOOL_FORMATS = {"hermes": HERMES_INSTRUCTIONS, "json_list": JSON_LIST_INSTRUCTIONS}
+BRIEF_INSTRUCTIONS = """Tools:
+{tools}
+Call a tool as <tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call> and its result comes back within <tool_response></tool_response> tags."""
+
+TOOL_FORMATS = {"hermes": HERMES_INSTRUCTIONS, "json_list": JSON_LIST_INSTRUCTIONS, "brief": BRIEF_INSTRUCTIONS}
 
 
 def _function_schema(t: Tool) -> dict:
   return {"name": t.name, "description": t.description, "parameters": t.parameters}
+
+
+def _signature(schema: dict) -> str:
+  """'name(arg: type, ...): description' — one line per tool (the "brief" format)."""
+  props = schema["parameters"].get("properties", {})
+  args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+  return f"{schema['name']}({args}): {schema['description']}"
 
 
 class PromptedToolCallAgent(ToolCallAgent):
@@ -92,6 +107,8 @@ class PromptedToolCallAgent(ToolCallAgent):
     schemas = [_function_schema(t) for t in tools]
     if self.tool_format == "hermes":
       listing = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    elif self.tool_format == "brief":
+      listing = "\n".join(_signature(s) for s in schemas)
     else:
       listing = json.dumps(schemas, ensure_ascii=False)
     instructions = TOOL_FORMATS[self.tool_format].format(tools=listing)

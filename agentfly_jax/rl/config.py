@@ -45,6 +45,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.tie_word_embeddings = True
   c.model.remat = False            # legacy bool (True = "full"); train.remat wins when set
   c.model.attention_chunk = 512    # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
+  c.model.dtype = "float32"        # compute dtype (bfloat16 on GPU)
+  c.model.param_dtype = "float32"  # master params, hence gradients and AdamW moments (keep float32)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
@@ -72,6 +74,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.max_batch_size = 64    # sampler batch cap
   c.rollout.mode = "sync"          # sync | async (rollout overlaps the update; rl/async_rollout.py)
   c.rollout.max_staleness = 1      # async: a step's batch is from a policy at most this many updates old
+  c.rollout.vllm_dtype = ""         # vLLM engine dtype; "" = model.dtype
+
+  c.gpu = ml_collections.ConfigDict()  # JAX + vLLM on one GPU (rl/memory_plan.py); 0 = not managed
+  c.gpu.jax_mem_fraction = 0.0     # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
+  c.gpu.vllm_mem_fraction = 0.0    # vLLM's gpu_memory_utilization (of the whole device)
+  c.gpu.device_memory_gib = 0.0    # the device's size for the check; 0 = ask CUDA
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 40
@@ -201,6 +209,13 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     v = c[sec][key]
     if not isinstance(v, (int, float)) or not v > 0:
       _fail(field, v, "must be a number > 0")
+  for field in ("model.dtype", "model.param_dtype", "rollout.vllm_dtype"):
+    sec, key = field.split(".")
+    if c[sec][key] not in ("float32", "bfloat16", "float16") and not (key == "vllm_dtype" and c[sec][key] == ""):
+      _fail(field, c[sec][key], "must be 'float32', 'bfloat16' or 'float16'")
+  for field in ("gpu.jax_mem_fraction", "gpu.vllm_mem_fraction"):
+    if not 0 <= c.gpu[field.split(".")[1]] < 1:
+      _fail(field, c.gpu[field.split(".")[1]], "must be in [0, 1) (0 = not managed)")
   if c.rollout.temperature < 0:
     _fail("rollout.temperature", c.rollout.temperature, "must be >= 0")
   if not 0 < c.rollout.top_p <= 1:

@@ -50,18 +50,37 @@ def build_tokenizer_dir(config, task, workdir: str) -> str:
   return out
 
 
+def model_config(config, vocab_size: int):
+  """The policy's ModelConfig: the HF folder's config.json (`model.pretrained`), else the tiny
+  random-init architecture of `config.model`; numerics (dtype, param_dtype, remat, attention
+  chunking) from `config.model` either way."""
+  import json
+
+  from agentfly_jax.models import ModelConfig, tiny_config
+  from agentfly_jax.rl.config import resolved_remat
+  m = config.model
+  ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
+              attention_chunk=m.attention_chunk)
+  if m.pretrained:
+    path = os.path.join(m.pretrained, "config.json")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"config.model.pretrained={m.pretrained!r}: {path} not found (need an HF folder)")
+    with open(path) as f:
+      return ModelConfig.from_hf_dict(json.load(f), source=path, **ours)
+  return tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
+                     hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                     num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                     num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, **ours)
+
+
 def build_model(config, vocab_size: int, *, critic: bool = False):
-  from agentfly_jax.models import CausalLM, Critic, from_pretrained, tiny_config
+  from agentfly_jax.models import CausalLM, Critic, from_pretrained
   from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
-    return from_pretrained(m.pretrained, critic=critic, seed=config.seed, remat=resolved_remat(config),
-                           attention_chunk=m.attention_chunk)
-  cfg = tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
-                    hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                    num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                    num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, remat=resolved_remat(config),
-                    attention_chunk=m.attention_chunk)
+    return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
+                           remat=resolved_remat(config), attention_chunk=m.attention_chunk)
+  cfg = model_config(config, vocab_size)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
 
@@ -127,7 +146,11 @@ def build_components(config, workdir: str, task=None) -> Components:
     model_dir = config.model.pretrained or os.path.join(workdir, "init_model")
     if not config.model.pretrained:
       save_pretrained(model, model_dir, tokenizer_dir=tok_dir)
-    sampler = VllmSampler(model_dir)
+    r = config.rollout
+    engine = {"gpu_memory_utilization": config.gpu.vllm_mem_fraction} if config.gpu.vllm_mem_fraction else {}
+    sampler = VllmSampler(model_dir, dtype=r.vllm_dtype or config.model.dtype,
+                          max_model_len=r.max_total_tokens + r.max_tokens_per_turn, max_num_seqs=r.max_batch_size,
+                          max_batch_size=r.max_batch_size, seed=config.seed, **engine)
   else:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout

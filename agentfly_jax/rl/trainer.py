@@ -195,7 +195,9 @@ class Trainer:
     from agentfly_jax.rl.sft import run_sft
     c = self.config
     if not c.sft.cache_dir:
-      return run_sft(self)[0]
+      params, nll = run_sft(self)
+      self.sft_metrics = {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
+      return params
     key = self._sft_cache_key()
     path = os.path.join(os.path.abspath(c.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
     cache = Checkpointer(path, max_to_keep=1, async_save=False)
@@ -204,7 +206,8 @@ class Trainer:
       restored, _ = cache.restore(None, target)
       cache.close()
       return restored["params"]
-    params = run_sft(self)[0]
+    params, nll = run_sft(self)
+    self.sft_metrics = {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
     cache.save(0, {"params": params}, {"config": key})
     cache.close()
     return params
@@ -228,8 +231,13 @@ class Trainer:
     c = self.config
     start = self.checkpointer.latest_step()
     params, critic_params = self.init_params, self.init_critic_params
+    pre_sft = {}  # step 0's record: greedy eval before the SFT warm start, its NLL and time
     if start is None and c.sft.steps > 0:
+      if c.eval.every:
+        pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in self.evaluate(params, seed=c.seed).items()}
+      t_sft = time.perf_counter()
       params = self._sft_cached()
+      pre_sft.update(getattr(self, "sft_metrics", {}), **{"time/sft_s": time.perf_counter() - t_sft})
       if self.algo["critic"]:
         critic_params = _warm_start_critic(critic_params, params)
     state = self.new_state(params, self.optimizer, critic_params)
@@ -241,7 +249,7 @@ class Trainer:
       return LoopState(state, ref_params, int(meta["data_position"])), start
     self.checkpointer.save(0, state, {"data_position": 0})
     if c.eval.every:
-      eval_metrics = self.evaluate(state.params, seed=c.seed)
+      eval_metrics = {**pre_sft, **self.evaluate(state.params, seed=c.seed)}
       if distributed.is_primary():
         _append(jsonl_path, 0, eval_metrics)
     return LoopState(state, ref_params, 0), 0

@@ -1,0 +1,240 @@
+"""JAX and vLLM on one GPU: how the device memory is split between them, checked before a run.
+
+Both live in one process. JAX takes a fixed share up front (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
+preallocated: XLA's allocator then never fights vLLM's for the same bytes); vLLM's engine is
+given `gpu_memory_utilization`, the fraction of the *whole* device it may use for its weights,
+activations and KV cache (it refuses to start when less than that is free). The two fractions
+must therefore sum to less than 1, leaving room for the CUDA context and cuBLAS/NCCL workspaces.
+
+`plan_memory_split` is pure: from the model's shape, the run's sizes and the device size it
+estimates what each side needs and raises `MemorySplitError` (naming the side, both numbers and
+the flags to change) when either share is too small, before anything is allocated. The
+estimates are deliberately simple upper-ish bounds:
+
+- JAX (training): params in `param_dtype` + gradients (same dtype) + AdamW moments (2 x float32)
+  + a compute-dtype copy when it differs + a frozen reference copy (KL) + the critic's params,
+  gradients and moments (PPO) + the activations of one micro-batch (per layer 34*s*h + 5*a*s^2
+  bytes per row in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept,
+  plus one layer's full set) + the float32 logits of one chunk of tokens (x3: logits,
+  log-softmax, gradient), times `JAX_HEADROOM`. With `attention_chunk` the s^2 scores are not kept
+  (only one chunk's, transiently).
+- vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
+  + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+GIB = 1024 ** 3
+MAX_TOTAL_FRACTION = 0.95     # JAX + vLLM; the rest is the CUDA context, cuBLAS / NCCL workspaces
+JAX_HEADROOM = 1.15           # XLA temporaries and fragmentation on top of the estimate
+VLLM_OVERHEAD_BYTES = 1 * GIB  # vLLM beyond weights + KV: prefill activations, sampler, CUDA graphs
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class MemorySplitError(ValueError):
+  """The JAX / vLLM memory split cannot hold the run (the message says which side and what to change)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+  """What the estimate needs of a causal LM (HF names)."""
+  num_params: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  vocab_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSizes:
+  """The run's sizes and numerics.
+
+  micro_batch: rows per micro-batch; seq_len: tokens per training row; logits_chunk: tokens per
+  log-prob chunk (0 = the whole row); max_num_seqs / max_model_len: vLLM's batch and context.
+  """
+  micro_batch: int
+  seq_len: int
+  logits_chunk: int = 256
+  attention_chunk: int = 0
+  remat: bool = False
+  compute_dtype: str = "bfloat16"
+  param_dtype: str = "float32"
+  reference_copy: bool = False
+  critic: bool = False
+  vllm_dtype: str = "bfloat16"
+  max_num_seqs: int = 64
+  max_model_len: int = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes: what each side is estimated to need and what its fraction gives it."""
+  device_bytes: int
+  jax_fraction: float
+  vllm_fraction: float
+  jax_need: int
+  vllm_need: int
+  jax_parts: dict
+  vllm_parts: dict
+
+  @property
+  def jax_budget(self) -> int:
+    return int(self.jax_fraction * self.device_bytes)
+
+  @property
+  def vllm_budget(self) -> int:
+    return int(self.vllm_fraction * self.device_bytes)
+
+  def describe(self) -> str:
+    def parts(d):
+      return ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items())
+    return (f"device {self.device_bytes / GIB:.1f} GiB: JAX {self.jax_fraction:g} = "
+            f"{self.jax_budget / GIB:.1f} GiB for ~{self.jax_need / GIB:.1f} GiB ({parts(self.jax_parts)}); "
+            f"vLLM {self.vllm_fraction:g} = {self.vllm_budget / GIB:.1f} GiB for ~{self.vllm_need / GIB:.1f} "
+            f"GiB ({parts(self.vllm_parts)})")
+
+
+def _bytes(dtype: str) -> int:
+  if dtype not in _DTYPE_BYTES:
+    raise ValueError(f"memory plan: unknown dtype {dtype!r}; known: {sorted(_DTYPE_BYTES)}")
+  return _DTYPE_BYTES[dtype]
+
+
+def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
+  """Bytes per item of the training side (see the module docstring)."""
+  p, pb, cb = m.num_params, _bytes(r.param_dtype), _bytes(r.compute_dtype)
+  parts = {"params": p * pb, "grads": p * pb, "adam": 2 * p * 4}
+  if r.compute_dtype != r.param_dtype:
+    parts["compute copy"] = p * cb
+  if r.reference_copy:
+    parts["reference"] = p * pb
+  if r.critic:
+    parts["critic"] = p * (2 * pb + 8)
+  b, s, h, a = r.micro_batch, r.seq_len, m.hidden_size, m.num_heads
+  scores = 5 * a * s * s  # softmax inputs / outputs / dropout mask per row, kept for the backward pass
+  if r.attention_chunk:  # chunked attention keeps none of them: one chunk's at a time, transient
+    scores, transient = 0, 5 * a * s * min(r.attention_chunk, s) * b * cb // 2
+  else:
+    transient = 0
+  full_layer = (34 * s * h + scores) * b * cb // 2
+  if r.remat:
+    parts["activations"] = m.num_layers * b * s * h * cb + full_layer + transient
+  else:
+    parts["activations"] = m.num_layers * full_layer + transient
+  chunk = min(r.logits_chunk, s) if r.logits_chunk else s
+  parts["logits"] = 3 * b * chunk * m.vocab_size * 4
+  return parts
+
+
+def vllm_memory_parts(m: ModelShape, r: RunSizes) -> dict:
+  """Bytes per item of the sampling side (see the module docstring)."""
+  vb = _bytes(r.vllm_dtype)
+  kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * vb * r.max_model_len * r.max_num_seqs
+  return {"weights": m.num_params * vb, "kv cache": kv, "overhead": VLLM_OVERHEAD_BYTES}
+
+
+def plan_memory_split(device_bytes: int, jax_fraction: float, vllm_fraction: float, model: ModelShape,
+                      run: RunSizes) -> MemoryPlan:
+  """The split's plan; raises MemorySplitError when the fractions are invalid or a side does not fit.
+
+  Args:
+    device_bytes: the GPU's memory (e.g. 80 GiB for an H100).
+    jax_fraction: XLA_PYTHON_CLIENT_MEM_FRACTION (JAX preallocates this share).
+    vllm_fraction: vLLM's gpu_memory_utilization.
+  """
+  for name, f in (("gpu.jax_mem_fraction", jax_fraction), ("gpu.vllm_mem_fraction", vllm_fraction)):
+    if not 0 < f < 1:
+      raise MemorySplitError(f"config.{name}={f!r}: must be in (0, 1)")
+  if jax_fraction + vllm_fraction > MAX_TOTAL_FRACTION:
+    raise MemorySplitError(
+        f"config.gpu.jax_mem_fraction={jax_fraction:g} + config.gpu.vllm_mem_fraction={vllm_fraction:g} = "
+        f"{jax_fraction + vllm_fraction:g} > {MAX_TOTAL_FRACTION}: JAX and vLLM share one device and the "
+        "CUDA context needs the rest; lower one of them")
+  jax_parts, vllm_parts = jax_memory_parts(model, run), vllm_memory_parts(model, run)
+  plan = MemoryPlan(int(device_bytes), jax_fraction, vllm_fraction,
+                    int(sum(jax_parts.values()) * JAX_HEADROOM), int(sum(vllm_parts.values())),
+                    jax_parts, vllm_parts)
+  problems = []
+  if plan.jax_need > plan.jax_budget:
+    problems.append(
+        f"JAX (training) needs ~{plan.jax_need / GIB:.1f} GiB but config.gpu.jax_mem_fraction="
+        f"{jax_fraction:g} gives {plan.jax_budget / GIB:.1f} GiB: raise it to >= "
+        f"{plan.jax_need / device_bytes:.2f}, or lower train.micro_batch_size / set model.remat=True")
+  if plan.vllm_need > plan.vllm_budget:
+    problems.append(
+        f"vLLM (sampling) needs ~{plan.vllm_need / GIB:.1f} GiB but config.gpu.vllm_mem_fraction="
+        f"{vllm_fraction:g} gives {plan.vllm_budget / GIB:.1f} GiB: raise it to >= "
+        f"{plan.vllm_need / device_bytes:.2f}, or lower rollout.max_batch_size (vLLM's max_num_seqs) / "
+        "rollout.max_total_tokens")
+  if problems:
+    raise MemorySplitError("GPU memory split does not fit: " + "; ".join(problems) + f". [{plan.describe()}]")
+  return plan
+
+
+# ---------------------------------------------------------------- from a run's config
+def model_shape_from_config(config) -> ModelShape:
+  """The policy's ModelShape: from the HF folder's config.json (`model.pretrained`), else the
+  random-init config; the parameter count from an abstract model (nothing allocated)."""
+  from flax import nnx
+
+  from agentfly_jax.models import CausalLM, ModelConfig
+  from agentfly_jax.rl.setup import model_config
+  cfg = model_config(config, config.model.vocab_size)
+  abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+  leaves = [v for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))]
+  num_params = sum(int(getattr(v, "value", v).size) for v in leaves)
+  assert isinstance(cfg, ModelConfig)
+  return ModelShape(num_params=num_params, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+                    num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                    head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads,
+                    vocab_size=cfg.vocab_size)
+
+
+def run_sizes_from_config(config) -> RunSizes:
+  from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
+  c, r = config, config.rollout
+  seq = r.max_total_tokens + r.max_tokens_per_turn
+  return RunSizes(micro_batch=c.train.micro_batch_size, seq_len=seq, logits_chunk=c.train.logits_chunk,
+                  attention_chunk=c.model.attention_chunk, remat=bool(resolved_remat(c)),
+                  compute_dtype=c.model.dtype, param_dtype=c.model.param_dtype,
+                  reference_copy=c.loss.kl_coef > 0, critic=ALGORITHMS[c.algo]["critic"],
+                  vllm_dtype=c.rollout.vllm_dtype or c.model.dtype, max_num_seqs=r.max_batch_size,
+                  max_model_len=seq)
+
+
+def cuda_device_bytes() -> int | None:
+  """Total memory of CUDA device 0 (via torch, which vLLM brings; JAX's backend stays untouched so
+  its preallocation fraction can still be set), or None without a CUDA device."""
+  try:
+    import torch
+  except ImportError:
+    return None
+  if not torch.cuda.is_available():
+    return None
+  return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def apply_memory_split(config, environ=None, device_bytes: int | None = None) -> MemoryPlan | None:
+  """Before JAX touches a device: sets JAX's share (`XLA_PYTHON_CLIENT_MEM_FRACTION`, preallocated)
+  and checks that both sides fit (`plan_memory_split`, raises MemorySplitError). Active when
+  `config.gpu.jax_mem_fraction > 0` with the vLLM sampler. The device size: `config.gpu.
+  device_memory_gib` when > 0 (a stated size: the check then also runs on a CPU-only machine),
+  else `device_bytes`, else the CUDA device's; None (nothing checked) without any of them."""
+  import os
+  g = config.gpu
+  if not g.jax_mem_fraction or config.rollout.sampler != "vllm":
+    return None
+  environ = os.environ if environ is None else environ
+  environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{g.jax_mem_fraction:g}"
+  environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+  if g.device_memory_gib > 0:
+    device_bytes = int(g.device_memory_gib * GIB)
+  elif device_bytes is None:
+    device_bytes = cuda_device_bytes()
+  if device_bytes is None:
+    return None
+  return plan_memory_split(device_bytes, g.jax_mem_fraction, g.vllm_mem_fraction,
+                           model_shape_from_config(config), run_sizes_from_config(config))
