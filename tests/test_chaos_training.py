@@ -189,7 +189,9 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert chaos.on(2) and all(c["server"] == b.address and not c["error"] for c in chaos.on(2))
       assert chaos.b_acquires[3] - chaos.b_acquires[2] == by_step[2]["env/sleep/acquires"] > 0
       assert by_step[2]["rollout/tool_errors/lookup"] == 0
-      assert by_step[2]["env/client/connection_errors"] >= 1   # a refused the connects
+      # (Whether a chain tried a's port again in step 2 depends on the machine's speed: a is
+      # skipped while it is marked down, down_retry_s after its last refused connect.)
+      assert by_step[2]["env/client/timeouts"] == 0
 
       # Step 3: a restarted on its port is used again.
       assert a2 == a.address
