@@ -81,7 +81,7 @@ def cpu_name() -> str:
     with open("/proc/cpuinfo") as f:
       return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
   except (OSError, StopIteration):
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def measure_matmul_rate(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:

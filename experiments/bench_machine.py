@@ -1,16 +1,9 @@
-"""Shared by the benchmarks: the machine line of their results (CPU model, cores), a quiet
-train.py command, writing JSON + markdown."""
+"""Shared by the benchmarks that run whole train.py jobs (bench_async, bench_chains, bench_memory):
+the machine line of their results (CPU model from bench_common.cpu_name, cores), a quiet train.py
+command, writing JSON + markdown."""
 import os
-import platform
 
-
-def cpu_name() -> str:
-  """The CPU model from /proc/cpuinfo (else platform's processor / machine name)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
+from experiments.bench_common import cpu_name  # noqa: F401 (bench_memory imports it from here)
 
 
 def machine() -> str:

@@ -189,15 +189,18 @@ class Trainer:
         "model": c.model.to_dict(), "rollout": c.rollout.to_dict(),
         "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}}, sort_keys=True)
 
-  def _sft_cached(self) -> Any:
-    """SFT params, from `sft.cache_dir` when a run with the same task/model/sft config saved them."""
+  def _sft_cached(self) -> tuple[Any, dict]:
+    """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
+    task/model/sft config saved them (then no metrics: nothing was trained)."""
     import hashlib
     from agentfly_jax.rl.sft import run_sft
     c = self.config
-    if not c.sft.cache_dir:
+
+    def train():
       params, nll = run_sft(self)
-      self.sft_metrics = {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
-      return params
+      return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
+    if not c.sft.cache_dir:
+      return train()
     key = self._sft_cache_key()
     path = os.path.join(os.path.abspath(c.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
     cache = Checkpointer(path, max_to_keep=1, async_save=False)
@@ -205,12 +208,11 @@ class Trainer:
     if cache.latest_step() is not None:
       restored, _ = cache.restore(None, target)
       cache.close()
-      return restored["params"]
-    params, nll = run_sft(self)
-    self.sft_metrics = {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
+      return restored["params"], {}
+    params, metrics = train()
     cache.save(0, {"params": params}, {"config": key})
     cache.close()
-    return params
+    return params, metrics
 
   # ------------------------------------------------------------------ evaluation
   def evaluate(self, params, rows=None, *, seed=0) -> dict:
@@ -236,8 +238,8 @@ class Trainer:
       if c.eval.every:
         pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in self.evaluate(params, seed=c.seed).items()}
       t_sft = time.perf_counter()
-      params = self._sft_cached()
-      pre_sft.update(getattr(self, "sft_metrics", {}), **{"time/sft_s": time.perf_counter() - t_sft})
+      params, sft_metrics = self._sft_cached()
+      pre_sft.update(sft_metrics, **{"time/sft_s": time.perf_counter() - t_sft})
       if self.algo["critic"]:
         critic_params = _warm_start_critic(critic_params, params)
     state = self.new_state(params, self.optimizer, critic_params)
