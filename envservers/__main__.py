@@ -19,6 +19,7 @@ SIGINT shut it down gracefully: it stops accepting, lets in-flight calls finish 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         nursery.cancel_scope.cancel()
 
       port = await nursery.start(serve_then_stop)
+      gc.freeze()   # start-up objects (imports, warm instances) leave the collector's scans
       print(f"envservers listening on {args.host}:{port}", flush=True)
       if args.exit_on_stdin_eof:
         nursery.start_soon(_shutdown_on_stdin_eof, server)

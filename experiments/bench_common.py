@@ -84,6 +84,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_note(load_start: float | None = None) -> str:
+  """How busy the machine was, for a results file: the 1-minute load average against the CPU count
+  (at the start when given, and now), called quiet below half a core of other work per CPU."""
+  cpus = os.cpu_count() or 1
+  now = os.getloadavg()[0]
+  loads = [now] if load_start is None else [load_start, now]
+  state = "quiet" if max(loads) < 0.5 * cpus + 1 else "shared with other jobs"
+  span = " -> ".join(f"{x:.1f}" for x in loads)
+  return f"{cpus} CPUs, {state} (load average {span})"
+
+
 def measure_matmul_rate(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:
   """FLOP/s of an n x n `jnp.matmul` in `dtype` (jitted, best of reps)."""
   import jax

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import trio  # noqa: E402
 
 from agentfly_jax.envs import EnvManager, LocalEnvServer  # noqa: E402
+from experiments.bench_common import cpu_name, load_note  # noqa: E402
 from envservers.client import Connection  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -199,6 +200,7 @@ def _markdown(report: dict) -> str:
 
 
 def main(argv):
+  load_start = os.getloadavg()[0]
   del argv
   server = LocalEnvServer(["echo=4:2", f"sleep={FLAGS.num_chains}:0", "python_sandbox=2:1"])
   try:
@@ -208,8 +210,7 @@ def main(argv):
   results["sandbox_start"] = trio.run(_sandbox_starts)
   results["trio_floor"] = trio.run(_trio_floor)
   report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs; "
-                       f"load average {os.getloadavg()[0]:.1f} at the end), "
+            "machine": f"{platform.machine()}, {cpu_name()}, {load_note(load_start)}, "
                        f"Python {platform.python_version()}",
             "flags": {k: FLAGS[k].value for k in ("num_noop_calls", "num_chains", "io_call_s",
                                                   "io_rounds", "num_sandbox_calls")},
