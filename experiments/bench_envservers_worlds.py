@@ -30,6 +30,7 @@ import trio  # noqa: E402
 
 from agentfly_jax.envs import EnvManager, LocalEnvServer  # noqa: E402
 from envservers.envs.webshop_catalog import generate_catalog, make_goals  # noqa: E402
+from experiments.bench_common import cpu_name, load_note  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("worlds", ["webshop", "textworld", "scienceworld"], "worlds to measure")
@@ -123,8 +124,7 @@ async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: l
 
 def _markdown(report: dict) -> str:
   lines = [f"# bench_envservers_worlds ({report['date']})", "",
-           f"Machine: {report['machine']} (shared with other jobs; load average "
-           f"{report['load_average']:.1f} at the end), Python {report['python']}", "",
+           f"Machine: {report['machine']}, Python {report['python']}", "",
            "| world | first reset (start + load) | warm reset p50 | step p50 / p99 | MiB first "
            "instance | MiB each further | instances per GiB |", "|---|---|---|---|---|---|---|"]
   for world, r in report["worlds"].items():
@@ -137,15 +137,16 @@ def _markdown(report: dict) -> str:
             "instances share: webshop's catalog + BM25 index); 'each further' = the growth per "
             "extra loaded instance, which gives instances per GiB. textworld and scienceworld "
             "run a worker process per instance, scienceworld with its own JVM.", "",
-            "Machine shared with other jobs (several training runs and test suites): latencies are "
-            "upper bounds; compare worlds only within one run."]
+            "Latencies on a machine shared with other jobs are upper bounds; compare worlds only "
+            "within one run."]
   return "\n".join(lines) + "\n"
 
 
 def main(argv):
   del argv
+  load_start = os.getloadavg()[0]
   report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "machine": f"{platform.machine()}, {cpu_name()}",
             "python": platform.python_version(), "worlds": {}}
   with tempfile.TemporaryDirectory() as cache:
     for world in FLAGS.worlds:
@@ -157,6 +158,7 @@ def main(argv):
         server.stop()
       print(world, json.dumps(report["worlds"][world]), flush=True)
   report["load_average"] = os.getloadavg()[0]
+  report["machine"] += f", {load_note(load_start)}"
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, "bench_envservers_worlds.json"), "w") as f:
     json.dump(report, f, indent=1)

@@ -167,6 +167,10 @@ def worker_env(framework: str) -> dict | None:
 
 
 class JaxStep:
+  """Holds what the steps need and no more, as TorchStep does: the policy's params (the model
+  object is dropped after the split), a critic only when a `ppo` step is timed, and one train
+  state per step (the first takes the loaded params, later ones a copy)."""
+
   def __init__(self, name: str, b: int, t: int, variant: str):
     import jax
     import numpy as np
@@ -178,24 +182,29 @@ class JaxStep:
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
     model_overrides, loss_overrides, _ = parse_variant(variant)
     model = from_pretrained(model_folder(name), **model_overrides)
-    critic = Critic.from_causal_lm(model)
-    critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
+    critic = None
+    if "ppo" in FLAGS.steps:
+      critic = Critic.from_causal_lm(model)
+      critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
     loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP,
                           **loss_overrides)
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
-    cg, cp, cr = nnx.split(critic, nnx.Param, ...)
-    batch = target_aligned(make_batch(model.config.vocab_size, b, t))
+    cg, cp, cr = nnx.split(critic, nnx.Param, ...) if critic is not None else (None, None, None)
+    vocab = model.config.vocab_size
+    del model, critic   # the states below own the weights (donated to each step)
+    batch = target_aligned(make_batch(vocab, b, t))
     self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
     self.fns, self.states = {}, {}
-    for step in FLAGS.steps:
+    copy = lambda tree: jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, tree)  # noqa: E731
+    for i, step in enumerate(FLAGS.steps):
       with_critic = step == "ppo"
       fn = make_train_step(g, r, opt, loss_cfg, **(dict(critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt)
                                                     if with_critic else {}))
       self.fns[step] = jax.jit(fn, donate_argnums=(0,))
-      state = create_train_state(p, opt, critic_params=cp if with_critic else None,
-                                 critic_optimizer=opt if with_critic else None)
-      self.states[step] = jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, state)
+      self.states[step] = create_train_state(p if i == 0 else copy(p), opt,
+                                             critic_params=(cp if with_critic else None),
+                                             critic_optimizer=opt if with_critic else None)
 
   def run(self, step: str) -> dict:
     import jax
