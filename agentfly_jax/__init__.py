@@ -4,6 +4,10 @@
 """
 __version__ = "0.1.0"
 
+from agentfly_jax.xla_defaults import apply_default_xla_flags as _apply_default_xla_flags
+
+_apply_default_xla_flags()   # measured XLA defaults (xla_defaults.py), before JAX's backend starts
+
 
 def __getattr__(name):  # lazy, so `import agentfly_jax` stays light (no JAX import)
   if name == "tool":

@@ -33,6 +33,7 @@ XLA_CPU_VARIANTS = {
               "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
     "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
     "conc": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+    "noconc": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
 }
 
 

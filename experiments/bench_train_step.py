@@ -317,8 +317,8 @@ def serve(spec: str) -> None:
 class Worker(WorkerProcess):
   """Parent-side handle of a `serve` subprocess for MODEL:SHAPE:FRAMEWORK; `ready` = its READY reply."""
 
-  def __init__(self, spec: str):
-    cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(FLAGS.steps)}",
+  def __init__(self, spec: str, steps: list[str]):
+    cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(steps)}",
            f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
     super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
     self.ready = self.first
@@ -335,38 +335,41 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
     for shape in FLAGS.shapes:
       b, t = (int(x) for x in shape.split("x"))
       workers, times, mem = {}, {(fw, s): [] for fw in FLAGS.frameworks for s in FLAGS.steps}, {}
-      # interleaved: all workers alive, taking turns each repeat; --one_worker_at_a_time (memory-
-      # tight machines): each framework's worker runs all its repeats, then exits
-      groups = [[fw] for fw in FLAGS.frameworks] if FLAGS.one_worker_at_a_time else [list(FLAGS.frameworks)]
-      for group in groups:
-        live = {}
-        try:
-          for fw in group:
-            t0 = time.perf_counter()
-            live[fw] = workers[fw] = Worker(f"{name}:{shape}:{fw}")
-            print(f"{name} {shape} {fw}: ready in {time.perf_counter() - t0:.0f} s "
-                  f"(first step {json.dumps(live[fw].ready['first'])})", flush=True)
-          for rep in range(FLAGS.repeats):
-            for s in FLAGS.steps:
+      # One worker per (framework, step), so each holds only that step's models and state (a
+      # `ppo` worker: policy + critic; a `policy` worker: the policy alone) and peak RSS is the
+      # step's. Interleaved: the frameworks' workers of a step are alive together and take turns
+      # each repeat; --one_worker_at_a_time (memory-tight machines): each worker runs all its
+      # repeats alone, then exits.
+      for s in FLAGS.steps:
+        groups = [[fw] for fw in FLAGS.frameworks] if FLAGS.one_worker_at_a_time else [list(FLAGS.frameworks)]
+        for group in groups:
+          live = {}
+          try:
+            for fw in group:
+              t0 = time.perf_counter()
+              live[fw] = workers[fw, s] = Worker(f"{name}:{shape}:{fw}", [s])
+              print(f"{name} {shape} {s} {fw}: ready in {time.perf_counter() - t0:.0f} s "
+                    f"(first step {json.dumps(live[fw].ready['first'])})", flush=True)
+            for rep in range(FLAGS.repeats):
               for fw, w in live.items():
                 times[fw, s].append(w.ask(f"run {s}"))
-            print(f"{name} {shape} repeat {rep + 1}: " + "; ".join(
-                f"{fw}/{s} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu"
-                for fw in live for s in FLAGS.steps), flush=True)
-          mem.update({fw: w.ask("mem")["peak_rss"] for fw, w in live.items()})
-        finally:
-          for w in live.values():
-            w.close()
+              print(f"{name} {shape} {s} repeat {rep + 1}: " + "; ".join(
+                  f"{fw} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu"
+                  for fw in live), flush=True)
+            mem.update({(fw, s): w.ask("mem")["peak_rss"] for fw, w in live.items()})
+          finally:
+            for w in live.values():
+              w.close()
       for (fw, s), runs in times.items():
         wall = [r["wall"] for r in runs]
         cpu = [r["cpu"] for r in runs]
         flops = step_flops(cfg, b, t, s)
-        first = workers[fw].ready["first"][s]
+        first = workers[fw, s].ready["first"][s]
         rows.append({"model": name, "shape": shape, "step": s, "framework": fw,
                      "wall_median_s": statistics.median(wall), "wall_min_s": min(wall), "wall_all_s": wall,
                      "cpu_median_s": statistics.median(cpu), "cpu_all_s": cpu, "compile_s": first["compile_s"],
                      "first_loss": first["loss"], "first_vf_loss": first.get("vf_loss"),
-                     "peak_rss_bytes": mem[fw], "rss_after_load_bytes": workers[fw].ready["rss_loaded"],
+                     "peak_rss_bytes": mem[fw, s], "rss_after_load_bytes": workers[fw, s].ready["rss_loaded"],
                      "model_flops": flops, "flop_per_s": flops / statistics.median(wall),
                      "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
                      "flop_per_s_best": flops / min(wall)})

@@ -37,6 +37,11 @@ def main(argv):
   with open(cfg_path) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.log.progress = False
+  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  try:  # the run's compiled programs (sampler, log-probs) load instead of compiling again
+    enable_compile_cache(config.train.get("compile_cache", "auto"))
+  except ValueError as e:
+    sys.exit(f"evaluate: {e}")
   trained_task = None
   if os.path.exists(os.path.join(_WORKDIR.value, "task.json")):
     with open(os.path.join(_WORKDIR.value, "task.json")) as f:

@@ -61,6 +61,11 @@ def main(argv):
     sys.exit(f"bad config: {e}")
   if plan is not None:
     print(f"memory split: {plan.describe()}")
+  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  try:  # before the first jit: a compiled program another run wrote is loaded, not compiled
+    enable_compile_cache(config.train.get("compile_cache", "auto"))
+  except ValueError as e:
+    sys.exit(f"bad config: {e}")
   from agentfly_jax.rl import distributed  # JAX loads only once the config is good
   try:  # before anything touches a device
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

@@ -51,6 +51,8 @@ def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -
 
 
 def main():
+  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
   assert len(jax.devices()) == 8, jax.devices()
   algos = sys.argv[1:] or ["grpo", "ppo"]
   with tempfile.TemporaryDirectory() as tmp:

@@ -94,6 +94,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
   c.train.remat = ""               # per decoder layer: none | full | dots_saveable | another
                                    # jax.checkpoint_policies name (models/remat.py); "" = model.remat
+  c.train.compile_cache = "auto"   # JAX's persistent compilation cache (rl/compile_cache.py): auto
+                                   # ($AGENTFLY_COMPILE_CACHE, else ~/.cache/agentfly_jax/xla) | off | a folder
   c.train.micro_batch_size = 16    # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
   c.loss = ml_collections.ConfigDict()

@@ -1,0 +1,58 @@
+"""JAX's persistent compilation cache for training, evaluation and sweeps.
+
+    cache_dir = enable_compile_cache(config.train.compile_cache)   # before the first jit
+
+A SmolLM2 train step takes minutes to compile on a CPU and tens of seconds on a GPU; a sweep, a
+resumed run or an `evaluate.py` after `train.py` compiles the same programs again. With the cache
+on, XLA's executables are written to disk keyed by the program, the compile options, the
+backend and the JAX version (JAX's own `jax_compilation_cache_dir`), so the second process
+loads them instead of compiling.
+
+`setting`:
+  "auto"  $AGENTFLY_COMPILE_CACHE when set (a folder, or "off"), else
+          ~/.cache/agentfly_jax/xla (XDG_CACHE_HOME is honoured)
+  "off" / ""   no persistent cache (JAX's default)
+  a path  that folder
+"""
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "AGENTFLY_COMPILE_CACHE"
+OFF = ("", "off", "none", "0", "false")
+# Programs that compile faster than this are not written (JAX's own default is 1 s; the
+# trainer's small prepare/update programs of a tiny model take ~0.3-1 s and are worth keeping).
+MIN_COMPILE_TIME_S = 0.3
+
+
+def resolve_compile_cache(setting: str) -> str | None:
+  """The cache folder `setting` names (see the module doc), or None when the cache is off."""
+  setting = (setting or "").strip()
+  if setting.lower() == "auto":
+    setting = os.environ.get(ENV_VAR, "").strip()
+    if not setting:
+      base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+      setting = os.path.join(base, "agentfly_jax", "xla")
+  if setting.lower() in OFF:
+    return None
+  return os.path.abspath(os.path.expanduser(setting))
+
+
+def enable_compile_cache(setting: str) -> str | None:
+  """Points JAX's persistent compilation cache at the folder `setting` names (creating it);
+  returns the folder, or None when off. Raises ValueError naming the folder when it cannot be
+  created or written."""
+  import jax
+  folder = resolve_compile_cache(setting)
+  if folder is None:
+    return None
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"train.compile_cache={setting!r}: cannot create {folder}: {e.strerror}") from None
+  if not os.access(folder, os.W_OK):
+    raise ValueError(f"train.compile_cache={setting!r}: {folder} is not writable")
+  jax.config.update("jax_compilation_cache_dir", folder)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return folder
