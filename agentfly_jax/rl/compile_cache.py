@@ -23,6 +23,9 @@ OFF = ("", "off", "none", "0", "false")
 # Programs that compile faster than this are not written (JAX's own default is 1 s; the
 # trainer's small prepare/update programs of a tiny model take ~0.3-1 s and are worth keeping).
 MIN_COMPILE_TIME_S = 0.3
+# The folder is kept under this size, least recently used programs evicted first (JAX's LRU
+# cache; with a limit, writes also take a file lock, so concurrent processes never collide).
+MAX_CACHE_BYTES = 4 << 30
 
 
 def resolve_compile_cache(setting: str) -> str | None:
@@ -55,4 +58,9 @@ def enable_compile_cache(setting: str) -> str | None:
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  try:
+    import filelock  # noqa: F401  (JAX's LRU eviction needs it)
+    jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
+  except ImportError:
+    pass
   return folder
