@@ -87,11 +87,12 @@ def cpu_name() -> str:
 
 def load_note(load_start: float | None = None) -> str:
   """How busy the machine was, for a results file: the 1-minute load average against the CPU count
-  (at the start when given, and now), called quiet below half a core of other work per CPU."""
+  (at the start when given, and now). Quiet: at most one runnable task above the CPU count (the
+  benchmark itself may keep every core busy)."""
   cpus = os.cpu_count() or 1
   now = os.getloadavg()[0]
   loads = [now] if load_start is None else [load_start, now]
-  state = "quiet" if max(loads) < 0.5 * cpus + 1 else "shared with other jobs"
+  state = "quiet" if max(loads) <= cpus + 1 else "shared with other jobs"
   span = " -> ".join(f"{x:.1f}" for x in loads)
   return f"{cpus} CPUs, {state} (load average {span})"
 

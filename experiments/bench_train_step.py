@@ -41,7 +41,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_common import (SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name,  # noqa: E402
+from bench_common import (SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name, load_note,  # noqa: E402
                           measure_matmul_rate, xla_flags_env)
 
 FLAGS = flags.FLAGS
@@ -479,7 +479,7 @@ def main(argv):
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
                "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
                "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-               "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"
+               "note": load_note(load_start[0])
                        + ("" if rate_end else " (partial results: the run was still going)")}
     write_results(FLAGS.out, machine, rows, demo_out, settings)
 

@@ -22,6 +22,7 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
         f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Wall times on a machine shared "
         "with other jobs move by 2x between minutes: compare the per-repeat ratios (frameworks interleaved) "
         "and the CPU seconds (all threads of the worker), not absolute numbers across runs.\n",
+        *([machine["merged"] + "\n"] if machine.get("merged") else []),
         ("**Workers ran one at a time** (not interleaved: the machine had no memory for both at once), so "
          "wall ratios compare different minutes; the CPU-seconds ratio is the steadier one.\n"
          if settings.get("one_worker_at_a_time") else ""),
@@ -64,3 +65,29 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
     f.write("\n".join(md) + "\n")
   if machine["matmul_flop_per_s_end"]:
     print("\n".join(md))
+
+
+def merge(stems: list[str], out_stem: str, note: str) -> None:
+  """One results file from several runs' JSON (rows in the given order; the machine block of the
+  first, its matmul rates and loads spanning all; `note` says which runs and why merged)."""
+  runs = []
+  for stem in stems:
+    with open(os.path.join(RESULTS, f"{stem}.json")) as f:
+      runs.append(json.load(f))
+  machine = dict(runs[0]["machine"])
+  machine["matmul_flop_per_s_end"] = runs[-1]["machine"]["matmul_flop_per_s_end"]
+  machine["load_avg_end"] = runs[-1]["machine"]["load_avg_end"]
+  machine["merged"] = note + " Runs: " + ", ".join(f"`{s}.json`" for s in stems) + "."
+  rows = [r for run in runs for r in run["rows"]]
+  settings = {"merged_from": stems, "settings": [run["settings"] for run in runs]}
+  write_results(out_stem, machine, rows, None, settings)
+
+
+if __name__ == "__main__":
+  import argparse
+  parser = argparse.ArgumentParser(description="Merge bench_train_step result files into one.")
+  parser.add_argument("--merge", required=True, help="comma-separated result stems, in row order")
+  parser.add_argument("--out", required=True, help="stem of the merged file")
+  parser.add_argument("--note", required=True, help="why and how the runs go together")
+  args = parser.parse_args()
+  merge(args.merge.split(","), args.out, args.note)

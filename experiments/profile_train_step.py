@@ -35,7 +35,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_train_step as bench  # noqa: E402 (defines the shared flags: models, shapes, frameworks, ...)
-from bench_common import cpu_name  # noqa: E402
+from bench_common import cpu_name, load_note  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile_out", "profile_train_step", "result file stem in experiments/results/")
@@ -373,7 +373,7 @@ def main(argv):
         print(f"{name} {shape} {fw}: wall {r['wall_s']}, thunks {r['thunk_total_s_per_step']:.2f} s "
               f"{json.dumps({k: round(v, 3) for k, v in r['thunk_s_per_step'].items()})}", flush=True)
   machine = {"cpus": os.cpu_count(), "cpu": cpu_name(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-             "note": f"{os.cpu_count()}-core CPU, shared with other jobs this session"}
+             "note": load_note(load_start[0])}
   write(rows, machine)
 
 
