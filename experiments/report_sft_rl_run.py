@@ -33,6 +33,30 @@ def series(records, key):
   return [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
 
 
+def budget_table(records) -> list[str]:
+  """Markdown lines: each RL step's wall time by phase (the trainer's time/* metrics) and the
+  median; update = train - prepare (old/ref log-probs)."""
+  steps = [r for r in records if "time/step_s" in r]
+  if not steps:
+    return []
+  cols = ("rollout", "prepare (old/ref log-probs)", "update", "sync", "eval", "step")
+
+  def phases(r):
+    prep, train = r.get("time/prepare_s", 0.0), r.get("time/train_s", 0.0)
+    return [r.get("time/rollout_s"), r.get("time/prepare_s"), train - prep, r.get("time/sync_s"),
+            r.get("time/eval_s"), r["time/step_s"]]
+
+  rows = [phases(r) for r in steps]
+  median = [sorted(v for v in col if v is not None)[len([v for v in col if v is not None]) // 2]
+            if any(v is not None for v in col) else None for col in zip(*rows)]
+  cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+  out = ["", "Step-time budget of the RL steps (seconds, from the trainer's time/* metrics):", "",
+         "| step | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+  out += [f"| {r['step']} | " + " | ".join(cell(v) for v in row) + " |" for r, row in zip(steps, rows)]
+  out.append("| median | " + " | ".join(cell(v) for v in median) + " |")
+  return out
+
+
 def main(argv):
   del argv
   import agentfly_jax.metrics.plots  # noqa: F401  (headless matplotlib backend)
@@ -92,6 +116,7 @@ def main(argv):
   if pre is not None:
     lines.append(f"| before SFT | {pre:.3f} | {fmt(step0.get('eval_pre_sft/tool_calls_per_chain'))} |")
   lines += [f"| {s} | {v:.3f} | {fmt(tools.get(s))} |" for s, v in ev]
+  lines += budget_table(records)
   if _NOTES.value:
     lines += ["", _NOTES.value]
   lines += ["", "Files: `metrics.jsonl` (every logged metric per step; step 0 holds `eval_pre_sft/*`, "
