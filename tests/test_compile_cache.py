@@ -77,9 +77,16 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
   assert off == {"folder": "None", "hits": 0, "misses": 0}, off
 
 
-def test_an_unusable_folder_is_a_config_error(tmp_path):
+def test_an_unusable_folder_is_a_config_error_unless_auto(tmp_path, monkeypatch):
+  import jax
+
   from agentfly_jax.rl.compile_cache import enable_compile_cache
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")
-  with pytest.raises(ValueError, match="a_file"):
+  before = jax.config.jax_compilation_cache_dir
+  with pytest.raises(ValueError, match="a_file"):   # named explicitly: an error naming it
     enable_compile_cache(str(blocker / "cache"))
+  monkeypatch.setenv(ENV_VAR, str(blocker / "cache"))
+  with pytest.warns(UserWarning, match="compile cache off.*a_file"):   # auto: a warning, no cache
+    assert enable_compile_cache("auto") is None
+  assert jax.config.jax_compilation_cache_dir == before   # the session's cache untouched

@@ -17,6 +17,7 @@ loads them instead of compiling.
 from __future__ import annotations
 
 import os
+import warnings
 
 ENV_VAR = "AGENTFLY_COMPILE_CACHE"
 OFF = ("", "off", "none", "0", "false")
@@ -43,18 +44,26 @@ def resolve_compile_cache(setting: str) -> str | None:
 
 def enable_compile_cache(setting: str) -> str | None:
   """Points JAX's persistent compilation cache at the folder `setting` names (creating it);
-  returns the folder, or None when off. Raises ValueError naming the folder when it cannot be
-  created or written."""
+  returns the folder, or None when off. A folder named explicitly that cannot be created or
+  written raises ValueError naming it; with "auto" that only warns and runs without the cache
+  (a read-only home must not stop a run that never asked for a cache)."""
   import jax
   folder = resolve_compile_cache(setting)
   if folder is None:
     return None
+  problem = None
   try:
     os.makedirs(folder, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+      problem = f"{folder} is not writable"
   except OSError as e:
-    raise ValueError(f"train.compile_cache={setting!r}: cannot create {folder}: {e.strerror}") from None
-  if not os.access(folder, os.W_OK):
-    raise ValueError(f"train.compile_cache={setting!r}: {folder} is not writable")
+    problem = f"cannot create {folder}: {e.strerror}"
+  if problem is not None:
+    if setting.strip().lower() == "auto":
+      warnings.warn(f"compile cache off: {problem} (set {ENV_VAR} or train.compile_cache to a "
+                    "writable folder)", stacklevel=2)
+      return None
+    raise ValueError(f"train.compile_cache={setting!r}: {problem}")
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
