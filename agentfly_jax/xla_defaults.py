@@ -6,13 +6,15 @@
   scheduler (its default) runs independent parts of a program side by side, which keeps both
   sets of temporaries alive. For the train step that costs memory and buys no speed: SmolLM2-135M
   B8xT256 on the project's 2-core CPU, PPO step (actor + critic) XLA temporaries 9.9 -> 4.6 GiB,
-  peak RSS 13.99 -> 8.70 GiB (torch: 10.47), wall 0.71x -> 0.67x / 0.78x -> 0.81x torch (policy),
-  i.e. within run-to-run noise (experiments/results/bench_train_step_ab_scheduler.md).
+  peak RSS 13.99 -> 8.70 GiB (torch: 10.47); speed against torch's step: PPO 0.71x -> 0.67x,
+  policy 0.77x -> 0.81x, CPU seconds equal, i.e. within run-to-run noise
+  (experiments/results/bench_train_step_ab_scheduler.md).
 
 A flag the user already put in XLA_FLAGS (with any value) is left as it is; set
-AGENTFLY_XLA_DEFAULTS=0 to add none. XLA aborts on a flag it does not know, so the flags are added
-only for the jaxlib versions they were checked with (TESTED_JAXLIB; the pinned one is 0.10.2). The flags apply only when this runs before JAX creates its
-CPU client (importing agentfly_jax before running anything in JAX does that).
+AGENTFLY_XLA_DEFAULTS=0 to add none. XLA aborts on a flag it does not know, so the flags are
+added only for the jaxlib versions they were checked with (TESTED_JAXLIB; pinned: 0.10.2). The
+flags apply only when this runs before JAX creates its CPU client (importing agentfly_jax before
+running anything in JAX does that).
 """
 from __future__ import annotations
 
