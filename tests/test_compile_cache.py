@@ -54,8 +54,11 @@ def test_settings_name_the_folder(tmp_path, monkeypatch):
   monkeypatch.setenv(ENV_VAR, "off")
   assert resolve_compile_cache("auto") is None
   monkeypatch.delenv(ENV_VAR)
-  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert resolve_compile_cache("auto") == str(tmp_path / "xdg" / "agentfly_jax" / "xla")
+  monkeypatch.setenv("AGENTFLY_CACHE_DIR", str(tmp_path / "root"))   # the project's cache root
+  assert resolve_compile_cache("auto") == str(tmp_path / "root" / "xla")
+  monkeypatch.delenv("AGENTFLY_CACHE_DIR")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  assert resolve_compile_cache("auto") == str(tmp_path / "home" / ".cache" / "agentfly_jax" / "xla")
   for off in ("", "off", "OFF", "none"):
     assert resolve_compile_cache(off) is None
   assert resolve_compile_cache(str(tmp_path / "mine")) == str(tmp_path / "mine")

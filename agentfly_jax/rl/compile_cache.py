@@ -9,8 +9,8 @@ backend and the JAX version (JAX's own `jax_compilation_cache_dir`), so the seco
 loads them instead of compiling.
 
 `setting`:
-  "auto"  $AGENTFLY_COMPILE_CACHE when set (a folder, or "off"), else
-          ~/.cache/agentfly_jax/xla (XDG_CACHE_HOME is honoured)
+  "auto"  $AGENTFLY_COMPILE_CACHE when set (a folder, or "off"), else xla/ under the project's
+          cache root ($AGENTFLY_CACHE_DIR, else ~/.cache/agentfly_jax: where the BM25 indexes go)
   "off" / ""   no persistent cache (JAX's default)
   a path  that folder
 """
@@ -35,8 +35,9 @@ def resolve_compile_cache(setting: str) -> str | None:
   if setting.lower() == "auto":
     setting = os.environ.get(ENV_VAR, "").strip()
     if not setting:
-      base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-      setting = os.path.join(base, "agentfly_jax", "xla")
+      root = os.environ.get("AGENTFLY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                  "agentfly_jax")
+      setting = os.path.join(root, "xla")
   if setting.lower() in OFF:
     return None
   return os.path.abspath(os.path.expanduser(setting))

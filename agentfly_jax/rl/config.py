@@ -95,7 +95,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.remat = ""               # per decoder layer: none | full | dots_saveable | another
                                    # jax.checkpoint_policies name (models/remat.py); "" = model.remat
   c.train.compile_cache = "auto"   # JAX's persistent compilation cache (rl/compile_cache.py): auto
-                                   # ($AGENTFLY_COMPILE_CACHE, else ~/.cache/agentfly_jax/xla) | off | a folder
+                                   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   c.train.micro_batch_size = 16    # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
   c.loss = ml_collections.ConfigDict()
