@@ -52,6 +52,9 @@ flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch s
 flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
 flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
+flags.DEFINE_enum("layout", "prompt", ["prompt", "agent"], "which tokens are trained on: prompt = the first "
+                  "quarter of each row is prompt, the rest action tokens; agent = a quarter prompt, then "
+                  "24-token actions between 40-token tool observations (~30 %% of the row trained on)")
 flags.DEFINE_bool("one_worker_at_a_time", False, "each framework's worker runs all its repeats alone, then exits "
                   "(for machines without memory for all workers at once; ratios are then not interleaved)")
 flags.DEFINE_bool("demo", False, "also: packing on the demo's real batches + the demo's step-time budget")
@@ -90,14 +93,22 @@ def model_folder(name: str) -> str:
   return folder
 
 
-def make_batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
-  """Numpy batch [B, T]: ~1/8 of rows end early (padding), the first quarter is prompt."""
+ACTION_TOKENS, OBSERVATION_TOKENS = 24, 40   # the agent layout's turns
+
+
+def make_batch(vocab: int, b: int, t: int, seed: int = 0, layout: str = "prompt") -> dict:
+  """Numpy batch [B, T]: ~1/8 of rows end early (padding), the first quarter is prompt; layout
+  "prompt": every later token is an action token; "agent": ACTION_TOKENS-long actions alternate
+  with OBSERVATION_TOKENS-long tool observations (not trained on) after the prompt."""
   import numpy as np
   rng = np.random.default_rng(seed)
   ids = rng.integers(1, vocab, (b, t)).astype(np.int32)
   lengths = np.where(rng.random(b) < 0.125, rng.integers(t // 2, t + 1, b), t)
   attn = np.arange(t)[None] < lengths[:, None]
-  action = attn & (np.arange(t)[None] >= t // 4)
+  pos = np.arange(t)[None]
+  action = attn & (pos >= t // 4)
+  if layout == "agent":
+    action &= (pos - t // 4) % (ACTION_TOKENS + OBSERVATION_TOKENS) < ACTION_TOKENS
   f = lambda x: np.where(action, x, 0).astype(np.float32)  # noqa: E731
   return {"token_ids": ids, "attention_mask": attn, "action_mask": action,
           "old_logprobs": f(-rng.random((b, t)) * 2 - 9.5), "advantages": f(rng.normal(size=(b, t))),
@@ -135,13 +146,15 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 # ---------------------------------------------------------------- workers
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
                  "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
-                 "fuse": ("model", "fuse_projections")}
+                 "fuse": ("model", "fuse_projections"), "attn": ("model", "attention_impl"),
+                 "cap": ("loss", "logits_capacity")}
 
 
 def parse_variant(variant: str) -> tuple[dict, dict, str]:
   """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
   lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
-  fuse0/1 ModelConfig.fuse_projections,
+  fuse0/1 ModelConfig.fuse_projections, attn<flash|checkpoint> ModelConfig.attention_impl,
+  capN LossConfig.logits_capacity = N / 100 (cap0: log-probs at every position),
   xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
   Returns (model overrides, loss overrides, XLA variant name or '')."""
   out = {"model": {}, "loss": {}, "env": {}}
@@ -149,12 +162,13 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
       raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
+                       f"fuse0|1, attn<flash|checkpoint>, capN, "
                        f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     where, field = VARIANT_KNOBS[key]
     value = knob[len(key):]
     if key == "xla" and value not in XLA_CPU_VARIANTS:
       raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
-    out[where][field] = value if key in ("prec", "xla") else (bool(int(value)) if key in ("remat", "fuse") else int(value))
+    out[where][field] = value if key in ("prec", "xla", "attn") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse") else int(value))
   return out["model"], out["loss"], out["env"].get("xla", "")
 
 
@@ -193,7 +207,7 @@ class JaxStep:
     cg, cp, cr = nnx.split(critic, nnx.Param, ...) if critic is not None else (None, None, None)
     vocab = model.config.vocab_size
     del model, critic   # the states below own the weights (donated to each step)
-    batch = target_aligned(make_batch(vocab, b, t))
+    batch = target_aligned(make_batch(vocab, b, t, layout=FLAGS.layout))
     self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
     self.fns, self.states = {}, {}
     copy = lambda tree: jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, tree)  # noqa: E731
@@ -231,15 +245,19 @@ class TorchStep:
         if self.critic.score.bias is not None:
           self.critic.score.bias.zero_()
       self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
-    batch = make_batch(self.model.config.vocab_size, b, t)
+    batch = make_batch(self.model.config.vocab_size, b, t, layout=FLAGS.layout)
     self.batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+    # TRL's logits_to_keep: logits only from the first position that predicts a completion
+    # token on (the prompt's own next-token predictions are never trained on).
+    self.keep = t - t // 4
 
   def _policy(self) -> float:
     import torch
     bt = self.batch
     ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
-    logits = self.model(input_ids=ids[:, :-1], attention_mask=am[:, :-1]).logits.float()
-    target = ids[:, 1:]
+    k = self.keep
+    logits = self.model(input_ids=ids[:, :-1], attention_mask=am[:, :-1], logits_to_keep=k).logits.float()
+    target = ids[:, 1:][:, -k:]
     # TRL's selective_log_softmax for float32: gather minus a per-row logsumexp (loop saves memory)
     picked = torch.gather(logits, -1, target[..., None])[..., 0]
     lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
@@ -247,8 +265,8 @@ class TorchStep:
     with torch.no_grad():  # entropy as a metric, as the JAX step reports it
       p = torch.softmax(logits, -1)
       _ = (lse - (p * logits).sum(-1))
-    mask = bt["action_mask"][:, 1:].float()
-    old, adv = bt["old_logprobs"][:, 1:], bt["advantages"][:, 1:]
+    mask = bt["action_mask"][:, 1:][:, -k:].float()
+    old, adv = bt["old_logprobs"][:, 1:][:, -k:], bt["advantages"][:, 1:][:, -k:]
     ratio = torch.exp(torch.clamp(lp - old, -20.0, 20.0))
     loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
     loss = torch.where(adv < 0, torch.minimum(loss, -adv * DUAL_CLIP), loss)
@@ -319,6 +337,7 @@ class Worker(WorkerProcess):
 
   def __init__(self, spec: str, steps: list[str]):
     cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(steps)}",
+           f"--layout={FLAGS.layout}",
            f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
     super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
     self.ready = self.first
@@ -365,7 +384,8 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
         cpu = [r["cpu"] for r in runs]
         flops = step_flops(cfg, b, t, s)
         first = workers[fw, s].ready["first"][s]
-        rows.append({"model": name, "shape": shape, "step": s, "framework": fw,
+        label = shape if FLAGS.layout == "prompt" else f"{shape} {FLAGS.layout}"
+        rows.append({"model": name, "shape": label, "layout": FLAGS.layout, "step": s, "framework": fw,
                      "wall_median_s": statistics.median(wall), "wall_min_s": min(wall), "wall_all_s": wall,
                      "cpu_median_s": statistics.median(cpu), "cpu_all_s": cpu, "compile_s": first["compile_s"],
                      "first_loss": first["loss"], "first_vf_loss": first.get("vf_loss"),

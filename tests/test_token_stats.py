@@ -53,3 +53,52 @@ def test_chunked_logprobs_entropy_rejects_bad_arguments():
     chunked_logprobs_entropy(h, w, jnp.zeros((2, 4), jnp.int32))
   with pytest.raises(ValueError, match="temperature"):
     chunked_logprobs_entropy(h, w, jnp.zeros((2, 3), jnp.int32), temperature=0.0)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_at_loss_positions_equals_the_masked_full_computation(fits):
+  """Log-probs/entropy only at loss positions (gathered into loss_slots(L, 0.4) slots per row)
+  equal the full [B, L] computation masked, values and gradients in hidden and weight; a row
+  with more loss positions than slots sends the whole batch the full way. Which way ran is read
+  off a shape-dependent term the test adds (K slots vs L positions)."""
+  from agentfly_jax.models.token_stats import at_loss_positions, loss_slots
+  rng = np.random.default_rng(11 + fits)
+  B, L, D, V = 4, 40, 16, 50
+  k = loss_slots(L, 0.4)
+  assert k == 16
+  h = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(V, D)) * 0.5, jnp.float32)
+  tgt = jnp.asarray(rng.integers(0, V, (B, L)), jnp.int32)
+  mask = np.zeros((B, L), bool)
+  for r in range(B):  # scattered positions, like turns between tool observations
+    n = [16, 5, 0, 11][r] if fits else [16, 17, 3, 0][r]
+    mask[r, rng.choice(L, n, replace=False)] = True
+  mask = jnp.asarray(mask)
+  a, b = jnp.asarray(rng.normal(size=(B, L)), jnp.float32), jnp.asarray(rng.normal(size=(B, L)), jnp.float32)
+
+  def stats(hh, tt, ww):
+    return chunked_logprobs_entropy(hh, ww, tt, chunk=8, precision="highest")
+
+  def objective(route):
+    def f(hh, ww):
+      lp, ent = route(hh, ww)
+      return (lp * a).sum() + (ent * b).sum(), (lp, ent)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(h, w)
+
+  def full(hh, ww):
+    lp, ent = stats(hh, tgt, ww)
+    return jnp.where(mask, lp, 0.0), jnp.where(mask, ent, 0.0)
+
+  (v0, (lp0, ent0)), g0 = objective(full)
+  (v1, (lp1, ent1)), g1 = objective(lambda hh, ww: at_loss_positions(lambda x, t: stats(x, t, ww), hh, tgt, mask, 0.4))
+  np.testing.assert_allclose(np.asarray(lp1), np.asarray(lp0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ent1), np.asarray(ent0), rtol=1e-5, atol=1e-5)
+  assert not np.asarray(lp1)[~np.asarray(mask)].any()
+  np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+  for x, y in zip(g1, g0):
+    assert float(jnp.abs(y).max()) > 1e-3
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+
+  # Which route: the second output carries the width fn was called with.
+  probe = at_loss_positions(lambda x, t: (x.sum(-1), jnp.full(t.shape, float(t.shape[1]))), h, tgt, mask, 0.4)[1]
+  assert set(np.unique(np.asarray(probe)[np.asarray(mask)])) == {float(k if fits else L)}

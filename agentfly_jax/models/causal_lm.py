@@ -20,7 +20,7 @@ from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.remat import layer_call
-from agentfly_jax.models.token_stats import chunked_logprobs_entropy
+from agentfly_jax.models.token_stats import at_loss_positions, chunked_logprobs_entropy
 
 
 def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
@@ -164,17 +164,25 @@ class CausalLM(_Base):
     return logits.astype(jnp.float32)
 
   def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
-                             chunk: int = 256) -> tuple[jax.Array, jax.Array]:
+                             chunk: int = 256, loss_mask: jax.Array | None = None,
+                             capacity: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """hidden [B, T, D], targets int[B, T] -> (log-prob of each target, entropy) float32[B, T] under
-    softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats)."""
+    softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats).
+    With `loss_mask` bool[B, T] and 0 < `capacity` < 1: computed only on the mask's positions
+    (0 elsewhere) when every row has at most `capacity` * T of them (`at_loss_positions`)."""
     if self.lm_head is None:
       weight, vocab_major = self.model.embed_tokens.embedding[...], True
     else:
       weight, vocab_major = self.lm_head.kernel[...], self.lm_head.kernel_layout == "out_in"
-    return chunked_logprobs_entropy(hidden.astype(self.config.compute_dtype),
-                                    weight.astype(self.config.compute_dtype), targets,
-                                    temperature=temperature, chunk=chunk, vocab_major=vocab_major,
-                                    precision=self.config.matmul_precision)
+    weight = weight.astype(self.config.compute_dtype)
+
+    def stats(h, tgt):
+      return chunked_logprobs_entropy(h.astype(self.config.compute_dtype), weight, tgt, temperature=temperature,
+                                      chunk=chunk, vocab_major=vocab_major, precision=self.config.matmul_precision)
+
+    if loss_mask is None or not 0 < capacity < 1:
+      return stats(hidden, targets)
+    return at_loss_positions(stats, hidden, targets, loss_mask, capacity)
 
   def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
                segment_ids=None):

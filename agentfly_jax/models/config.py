@@ -29,6 +29,9 @@ def dtype_name(dtype: Any) -> str:
   return name
 
 
+ATTENTION_IMPLS = ("flash", "checkpoint")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture + numerics of a causal LM. Field names follow HF `config.json`.
@@ -78,6 +81,7 @@ class ModelConfig:
   num_labels: int = 1
   matmul_precision: str = "highest"
   attention_chunk: int = 512
+  attention_impl: str = "flash"
   fuse_projections: bool = True
 
   def __post_init__(self):
@@ -108,6 +112,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.hidden_act {self.hidden_act!r} is not supported; only 'silu'")
     if not (isinstance(self.attention_chunk, int) and self.attention_chunk >= 0):
       raise ValueError(f"ModelConfig.attention_chunk must be an int >= 0, got {self.attention_chunk!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
     if self.matmul_precision not in ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16"):
       raise ValueError(f"ModelConfig.matmul_precision {self.matmul_precision!r} is not a jax.lax.Precision name")
     from agentfly_jax.models.remat import remat_name

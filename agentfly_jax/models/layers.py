@@ -15,9 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
+from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
 from agentfly_jax.models.sharding import logical_axes, param_with_axes
-
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 class RMSNorm(nnx.Module):
@@ -178,6 +177,7 @@ class Attention(nnx.Module):
     self.dtype = cfg.compute_dtype
     self.precision = cfg.matmul_precision
     self.attention_chunk = cfg.attention_chunk
+    self.attention_impl = cfg.attention_impl
     self.fuse_projections = cfg.fuse_projections
     self.q_proj = linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "q_heads"))
     self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
@@ -228,8 +228,13 @@ class Attention(nnx.Module):
 
   def _attend(self, q, k, v, mask, *, keys_transposed: bool):
     """Masked softmax attention; see `attend`. Without a cache and with `attention_chunk` > 0,
-    queries go `attention_chunk` at a time (`chunked_causal_attention`)."""
+    queries go `attention_chunk` at a time: `flash_causal_attention` (attention_impl "flash",
+    at any length: one block when T <= chunk) or `chunked_causal_attention` ("checkpoint", only
+    when T > chunk)."""
     chunk = self.attention_chunk
+    if not keys_transposed and chunk and self.attention_impl == "flash":
+      return flash_causal_attention(q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk,
+                                    dtype=self.dtype, precision=self.precision)
     if not keys_transposed and chunk and q.shape[1] > chunk:
       return chunked_causal_attention(q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk,
                                       dtype=self.dtype, precision=self.precision)

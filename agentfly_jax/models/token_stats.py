@@ -13,6 +13,7 @@ matmul per chunk.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -126,3 +127,49 @@ def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.
   lp, ent = _flat_logprobs_entropy(h, weight.astype(h.dtype), tgt, float(temperature), int(chunk),
                                    bool(vocab_major), precision)
   return lp.reshape(lead), ent.reshape(lead)
+
+
+def loss_slots(length: int, fraction: float, multiple: int = 8) -> int:
+  """Static per-row slot count for `at_loss_positions`: ceil(fraction * length) rounded up to
+  `multiple`, at most `length`."""
+  k = max(1, math.ceil(fraction * length))
+  return min(length, -(-k // multiple) * multiple)
+
+
+def at_loss_positions(fn, hidden: jax.Array, targets: jax.Array, loss_mask: jax.Array, capacity: float):
+  """`fn(hidden, targets) -> (a, b)` per token, evaluated only where `loss_mask` is True.
+
+  The tokens an agent wrote are often a minority of a row (the prompt, tool observations and
+  padding are not trained on), and the output projection + softmax is the largest per-token cost
+  after the decoder. Each row's loss positions are gathered into `loss_slots(L, capacity)` slots
+  (static), `fn` runs on [B, K, D] instead of [B, L, D], and the results are scattered back. When
+  some row has more loss positions than slots, `lax.cond` takes the full [B, L] route instead, so
+  the result never depends on the capacity; both routes are in one compiled program.
+
+  Args:
+    fn: (hidden [B, K, D], targets int[B, K]) -> two float32 [B, K] arrays.
+    hidden: [B, L, D]; targets: int[B, L]; loss_mask: bool[B, L]; capacity: fraction of L in (0, 1).
+  Returns:
+    two float32 [B, L] arrays, `fn`'s values on the loss positions and 0 elsewhere.
+  """
+  b, length = targets.shape
+  k = loss_slots(length, capacity)
+  mask = loss_mask.astype(bool)
+
+  def full(h, tgt, m):
+    x, y = fn(h, tgt)
+    return jnp.where(m, x, 0.0), jnp.where(m, y, 0.0)
+
+  if k >= length:
+    return full(hidden, targets, mask)
+
+  def compact(h, tgt, m):
+    idx = jax.vmap(lambda row: jnp.nonzero(row, size=k, fill_value=length)[0])(m)  # [B, K]; L = empty slot
+    safe = jnp.minimum(idx, length - 1)
+    x, y = fn(jnp.take_along_axis(h, safe[..., None], axis=1), jnp.take_along_axis(tgt, safe, axis=1))
+    rows = jnp.arange(b)[:, None]
+    back = lambda v: jnp.zeros((b, length), jnp.float32).at[rows, idx].set(v.astype(jnp.float32), mode="drop")  # noqa: E731
+    return back(x), back(y)
+
+  fits = jnp.max(mask.sum(axis=-1)) <= k
+  return jax.lax.cond(fits, compact, full, hidden, targets, mask)

@@ -45,6 +45,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.tie_word_embeddings = True
   c.model.remat = False            # legacy bool (True = "full"); train.remat wins when set
   c.model.attention_chunk = 512    # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
+  c.model.attention_impl = "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
   c.model.dtype = "float32"        # compute dtype (bfloat16 on GPU)
   c.model.param_dtype = "float32"  # master params, hence gradients and AdamW moments (keep float32)
 
@@ -91,6 +92,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.minibatches = 1          # optimizer updates per epoch
   c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
   c.train.logits_chunk = 256       # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
+  c.train.logits_capacity = 0.5    # in (0, 1): log-probs/entropy only at action tokens, in this fraction of a row's
+                                   # slots (when every row's action tokens fit; else all positions); 0 or 1 = all positions
   c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
   c.train.remat = ""               # per decoder layer: none | full | dots_saveable | another
                                    # jax.checkpoint_policies name (models/remat.py); "" = model.remat
@@ -190,6 +193,13 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("mesh.sampler_devices", sampler_devices,
           f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={c.rollout.sampler!r}; "
           f"vLLM places itself: set its gpu_memory_utilization instead)")
+  from agentfly_jax.models.config import ATTENTION_IMPLS
+  impl = c.model.get("attention_impl", "flash")  # .get: runs saved before the field
+  if impl not in ATTENTION_IMPLS:
+    _fail("model.attention_impl", impl, f"must be one of {ATTENTION_IMPLS}")
+  cap = c.train.get("logits_capacity", 0.5)
+  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap <= 1:
+    _fail("train.logits_capacity", cap, "must be a number in [0, 1] (0 or 1 = log-probs at every position)")
   for field in ("model.attention_chunk", "train.logits_chunk"):
     sec, key = field.split(".")
     v = c[sec][key]

@@ -29,6 +29,7 @@ class PrepareConfig:
   estimator: str                    # advantage estimator name (rl/advantages.py)
   chunk: int = 16                   # rows per forward pass
   logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
+  logits_capacity: float = 0.5      # (0, 1): log-probs only at action tokens when a row has <= this fraction of L
   temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
   gamma: float = 1.0
   lam: float = 1.0
@@ -73,9 +74,9 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
 
   def logprobs(params, a):
     model = nnx.merge(graphdef, params, rest)
-    fn = lambda ids, tg, am: policy_logprobs_entropy(model, ids, tg, am, cfg.temperature,  # noqa: E731
-                                                     chunk=cfg.logits_chunk)[0]
-    lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"])
+    fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
+        model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity)[0]
+    lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"], a["action_mask"])
     return jnp.where(a["action_mask"], lp, 0.0)
 
   def prepare(params, ref_params, critic_params, arrays):

@@ -60,7 +60,7 @@ def model_config(config, vocab_size: int):
   from agentfly_jax.rl.config import resolved_remat
   m = config.model
   ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
-              attention_chunk=m.attention_chunk)
+              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"))
   if m.pretrained:
     path = os.path.join(m.pretrained, "config.json")
     if not os.path.isfile(path):
@@ -79,7 +79,8 @@ def build_model(config, vocab_size: int, *, critic: bool = False):
   m = config.model
   if m.pretrained:
     return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
-                           remat=resolved_remat(config), attention_chunk=m.attention_chunk)
+                           remat=resolved_remat(config), attention_chunk=m.attention_chunk,
+                           attention_impl=m.get("attention_impl", "flash"))
   cfg = model_config(config, vocab_size)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))

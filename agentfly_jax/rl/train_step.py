@@ -44,6 +44,7 @@ class LossConfig:
   value_clip: float = 0.5
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
   logits_chunk: int = 256           # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
+  logits_capacity: float = 0.5      # (0, 1): log-probs only at action tokens when each row has <= this fraction of L
   behaviour_cap: float = 2.0        # decoupled_ppo: cap of the behaviour importance weight
 
 
@@ -70,13 +71,16 @@ def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: f
 
 
 def policy_logprobs_entropy(model, input_ids, target_ids, attention_mask, temperature: float = 1.0,
-                            chunk: int = 256, segment_ids=None, positions=None):
+                            chunk: int = 256, segment_ids=None, positions=None, loss_mask=None,
+                            capacity: float = 0.0):
   """(log-probs, entropies of the predicting softmax) f32[B, L] of each target token; args as
   `policy_logprobs`. `chunk` > 0: chunked over tokens, no [B, L, V] logits
-  (CausalLM.token_logprobs_entropy); 0: plain logits."""
+  (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and 0 < `capacity` < 1 only
+  at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits."""
   if chunk:
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
-    return model.token_logprobs_entropy(hidden, target_ids, temperature=temperature, chunk=chunk)
+    return model.token_logprobs_entropy(hidden, target_ids, temperature=temperature, chunk=chunk,
+                                        loss_mask=loss_mask, capacity=capacity)
   lp, logits = policy_logprobs(model, input_ids, target_ids, attention_mask, temperature, segment_ids, positions)
   return lp, losses.entropy_from_logits(logits.astype(jnp.float32) / temperature)
 
@@ -93,9 +97,10 @@ def critic_values(critic, input_ids, attention_mask, action_mask):
 def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   model = nnx.merge(graphdef, params, rest)
   seg = mb.get("segment_ids")
-  lp, entropy = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
-                                        cfg.temperature, cfg.logits_chunk, seg, mb.get("positions"))
   mask = mb["action_mask"]
+  lp, entropy = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
+                                        cfg.temperature, cfg.logits_chunk, seg, mb.get("positions"),
+                                        loss_mask=mask, capacity=cfg.logits_capacity)
   packed = {} if seg is None else {"segment_ids": seg}
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
   extra = {}

@@ -114,6 +114,7 @@ class Trainer:
         entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
         temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
         logits_chunk=config.train.logits_chunk,
+        logits_capacity=float(config.train.get("logits_capacity", 0.5)),  # .get: runs saved before the field
         behaviour_cap=config.loss.behaviour_cap)
     if self.decoupled:  # off-policy batches: clip against the proximal policy (AReaL)
       self.loss_cfg = dataclasses.replace(self.loss_cfg, policy_loss="decoupled_ppo")

@@ -59,7 +59,7 @@ class PolicyUpdate:
         estimator=estimator, chunk=micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
                                                       c.train.micro_batch_size, mesh.shape["fsdp"])[0],
         temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
-        gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
+        logits_capacity=loss_cfg.logits_capacity, gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
         overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
         overlong_factor=c.dapo.overlong_penalty,
         behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo"),
