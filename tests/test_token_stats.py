@@ -55,23 +55,23 @@ def test_chunked_logprobs_entropy_rejects_bad_arguments():
     chunked_logprobs_entropy(h, w, jnp.zeros((2, 3), jnp.int32), temperature=0.0)
 
 
-@pytest.mark.parametrize("fits", [True, False])
-def test_at_loss_positions_equals_the_masked_full_computation(fits):
-  """Log-probs/entropy only at loss positions (gathered into loss_slots(L, 0.4) slots per row)
-  equal the full [B, L] computation masked, values and gradients in hidden and weight; a row
-  with more loss positions than slots sends the whole batch the full way. Which way ran is read
-  off a shape-dependent term the test adds (K slots vs L positions)."""
+@pytest.mark.parametrize("counts, width", [((16, 5, 0, 11), 16), ((7, 8, 3, 0), 8), ((16, 17, 3, 0), 32),
+                                           ((33, 2, 0, 1), 40)])
+def test_at_loss_positions_equals_the_masked_full_computation(counts, width):
+  """Log-probs/entropy only at loss positions, gathered per row into the smallest slot count of
+  capacity (0.2, 0.4, 0.8) x L = 40 (8, 16 or 32 slots) that holds every row's, else all 40,
+  equal the full [B, L] computation masked: values, and gradients in hidden and weight. Which
+  route ran is read off a shape-dependent term the test adds (the width fn was called with)."""
   from agentfly_jax.models.token_stats import at_loss_positions, loss_slots
-  rng = np.random.default_rng(11 + fits)
+  capacity = (0.8, 0.2, 0.4)  # any order
+  rng = np.random.default_rng(sum(counts))
   B, L, D, V = 4, 40, 16, 50
-  k = loss_slots(L, 0.4)
-  assert k == 16
+  assert [loss_slots(L, f) for f in sorted(capacity)] == [8, 16, 32]
   h = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(V, D)) * 0.5, jnp.float32)
   tgt = jnp.asarray(rng.integers(0, V, (B, L)), jnp.int32)
   mask = np.zeros((B, L), bool)
-  for r in range(B):  # scattered positions, like turns between tool observations
-    n = [16, 5, 0, 11][r] if fits else [16, 17, 3, 0][r]
+  for r, n in enumerate(counts):  # scattered positions, like turns between tool observations
     mask[r, rng.choice(L, n, replace=False)] = True
   mask = jnp.asarray(mask)
   a, b = jnp.asarray(rng.normal(size=(B, L)), jnp.float32), jnp.asarray(rng.normal(size=(B, L)), jnp.float32)
@@ -90,7 +90,8 @@ def test_at_loss_positions_equals_the_masked_full_computation(fits):
     return jnp.where(mask, lp, 0.0), jnp.where(mask, ent, 0.0)
 
   (v0, (lp0, ent0)), g0 = objective(full)
-  (v1, (lp1, ent1)), g1 = objective(lambda hh, ww: at_loss_positions(lambda x, t: stats(x, t, ww), hh, tgt, mask, 0.4))
+  (v1, (lp1, ent1)), g1 = objective(
+      lambda hh, ww: at_loss_positions(lambda x, t: stats(x, t, ww), hh, tgt, mask, capacity))
   np.testing.assert_allclose(np.asarray(lp1), np.asarray(lp0), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(ent1), np.asarray(ent0), rtol=1e-5, atol=1e-5)
   assert not np.asarray(lp1)[~np.asarray(mask)].any()
@@ -99,6 +100,14 @@ def test_at_loss_positions_equals_the_masked_full_computation(fits):
     assert float(jnp.abs(y).max()) > 1e-3
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
-  # Which route: the second output carries the width fn was called with.
-  probe = at_loss_positions(lambda x, t: (x.sum(-1), jnp.full(t.shape, float(t.shape[1]))), h, tgt, mask, 0.4)[1]
-  assert set(np.unique(np.asarray(probe)[np.asarray(mask)])) == {float(k if fits else L)}
+  probe = jax.jit(lambda hh: at_loss_positions(lambda x, t: (x.sum(-1), jnp.full(t.shape, float(t.shape[1]))),
+                                               hh, tgt, mask, capacity)[1])(h)
+  assert set(np.unique(np.asarray(probe)[np.asarray(mask)])) == {float(width)}
+
+
+def test_capacity_fractions_name_a_bad_value():
+  from agentfly_jax.models.token_stats import capacity_fractions
+  assert capacity_fractions((0.75, 0.25, 1.0, 0)) == (0.25, 0.75)
+  assert capacity_fractions(0.5) == (0.5,)
+  with pytest.raises(ValueError, match="1.5"):
+    capacity_fractions((0.5, 1.5))

@@ -141,6 +141,29 @@ def test_sft_step_lowers_masked_nll():
   assert float(m["sft/nll"]) < 0.5 * float(m0["sft/nll"])
 
 
+def test_sft_step_chunked_at_action_tokens_equals_plain_logits():
+  """The SFT step's default route (chunked log-probs, only at action tokens) gives the update of
+  the plain [B, L, V] logits route, on a random batch, with micro-batches."""
+  batch = {k: v for k, v in _batch(np.random.default_rng(12)).items()
+           if k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
+  batch["action_mask"] = batch["action_mask"] & (np.arange(T)[None] % 3 == 0)   # sparse: the compact route
+  mb = to_microbatches(batch, np.arange(B), 4)
+  out = []
+  for chunk in (0, 256):
+    graphdef, params, rest = nnx.split(_model(0), nnx.Param, ...)
+    opt = optax.sgd(0.5)
+    state, m = jax.jit(make_sft_step(graphdef, rest, opt, logits_chunk=chunk))(create_train_state(params, opt), mb)
+    out.append((state, m))
+  (plain, m0), (chunked, m1) = out
+  np.testing.assert_allclose(float(m1["sft/nll"]), float(m0["sft/nll"]), rtol=1e-5)
+  moved = 0.0
+  for a, b, p0 in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(plain.params),
+                      jax.tree.leaves(nnx.split(_model(0), nnx.Param, ...)[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+    moved = max(moved, float(jnp.abs(b - p0).max()))
+  assert moved > 1e-3
+
+
 def test_train_step_on_8_fake_devices_matches_one_device():
   import os, subprocess, sys
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")

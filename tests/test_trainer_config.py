@@ -39,6 +39,8 @@ def test_default_and_shipped_configs_validate():
     ("rollout.top_p", 0.0, "config.rollout.top_p=0.0"),
     ("train.epochs", 0, "config.train.epochs=0"),
     ("mesh.sampler_devices", -1, "config.mesh.sampler_devices=-1"),
+    ("train.logits_capacity", (0.5, 1.5), "config.train.logits_capacity=(0.5, 1.5)"),
+    ("model.attention_impl", "sdpa", "config.model.attention_impl='sdpa'"),
 ])
 def test_bad_values_name_the_field(field, value, needle):
   cfg = default_config()

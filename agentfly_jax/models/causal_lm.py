@@ -20,7 +20,7 @@ from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.remat import layer_call
-from agentfly_jax.models.token_stats import at_loss_positions, chunked_logprobs_entropy
+from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
 def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
@@ -165,11 +165,11 @@ class CausalLM(_Base):
 
   def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
                              chunk: int = 256, loss_mask: jax.Array | None = None,
-                             capacity: float = 0.0) -> tuple[jax.Array, jax.Array]:
+                             capacity=0.0) -> tuple[jax.Array, jax.Array]:
     """hidden [B, T, D], targets int[B, T] -> (log-prob of each target, entropy) float32[B, T] under
     softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats).
-    With `loss_mask` bool[B, T] and 0 < `capacity` < 1: computed only on the mask's positions
-    (0 elsewhere) when every row has at most `capacity` * T of them (`at_loss_positions`)."""
+    With `loss_mask` bool[B, T] and `capacity` (a fraction of T in (0, 1), or a sequence of
+    them): computed only on the mask's positions, 0 elsewhere (`at_loss_positions`)."""
     if self.lm_head is None:
       weight, vocab_major = self.model.embed_tokens.embedding[...], True
     else:
@@ -180,7 +180,7 @@ class CausalLM(_Base):
       return chunked_logprobs_entropy(h.astype(self.config.compute_dtype), weight, tgt, temperature=temperature,
                                       chunk=chunk, vocab_major=vocab_major, precision=self.config.matmul_precision)
 
-    if loss_mask is None or not 0 < capacity < 1:
+    if loss_mask is None or not capacity_fractions(capacity):
       return stats(hidden, targets)
     return at_loss_positions(stats, hidden, targets, loss_mask, capacity)
 

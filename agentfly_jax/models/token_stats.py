@@ -136,34 +136,46 @@ def loss_slots(length: int, fraction: float, multiple: int = 8) -> int:
   return min(length, -(-k // multiple) * multiple)
 
 
-def at_loss_positions(fn, hidden: jax.Array, targets: jax.Array, loss_mask: jax.Array, capacity: float):
+def capacity_fractions(capacity) -> tuple[float, ...]:
+  """A capacity (a fraction, or a sequence of them) -> the sorted distinct fractions in (0, 1);
+  ValueError naming a value outside [0, 1]. 0 and 1 mean "every position" and drop out."""
+  values = (capacity,) if isinstance(capacity, (int, float)) else tuple(capacity)
+  for v in values:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+      raise ValueError(f"logits capacity {v!r} must be a fraction in [0, 1] (0 or 1 = every position)")
+  return tuple(sorted({float(v) for v in values if 0 < v < 1}))
+
+
+def at_loss_positions(fn, hidden: jax.Array, targets: jax.Array, loss_mask: jax.Array, capacity):
   """`fn(hidden, targets) -> (a, b)` per token, evaluated only where `loss_mask` is True.
 
   The tokens an agent wrote are often a minority of a row (the prompt, tool observations and
   padding are not trained on), and the output projection + softmax is the largest per-token cost
-  after the decoder. Each row's loss positions are gathered into `loss_slots(L, capacity)` slots
-  (static), `fn` runs on [B, K, D] instead of [B, L, D], and the results are scattered back. When
-  some row has more loss positions than slots, `lax.cond` takes the full [B, L] route instead, so
-  the result never depends on the capacity; both routes are in one compiled program.
+  after the decoder. Each row's loss positions are gathered into K = `loss_slots(L, f)` slots
+  (static) for the smallest fraction f of `capacity` whose K holds every row's loss positions,
+  `fn` runs on [B, K, D] instead of [B, L, D], and the results are scattered back; when no
+  fraction's slots hold them, `fn` runs on all L positions. The choice is a `lax.switch` inside
+  the one compiled program (no recompiles), and the result never depends on it.
 
   Args:
     fn: (hidden [B, K, D], targets int[B, K]) -> two float32 [B, K] arrays.
-    hidden: [B, L, D]; targets: int[B, L]; loss_mask: bool[B, L]; capacity: fraction of L in (0, 1).
+    hidden: [B, L, D]; targets: int[B, L]; loss_mask: bool[B, L]; capacity: a fraction of L in
+      (0, 1) or a sequence of them (`capacity_fractions`).
   Returns:
     two float32 [B, L] arrays, `fn`'s values on the loss positions and 0 elsewhere.
   """
   b, length = targets.shape
-  k = loss_slots(length, capacity)
   mask = loss_mask.astype(bool)
+  slots = sorted({loss_slots(length, f) for f in capacity_fractions(capacity)} - {length})
 
   def full(h, tgt, m):
     x, y = fn(h, tgt)
     return jnp.where(m, x, 0.0), jnp.where(m, y, 0.0)
 
-  if k >= length:
+  if not slots:
     return full(hidden, targets, mask)
 
-  def compact(h, tgt, m):
+  def compact(k, h, tgt, m):
     idx = jax.vmap(lambda row: jnp.nonzero(row, size=k, fill_value=length)[0])(m)  # [B, K]; L = empty slot
     safe = jnp.minimum(idx, length - 1)
     x, y = fn(jnp.take_along_axis(h, safe[..., None], axis=1), jnp.take_along_axis(tgt, safe, axis=1))
@@ -171,5 +183,7 @@ def at_loss_positions(fn, hidden: jax.Array, targets: jax.Array, loss_mask: jax.
     back = lambda v: jnp.zeros((b, length), jnp.float32).at[rows, idx].set(v.astype(jnp.float32), mode="drop")  # noqa: E731
     return back(x), back(y)
 
-  fits = jnp.max(mask.sum(axis=-1)) <= k
-  return jax.lax.cond(fits, compact, full, hidden, targets, mask)
+  most = jnp.max(mask.sum(axis=-1))
+  branch = jnp.sum(most > jnp.asarray(slots))   # the first slot count that holds `most`; len(slots) = full
+  branches = [functools.partial(compact, k) for k in slots] + [full]
+  return jax.lax.switch(branch, branches, hidden, targets, mask)

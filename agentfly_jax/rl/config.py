@@ -92,8 +92,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.minibatches = 1          # optimizer updates per epoch
   c.train.epochs = 1               # passes over the rollout batch (PPO epochs)
   c.train.logits_chunk = 256       # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
-  c.train.logits_capacity = 0.5    # in (0, 1): log-probs/entropy only at action tokens, in this fraction of a row's
-                                   # slots (when every row's action tokens fit; else all positions); 0 or 1 = all positions
+  c.train.logits_capacity = (0.25, 0.5, 0.75)  # log-probs/entropy only at action tokens, gathered into the smallest of
+                                   # these fractions of a row that holds every row's (else all positions); () = all positions
   c.train.pack_sequences = False   # pack several trajectories per row (segment ids; rl/packing.py)
   c.train.remat = ""               # per decoder layer: none | full | dots_saveable | another
                                    # jax.checkpoint_policies name (models/remat.py); "" = model.remat
@@ -197,9 +197,12 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
   impl = c.model.get("attention_impl", "flash")  # .get: runs saved before the field
   if impl not in ATTENTION_IMPLS:
     _fail("model.attention_impl", impl, f"must be one of {ATTENTION_IMPLS}")
-  cap = c.train.get("logits_capacity", 0.5)
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap <= 1:
-    _fail("train.logits_capacity", cap, "must be a number in [0, 1] (0 or 1 = log-probs at every position)")
+  from agentfly_jax.models.token_stats import capacity_fractions
+  cap = c.train.get("logits_capacity", ())
+  try:
+    capacity_fractions(cap)
+  except (TypeError, ValueError) as e:
+    _fail("train.logits_capacity", cap, f"must be fractions in [0, 1], e.g. (0.25, 0.5, 0.75); () = every position ({e})")
   for field in ("model.attention_chunk", "train.logits_chunk"):
     sec, key = field.split(".")
     v = c[sec][key]

@@ -29,7 +29,7 @@ class PrepareConfig:
   estimator: str                    # advantage estimator name (rl/advantages.py)
   chunk: int = 16                   # rows per forward pass
   logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
-  logits_capacity: float = 0.5      # (0, 1): log-probs only at action tokens when a row has <= this fraction of L
+  logits_capacity: tuple = (0.25, 0.5, 0.75)  # log-probs only at action tokens (LossConfig.logits_capacity)
   temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
   gamma: float = 1.0
   lam: float = 1.0

@@ -117,7 +117,9 @@ class SftRunner:
     self.state_sharding = trainer.state_sharding_for(optimizer)
     keys = dict.fromkeys(("input_ids", "target_ids", "attention_mask", "action_mask"))
     self.batch_sharding = batch_sharding(trainer.mesh, keys)
-    self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer),
+    self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer,
+                                        logits_chunk=trainer.loss_cfg.logits_chunk,
+                                        logits_capacity=trainer.loss_cfg.logits_capacity),
                           self.state_sharding, self.batch_sharding)
 
   def new_state(self, params):

@@ -44,7 +44,8 @@ class LossConfig:
   value_clip: float = 0.5
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
   logits_chunk: int = 256           # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
-  logits_capacity: float = 0.5      # (0, 1): log-probs only at action tokens when each row has <= this fraction of L
+  logits_capacity: tuple = (0.25, 0.5, 0.75)  # log-probs only at action tokens, in the smallest of these
+                                    # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
   behaviour_cap: float = 2.0        # decoupled_ppo: cap of the behaviour importance weight
 
 
@@ -72,11 +73,11 @@ def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: f
 
 def policy_logprobs_entropy(model, input_ids, target_ids, attention_mask, temperature: float = 1.0,
                             chunk: int = 256, segment_ids=None, positions=None, loss_mask=None,
-                            capacity: float = 0.0):
+                            capacity=()):
   """(log-probs, entropies of the predicting softmax) f32[B, L] of each target token; args as
   `policy_logprobs`. `chunk` > 0: chunked over tokens, no [B, L, V] logits
-  (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and 0 < `capacity` < 1 only
-  at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits."""
+  (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and `capacity` (fractions
+  of L) only at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits."""
   if chunk:
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
     return model.token_logprobs_entropy(hidden, target_ids, temperature=temperature, chunk=chunk,
@@ -191,15 +192,19 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
   return train_step
 
 
-def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation):
+def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, logits_chunk: int = 256,
+                  logits_capacity=(0.25, 0.5, 0.75)):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
-  attention_mask, action_mask are read)."""
+  attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked
+  (`logits_chunk`; 0 = plain [B, L, V] logits), only at action tokens (`logits_capacity`)."""
 
   def micro_loss(params, mb):
     model = nnx.merge(graphdef, params, rest)
-    lp, _ = policy_logprobs(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"])
-    mask = mb["action_mask"].astype(jnp.float32)
+    mask = mb["action_mask"]
+    lp, _ = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
+                                    chunk=logits_chunk, loss_mask=mask, capacity=logits_capacity)
+    mask = mask.astype(jnp.float32)
     nll_sum = -jnp.sum(lp * mask)
     denom = jnp.sum(mask)
     return nll_sum, (denom, {"sft/nll": nll_sum / jnp.maximum(denom, 1.0)})

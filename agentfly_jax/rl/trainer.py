@@ -37,6 +37,7 @@ from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics,
 from agentfly_jax.rl.config import ALGORITHMS, resolved_agg, validate_config
 from agentfly_jax.rl.setup import build_components
 from agentfly_jax.rl.train_state import create_train_state, make_optimizer
+from agentfly_jax.models.token_stats import capacity_fractions
 from agentfly_jax.rl.train_step import LossConfig, state_shardings
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
@@ -114,7 +115,7 @@ class Trainer:
         entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
         temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
         logits_chunk=config.train.logits_chunk,
-        logits_capacity=float(config.train.get("logits_capacity", 0.5)),  # .get: runs saved before the field
+        logits_capacity=capacity_fractions(config.train.get("logits_capacity", ())),  # .get: runs saved before it
         behaviour_cap=config.loss.behaviour_cap)
     if self.decoupled:  # off-policy batches: clip against the proximal policy (AReaL)
       self.loss_cfg = dataclasses.replace(self.loss_cfg, policy_loss="decoupled_ppo")
