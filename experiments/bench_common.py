@@ -34,6 +34,7 @@ XLA_CPU_VARIANTS = {
     "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
     "conc": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
     "noconc": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+    "vw512": "--xla_cpu_prefer_vector_width=512",   # LLVM codegen of fusions with 512-bit vectors (default 256)
 }
 
 

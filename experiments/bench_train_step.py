@@ -12,7 +12,9 @@ PPO). Same weights (an HF folder both load), same batch (numpy, seeded), one mic
 Frameworks: `jax` (the library's defaults), `jax+plain` (the same step with the earlier
 formulation: [B, T, V] logits and one masked [B, H, T, T] attention square, for the A/B),
 `jax+KNOBS` (A/B variants, see `parse_variant`: e.g. `jax+ac256`, `jax+lc1024`, `jax+remat1`),
-`torch` (transformers' model, eager, its default attention).
+`torch` (transformers' model, eager, its default attention; logits only from the first completion
+position on, TRL's `logits_to_keep`). `--layout=agent`: actions between tool observations, so
+~30 % of each row is trained on (the JAX step's log-probs then run at those tokens only).
 
 Method: each (model, shape, framework) runs in its own worker process (so peak RSS is that
 shape's), built and compiled once; the parent then times `repeats` rounds in which the

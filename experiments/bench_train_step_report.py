@@ -29,7 +29,11 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
         "Step: PPO-clip (0.2, dual-clip 3), token-mean, AdamW, grad-norm clip 1.0, float32, one micro-batch; "
         "`ppo` adds the critic's clipped value step. `jax` = library defaults; `jax+plain` = [B, T, V] logits "
         "and one masked attention square (the formulation before #18). FLOP/s = model FLOPs (6 x matmul params "
-        "x tokens + full-square attention) / median wall.\n"]
+        "x tokens + full-square attention) / median wall. Batch: a quarter of each row is prompt; shape "
+        "`BxT` = every later token trained on, `BxT agent` = 24-token actions between 40-token tool "
+        "observations (~30 % of the row trained on). `torch` computes logits only from the first "
+        "completion position on (TRL's `logits_to_keep`), `jax` only at the trained-on tokens "
+        "(`train.logits_capacity`; `jax+cap0`: at every position).\n"]
   if rows:
     md += ["| model | shape | step | framework | wall median s | wall min s | cpu s | vs torch (median) | "
            "vs torch per repeat | cpu vs torch | compile s | peak RSS GiB | RSS vs torch | GFLOP/s | % matmul | "

@@ -4,6 +4,7 @@ random loss (Qwen2: q/k/v biases), and the cached decode path in both kernel lay
 threshold that keeps decode unfused is lowered here so every path fuses); the
 parameter tree (names, shapes) is the same, so checkpoints and HF/vLLM weight maps carry over."""
 import numpy as np
+import pytest
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -74,3 +75,23 @@ def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
     outs.append((logits, step))
   for a, b in zip(outs[0], outs[1]):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("in_out", [True, False])
+def test_dense_custom_vjp_equals_autodiff_of_dot_general(in_out):
+  """layers.dense (its weight gradient written as one 2-D token-contracting GEMM) against
+  jax.grad of the plain dot_general, both kernel layouts, [B, T, in] input, random values."""
+  from agentfly_jax.models.layers import dense
+  rng = np.random.default_rng(int(in_out))
+  x = jnp.asarray(rng.normal(size=(3, 7, 12)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(12, 20) if in_out else (20, 12)), jnp.float32)
+  g = jnp.asarray(rng.normal(size=(3, 7, 20)), jnp.float32)
+  plain = lambda x, k: jax.lax.dot_general(x, k, (((2,), (0 if in_out else 1,)), ((), ())),  # noqa: E731
+                                           precision="highest")
+  ours = lambda x, k: dense(x, k, in_out, "highest")  # noqa: E731
+  np.testing.assert_allclose(np.asarray(ours(x, k)), np.asarray(plain(x, k)), rtol=1e-6, atol=1e-6)
+  ga = jax.grad(lambda x, k: (ours(x, k) * g).sum(), argnums=(0, 1))(x, k)
+  gb = jax.grad(lambda x, k: (plain(x, k) * g).sum(), argnums=(0, 1))(x, k)
+  for a, b in zip(ga, gb):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
