@@ -149,7 +149,7 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
                  "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
                  "fuse": ("model", "fuse_projections"), "attn": ("model", "attention_impl"),
-                 "cap": ("loss", "logits_capacity")}
+                 "cap": ("loss", "logits_capacity"), "wgrad": ("env", "wgrad")}
 
 
 def parse_variant(variant: str) -> tuple[dict, dict, str]:
@@ -157,6 +157,8 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
   lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
   fuse0/1 ModelConfig.fuse_projections, attn<flash|checkpoint> ModelConfig.attention_impl,
   capN LossConfig.logits_capacity = N / 100 (cap0: log-probs at every position),
+  wgradautodiff (bench only: `layers.dense` replaced by a plain dot_general differentiated by
+  JAX, the formulation before its written-out backward),
   xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
   Returns (model overrides, loss overrides, XLA variant name or '')."""
   out = {"model": {}, "loss": {}, "env": {}}
@@ -164,14 +166,16 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
       raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
-                       f"fuse0|1, attn<flash|checkpoint>, capN, "
+                       f"fuse0|1, attn<flash|checkpoint>, capN, wgradautodiff, "
                        f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     where, field = VARIANT_KNOBS[key]
     value = knob[len(key):]
     if key == "xla" and value not in XLA_CPU_VARIANTS:
       raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
-    out[where][field] = value if key in ("prec", "xla", "attn") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse") else int(value))
-  return out["model"], out["loss"], out["env"].get("xla", "")
+    if key == "wgrad" and value != "autodiff":
+      raise ValueError(f"--frameworks: unknown knob {knob!r} (wgradautodiff)")
+    out[where][field] = value if key in ("prec", "xla", "attn", "wgrad") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse") else int(value))
+  return out["model"], out["loss"], out["env"].get("xla", ""), out["env"].get("wgrad", "")
 
 
 def worker_env(framework: str) -> dict | None:
@@ -196,7 +200,10 @@ class JaxStep:
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
-    model_overrides, loss_overrides, _ = parse_variant(variant)
+    model_overrides, loss_overrides, _, wgrad = parse_variant(variant)
+    if wgrad == "autodiff":  # the A/B of layers.dense's written-out backward
+      from agentfly_jax.models import layers
+      layers.dense = lambda x, k, in_out, precision: layers._dense_fwd_only(x, k, in_out, precision)
     model = from_pretrained(model_folder(name), **model_overrides)
     critic = None
     if "ppo" in FLAGS.steps:
