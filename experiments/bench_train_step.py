@@ -160,7 +160,7 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
   wgradautodiff (bench only: `layers.dense` replaced by a plain dot_general differentiated by
   JAX, the formulation before its written-out backward),
   xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
-  Returns (model overrides, loss overrides, XLA variant name or '')."""
+  Returns (model overrides, loss overrides, XLA variant name or '', 'autodiff' or '')."""
   out = {"model": {}, "loss": {}, "env": {}}
   for knob in ("lc0_ac0" if variant == "plain" else variant).split("_") if variant else []:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
