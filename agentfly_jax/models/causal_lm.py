@@ -165,7 +165,7 @@ class CausalLM(_Base):
 
   def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
                              chunk: int = 256, loss_mask: jax.Array | None = None,
-                             capacity=0.0) -> tuple[jax.Array, jax.Array]:
+                             capacity=()) -> tuple[jax.Array, jax.Array]:
     """hidden [B, T, D], targets int[B, T] -> (log-prob of each target, entropy) float32[B, T] under
     softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats).
     With `loss_mask` bool[B, T] and `capacity` (a fraction of T in (0, 1), or a sequence of

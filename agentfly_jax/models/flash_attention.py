@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # as layers.attend's
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # layers.attend uses this one too
 _BATCH = ((0,), (0,))
 
 

@@ -32,12 +32,12 @@ from agentfly_jax.checkpoint import Checkpointer
 from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics, start_env_step
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
+from agentfly_jax.models.token_stats import capacity_fractions
 from agentfly_jax.rl import distributed
 from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
 from agentfly_jax.rl.config import ALGORITHMS, resolved_agg, validate_config
 from agentfly_jax.rl.setup import build_components
 from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-from agentfly_jax.models.token_stats import capacity_fractions
 from agentfly_jax.rl.train_step import LossConfig, state_shardings
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
