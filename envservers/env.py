@@ -162,12 +162,3 @@ class BlockingEnv(ServerEnv):
     else:
       result = await trio.to_thread.run_sync(lambda: method(**kwargs), abandon_on_cancel=True)
     return reward_dict(name, result)
-
-
-def __getattr__(name: str):
-  """The registry used to live here: `envservers.env.register_env` etc. still resolve (lazily,
-  so this module never imports the registry at import time)."""
-  if name in ("ENV_TYPES", "register_env", "make_factory"):
-    from envservers import registry
-    return getattr(registry, name)
-  raise AttributeError(f"module 'envservers.env' has no attribute {name!r}")

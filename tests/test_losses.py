@@ -281,7 +281,7 @@ def test_value_loss_value_gradient_and_clipfrac(clip):
         continue
       vc = min(max(v[i, j], old[i, j] - clip), old[i, j] + clip)
       l2 = (vc - ret[i, j]) ** 2
-      clipped[i, j] = l2 > l1
+      clipped[i, j] = l2 > l1 and abs(v[i, j] - old[i, j]) > clip
       per_token[i, j] = 0.5 * max(l1, l2)
       grad[i, j] = 0.0 if l2 > l1 else v[i, j] - ret[i, j]
   f = jax.jit(functools.partial(L.value_loss, clip=clip))
@@ -292,6 +292,22 @@ def test_value_loss_value_gradient_and_clipfrac(clip):
     assert float(m["vf_clipfrac"]) > 0
   g = jax.grad(lambda x: loss_mean(f, x, old, ret, mask))(jnp.asarray(v, jnp.float32))
   np.testing.assert_allclose(g, grad * mask / mask.sum(), rtol=1e-4, atol=1e-7)
+
+
+def test_value_loss_ties_are_not_clips():
+  """V == V_old (a step's first minibatch) or V within rounding of it: the clip changes nothing, so
+  vf_clipfrac is 0 whichever of the two equal branches rounding makes larger; a real clip counts."""
+  rng = np.random.default_rng(7)
+  v = rng.normal(size=(4, 16)).astype(np.float32)
+  ret = rng.normal(size=(4, 16)).astype(np.float32)
+  mask = np.ones((4, 16), bool)
+  near = v + rng.choice([-1, 1], size=v.shape) * np.spacing(v) * rng.integers(0, 4, size=v.shape)
+  for old in (v, near):
+    _, _, m = L.value_loss(v, old, ret, mask, clip=0.2)
+    assert float(m["vf_clipfrac"]) == 0.0
+  far = v + np.where(ret > v, -1.0, 1.0).astype(np.float32)  # old 1 away, on the side away from R
+  _, _, m = L.value_loss(v, far, ret, mask, clip=0.2)
+  assert float(m["vf_clipfrac"]) == 1.0
 
 
 # --------------------------------------------------------------------------- from logits

@@ -24,15 +24,17 @@ import dataclasses
 import functools
 import logging
 import uuid
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import trio
 
-from agentfly_jax.agents.base import Agent
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
+
+if TYPE_CHECKING:  # annotations only: base.Agent.run -> run.py -> this module at run time
+  from agentfly_jax.agents.base import Agent
 
 log = logging.getLogger(__name__)
 

@@ -109,6 +109,11 @@ def default_provider() -> EnvManager:
     return _default
 
 
+def current_default() -> EnvManager | None:
+  """The process-wide EnvManager if `default_provider()` made one, else None (never creates)."""
+  return _default
+
+
 def _stop_local_server(owner_pid: int) -> None:
   global _default, _local_server
   if os.getpid() != owner_pid:   # a forked child exiting must not stop its parent's server

@@ -17,29 +17,23 @@ gives {}.
 from __future__ import annotations
 
 import collections
-import importlib
 import logging
 
 import trio
 
 from agentfly_jax.envs.manager import EnvManager
+from agentfly_jax.envs.provider import DeferredEnvProvider
 
 log = logging.getLogger(__name__)
 POOL_KEYS = {"in_use_now": "in_use", "warm": "idle", "live": "live", "cap": "cap", "crashes": "crashes",
              "recycled": "recycled", "timeouts": "timeouts", "start_failures": "start_failures"}
 
 
-def active_provider(agent=None):
-  """The provider a rollout of `agent` used: the agent's own, else the process-wide default if it
-  was created (never starts one)."""
-  provider = getattr(agent, "env_provider", None)
-  if provider is not None:
-    return provider
-  tool_module = importlib.import_module("agentfly_jax.tools.tool")
-  if tool_module._env_provider_override is not None:
-    return tool_module._env_provider_override
-  from agentfly_jax.envs import local_server
-  return local_server._default
+def _reporting(provider):
+  """The EnvManager behind `provider` (a DeferredEnvProvider reports what it resolved to), or None."""
+  if isinstance(provider, DeferredEnvProvider):
+    provider = provider.current()
+  return provider if isinstance(provider, EnvManager) else None
 
 
 def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]],
@@ -66,7 +60,8 @@ def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]
 def start_env_step(provider) -> None:
   """Starts counting a step's acquire waits, peak bound chains and client counters afresh, so
   the step's report holds only its own (not what earlier use of a process-wide server left)."""
-  if isinstance(provider, EnvManager):
+  provider = _reporting(provider)
+  if provider is not None:
     provider.take_step_stats()
     provider.take_step_counters()
 
@@ -74,7 +69,8 @@ def start_env_step(provider) -> None:
 def env_pool_metrics(provider) -> dict[str, float]:
   """Per-env-type pool metrics of `provider`'s servers (see the module docstring); {} for a
   provider that is not an EnvManager or when called inside a trio run. Never raises."""
-  if not isinstance(provider, EnvManager):
+  provider = _reporting(provider)
+  if provider is None:
     return {}
   try:
     trio.lowlevel.current_task()

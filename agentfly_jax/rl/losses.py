@@ -361,7 +361,9 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     values: float[B, T] current critic; old_values: float[B, T] critic at rollout time;
     returns: float[B, T] targets; mask: bool/float[B, T]; agg, norm_len: see `aggregate`.
   Returns:
-    (loss_sum, denom, metrics) with metrics vf_clipfrac (clipped branch strictly larger),
+    (loss_sum, denom, metrics) with metrics vf_clipfrac (the fraction of tokens where the clip
+    changed V, |V - old| > clip, and the clipped branch is the larger: a tie such as V == old at a
+    step's first minibatch is no clip, however rounding orders the two equal branches),
     value_mean, returns_mean, n_tokens.
   """
   fn = "value_loss"
@@ -380,7 +382,7 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     values_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
     loss_clipped = jnp.square(values_clipped - returns)
     loss = jnp.maximum(loss_unclipped, loss_clipped)
-    clipped = loss_clipped > loss_unclipped
+    clipped = (jnp.abs(values - old_values) > clip) & (loss_clipped > loss_unclipped)
   loss_sum, denom = aggregate(0.5 * loss, mask, agg, norm_len=norm_len, segment_ids=segment_ids)
   metrics = {
       "vf_clipfrac": _mean(clipped, mask),

@@ -29,7 +29,8 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
-from agentfly_jax.envs.pool_metrics import active_provider, env_pool_metrics, start_env_step
+from agentfly_jax.envs.pool_metrics import env_pool_metrics, start_env_step
+from agentfly_jax.envs.provider import DeferredEnvProvider
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
 from agentfly_jax.models.token_stats import capacity_fractions
@@ -100,6 +101,9 @@ class Trainer:
     self.algo = ALGORITHMS[config.algo]
     c = build_components(config, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = c.task, c.tokenizer, c.agent
+    # The run's env provider, passed to every rollout and read for the pool metrics (the agent's
+    # own, else the process default: resolved when a chain first needs an environment).
+    self.env_provider = DeferredEnvProvider(self.agent.env_provider)
     self.sampler, self.mesh = c.sampler, c.mesh
     self.weights = SamplerWeights(c.sampler, c.sampler_shardings)
     self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs
@@ -171,7 +175,8 @@ class Trainer:
         max_turns=r.max_turns,
         sampling_params=self._sampling_params(r.temperature if temperature is None else temperature),
         max_tokens_per_turn=r.max_tokens_per_turn, max_total_tokens=r.max_total_tokens,
-        concurrency=r.concurrency, seed=seed, group_offset=distributed.share_offset(len(rows)))
+        concurrency=r.concurrency, seed=seed, group_offset=distributed.share_offset(len(rows)),
+        env_provider=self.env_provider)
     return distributed.gather_objects(trajs)
 
   def _rows_at(self, position: int, n: int) -> list[dict]:
@@ -284,7 +289,7 @@ class Trainer:
     t0 = time.perf_counter()
     async_metrics = {}
     if producer is None:
-      start_env_step(active_provider(self.agent))  # the step reports only its own acquires
+      start_env_step(self.env_provider)  # the step reports only its own acquires
       trajs = self._rollout_step(loop.data_position, step)
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
@@ -316,7 +321,7 @@ class Trainer:
       metrics["time/eval_s"] = time.perf_counter() - t_sync
     metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                     "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
-    metrics.update(env_pool_metrics(active_provider(self.agent)))  # env/<type>/in_use, ...
+    metrics.update(env_pool_metrics(self.env_provider))  # env/<type>/in_use, ...
     return LoopState(state, loop.ref_params, loop.data_position + c.rollout.rows_per_step), metrics
 
   def train(self) -> list[dict]:

@@ -37,35 +37,11 @@ from typing import Any, Callable
 
 import trio
 
+from agentfly_jax.envs.provider import get_env_provider, set_env_provider  # noqa: F401 (re-exported)
 from agentfly_jax.tools.schema import check_arguments, function_schema
 
 DEFAULT_MAX_LENGTH = 4096
 ENV_PARAM = "env"
-_env_provider_override = None
-
-
-def set_env_provider(provider) -> None:
-  """Sets the EnvProvider that direct (out-of-rollout) calls of stateful tools use; None resets
-  to `agentfly_jax.envs.default_provider()`."""
-  global _env_provider_override
-  _env_provider_override = provider
-
-
-def get_env_provider(*preferred):
-  """The one place an EnvProvider is chosen: the first non-None of `preferred` (e.g. the
-  rollout's `env_provider=` argument, then the agent's), else the one set by `set_env_provider`,
-  else `agentfly_jax.envs.default_provider()` (created on first use)."""
-  for provider in preferred:
-    if provider is not None:
-      return provider
-  if _env_provider_override is not None:
-    return _env_provider_override
-  try:
-    from agentfly_jax.envs import default_provider
-  except ImportError as e:
-    raise RuntimeError("a stateful tool needs an environment, but agentfly_jax.envs has no "
-                       "default_provider(); pass an EnvProvider (set_env_provider(...))") from e
-  return default_provider()
 
 
 @dataclasses.dataclass

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from envservers.env import ServerEnv, StepOutcome, register_env
+from envservers.env import ServerEnv, StepOutcome
+from envservers.registry import register_env
 
 DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                               "multihop_kb.jsonl.gz")
