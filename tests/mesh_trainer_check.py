@@ -1,4 +1,5 @@
-"""Run as a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: the full trainer
+"""Run with 8 devices (tests/eight_device_checks.py, or alone as a script with
+XLA_FLAGS=--xla_force_host_platform_device_count=8): the full trainer
 (the README demo, configs/lookup_<algo>.py: rollout with the JAX sampler, prepare, train steps,
 weight sync) on a (fsdp=2, tp=4) mesh gives the same metrics as on one device, for each algo given
 on the command line (default grpo ppo). Prints OK on success."""
@@ -10,7 +11,6 @@ import jax
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -> list[dict]:
@@ -44,21 +44,26 @@ def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -
   return records
 
 
+def check(algo: str) -> None:
+  """The trainer with `algo` on a 2x4 mesh (and, for GRPO, a 2x2 trainer mesh + 4 sampler devices)
+  gives the 1-device run's metrics; raises AssertionError naming the metrics that differ."""
+  assert len(jax.devices()) == 8, jax.devices()
+  with tempfile.TemporaryDirectory() as tmp:
+    one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
+    runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
+    if algo == "grpo":   # the trainer on a 2x2 mesh, the sampler on its own 4 devices
+      runs["2x2 mesh + 4 sampler devices"] = run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)
+    bad = [f"{name}: {diff}" for name, mesh in runs.items() if (diff := compare(algo, one, mesh))]
+    assert not bad, "\n".join(bad)
+    assert one[-1]["actor/kl_ref"] > 0 and (algo != "ppo" or one[-1]["critic/grad_norm"] > 0)
+    print(f"{algo}: {len(one[0])} metrics equal on 1x1 and {', '.join(runs)}", flush=True)
+
+
 def main():
   from agentfly_jax.rl.compile_cache import enable_compile_cache
   enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
-  assert len(jax.devices()) == 8, jax.devices()
-  algos = sys.argv[1:] or ["grpo", "ppo"]
-  with tempfile.TemporaryDirectory() as tmp:
-    for algo in algos:
-      one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
-      runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
-      if algo == "grpo":   # the trainer on a 2x2 mesh, the sampler on its own 4 devices
-        runs["2x2 mesh + 4 sampler devices"] = run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)
-      bad = [f"{name}: {diff}" for name, mesh in runs.items() if (diff := compare(algo, one, mesh))]
-      assert not bad, "\n".join(bad)
-      assert one[-1]["actor/kl_ref"] > 0 and (algo != "ppo" or one[-1]["critic/grad_norm"] > 0)
-      print(f"{algo}: {len(one[0])} metrics equal on 1x1 and {', '.join(runs)}", flush=True)
+  for algo in sys.argv[1:] or ["grpo", "ppo"]:
+    check(algo)
   print("OK")
 
 

@@ -10,6 +10,9 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, tiny_config
 
 
+# Prompts of several lengths (token ids) the sampler tests share.
+PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 60, 7, 1], [88], [12, 13, 14, 15, 16]]
+
 def make_model(model_type: str = "qwen2", *, tie: bool = False, seed: int = 0, vocab_size: int = 96,
                logit_scale: float = 8.0, kernel_scale: float = 8.0) -> CausalLM:
   """A tiny random CausalLM with far-from-uniform next-token distributions.

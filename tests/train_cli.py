@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))   # helpers, child-process scripts, data
+ROOT = os.path.dirname(TESTS_DIR)
 # No periodic eval and no progress bar: tests read metrics.jsonl, not the terminal.
 QUIET = ("--config.eval.every=0", "--config.eval.num_rows=0", "--config.log.progress=False")
 

@@ -7,7 +7,7 @@ Two transports, one worker-side function (`reload_worker_weights`, sent with
   worker runs in this process, so the payload is a list of `(hf_name, torch.Tensor)` made with
   `torch.from_dlpack` straight from the JAX arrays: zero-copy for single-device arrays, and
   params whose layout differs from HF's are passed as transposed *views* (`tensor.t()`), so
-  nothing is copied here (tests/test_vllm_sync_payload.py checks the shared buffers; it passed
+  nothing is copied here (tests/sampling/test_vllm_sync_payload.py checks the shared buffers; it passed
   on an H200 with JAX_PLATFORMS=cuda, where the views are CUDA tensors; vLLM itself was not
   available on that machine, so the GPU engine side is untested). Sharded arrays are gathered
   to the host.

@@ -31,6 +31,7 @@ from typing import Any
 import ml_collections
 
 from agentfly_jax.data.dataset import load_rows, validate_row
+from agentfly_jax.tools.registry import import_user_module
 
 _NUM_GENERATED_ROWS = 2000   # rows drawn from a module's make_rows (the trainer's stream length)
 _NUM_GENERATED_EVAL = 512
@@ -132,7 +133,7 @@ def import_task_module(spec: str):
       sys.modules[name] = module   # so 'name:function' references resolve to this module
       module_spec.loader.exec_module(module)
       return module
-    return importlib.import_module(spec)
+    return import_user_module(spec)
   except Exception as e:  # noqa: BLE001 — whatever the user's module raised, name it
     raise ValueError(f"{where}: the module does not import: {type(e).__name__}: {e}") from None
 

@@ -10,6 +10,8 @@ costs nothing and a built-in that needs an optional package fails only when aske
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 BUILTIN_TOOLS: dict[str, str] = {
@@ -33,6 +35,20 @@ def list_tools() -> list[str]:
   return sorted(BUILTIN_TOOLS)
 
 
+def import_user_module(name: str):
+  """`importlib.import_module(name)`; a user's module that is not importable from sys.path is
+  then looked for in the current directory, as `python -m` and the REPL would find it (user task,
+  tool and reward modules sit beside the command that names them)."""
+  try:
+    return importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    cwd = os.getcwd()
+    if e.name != name.partition(".")[0] or cwd in sys.path or "" in sys.path:
+      raise
+    sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
 def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:
   """A built-in by name, or `module:attribute` (also `module.attribute`) imported; clear errors."""
   if not isinstance(spec, str) or not spec.strip():
@@ -50,7 +66,7 @@ def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:
                        f"(a user {kind} is named as 'module:function')")
   module_name, _, attr = target.partition(":")
   try:
-    module = importlib.import_module(module_name)
+    module = import_user_module(module_name)
   except Exception as e:  # noqa: BLE001 — any import failure is the user's module failing
     raise ValueError(f"{kind} {spec!r}: module {module_name!r} does not import: "
                      f"{type(e).__name__}: {e}") from e

@@ -1,0 +1,49 @@
+"""experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from train_cli import ROOT
+
+
+
+def _load_sweep_script():
+  """experiments/sweep.py as a module (a script, not part of the package)."""
+  spec = importlib.util.spec_from_file_location("sweep", os.path.join(ROOT, "experiments", "sweep.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_grid_and_random_points():
+  sweep = _load_sweep_script()
+  grid = sweep.parse_assignments("train.lr=1e-4,3e-4;rollout.num_chains=2,4", multi=True)
+  points = sweep.sweep_points(grid, "grid", 0, 0)
+  assert len(points) == 4 and {"train.lr": "3e-4", "rollout.num_chains": "2"} in points
+  assert len(sweep.sweep_points(grid, "random", 3, 0)) == 3
+  with pytest.raises(ValueError, match="not key=value"):
+    sweep.parse_assignments("train.lr", multi=True)
+
+
+@pytest.mark.slow
+def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
+  sweep_dir = tmp_path / "sweep"
+  base = ("sft.steps=0;train.steps=1;rollout.rows_per_step=1;rollout.max_turns=1;"
+          "rollout.max_tokens_per_turn=8;eval.every=0;eval.num_rows=0;train.micro_batch_size=4;"
+          "log.tensorboard=False")
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), "--config=configs/lookup_rloo.py",
+       f"--sweep_dir={sweep_dir}", "--grid=train.lr=1e-4,3e-4;rollout.num_chains=2,4", f"--base={base}",
+       "--parallel=2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  summary = json.loads((sweep_dir / "summary.json").read_text())
+  assert len(summary) == 4 and all(r["returncode"] == 0 for r in summary)
+  assert all(r["final"]["rollout/reward_mean"] is not None for r in summary)
+  table = (sweep_dir / "summary.md").read_text()
+  assert table.count("\n") == 6 and "train.lr" in table and "rollout.num_chains" in table
+  assert (sweep_dir / "summary.png").stat().st_size > 1000
+  slurm = (sweep_dir / "slurm_array.sh").read_text()
+  assert "#SBATCH --array=0-3" in slurm and slurm.count("experiments/train.py") == 4

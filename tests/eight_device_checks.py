@@ -1,0 +1,72 @@
+"""Every 8-device check of the suite in ONE child process (JAX started once with
+XLA_FLAGS=--xla_force_host_platform_device_count=8; programs compiled once for all):
+
+    python tests/eight_device_checks.py sharding train_step sampler_sharding trainer_mesh_grpo ...
+
+Each named check runs in turn, its stdout captured; one JSON line per check goes to stdout,
+prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others did. The session
+fixture `eight_device_checks` (tests/conftest.py) starts this process once for the checks the
+selected tests name and hands each test its own result.
+"""
+import contextlib
+import io
+import json
+import sys
+import time
+import traceback
+
+
+def _sharding():
+  import sharding_check
+  sharding_check.main()
+
+
+def _train_step():
+  import multidevice_train_check
+  multidevice_train_check.main()
+
+
+def _sampler_sharding():
+  import sampler_sharding_check
+  sampler_sharding_check.main()
+
+
+def _trainer_mesh(algo):
+  def check():
+    import mesh_trainer_check
+    mesh_trainer_check.check(algo)
+  return check
+
+
+CHECKS = {
+    "sharding": _sharding,                  # tests/models/test_models_sharding.py
+    "train_step": _train_step,              # tests/rl/test_train_step.py
+    "sampler_sharding": _sampler_sharding,  # tests/sampling/test_jax_sampler.py
+    "trainer_mesh_grpo": _trainer_mesh("grpo"),   # tests/multidevice/test_trainer_mesh.py
+    "trainer_mesh_ppo": _trainer_mesh("ppo"),
+}
+
+
+def main(names):
+  import jax
+  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
+  if len(jax.devices()) != 8:
+    sys.exit(f"eight_device_checks: needs 8 devices, got {jax.devices()}")
+  unknown = [n for n in names if n not in CHECKS]
+  if unknown:
+    sys.exit(f"eight_device_checks: unknown checks {unknown}; known: {sorted(CHECKS)}")
+  for name in names:
+    out, t0, ok = io.StringIO(), time.perf_counter(), True
+    with contextlib.redirect_stdout(out):
+      try:
+        CHECKS[name]()
+      except BaseException as e:  # noqa: BLE001 -- a failing check (assert, sys.exit) is reported, the rest run
+        ok = False
+        print(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    print("CHECK " + json.dumps({"check": name, "ok": ok, "output": out.getvalue()[-6000:],
+                                 "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:] or list(CHECKS))
