@@ -1,7 +1,7 @@
-"""A user's task from the command line: a JSON dataset + a module with a custom tool and reward,
-trained 2 steps through experiments/train.py flags, then experiments/evaluate.py on the run
-(both must use the custom task: its rows and tool in the transcript, its reward's metric in the
-metrics); malformed inputs stop before anything is built, with a message naming what is wrong."""
+"""A user's task from the command line (a JSON dataset + a module with a custom tool and reward):
+the task it builds, its fingerprint, and malformed inputs stopping before anything is built with a
+message naming what is wrong. Training it through train.py flags and evaluating the run:
+tests/e2e/test_golden_run.py."""
 import json
 import os
 import subprocess
@@ -10,124 +10,11 @@ import textwrap
 
 import ml_collections
 import pytest
-from train_cli import ROOT, read_metrics, train_command
+from custom_task_testlib import MODULE, WORDS, env_with as _env, task_flags as _task_flags, write_task as _write_task
+from train_cli import ROOT, train_command
 
 from agentfly_jax.rl.config import default_config
 from agentfly_jax.tasks.from_config import build_task, custom_task_config, set_custom_task, task_fingerprint
-
-MODULE = textwrap.dedent('''
-    from agentfly_jax.rewards import reward
-    from agentfly_jax.tools import tool
-
-    SYSTEM_PROMPT = "Spell words backwards with the mirror tool."
-
-    @tool
-    def mirror_word(word: str) -> str:
-      """Spells a word backwards.
-
-      Args:
-        word: the word to reverse.
-      """
-      return word[::-1]
-
-    @reward
-    def mirror_match(prediction: str, mirrored: str) -> dict:
-      return {"reward": float(mirrored in (prediction or "")), "mirror_reward_ran": 1.0}
-
-    def scripted_response(prompt_text, use_tool, rng):
-      return "I do not know."
-''')
-WORDS = ["otter", "maple", "quartz", "violet", "walnut", "zephyr", "basil", "cobalt"]
-
-
-def _write_task(folder, module_name="mirror_task"):
-  folder.mkdir(parents=True, exist_ok=True)
-  (folder / f"{module_name}.py").write_text(MODULE)
-  rows = [{"question": f"Spell {w} backwards.", "mirrored": w[::-1]} for w in WORDS]
-  (folder / "train.json").write_text(json.dumps(rows, indent=1))
-  (folder / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:4]) + "\n")
-  return rows
-
-
-def _env(folder):
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
-  return env
-
-
-def _task_flags(folder, *extra):
-  return ["--config.task.module=mirror_task", f"--config.task.train_path={folder / 'train.json'}",
-          f"--config.task.eval_path={folder / 'eval.jsonl'}", *extra]
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-  """A user task trained 2 steps through train.py flags, logging to an offline W&B run too."""
-  tmp_path = tmp_path_factory.mktemp("custom_run")
-  folder = tmp_path / "user"
-  _write_task(folder)
-  workdir = tmp_path / "run"
-  cmd = train_command(workdir, *_task_flags(folder), "--config.train.steps=2", "--config.rollout.rows_per_step=2",
-                      "--config.rollout.num_chains=2", "--config.rollout.max_turns=2", "--wandb",
-                      "--config.log.tensorboard=False", config="configs/custom_grpo.py")
-  env = {**_env(folder), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-4000:]
-  return tmp_path, folder, workdir
-
-
-@pytest.mark.slow
-def test_custom_task_trains_and_evaluates_from_flags(trained_run):
-  tmp_path, folder, workdir = trained_run
-  recs = read_metrics(workdir)
-  assert [r["step"] for r in recs] == [1, 2]
-  assert all(r["rollout/reward_metric/mirror_reward_ran"] == 1.0 for r in recs)  # the user's reward ran
-  saved = json.loads((workdir / "config.json").read_text())
-  assert saved["task"]["module"] == "mirror_task" and os.path.isabs(saved["task"]["train_path"])
-
-  # evaluate.py from another directory: it rebuilds the custom task from the saved config.json
-  ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
-                       "--num_rows=3", "--transcript_chains=3"],
-                      cwd=tmp_path, env=_env(folder), capture_output=True, text=True, timeout=600)
-  assert ev.returncode == 0, ev.stderr[-4000:]
-  result = json.loads((workdir / "eval_step2.json").read_text())
-  assert result["eval/num_chains"] == 3 and result["eval/reward_metric/mirror_reward_ran"] == 1.0
-  transcript = (workdir / "eval_step2_transcript.txt").read_text()
-  # the eval rows (eval.jsonl: the first 4 words), the custom tool's schema and the system prompt
-  assert transcript.count("group ") == 3 and "⟦" in transcript
-  for w in WORDS[:3]:
-    assert f"Spell {w} backwards." in transcript
-  assert "mirror_word" in transcript and "Spell words backwards with the mirror tool." in transcript
-  assert "lookup" not in transcript  # not the built-in demo task
-
-  # a run whose recorded task content differs from what its config rebuilds (e.g. a Task given in
-  # Python) is refused by name instead of silently evaluating another task
-  task_json = json.loads((workdir / "task.json").read_text())
-  assert task_json["name"] == "custom" and len(task_json["fingerprint"]) == 16
-  (workdir / "task.json").write_text(json.dumps({**task_json, "fingerprint": "0" * 16}))
-  ev = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
-                       "--num_rows=3"], cwd=tmp_path, env=_env(folder), capture_output=True, text=True, timeout=600)
-  assert ev.returncode != 0 and "differs from what its config.json rebuilds" in ev.stderr, ev.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_wandb_offline_run_holds_the_metrics_jsonl_steps(trained_run):
-  """The W&B writer, run for real (WANDB_MODE=offline): the run's record log holds every
-  per-step metric of metrics.jsonl, same step, same value."""
-  from wandb_offline import offline_history
-  tmp_path, _, workdir = trained_run
-  history = {row["_step"]: row for row in offline_history(str(tmp_path))}
-  recs = read_metrics(workdir)
-  assert sorted(history) == [r["step"] for r in recs]
-  for r in recs:
-    logged = history[r["step"]]
-    for key, value in r.items():
-      if key == "step":
-        continue
-      assert key in logged, key
-      assert logged[key] == (pytest.approx(value) if isinstance(value, (int, float)) else value), key
-  assert "rollout/reward_mean" in history[1] and "rollout/turns_mean" in history[2]
-
 
 def _config(**task):
   return set_custom_task(default_config(), **task)
