@@ -36,10 +36,26 @@ def _split(model):
   return nnx.split(model, nnx.Param, ...)
 
 
+REF_LEN = 32   # every trajectory's forward at one shape: one compile, not one per length
+
+
+@nnx.jit
+def _forward(model, ids, mask):
+  return model(ids, attention_mask=mask)
+
+
+def _trajectory_forward(model, token_ids):
+  """The model's output at each of `token_ids`' positions, from a forward of this trajectory alone
+  (right-padded to REF_LEN with masked keys, which no earlier position attends to)."""
+  n = len(token_ids)
+  ids = np.zeros((1, REF_LEN), np.int32)
+  ids[0, :n] = token_ids
+  return np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(np.arange(REF_LEN)[None] < n)))[0, :n]
+
+
 def _ref_logprobs(model, traj, temperature):
-  """log p(token t | tokens < t) for t >= 1 from one unpadded forward, float64 softmax."""
-  ids = jnp.asarray(traj.token_ids[None, :-1])
-  logits = np.asarray(model(ids, attention_mask=jnp.ones(ids.shape, bool))[0], np.float64) / temperature
+  """log p(token t | tokens < t) for t >= 1 from this trajectory's own forward, float64 softmax."""
+  logits = np.asarray(_trajectory_forward(model, traj.token_ids[:-1]), np.float64) / temperature
   logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   return logits[np.arange(len(traj.token_ids) - 1), traj.token_ids[1:]] - logz
 
@@ -91,8 +107,7 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk
     values = np.zeros(mask.shape, np.float32)
     for i, t in enumerate(trajs):
       L = len(t.token_ids) - 1
-      ids = jnp.asarray(t.token_ids[None, :-1])
-      values[i, :L] = np.asarray(critic(ids, attention_mask=jnp.ones(ids.shape, bool))[0])
+      values[i, :L] = _trajectory_forward(critic, t.token_ids[:-1])
     values = np.where(mask, values, 0)
     np.testing.assert_allclose(batch["old_values"][:n], values, rtol=1e-4, atol=1e-4)
   adv, ret = adv_lib.compute(estimator, mask=mask, scores=arrays["rewards"][:n] + pen,
