@@ -17,8 +17,8 @@ with a note. Errors (a bad action, `old` absent or ambiguous, a missing file) ar
 
 Reward (`submit`, or the env reward `hidden_tests`): the fraction of the task's hidden tests that
 pass. The repository is archived out of the agent's sandbox (its processes killed first) into a
-second sandbox with the same caps where the hidden tests are bound in read-only, for that run
-only; pytest runs there with its own config (`-c /dev/null`, no conftest, no cache). The
+second sandbox with the same caps, and the hidden tests are copied in there, for that run only
+(they never exist in the agent's sandbox); pytest runs there with its own config (`-c /dev/null`, no conftest, no cache). The
 denominator is the larger of the tests pytest reports and the hidden test functions counted
 statically (so code that breaks collection scores 0, not 0/0).
 
@@ -56,10 +56,10 @@ class Sandbox:
   """One bwrap process running the repository driver; `request` sends one op and waits."""
 
   def __init__(self, limits: dict, repo_mb: int, tmp_mb: int, python: str, site_packages: bool,
-               use_cgroup: bool, hidden_tests: str | None = None):
+               use_cgroup: bool, grading: bool = False):
     self.limits, self.repo_mb, self.tmp_mb = limits, repo_mb, tmp_mb
     self.python, self.site_packages, self.use_cgroup = python, site_packages, use_cgroup
-    self.hidden_tests = hidden_tests
+    self.grading = grading   # a grading sandbox has a /hidden_tests tmpfs for the tests
     self.process: trio.Process | None = None
     self.reader: protocol.FrameReader | None = None
     self.stderr: StderrCapture | None = None
@@ -89,12 +89,11 @@ class Sandbox:
       args += ["--ro-bind", site, "/opt/site-packages"]
       env["PYTHONPATH"] = "/repo:/opt/site-packages"
     args += ["--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python"]
-    if self.hidden_tests:   # the grading sandbox only
-      args += ["--ro-bind", self.hidden_tests, HIDDEN_DIR]
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(self.tmp_mb << 20), "--tmpfs", "/dev/shm",
              "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
              "--size", str(self.repo_mb << 20), "--tmpfs", "/repo",
+             *(["--size", str(self.tmp_mb << 20), "--tmpfs", HIDDEN_DIR] if self.grading else []),
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/repo", "--clearenv"]
     for key, value in env.items():
       args += ["--setenv", key, value]
@@ -113,7 +112,9 @@ class Sandbox:
         self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file,
         **options)
     self.reader = protocol.FrameReader(self.process.stdout, max_frame_bytes=_MAX_FRAME)
-    if self.use_cgroup:   # before any of the agent's commands runs
+    with trio.fail_after(30):
+      hello = await self._receive("start")
+    if self.use_cgroup:   # the driver is ready and idle: before any command runs
       limit = (self.limits["memory_mb"] + self.repo_mb + 2 * self.tmp_mb) << 20
       try:
         self.cgroup = memory_cgroup.create(limit)
@@ -124,8 +125,6 @@ class Sandbox:
         if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
           raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left "
                            f"outside: {outside})")
-    with trio.fail_after(30):
-      hello = await self._receive("start")
     if not hello.get("ready"):
       raise EnvCrashed(f"swe driver sent {hello!r} instead of ready")
 
@@ -261,9 +260,9 @@ class SweEnv(ServerEnv):
     self.steps = 0
     self.timings: dict[str, float] = {}
 
-  def _sandbox(self, hidden_tests: str | None = None) -> Sandbox:
+  def _sandbox(self, grading: bool = False) -> Sandbox:
     return Sandbox(self.limits, self.repo_mb, self.tmp_mb, self.python, self.site_packages,
-                   self.use_cgroup, hidden_tests)
+                   self.use_cgroup, grading)
 
   @property
   def worker_pid(self) -> int | None:
@@ -350,12 +349,14 @@ class SweEnv(ServerEnv):
     snap = await self.sandbox.request({"op": "snapshot", "max_bytes": self.archive_bytes}, 60.0)
     if "error" in snap:
       return {"reward": 0.0, "passed": 0, "total": 0, "error": snap["error"], "cases": []}
-    grader = self._sandbox(self.task.hidden_tests)
+    tests = swe_tasks.repo_archive(self.task.hidden_tests, self.archive_bytes)
+    grader = self._sandbox(grading=True)
     try:
       await grader.start()
-      loaded = await grader.request({"op": "load", "tar_b64": snap["tar_b64"]}, 60.0)
-      if "error" in loaded:
-        raise EnvCrashed(f"the grading sandbox could not unpack the repository: {loaded['error']}")
+      for archive, dest in ((snap["tar_b64"], "/repo"), (tests, HIDDEN_DIR)):
+        loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
+        if "error" in loaded:
+          raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
       reply = await grader.request({"op": "grade", "command": GRADE_COMMAND,
                                     "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
                                    self.grade_timeout_s + 10.0)

@@ -9,7 +9,8 @@ sandbox's pid namespace is killed (`kill(-1)`), so nothing of one command outliv
 requests resolve paths inside this mount namespace, so no path can reach the host.
 
 Requests -> replies:
-  {"op": "load", "tar_b64": str}             -> {"files": int}  (extracts a .tar.gz into /repo)
+  {"op": "load", "tar_b64": str, "dest": "/repo" | "/hidden_tests"}
+                                              -> {"files": int}  (extracts a .tar.gz there)
   {"op": "bash", "command": str, "timeout_s": float}
                                               -> {"output", "exit_code", "timed_out", "bytes"}
   {"op": "view", "path": str, "start": int, "end": int | None}  -> {"output"} or {"error"}
@@ -137,13 +138,13 @@ def _run(config, command, timeout_s, cwd=REPO):
     if len(tail) > 2 * cap:   # keep the last cap // 2 bytes (trimmed in batches)
       del tail[:len(tail) - cap // 2]
   os.close(read_fd)
-  _kill_others()
-  code = child.poll()
-  if code is None:
+  code = None
+  if not timed_out:   # the output ended: the command itself may still run until the deadline
     try:
-      code = child.wait(timeout=1)
+      code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-      code = None
+      timed_out = True
+  _kill_others()   # (reaps the child too: its status was read above)
   return _joined(head, tail, total, cap), total, (None if timed_out else code), timed_out
 
 
@@ -233,14 +234,17 @@ def _tar_filter(info):
 
 def op_load(config, request):
   data = base64.b64decode(request["tar_b64"])
+  dest = request.get("dest", REPO)
+  if dest not in (REPO, "/hidden_tests"):
+    raise ValueError(f"cannot unpack into {dest!r}")
   with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
     members = archive.getmembers()
     if hasattr(tarfile, "data_filter"):
-      archive.extractall(REPO, filter="data")
+      archive.extractall(dest, filter="data")
     else:   # Python < 3.11.4: keep files, folders and links that stay inside
       safe = [m for m in members if (m.isfile() or m.isdir() or m.issym())
               and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
-      archive.extractall(REPO, members=safe)
+      archive.extractall(dest, members=safe)
     count = sum(1 for m in members if m.isfile())
   return {"files": count}
 
