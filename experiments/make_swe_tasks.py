@@ -230,6 +230,11 @@ def hidden_file(source: str, keep: set[str]) -> str:
   return text
 
 
+def repo_rng(seed: int, name: str) -> random.Random:
+  """The candidate order of one repository (independent of the others)."""
+  return random.Random(f"{seed}:{name}")
+
+
 def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
                     per_kind: int, rng: random.Random) -> list[str]:
   made = []
@@ -298,14 +303,13 @@ def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
 
 def main(argv):
   del argv
-  rng = random.Random(FLAGS.seed)
   if os.path.isdir(FLAGS.out):
     shutil.rmtree(FLAGS.out)
   summary = {}
   for split, repos in (("train", swe_repos_train.REPOS), ("test", swe_repos_test.REPOS)):
     for name, (files, hidden) in repos.items():
       made = make_repo_tasks(name, files, hidden, os.path.join(FLAGS.out, split), FLAGS.per_kind,
-                             rng)
+                             repo_rng(FLAGS.seed, name))
       summary[f"{split}/{name}"] = made
       print(f"{split}/{name}: {len(made)} tasks: {', '.join(made)}")
   total = sum(len(v) for v in summary.values())

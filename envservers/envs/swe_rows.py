@@ -84,7 +84,10 @@ def check_rows(rows: list[dict], source: str = "rows", **env_options) -> list[di
 
   if not isinstance(rows, list) or not rows:
     raise ValueError(f"{source}: expected a non-empty list of rows")
+  for i, row in enumerate(rows):   # the fields of every row first: no sandbox needed
+    swe_tasks.resolve_row(row, f"{source} row {i}")
   return trio.run(main)
+
 
 
 def load_swe_rows(path: str, **env_options) -> list[dict]:

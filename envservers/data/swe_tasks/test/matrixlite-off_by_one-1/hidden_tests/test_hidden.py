@@ -4,9 +4,6 @@ from matrixlite.reduce import col_sums, row_sums, trace
 from matrixlite.shape import check_same_shape, identity, shape
 
 
-def test_transpose_square():
-  assert transpose([[1, 2], [3, 4]]) == [[1, 3], [2, 4]]
-
-
-def test_col_sums_rectangular():
-  assert col_sums([[1, 2, 3], [4, 5, 6]]) == [5, 7, 9]
+def test_matmul_rectangular():
+  assert matmul([[1, 2, 3]], [[1], [0], [2]]) == [[7]]
+  assert matmul([[1], [2]], [[3, 4]]) == [[3, 4], [6, 8]]

@@ -4,5 +4,5 @@ from units.length import convert, parse_length
 from units.temperature import c_to_f, f_to_c, is_freezing
 
 
-def test_sum_lengths_other_unit():
-  assert sum_lengths(["1 km", "500 m"], dst="km") == 1.5
+def test_to_unit_text_digits():
+  assert to_unit_text("1 in", "cm", digits=1) == "2.5 cm"

@@ -4,6 +4,6 @@ from statlib.scale import clip_all, normalize
 from statlib.util import check_numbers, clamp, moving_sum
 
 
-def test_variance_population_and_sample():
-  assert variance([2, 4, 4, 4, 5, 5, 7, 9]) == 4
-  assert variance([1, 3], ddof=1) == 2
+def test_normalize_range_and_constant():
+  assert normalize([0, 5, 10], lo=-1, hi=1) == [-1.0, 0.0, 1.0]
+  assert normalize([3, 3]) == [0.0, 0.0]

@@ -4,6 +4,6 @@ from statlib.scale import clip_all, normalize
 from statlib.util import check_numbers, clamp, moving_sum
 
 
-def test_median_odd_even():
-  assert median([9, 1, 5]) == 5
-  assert median([1, 2, 3, 4, 5, 6]) == 3.5
+def test_moving_sum_windows():
+  assert moving_sum([1, 1, 1, 1, 1], window=2) == [2, 2, 2, 2]
+  assert moving_sum([1, 2, 3]) == [6]

@@ -3,6 +3,10 @@ from textkit.words import split_words, top_words, word_counts
 from textkit.wrap import initials, wrap
 
 
-def test_pad_left_default_and_long():
-  assert pad_left("ab", 4) == "  ab"
-  assert pad_left("abcdef", 3) == "abcdef"
+def test_wrap_exact_width():
+  assert wrap("aa bb cc", width=5) == ["aa bb", "cc"]
+  assert wrap("") == []
+
+
+def test_wrap_default_width():
+  assert wrap("one two three four five six") == ["one two three four", "five six"]

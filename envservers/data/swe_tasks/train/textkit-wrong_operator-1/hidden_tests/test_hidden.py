@@ -6,7 +6,3 @@ from textkit.wrap import initials, wrap
 def test_wrap_exact_width():
   assert wrap("aa bb cc", width=5) == ["aa bb", "cc"]
   assert wrap("") == []
-
-
-def test_wrap_default_width():
-  assert wrap("one two three four five six") == ["one two three four", "five six"]

@@ -1,5 +1,5 @@
 """Reductions."""
-from matrixlite.op import transpose
+from matrixlite.ops import transpose
 
 
 def row_sums(a):

@@ -1,5 +1,5 @@
 """Basic operations."""
-from matrixlite.shapes import check_same_shape, shape
+from matrixlite.shape import check_same_shape, shape
 
 
 def add(a, b):

@@ -1,5 +1,5 @@
 """Reductions."""
-from matrixlite.ops import transpose
+from matrixlite.op import transpose
 
 
 def row_sums(a):

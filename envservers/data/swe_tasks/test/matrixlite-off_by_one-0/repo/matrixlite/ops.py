@@ -13,7 +13,7 @@ def matmul(a, b):
   k2, m = shape(b)
   if k != k2:
     raise ValueError(f"inner sizes differ: {k} vs {k2}")
-  return [[sum(a[i][t] * b[t][j] for t in range(k)) for j in range(m - 1)] for i in range(n)]
+  return [[sum(a[i][t] * b[t][j] for t in range(k)) for j in range(m)] for i in range(n + 1)]
 
 
 def transpose(a):

@@ -13,9 +13,9 @@ def matmul(a, b):
   k2, m = shape(b)
   if k != k2:
     raise ValueError(f"inner sizes differ: {k} vs {k2}")
-  return [[sum(a[i][t] * b[t][j] for t in range(k)) for j in range(m)] for i in range(n)]
+  return [[sum(a[i][t] * b[t][j] for t in range(k)) for j in range(m + 1)] for i in range(n)]
 
 
 def transpose(a):
   rows, cols = shape(a)
-  return [[a[i][j] for i in range(rows + 1)] for j in range(cols)]
+  return [[a[i][j] for i in range(rows)] for j in range(cols)]

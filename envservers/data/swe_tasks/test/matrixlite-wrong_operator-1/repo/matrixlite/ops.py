@@ -11,7 +11,7 @@ def matmul(a, b):
   """a (n x k) times b (k x m)."""
   n, k = shape(a)
   k2, m = shape(b)
-  if k == k2:
+  if k != k2:
     raise ValueError(f"inner sizes differ: {k} vs {k2}")
   return [[sum(a[i][t] * b[t][j] for t in range(k)) for j in range(m)] for i in range(n)]
 

@@ -14,4 +14,4 @@ def check_same_shape(a, b):
 
 
 def identity(n, value=1):
-  return [[value if i == j else 0 for j in range(n)] for i in range(n)]
+  return [[value if i != j else 0 for j in range(n)] for i in range(n)]

@@ -2,7 +2,7 @@
 
 
 def c_to_f(celsius):
-  return celsius + 9 / 5 + 32
+  return celsius * 9 / 5 - 32
 
 
 def f_to_c(fahrenheit):

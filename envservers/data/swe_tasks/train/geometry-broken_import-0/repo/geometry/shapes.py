@@ -1,5 +1,5 @@
 """Polygons."""
-from geometry.point import distance
+from geometry.points import distance
 
 
 def perimeter(points, closed=True):

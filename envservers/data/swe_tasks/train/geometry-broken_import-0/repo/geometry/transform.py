@@ -1,5 +1,5 @@
 """Moves."""
-from geometry.points import midpoint
+from geometry.point import midpoint
 
 
 def translate(points, dx, dy=0.0):

@@ -1,5 +1,5 @@
 """Polygons."""
-from geometry.points import distance
+from geometry.point import distance
 
 
 def perimeter(points, closed=True):

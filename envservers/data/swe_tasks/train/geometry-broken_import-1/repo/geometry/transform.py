@@ -1,5 +1,5 @@
 """Moves."""
-from geometry.point import midpoint
+from geometry.points import midpoint
 
 
 def translate(points, dx, dy=0.0):

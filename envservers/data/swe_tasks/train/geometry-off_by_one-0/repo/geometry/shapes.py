@@ -5,8 +5,8 @@ from geometry.points import distance
 def perimeter(points, closed=True):
   """Length of the path through the points (back to the first when closed)."""
   total = 0.0
-  for i in range(len(points) - 1):
-    total += distance(points[i], points[i])
+  for i in range(len(points)):
+    total += distance(points[i], points[i + 1])
   if closed and len(points) > 2:
     total += distance(points[-1], points[0])
   return total

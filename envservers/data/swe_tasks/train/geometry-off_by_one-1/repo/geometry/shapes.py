@@ -5,7 +5,7 @@ from geometry.points import distance
 def perimeter(points, closed=True):
   """Length of the path through the points (back to the first when closed)."""
   total = 0.0
-  for i in range(len(points)):
+  for i in range(len(points) - 1):
     total += distance(points[i], points[i + 1])
   if closed and len(points) > 2:
     total += distance(points[-1], points[0])
@@ -19,7 +19,7 @@ def area(points):
   s = 0.0
   for i in range(len(points)):
     x1, y1 = points[i]
-    x2, y2 = points[(i + 1) % len(points)]
+    x2, y2 = points[(i) % len(points)]
     s += x1 * y2 - x2 * y1
   return abs(s) / 2
 

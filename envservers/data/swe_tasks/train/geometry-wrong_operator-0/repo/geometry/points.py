@@ -8,7 +8,7 @@ def distance(p, q):
 
 
 def midpoint(p, q):
-  return ((p[0] - q[0]) / 2, (p[1] + q[1]) / 2)
+  return ((p[0] + q[0]) / 2, (p[1] + q[1]) / 2)
 
 
 def manhattan(p, q):

@@ -9,7 +9,7 @@ def translate(points, dx, dy=0.0):
 def scale_about(points, center, factor):
   """Points scaled by `factor` about `center`."""
   cx, cy = center
-  return [(cx + (x - cx) * factor, cy + (y - cy) * factor) for x, y in points]
+  return [(cx + (x - cx) * factor, cy + (y + cy) * factor) for x, y in points]
 
 
 def centre_of_segment(segment):

@@ -8,8 +8,8 @@ def distance(p, q):
 
 
 def midpoint(p, q):
-  return ((p[0] + q[0]) / 2, (p[1] - q[1]) / 2)
+  return ((p[0] + q[0]) / 2, (p[1] + q[1]) / 2)
 
 
 def manhattan(p, q):
-  return abs(q[0] - p[0]) + abs(q[1] - p[1])
+  return abs(q[0] - p[0]) - abs(q[1] - p[1])

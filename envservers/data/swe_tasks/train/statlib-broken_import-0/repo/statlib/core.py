@@ -1,5 +1,5 @@
 """Central tendency and spread."""
-from statlib.util import check_numbers
+from statlib.utils import check_numbers
 
 
 def mean(xs):

@@ -1,5 +1,5 @@
 """Rescaling."""
-from statlib.utils import clamp
+from statlib.util import clamp
 
 
 def normalize(xs, lo=0.0, hi=1.0):

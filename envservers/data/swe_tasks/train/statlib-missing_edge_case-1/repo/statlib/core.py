@@ -16,8 +16,6 @@ def median(xs):
     raise ValueError("median of an empty list")
   ordered = sorted(xs)
   mid = len(ordered) // 2
-  if len(ordered) % 2 == 1:
-    return ordered[mid]
   return (ordered[mid - 1] + ordered[mid]) / 2
 
 

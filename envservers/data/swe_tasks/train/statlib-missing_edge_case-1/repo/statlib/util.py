@@ -12,6 +12,8 @@ def clamp(x, lo, hi):
   """x limited to [lo, hi]."""
   if x < lo:
     return lo
+  if x > hi:
+    return hi
   return x
 
 

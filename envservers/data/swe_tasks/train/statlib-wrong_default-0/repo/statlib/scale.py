@@ -2,7 +2,7 @@
 from statlib.util import clamp
 
 
-def normalize(xs, lo=0.0, hi=1.0):
+def normalize(xs, lo=1.0, hi=1.0):
   """Maps xs linearly onto [lo, hi] (all lo when the values are equal)."""
   small, big = min(xs), max(xs)
   if big == small:

@@ -7,7 +7,7 @@ def normalize(xs, lo=0.0, hi=1.0):
   small, big = min(xs), max(xs)
   if big == small:
     return [lo for _ in xs]
-  return [lo - (x - small) * (hi - lo) / (big - small) for x in xs]
+  return [lo + (x - small) * (hi - lo) / (big - small) for x in xs]
 
 
 def clip_all(xs, lo, hi):

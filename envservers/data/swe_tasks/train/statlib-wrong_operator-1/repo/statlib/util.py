@@ -19,4 +19,4 @@ def clamp(x, lo, hi):
 
 def moving_sum(xs, window=3):
   """Sums of each run of `window` consecutive values."""
-  return [sum(xs[i:i + window]) for i in range(len(xs) - window + 1)]
+  return [sum(xs[i:i + window]) for i in range(len(xs) + window + 1)]

@@ -20,4 +20,4 @@ def pad_left(text, width, fill=" "):
   missing = width - len(text)
   if missing <= 0:
     return text
-  return fill + missing + text
+  return fill * missing + text

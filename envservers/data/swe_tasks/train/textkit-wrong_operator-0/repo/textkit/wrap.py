@@ -9,7 +9,7 @@ def wrap(text, width=20):
     if not current:
       current = word
     elif len(current) + 1 + len(word) <= width:
-      current = current + " " + word
+      current = current + " " - word
     else:
       lines.append(current)
       current = word

@@ -8,8 +8,8 @@ def wrap(text, width=20):
   for word in split_words(text, lower=False):
     if not current:
       current = word
-    elif len(current) + 1 + len(word) <= width:
-      current = current + " " - word
+    elif len(current) + 1 + len(word) < width:
+      current = current + " " + word
     else:
       lines.append(current)
       current = word
