@@ -4,6 +4,11 @@ tiny random-init policy (CPU smoke size); on a GPU set model.pretrained and rais
   .venv/bin/python experiments/train.py --config=configs/swe_grpo.py --workdir=runs/swe
   ... --config.task.train_path=my_rows.jsonl    # SWE-Gym-style rows: checked in the sandbox first
 
+A row of your own: {"question": "Fix the bug the issue below describes, then submit.", "repo":
+"/abs/repo", "problem_statement": "...", "hidden_tests": "/abs/hidden", "test_command":
+"python -m pytest -q"} (the issue reaches the agent as the env's opening observation); a bad
+row stops the run before training, naming the row and field (envservers/envs/swe_rows.py).
+
 Tasks: the shipped set (envservers/data/swe_tasks, experiments/make_swe_tasks.py); evaluation on
 its test split (other repositories). The env server needs `--env swe=N` (the embedded local
 server serves it).

@@ -228,3 +228,34 @@ def test_a_crashed_sandbox_is_an_error_observation_and_is_recycled(server, task_
       await manager.aclose()
 
   trio.run(main)
+
+
+def test_a_sandbox_outlives_the_thread_that_started_it():
+  """bwrap's --die-with-parent watches the forking thread; trio forks from worker threads that
+  exit when idle. A sandbox started from a thread that then ends must keep serving."""
+  import json
+  import struct
+  import subprocess
+  import threading
+  env = SweEnv()
+  started = {}
+
+  def spawn():
+    started["process"] = subprocess.Popen(env._sandbox().command(), stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, start_new_session=True)
+
+  thread = threading.Thread(target=spawn)
+  thread.start()
+  thread.join()
+  process = started["process"]
+  try:
+    time.sleep(0.5)
+    assert process.poll() is None
+    body = json.dumps({"op": "ping"}).encode()
+    process.stdin.write(struct.pack(">I", len(body)) + body)
+    process.stdin.flush()
+    replies = [process.stdout.read(struct.unpack(">I", process.stdout.read(4))[0]) for _ in range(2)]
+    assert json.loads(replies[0])["ready"] and json.loads(replies[1]) == {"pong": True}
+  finally:
+    process.kill()
+    process.wait()

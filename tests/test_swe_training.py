@@ -26,7 +26,9 @@ def _config():
 
 def test_config_builds_the_swe_task_with_its_tool_prompt():
   from agentfly_jax.tasks.from_config import build_task
+  from agentfly_jax.rl.config import validate_config
   config = _config()
+  validate_config(config)
   task = build_task(config)
   assert [t.name for t in task.TOOLS] == ["bash", "view", "str_replace", "submit"]
   assert task.TOOLS[-1].is_finish and task.REWARD.name == "swe_hidden_tests"

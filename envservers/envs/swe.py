@@ -66,7 +66,11 @@ class Sandbox:
     self.cgroup: str | None = None
 
   def command(self) -> list[str]:
-    args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+    """The command line: `sh` running bwrap as its child. bwrap's --die-with-parent watches the
+    thread that forked it, and trio forks from a worker thread that exits after 10 s idle (which
+    SIGKILLed every sandbox started in a burst); a plain `sh` in between lives as long as the
+    sandbox, and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
+    args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox", BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/lib", "/lib64", "/sbin"):
       if os.path.islink(top):
