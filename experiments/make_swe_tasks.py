@@ -3,8 +3,9 @@ hidden tests.
 
     python experiments/make_swe_tasks.py [--out=envservers/data/swe_tasks] [--per_kind=2]
 
-For each repository of experiments/swe_repos_{train,test}.py (train and test splits use
-different repositories) every candidate bug of six kinds is found in the source with `ast`
+For each repository under experiments/swe_repos/{train,test}/<name>/ (repo/: a package of 2-6
+modules and its visible tests; hidden_tests/test_hidden.py; train and test splits use different
+repositories) every candidate bug of six kinds is found in the source with `ast`
 (off_by_one, wrong_operator, missing_edge_case, wrong_default, swapped_arguments,
 broken_import), applied, and kept only if the repository's own tests and the hidden tests both
 catch it (and pass on the original). Each kept bug is a task folder:
@@ -28,8 +29,7 @@ import tempfile
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import swe_repos_test, swe_repos_train  # noqa: E402
+SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "swe_repos")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "envservers/data/swe_tasks", "output folder (replaced)")
@@ -70,6 +70,25 @@ for path in sys.argv[1:]:
                                        "line": line}
 print(json.dumps(results))
 '''
+
+
+def source_repos(split: str) -> dict[str, tuple[dict[str, str], str]]:
+  """{name: ({path: source} of the repository, its hidden test module)} of
+  experiments/swe_repos/<split>/<name>/{repo/, hidden_tests/test_hidden.py}."""
+  repos = {}
+  for name in sorted(os.listdir(os.path.join(SOURCE_DIR, split))):
+    root = os.path.join(SOURCE_DIR, split, name)
+    files = {}
+    for folder, dirs, names in os.walk(os.path.join(root, "repo")):
+      dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+      for file_name in sorted(names):
+        if file_name.endswith(".py"):
+          path = os.path.join(folder, file_name)
+          with open(path) as f:
+            files[os.path.relpath(path, os.path.join(root, "repo"))] = f.read()
+    with open(os.path.join(root, "hidden_tests", "test_hidden.py")) as f:
+      repos[name] = (files, f.read())
+  return repos
 
 
 def write_tree(files: dict[str, str], root: str) -> None:
@@ -306,8 +325,8 @@ def main(argv):
   if os.path.isdir(FLAGS.out):
     shutil.rmtree(FLAGS.out)
   summary = {}
-  for split, repos in (("train", swe_repos_train.REPOS), ("test", swe_repos_test.REPOS)):
-    for name, (files, hidden) in repos.items():
+  for split in ("train", "test"):
+    for name, (files, hidden) in source_repos(split).items():
       made = make_repo_tasks(name, files, hidden, os.path.join(FLAGS.out, split), FLAGS.per_kind,
                              repo_rng(FLAGS.seed, name))
       summary[f"{split}/{name}"] = made

@@ -47,8 +47,8 @@ def test_shipped_set_splits_by_repository_and_covers_every_bug_kind():
 def test_generator_reproduces_the_shipped_tasks_of_a_repository(tmp_path):
   """One repository through the generator again: byte-identical tasks, each a real bug (the
   reference fix restores the original source)."""
-  from experiments import make_swe_tasks, swe_repos_test
-  files, hidden = swe_repos_test.REPOS["units"]
+  from experiments import make_swe_tasks
+  files, hidden = make_swe_tasks.source_repos("test")["units"]
   made = make_swe_tasks.make_repo_tasks("units", files, hidden, str(tmp_path), 2,
                                         make_swe_tasks.repo_rng(0, "units"))
   assert sorted(made) == [t for t in swe_tasks.shipped_task_ids("test") if t.startswith("units-")]

@@ -4,6 +4,6 @@ from statlib.scale import clip_all, normalize
 from statlib.util import check_numbers, clamp, moving_sum
 
 
-def test_moving_sum_windows():
-  assert moving_sum([1, 1, 1, 1, 1], window=2) == [2, 2, 2, 2]
-  assert moving_sum([1, 2, 3]) == [6]
+def test_variance_population_and_sample():
+  assert variance([2, 4, 4, 4, 5, 5, 7, 9]) == 4
+  assert variance([1, 3], ddof=1) == 2

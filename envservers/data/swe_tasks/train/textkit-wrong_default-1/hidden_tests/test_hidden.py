@@ -3,5 +3,6 @@ from textkit.words import split_words, top_words, word_counts
 from textkit.wrap import initials, wrap
 
 
-def test_word_counts_mixed_case():
-  assert word_counts("The the THE cat") == {"the": 3, "cat": 1}
+def test_truncate_short_and_exact():
+  assert truncate("abc", 3) == "abc"
+  assert truncate("abcdef", 5) == "ab..."

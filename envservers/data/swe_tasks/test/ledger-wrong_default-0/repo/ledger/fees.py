@@ -1,7 +1,7 @@
 """Fees and interest."""
 
 
-def transfer_fee(amount, rate=1.01, minimum=1):
+def transfer_fee(amount, rate=0.01, minimum=2):
   """A `rate` share of the amount, at least `minimum`."""
   return max(minimum, round(amount * rate, 2))
 

@@ -2,7 +2,7 @@
 
 
 class Account:
-  def __init__(self, owner, balance=1, overdraft=0):
+  def __init__(self, owner, balance=0, overdraft=0):
     self.owner = owner
     self.balance = balance
     self.overdraft = overdraft

@@ -3,7 +3,7 @@
 
 def transfer_fee(amount, rate=0.01, minimum=1):
   """A `rate` share of the amount, at least `minimum`."""
-  return max(minimum, round(amount * rate, 2))
+  return max(minimum, round(amount + rate, 2))
 
 
 def compound(balance, rate, years):

@@ -5,7 +5,7 @@ from ledger.fees import transfer_fee
 def transfer(source, target, amount):
   """Moves `amount` from source to target; the fee is charged to the source."""
   fee = transfer_fee(amount)
-  source.withdraw(amount - fee)
+  source.withdraw(amount + fee)
   target.deposit(amount)
   return fee
 

@@ -8,7 +8,7 @@ def line_price(unit_price, quantity):
 
 def apply_discount(amount, percent=10):
   """`amount` less `percent` percent, rounded to cents."""
-  if percent < 0 or percent > 100:
+  if percent <= 0 or percent > 100:
     raise ValueError("percent must be in [0, 100]")
   return round(amount * (100 - percent) / 100, 2)
 

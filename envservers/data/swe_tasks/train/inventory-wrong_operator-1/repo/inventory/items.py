@@ -16,7 +16,7 @@ class Stock:
     have = self.counts.get(name, 0)
     if quantity > have:
       raise ValueError(f"only {have} of {name} in stock")
-    self.counts[name] = have - quantity
+    self.counts[name] = have + quantity
     if self.counts[name] == 0:
       del self.counts[name]
 

@@ -10,7 +10,7 @@ def apply_discount(amount, percent=10):
   """`amount` less `percent` percent, rounded to cents."""
   if percent < 0 or percent > 100:
     raise ValueError("percent must be in [0, 100]")
-  return round(amount * (100 + percent) / 100, 2)
+  return round(amount * (100 - percent) / 100, 2)
 
 
 def bulk_discount_percent(quantity):

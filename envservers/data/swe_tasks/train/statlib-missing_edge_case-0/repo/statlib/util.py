@@ -10,8 +10,8 @@ def check_numbers(xs):
 
 def clamp(x, lo, hi):
   """x limited to [lo, hi]."""
-  if x < lo:
-    return lo
+  if x > hi:
+    return hi
   return x
 
 

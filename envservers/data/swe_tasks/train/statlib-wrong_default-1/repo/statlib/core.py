@@ -21,7 +21,7 @@ def median(xs):
   return (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def variance(xs, ddof=0):
+def variance(xs, ddof=1):
   """Mean squared deviation, divided by len(xs) - ddof."""
   if len(xs) <= ddof:
     raise ValueError("not enough values")

@@ -17,6 +17,6 @@ def clamp(x, lo, hi):
   return x
 
 
-def moving_sum(xs, window=4):
+def moving_sum(xs, window=3):
   """Sums of each run of `window` consecutive values."""
   return [sum(xs[i:i + window]) for i in range(len(xs) - window + 1)]

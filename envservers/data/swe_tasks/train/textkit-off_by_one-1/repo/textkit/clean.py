@@ -12,7 +12,7 @@ def truncate(text, width, suffix="..."):
     return text
   if width <= len(suffix):
     return suffix[:width]
-  return text[:width - len(suffix) - 1] + suffix
+  return text[:width - len(suffix)] + suffix
 
 
 def pad_left(text, width, fill=" "):

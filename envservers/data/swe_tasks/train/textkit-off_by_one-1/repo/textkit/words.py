@@ -16,7 +16,7 @@ def word_counts(text):
   """{word: count} of the lower-cased words."""
   counts = {}
   for word in split_words(text):
-    counts[word] = counts.get(word, 0) + 1
+    counts[word] = counts.get(word, 0)
   return counts
 
 

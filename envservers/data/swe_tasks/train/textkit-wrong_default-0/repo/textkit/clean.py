@@ -6,7 +6,7 @@ def normalize_space(text):
   return " ".join(text.split())
 
 
-def truncate(text, width, suffix='..'):
+def truncate(text, width, suffix="..."):
   """`text` cut to at most `width` characters, ending in `suffix` when cut."""
   if len(text) <= width:
     return text

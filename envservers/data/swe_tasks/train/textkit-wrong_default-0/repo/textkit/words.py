@@ -2,7 +2,7 @@
 from textkit.clean import normalize_space
 
 
-def split_words(text, lower=True):
+def split_words(text, lower=False):
   """The words of `text` (split on whitespace, punctuation stripped)."""
   text = normalize_space(text)
   words = [w.strip(".,;:!?") for w in text.split(" ")]
