@@ -172,8 +172,9 @@ def test_hostile_commands_are_contained_and_the_server_serves_on(server, task_ro
         if name == "sleep past the cap":
           assert "ran past its 3 s time limit and was killed" in text and took < 8, text
           assert "woke" not in text
-        graded = await env.compute_reward("hidden_tests")   # grading still works after it
-        assert graded["total"] == 4.0, (name, graded)
+        if name in ("fork bomb", "fill the disk"):   # grading still works after them
+          graded = await env.compute_reward("hidden_tests")
+          assert graded["total"] == 4.0 and graded["reward"] == 0.5, (name, graded)
         await manager.release("swe", f"hostile-{i}")
       stats = (await server_stats(server.address))["pools"]["swe"]
       assert stats["crashes"] == 0 and stats["timeouts"] == 0
