@@ -260,3 +260,27 @@ def test_a_sandbox_outlives_the_thread_that_started_it():
   finally:
     process.kill()
     process.wait()
+
+
+def test_a_hanging_hidden_test_fails_alone(task_row):
+  """The agent's code loops forever in one function: that hidden test fails at the per-test
+  limit, the others are still graded."""
+  async def main():
+    env = SweEnv(test_timeout_s=2)
+    await env.start()
+    try:
+      await env.reset(task_row)
+      await env.step({"action": "str_replace", "path": "pkg/m.py", "old": "  return x / 2",
+                      "new": "  while True:\n    pass"})
+      await env.step({"action": "str_replace", "path": "pkg/m.py", "old": "a - b", "new": "a + b"})
+      started = time.monotonic()
+      result = await env.grade()
+      assert time.monotonic() - started < 20
+      outcomes = dict(result["cases"])
+      assert result["passed"] == 3 and result["total"] == 4, result
+      assert [name for name, outcome in outcomes.items() if outcome != "passed"] == [
+          "test_hidden::test_half"], outcomes
+    finally:
+      await env.close()
+
+  trio.run(main)

@@ -27,6 +27,7 @@ test_command + hidden_tests folders).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -49,6 +50,15 @@ HIDDEN_DIR = "/hidden_tests"
 GRADE_COMMAND = ("python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
                  "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
                  f"--junitxml=/tmp/junit.xml {HIDDEN_DIR}")
+
+
+def grade_command(test_timeout_s: float, site_packages: bool) -> str:
+  """GRADE_COMMAND with a per-test time limit (pytest-timeout, when the sandbox can import it
+  from the server venv): a test that hangs fails alone instead of stalling the whole run."""
+  if test_timeout_s > 0 and site_packages and importlib.util.find_spec("pytest_timeout"):
+    return GRADE_COMMAND.replace(" --junitxml", f" -p pytest_timeout --timeout={test_timeout_s:g} "
+                                                f"--junitxml")
+  return GRADE_COMMAND
 ACTIONS = ("bash", "view", "str_replace", "submit")
 
 
@@ -220,7 +230,8 @@ def parse_lines(lines: Any) -> tuple[int, int | None]:
 class SweEnv(ServerEnv):
   """Options (server flag `--env-opt swe.NAME=VALUE`):
     timeout_s: wall-clock limit of one command (default 30); cpu_s: its CPU seconds (30).
-    grade_timeout_s: limit of the hidden-test run (default 120).
+    grade_timeout_s: limit of the hidden-test run (default 120); test_timeout_s: of one hidden
+      test (default 10; 0 = none; needs pytest-timeout in the server venv).
     memory_mb: address-space limit per process (default 1024); max_procs (default 64);
       max_open_files (default 256); file_size_mb: largest file (default 32).
     repo_mb / tmp_mb: sizes of the /repo and /tmp tmpfs (default 128 / 64); repo_archive_mb:
@@ -235,6 +246,7 @@ class SweEnv(ServerEnv):
   reusable = False   # a used sandbox holds an episode's files: never hand it to another chain
 
   def __init__(self, timeout_s: float = 30.0, cpu_s: float = 30.0, grade_timeout_s: float = 120.0,
+               test_timeout_s: float = 10.0,
                memory_mb: int = 1024, max_procs: int = 64, max_open_files: int = 256,
                file_size_mb: int = 32, repo_mb: int = 128, tmp_mb: int = 64,
                repo_archive_mb: int = 32, max_output_bytes: int = 8192,
@@ -247,6 +259,8 @@ class SweEnv(ServerEnv):
                    max_file_bytes=max_file_bytes)
     for key, value in numbers.items():
       _positive(key, value)
+    if not isinstance(test_timeout_s, (int, float)) or test_timeout_s < 0:
+      raise ValueError(f"swe option 'test_timeout_s' must be a number >= 0, got {test_timeout_s!r}")
     self.timeout_s, self.grade_timeout_s = float(timeout_s), float(grade_timeout_s)
     self.limits = {"cpu_s": int(cpu_s), "memory_mb": int(memory_mb), "max_procs": int(max_procs),
                    "max_open_files": int(max_open_files), "file_size_mb": int(file_size_mb),
@@ -256,6 +270,7 @@ class SweEnv(ServerEnv):
     self.archive_bytes = int(repo_archive_mb) << 20
     self.python = python or _default_python()
     self.site_packages, self.use_cgroup = bool(site_packages), bool(memory_cgroup)
+    self.grade_command = grade_command(float(test_timeout_s), self.site_packages)
     # The pool's hard limit of one call: a command, or a submit (archive + grading sandbox).
     self.call_timeout_s = self.timeout_s + self.grade_timeout_s + 30.0
     self.sandbox: Sandbox | None = None
@@ -361,7 +376,7 @@ class SweEnv(ServerEnv):
         loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
         if "error" in loaded:
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
-      reply = await grader.request({"op": "grade", "command": GRADE_COMMAND,
+      reply = await grader.request({"op": "grade", "command": self.grade_command,
                                     "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
                                    self.grade_timeout_s + 10.0)
     finally:
