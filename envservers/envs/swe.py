@@ -18,9 +18,11 @@ with a note. Errors (a bad action, `old` absent or ambiguous, a missing file) ar
 Reward (`submit`, or the env reward `hidden_tests`): the fraction of the task's hidden tests that
 pass. The repository is archived out of the agent's sandbox (its processes killed first) into a
 second sandbox with the same caps, and the hidden tests are copied in there, for that run only
-(they never exist in the agent's sandbox); pytest runs there with its own config (`-c /dev/null`, no conftest, no cache). The
-denominator is the larger of the tests pytest reports and the hidden test functions counted
-statically (so code that breaks collection scores 0, not 0/0).
+(they never exist in the agent's sandbox); pytest runs there with its own config (`-c
+/dev/null`, no conftest, no cache, a per-test time limit). The denominator is the larger of the
+tests pytest reports and the hidden test functions counted statically (so code that breaks
+collection scores 0, not 0/0). The code under test runs beside the tests, so a repository
+written to fool pytest (rewriting its report) is not caught: this grades honest attempts.
 
 Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
 test_command + hidden_tests folders).
@@ -80,7 +82,8 @@ class Sandbox:
     thread that forked it, and trio forks from a worker thread that exits after 10 s idle (which
     SIGKILLed every sandbox started in a burst); a plain `sh` in between lives as long as the
     sandbox, and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
-    args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox", BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+    args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox",
+            BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/lib", "/lib64", "/sbin"):
       if os.path.islink(top):
