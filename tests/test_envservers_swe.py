@@ -232,8 +232,9 @@ def test_a_crashed_sandbox_is_an_error_observation_and_is_recycled(server, task_
 
 
 def test_a_sandbox_outlives_the_thread_that_started_it():
-  """bwrap's --die-with-parent watches the forking thread; trio forks from worker threads that
-  exit when idle. A sandbox started from a thread that then ends must keep serving."""
+  """With --as-pid-1, bwrap's --die-with-parent watches the forking thread; trio forks from
+  worker threads that exit when idle. A sandbox started from a thread that then ends must keep
+  serving."""
   import json
   import struct
   import subprocess

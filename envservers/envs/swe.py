@@ -78,10 +78,12 @@ class Sandbox:
     self.cgroup: str | None = None
 
   def command(self) -> list[str]:
-    """The command line: `sh` running bwrap as its child. bwrap's --die-with-parent watches the
-    thread that forked it, and trio forks from a worker thread that exits after 10 s idle (which
-    SIGKILLed every sandbox started in a burst); a plain `sh` in between lives as long as the
-    sandbox, and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
+    """The command line: `sh` running bwrap as its child. With --as-pid-1 (the driver as the
+    namespace's init, which the agent's `kill -9 -1` cannot reach), bwrap's --die-with-parent
+    kills the sandbox when the *thread* that forked it exits, and trio forks from worker threads
+    that exit after 10 s idle (a burst of sandboxes was SIGKILLed 10 s later; python_sandbox,
+    without --as-pid-1, is not affected). A plain `sh` in between lives as long as the sandbox,
+    and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
     args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox",
             BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
