@@ -15,10 +15,12 @@ A task module may define (all optional but a reward and rows, which may come fro
   TOOLS (else every @tool in the module), REWARD (else its one @reward), ROWS or
   make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed), SYSTEM_PROMPT,
   scripted_response(prompt_text, use_tool, rng) (the SFT demonstration policy; also `demo_policy`),
-  make_agent(tokenizer), tokenizer_corpus().
+  make_agent(tokenizer) (given `system_prompt=` too when it takes one), tokenizer_corpus(),
+  check_rows(rows, source) -> rows (its own checks of every row, e.g. swe's sandbox runs).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -243,11 +245,18 @@ def _custom_task(config):
       demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
     except ValueError as e:
       raise ValueError(f"config.task.demo_policy={t.demo_policy!r}: {e}") from None
+  check = getattr(module, "check_rows", None) if module is not None else None
+  if callable(check):   # the module's own row checks (e.g. swe: each row run in the sandbox)
+    rows = check(rows, source or "rows")
+    eval_rows = check(eval_rows, eval_source or "eval rows") if eval_rows else eval_rows
   corpus_fn = getattr(module, "tokenizer_corpus", None) if module is not None else None
+  system_prompt = t.get("system_prompt") or _first_attr(module, "SYSTEM_PROMPT") or ""
+  agent_factory = getattr(module, "make_agent", None) if module is not None else None
+  if agent_factory is not None and "system_prompt" in inspect.signature(agent_factory).parameters:
+    agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
   return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
-              system_prompt=t.get("system_prompt") or _first_attr(module, "SYSTEM_PROMPT") or "",
-              corpus=list(corpus_fn()) if callable(corpus_fn) else (),
-              scripted_response=demo, agent_factory=getattr(module, "make_agent", None))
+              system_prompt=system_prompt, corpus=list(corpus_fn()) if callable(corpus_fn) else (),
+              scripted_response=demo, agent_factory=agent_factory)
 
 
 def reward_fields(reward) -> list[str]:

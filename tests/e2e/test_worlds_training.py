@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.train_cli import ROOT, read_metrics, train_command
+from train_cli import ROOT, read_metrics, train_command
 
 SMALLEST = ("--config.train.steps=2", "--config.rollout.rows_per_step=1",
             "--config.rollout.num_chains=2", "--config.rollout.max_turns=2",

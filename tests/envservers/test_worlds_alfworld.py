@@ -14,8 +14,8 @@ import trio
 
 from agentfly_jax.envs.manager import EnvManager
 from envservers.envs.alfworld_env import AlfWorldEnv, list_games
-from tests.envservers_helpers import running_server
-from tests.worlds_helpers import play
+from envservers_helpers import running_server
+from worlds_helpers import play
 from train_cli import TESTS_DIR
 
 TINY = os.path.join(TESTS_DIR, "data", "alfworld_tiny")

@@ -10,8 +10,8 @@ import trio
 
 from agentfly_jax.envs.manager import EnvManager
 from agentfly_jax.tasks import scienceworld as task
-from tests.envservers_helpers import child_pids, kill, running_server
-from tests.worlds_helpers import play
+from envservers_helpers import child_pids, kill, running_server
+from worlds_helpers import play
 
 pytestmark = [pytest.mark.slow, pytest.mark.jvm]   # one JVM start (~10 s) + five task loads on a loaded CPU
 EXPERT_TASKS = ("find-animal", "find-plant", "find-non-living-thing", "find-living-thing",

@@ -12,8 +12,8 @@ import trio
 from agentfly_jax.envs.manager import EnvManager
 from agentfly_jax.tasks import textworld as task
 from envservers.envs.textworld_games import game_file
-from tests.envservers_helpers import kill, running_server
-from tests.worlds_helpers import play
+from envservers_helpers import kill, running_server
+from worlds_helpers import play
 
 GAMES = [("treasure_hunter", "easy", 11), ("coin_collector", "easy", 12), ("cooking", "easy", 13),
          ("treasure_hunter", "medium", 14)]

@@ -15,8 +15,8 @@ from agentfly_jax.tasks import webshop as task
 from envservers.envs.webshop import WebShopEnv, expert_actions, webshop_reward
 from envservers.envs.webshop_catalog import (generate_catalog, load_webshop_products,
                                              make_goals)
-from tests.envservers_helpers import running_server
-from tests.worlds_helpers import play
+from envservers_helpers import running_server
+from worlds_helpers import play
 
 
 @pytest.fixture(scope="module")

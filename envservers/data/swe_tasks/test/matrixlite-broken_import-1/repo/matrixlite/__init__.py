@@ -1,0 +1,1 @@
+"""Lists-of-lists matrices."""

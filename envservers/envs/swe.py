@@ -1,0 +1,417 @@
+"""`swe`: a software-engineering episode: a repository, a shell, file edits, hidden tests.
+
+Each instance is one bubblewrap sandbox (the same walls as `python_sandbox`: no network, private
+IPC/PID/UTS namespaces, read-only /usr and the server venv's packages, rlimits, a memory cgroup
+where the server may make one, a uid of its own under root) running `swe_driver.py` as its pid 1.
+The episode's repository is a fresh copy on a size-capped tmpfs at /repo, the only writable tree
+besides a small /tmp: `reset(row)` sends the task's repository (a cached .tar.gz) into a sandbox
+the pool started ahead, so two episodes never share a file.
+
+Actions (JSON objects; a plain string is a bash command):
+  {"action": "bash", "command": str}                       runs `bash -c` in /repo
+  {"action": "view", "path": str, "lines": [start, end]}   numbered lines (or a folder listing)
+  {"action": "str_replace", "path": str, "old": str, "new": str}   one exact-match edit
+  {"action": "submit"}                                     grades the repository; ends the episode
+Every command's processes end with it; output past `max_output_bytes` keeps its head and tail
+with a note. Errors (a bad action, `old` absent or ambiguous, a missing file) are observations.
+
+Reward (`submit`, or the env reward `hidden_tests`): the fraction of the task's hidden tests that
+pass. The repository is archived out of the agent's sandbox (its processes killed first) into a
+second sandbox with the same caps, and the hidden tests are copied in there, for that run only
+(they never exist in the agent's sandbox); pytest runs there with its own config (`-c
+/dev/null`, no conftest, no cache, a per-test time limit). The denominator is the larger of the
+tests pytest reports and the hidden test functions counted statically (so code that breaks
+collection scores 0, not 0/0). The code under test runs beside the tests, so a repository
+written to fool pytest (rewriting its report) is not caught: this grades honest attempts.
+
+Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
+test_command + hidden_tests folders).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+import trio
+
+from envservers import protocol
+from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward
+from envservers.envs import memory_cgroup, swe_tasks
+from envservers.envs.python_sandbox import (BWRAP, _default_python, _host_site_packages,
+                                            _uid_counter)
+from envservers.process import StderrCapture, exit_reason, kill_process, wait_exit
+from envservers.registry import register_env
+
+_DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("swe_driver.py")).read_text()
+_MAX_FRAME = 96 << 20
+HIDDEN_DIR = "/hidden_tests"
+GRADE_COMMAND = ("python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
+                 "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
+                 f"--junitxml=/tmp/junit.xml {HIDDEN_DIR}")
+
+
+def grade_command(test_timeout_s: float, site_packages: bool) -> str:
+  """GRADE_COMMAND with a per-test time limit (pytest-timeout, when the sandbox can import it
+  from the server venv): a test that hangs fails alone instead of stalling the whole run."""
+  if test_timeout_s > 0 and site_packages and importlib.util.find_spec("pytest_timeout"):
+    return GRADE_COMMAND.replace(" --junitxml", f" -p pytest_timeout --timeout={test_timeout_s:g} "
+                                                f"--junitxml")
+  return GRADE_COMMAND
+ACTIONS = ("bash", "view", "str_replace", "submit")
+
+
+class Sandbox:
+  """One bwrap process running the repository driver; `request` sends one op and waits."""
+
+  def __init__(self, limits: dict, repo_mb: int, tmp_mb: int, python: str, site_packages: bool,
+               use_cgroup: bool, grading: bool = False):
+    self.limits, self.repo_mb, self.tmp_mb = limits, repo_mb, tmp_mb
+    self.python, self.site_packages, self.use_cgroup = python, site_packages, use_cgroup
+    self.grading = grading   # a grading sandbox has a /hidden_tests tmpfs for the tests
+    self.process: trio.Process | None = None
+    self.reader: protocol.FrameReader | None = None
+    self.stderr: StderrCapture | None = None
+    self.cgroup: str | None = None
+
+  def command(self) -> list[str]:
+    """The command line: `sh` running bwrap as its child. With --as-pid-1 (the driver as the
+    namespace's init, which the agent's `kill -9 -1` cannot reach), bwrap's --die-with-parent
+    kills the sandbox when the *thread* that forked it exits, and trio forks from worker threads
+    that exit after 10 s idle (a burst of sandboxes was SIGKILLed 10 s later; python_sandbox,
+    without --as-pid-1, is not affected). A plain `sh` in between lives as long as the sandbox,
+    and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
+    args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox",
+            BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):
+      if os.path.islink(top):
+        args += ["--symlink", os.readlink(top), top]
+      elif os.path.isdir(top):
+        args += ["--ro-bind", top, top]
+    for path in ("/etc/ld.so.cache", "/etc/localtime"):
+      if os.path.exists(path):
+        args += ["--ro-bind", path, path]
+    python_real = os.path.realpath(self.python)
+    if not python_real.startswith("/usr/"):
+      prefix = os.path.dirname(os.path.dirname(python_real))
+      args += ["--ro-bind", prefix, prefix]
+    env = {"HOME": "/tmp", "PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+           "TERM": "dumb", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": "/repo", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    site = _host_site_packages(self.python) if self.site_packages else None
+    if site:   # pytest and friends, read-only
+      args += ["--ro-bind", site, "/opt/site-packages"]
+      env["PYTHONPATH"] = "/repo:/opt/site-packages"
+    args += ["--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python"]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(self.tmp_mb << 20), "--tmpfs", "/dev/shm",
+             "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
+             "--size", str(self.repo_mb << 20), "--tmpfs", "/repo",
+             *(["--size", str(self.tmp_mb << 20), "--tmpfs", HIDDEN_DIR] if self.grading else []),
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/repo", "--clearenv"]
+    for key, value in env.items():
+      args += ["--setenv", key, value]
+    return args + ["--", self.python, "-I", "-S", "-c", _DRIVER_SOURCE, json.dumps(self.limits)]
+
+  async def start(self) -> None:
+    if not os.path.exists(BWRAP):
+      raise EnvCrashed(f"bubblewrap ({BWRAP}) is not installed: the swe env needs it "
+                       f"(Debian package 'bubblewrap'; .ci/setup installs it)")
+    options: dict[str, Any] = {"start_new_session": True, "env": {"PATH": "/usr/bin:/bin"}}
+    if os.geteuid() == 0:   # a uid of its own: NPROC holds per sandbox, root's files unreadable
+      uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
+      options.update(user=uid, group=uid, extra_groups=[])
+    self.stderr = StderrCapture()
+    self.process = await trio.lowlevel.open_process(
+        self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file,
+        **options)
+    self.reader = protocol.FrameReader(self.process.stdout, max_frame_bytes=_MAX_FRAME)
+    with trio.fail_after(30):
+      hello = await self._receive("start")
+    if self.use_cgroup:   # the driver is ready and idle: before any command runs
+      limit = (self.limits["memory_mb"] + self.repo_mb + 2 * self.tmp_mb) << 20
+      try:
+        self.cgroup = memory_cgroup.create(limit)
+      except OSError as e:
+        raise EnvCrashed(f"could not create the sandbox's memory cgroup: {e}") from e
+      if self.cgroup:
+        outside = memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
+        if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
+          raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left "
+                           f"outside: {outside})")
+    if not hello.get("ready"):
+      raise EnvCrashed(f"swe driver sent {hello!r} instead of ready")
+
+  @property
+  def pid(self) -> int | None:
+    return self.process.pid if self.process is not None else None
+
+  def alive(self) -> bool:
+    return self.process is not None and self.process.poll() is None
+
+  async def _crashed(self, what: str) -> EnvCrashed:
+    returncode = await wait_exit(self.process) if self.process is not None else None
+    detail = self.stderr.tail() if self.stderr is not None else ""
+    return EnvCrashed(f"the swe sandbox died during {what}: {exit_reason(returncode)}"
+                      + (f"; sandbox stderr: {detail}" if detail else ""))
+
+  async def _receive(self, what: str) -> dict:
+    try:
+      body = await self.reader.read_body()
+    except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+      body = None
+    if body is None:
+      raise await self._crashed(what)
+    try:
+      return json.loads(body)
+    except ValueError:
+      raise EnvCrashed("the swe sandbox sent a malformed reply") from None
+
+  async def request(self, message: dict, timeout_s: float) -> dict:
+    """Sends one op; EnvCrashed if the sandbox dies or does not answer within `timeout_s`."""
+    if self.process is None:
+      raise EnvCrashed("the swe sandbox is not running")
+    try:
+      await self.process.stdin.send_all(protocol.encode_frame(message, _MAX_FRAME))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+      raise await self._crashed(message["op"]) from None
+    with trio.move_on_after(timeout_s):
+      return await self._receive(message["op"])
+    await self.close()
+    raise EnvCrashed(f"the swe sandbox did not answer {message['op']!r} within {timeout_s:g} s "
+                     f"and was killed")
+
+  async def close(self) -> None:
+    process, self.process = self.process, None
+    await kill_process(process)
+    if self.stderr is not None:
+      self.stderr.close()
+      self.stderr = None
+    cgroup, self.cgroup = self.cgroup, None
+    with trio.CancelScope(shield=True):
+      await memory_cgroup.remove_soon(cgroup)
+
+
+def _positive(name: str, value: Any) -> None:
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    raise ValueError(f"swe option {name!r} must be a positive number, got {value!r}")
+
+
+def parse_lines(lines: Any) -> tuple[int, int | None]:
+  """view's `lines`: None, [start, end], "start-end" or "start" -> (start, end or None);
+  ValueError naming the argument."""
+  if lines is None or lines == "" or lines == []:
+    return 1, None
+  if isinstance(lines, str):
+    parts = lines.replace(":", "-").split("-")
+    try:
+      values = [int(p) for p in parts if p.strip()]
+    except ValueError:
+      values = []
+  elif isinstance(lines, (list, tuple)):
+    values = list(lines)
+  elif isinstance(lines, int) and not isinstance(lines, bool):
+    values = [lines]
+  else:
+    values = []
+  if not 1 <= len(values) <= 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in values):
+    raise ValueError(f"argument 'lines' must be [start, end] or 'start-end' (1-based), got "
+                     f"{lines!r}")
+  start = values[0]
+  end = values[1] if len(values) == 2 else None
+  if start < 1 or (end is not None and 0 < end < start):
+    raise ValueError(f"argument 'lines' {lines!r}: start must be >= 1 and end >= start "
+                     f"(end -1 = to the end of the file)")
+  return start, end
+
+
+@register_env
+class SweEnv(ServerEnv):
+  """Options (server flag `--env-opt swe.NAME=VALUE`):
+    timeout_s: wall-clock limit of one command (default 30); cpu_s: its CPU seconds (30).
+    grade_timeout_s: limit of the hidden-test run (default 120); test_timeout_s: of one hidden
+      test (default 10; 0 = none; needs pytest-timeout in the server venv).
+    memory_mb: address-space limit per process (default 1024); max_procs (default 64);
+      max_open_files (default 256); file_size_mb: largest file (default 32).
+    repo_mb / tmp_mb: sizes of the /repo and /tmp tmpfs (default 128 / 64); repo_archive_mb:
+      largest packed repository sent in or out (default 32).
+    max_output_bytes: a command's output keeps this much, head and tail (default 8192).
+    max_file_bytes: largest file `view` / `str_replace` read (default 1 MiB).
+    memory_cgroup: a memory cgroup of memory_mb + repo_mb + 2 * tmp_mb per sandbox where the
+      server may create one (default true). python: the sandbox's interpreter.
+    site_packages: expose the server venv's packages read-only (default true; pytest is there).
+  """
+  name = "swe"
+  reusable = False   # a used sandbox holds an episode's files: never hand it to another chain
+
+  def __init__(self, timeout_s: float = 30.0, cpu_s: float = 30.0, grade_timeout_s: float = 120.0,
+               test_timeout_s: float = 10.0,
+               memory_mb: int = 1024, max_procs: int = 64, max_open_files: int = 256,
+               file_size_mb: int = 32, repo_mb: int = 128, tmp_mb: int = 64,
+               repo_archive_mb: int = 32, max_output_bytes: int = 8192,
+               max_file_bytes: int = 1 << 20, memory_cgroup: bool = True,
+               python: str | None = None, site_packages: bool = True):
+    numbers = dict(timeout_s=timeout_s, cpu_s=cpu_s, grade_timeout_s=grade_timeout_s,
+                   memory_mb=memory_mb, max_procs=max_procs, max_open_files=max_open_files,
+                   file_size_mb=file_size_mb, repo_mb=repo_mb, tmp_mb=tmp_mb,
+                   repo_archive_mb=repo_archive_mb, max_output_bytes=max_output_bytes,
+                   max_file_bytes=max_file_bytes)
+    for key, value in numbers.items():
+      _positive(key, value)
+    if not isinstance(test_timeout_s, (int, float)) or test_timeout_s < 0:
+      raise ValueError(f"swe option 'test_timeout_s' must be a number >= 0, got {test_timeout_s!r}")
+    self.timeout_s, self.grade_timeout_s = float(timeout_s), float(grade_timeout_s)
+    self.limits = {"cpu_s": int(cpu_s), "memory_mb": int(memory_mb), "max_procs": int(max_procs),
+                   "max_open_files": int(max_open_files), "file_size_mb": int(file_size_mb),
+                   "max_output_bytes": int(max_output_bytes),
+                   "max_file_bytes": int(max_file_bytes)}
+    self.repo_mb, self.tmp_mb = int(repo_mb), int(tmp_mb)
+    self.archive_bytes = int(repo_archive_mb) << 20
+    self.python = python or _default_python()
+    self.site_packages, self.use_cgroup = bool(site_packages), bool(memory_cgroup)
+    self.grade_command = grade_command(float(test_timeout_s), self.site_packages)
+    # The pool's hard limit of one call: a command, or a submit (archive + grading sandbox).
+    self.call_timeout_s = self.timeout_s + self.grade_timeout_s + 30.0
+    self.sandbox: Sandbox | None = None
+    self.task: swe_tasks.SweTask | None = None
+    self.result: dict | None = None
+    self.steps = 0
+    self.timings: dict[str, float] = {}
+
+  def _sandbox(self, grading: bool = False) -> Sandbox:
+    return Sandbox(self.limits, self.repo_mb, self.tmp_mb, self.python, self.site_packages,
+                   self.use_cgroup, grading)
+
+  @property
+  def worker_pid(self) -> int | None:
+    return self.sandbox.pid if self.sandbox is not None else None
+
+  def alive(self) -> bool:
+    return self.sandbox is not None and self.sandbox.alive()
+
+  async def start(self) -> None:
+    self.sandbox = self._sandbox()
+    await self.sandbox.start()
+
+  async def reset(self, row: dict | None) -> str:
+    task = swe_tasks.resolve_row(row)   # ValueError naming the field: the env stays usable
+    archive = swe_tasks.repo_archive(task.repo, self.archive_bytes)
+    if self.task is not None or self.sandbox is None:   # a used sandbox: start from a fresh one
+      await self.close()
+      await self.start()
+    started = time.perf_counter()
+    reply = await self.sandbox.request({"op": "load", "tar_b64": archive}, 30.0)
+    if "error" in reply:
+      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked: {reply['error']}")
+    self.timings["load_s"] = time.perf_counter() - started
+    self.task, self.result, self.steps = task, None, 0
+    return (f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
+            f"directory). Its tests run with: {task.test_command}\nActions: bash(command), "
+            f"view(path, lines), str_replace(path, old, new), submit().")
+
+  async def step(self, action: Any) -> StepOutcome:
+    if self.task is None:
+      return StepOutcome("Error: no task is loaded in this sandbox (it was restarted after a "
+                         "crash, or reset was not called); the episode cannot continue.",
+                         reward=0.0, done=True, info={"error": "NoTask"})
+    if self.result is not None:
+      return StepOutcome("Error: the episode is over (already submitted).", done=True,
+                         info={"error": "EpisodeOver"})
+    if isinstance(action, str):
+      action = {"action": "bash", "command": action}
+    if not isinstance(action, dict) or action.get("action") not in ACTIONS:
+      got = action.get("action") if isinstance(action, dict) else type(action).__name__
+      return StepOutcome(f"Error: the action must be an object with 'action' one of "
+                         f"{list(ACTIONS)}, got {got!r}", info={"error": "BadAction"})
+    self.steps += 1
+    kind = action["action"]
+    try:
+      if kind == "submit":
+        result = await self.grade()
+        self.result = result
+        return StepOutcome(f"Submitted. {result['passed']} of {result['total']} hidden tests "
+                           f"pass.", reward=result["reward"], done=True,
+                           info={"passed": result["passed"], "total": result["total"]})
+      request = self._request(kind, action)
+    except ValueError as e:
+      return StepOutcome(f"Error: {e}", info={"error": "BadAction"})
+    limit = self.timeout_s + 10.0 if kind == "bash" else 30.0
+    reply = await self.sandbox.request(request, limit)
+    if "error" in reply:
+      return StepOutcome(f"Error: {reply['error']}", info={"error": "ToolError"})
+    info = {key: reply[key] for key in ("exit_code", "timed_out", "bytes") if key in reply}
+    return StepOutcome(reply["output"], info=info)
+
+  def _request(self, kind: str, action: dict) -> dict:
+    """The driver request of a bash / view / str_replace action; ValueError naming the
+    argument."""
+    if kind == "bash":
+      command = action.get("command")
+      if not isinstance(command, str) or not command.strip():
+        raise ValueError("bash needs argument 'command' (a non-empty string)")
+      return {"op": "bash", "command": command, "timeout_s": self.timeout_s}
+    path = action.get("path")
+    if not isinstance(path, str) or not path.strip():
+      raise ValueError(f"{kind} needs argument 'path' (a file under /repo)")
+    if kind == "view":
+      start, end = parse_lines(action.get("lines"))
+      return {"op": "view", "path": path, "start": start, "end": end}
+    for name in ("old", "new"):
+      if not isinstance(action.get(name), str):
+        raise ValueError(f"str_replace needs argument {name!r} (a string)")
+    return {"op": "str_replace", "path": path, "old": action["old"], "new": action["new"]}
+
+  async def grade(self) -> dict:
+    """Runs the hidden tests on the repository as it is now: {reward, passed, total, cases}."""
+    started = time.perf_counter()
+    snap = await self.sandbox.request({"op": "snapshot", "max_bytes": self.archive_bytes}, 60.0)
+    if "error" in snap:
+      return {"reward": 0.0, "passed": 0, "total": 0, "error": snap["error"], "cases": []}
+    tests = swe_tasks.repo_archive(self.task.hidden_tests, self.archive_bytes)
+    grader = self._sandbox(grading=True)
+    try:
+      await grader.start()
+      for archive, dest in ((snap["tar_b64"], "/repo"), (tests, HIDDEN_DIR)):
+        loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
+        if "error" in loaded:
+          raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
+      reply = await grader.request({"op": "grade", "command": self.grade_command,
+                                    "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
+                                   self.grade_timeout_s + 10.0)
+    finally:
+      await grader.close()
+    cases = reply.get("cases", [])
+    passed = sum(1 for _, outcome in cases if outcome == "passed")
+    total = max(len(cases), swe_tasks.count_hidden_tests(self.task.hidden_tests))
+    self.timings["grade_s"] = time.perf_counter() - started
+    return {"reward": passed / total if total else 0.0, "passed": passed, "total": total,
+            "timed_out": bool(reply.get("timed_out")), "cases": cases,
+            "output_tail": reply.get("output", "")[-2000:]}
+
+  @env_reward("hidden_tests")
+  async def hidden_tests_reward(self) -> dict:
+    """The fraction of hidden tests passing (as submitted; the current repository if the chain
+    never submitted), with passed / total / submitted."""
+    if self.task is None:
+      return {"reward": 0.0, "passed": 0, "total": 0, "submitted": 0.0}
+    submitted = self.result is not None
+    result = self.result if submitted else await self.grade()
+    return {"reward": result["reward"], "passed": float(result["passed"]),
+            "total": float(result["total"]), "submitted": float(submitted)}
+
+  async def run_visible_tests(self) -> dict:
+    """Runs the task's own test command once (what the row check does)."""
+    return await self.sandbox.request({"op": "bash", "command": self.task.test_command,
+                                       "timeout_s": self.timeout_s}, self.timeout_s + 10.0)
+
+  async def close(self) -> None:
+    sandbox, self.sandbox = self.sandbox, None
+    self.task = None
+    if sandbox is not None:
+      await sandbox.close()

@@ -1,0 +1,166 @@
+"""The shipped SWE task set: splits by repository, bug kinds, the generator reproduces it, the
+scripted expert solves every test task through a real env server and a random policy does not;
+bring-your-own rows are checked before training, each bad row named with its field."""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import trio
+
+from agentfly_jax.envs.manager import EnvManager
+from envservers.envs import swe_policies, swe_rows, swe_tasks
+from tests import swe_testlib
+from envservers_helpers import running_server, sandbox_unavailable_reason
+from worlds_helpers import play
+
+needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
+                                   reason=str(sandbox_unavailable_reason()))
+pytestmark = pytest.mark.timeout(600)
+
+
+def _make_swe_tasks():
+  """experiments/make_swe_tasks.py as a module (a script, not part of the package)."""
+  import importlib.util
+  from train_cli import ROOT
+  spec = importlib.util.spec_from_file_location("make_swe_tasks", os.path.join(ROOT, "experiments", "make_swe_tasks.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_shipped_set_splits_by_repository_and_covers_every_bug_kind():
+  KINDS = _make_swe_tasks().KINDS
+  metas = {split: [swe_tasks.shipped_task_meta(t) for t in swe_tasks.shipped_task_ids(split)]
+           for split in swe_tasks.SPLITS}
+  assert len(metas["train"]) >= 30 and len(metas["test"]) >= 15
+  repos = {split: {m["repo_name"] for m in ms} for split, ms in metas.items()}
+  assert len(repos["train"]) >= 4 and len(repos["test"]) >= 3
+  assert not repos["train"] & repos["test"]
+  assert {m["kind"] for ms in metas.values() for m in ms} == set(KINDS)
+  for meta in metas["train"] + metas["test"]:
+    task = swe_tasks.resolve_row({"task_id": meta["task_id"]})
+    assert swe_tasks.count_hidden_tests(task.hidden_tests) == len(meta["hidden_tests"]) >= 1
+    files = [f for _, _, fs in os.walk(task.repo) for f in fs if f.endswith(".py")]
+    assert 3 <= len([f for f in files if not f.startswith("test_") and f != "__init__.py"]) + 1 <= 7
+    with open(os.path.join(task.repo, meta["fix"]["path"])) as f:
+      assert f.read().count(meta["fix"]["old"]) == 1   # the reference fix is one exact edit
+    assert "test_hidden" not in os.listdir(task.repo)
+  with pytest.raises(ValueError, match="field 'task_id'"):
+    swe_tasks.resolve_row({"task_id": "nope-0"})
+
+
+def test_generator_reproduces_the_shipped_tasks_of_a_repository(tmp_path):
+  """One repository through the generator again: byte-identical tasks, each a real bug (the
+  reference fix restores the original source)."""
+  make_swe_tasks = _make_swe_tasks()
+  files, hidden = make_swe_tasks.source_repos("test")["units"]
+  made = make_swe_tasks.make_repo_tasks("units", files, hidden, str(tmp_path), 2,
+                                        make_swe_tasks.repo_rng(0, "units"))
+  assert sorted(made) == [t for t in swe_tasks.shipped_task_ids("test") if t.startswith("units-")]
+  for task_id in made:
+    cmp = filecmp.dircmp(tmp_path / task_id, swe_tasks.shipped_task_dir(task_id))
+    assert not cmp.diff_files and not cmp.left_only and not cmp.right_only, task_id
+    meta = swe_tasks.shipped_task_meta(task_id)
+    with open(tmp_path / task_id / "repo" / meta["fix"]["path"]) as f:
+      buggy = f.read()
+    assert buggy != files[meta["fix"]["path"]]
+    assert buggy.replace(meta["fix"]["old"], meta["fix"]["new"]) == files[meta["fix"]["path"]]
+
+
+def _one_per_repository(split: str) -> list[str]:
+  firsts = {}
+  for task_id in swe_tasks.shipped_task_ids(split):
+    firsts.setdefault(swe_tasks.shipped_task_meta(task_id)["repo_name"], task_id)
+  return sorted(firsts.values())
+
+
+@needs_sandbox
+@pytest.mark.parametrize("which", [
+    pytest.param("one_per_repository"), pytest.param("all", marks=pytest.mark.slow)])
+def test_expert_solves_every_test_task_and_random_scores_near_zero(which):
+  task_ids = (swe_tasks.shipped_task_ids("test") if which == "all"
+              else _one_per_repository("test"))
+  rng = np.random.default_rng(0)
+
+  async def main():
+    expert_rewards, random_rewards = {}, {}
+    with running_server("swe=4:2") as server:
+      manager = EnvManager([server.address])
+
+      async def solve(task_id):
+        meta = swe_tasks.shipped_task_meta(task_id)
+        expert = swe_policies.ScriptedExpert(meta)
+
+        async def act(observation, env):
+          return expert.act(observation)
+
+        result = await play(manager, "swe", {"task_id": task_id}, act, 8, "hidden_tests")
+        assert result["done"] and result["submitted"] == 1.0, (task_id, result)
+        assert expert.location is not None and expert.location[0].endswith(".py")
+        expert_rewards[task_id] = result["reward"]
+        files = swe_policies.repo_files(swe_tasks.resolve_row({"task_id": task_id}).repo)
+        steps = iter(range(100))
+
+        async def random_act(observation, env):
+          return swe_policies.random_action(rng, files, next(steps))
+
+        random_rewards[task_id] = (await play(manager, "swe", {"task_id": task_id}, random_act,
+                                              10, "hidden_tests"))["reward"]
+
+      async with trio.open_nursery() as nursery:
+        limiter = trio.CapacityLimiter(2)
+        for task_id in task_ids:
+          async def one(task_id=task_id):
+            async with limiter:
+              await solve(task_id)
+          nursery.start_soon(one)
+      await manager.aclose()
+    return expert_rewards, random_rewards
+
+  expert_rewards, random_rewards = trio.run(main)
+  print(f"swe test split: expert {np.mean(list(expert_rewards.values())):.3f}, random "
+        f"{np.mean(list(random_rewards.values())):.3f} over {len(task_ids)} tasks")
+  assert expert_rewards == {t: 1.0 for t in task_ids}
+  assert np.mean(list(random_rewards.values())) < 0.1
+
+
+@needs_sandbox
+def test_bad_rows_stop_with_the_row_and_field_named(tmp_path):
+  good = swe_testlib.make_task(tmp_path / "good")
+  fixed = swe_testlib.make_task(tmp_path / "fixed")
+  with open(os.path.join(fixed["repo"], "pkg", "m.py"), "w") as f:
+    f.write(swe_testlib.BUGGY_MODULE.replace("a - b", "a + b"))
+  no_tests = swe_testlib.make_task(tmp_path / "no_tests")
+  shutil.rmtree(os.path.join(no_tests["hidden_tests"]))
+  os.makedirs(no_tests["hidden_tests"])
+  cases = [
+      ({**good, "repo": str(tmp_path / "missing")}, "field 'repo': folder .* does not exist"),
+      ({**good, "repo": "relative/path"}, "field 'repo' must be an absolute path"),
+      ({**good, "test_command": "no_such_tool --run"}, "field 'test_command'.*command was not found"),
+      ({**good, "test_command": "python -m pytest -q no_tests_here"},
+       "field 'test_command'.*usage error|field 'test_command'.*no tests"),
+      (fixed, "field 'hidden_tests': all 4 hidden tests already pass"),
+      (no_tests, "field 'hidden_tests': .* has no test functions"),
+      ({k: v for k, v in good.items() if k != "problem_statement"}, "field 'problem_statement'"),
+  ]
+  for i, (bad, message) in enumerate(cases):
+    rows = [good, bad] if i == 0 else [bad]   # the row's index is named
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ValueError, match=f"rows.jsonl row {len(rows) - 1}: {message}"):
+      swe_rows.load_swe_rows(str(path))
+  checked = swe_rows.load_swe_rows(_write(tmp_path, [good]))
+  assert checked == [{**good, "question": "add() subtracts."}]
+  with pytest.raises(ValueError, match="line 2: not valid JSON"):
+    swe_rows.read_rows(_write(tmp_path, None, text=json.dumps(good) + "\n{oops\n"))
+
+
+def _write(tmp_path, rows, text=None) -> str:
+  path = tmp_path / "rows_file.jsonl"
+  path.write_text(text if text is not None else "\n".join(json.dumps(r) for r in rows) + "\n")
+  return str(path)
