@@ -32,9 +32,13 @@ from absl import app, flags
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "swe_repos")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "envservers/data/swe_tasks", "output folder (replaced)")
-flags.DEFINE_integer("per_kind", 2, "tasks per bug kind and repository (at most)")
-flags.DEFINE_integer("seed", 0, "candidate order")
+
+
+def define_flags() -> None:
+  """The script's flags, defined when it runs (importing the generator defines none)."""
+  flags.DEFINE_string("out", "envservers/data/swe_tasks", "output folder (replaced)")
+  flags.DEFINE_integer("per_kind", 2, "tasks per bug kind and repository (at most)")
+  flags.DEFINE_integer("seed", 0, "candidate order")
 
 KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_default",
          "swapped_arguments", "broken_import")
@@ -336,4 +340,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -1,4 +1,5 @@
 """experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script."""
+import functools
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ from train_cli import ROOT
 
 
 
+@functools.lru_cache(maxsize=1)   # loaded once: its absl flags may be defined only once
 def _load_sweep_script():
   """experiments/sweep.py as a module (a script, not part of the package)."""
   spec = importlib.util.spec_from_file_location("sweep", os.path.join(ROOT, "experiments", "sweep.py"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import functools
 import os
 import shutil
 
@@ -23,6 +24,7 @@ needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
 pytestmark = pytest.mark.timeout(600)
 
 
+@functools.lru_cache(maxsize=1)   # loaded once: its absl flags may be defined only once
 def _make_swe_tasks():
   """experiments/make_swe_tasks.py as a module (a script, not part of the package)."""
   import importlib.util
