@@ -42,6 +42,7 @@ from agentfly_jax.rl.train_step import LossConfig, state_shardings
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tasks.from_config import task_fingerprint, task_name
+from agentfly_jax.tools.limits import tool_metrics
 
 @dataclasses.dataclass
 class LoopState:
@@ -293,6 +294,7 @@ class Trainer:
       async_metrics = staleness_metrics(batch, step, c.rollout.max_staleness)
     t_rollout = time.perf_counter()
     metrics: dict[str, Any] = rollout_metrics(trajs)
+    metrics.update(tool_metrics(self.agent.tools.values()))  # tools/<name>/calls, errors, wait_s
     metrics.update(async_metrics)
     if c.dapo.dynamic_sampling:
       trajs, dropped = drop_zero_variance_groups(trajs)
