@@ -17,6 +17,7 @@ data position through `_run_step`; the trainer object holds only what is fixed f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -167,6 +168,10 @@ class Trainer:
     from agentfly_jax.agents.rollout import run_rollout
     r = self.config.rollout
     local = distributed.process_share(rows, "rows of a rollout")
+    agent_fn = getattr(self.task, "agent_fn", None)
+    if agent_fn is not None:  # a black-box agent, through the OpenAI-compatible endpoint
+      from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
+      run_rollout = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
     trajs = run_rollout(
         self.agent, local, sampler=sampler or self.sampler, num_chains=num_chains or r.num_chains,
         max_turns=r.max_turns,

@@ -47,9 +47,13 @@ def custom_task_config(**overrides) -> ml_collections.ConfigDict:
     reward: a built-in reward name, a @reward of the module, or 'module:function'.
     system_prompt: the agent's system prompt ("" = the module's SYSTEM_PROMPT, if any).
     demo_policy: 'module:function' demonstration policy for the SFT warm start.
+    agent: 'module:function', a black-box agent `async def run(client, row) -> answer` trained
+      through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
+      built-in agent loop.
   """
   c = ml_collections.ConfigDict(dict(name="custom", module="", train_path="", eval_path="",
-                                     tools="", reward="", system_prompt="", demo_policy=""))
+                                     tools="", reward="", system_prompt="", demo_policy="",
+                                     agent=""))
   c.update(overrides)
   return c
 
@@ -246,7 +250,23 @@ def _custom_task(config):
   return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
               system_prompt=t.get("system_prompt") or _first_attr(module, "SYSTEM_PROMPT") or "",
               corpus=list(corpus_fn()) if callable(corpus_fn) else (),
-              scripted_response=demo, agent_factory=getattr(module, "make_agent", None))
+              scripted_response=demo, agent_factory=getattr(module, "make_agent", None),
+              agent_fn=_resolve_agent_fn(t.get("agent", "")))
+
+
+def _resolve_agent_fn(spec: str):
+  """config.task.agent ('module:function') -> the async agent function, checked; None if ""."""
+  if not spec:
+    return None
+  from agentfly_jax.tasks import check_agent_fn
+  from agentfly_jax.tools.registry import resolve_object
+  where = f"config.task.agent={spec!r}"
+  try:
+    fn = resolve_object(spec, kind="agent", builtins={})
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  check_agent_fn(fn, where)
+  return fn
 
 
 def reward_fields(reward) -> list[str]:
@@ -299,5 +319,8 @@ def task_fingerprint(task, train_rows=None) -> str:
       "system_prompt": getattr(task, "SYSTEM_PROMPT", ""),
       "demo_policy": _source(demo) if demo is not None else "",
   }
+  agent_fn = getattr(task, "agent_fn", None)
+  if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were
+    content["agent_fn"] = _source(agent_fn)
   text = json.dumps(content, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
