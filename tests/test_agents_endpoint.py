@@ -44,19 +44,28 @@ def lookup_script(tok):
 
 
 def assert_segment_is_sampler_output(traj, calls):
-  """Every sampler call of this segment saw a prefix of its ids and its masked ids, in order, are
-  exactly the calls' outputs (with their log-probs)."""
-  ids = traj.token_ids.tolist()
-  mine = {tuple(p): (p, r) for p, r in calls  # (chains of one row make equal calls: once each)
-          if ids[:len(p)] == p and ids[len(p):len(p) + len(r.token_ids)] == r.token_ids}
-  mine = sorted(mine.values(), key=lambda c: len(c[0]))
-  assert mine, "no sampler call produced this trajectory"
-  np.testing.assert_array_equal(traj.token_ids[traj.action_mask],
-                                np.concatenate([r.token_ids for _, r in mine]))
-  np.testing.assert_array_equal(traj.sampler_logprobs[traj.action_mask],
-                                np.concatenate([np.float32(r.logprobs) for _, r in mine]))
-  assert traj.action_mask.sum() == sum(len(r.token_ids) for _, r in mine)
-  assert np.all(traj.sampler_logprobs[~traj.action_mask] == 0)
+  """Each run of masked-in ids is exactly one sampler call's output (ids and log-probs) for a
+  prompt equal to the trajectory up to there; nothing else is masked in."""
+  ids, mask, logps = traj.token_ids.tolist(), traj.action_mask, traj.sampler_logprobs
+  by_prompt = {}
+  for p, r in calls:
+    by_prompt.setdefault(len(p), []).append((p, r))
+  spans, t = [], 0
+  while t < len(ids):
+    if mask[t]:
+      end = t
+      while end < len(ids) and mask[end]:
+        end += 1
+      spans.append((t, end))
+      t = end
+    else:
+      t += 1
+  assert spans, "no masked-in tokens"
+  for start, end in spans:
+    assert any(p == ids[:start] and r.token_ids == ids[start:end]
+               and np.array_equal(np.float32(r.logprobs), logps[start:end])
+               for p, r in by_prompt.get(start, ())), f"span {start}:{end} is no sampler call's output"
+  assert np.all(logps[~mask] == 0)
 
 
 def test_openai_sdk_agent_gets_the_builtin_agents_trajectories(tok, agent):
