@@ -50,10 +50,12 @@ def custom_task_config(**overrides) -> ml_collections.ConfigDict:
     agent: 'module:function', a black-box agent `async def run(client, row) -> answer` trained
       through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
       built-in agent loop.
+    mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
+      an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
   """
   c = ml_collections.ConfigDict(dict(name="custom", module="", train_path="", eval_path="",
                                      tools="", reward="", system_prompt="", demo_policy="",
-                                     agent=""))
+                                     agent="", mcp_servers=""))
   c.update(overrides)
   return c
 
@@ -236,6 +238,15 @@ def _custom_task(config):
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
   tools = _resolve_tools(t.get("tools", ""), module)
   reward = _resolve_reward(t.get("reward", ""), module)
+  if t.get("mcp_servers"):
+    from agentfly_jax.tools.mcp import tools_from_config
+    try:
+      tools += tools_from_config(t.mcp_servers)
+    except (RuntimeError, ValueError) as e:
+      raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: {e}") from None
+    names = [x.name for x in tools]
+    if len(set(names)) != len(names):
+      raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: tool names clash: {sorted(names)}")
   check_rows_fit(rows, source, tools, reward)
   if eval_rows:
     check_rows_fit(eval_rows, eval_source, tools, reward)
