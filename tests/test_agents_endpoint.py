@@ -232,3 +232,35 @@ def test_256_chains_at_once_every_request_answered_no_record_mixed_up(tok, agent
     assert_segment_is_sampler_output(t, sampler.calls)
     assert scripted_logprob(t.prompt_length, 0, int(t.token_ids[t.prompt_length])) == \
         pytest.approx(float(t.sampler_logprobs[t.prompt_length]))
+
+
+# --------------------------------------------------------------------------- gathering a turn
+class _ArrivalSampler(ScriptedSampler):
+  """Records when each request reached the sampler (trio clock)."""
+
+  def __init__(self, script):
+    super().__init__(script, delay_s=0.01)
+    self.arrivals = []
+
+  async def agenerate(self, prompt, params):
+    self.arrivals.append(trio.current_time())
+    return await super().agenerate(prompt, params)
+
+
+@pytest.mark.parametrize("gather_s", [0.0, 0.1])
+def test_gather_lets_a_turns_requests_reach_the_sampler_together(tok, agent, gather_s):
+  async def late_agent(client, row):  # agents that send their first request 0..120 ms apart
+    await trio.sleep(0.008 * lookup.KEYS.index(row["key"]))
+    return await openai_lookup_agent(client, row)
+
+  rows = [{"question": f'Find the code of key "{k}".', "key": k, "answer": lookup.secret_code(k)}
+          for k in lookup.KEYS[:16]]
+  sampler = _ArrivalSampler(lookup_script(tok))
+  trajs = run_endpoint_rollout(agent, rows, late_agent, sampler=sampler, gather_s=gather_s)
+  assert all(t.reward == 1.0 for t in trajs)
+  first_turn = sorted(sampler.arrivals)[:16]
+  spread = first_turn[-1] - first_turn[0]
+  if gather_s:
+    assert spread < 0.02  # held until all 16 were in: one batch for a batching sampler
+  else:
+    assert spread > 0.05

@@ -98,12 +98,17 @@ class ChatEndpoint:
     seed: base seed; request k of chain (g, c) gets the seed the built-in rollout gives turn k.
     fixed_temperature: use `sampling_params.temperature` whatever the request asks (training:
       the loss assumes the run's temperature); False honours the request's `temperature`.
+    gather_s: hold requests while other open chains may still send theirs, so that a turn's
+      requests, which reach the endpoint spread out by the agents' and the HTTP stack's own
+      work, reach the sampler together and are batched as one: a group is let through as soon
+      as every open chain is held or sampling, or when no request came for `gather_s`, or
+      10 x `gather_s` after its first request. 0 = no holding.
   """
 
   def __init__(self, agent, sampler, *, model_name: str = "policy",
                sampling_params: SamplingParams | None = None, max_tokens_per_turn: int = 256,
                max_total_tokens: int = 2048, max_turns: int | None = None, max_n: int = 1,
-               seed: int | None = 0, fixed_temperature: bool = False):
+               seed: int | None = 0, fixed_temperature: bool = False, gather_s: float = 0.0):
     for name, value in [("max_tokens_per_turn", max_tokens_per_turn),
                         ("max_total_tokens", max_total_tokens), ("max_n", max_n)]:
       if not isinstance(value, int) or value < 1:
@@ -116,6 +121,11 @@ class ChatEndpoint:
     self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
     self.chains: dict[str, ChainRecord] = {}
     self.created = int(time.time())
+    self.gather_s = float(gather_s)
+    self._gate: trio.Event | None = None    # the group of held requests (see `_gather`)
+    self._gate_first = self._gate_deadline = 0.0
+    self._held = 0                          # requests held at the gate
+    self._sampling = 0                      # requests inside sampler.agenerate
     self._app = None
 
   # -- chains ----------------------------------------------------------------------------------
@@ -127,7 +137,37 @@ class ChatEndpoint:
 
   def close_chain(self, key: str) -> ChainRecord:
     """Forgets the key (later requests with it get 401) and returns its record."""
-    return self.chains.pop(key)
+    record = self.chains.pop(key)
+    self._maybe_open_gate()  # one chain fewer to wait for
+    return record
+
+  # -- gathering a turn's requests ---------------------------------------------------------------
+  def _maybe_open_gate(self) -> None:
+    if self._gate is not None and self._held + self._sampling >= len(self.chains):
+      self._open_gate()
+
+  def _open_gate(self) -> None:
+    if self._gate is not None:
+      self._gate.set()
+      self._gate, self._held = None, 0
+
+  async def _gather(self) -> None:
+    """Holds this request until every open chain is held or sampling, or `gather_s` after the
+    first request of the group arrived."""
+    if self.gather_s <= 0:
+      return
+    now = trio.current_time()
+    if self._gate is None:
+      self._gate, self._gate_first = trio.Event(), now
+    gate = self._gate
+    self._held += 1
+    self._gate_deadline = min(now + self.gather_s, self._gate_first + 10 * self.gather_s)
+    self._maybe_open_gate()
+    while self._gate is gate:
+      with trio.move_on_at(self._gate_deadline):
+        await gate.wait()
+      if self._gate is gate and trio.current_time() >= self._gate_deadline:
+        self._open_gate()  # no request for gather_s (or held 10 x gather_s): let the group go
 
   # -- one request -------------------------------------------------------------------------------
   def _parse(self, body: Any) -> _Request:
@@ -230,12 +270,17 @@ class ChatEndpoint:
       results[i] = await self.sampler.agenerate(list(prepared.prompt_ids),
                                                 self._params(request, budget, seed))
 
-    if request.n == 1:
-      await sample(0)
-    else:
-      async with trio.open_nursery() as nursery:
-        for i in range(request.n):
-          nursery.start_soon(sample, i)
+    await self._gather()
+    self._sampling += 1
+    try:
+      if request.n == 1:
+        await sample(0)
+      else:
+        async with trio.open_nursery() as nursery:
+          for i in range(request.n):
+            nursery.start_soon(sample, i)
+    finally:
+      self._sampling -= 1
     choices, completion_tokens = [], 0
     for i, result in enumerate(results):
       choices.append(self._choice(chain, prepared, request, turn, i, result, budget))

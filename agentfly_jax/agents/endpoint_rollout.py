@@ -98,7 +98,8 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
                            max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
                            concurrency: int = 256, seed: int | None = 0, group_offset: int = 0,
                            max_n: int = 1, chain_timeout_s: float | None = None,
-                           tool_threads: int = 128, model_name: str = "policy") -> list[Trajectory]:
+                           tool_threads: int = 128, model_name: str = "policy",
+                           gather_s: float = 0.05) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
   group_offset + row index. Arguments as `rollout.rollout`, and:
@@ -109,6 +110,8 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
     max_n: most choices (`n`) per request.
     chain_timeout_s: wall-clock limit per chain (None: none).
     model_name: the model id the agent must ask for.
+    gather_s: how long the endpoint may hold a request for the other chains' requests of the
+      turn (one sampler batch instead of many small ones; `ChatEndpoint`).
   """
   for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
                       ("concurrency", concurrency), ("tool_threads", tool_threads)]:
@@ -123,7 +126,8 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
   validate_rows(agent, rows)
   endpoint = ChatEndpoint(agent, sampler, model_name=model_name, sampling_params=sampling_params,
                           max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
-                          max_turns=max_turns, max_n=max_n, seed=seed, fixed_temperature=True)
+                          max_turns=max_turns, max_n=max_n, seed=seed, fixed_temperature=True,
+                          gather_s=gather_s)
   limiter = trio.CapacityLimiter(concurrency)
   thread_limiter = trio.CapacityLimiter(tool_threads)
   results: list[list[Trajectory]] = [[] for _ in range(len(rows) * num_chains)]
