@@ -264,3 +264,33 @@ def test_gather_lets_a_turns_requests_reach_the_sampler_together(tok, agent, gat
     assert spread < 0.02  # held until all 16 were in: one batch for a batching sampler
   else:
     assert spread > 0.05
+
+
+# --------------------------------------------------------------------------- config.task.agent
+def _not_async(client, row):
+  return "x"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("agentfly_jax.tasks.lookup_agent:run", None),
+    ("test_agents_endpoint:_not_async", "must be an async function run\\(client, row\\)"),
+    ("agentfly_jax.tasks.lookup_agent:nope", "has no attribute 'nope'"),
+    ("no_such_module_xyz:run", "does not import"),
+])
+def test_config_task_agent_is_checked_before_anything_is_built(spec, message):
+  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.tasks.from_config import build_task, set_custom_task
+  config = set_custom_task(default_config(), module="agentfly_jax.tasks.lookup", agent=spec)
+  if message is None:
+    assert build_task(config).agent_fn is openai_lookup_agent
+    return
+  with pytest.raises(ValueError, match=f"config.task.agent='{spec}'.*{message}"):
+    build_task(config)
+
+
+def test_task_agent_fn_must_be_async():
+  from agentfly_jax.tasks import Task
+  with pytest.raises(ValueError, match="Task.agent_fn must be an async function"):
+    Task(reward=lookup.code_match, rows=lookup.make_rows(2, 0), agent_fn=_not_async)
+  with pytest.raises(ValueError, match="Task.reward is missing"):
+    Task(rows=lookup.make_rows(2, 0), agent_fn=openai_lookup_agent)
