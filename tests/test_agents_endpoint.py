@@ -294,3 +294,35 @@ def test_task_agent_fn_must_be_async():
     Task(reward=lookup.code_match, rows=lookup.make_rows(2, 0), agent_fn=_not_async)
   with pytest.raises(ValueError, match="Task.reward is missing"):
     Task(rows=lookup.make_rows(2, 0), agent_fn=openai_lookup_agent)
+
+
+# --------------------------------------------------------------------------- how chains end
+async def _endless_agent(client, row):  # never stops asking: refused at max_turns, then raises
+  messages = [{"role": "user", "content": row["question"]}]
+  while True:
+    reply = await client.chat.completions.create(model="policy", messages=messages)
+    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "again"}]
+
+
+async def _crashing_agent(client, row):
+  await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["question"]}])
+  raise RuntimeError("the agent's own bug")
+
+
+async def _sleepy_agent(client, row):
+  await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["question"]}])
+  await trio.sleep(30)
+
+
+@pytest.mark.parametrize("agent_fn, finish, error, turns", [
+    (_endless_agent, "max_turns", None, 3), (_crashing_agent, "error", "RuntimeError: the agent's own bug", 1),
+    (_sleepy_agent, "timeout", None, 1)])
+def test_chain_endings_keep_the_tokens_and_name_the_reason(tok, agent, agent_fn, finish, error, turns):
+  eot = tok.token_to_id("<|im_end|>")
+  sampler = ScriptedSampler(lambda prompt: tok.encode(lookup.answer_text("amber")) + [eot])
+  rows = [{"question": 'Find the code of key "fox".', "key": "fox", "answer": "amber"}]
+  [t] = run_endpoint_rollout(agent, rows, agent_fn, sampler=sampler, max_turns=3, chain_timeout_s=1.0)
+  assert (t.finish_reason, t.error, t.num_turns) == (finish, error, turns)
+  assert t.reward == (0.0 if error else 1.0)  # scored on the last completion unless it crashed
+  assert_segment_is_sampler_output(t, sampler.calls)

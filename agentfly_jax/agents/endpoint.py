@@ -242,6 +242,7 @@ class ChatEndpoint:
                           "authentication_error")
     request = self._parse(body)
     if self.max_turns is not None and chain.num_requests >= self.max_turns:
+      chain.limit_hit = "max_turns"
       raise EndpointError(400, f"messages: this chain already made max_turns={self.max_turns} "
                           "requests", "messages", "max_turns_exceeded")
     agent = self.agent
@@ -255,6 +256,7 @@ class ChatEndpoint:
                           f"{type(e).__name__}: {e}", "messages", "template_error") from None
     room = self.max_total_tokens - len(prepared.prompt_ids)
     if room <= 0:
+      chain.limit_hit = "max_total_tokens"
       raise EndpointError(400, f"messages: the prompt has {len(prepared.prompt_ids)} tokens, this "
                           f"run's context is {self.max_total_tokens}", "messages",
                           "context_length_exceeded")

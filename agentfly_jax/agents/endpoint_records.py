@@ -126,6 +126,7 @@ class ChainRecord:
     self.num_requests = 0
     self.tool_calls: dict[str, dict] = {}   # call id -> {"turn", "name", "arguments", ...}
     self.last_text: str | None = None       # the last completion's text (a fallback prediction)
+    self.limit_hit: str | None = None       # "max_turns" / "max_total_tokens" once refused for it
 
   def prepare(self, agent, messages: list[dict], tools_key: str,
               template_tools: list[dict] | None) -> Prepared:

@@ -16,8 +16,9 @@ None, the last completion's text). `agent` gives the chat template, the tool-cal
 reward; the agent's own tools are whatever it calls (a `Tool` called with `await t.acall(...)`
 keeps its limits and counters).
 
-Finish reasons: "agent_done" (agent_fn returned), "max_turns" (it asked past `max_turns`
-requests and gave up), "timeout" (`chain_timeout_s`), "error" (agent_fn raised; reward 0, the
+Finish reasons: "agent_done" (agent_fn returned), "max_turns" / "max_total_tokens" (a request
+past `max_turns` requests or over the context was refused and the agent gave up: scored on the
+last completion's text, like the built-in rollout), "timeout" (`chain_timeout_s`), "error" (agent_fn raised; reward 0, the
 tokens it got are kept). A chain that made no request gives no trajectory. An agent that edits
 its history gets one trajectory per token segment (`Trajectory.segment`).
 """
@@ -54,9 +55,9 @@ async def _run_chain(endpoint: ChatEndpoint, agent, agent_fn: AgentFn, row: dict
     if scope is not None and scope.cancelled_caught:
       finish = "timeout"
   except Exception as e:  # the agent's failure is its chain's, never the rollout's
-    record = endpoint.chains[key]
-    if endpoint.max_turns is not None and record.num_requests >= endpoint.max_turns:
-      finish = "max_turns"
+    limit = endpoint.chains[key].limit_hit
+    if limit is not None:  # refused a request over the run's limits, then gave up: scored
+      finish = limit
     else:
       log.warning("endpoint chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
       finish, error = "error", f"{type(e).__name__}: {e}"
