@@ -12,7 +12,9 @@ max_completion_tokens), n (other fields are ignored; `stream` is refused). The m
 rendered with the agent's chat template (`agent.render`; tools go through
 `agent.template_tools`, so an agent that describes tools its own way keeps doing so), the prompt
 ids go to `sampler.agenerate`, and the reply's `tool_calls` come from the agent's parser
-(`agent.parse`: Hermes `<tool_call>` JSON for a ToolCallAgent). Per chain (the request's API
+(`agent.parse`: Hermes `<tool_call>` JSON for a ToolCallAgent); `tool_choice="none"` returns the
+text unparsed, "required" or a named function are accepted but not enforced (no constrained
+decoding: the model's own turn is what is trained on). Per chain (the request's API
 key) the endpoint records the exact prompt and completion ids and the sampler's log-probs
 (`endpoint_records.ChainRecord`); the trajectory is built from those ids, never by
 re-tokenising the text the agent saw. `GET /v1/models` lists the one model.
@@ -152,8 +154,8 @@ class ChatEndpoint:
       self._gate, self._held = None, 0
 
   async def _gather(self) -> None:
-    """Holds this request until every open chain is held or sampling, or `gather_s` after the
-    first request of the group arrived."""
+    """Holds this request until every open chain is held or sampling, or no request came for
+    `gather_s`, or 10 x `gather_s` after the group's first request."""
     if self.gather_s <= 0:
       return
     now = trio.current_time()
