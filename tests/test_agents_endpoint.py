@@ -247,12 +247,12 @@ class _ArrivalSampler(ScriptedSampler):
     return await super().agenerate(prompt, params)
 
 
-@pytest.mark.parametrize("gather_s", [0.0, 0.1])
+@pytest.mark.parametrize("gather_s", [0.0, 0.5])
 def test_gather_lets_a_turns_requests_reach_the_sampler_together(tok, agent, gather_s):
   sent = []
 
-  async def late_agent(client, row):  # agents that send their first request 0..120 ms apart
-    await trio.sleep(0.008 * lookup.KEYS.index(row["key"]))
+  async def late_agent(client, row):  # agents that send their first request 0..450 ms apart
+    await trio.sleep(0.03 * lookup.KEYS.index(row["key"]))
     sent.append(trio.current_time())
     return await openai_lookup_agent(client, row)
 
