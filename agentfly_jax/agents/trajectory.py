@@ -38,6 +38,9 @@ class Trajectory:
     env_names: the environments (by name) the chain acquired, in order.
     policy_versions: the trainer's policy version that wrote each turn (asynchronous
       training; empty when not recorded).
+    segment: 0, or for a chain served through the OpenAI-compatible endpoint whose agent edited
+      its history, which of the chain's token sequences this is (agents/endpoint_records.py;
+      all segments of a chain share its group_id, chain_id and reward).
   """
   token_ids: np.ndarray
   action_mask: np.ndarray
@@ -56,6 +59,7 @@ class Trajectory:
   error: str | None = None
   env_names: list[str] = dataclasses.field(default_factory=list)
   policy_versions: list[int] = dataclasses.field(default_factory=list)
+  segment: int = 0
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)

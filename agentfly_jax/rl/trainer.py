@@ -17,6 +17,7 @@ data position through `_run_step`; the trainer object holds only what is fixed f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -43,6 +44,7 @@ from agentfly_jax.rl.train_step import LossConfig, state_shardings
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tasks.from_config import task_fingerprint, task_name
+from agentfly_jax.tools.limits import tool_metrics
 
 @dataclasses.dataclass
 class LoopState:
@@ -170,6 +172,10 @@ class Trainer:
     from agentfly_jax.agents.rollout import run_rollout
     r = self.config.rollout
     local = distributed.process_share(rows, "rows of a rollout")
+    agent_fn = getattr(self.task, "agent_fn", None)
+    if agent_fn is not None:  # a black-box agent, through the OpenAI-compatible endpoint
+      from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
+      run_rollout = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
     trajs = run_rollout(
         self.agent, local, sampler=sampler or self.sampler, num_chains=num_chains or r.num_chains,
         max_turns=r.max_turns,
@@ -298,6 +304,7 @@ class Trainer:
       async_metrics = staleness_metrics(batch, step, c.rollout.max_staleness)
     t_rollout = time.perf_counter()
     metrics: dict[str, Any] = rollout_metrics(trajs)
+    metrics.update(tool_metrics(self.agent.tools.values()))  # tools/<name>/calls, errors, wait_s
     metrics.update(async_metrics)
     if c.dapo.dynamic_sampling:
       trajs, dropped = drop_zero_variance_groups(trajs)

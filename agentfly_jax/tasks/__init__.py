@@ -41,17 +41,27 @@ class Task:
       `[(text, learn), ...]` pieces; `learn=False` pieces stay out of the loss) for the SFT warm
       start (config.sft.steps > 0).
     agent_factory: optional `tokenizer -> Agent` (default: a ToolCallAgent).
+    agent_fn: optional black-box agent `async def run(client, row) -> answer`: the trainer runs it
+      against the OpenAI-compatible endpoint over its sampler (`client` is an
+      `openai.AsyncOpenAI`; agents/endpoint_rollout.py) instead of the built-in agent loop; the
+      agent (agent_factory / ToolCallAgent) then gives the chat template, the tool-call parser
+      and the reward.
   """
-  tools: Sequence[Any]
-  reward: Callable
-  rows: Sequence[dict]
+  tools: Sequence[Any] = ()
+  reward: Callable | None = None
+  rows: Sequence[dict] = ()
   eval_rows: Sequence[dict] = ()
   system_prompt: str = ""
   corpus: Sequence[str] = ()
   scripted_response: Callable | None = None
   agent_factory: Callable | None = None
+  agent_fn: Callable | None = None
 
   def __post_init__(self):
+    if self.reward is None:
+      raise ValueError("Task.reward is missing: give a @reward function (or a plain function)")
+    if self.agent_fn is not None:
+      check_agent_fn(self.agent_fn, "Task.agent_fn")
     if not self.rows:
       raise ValueError("Task.rows is empty: give at least one training row")
     for i, row in enumerate(self.rows):
@@ -91,6 +101,18 @@ class Task:
     from agentfly_jax.agents import ToolCallAgent
     return ToolCallAgent(tokenizer, tools=list(self.tools), reward_fn=self.reward,
                          system_prompt=self.system_prompt or None)
+
+
+def check_agent_fn(fn: Any, where: str) -> None:
+  """`fn` must be `async def run(client, row)`; ValueError naming `where` otherwise."""
+  import inspect
+  if not inspect.iscoroutinefunction(fn):
+    raise ValueError(f"{where} must be an async function run(client, row) -> answer, got "
+                     f"{type(fn).__name__} {fn!r:.80}")
+  try:
+    inspect.signature(fn).bind(None, {})
+  except TypeError as e:
+    raise ValueError(f"{where} {getattr(fn, '__name__', fn)!r} must take (client, row): {e}") from None
 
 
 def json_text(row: dict) -> str:

@@ -50,9 +50,15 @@ def custom_task_config(**overrides) -> ml_collections.ConfigDict:
     reward: a built-in reward name, a @reward of the module, or 'module:function'.
     system_prompt: the agent's system prompt ("" = the module's SYSTEM_PROMPT, if any).
     demo_policy: 'module:function' demonstration policy for the SFT warm start.
+    agent: 'module:function', a black-box agent `async def run(client, row) -> answer` trained
+      through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
+      built-in agent loop.
+    mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
+      an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
   """
   c = ml_collections.ConfigDict(dict(name="custom", module="", train_path="", eval_path="",
-                                     tools="", reward="", system_prompt="", demo_policy=""))
+                                     tools="", reward="", system_prompt="", demo_policy="",
+                                     agent="", mcp_servers=""))
   c.update(overrides)
   return c
 
@@ -235,6 +241,15 @@ def _custom_task(config):
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
   tools = _resolve_tools(t.get("tools", ""), module)
   reward = _resolve_reward(t.get("reward", ""), module)
+  if t.get("mcp_servers"):
+    from agentfly_jax.tools.mcp import tools_from_config
+    try:
+      tools += tools_from_config(t.mcp_servers)
+    except (RuntimeError, ValueError) as e:
+      raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: {e}") from None
+    names = [x.name for x in tools]
+    if len(set(names)) != len(names):
+      raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: tool names clash: {sorted(names)}")
   check_rows_fit(rows, source, tools, reward)
   if eval_rows:
     check_rows_fit(eval_rows, eval_source, tools, reward)
@@ -256,7 +271,23 @@ def _custom_task(config):
     agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
   return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
               system_prompt=system_prompt, corpus=list(corpus_fn()) if callable(corpus_fn) else (),
-              scripted_response=demo, agent_factory=agent_factory)
+              scripted_response=demo, agent_factory=agent_factory,
+              agent_fn=_resolve_agent_fn(t.get("agent", "")))
+
+
+def _resolve_agent_fn(spec: str):
+  """config.task.agent ('module:function') -> the async agent function, checked; None if ""."""
+  if not spec:
+    return None
+  from agentfly_jax.tasks import check_agent_fn
+  from agentfly_jax.tools.registry import resolve_object
+  where = f"config.task.agent={spec!r}"
+  try:
+    fn = resolve_object(spec, kind="agent", builtins={})
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  check_agent_fn(fn, where)
+  return fn
 
 
 def reward_fields(reward) -> list[str]:
@@ -309,5 +340,8 @@ def task_fingerprint(task, train_rows=None) -> str:
       "system_prompt": getattr(task, "SYSTEM_PROMPT", ""),
       "demo_policy": _source(demo) if demo is not None else "",
   }
+  agent_fn = getattr(task, "agent_fn", None)
+  if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were
+    content["agent_fn"] = _source(agent_fn)
   text = json.dumps(content, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]

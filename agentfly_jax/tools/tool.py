@@ -23,6 +23,10 @@ A finish tool (`@tool(finish=True)`, e.g. `answer`) ends the chain; its output i
 prediction. A stateful tool (`@tool(stateful=True, env="python_sandbox")`) takes a parameter
 named `env` and receives the chain's environment instance (the same instance for every call of
 the chain); called directly it gets a fresh environment of its own.
+
+Limits (`tools/limits.py`): `@tool(max_concurrency=2, rate=(5, 1.0))` lets at most 2 calls run at
+once and at most 5 start in any second, across all chains of the process; every call is counted
+per tool (calls, errors, seconds waited for the limits) for the trainer's step metrics.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from typing import Any, Callable
 import trio
 
 from agentfly_jax.envs.provider import get_env_provider, set_env_provider  # noqa: F401 (re-exported)
+from agentfly_jax.tools.limits import ToolLimits
 from agentfly_jax.tools.schema import check_arguments, function_schema
 
 DEFAULT_MAX_LENGTH = 4096
@@ -83,7 +88,9 @@ class Tool:
 
   def __init__(self, fn: Callable, *, name: str | None = None, description: str | None = None,
                max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
-               env: str | None = None, finish: bool = False, timeout_s: float | None = None):
+               env: str | None = None, finish: bool = False, timeout_s: float | None = None,
+               max_concurrency: int | None = None, rate: tuple[int, float] | None = None,
+               schema: dict | None = None):
     if not callable(fn):
       raise TypeError(f"@tool: expected a function, got {type(fn).__name__}")
     self.fn = fn
@@ -103,13 +110,16 @@ class Tool:
       self._hints = typing.get_type_hints(fn)
     except Exception:
       self._hints = {}
-    self.schema = function_schema(fn, name=self.name, description=description,
-                                  skip_params=self._skip)
+    # `schema`: given for tools whose arguments are not the function's (MCP tools: **kwargs).
+    self.schema = schema if schema is not None else function_schema(
+        fn, name=self.name, description=description, skip_params=self._skip)
+    self._fixed_schema = schema is not None
     self.description = self.schema["function"]["description"]
     self.max_length = max_length
     self.is_finish = bool(finish)
     self.timeout_s = timeout_s
     self.is_async = inspect.iscoroutinefunction(fn)
+    self.limits = ToolLimits(self.name, max_concurrency, rate)
     functools.update_wrapper(self, fn)
 
   @property
@@ -127,12 +137,21 @@ class Tool:
     if not isinstance(arguments, dict):
       return (f"tool '{self.name}' arguments must be a JSON object, got "
               f"{type(arguments).__name__} {arguments!r:.80}")
+    if self._fixed_schema:
+      return _check_against_schema(self.name, self.parameters, arguments)
     return check_arguments(self.name, self.signature, self._hints, arguments, self._skip)
 
   async def run(self, arguments: Any, env: Any = None,
                 thread_limiter: trio.CapacityLimiter | None = None) -> ToolOutput:
     """Runs the tool once in a chain; never raises (except trio cancellation): any problem
-    comes back as an error observation."""
+    comes back as an error observation. Waits for the tool's limits first (counted)."""
+    async with self.limits.slot():
+      out = await self._run_once(arguments, env, thread_limiter)
+    self.limits.count(out.ok)
+    return out
+
+  async def _run_once(self, arguments: Any, env: Any,
+                      thread_limiter: trio.CapacityLimiter | None) -> ToolOutput:
     error = self.check(arguments)
     if error is not None:
       return ToolOutput(f"Error: {error}", ok=False, error=error)
@@ -198,7 +217,8 @@ class Tool:
 
 def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None,
          max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
-         env: str | None = None, finish: bool = False, timeout_s: float | None = None):
+         env: str | None = None, finish: bool = False, timeout_s: float | None = None,
+         max_concurrency: int | None = None, rate: tuple[int, float] | None = None):
   """Decorator making a `Tool`; use bare (`@tool`) or with options (`@tool(name=..., ...)`).
 
   Args:
@@ -210,8 +230,37 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
       parameter named `env`.
     finish: calling this tool ends the chain; its output becomes the prediction.
     timeout_s: wall-clock limit per call; exceeding it gives an error observation.
+    max_concurrency: at most this many calls of the tool run at once (None = no cap); more wait.
+    rate: (calls, seconds): at most `calls` calls start in any `seconds` window; more wait.
   """
   def wrap(f):
     return Tool(f, name=name, description=description, max_length=max_length,
-                stateful=stateful, env=env, finish=finish, timeout_s=timeout_s)
+                stateful=stateful, env=env, finish=finish, timeout_s=timeout_s,
+                max_concurrency=max_concurrency, rate=rate)
   return wrap(fn) if fn is not None else wrap
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+               "object": dict, "array": list}
+
+
+def _check_against_schema(name: str, parameters: dict, arguments: dict) -> str | None:
+  """Required arguments present, no unknown ones (unless additionalProperties), top-level JSON
+  types right; an error message naming the argument, else None."""
+  props = parameters.get("properties") or {}
+  missing = [k for k in parameters.get("required") or () if k not in arguments]
+  if missing:
+    return f"tool '{name}' is missing required argument(s) {missing}"
+  if parameters.get("additionalProperties", True) is False:
+    unknown = [k for k in arguments if k not in props]
+    if unknown:
+      return f"tool '{name}' got unknown argument(s) {unknown}; it takes {sorted(props)}"
+  for key, value in arguments.items():
+    kind = (props.get(key) or {}).get("type")
+    expected = _JSON_TYPES.get(kind) if isinstance(kind, str) else None
+    if expected is None:
+      continue
+    bad = not isinstance(value, expected) or (kind in ("integer", "number") and isinstance(value, bool))
+    if bad:
+      return f"tool '{name}' argument '{key}' must be of JSON type {kind}, got {type(value).__name__}"
+  return None

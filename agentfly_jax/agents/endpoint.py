@@ -1,0 +1,386 @@
+"""An OpenAI-compatible chat-completions endpoint over any Sampler, with exact token records.
+
+  endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=256, max_total_tokens=2048)
+  key = endpoint.open_chain(group_id=0, chain_id=0, row=row)     # one API key per chain
+  async with serve_endpoint(endpoint) as base_url:                # hypercorn, trio, loopback
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key)
+    reply = await client.chat.completions.create(model="policy", messages=[...], tools=[...])
+  trajectories = endpoint.close_chain(key).trajectories(reward=..., ...)
+
+`POST /v1/chat/completions` takes messages, tools, tool_choice, temperature, max_tokens (or
+max_completion_tokens), n (other fields are ignored; `stream` is refused). The messages are
+rendered with the agent's chat template (`agent.render`; tools go through
+`agent.template_tools`, so an agent that describes tools its own way keeps doing so), the prompt
+ids go to `sampler.agenerate`, and the reply's `tool_calls` come from the agent's parser
+(`agent.parse`: Hermes `<tool_call>` JSON for a ToolCallAgent); `tool_choice="none"` returns the
+text unparsed, "required" or a named function are accepted but not enforced (no constrained
+decoding: the model's own turn is what is trained on). Per chain (the request's API
+key) the endpoint records the exact prompt and completion ids and the sampler's log-probs
+(`endpoint_records.ChainRecord`); the trajectory is built from those ids, never by
+re-tokenising the text the agent saw. `GET /v1/models` lists the one model.
+
+Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`, the
+message naming the field) and leave every chain's record as it was: malformed JSON (400), an
+unknown model (404), a message list the template cannot render (400), `n` / `max_tokens` over
+the run's limits (400), a prompt over the context (400), more requests than `max_turns` (400),
+an unknown chain key (401).
+
+Served under trio by hypercorn's trio worker (`serve_endpoint`): the app runs in the same trio
+loop as the rollout, so a request awaits `sampler.agenerate` directly and concurrent chains are
+batched by the sampler like the built-in agents' turns (no thread hop, no second event loop).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import secrets
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from agentfly_jax.agents.endpoint_records import ChainRecord, message_key, template_message
+from agentfly_jax.agents.rollout import _request_seed
+from agentfly_jax.sampling.protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+class EndpointError(Exception):
+  """An OpenAI-style error reply: HTTP status + error.message (naming the field) / param / code."""
+
+  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+               kind: str = "invalid_request_error"):
+    super().__init__(message)
+    self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+  def body(self) -> dict:
+    return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                      "code": self.code}}
+
+
+class _SchemaTool:
+  """A request's tool schema, shaped like a `Tool` for `agent.template_tools`."""
+
+  def __init__(self, schema: dict):
+    self.schema = schema
+    self.name = schema["function"]["name"]
+    self.description = schema["function"].get("description", "")
+    self.parameters = schema["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+@dataclasses.dataclass
+class _Request:
+  messages: list[dict]
+  tools: list[dict] | None
+  tool_choice: Any
+  temperature: float | None
+  max_tokens: int | None
+  n: int
+
+
+class ChatEndpoint:
+  """The endpoint's state: the agent (template, parser, stop ids), the sampler, the run's limits
+  and one `ChainRecord` per open chain key.
+
+  Args:
+    agent: an `Agent` (its tokenizer, chat template, tool-call parser and end-of-turn ids).
+    sampler: anything with `async agenerate(prompt_ids, params) -> SampleResult`.
+    model_name: the one model id served.
+    sampling_params: temperature / top-p / top-k defaults (and extra stop ids).
+    max_tokens_per_turn: most tokens one completion may generate (`max_tokens` above: 400).
+    max_total_tokens: most tokens of a segment's context (prompt + completion).
+    max_turns: most requests per chain (None: no limit).
+    max_n: most choices per request.
+    seed: base seed; request k of chain (g, c) gets the seed the built-in rollout gives turn k.
+    fixed_temperature: use `sampling_params.temperature` whatever the request asks (training:
+      the loss assumes the run's temperature); False honours the request's `temperature`.
+    gather_s: hold requests while other open chains may still send theirs, so that a turn's
+      requests, which reach the endpoint spread out by the agents' and the HTTP stack's own
+      work, reach the sampler together and are batched as one: a group is let through as soon
+      as every open chain is held or sampling, or when no request came for `gather_s`, or
+      10 x `gather_s` after its first request. 0 = no holding.
+  """
+
+  def __init__(self, agent, sampler, *, model_name: str = "policy",
+               sampling_params: SamplingParams | None = None, max_tokens_per_turn: int = 256,
+               max_total_tokens: int = 2048, max_turns: int | None = None, max_n: int = 1,
+               seed: int | None = 0, fixed_temperature: bool = False, gather_s: float = 0.0):
+    for name, value in [("max_tokens_per_turn", max_tokens_per_turn),
+                        ("max_total_tokens", max_total_tokens), ("max_n", max_n)]:
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"ChatEndpoint: {name} must be an int >= 1, got {value!r}")
+    self.agent, self.sampler, self.model_name = agent, sampler, model_name
+    self.sampling_params = sampling_params or SamplingParams()
+    self.max_tokens_per_turn, self.max_total_tokens = max_tokens_per_turn, max_total_tokens
+    self.max_turns, self.max_n, self.seed = max_turns, max_n, seed
+    self.fixed_temperature = fixed_temperature
+    self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
+    self.chains: dict[str, ChainRecord] = {}
+    self.created = int(time.time())
+    self.gather_s = float(gather_s)
+    self._gate: trio.Event | None = None    # the group of held requests (see `_gather`)
+    self._gate_first = self._gate_deadline = 0.0
+    self._held = 0                          # requests held at the gate
+    self._sampling = 0                      # requests inside sampler.agenerate
+    self._app = None
+
+  # -- chains ----------------------------------------------------------------------------------
+  def open_chain(self, group_id: int = 0, chain_id: int = 0, row: dict | None = None) -> str:
+    """A new chain's API key (its requests are recorded under it)."""
+    key = f"sk-chain-{group_id}-{chain_id}-{secrets.token_hex(8)}"
+    self.chains[key] = ChainRecord(key, group_id, chain_id, row)
+    return key
+
+  def close_chain(self, key: str) -> ChainRecord:
+    """Forgets the key (later requests with it get 401) and returns its record."""
+    record = self.chains.pop(key)
+    self._maybe_open_gate()  # one chain fewer to wait for
+    return record
+
+  # -- gathering a turn's requests ---------------------------------------------------------------
+  def _maybe_open_gate(self) -> None:
+    if self._gate is not None and self._held + self._sampling >= len(self.chains):
+      self._open_gate()
+
+  def _open_gate(self) -> None:
+    if self._gate is not None:
+      self._gate.set()
+      self._gate, self._held = None, 0
+
+  async def _gather(self) -> None:
+    """Holds this request until every open chain is held or sampling, or no request came for
+    `gather_s`, or 10 x `gather_s` after the group's first request."""
+    if self.gather_s <= 0:
+      return
+    now = trio.current_time()
+    if self._gate is None:
+      self._gate, self._gate_first = trio.Event(), now
+    gate = self._gate
+    self._held += 1
+    self._gate_deadline = min(now + self.gather_s, self._gate_first + 10 * self.gather_s)
+    self._maybe_open_gate()
+    while self._gate is gate:
+      with trio.move_on_at(self._gate_deadline):
+        await gate.wait()
+      if self._gate is gate and trio.current_time() >= self._gate_deadline:
+        self._open_gate()  # no request for gather_s (or held 10 x gather_s): let the group go
+
+  # -- one request -------------------------------------------------------------------------------
+  def _parse(self, body: Any) -> _Request:
+    if not isinstance(body, dict):
+      raise EndpointError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if body.get("model") != self.model_name:
+      raise EndpointError(404, f"model: {body.get('model')!r} does not exist; this endpoint "
+                          f"serves [{self.model_name!r}]", "model", "model_not_found")
+    if body.get("stream"):
+      raise EndpointError(400, "stream: streaming replies are not supported; send stream=false",
+                          "stream", "unsupported_parameter")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+      raise EndpointError(400, f"messages must be a non-empty list of messages, got {str(raw)[:80]}",
+                          "messages")
+    try:
+      messages = [template_message(m, i) for i, m in enumerate(raw)]
+    except ValueError as e:
+      raise EndpointError(400, str(e), str(e).split(" ", 1)[0].rstrip(":")) from None
+    tools = body.get("tools")
+    if tools is not None:
+      if not isinstance(tools, list):
+        raise EndpointError(400, f"tools must be a list, got {type(tools).__name__}", "tools")
+      for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not (isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(fn, dict)
+                and isinstance(fn.get("name"), str) and fn["name"]):
+          raise EndpointError(400, f"tools[{j}] must be {{'type': 'function', 'function': {{'name': "
+                              f"..., 'parameters': {{...}}}}}}, got {str(t)[:120]}", f"tools[{j}]")
+      tools = tools or None
+    choice = body.get("tool_choice")
+    if choice is not None and choice not in _TOOL_CHOICES and not (
+        isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str)):
+      raise EndpointError(400, f"tool_choice must be one of {list(_TOOL_CHOICES)} or "
+                          f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+                          "tool_choice")
+    temperature = body.get("temperature")
+    if temperature is not None and not (isinstance(temperature, (int, float))
+                                        and not isinstance(temperature, bool)
+                                        and math.isfinite(temperature) and 0 <= temperature <= 2):
+      raise EndpointError(400, f"temperature must be a number in [0, 2], got {temperature!r}",
+                          "temperature")
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(field)
+    if max_tokens is not None:
+      if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise EndpointError(400, f"{field} must be an integer >= 1, got {max_tokens!r}", field)
+      if max_tokens > self.max_tokens_per_turn:
+        raise EndpointError(400, f"{field}={max_tokens} is over this run's limit of "
+                            f"{self.max_tokens_per_turn} tokens per completion", field)
+    n = body.get("n", 1) if body.get("n") is not None else 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      raise EndpointError(400, f"n must be an integer >= 1, got {n!r}", "n")
+    if n > self.max_n:
+      raise EndpointError(400, f"n={n} is over this run's limit of {self.max_n} choice(s) per "
+                          "request", "n")
+    return _Request(messages, tools, choice, temperature, max_tokens, n)
+
+  def _params(self, request: _Request, budget: int, seed: int | None) -> SamplingParams:
+    temperature = self.sampling_params.temperature
+    if request.temperature is not None and not self.fixed_temperature:
+      temperature = float(request.temperature)
+    return dataclasses.replace(self.sampling_params, temperature=temperature, max_new_tokens=budget,
+                               stop_token_ids=self.stop_ids, seed=seed)
+
+  async def complete(self, key: str | None, body: Any) -> dict:
+    """One chat completion for chain `key` (the OpenAI reply as a dict); raises EndpointError."""
+    chain = self.chains.get(key) if key else None
+    if chain is None:
+      raise EndpointError(401, "api_key: unknown chain key (send the chain's key as "
+                          "'Authorization: Bearer <key>')", "api_key", "invalid_api_key",
+                          "authentication_error")
+    request = self._parse(body)
+    if self.max_turns is not None and chain.num_requests >= self.max_turns:
+      chain.limit_hit = "max_turns"
+      raise EndpointError(400, f"messages: this chain already made max_turns={self.max_turns} "
+                          "requests", "messages", "max_turns_exceeded")
+    agent = self.agent
+    schema_tools = [_SchemaTool(t) for t in request.tools or ()]
+    template_tools = agent.template_tools(schema_tools) if schema_tools else None
+    tools_key = json.dumps(request.tools, sort_keys=True, default=str)
+    try:
+      prepared = chain.prepare(agent, request.messages, tools_key, template_tools)
+    except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
+      raise EndpointError(400, f"messages: the chat template cannot render them: "
+                          f"{type(e).__name__}: {e}", "messages", "template_error") from None
+    room = self.max_total_tokens - len(prepared.prompt_ids)
+    if room <= 0:
+      chain.limit_hit = "max_total_tokens"
+      raise EndpointError(400, f"messages: the prompt has {len(prepared.prompt_ids)} tokens, this "
+                          f"run's context is {self.max_total_tokens}", "messages",
+                          "context_length_exceeded")
+    budget = min(request.max_tokens or self.max_tokens_per_turn, room)
+    turn = chain.num_requests
+    chain.num_requests += 1
+    chain.note_tool_results(body["messages"])
+    results: list[Any] = [None] * request.n
+
+    async def sample(i):
+      seed = _request_seed(self.seed, chain.group_id, chain.chain_id, turn + 1_000_003 * i,
+                           self.sampling_params.seed)
+      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids),
+                                                self._params(request, budget, seed))
+
+    await self._gather()
+    self._sampling += 1
+    try:
+      if request.n == 1:
+        await sample(0)
+      else:
+        async with trio.open_nursery() as nursery:
+          for i in range(request.n):
+            nursery.start_soon(sample, i)
+    finally:
+      self._sampling -= 1
+    choices, completion_tokens = [], 0
+    for i, result in enumerate(results):
+      choices.append(self._choice(chain, prepared, request, turn, i, result, budget))
+      completion_tokens += len(result.token_ids)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(prepared.prompt_ids), "completion_tokens": completion_tokens,
+                      "total_tokens": len(prepared.prompt_ids) + completion_tokens}}
+
+  def _choice(self, chain, prepared, request, turn, index, result, budget) -> dict:
+    agent, tok = self.agent, self.agent.tokenizer
+    generated = [int(t) for t in result.token_ids]
+    ended = bool(generated) and generated[-1] in self.stop_ids
+    text = tok.decode(generated[:-1] if ended else generated)
+    parsed = agent.parse(text)
+    use_tools = request.tool_choice != "none" and parsed.tool_calls
+    parsed_calls = parsed.tool_calls if use_tools else []
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+             for c in parsed_calls]
+    reply = {"role": "assistant", "content": (parsed.content or None) if calls else text}
+    if calls:
+      reply["tool_calls"] = calls
+    chain.record(prepared, generated, result.logprobs, agent.assistant_message(text, parsed),
+                 message_key(template_message(reply, 0)), tok.decode(generated[-1:]) if ended else "")
+    chain.note_tool_calls(turn, [(c["id"], p.name, p.arguments) for c, p in zip(calls, parsed_calls)])
+    chain.last_text = parsed.content if parsed.final_answer is None else parsed.final_answer
+    if calls:
+      finish = "tool_calls"
+    elif not ended and len(generated) >= budget:
+      finish = "length"
+    else:
+      finish = "stop"
+    return {"index": index, "message": reply, "finish_reason": finish, "logprobs": None}
+
+  # -- HTTP --------------------------------------------------------------------------------------
+  @property
+  def app(self):
+    """The ASGI app (starlette): POST /v1/chat/completions, GET /v1/models."""
+    if self._app is None:
+      self._app = _make_app(self)
+    return self._app
+
+
+def _make_app(endpoint: ChatEndpoint):
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+
+  def error_response(e: EndpointError):
+    return JSONResponse(e.body(), status_code=e.status)
+
+  async def chat_completions(request):
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-chain-key")
+    try:
+      raw = await request.body()
+      try:
+        body = json.loads(raw)
+      except ValueError as e:
+        raise EndpointError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+      return JSONResponse(await endpoint.complete(key, body))
+    except EndpointError as e:
+      return error_response(e)
+    except Exception as e:  # a sampler failure: the agent sees a 500, other chains go on
+      log.warning("endpoint: request of chain %s failed", key, exc_info=True)
+      return error_response(EndpointError(500, f"the sampler failed: {type(e).__name__}: {e}",
+                                          None, "sampler_error", "server_error"))
+
+  async def models(request):
+    return JSONResponse({"object": "list", "data": [
+        {"id": endpoint.model_name, "object": "model", "created": endpoint.created,
+         "owned_by": "agentfly-jax"}]})
+
+  return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                           Route("/v1/models", models, methods=["GET"])])
+
+
+@contextlib.asynccontextmanager
+async def serve_endpoint(endpoint: ChatEndpoint, host: str = "127.0.0.1", port: int = 0):
+  """Serves `endpoint.app` with hypercorn's trio worker inside the current trio run; yields the
+  base URL (`http://127.0.0.1:PORT/v1`, port 0 = a free one) and shuts the server down on exit."""
+  from hypercorn.config import Config
+  from hypercorn.trio import serve
+  config = Config()
+  config.bind = [f"{host}:{port}"]
+  config.accesslog = None
+  config.loglevel = "WARNING"
+  config.graceful_timeout = 1.0
+  config.keep_alive_timeout = 600.0
+  config.backlog = 4096
+  shutdown = trio.Event()
+  async with trio.open_nursery() as nursery:
+    binds = await nursery.start(lambda task_status: serve(
+        endpoint.app, config, shutdown_trigger=shutdown.wait, task_status=task_status))
+    try:
+      yield f"{binds[0]}/v1"
+    finally:
+      shutdown.set()

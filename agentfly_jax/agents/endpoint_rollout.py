@@ -1,0 +1,152 @@
+"""The rollout of a black-box agent: its own code, pointed at the OpenAI-compatible endpoint.
+
+  async def run(client: openai.AsyncOpenAI, row: dict) -> str:    # the user's agent, unchanged
+    ...  # its own loop: client.chat.completions.create(model="policy", messages=..., tools=...)
+    return answer
+
+  trajectories = run_endpoint_rollout(agent, rows, run, sampler=sampler, num_chains=4)
+
+The alternative chain runner to `rollout.rollout`, yielding the same `Trajectory` objects: one
+endpoint (`endpoint.ChatEndpoint`, served by hypercorn in this trio run on a free loopback port)
+for all chains; each chain gets its own API key and its own `openai.AsyncOpenAI` (with its own keep-alive
+connection) and runs `agent_fn(client, row)` concurrently with the others. The
+trajectory is built from the ids the endpoint recorded for the chain (`endpoint_records`); the
+reward is the agent's `reward_fn` of the returned answer (`str(answer)`; if the agent returned
+None, the last completion's text). `agent` gives the chat template, the tool-call parser and the
+reward; the agent's own tools are whatever it calls (a `Tool` called with `await t.acall(...)`
+keeps its limits and counters).
+
+Finish reasons: "agent_done" (agent_fn returned), "max_turns" / "max_total_tokens" (a request
+past `max_turns` requests or over the context was refused and the agent gave up: scored on the
+last completion's text, like the built-in rollout), "timeout" (`chain_timeout_s`), "error" (agent_fn raised; reward 0, the
+tokens it got are kept). A chain that made no request gives no trajectory. An agent that edits
+its history gets one trajectory per token segment (`Trajectory.segment`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import ssl
+from typing import Any, Awaitable, Callable, Sequence
+
+import trio
+
+from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
+from agentfly_jax.agents.rollout import validate_rows
+from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.sampling.protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+AgentFn = Callable[[Any, dict], Awaitable[Any]]
+
+
+async def _run_chain(endpoint: ChatEndpoint, agent, agent_fn: AgentFn, row: dict, group_id: int,
+                     chain_id: int, ssl_context, base_url: str, chain_timeout_s: float | None,
+                     thread_limiter: trio.CapacityLimiter) -> list[Trajectory]:
+  import openai
+  key = endpoint.open_chain(group_id, chain_id, row)
+  answer, finish, error = None, "agent_done", None
+  http = _chain_http_client(ssl_context)
+  client = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+  try:
+    with trio.move_on_after(chain_timeout_s) if chain_timeout_s else contextlib.nullcontext() as scope:
+      answer = await agent_fn(client, row)
+    if scope is not None and scope.cancelled_caught:
+      finish = "timeout"
+  except Exception as e:  # the agent's failure is its chain's, never the rollout's
+    limit = endpoint.chains[key].limit_hit
+    if limit is not None:  # refused a request over the run's limits, then gave up: scored
+      finish = limit
+    else:
+      log.warning("endpoint chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
+      finish, error = "error", f"{type(e).__name__}: {e}"
+  finally:
+    with trio.CancelScope(shield=True):
+      await http.aclose()
+  record = endpoint.close_chain(key)
+  if not record.segments:
+    log.warning("endpoint chain (group %d, chain %d) made no request (%s)", group_id, chain_id,
+                error or finish)
+    return []
+  prediction = str(answer) if answer is not None else (record.last_text or "")
+  reward, metrics = 0.0, {}
+  if agent.reward_fn is not None and error is None:
+    try:
+      metrics = await agent.reward_fn.compute(prediction, record.segments[-1].messages, row, None,
+                                              thread_limiter=thread_limiter)
+      reward = float(metrics.pop("reward"))
+    except Exception as e:
+      log.warning("reward of endpoint chain (group %d, chain %d) failed", group_id, chain_id,
+                  exc_info=True)
+      finish, error, metrics = "error", f"{type(e).__name__}: {e}", {}
+  return record.trajectories(reward=reward, metrics=metrics, finish_reason=finish,
+                             prediction=prediction, error=error)
+
+
+def _chain_http_client(ssl_context):
+  """A chain's own HTTP client: one keep-alive connection to the endpoint (a pool shared by all
+  chains costs O(connections) per request in httpcore), no proxies from the environment (the
+  endpoint is on loopback), no timeout (a turn takes as long as the sampler needs)."""
+  import httpx
+  return httpx.AsyncClient(verify=ssl_context, trust_env=False, timeout=httpx.Timeout(None),
+                           limits=httpx.Limits(max_connections=4, max_keepalive_connections=1))
+
+
+async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sampler,
+                           num_chains: int = 1, max_turns: int = 4,
+                           sampling_params: SamplingParams | None = None,
+                           max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
+                           concurrency: int = 256, seed: int | None = 0, group_offset: int = 0,
+                           max_n: int = 1, chain_timeout_s: float | None = None,
+                           tool_threads: int = 128, model_name: str = "policy",
+                           gather_s: float = 0.05) -> list[Trajectory]:
+  """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
+  over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
+  group_offset + row index. Arguments as `rollout.rollout`, and:
+
+  Args:
+    agent_fn: `async def run(client: openai.AsyncOpenAI, row: dict) -> answer`.
+    max_turns: requests per chain (more get an error reply).
+    max_n: most choices (`n`) per request.
+    chain_timeout_s: wall-clock limit per chain (None: none).
+    model_name: the model id the agent must ask for.
+    gather_s: how long the endpoint may hold a request for the other chains' requests of the
+      turn (one sampler batch instead of many small ones; `ChatEndpoint`).
+  """
+  for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
+                      ("concurrency", concurrency), ("tool_threads", tool_threads)]:
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"endpoint_rollout: {name} must be an int >= 1, got {value!r}")
+  if not callable(agent_fn):
+    raise TypeError(f"endpoint_rollout: agent_fn must be an async function (client, row), got "
+                    f"{type(agent_fn).__name__}")
+  if agent.reward_fn is not None and agent.reward_fn.env_name:
+    raise ValueError(f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
+                     f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment")
+  validate_rows(agent, rows)
+  endpoint = ChatEndpoint(agent, sampler, model_name=model_name, sampling_params=sampling_params,
+                          max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
+                          max_turns=max_turns, max_n=max_n, seed=seed, fixed_temperature=True,
+                          gather_s=gather_s)
+  limiter = trio.CapacityLimiter(concurrency)
+  thread_limiter = trio.CapacityLimiter(tool_threads)
+  results: list[list[Trajectory]] = [[] for _ in range(len(rows) * num_chains)]
+  ssl_context = ssl.create_default_context()  # built once: the chains' clients share it
+  async with serve_endpoint(endpoint) as base_url:
+
+    async def chain(index, row, group_id, chain_id):
+      async with limiter:
+        results[index] = await _run_chain(endpoint, agent, agent_fn, row, group_id, chain_id,
+                                          ssl_context, base_url, chain_timeout_s, thread_limiter)
+
+    async with trio.open_nursery() as nursery:
+      for g, row in enumerate(rows):
+        for c in range(num_chains):
+          nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)
+  return [t for chain_trajs in results for t in chain_trajs]
+
+
+def run_endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, **kwargs) -> list[Trajectory]:
+  """Synchronous `endpoint_rollout` (runs its own trio loop); same arguments."""
+  return trio.run(functools.partial(endpoint_rollout, agent, rows, agent_fn, **kwargs))
