@@ -5,7 +5,8 @@ IPC/PID/UTS namespaces, read-only /usr and the server venv's packages, rlimits, 
 where the server may make one, a uid of its own under root) running `swe_driver.py` as its pid 1.
 The episode's repository is a fresh copy on a size-capped tmpfs at /repo, the only writable tree
 besides a small /tmp: `reset(row)` sends the task's repository (a cached .tar.gz) into a sandbox
-the pool started ahead, so two episodes never share a file.
+the pool started ahead, so two episodes never share a file; a shipped task's bug (one exact edit
+of its clean repository) is made on that copy.
 
 Actions (JSON objects; a plain string is a bash command):
   {"action": "bash", "command": str}                       runs `bash -c` in /repo
@@ -16,22 +17,26 @@ Every command's processes end with it; output past `max_output_bytes` keeps its 
 with a note. Errors (a bad action, `old` absent or ambiguous, a missing file) are observations.
 
 Reward (`submit`, or the env reward `hidden_tests`): the fraction of the task's hidden tests that
-pass. The repository is archived out of the agent's sandbox (its processes killed first) into a
-second sandbox with the same caps, and the hidden tests are copied in there, for that run only
-(they never exist in the agent's sandbox); pytest runs there with its own config (`-c
-/dev/null`, no conftest, no cache, a per-test time limit). The denominator is the larger of the
-tests pytest reports and the hidden test functions counted statically (so code that breaks
-collection scores 0, not 0/0). The code under test runs beside the tests, so a repository
-written to fool pytest (rewriting its report) is not caught: this grades honest attempts.
+pass (a shipped task's: the ones its bug breaks, selected by pytest node id). The repository is
+archived out of the agent's sandbox (its processes killed first) into a second sandbox with the
+same caps, and the hidden tests are copied in there, for that run only (they never exist in the
+agent's sandbox); pytest runs there with its own config (`-c /dev/null`, no conftest, no cache,
+a per-test time limit). The denominator is the larger of the tests pytest reports and the tests
+asked for (the selected node ids, or every hidden test function counted statically), so code
+that breaks collection scores 0, not 0/0. The code under test runs beside the tests, so a
+repository written to fool pytest (rewriting its report) is not caught: this grades honest
+attempts.
 
 Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
 test_command + hidden_tests folders).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import time
 from typing import Any
@@ -49,9 +54,10 @@ from envservers.registry import register_env
 _DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("swe_driver.py")).read_text()
 _MAX_FRAME = 96 << 20
 HIDDEN_DIR = "/hidden_tests"
+# The hidden tests to run follow it: the task's node ids under HIDDEN_DIR, or HIDDEN_DIR (all).
 GRADE_COMMAND = ("python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
                  "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
-                 f"--junitxml=/tmp/junit.xml {HIDDEN_DIR}")
+                 "--junitxml=/tmp/junit.xml")
 
 
 def grade_command(test_timeout_s: float, site_packages: bool) -> str:
@@ -306,9 +312,13 @@ class SweEnv(ServerEnv):
       await self.close()
       await self.start()
     started = time.perf_counter()
-    reply = await self.sandbox.request({"op": "load", "tar_b64": archive}, 30.0)
+    load = {"op": "load", "tar_b64": archive}
+    if task.bug is not None:   # a shipped task: the clean repository, then its bug
+      load["edit"] = dataclasses.asdict(task.bug)
+    reply = await self.sandbox.request(load, 30.0)
     if "error" in reply:
-      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked: {reply['error']}")
+      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked"
+                       f"{' with its bug' if task.bug else ''}: {reply['error']}")
     self.timings["load_s"] = time.perf_counter() - started
     self.task, self.result, self.steps = task, None, 0
     return (f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
@@ -381,14 +391,17 @@ class SweEnv(ServerEnv):
         loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
         if "error" in loaded:
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
-      reply = await grader.request({"op": "grade", "command": self.grade_command,
+      targets = " ".join(shlex.quote(f"{HIDDEN_DIR}/{node}") for node in self.task.selected_tests)
+      reply = await grader.request({"op": "grade", "command": f"{self.grade_command} "
+                                                              f"{targets or HIDDEN_DIR}",
                                     "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
                                    self.grade_timeout_s + 10.0)
     finally:
       await grader.close()
     cases = reply.get("cases", [])
     passed = sum(1 for _, outcome in cases if outcome == "passed")
-    total = max(len(cases), swe_tasks.count_hidden_tests(self.task.hidden_tests))
+    total = max(len(cases), len(self.task.selected_tests)
+                or swe_tasks.count_hidden_tests(self.task.hidden_tests))
     self.timings["grade_s"] = time.perf_counter() - started
     return {"reward": passed / total if total else 0.0, "passed": passed, "total": total,
             "timed_out": bool(reply.get("timed_out")), "cases": cases,

@@ -9,8 +9,9 @@ sandbox's pid namespace is killed (`kill(-1)`), so nothing of one command outliv
 requests resolve paths inside this mount namespace, so no path can reach the host.
 
 Requests -> replies:
-  {"op": "load", "tar_b64": str, "dest": "/repo" | "/hidden_tests"}
-                                              -> {"files": int}  (extracts a .tar.gz there)
+  {"op": "load", "tar_b64": str, "dest": "/repo" | "/hidden_tests", "edit": {path, old, new}}
+                                              -> {"files": int}  (extracts a .tar.gz there, then
+                                                 makes the optional exact edit: a task's bug)
   {"op": "bash", "command": str, "timeout_s": float}
                                               -> {"output", "exit_code", "timed_out", "bytes"}
   {"op": "view", "path": str, "start": int, "end": int | None}  -> {"output"} or {"error"}
@@ -199,13 +200,9 @@ def op_view(config, request):
   return {"output": _clip(out, int(config["max_output_bytes"]))}
 
 
-def op_str_replace(config, request):
-  full = _resolve(request.get("path"))
-  old, new = request.get("old"), request.get("new")
-  if not isinstance(old, str) or not old:
-    raise ValueError("'old' must be a non-empty string (the exact text to replace)")
-  if not isinstance(new, str):
-    raise ValueError("'new' must be a string")
+def _replace_once(full, old, new):
+  """Replaces the one occurrence of `old` in file `full` by `new`; (new text, offset) or
+  ValueError when `old` occurs 0 or several times."""
   if not os.path.isfile(full):
     raise ValueError(f"{full} is not a file")
   text = _read_text(full)
@@ -220,6 +217,17 @@ def op_str_replace(config, request):
   text = text[:at] + new + text[at + len(old):]
   with open(full, "w", encoding="utf-8") as f:
     f.write(text)
+  return text, at
+
+
+def op_str_replace(config, request):
+  full = _resolve(request.get("path"))
+  old, new = request.get("old"), request.get("new")
+  if not isinstance(old, str) or not old:
+    raise ValueError("'old' must be a non-empty string (the exact text to replace)")
+  if not isinstance(new, str):
+    raise ValueError("'new' must be a string")
+  text, at = _replace_once(full, old, new)
   first = text[:at].count("\n") + 1
   lines = text.splitlines()
   lo, hi = max(1, first - 3), min(len(lines), first + new.count("\n") + 3)
@@ -246,6 +254,9 @@ def op_load(config, request):
               and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
       archive.extractall(dest, members=safe)
     count = sum(1 for m in members if m.isfile())
+  edit = request.get("edit")
+  if edit:   # the task's bug, made on the fresh copy
+    _replace_once(os.path.join(dest, os.path.normpath(edit["path"])), edit["old"], edit["new"])
   return {"files": count}
 
 
