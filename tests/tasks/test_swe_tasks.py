@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import filecmp
-import functools
 import hashlib
 import json
 import os
@@ -20,6 +19,7 @@ from envservers.envs import swe_policies, swe_rows, swe_tasks
 from envservers.envs.swe import SweEnv
 from tests import swe_testlib
 from envservers_helpers import running_server, sandbox_unavailable_reason
+from train_cli import load_script
 from worlds_helpers import play
 
 needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
@@ -27,15 +27,9 @@ needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
 pytestmark = pytest.mark.timeout(600)
 
 
-@functools.lru_cache(maxsize=1)   # loaded once: its absl flags may be defined only once
 def _make_swe_tasks():
   """experiments/make_swe_tasks.py as a module (a script, not part of the package)."""
-  import importlib.util
-  from train_cli import ROOT
-  spec = importlib.util.spec_from_file_location("make_swe_tasks", os.path.join(ROOT, "experiments", "make_swe_tasks.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("experiments/make_swe_tasks.py")
 
 
 def _test_functions(path: str) -> set[str]:
