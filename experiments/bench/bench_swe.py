@@ -1,6 +1,6 @@
 """The `swe` env: episode start, hidden-test grading, and 64 concurrent episodes on one server.
 
-    .venv/bin/python experiments/bench_swe.py [--episodes=40] [--concurrent=64]
+    .venv/bin/python experiments/bench/bench_swe.py [--episodes=40] [--concurrent=64]
 
 One local env server (a subprocess on loopback), driven from this process through EnvManager
 (the trainer's path), on the shipped test split:
