@@ -9,7 +9,8 @@ A row of your own: {"question": "Fix the bug the issue below describes, then sub
 "python -m pytest -q"} (the issue reaches the agent as the env's opening observation); a bad
 row stops the run before training, naming the row and field (envservers/envs/swe_rows.py).
 
-Tasks: the shipped set (envservers/data/swe_tasks, experiments/make_swe_tasks.py); evaluation on
+Tasks: the shipped set (envservers/data/swe_tasks over the repositories in
+envservers/data/swe_repos; experiments/make_swe_tasks.py); evaluation on
 its test split (other repositories). The env server needs `--env swe=N` (the embedded local
 server serves it).
 """

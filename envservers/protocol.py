@@ -229,6 +229,14 @@ class FrameReader:
     self._start = begin + length
     return body
 
+  async def read_reply(self) -> bytes | None:
+    """`read_body` for the replies of a child process: None at the end of the stream and also
+    where the stream broke (the child died mid-frame, the pipe closed); the caller says why."""
+    try:
+      return await self.read_body()
+    except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+      return None
+
 
 class FrameWriter:
   """Coalesces outgoing frames: `put` never waits; `run` sends whatever is queued in one write.

@@ -64,10 +64,7 @@ class SubprocessEnv(ServerEnv):
       raise EnvCrashed(f"env {self.name!r} worker sent {hello!r} instead of ready")
 
   async def _receive(self, what: str) -> dict:
-    try:
-      body = await self.reader.read_body()
-    except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-      body = None
+    body = await self.reader.read_reply()
     if body is None:
       returncode = await wait_exit(self.process)
       log.warning("env %r worker %s died during %s (%s); its stderr ends:\n%s", self.name,

@@ -1,19 +1,18 @@
-"""Makes the SWE task set offline: small repositories with generated bugs, issue texts and
-hidden tests.
+"""Makes the SWE task set offline: generated bugs in small repositories, with issue texts.
 
     python experiments/make_swe_tasks.py [--out=envservers/data/swe_tasks] [--per_kind=2]
 
-For each repository under experiments/swe_repos/{train,test}/<name>/ (repo/: a package of 2-6
-modules and its visible tests; hidden_tests/test_hidden.py; train and test splits use different
-repositories) every candidate bug of six kinds is found in the source with `ast`
+For each source repository under envservers/data/swe_repos/{train,test}/<name>/ (repo/: a
+package of 2-6 modules and its visible tests; hidden_tests/test_hidden.py; train and test splits
+use different repositories) every candidate bug of six kinds is found in the source with `ast`
 (off_by_one, wrong_operator, missing_edge_case, wrong_default, swapped_arguments,
 broken_import), applied, and kept only if the repository's own tests and the hidden tests both
-catch it (and pass on the original). Each kept bug is a task folder:
-  repo/            the buggy repository (its visible tests included)
-  hidden_tests/    the hidden tests that the bug breaks (SWE-bench's FAIL_TO_PASS)
-  task.json        problem_statement (an issue text from the failing visible test), the test
-                   command, the bug kind, and the reference fix {path, old, new} (an exact,
-                   unique str_replace) the scripted expert applies.
+catch it (and pass on the original). Each kept bug is one file, <out>/<split>/<task_id>.json:
+repo_name, kind, problem_statement (an issue text from the failing visible test), the test
+command, `bug` {path, old, new} (the exact edit, `old` unique in the clean file and `new` unique
+in the buggy one, that makes the buggy repository; the reference fix is its inverse) and
+`fail_to_pass` (the hidden tests the bug breaks, as pytest node ids under hidden_tests/).
+The source repositories are shipped once; the env makes each task's repository at reset.
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ import tempfile
 
 from absl import app, flags
 
-SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "swe_repos")
+from envservers.envs.swe_tasks import REPOS_DIR
 
 FLAGS = flags.FLAGS
 
@@ -78,10 +77,10 @@ print(json.dumps(results))
 
 def source_repos(split: str) -> dict[str, tuple[dict[str, str], str]]:
   """{name: ({path: source} of the repository, its hidden test module)} of
-  experiments/swe_repos/<split>/<name>/{repo/, hidden_tests/test_hidden.py}."""
+  envservers/data/swe_repos/<split>/<name>/{repo/, hidden_tests/test_hidden.py}."""
   repos = {}
-  for name in sorted(os.listdir(os.path.join(SOURCE_DIR, split))):
-    root = os.path.join(SOURCE_DIR, split, name)
+  for name in sorted(os.listdir(os.path.join(REPOS_DIR, split))):
+    root = os.path.join(REPOS_DIR, split, name)
     files = {}
     for folder, dirs, names in os.walk(os.path.join(root, "repo")):
       dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -201,16 +200,17 @@ def candidates(source: str, package: str, repo_functions: set[str]) -> list[tupl
   return out
 
 
-def unique_fix(buggy: str, fixed: str) -> tuple[str, str]:
-  """(old, new): the changed lines of `buggy` -> `fixed`, widened by whole lines of context
-  until `old` occurs exactly once in `buggy`."""
-  a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
+def unique_edit(before: str, after: str) -> tuple[str, str]:
+  """(old, new): the changed lines of `before` -> `after`, widened by whole lines of context
+  until `old` occurs exactly once in `before` and `new` exactly once in `after` (so the edit
+  and its inverse are each one exact str_replace)."""
+  a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
   ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
          if op[0] != "equal"]
   i1, i2, j1, j2 = ops[0][1], ops[-1][2], ops[0][3], ops[-1][4]
   while True:
     old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
-    if old and buggy.count(old) == 1:
+    if old and new and before.count(old) == 1 and after.count(new) == 1:
       return old, new
     if i1 > 0:
       i1, j1 = i1 - 1, j1 - 1
@@ -218,6 +218,14 @@ def unique_fix(buggy: str, fixed: str) -> tuple[str, str]:
       i2, j2 = i2 + 1, j2 + 1
     else:
       raise ValueError("no unique context")
+
+
+def first_changed_line(before: str, after: str) -> int:
+  """The 1-based line of `after` where it first differs from `before`."""
+  a, b = before.splitlines(), after.splitlines()
+  ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+  first = next(op for op in ops if op[0] != "equal")
+  return min(first[3] + 1, len(b))
 
 
 def enclosing_function(source: str, line: int) -> str | None:
@@ -241,18 +249,6 @@ def issue_text(kind: str, module: str, function: str | None, failure: tuple[str,
           f"\n\nPlease fix {where} so that it does what its docstring and the tests say.")
 
 
-def hidden_file(source: str, keep: set[str]) -> str:
-  """The hidden test module with only the test functions in `keep` (imports kept)."""
-  tree = ast.parse(source)
-  text = ""
-  for node in tree.body:
-    is_test = isinstance(node, ast.FunctionDef) and node.name.startswith("test")
-    if is_test and node.name not in keep:
-      continue
-    text += ("\n\n" if is_test else "") + ast.get_source_segment(source, node) + "\n"
-  return text
-
-
 def repo_rng(seed: int, name: str) -> random.Random:
   """The candidate order of one repository (independent of the others)."""
   return random.Random(f"{seed}:{name}")
@@ -260,7 +256,9 @@ def repo_rng(seed: int, name: str) -> random.Random:
 
 def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
                     per_kind: int, rng: random.Random) -> list[str]:
+  """Writes <out_dir>/<task_id>.json for each kept bug of one repository; the task ids."""
   made = []
+  os.makedirs(out_dir, exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
     base = os.path.join(tmp, "base")
     write_tree(files, base)
@@ -304,21 +302,17 @@ def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
         if not vis_fail or not hid_fail:
           continue
         task_id = f"{name}-{kind}-{kept}"
-        task_dir = os.path.join(out_dir, task_id)
-        write_tree({**files, path: mutated}, os.path.join(task_dir, "repo"))
-        write_tree({"test_hidden.py": hidden_file(hidden, hid_fail)},
-                   os.path.join(task_dir, "hidden_tests"))
-        old, new = unique_fix(mutated, files[path])
-        changed = mutated.splitlines().index(old.splitlines()[0]) + 1 if old.strip() else 1
-        module = path
-        function = enclosing_function(mutated, changed)
+        old, new = unique_edit(files[path], mutated)
+        function = enclosing_function(mutated, first_changed_line(files[path], mutated))
         failure = (vis_fail[0][0].replace(trial + "/", ""), vis_fail[0][1])
         meta = {"task_id": task_id, "repo_name": name, "kind": kind,
-                "problem_statement": issue_text(kind, module, function, failure),
-                "test_command": TEST_COMMAND, "hidden_tests": sorted(hid_fail),
-                "fix": {"path": path, "old": old, "new": new}}
-        with open(os.path.join(task_dir, "task.json"), "w") as f:
+                "problem_statement": issue_text(kind, path, function, failure),
+                "test_command": TEST_COMMAND,
+                "fail_to_pass": [f"test_hidden.py::{test}" for test in sorted(hid_fail)],
+                "bug": {"path": path, "old": old, "new": new}}
+        with open(os.path.join(out_dir, f"{task_id}.json"), "w") as f:
           json.dump(meta, f, indent=1)
+          f.write("\n")
         made.append(task_id)
         kept += 1
   return made

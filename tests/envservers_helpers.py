@@ -108,7 +108,8 @@ async def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.0
 @functools.cache
 def sandbox_unavailable_reason() -> str | None:
   """None if a python_sandbox instance starts on this machine, else why not."""
-  from envservers.envs.python_sandbox import BWRAP, PythonSandbox
+  from envservers.envs.bwrap import BWRAP
+  from envservers.envs.python_sandbox import PythonSandbox
   if not os.path.exists(BWRAP):
     return f"bubblewrap ({BWRAP}) is not installed (.ci/setup installs it)"
 

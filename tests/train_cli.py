@@ -1,6 +1,8 @@
 """Running experiments/train.py from tests: the command line and the metrics it writes."""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,3 +33,13 @@ def run_train(workdir, *overrides: str, timeout: float = 600) -> list[dict]:
                        timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
   return read_metrics(workdir)
+
+
+@functools.lru_cache(maxsize=None)   # loaded once: a script's absl flags may be defined only once
+def load_script(relative_path: str):
+  """A script of the repository (e.g. "experiments/sweep.py") as a module, not run."""
+  name = os.path.splitext(os.path.basename(relative_path))[0]
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relative_path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -121,10 +121,10 @@ def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
   for split in swe_tasks.SPLITS:
     for task_id in swe_tasks.shipped_task_ids(split)[:n]:
       meta = swe_tasks.shipped_task_meta(task_id)
+      fix = swe_tasks.reference_fix(meta)
       texts += [meta["problem_statement"],
                 tool_call_text("bash", command=meta["test_command"]),
-                tool_call_text("view", path=meta["fix"]["path"], lines="1-40"),
-                tool_call_text("str_replace", path=meta["fix"]["path"], old=meta["fix"]["old"],
-                               new=meta["fix"]["new"]),
+                tool_call_text("view", path=fix["path"], lines="1-40"),
+                tool_call_text("str_replace", path=fix["path"], old=fix["old"], new=fix["new"]),
                 tool_call_text("submit")]
   return texts

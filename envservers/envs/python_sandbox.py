@@ -20,55 +20,23 @@ notebook, then stderr with any traceback), each truncated; info has byte counts 
 """
 from __future__ import annotations
 
-import functools
-import itertools
 import json
-import os
 import signal
-import subprocess
-import sys
-import sysconfig
 from typing import Any
 
 import trio
 
 from envservers import protocol
-from envservers.envs import memory_cgroup
 from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward
-from envservers.process import StderrCapture, exit_reason, kill_process, wait_exit
+from envservers.envs.bwrap import BwrapProcess, bwrap_args, default_python, driver_source
+from envservers.process import exit_reason, wait_exit
 from envservers.registry import register_env
 
-BWRAP = "/usr/bin/bwrap"
-_DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("sandbox_driver.py")).read_text()
-_uid_counter = itertools.count()
-
-
-@functools.lru_cache(maxsize=None)
-def _python_version(python: str) -> str:
-  return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                        capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-
-
-def _default_python() -> str:
-  if os.path.exists("/usr/bin/python3"):
-    return "/usr/bin/python3"
-  return os.path.realpath(sys.executable)
-
-
-def _host_site_packages(python: str) -> str | None:
-  """The server venv's site-packages, if the sandbox Python can use it (same major.minor)."""
-  if sys.prefix == sys.base_prefix:
-    return None
-  purelib = sysconfig.get_paths()["purelib"]
-  try:
-    same = _python_version(python) == "%d.%d" % sys.version_info[:2]
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return purelib if same and os.path.isdir(purelib) else None
+_DRIVER_SOURCE = driver_source("sandbox_driver.py")
 
 
 @register_env
-class PythonSandbox(ServerEnv):
+class PythonSandbox(BwrapProcess, ServerEnv):
   """Options (server flag `--env-opt python_sandbox.NAME=VALUE`):
     timeout_s: time limit per call (default 30): past it the running code gets a TimeoutError
       and the interpreter keeps its state; if the code does not stop within `kill_grace_s`
@@ -106,14 +74,14 @@ class PythonSandbox(ServerEnv):
                    "max_open_files": int(max_open_files),
                    "file_size_mb": int(file_size_mb), "max_output_bytes": int(max_output_bytes)}
     self.work_mb, self.tmp_mb = int(work_mb), int(tmp_mb)
-    self.python = python or _default_python()
+    self.python = python or default_python()
     self.site_packages = bool(site_packages)
-    self.process: trio.Process | None = None
+    self.process = None
     self.reader: protocol.FrameReader | None = None
     self.calls = 0
-    self.stderr: StderrCapture | None = None
+    self.stderr = None
     self.memory_cgroup = bool(memory_cgroup)
-    self.cgroup: str | None = None
+    self.cgroup = None
 
   @property
   def worker_pid(self) -> int | None:
@@ -123,65 +91,23 @@ class PythonSandbox(ServerEnv):
     return self.process is not None and self.process.poll() is None
 
   def command(self) -> list[str]:
-    """The bwrap command line for one instance."""
-    args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/lib", "/lib64", "/sbin"):
-      if os.path.islink(top):
-        args += ["--symlink", os.readlink(top), top]
-      elif os.path.isdir(top):
-        args += ["--ro-bind", top, top]
-    for path in ("/etc/ld.so.cache", "/etc/localtime"):
-      if os.path.exists(path):
-        args += ["--ro-bind", path, path]
-    python_real = os.path.realpath(self.python)
-    if not python_real.startswith("/usr/"):
-      prefix = os.path.dirname(os.path.dirname(python_real))
-      args += ["--ro-bind", prefix, prefix]
+    """The bwrap command line for one instance: a private writable work dir /workspace, /tmp
+    and /dev/shm (size-capped tmpfs) and the walls of envs/bwrap.py."""
     env = {"HOME": "/workspace", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    site = _host_site_packages(self.python) if self.site_packages else None
-    if site:
-      args += ["--ro-bind", site, "/opt/site-packages"]
-      env["PYTHONPATH"] = "/opt/site-packages"
-    # Every writable place is a size-capped tmpfs (bwrap's /dev is itself an uncapped tmpfs:
-    # it is made read-only, device nodes keep working, /dev/shm gets a capped tmpfs).
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(self.tmp_mb << 20), "--tmpfs", "/dev/shm",
-             "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--size", str(self.work_mb << 20), "--tmpfs", "/workspace",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/workspace", "--clearenv"]
-    for key, value in env.items():
-      args += ["--setenv", key, value]
-    args += ["--", self.python, "-u", "-c", _DRIVER_SOURCE, json.dumps(self.limits)]
-    return args
+    return bwrap_args(self.python, [self.python, "-u", "-c", _DRIVER_SOURCE,
+                                    json.dumps(self.limits)],
+                      env=env, site_packages=self.site_packages, chdir="/workspace",
+                      tmpfs=[("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb),
+                             ("/workspace", self.work_mb)])
 
   async def start(self) -> None:
-    if not os.path.exists(BWRAP):
-      raise EnvCrashed(f"bubblewrap ({BWRAP}) is not installed: the Python sandbox needs it "
-                       f"(Debian package 'bubblewrap'; .ci/setup installs it)")
-    # bwrap's own process (pid 1 inside, its /proc/1/environ readable there) gets no host env.
-    options: dict[str, Any] = {"start_new_session": True, "env": {"PATH": "/usr/bin:/bin"}}
-    if os.geteuid() == 0:  # run as a uid of our own: NPROC holds, root-only files unreadable
-      uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
-      options.update(user=uid, group=uid, extra_groups=[])
-    self.stderr = StderrCapture()
-    self.process = await trio.lowlevel.open_process(
-        self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file,
-        **options)
+    await self.spawn(self.command(), "the Python sandbox")
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive()
     if self.memory_cgroup:   # before any user code runs
-      limit = (self.limits["memory_mb"] + self.work_mb + 2 * self.tmp_mb) << 20
-      try:
-        self.cgroup = memory_cgroup.create(limit)
-      except OSError as e:
-        raise EnvCrashed(f"could not create the sandbox's memory cgroup: {e}") from e
-      if self.cgroup:
-        outside = memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
-        if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
-          raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left outside: {outside})")
+      self.confine_memory((self.limits["memory_mb"] + self.work_mb + 2 * self.tmp_mb) << 20)
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
 
@@ -194,10 +120,7 @@ class PythonSandbox(ServerEnv):
     return EnvCrashed(message + (f"; sandbox stderr: {detail}" if detail else ""))
 
   async def _receive(self) -> dict:
-    try:
-      body = await self.reader.read_body()
-    except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-      body = None
+    body = await self.reader.read_reply()
     if body is None:
       raise await self._crashed("a call")
     try:
@@ -260,15 +183,4 @@ class PythonSandbox(ServerEnv):
     return {"reward": 0.0 if reply["error"] else 1.0, "error": reply["error"]}
 
   async def close(self) -> None:
-    process, self.process = self.process, None
-    await kill_process(process)
-    if self.stderr is not None:
-      self.stderr.close()
-      self.stderr = None
-    cgroup, self.cgroup = self.cgroup, None
-    with trio.CancelScope(shield=True):
-      await memory_cgroup.remove_soon(cgroup)
-    self.memory_cgroup = bool(memory_cgroup)
-    self.cgroup: str | None = None
-
-
+    await self.stop()

@@ -1,4 +1,5 @@
-"""The interpreter loop that runs INSIDE the bubblewrap sandbox (stdlib only, self-contained).
+"""The interpreter loop that runs INSIDE the bubblewrap sandbox (stdlib only; driver_common.py
+inlined by the host).
 
 Started as `python -c <this file's source> <config json>`. It keeps one namespace for the whole
 episode (state persists across calls), reads requests from fd 0 and writes replies to fd 1, both
@@ -21,29 +22,10 @@ import json
 import os
 import resource
 import signal
-import struct
 import sys
 import traceback
 
-_HEADER = struct.Struct(">I")
-
-
-def _read_exact(fd, n):
-  chunks, got = [], 0
-  while got < n:
-    chunk = os.read(fd, min(n - got, 1 << 20))
-    if not chunk:
-      return None
-    chunks.append(chunk)
-    got += len(chunk)
-  return b"".join(chunks)
-
-
-def _send(fd, message):
-  body = json.dumps(message).encode("utf-8")
-  data = _HEADER.pack(len(body)) + body
-  while data:
-    data = data[os.write(fd, data):]
+from envservers.envs.driver_common import read_exact, receive, send, set_rlimits
 
 
 class _CappedStream(io.TextIOBase):
@@ -77,7 +59,7 @@ class _CappedStream(io.TextIOBase):
 def _collect(fd, cap, dropped):
   size = os.fstat(fd).st_size
   os.lseek(fd, 0, os.SEEK_SET)
-  data = _read_exact(fd, min(size, cap)) or b""
+  data = read_exact(fd, min(size, cap)) or b""
   os.ftruncate(fd, 0)
   os.lseek(fd, 0, os.SEEK_SET)
   total = size + dropped
@@ -144,28 +126,18 @@ def main():
   os.dup2(err_fd, 2)
   for fd in (proto_in, proto_out, out_fd, err_fd):
     os.set_inheritable(fd, False)
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG instead
-  mb = 1024 * 1024
-  resource.setrlimit(resource.RLIMIT_AS, (config["memory_mb"] * mb,) * 2)
-  resource.setrlimit(resource.RLIMIT_NPROC, (config["max_procs"],) * 2)
-  resource.setrlimit(resource.RLIMIT_FSIZE, (config["file_size_mb"] * mb,) * 2)
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  resource.setrlimit(resource.RLIMIT_NOFILE, (config["max_open_files"],) * 2)
+  set_rlimits(config)
   cpu_hard = int(config["cpu_total_s"])
   resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
   my_pid = os.getpid()
   namespace = {"__name__": "__main__", "__builtins__": builtins}
-  _send(proto_out, {"ready": True, "pid": my_pid})
+  send(proto_out, {"ready": True, "pid": my_pid})
   while True:
-    header = _read_exact(proto_in, _HEADER.size)
-    if header is None:
+    request = receive(proto_in)
+    if request is None:
       return
-    body = _read_exact(proto_in, _HEADER.unpack(header)[0])
-    if body is None:
-      return
-    request = json.loads(body)
     if request.get("op") == "ping":
-      _send(proto_out, {"pong": True})
+      send(proto_out, {"pong": True})
       continue
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = min(cpu_hard, int(usage.ru_utime + usage.ru_stime + config["cpu_s"]) + 1)
@@ -187,7 +159,7 @@ def main():
       value = value[:cap] + f"... [repr truncated: {len(value)} characters]"
     stdout, stdout_bytes = _collect(out_fd, cap, out.dropped)
     stderr, stderr_bytes = _collect(err_fd, cap, err.dropped)
-    _send(proto_out, {"stdout": stdout, "stderr": stderr, "stdout_bytes": stdout_bytes,
+    send(proto_out, {"stdout": stdout, "stderr": stderr, "stdout_bytes": stdout_bytes,
                       "stderr_bytes": stderr_bytes, "value": value, "error": error})
 
 

@@ -5,7 +5,8 @@ IPC/PID/UTS namespaces, read-only /usr and the server venv's packages, rlimits, 
 where the server may make one, a uid of its own under root) running `swe_driver.py` as its pid 1.
 The episode's repository is a fresh copy on a size-capped tmpfs at /repo, the only writable tree
 besides a small /tmp: `reset(row)` sends the task's repository (a cached .tar.gz) into a sandbox
-the pool started ahead, so two episodes never share a file.
+the pool started ahead, so two episodes never share a file; a shipped task's bug (one exact edit
+of its clean repository) is made on that copy.
 
 Actions (JSON objects; a plain string is a bash command):
   {"action": "bash", "command": str}                       runs `bash -c` in /repo
@@ -16,23 +17,25 @@ Every command's processes end with it; output past `max_output_bytes` keeps its 
 with a note. Errors (a bad action, `old` absent or ambiguous, a missing file) are observations.
 
 Reward (`submit`, or the env reward `hidden_tests`): the fraction of the task's hidden tests that
-pass. The repository is archived out of the agent's sandbox (its processes killed first) into a
-second sandbox with the same caps, and the hidden tests are copied in there, for that run only
-(they never exist in the agent's sandbox); pytest runs there with its own config (`-c
-/dev/null`, no conftest, no cache, a per-test time limit). The denominator is the larger of the
-tests pytest reports and the hidden test functions counted statically (so code that breaks
-collection scores 0, not 0/0). The code under test runs beside the tests, so a repository
-written to fool pytest (rewriting its report) is not caught: this grades honest attempts.
+pass (a shipped task's: the ones its bug breaks, selected by pytest node id). The repository is
+archived out of the agent's sandbox (its processes killed first) into a second sandbox with the
+same caps, and the hidden tests are copied in there, for that run only (they never exist in the
+agent's sandbox); pytest runs there with its own config (`-c /dev/null`, no conftest, no cache,
+a per-test time limit). The denominator is the larger of the tests pytest reports and the tests
+asked for (the selected node ids, or every hidden test function counted statically), so code
+that breaks collection scores 0, not 0/0. The code under test runs beside the tests, so a
+repository written to fool pytest (rewriting its report) is not caught: this grades honest
+attempts.
 
 Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
 test_command + hidden_tests folders).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
-import os
-import subprocess
+import shlex
 import time
 from typing import Any
 
@@ -40,18 +43,18 @@ import trio
 
 from envservers import protocol
 from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward
-from envservers.envs import memory_cgroup, swe_tasks
-from envservers.envs.python_sandbox import (BWRAP, _default_python, _host_site_packages,
-                                            _uid_counter)
-from envservers.process import StderrCapture, exit_reason, kill_process, wait_exit
+from envservers.envs import swe_tasks
+from envservers.envs.bwrap import BwrapProcess, bwrap_args, default_python, driver_source
+from envservers.process import exit_reason, wait_exit
 from envservers.registry import register_env
 
-_DRIVER_SOURCE = (__import__("pathlib").Path(__file__).with_name("swe_driver.py")).read_text()
+_DRIVER_SOURCE = driver_source("swe_driver.py")
 _MAX_FRAME = 96 << 20
 HIDDEN_DIR = "/hidden_tests"
+# The hidden tests to run follow it: the task's node ids under HIDDEN_DIR, or HIDDEN_DIR (all).
 GRADE_COMMAND = ("python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
                  "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
-                 f"--junitxml=/tmp/junit.xml {HIDDEN_DIR}")
+                 "--junitxml=/tmp/junit.xml")
 
 
 def grade_command(test_timeout_s: float, site_packages: bool) -> str:
@@ -64,7 +67,7 @@ def grade_command(test_timeout_s: float, site_packages: bool) -> str:
 ACTIONS = ("bash", "view", "str_replace", "submit")
 
 
-class Sandbox:
+class Sandbox(BwrapProcess):
   """One bwrap process running the repository driver; `request` sends one op and waits."""
 
   def __init__(self, limits: dict, repo_mb: int, tmp_mb: int, python: str, site_packages: bool,
@@ -72,10 +75,8 @@ class Sandbox:
     self.limits, self.repo_mb, self.tmp_mb = limits, repo_mb, tmp_mb
     self.python, self.site_packages, self.use_cgroup = python, site_packages, use_cgroup
     self.grading = grading   # a grading sandbox has a /hidden_tests tmpfs for the tests
-    self.process: trio.Process | None = None
+    self.process = self.stderr = self.cgroup = None
     self.reader: protocol.FrameReader | None = None
-    self.stderr: StderrCapture | None = None
-    self.cgroup: str | None = None
 
   def command(self) -> list[str]:
     """The command line: `sh` running bwrap as its child. With --as-pid-1 (the driver as the
@@ -84,66 +85,26 @@ class Sandbox:
     that exit after 10 s idle (a burst of sandboxes was SIGKILLed 10 s later; python_sandbox,
     without --as-pid-1, is not affected). A plain `sh` in between lives as long as the sandbox,
     and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
-    args = ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox",
-            BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/lib", "/lib64", "/sbin"):
-      if os.path.islink(top):
-        args += ["--symlink", os.readlink(top), top]
-      elif os.path.isdir(top):
-        args += ["--ro-bind", top, top]
-    for path in ("/etc/ld.so.cache", "/etc/localtime"):
-      if os.path.exists(path):
-        args += ["--ro-bind", path, path]
-    python_real = os.path.realpath(self.python)
-    if not python_real.startswith("/usr/"):
-      prefix = os.path.dirname(os.path.dirname(python_real))
-      args += ["--ro-bind", prefix, prefix]
     env = {"HOME": "/tmp", "PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
            "TERM": "dumb", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": "/repo", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    site = _host_site_packages(self.python) if self.site_packages else None
-    if site:   # pytest and friends, read-only
-      args += ["--ro-bind", site, "/opt/site-packages"]
-      env["PYTHONPATH"] = "/repo:/opt/site-packages"
-    args += ["--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python"]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(self.tmp_mb << 20), "--tmpfs", "/dev/shm",
-             "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--size", str(self.repo_mb << 20), "--tmpfs", "/repo",
-             *(["--size", str(self.tmp_mb << 20), "--tmpfs", HIDDEN_DIR] if self.grading else []),
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/repo", "--clearenv"]
-    for key, value in env.items():
-      args += ["--setenv", key, value]
-    return args + ["--", self.python, "-I", "-S", "-c", _DRIVER_SOURCE, json.dumps(self.limits)]
+    tmpfs = [("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb), ("/repo", self.repo_mb)]
+    if self.grading:
+      tmpfs.append((HIDDEN_DIR, self.tmp_mb))
+    return ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox", *bwrap_args(
+        self.python, [self.python, "-I", "-S", "-c", _DRIVER_SOURCE, json.dumps(self.limits)],
+        env=env, tmpfs=tmpfs, chdir="/repo", site_packages=self.site_packages,
+        pythonpath=("/repo",), mounts=("--dir", "/opt/bin", "--symlink", self.python,
+                                       "/opt/bin/python"), as_pid_1=True)]
 
   async def start(self) -> None:
-    if not os.path.exists(BWRAP):
-      raise EnvCrashed(f"bubblewrap ({BWRAP}) is not installed: the swe env needs it "
-                       f"(Debian package 'bubblewrap'; .ci/setup installs it)")
-    options: dict[str, Any] = {"start_new_session": True, "env": {"PATH": "/usr/bin:/bin"}}
-    if os.geteuid() == 0:   # a uid of its own: NPROC holds per sandbox, root's files unreadable
-      uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
-      options.update(user=uid, group=uid, extra_groups=[])
-    self.stderr = StderrCapture()
-    self.process = await trio.lowlevel.open_process(
-        self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file,
-        **options)
+    await self.spawn(self.command(), "the swe env")
     self.reader = protocol.FrameReader(self.process.stdout, max_frame_bytes=_MAX_FRAME)
     with trio.fail_after(30):
       hello = await self._receive("start")
     if self.use_cgroup:   # the driver is ready and idle: before any command runs
-      limit = (self.limits["memory_mb"] + self.repo_mb + 2 * self.tmp_mb) << 20
-      try:
-        self.cgroup = memory_cgroup.create(limit)
-      except OSError as e:
-        raise EnvCrashed(f"could not create the sandbox's memory cgroup: {e}") from e
-      if self.cgroup:
-        outside = memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
-        if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
-          raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left "
-                           f"outside: {outside})")
+      self.confine_memory((self.limits["memory_mb"] + self.repo_mb + 2 * self.tmp_mb) << 20)
     if not hello.get("ready"):
       raise EnvCrashed(f"swe driver sent {hello!r} instead of ready")
 
@@ -161,10 +122,7 @@ class Sandbox:
                       + (f"; sandbox stderr: {detail}" if detail else ""))
 
   async def _receive(self, what: str) -> dict:
-    try:
-      body = await self.reader.read_body()
-    except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-      body = None
+    body = await self.reader.read_reply()
     if body is None:
       raise await self._crashed(what)
     try:
@@ -187,14 +145,7 @@ class Sandbox:
                      f"and was killed")
 
   async def close(self) -> None:
-    process, self.process = self.process, None
-    await kill_process(process)
-    if self.stderr is not None:
-      self.stderr.close()
-      self.stderr = None
-    cgroup, self.cgroup = self.cgroup, None
-    with trio.CancelScope(shield=True):
-      await memory_cgroup.remove_soon(cgroup)
+    await self.stop()
 
 
 def _positive(name: str, value: Any) -> None:
@@ -273,7 +224,7 @@ class SweEnv(ServerEnv):
                    "max_file_bytes": int(max_file_bytes)}
     self.repo_mb, self.tmp_mb = int(repo_mb), int(tmp_mb)
     self.archive_bytes = int(repo_archive_mb) << 20
-    self.python = python or _default_python()
+    self.python = python or default_python()
     self.site_packages, self.use_cgroup = bool(site_packages), bool(memory_cgroup)
     self.grade_command = grade_command(float(test_timeout_s), self.site_packages)
     # The pool's hard limit of one call: a command, or a submit (archive + grading sandbox).
@@ -306,9 +257,13 @@ class SweEnv(ServerEnv):
       await self.close()
       await self.start()
     started = time.perf_counter()
-    reply = await self.sandbox.request({"op": "load", "tar_b64": archive}, 30.0)
+    load = {"op": "load", "tar_b64": archive}
+    if task.bug is not None:   # a shipped task: the clean repository, then its bug
+      load["edit"] = dataclasses.asdict(task.bug)
+    reply = await self.sandbox.request(load, 30.0)
     if "error" in reply:
-      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked: {reply['error']}")
+      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked"
+                       f"{' with its bug' if task.bug else ''}: {reply['error']}")
     self.timings["load_s"] = time.perf_counter() - started
     self.task, self.result, self.steps = task, None, 0
     return (f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
@@ -381,14 +336,17 @@ class SweEnv(ServerEnv):
         loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
         if "error" in loaded:
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
-      reply = await grader.request({"op": "grade", "command": self.grade_command,
+      targets = " ".join(shlex.quote(f"{HIDDEN_DIR}/{node}") for node in self.task.selected_tests)
+      reply = await grader.request({"op": "grade", "command": f"{self.grade_command} "
+                                                              f"{targets or HIDDEN_DIR}",
                                     "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
                                    self.grade_timeout_s + 10.0)
     finally:
       await grader.close()
     cases = reply.get("cases", [])
     passed = sum(1 for _, outcome in cases if outcome == "passed")
-    total = max(len(cases), swe_tasks.count_hidden_tests(self.task.hidden_tests))
+    total = max(len(cases), len(self.task.selected_tests)
+                or swe_tasks.count_hidden_tests(self.task.hidden_tests))
     self.timings["grade_s"] = time.perf_counter() - started
     return {"reward": passed / total if total else 0.0, "passed": passed, "total": total,
             "timed_out": bool(reply.get("timed_out")), "cases": cases,

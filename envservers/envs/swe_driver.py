@@ -1,4 +1,5 @@
-"""The repository driver that runs INSIDE the `swe` env's bubblewrap sandbox (stdlib only).
+"""The repository driver that runs INSIDE the `swe` env's bubblewrap sandbox (stdlib only;
+driver_common.py inlined by the host).
 
 Started as `python3 -S -c <this file's source> <config json>` with the episode's repository on a
 size-capped tmpfs at /repo (the only writable tree besides a small /tmp). It reads requests
@@ -9,8 +10,9 @@ sandbox's pid namespace is killed (`kill(-1)`), so nothing of one command outliv
 requests resolve paths inside this mount namespace, so no path can reach the host.
 
 Requests -> replies:
-  {"op": "load", "tar_b64": str, "dest": "/repo" | "/hidden_tests"}
-                                              -> {"files": int}  (extracts a .tar.gz there)
+  {"op": "load", "tar_b64": str, "dest": "/repo" | "/hidden_tests", "edit": {path, old, new}}
+                                              -> {"files": int}  (extracts a .tar.gz there, then
+                                                 makes the optional exact edit: a task's bug)
   {"op": "bash", "command": str, "timeout_s": float}
                                               -> {"output", "exit_code", "timed_out", "bytes"}
   {"op": "view", "path": str, "start": int, "end": int | None}  -> {"output"} or {"error"}
@@ -27,33 +29,15 @@ import os
 import resource
 import select
 import signal
-import struct
 import subprocess
 import tarfile
 import time
 import xml.etree.ElementTree as ElementTree
 
-_HEADER = struct.Struct(">I")
+from envservers.envs.driver_common import receive, send, set_rlimits
+
 REPO = "/repo"
 _SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
-
-
-def _read_exact(fd, n):
-  chunks, got = [], 0
-  while got < n:
-    chunk = os.read(fd, min(n - got, 1 << 20))
-    if not chunk:
-      return None
-    chunks.append(chunk)
-    got += len(chunk)
-  return b"".join(chunks)
-
-
-def _send(fd, message):
-  body = json.dumps(message).encode("utf-8")
-  data = _HEADER.pack(len(body)) + body
-  while data:
-    data = data[os.write(fd, data):]
 
 
 def _kill_others():
@@ -199,13 +183,9 @@ def op_view(config, request):
   return {"output": _clip(out, int(config["max_output_bytes"]))}
 
 
-def op_str_replace(config, request):
-  full = _resolve(request.get("path"))
-  old, new = request.get("old"), request.get("new")
-  if not isinstance(old, str) or not old:
-    raise ValueError("'old' must be a non-empty string (the exact text to replace)")
-  if not isinstance(new, str):
-    raise ValueError("'new' must be a string")
+def _replace_once(full, old, new):
+  """Replaces the one occurrence of `old` in file `full` by `new`; (new text, offset) or
+  ValueError when `old` occurs 0 or several times."""
   if not os.path.isfile(full):
     raise ValueError(f"{full} is not a file")
   text = _read_text(full)
@@ -220,6 +200,17 @@ def op_str_replace(config, request):
   text = text[:at] + new + text[at + len(old):]
   with open(full, "w", encoding="utf-8") as f:
     f.write(text)
+  return text, at
+
+
+def op_str_replace(config, request):
+  full = _resolve(request.get("path"))
+  old, new = request.get("old"), request.get("new")
+  if not isinstance(old, str) or not old:
+    raise ValueError("'old' must be a non-empty string (the exact text to replace)")
+  if not isinstance(new, str):
+    raise ValueError("'new' must be a string")
+  text, at = _replace_once(full, old, new)
   first = text[:at].count("\n") + 1
   lines = text.splitlines()
   lo, hi = max(1, first - 3), min(len(lines), first + new.count("\n") + 3)
@@ -246,6 +237,9 @@ def op_load(config, request):
               and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
       archive.extractall(dest, members=safe)
     count = sum(1 for m in members if m.isfile())
+  edit = request.get("edit")
+  if edit:   # the task's bug, made on the fresh copy
+    _replace_once(os.path.join(dest, os.path.normpath(edit["path"])), edit["old"], edit["new"])
   return {"files": count}
 
 
@@ -298,26 +292,16 @@ def main():
   for fd in (proto_in, proto_out):
     os.set_inheritable(fd, False)
   _read_text.max_bytes = int(config["max_file_bytes"])
-  mb = 1024 * 1024
-  resource.setrlimit(resource.RLIMIT_AS, (config["memory_mb"] * mb,) * 2)
-  resource.setrlimit(resource.RLIMIT_NPROC, (config["max_procs"],) * 2)
-  resource.setrlimit(resource.RLIMIT_FSIZE, (config["file_size_mb"] * mb,) * 2)
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  resource.setrlimit(resource.RLIMIT_NOFILE, (config["max_open_files"],) * 2)
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a too-large write fails with EFBIG instead
+  set_rlimits(config)
   os.makedirs(REPO, exist_ok=True)
-  _send(proto_out, {"ready": True, "pid": os.getpid()})
+  send(proto_out, {"ready": True, "pid": os.getpid()})
   while True:
-    header = _read_exact(proto_in, _HEADER.size)
-    if header is None:
+    request = receive(proto_in)
+    if request is None:
       return
-    body = _read_exact(proto_in, _HEADER.unpack(header)[0])
-    if body is None:
-      return
-    request = json.loads(body)
     op = request.get("op")
     if op == "ping":
-      _send(proto_out, {"pong": True})
+      send(proto_out, {"pong": True})
       continue
     try:
       reply = _OPS[op](config, request)
@@ -326,7 +310,7 @@ def main():
     except Exception as e:  # noqa: BLE001 -- the driver must answer, whatever the request did
       reply = {"error": str(e) if isinstance(e, (ValueError, OSError)) else
                f"{type(e).__name__}: {e}"}
-    _send(proto_out, reply)
+    send(proto_out, reply)
 
 
 if __name__ == "__main__":

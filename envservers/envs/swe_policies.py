@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 
+from envservers.envs import swe_tasks
+
 # `File "/repo/pkg/mod.py", line 12` (Python tracebacks) or `pkg/mod.py:12:` (pytest's short form).
 _LOCATION = re.compile(r'(?:File "/repo/([\w./-]+\.py)", line (\d+))|(?:^|\s)([\w./-]+\.py):(\d+)',
                        re.M)
@@ -41,7 +43,7 @@ class ScriptedExpert:
     self.location: tuple[str, int] | None = None
 
   def act(self, observation: str) -> dict:
-    fix = self.meta["fix"]
+    fix = swe_tasks.reference_fix(self.meta)
     self.stage += 1
     if self.stage == 1:
       return {"action": "bash", "command": self.meta.get("test_command", "python -m pytest -q")}
@@ -56,15 +58,20 @@ class ScriptedExpert:
     return {"action": "submit"}
 
 
-def repo_files(repo: str) -> dict[str, list[str]]:
-  """{relative path: lines} of the repository's Python files (what the random policy edits)."""
+def repo_files(task: swe_tasks.SweTask) -> dict[str, list[str]]:
+  """{relative path: lines} of the Python files of the task's repository as an episode starts
+  (its bug made): what the random policy edits."""
   files = {}
-  for root, _, names in os.walk(repo):
+  for root, _, names in os.walk(task.repo):
     for name in sorted(names):
       if name.endswith(".py"):
         path = os.path.join(root, name)
         with open(path) as f:
-          files[os.path.relpath(path, repo)] = f.read().splitlines(keepends=True)
+          text = f.read()
+        rel = os.path.relpath(path, task.repo)
+        if task.bug is not None and task.bug.path == rel:
+          text = task.bug.apply(text)
+        files[rel] = text.splitlines(keepends=True)
   return files
 
 

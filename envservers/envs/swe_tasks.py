@@ -6,10 +6,16 @@ tests (pytest files, never shown to the agent):
     {"repo": "/abs/path/repo", "problem_statement": "...", "test_command": "python -m pytest -q",
      "hidden_tests": "/abs/path/hidden", "instance_id": "optional name"}
 
-or names a task of the shipped set (envservers/data/swe_tasks/<split>/<task_id>/): {"task_id":
-"statlib-off_by_one-0"}. `resolve_row` turns either into a `SweTask` (ValueError naming the field
-otherwise); `count_hidden_tests` counts the hidden test functions statically (the reward's
-denominator when the repository's code breaks collection).
+or names a task of the shipped set: {"task_id": "statlib-off_by_one-0"}. The shipped set keeps
+each source repository once, envservers/data/swe_repos/<split>/<name>/ (repo/: the clean
+package and its visible tests; hidden_tests/), and each task as one file,
+envservers/data/swe_tasks/<split>/<task_id>.json: the repository's name, the bug as one exact
+edit {path, old, new} that turns the clean repository into the buggy one (the reference fix is
+its inverse), the issue text, the bug kind and `fail_to_pass`, the hidden tests the bug breaks
+(pytest node ids under hidden_tests/; grading runs only these). `resolve_row` turns either row
+into a `SweTask` (ValueError naming the field otherwise); `count_hidden_tests` counts the hidden
+test functions statically (the reward's denominator when the repository's code breaks
+collection).
 """
 from __future__ import annotations
 
@@ -22,43 +28,73 @@ import json
 import os
 import tarfile
 
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                           "swe_tasks")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+SHIPPED_DIR = os.path.join(DATA_DIR, "swe_tasks")
+REPOS_DIR = os.path.join(DATA_DIR, "swe_repos")
 SPLITS = ("train", "test")
 DEFAULT_TEST_COMMAND = "python -m pytest -q"
 _SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
 
 
 @dataclasses.dataclass(frozen=True)
+class Edit:
+  """One exact edit of a repository file: `old` (occurring exactly once) becomes `new`."""
+  path: str
+  old: str
+  new: str
+
+  def inverse(self) -> Edit:
+    return Edit(self.path, self.new, self.old)
+
+  def apply(self, text: str) -> str:
+    """`text` with the edit made; ValueError unless `old` occurs exactly once."""
+    count = text.count(self.old) if self.old else 0
+    if count != 1:
+      raise ValueError(f"the edit of {self.path!r} expects its 'old' text exactly once, found "
+                       f"{count} times")
+    return text.replace(self.old, self.new, 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class SweTask:
-  """One task: where its repository and hidden tests are on the server's host."""
+  """One task: where its repository and hidden tests are on the server's host; for a shipped
+  task also the bug (applied to the clean repository at reset) and the hidden tests to run
+  (node ids under `hidden_tests`; empty: all of them)."""
   instance_id: str
   repo: str
   hidden_tests: str
   problem_statement: str
   test_command: str
+  bug: Edit | None = None
+  selected_tests: tuple[str, ...] = ()
 
 
-def shipped_task_dir(task_id: str) -> str | None:
-  """The folder of a shipped task, or None."""
+def shipped_task_path(task_id: str) -> str | None:
+  """The task.json of a shipped task, or None."""
   for split in SPLITS:
-    path = os.path.join(SHIPPED_DIR, split, task_id)
-    if os.path.isfile(os.path.join(path, "task.json")):
+    path = os.path.join(SHIPPED_DIR, split, f"{task_id}.json")
+    if os.path.isfile(path):
       return path
   return None
 
 
+def shipped_repo_dir(split: str, name: str) -> str:
+  """The folder of a shipped source repository ({repo/, hidden_tests/})."""
+  return os.path.join(REPOS_DIR, split, name)
+
+
 @functools.lru_cache(maxsize=4096)
 def _shipped_task(task_id: str) -> SweTask:
-  path = shipped_task_dir(task_id)
+  path = shipped_task_path(task_id)
   if path is None:
     raise ValueError(f"field 'task_id': no shipped SWE task {task_id!r} under {SHIPPED_DIR}")
-  with open(os.path.join(path, "task.json")) as f:
-    meta = json.load(f)
-  return SweTask(instance_id=task_id, repo=os.path.join(path, "repo"),
-                 hidden_tests=os.path.join(path, "hidden_tests"),
+  meta = shipped_task_meta(task_id)
+  source = shipped_repo_dir(os.path.basename(os.path.dirname(path)), meta["repo_name"])
+  return SweTask(instance_id=task_id, repo=os.path.join(source, "repo"),
+                 hidden_tests=os.path.join(source, "hidden_tests"),
                  problem_statement=meta["problem_statement"],
-                 test_command=meta.get("test_command", DEFAULT_TEST_COMMAND))
+                 test_command=meta.get("test_command", DEFAULT_TEST_COMMAND),
+                 bug=Edit(**meta["bug"]), selected_tests=tuple(meta["fail_to_pass"]))
 
 
 def shipped_task_ids(split: str) -> list[str]:
@@ -68,16 +104,22 @@ def shipped_task_ids(split: str) -> list[str]:
   root = os.path.join(SHIPPED_DIR, split)
   if not os.path.isdir(root):
     return []
-  return sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "task.json")))
+  return sorted(name[:-len(".json")] for name in os.listdir(root) if name.endswith(".json"))
 
 
 def shipped_task_meta(task_id: str) -> dict:
-  """The shipped task's task.json (problem statement, bug kind, the reference fix, ...)."""
-  path = shipped_task_dir(task_id)
+  """The shipped task's task.json (problem statement, bug kind, the bug edit, ...)."""
+  path = shipped_task_path(task_id)
   if path is None:
     raise ValueError(f"no shipped SWE task {task_id!r}")
-  with open(os.path.join(path, "task.json")) as f:
+  with open(path) as f:
     return json.load(f)
+
+
+def reference_fix(meta: dict) -> dict:
+  """The fix of a shipped task ({path, old, new}: one exact edit of the buggy repository): the
+  inverse of its bug."""
+  return dataclasses.asdict(Edit(**meta["bug"]).inverse())
 
 
 def resolve_row(row: dict | None, where: str = "row") -> SweTask:

@@ -1,6 +1,6 @@
 """The `swe` env: episode start, hidden-test grading, and 64 concurrent episodes on one server.
 
-    .venv/bin/python experiments/bench_swe.py [--episodes=40] [--concurrent=64]
+    .venv/bin/python experiments/bench/bench_swe.py [--episodes=40] [--concurrent=64]
 
 One local env server (a subprocess on loopback), driven from this process through EnvManager
 (the trainer's path), on the shipped test split:
@@ -92,24 +92,20 @@ def reference_copy(repo: str, n: int) -> list[float]:
 
 
 def reference_pytest(task_id: str) -> float:
-  """The grading pytest command on the host (fixed repository, no sandbox): seconds."""
-  meta = swe_tasks.shipped_task_meta(task_id)
+  """The grading pytest command on the host (the fixed repository, i.e. the clean one, copied;
+  the task's hidden tests; no sandbox): seconds."""
   task = swe_tasks.resolve_row({"task_id": task_id})
   with tempfile.TemporaryDirectory() as tmp:
     repo = os.path.join(tmp, "repo")
     subprocess.run(["cp", "-a", task.repo, repo], check=True)
-    path = os.path.join(repo, meta["fix"]["path"])
-    with open(path) as f:
-      text = f.read()
-    with open(path, "w") as f:
-      f.write(text.replace(meta["fix"]["old"], meta["fix"]["new"]))
     env = dict(os.environ, PYTHONPATH=repo, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                PYTHONDONTWRITEBYTECODE="1")
+    tests = [os.path.join(task.hidden_tests, node) for node in task.selected_tests]
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
                     "--rootdir", repo, "--import-mode=importlib",
-                    f"--junitxml={tmp}/junit.xml", task.hidden_tests], cwd=repo, env=env,
-                   capture_output=True, check=False)
+                    f"--junitxml={tmp}/junit.xml", *(tests or [task.hidden_tests])], cwd=repo,
+                   env=env, capture_output=True, check=False)
     return time.perf_counter() - started
 
 

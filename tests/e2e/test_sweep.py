@@ -1,23 +1,17 @@
 """experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script."""
-import functools
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from train_cli import ROOT
+from train_cli import ROOT, load_script
 
 
 
-@functools.lru_cache(maxsize=1)   # loaded once: its absl flags may be defined only once
 def _load_sweep_script():
   """experiments/sweep.py as a module (a script, not part of the package)."""
-  spec = importlib.util.spec_from_file_location("sweep", os.path.join(ROOT, "experiments", "sweep.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("experiments/sweep.py")
 
 
 def test_grid_and_random_points():

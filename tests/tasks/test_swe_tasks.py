@@ -3,9 +3,10 @@ scripted expert solves every test task through a real env server and a random po
 bring-your-own rows are checked before training, each bad row named with its field."""
 from __future__ import annotations
 
+import ast
 import filecmp
+import hashlib
 import json
-import functools
 import os
 import shutil
 
@@ -15,8 +16,10 @@ import trio
 
 from agentfly_jax.envs.manager import EnvManager
 from envservers.envs import swe_policies, swe_rows, swe_tasks
+from envservers.envs.swe import SweEnv
 from tests import swe_testlib
 from envservers_helpers import running_server, sandbox_unavailable_reason
+from train_cli import load_script
 from worlds_helpers import play
 
 needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
@@ -24,15 +27,14 @@ needs_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None,
 pytestmark = pytest.mark.timeout(600)
 
 
-@functools.lru_cache(maxsize=1)   # loaded once: its absl flags may be defined only once
 def _make_swe_tasks():
   """experiments/make_swe_tasks.py as a module (a script, not part of the package)."""
-  import importlib.util
-  from train_cli import ROOT
-  spec = importlib.util.spec_from_file_location("make_swe_tasks", os.path.join(ROOT, "experiments", "make_swe_tasks.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("experiments/make_swe_tasks.py")
+
+
+def _test_functions(path: str) -> set[str]:
+  with open(path) as f:
+    return {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
 
 
 def test_shipped_set_splits_by_repository_and_covers_every_bug_kind():
@@ -44,34 +46,80 @@ def test_shipped_set_splits_by_repository_and_covers_every_bug_kind():
   assert len(repos["train"]) >= 4 and len(repos["test"]) >= 3
   assert not repos["train"] & repos["test"]
   assert {m["kind"] for ms in metas.values() for m in ms} == set(KINDS)
+  for split in swe_tasks.SPLITS:   # a task is one file; each repository is shipped once
+    assert all(n.endswith(".json") for n in os.listdir(os.path.join(swe_tasks.SHIPPED_DIR, split)))
+    assert sorted(os.listdir(os.path.join(swe_tasks.REPOS_DIR, split))) == sorted(repos[split])
   for meta in metas["train"] + metas["test"]:
     task = swe_tasks.resolve_row({"task_id": meta["task_id"]})
-    assert swe_tasks.count_hidden_tests(task.hidden_tests) == len(meta["hidden_tests"]) >= 1
+    assert task.selected_tests == tuple(meta["fail_to_pass"]) and task.selected_tests
+    for node in task.selected_tests:   # each names a hidden test function
+      module, name = node.split("::")
+      assert name in _test_functions(os.path.join(task.hidden_tests, module)), node
     files = [f for _, _, fs in os.walk(task.repo) for f in fs if f.endswith(".py")]
     assert 3 <= len([f for f in files if not f.startswith("test_") and f != "__init__.py"]) + 1 <= 7
-    with open(os.path.join(task.repo, meta["fix"]["path"])) as f:
-      assert f.read().count(meta["fix"]["old"]) == 1   # the reference fix is one exact edit
+    with open(os.path.join(task.repo, task.bug.path)) as f:
+      clean = f.read()
+    buggy = task.bug.apply(clean)   # the bug and the reference fix are each one exact edit
+    fix = swe_tasks.reference_fix(meta)
+    assert buggy != clean and buggy.count(fix["old"]) == 1
+    assert buggy.replace(fix["old"], fix["new"]) == clean
     assert "test_hidden" not in os.listdir(task.repo)
   with pytest.raises(ValueError, match="field 'task_id'"):
     swe_tasks.resolve_row({"task_id": "nope-0"})
 
 
 def test_generator_reproduces_the_shipped_tasks_of_a_repository(tmp_path):
-  """One repository through the generator again: byte-identical tasks, each a real bug (the
-  reference fix restores the original source)."""
+  """One repository through the generator again: byte-identical task files."""
   make_swe_tasks = _make_swe_tasks()
   files, hidden = make_swe_tasks.source_repos("test")["units"]
   made = make_swe_tasks.make_repo_tasks("units", files, hidden, str(tmp_path), 2,
                                         make_swe_tasks.repo_rng(0, "units"))
   assert sorted(made) == [t for t in swe_tasks.shipped_task_ids("test") if t.startswith("units-")]
+  assert sorted(os.listdir(tmp_path)) == sorted(f"{t}.json" for t in made)
   for task_id in made:
-    cmp = filecmp.dircmp(tmp_path / task_id, swe_tasks.shipped_task_dir(task_id))
-    assert not cmp.diff_files and not cmp.left_only and not cmp.right_only, task_id
-    meta = swe_tasks.shipped_task_meta(task_id)
-    with open(tmp_path / task_id / "repo" / meta["fix"]["path"]) as f:
-      buggy = f.read()
-    assert buggy != files[meta["fix"]["path"]]
-    assert buggy.replace(meta["fix"]["old"], meta["fix"]["new"]) == files[meta["fix"]["path"]]
+    assert filecmp.cmp(tmp_path / f"{task_id}.json", swe_tasks.shipped_task_path(task_id),
+                       shallow=False), task_id
+
+
+@needs_sandbox
+def test_episode_repository_carries_the_bug_and_grading_runs_its_tests():
+  """A shipped task's episode: the clean repository with the bug made (and nothing else
+  changed); grading runs exactly the task's fail_to_pass tests (0 pass before the fix, all
+  after)."""
+  task_id = "units-wrong_operator-0"
+  task = swe_tasks.resolve_row({"task_id": task_id})
+
+  async def main():
+    env = SweEnv()
+    await env.start()
+    try:
+      await env.reset({"task_id": task_id})
+      listing = await env.step({"action": "bash", "command": "find . -name '*.py' | sort | "
+                                "xargs md5sum"})
+      before = await env.grade()
+      fix = swe_tasks.reference_fix(swe_tasks.shipped_task_meta(task_id))
+      await env.step({"action": "str_replace", **fix})
+      after = await env.grade()
+      return listing.observation, before, after
+    finally:
+      await env.close()
+
+  listing, before, after = trio.run(main)
+  expected = {}
+  for root, _, names in os.walk(task.repo):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(root, name)
+        rel = "./" + os.path.relpath(path, task.repo)
+        with open(path) as f:
+          text = f.read()
+        text = task.bug.apply(text) if rel == "./" + task.bug.path else text
+        expected[rel] = hashlib.md5(text.encode()).hexdigest()
+  assert {line.split()[1]: line.split()[0] for line in listing.splitlines()} == expected
+  names = sorted(case.rsplit("::", 1)[1] for case, _ in before["cases"])
+  assert names == sorted(node.split("::")[1] for node in task.selected_tests)
+  assert (before["passed"], before["total"]) == (0, len(task.selected_tests))
+  assert after["passed"] == after["total"] == len(task.selected_tests)
 
 
 def _one_per_repository(split: str) -> list[str]:
@@ -95,17 +143,17 @@ def test_expert_solves_every_test_task_and_random_scores_near_zero(which):
       manager = EnvManager([server.address])
 
       async def solve(task_id):
-        meta = swe_tasks.shipped_task_meta(task_id)
-        expert = swe_policies.ScriptedExpert(meta)
+        expert = swe_policies.ScriptedExpert(swe_tasks.shipped_task_meta(task_id))
 
         async def act(observation, env):
           return expert.act(observation)
 
         result = await play(manager, "swe", {"task_id": task_id}, act, 8, "hidden_tests")
         assert result["done"] and result["submitted"] == 1.0, (task_id, result)
+        assert result["total"] == len(swe_tasks.resolve_row({"task_id": task_id}).selected_tests)
         assert expert.location is not None and expert.location[0].endswith(".py")
         expert_rewards[task_id] = result["reward"]
-        files = swe_policies.repo_files(swe_tasks.resolve_row({"task_id": task_id}).repo)
+        files = swe_policies.repo_files(swe_tasks.resolve_row({"task_id": task_id}))
         steps = iter(range(100))
 
         async def random_act(observation, env):

@@ -1,1 +1,0 @@
-"""Lists-of-lists matrices."""
