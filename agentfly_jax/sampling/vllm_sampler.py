@@ -31,6 +31,7 @@ from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import GREEDY_TEMPERATURE
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
 from agentfly_jax.sampling.requests import per_request_params, validate_request
+from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
 
 class VllmSampler:
@@ -66,6 +67,7 @@ class VllmSampler:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # callables in collective_rpc
+    select_vllm_platform()   # vllm-cpu beside libtpu: the CPU platform, explicitly
     import vllm
     self._vllm = vllm
     if in_process:

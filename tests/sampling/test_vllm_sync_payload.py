@@ -52,3 +52,18 @@ def test_packed_loader_declines_an_incomplete_payload_before_writing_anything():
   tensors = {n: torch.ones(4, 2) for n in names}  # no self_attn.{q,k,v}_proj.bias
   assert vllm_sync.load_packed_on_cpu(model, tensors) is False
   assert not embed.any()
+
+
+def test_vllm_cpu_build_beside_libtpu_selects_the_cpu_platform(monkeypatch):
+  """jax[tpu] installs libtpu on every machine (compile-only TPU checks): vLLM would probe both TPU
+  and CPU; with the vllm-cpu build the CPU platform is set explicitly, a user's choice kept."""
+  import importlib.metadata
+  from agentfly_jax.sampling.vllm_platform import select_vllm_platform
+  try:
+    importlib.metadata.version("vllm-cpu")
+  except importlib.metadata.PackageNotFoundError:
+    pytest.skip("the vllm-cpu build is not installed")
+  monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+  assert select_vllm_platform() == "cpu"
+  monkeypatch.setenv("VLLM_TARGET_DEVICE", "cuda")
+  assert select_vllm_platform() == "cuda"
