@@ -19,8 +19,7 @@ from agentfly_jax.sampling.scripted import ScriptedSampler, scripted_logprob
 from agentfly_jax.tasks import lookup
 from agentfly_jax.tasks.lookup_agent import LOOKUP_SCHEMA, run as openai_lookup_agent
 
-from train_cli import ROOT  # noqa: E402
-WARMSTART = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
+from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
 
 
 @pytest.fixture(scope="module")
@@ -41,31 +40,6 @@ def lookup_script(tok):
     reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
     return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
   return script
-
-
-def assert_segment_is_sampler_output(traj, calls):
-  """Each run of masked-in ids is exactly one sampler call's output (ids and log-probs) for a
-  prompt equal to the trajectory up to there; nothing else is masked in."""
-  ids, mask, logps = traj.token_ids.tolist(), traj.action_mask, traj.sampler_logprobs
-  by_prompt = {}
-  for p, r in calls:
-    by_prompt.setdefault(len(p), []).append((p, r))
-  spans, t = [], 0
-  while t < len(ids):
-    if mask[t]:
-      end = t
-      while end < len(ids) and mask[end]:
-        end += 1
-      spans.append((t, end))
-      t = end
-    else:
-      t += 1
-  assert spans, "no masked-in tokens"
-  for start, end in spans:
-    assert any(p == ids[:start] and r.token_ids == ids[start:end]
-               and np.array_equal(np.float32(r.logprobs), logps[start:end])
-               for p, r in by_prompt.get(start, ())), f"span {start}:{end} is no sampler call's output"
-  assert np.all(logps[~mask] == 0)
 
 
 def test_openai_sdk_agent_gets_the_builtin_agents_trajectories(tok, agent):

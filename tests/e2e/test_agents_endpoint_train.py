@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from test_agents_endpoint import WARMSTART, assert_segment_is_sampler_output
+from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
 from train_cli import ROOT, read_metrics, train_command
 
 
