@@ -45,6 +45,39 @@ def peft_tensors(model) -> dict[str, np.ndarray]:
   return out
 
 
+def write_peft_state(adapters, folder: str | os.PathLike, *, rank: int, alpha: float) -> int:
+  """Writes an nnx.State of adapters (paths ending in lora_a / lora_b, unrolled layout; all of
+  one `rank`, scale alpha / rank) as a PEFT folder; returns the tensors' bytes. For samplers
+  that hold the adapters only (the state has no module to read the scale from)."""
+  from flax import nnx
+  tensors, modules = {}, set()
+  for path, var in nnx.to_flat_state(adapters):
+    module, leaf = ".".join(str(p) for p in path[:-1]), str(path[-1])
+    value = np.asarray(jax.device_get(var[...] if isinstance(var, nnx.Variable) else var), np.float32)
+    if leaf not in ("lora_a", "lora_b") or value.ndim != 2:
+      raise ValueError(f"write_peft_state: {module}.{leaf} {value.shape} is not an unrolled LoRA adapter")
+    tensors[f"base_model.model.{module}.lora_{leaf[-1].upper()}.weight"] = np.ascontiguousarray(value.T)
+    modules.add(module.rsplit(".", 1)[-1])
+  _write_folder(os.fspath(folder), tensors, rank=rank, alpha=float(alpha), target_modules=sorted(modules),
+                base_model_name_or_path="")
+  return int(sum(t.nbytes for t in tensors.values()))
+
+
+def _write_folder(folder: str, tensors: dict, *, rank: int, alpha: float, target_modules,
+                  base_model_name_or_path: str) -> None:
+  config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path or None,
+      "r": int(rank), "lora_alpha": float(alpha), "target_modules": target_modules,
+      "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+      "modules_to_save": None, "init_lora_weights": True, "inference_mode": True, "rank_pattern": {},
+      "alpha_pattern": {}, "layers_to_transform": None, "layers_pattern": None, "revision": None,
+  }
+  os.makedirs(folder, exist_ok=True)
+  save_file(tensors, os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
+  with open(os.path.join(folder, CONFIG_FILE), "w") as f:
+    json.dump(config, f, indent=2)
+
+
 def _target_modules(model, paths: list[str]):
   """PEFT `target_modules`: module names when every decoder layer has the same set, else one
   regular expression that PEFT full-matches against module paths."""
@@ -69,18 +102,9 @@ def export_peft(model, folder: str | os.PathLike, *, base_model_name_or_path: st
                      "PEFT's file needs one")
   rank, scale = ranks.pop(), scales.pop()
   paths = [p for p, _ in adapted]
-  config = {
-      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path or None,
-      "r": int(rank), "lora_alpha": float(scale * rank), "target_modules": _target_modules(model, paths),
-      "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-      "modules_to_save": None, "init_lora_weights": True, "inference_mode": True, "rank_pattern": {},
-      "alpha_pattern": {}, "layers_to_transform": None, "layers_pattern": None, "revision": None,
-  }
   folder = os.fspath(folder)
-  os.makedirs(folder, exist_ok=True)
-  save_file(peft_tensors(model), os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
-  with open(os.path.join(folder, CONFIG_FILE), "w") as f:
-    json.dump(config, f, indent=2)
+  _write_folder(folder, peft_tensors(model), rank=rank, alpha=float(scale * rank),
+                target_modules=_target_modules(model, paths), base_model_name_or_path=base_model_name_or_path)
   return folder
 
 
@@ -155,4 +179,4 @@ def save_merged(model, folder: str | os.PathLike, *, tokenizer_dir: str | os.Pat
   return save_pretrained(merge_lora(model), folder, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
 
-__all__ = ["export_peft", "load_peft", "peft_tensors", "save_merged"]
+__all__ = ["export_peft", "load_peft", "peft_tensors", "save_merged", "write_peft_state"]

@@ -182,7 +182,7 @@ def build_components(config, workdir: str, task=None) -> Components:
     engine = {"gpu_memory_utilization": config.gpu.vllm_mem_fraction} if config.gpu.vllm_mem_fraction else {}
     sampler = VllmSampler(model_dir, dtype=r.vllm_dtype or config.model.dtype,
                           max_model_len=r.max_total_tokens + r.max_tokens_per_turn, max_num_seqs=r.max_batch_size,
-                          max_batch_size=r.max_batch_size, seed=config.seed, **engine)
+                          max_batch_size=r.max_batch_size, seed=config.seed, lora=lora_cfg, **engine)
   else:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout
