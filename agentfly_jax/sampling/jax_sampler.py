@@ -157,10 +157,14 @@ class JaxSampler:
     held = dict(nnx.to_flat_state(self._params))
     graphdef, decode_params = self._decode
     decode = dict(nnx.to_flat_state(decode_params))
-    for path, var in nnx.to_flat_state(adapters):
-      if path not in held or not isinstance(held[path], nnx.LoRAParam):
-        raise ValueError(f"JaxSampler.update_weights: adapter {'/'.join(map(str, path))} is not an adapter "
-                         "of the sampler's model (was it built with the same model.lora config?)")
+    new = dict(nnx.to_flat_state(adapters))
+    mine = {p for p, v in held.items() if isinstance(v, nnx.LoRAParam)}
+    if set(new) != mine:
+      diff = sorted(set(new) ^ mine)[:3]
+      raise ValueError(f"JaxSampler.update_weights: the adapters do not match the sampler's model's "
+                       f"({len(new)} given, {len(mine)} held; e.g. {['/'.join(map(str, p)) for p in diff]}): "
+                       "was it built with the same model.lora config?")
+    for path, var in new.items():
       if held[path].shape != var.shape:
         raise ValueError(f"JaxSampler.update_weights: adapter {'/'.join(map(str, path))} has shape "
                          f"{var.shape}, the model has {held[path].shape}")
