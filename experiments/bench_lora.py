@@ -40,6 +40,7 @@ flags.DEFINE_integer("rank", 16, "LoRA rank")
 flags.DEFINE_integer("decode_batch", 8, "rows of the decode comparison")
 flags.DEFINE_integer("decode_tokens", 32, "new tokens of the decode comparison")
 flags.DEFINE_string("out", os.path.join(ROOT, "experiments", "results", "bench_lora"), "output path (no suffix)")
+flags.DEFINE_string("from_json", "", "re-write the markdown table of this results JSON (no run)")
 FLAGS = flags.FLAGS
 
 
@@ -205,7 +206,7 @@ def markdown(r: dict) -> str:
       ("optimizer state", mib(full["opt_bytes"]), mib(lora["opt_bytes"]), "optimizer_state_bytes"),
       ("weight sync bytes", mib(full["sync_bytes"]), mib(lora["sync_bytes"]), "sync_bytes"),
       ("weight sync time (median s)", f"{full['sync_s_median']:.3f}", f"{lora['sync_s_median']:.3f}", "sync_time"),
-      ("peak RSS of the worker", mib(full["peak_rss_bytes"]), mib(lora["peak_rss_bytes"]), "peak_rss"),
+      ("peak RSS of the worker (model, state, activations, a sampler decode copy)", mib(full["peak_rss_bytes"]), mib(lora["peak_rss_bytes"]), "peak_rss"),
   ]
   s = r["setup"]
   out = [f"# LoRA vs full fine-tune ({s['model']})", "",
@@ -216,6 +217,11 @@ def markdown(r: dict) -> str:
   for name, a, b, key in rows:
     goal = goals.get(key)
     out.append(f"| {name} | {a} | {b} | {ratio[key]:.3f} | {'<= ' + str(goal) if goal else ''} |")
+  pairs = [b / a for a, b in zip(full["train_s"], lora["train_s"])]
+  out += ["", "Step times of the interleaved calls (s): full " + ", ".join(f"{x:.1f}" for x in full["train_s"])
+          + "; LoRA " + ", ".join(f"{x:.1f}" for x in lora["train_s"]) + "; LoRA / full per pair: "
+          + ", ".join(f"{x:.2f}" for x in pairs) + f". Compile step (s): full {full['compile_step_s']:.0f}, "
+          f"LoRA {lora['compile_step_s']:.0f}."]
   out += ["", "Decode with the adapters applied vs merged into the weights (JAX sampler, greedy, "
           f"batch {r['setup'].get('decode_batch', '')}):", "",
           "| decode | tokens/s |", "|---|---|",
@@ -229,6 +235,12 @@ def main(argv):
   del argv
   if FLAGS.serve:
     serve(FLAGS.serve)
+    return
+  if FLAGS.from_json:
+    with open(FLAGS.from_json) as f:
+      result = json.load(f)
+    from experiments.bench_machine import write_results
+    write_results(FLAGS.out, result, markdown(result))
     return
   from experiments.bench_machine import write_results
   result = run()
