@@ -101,13 +101,58 @@ class Linear(nnx.Module):
     self.dtype = dtype
     self.precision = precision
     self.kernel_layout = "in_out"
+    self.lora_a = nnx.data(None)  # LoRA adapters (`add_lora`; models/lora.py): None = none
+    self.lora_b = nnx.data(None)
+    self.lora_scale = 0.0
+
+  def add_lora(self, rank: int, alpha: float, key: jax.Array) -> None:
+    """Gives this Linear LoRA adapters: y = x W (+ b) + (x A) B * (alpha / rank).
+
+    `lora_a` [..., in, rank] (uniform in +-1/sqrt(in), PEFT's default) and `lora_b` [..., rank,
+    out] (zeros, so the model is unchanged until B trains), both `nnx.LoRAParam` (a subclass of
+    nnx.Param) in float32 whatever the base's dtype; leading dims follow the kernel's (a stacked
+    layer's [L, ...]). Logical axes: (in's name, "lora_rank") and ("lora_rank", out's name). The
+    adapters do not depend on `kernel_layout`.
+    """
+    if not (isinstance(rank, int) and rank >= 1):
+      raise ValueError(f"LoRA rank must be an int >= 1, got {rank!r}")
+    lead = tuple(self.kernel.shape[:-2])
+    names = logical_axes(self.kernel)
+    a_axes = b_axes = None
+    if names is not None:
+      lead_names, pair = tuple(names[:-2]), tuple(names[-2:])
+      in_axis, out_axis = pair if self.kernel_layout == "in_out" else pair[::-1]
+      a_axes, b_axes = lead_names + (in_axis, "lora_rank"), lead_names + ("lora_rank", out_axis)
+    bound = 1.0 / math.sqrt(self.in_features)
+    a = jax.random.uniform(key, lead + (self.in_features, rank), jnp.float32, -bound, bound)
+    self.lora_a = lora_param(a, a_axes)
+    self.lora_b = lora_param(jnp.zeros(lead + (rank, self.out_features), jnp.float32), b_axes)
+    self.lora_scale = float(alpha) / rank
+
+  def lora_delta(self, x: jax.Array) -> jax.Array:
+    """(x A) B * scale: x [..., in] -> [..., out] (compute dtype); this Linear must have adapters."""
+    a = self.lora_a[...].astype(self.dtype)
+    b = self.lora_b[...].astype(self.dtype)
+    xa = dense(x.astype(self.dtype), a, True, self.precision)
+    return dense(xa, b, True, self.precision) * jnp.asarray(self.lora_scale, self.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.kernel[...].astype(self.dtype)
     y = dense(x.astype(self.dtype), kernel, self.kernel_layout == "in_out", self.precision)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
+    if self.lora_a is not None:
+      y = y + self.lora_delta(x)
     return y
+
+
+def lora_param(value: jax.Array, axes: tuple | None) -> nnx.LoRAParam:
+  """An nnx.LoRAParam of `value` whose dims carry the logical names `axes` (see param_with_axes)."""
+  if axes is None:
+    return nnx.LoRAParam(value)
+  if len(axes) != jnp.ndim(value):
+    raise ValueError(f"logical axes {axes} do not fit a LoRA param of shape {jnp.shape(value)}")
+  return nnx.LoRAParam(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
 def _dense_fwd_only(x, kernel, in_out: bool, precision):
@@ -162,7 +207,8 @@ def project(x: jax.Array, linears, fuse: bool) -> list[jax.Array]:
 def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
   """The `Linear`s (same input width, layout and dtype) applied to x [..., in] as one GEMM over
   their concatenated kernels: [..., out_i] each, equal to [l(x) for l in linears]. The params stay
-  separate (the concatenation is part of the step; its gradient is a split)."""
+  separate (the concatenation is part of the step; its gradient is a split). LoRA adapters of
+  the Linears (`Linear.add_lora`) are added to their outputs (the x A's as one GEMM too)."""
   first = linears[0]
   in_out = first.kernel_layout == "in_out"
   kernel = jnp.concatenate([l.kernel[...] for l in linears], axis=1 if in_out else 0).astype(first.dtype)
@@ -171,7 +217,18 @@ def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
     y = y + jnp.concatenate([jnp.zeros((l.out_features,), first.dtype) if l.bias is None
                              else l.bias[...].astype(first.dtype) for l in linears])
   splits = [sum(l.out_features for l in linears[:i + 1]) for i in range(len(linears) - 1)]
-  return jnp.split(y, splits, axis=-1)
+  outs = jnp.split(y, splits, axis=-1)
+  adapted = [i for i, l in enumerate(linears) if l.lora_a is not None]
+  if adapted:  # every x A_i as one GEMM over the concatenated A's, then each B_i
+    a = jnp.concatenate([linears[i].lora_a[...] for i in adapted], axis=-1).astype(first.dtype)
+    xa = dense(x.astype(first.dtype), a, True, first.precision)
+    ranks = [linears[i].lora_a.shape[-1] for i in adapted]
+    parts = jnp.split(xa, [sum(ranks[:j + 1]) for j in range(len(ranks) - 1)], axis=-1)
+    for i, part in zip(adapted, parts):
+      l = linears[i]
+      delta = dense(part, l.lora_b[...].astype(first.dtype), True, first.precision)
+      outs[i] = outs[i] + delta * jnp.asarray(l.lora_scale, first.dtype)
+  return outs
 
 
 def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:

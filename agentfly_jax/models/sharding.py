@@ -21,6 +21,7 @@ embeddings (kernel layout [in, out]):
   lm_head.kernel [D, V]           ('embed', 'vocab')        -> ('fsdp', 'tp')
   score.kernel [D, 1]             ('embed', 'score')        -> ('fsdp', None); bias (None,)
   norm scales [D] / q,k norms [hd] ('embed_vector',) / ('head_dim',) -> (None,)
+  LoRA lora_a [in, r] / lora_b [r, out]  (in's name, 'lora_rank') / ('lora_rank', out's name)
 On a mesh, a dimension whose size the mesh axes do not divide is left unsplit (None), and a mesh
 axis already used by an earlier dim of the same param is not used again.
 """
@@ -43,6 +44,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "embed_vector": None,   # D-sized vectors: norm scales, row-parallel output biases (whole)
     "head_dim": None,       # q/k norm scales
     "score": None,          # the critic's value head output (size 1)
+    "lora_rank": None,      # LoRA adapters' rank dim (models/lora.py; small: kept whole)
 }
 _METADATA_KEY = "out_sharding"  # flax NNX's sharding metadata (the logical names here)
 

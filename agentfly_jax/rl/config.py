@@ -48,6 +48,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.attention_impl = "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
   c.model.dtype = "float32"        # compute dtype (bfloat16 on GPU)
   c.model.param_dtype = "float32"  # master params, hence gradients and AdamW moments (keep float32)
+  # LoRA (models/lora.py): rank > 0 trains float32 adapters in the decoder layers' projections and
+  # freezes the base (optimizer, checkpoints and weight syncs hold adapters only; the KL reference
+  # is the base + the adapters of RL step 0, no copy of the base). 0 = full fine-tune.
+  c.model.lora = ml_collections.ConfigDict()
+  c.model.lora.rank = 0
+  c.model.lora.alpha = 32.0        # scale = alpha / rank
+  c.model.lora.targets = "q,k,v,o,gate,up,down"  # logical names, or regexes over paths (model.layers.0.mlp.up_proj)
+  c.model.lora.critic = False      # PPO: adapters on the critic's trunk too (its value head trains whole)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1
@@ -193,6 +201,16 @@ def validate_config(c: ml_collections.ConfigDict, *, custom_task: bool = False) 
     _fail("mesh.sampler_devices", sampler_devices,
           f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={c.rollout.sampler!r}; "
           f"vLLM places itself: set its gpu_memory_utilization instead)")
+  lora = c.model.get("lora")  # .get: runs saved before the field
+  if lora is not None and lora.get("rank", 0) != 0:
+    from agentfly_jax.models.lora import lora_config_from
+    rank = lora.rank
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+      _fail("model.lora.rank", rank, "must be an integer >= 0 (0 = full fine-tune)")
+    try:
+      lora_config_from(lora)
+    except ValueError as e:
+      raise ValueError(f"config.{e}") from None
   from agentfly_jax.models.config import ATTENTION_IMPLS
   impl = c.model.get("attention_impl", "flash")  # .get: runs saved before the field
   if impl not in ATTENTION_IMPLS:

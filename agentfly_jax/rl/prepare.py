@@ -61,7 +61,10 @@ def _masked_mean(x, mask):
 
 
 def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None):
-  """Builds the jitted `prepare(params, ref_params, critic_params, arrays) -> (batch, metrics)`.
+  """Builds the jitted `prepare(params, ref_params, critic_params, arrays, frozen=None) -> (batch, metrics)`.
+
+  `frozen` = (rest, critic_rest) as call-time arguments (LoRA's frozen base: see
+  train_step.make_train_step); None: the ones given here.
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
@@ -72,24 +75,25 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   """
   from agentfly_jax.sampling.mismatch import logprob_mismatch_metrics
 
-  def logprobs(params, a):
+  def logprobs(params, a, rest):
     model = nnx.merge(graphdef, params, rest)
     fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
         model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity)[0]
     lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"], a["action_mask"])
     return jnp.where(a["action_mask"], lp, 0.0)
 
-  def prepare(params, ref_params, critic_params, arrays):
+  def prepare(params, ref_params, critic_params, arrays, frozen=None):
+    p_rest, c_rest = (rest, critic_rest) if frozen is None else frozen
     mask = arrays["action_mask"]
     batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
-    old = logprobs(params, arrays)
+    old = logprobs(params, arrays, p_rest)
     batch["old_logprobs"] = old
     metrics = {f"mismatch/{k}": v for k, v in
                logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
     if cfg.behaviour_logprobs:
       batch["behaviour_logprobs"] = arrays["sampler_logprobs"]
     if ref_params is not None:
-      batch["ref_logprobs"] = logprobs(ref_params, arrays)
+      batch["ref_logprobs"] = logprobs(ref_params, arrays, p_rest)  # LoRA: the same base, the reference's adapters
     if cfg.tis_cap > 0:
       w = jnp.exp(jnp.clip(old - arrays["sampler_logprobs"], -20, 20))
       batch["is_weights"] = jnp.where(mask, jnp.minimum(w, cfg.tis_cap), 0.0)
@@ -102,7 +106,7 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
       scores = scores + pen
     values = None
     if critic_params is not None:
-      critic = nnx.merge(critic_graphdef, critic_params, critic_rest)
+      critic = nnx.merge(critic_graphdef, critic_params, c_rest)
       values = chunked_rows(lambda ids, am, act: critic_values(critic, ids, am, act), cfg.chunk,
                             arrays["input_ids"], arrays["attention_mask"], mask)
       batch["old_values"] = values

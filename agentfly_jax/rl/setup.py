@@ -35,6 +35,8 @@ class Components:
   end_of_turn_id: int
   model_dir: str | None
   sampler_shardings: Any = None   # the sampler sub-mesh's param shardings (None: no sub-mesh)
+  lora: Any = None                # models.lora.LoRAConfig when config.model.lora.rank > 0
+  base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
 
 
 def build_tokenizer_dir(config, task, workdir: str) -> str:
@@ -73,17 +75,43 @@ def model_config(config, vocab_size: int):
                      num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, **ours)
 
 
-def build_model(config, vocab_size: int, *, critic: bool = False):
+def build_model(config, vocab_size: int, *, critic: bool = False, lora: bool = True):
+  """The policy (or critic) of `config`; with `config.model.lora.rank` > 0 (and `lora`) its
+  projections carry LoRA adapters (the critic's only with `model.lora.critic`)."""
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
+  from agentfly_jax.models.lora import apply_lora, lora_config_from
   from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
-    return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
-                           remat=resolved_remat(config), attention_chunk=m.attention_chunk,
-                           attention_impl=m.get("attention_impl", "flash"))
-  cfg = model_config(config, vocab_size)
-  cls = Critic if critic else CausalLM
-  return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
+    model = from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
+                            remat=resolved_remat(config), attention_chunk=m.attention_chunk,
+                            attention_impl=m.get("attention_impl", "flash"))
+  else:
+    cfg = model_config(config, vocab_size)
+    cls = Critic if critic else CausalLM
+    model = cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
+  lora_cfg = lora_config_from(m.get("lora"))
+  if lora and lora_cfg is not None and (not critic or m.lora.get("critic", False)):
+    apply_lora(model, lora_cfg, rngs=nnx.Rngs(config.seed + (31 if critic else 29)))
+  return model
+
+
+def trainable_filter(config, *, critic: bool = False):
+  """What the optimizer trains: every nnx.Param, or under LoRA the adapters (the critic: its
+  adapters + its value head `score`)."""
+  from agentfly_jax.models.lora import lora_config_from, lora_filter
+  lora = config.model.get("lora")
+  if lora_config_from(lora) is None or (critic and not lora.get("critic", False)):
+    return nnx.Param
+  return lora_filter(nnx.PathContains("score")) if critic else lora_filter()
+
+
+def base_identity(config, model) -> dict:
+  """The frozen base of a LoRA run: where it came from and the sha256 of its params."""
+  from agentfly_jax.models.lora import base_params, params_sha256
+  m = config.model
+  source = os.path.abspath(m.pretrained) if m.pretrained else f"random-init {m.family} seed={config.seed}"
+  return {"source": source, "sha256": params_sha256(base_params(model))}
 
 
 def training_and_sampler_meshes(config):
@@ -108,6 +136,7 @@ def training_and_sampler_meshes(config):
 def build_components(config, workdir: str, task=None) -> Components:
   from agentfly_jax.agents import ToolCallAgent, load_tokenizer
   from agentfly_jax.models import partition_specs, save_pretrained, shard_model
+  from agentfly_jax.models.lora import lora_config_from, merge_lora
   from agentfly_jax.rl.config import ALGORITHMS
   from agentfly_jax.tasks.from_config import build_task
 
@@ -131,27 +160,29 @@ def build_components(config, workdir: str, task=None) -> Components:
   if sampler_mesh is not None:
     shard_model(sampler_model, sampler_mesh, rules)
   shard_model(model, mesh, rules)
-  specs = partition_specs(model, mesh, rules)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  graphdef, params, rest = nnx.split(model, trainable_filter(config), ...)
+  specs = partition_specs(params, mesh, rules)
+  lora_cfg = lora_config_from(config.model.get("lora"))
+  identity = None if lora_cfg is None else base_identity(config, model)
 
   c_graphdef = c_rest = c_params = c_specs = None
   if ALGORITHMS[config.algo]["critic"]:
     critic = build_model(config, tokenizer.vocab_size, critic=True)
     shard_model(critic, mesh, rules)
-    c_specs = partition_specs(critic, mesh, rules)
-    c_graphdef, c_params, c_rest = nnx.split(critic, nnx.Param, ...)
+    c_graphdef, c_params, c_rest = nnx.split(critic, trainable_filter(config, critic=True), ...)
+    c_specs = partition_specs(c_params, mesh, rules)
 
   model_dir = None
   if config.rollout.sampler == "vllm":
     from agentfly_jax.sampling import VllmSampler
     model_dir = config.model.pretrained or os.path.join(workdir, "init_model")
-    if not config.model.pretrained:
-      save_pretrained(model, model_dir, tokenizer_dir=tok_dir)
+    if not config.model.pretrained:  # the base (zero-B adapters change nothing: merged = base)
+      save_pretrained(model if lora_cfg is None else merge_lora(model), model_dir, tokenizer_dir=tok_dir)
     r = config.rollout
     engine = {"gpu_memory_utilization": config.gpu.vllm_mem_fraction} if config.gpu.vllm_mem_fraction else {}
     sampler = VllmSampler(model_dir, dtype=r.vllm_dtype or config.model.dtype,
                           max_model_len=r.max_total_tokens + r.max_tokens_per_turn, max_num_seqs=r.max_batch_size,
-                          max_batch_size=r.max_batch_size, seed=config.seed, **engine)
+                          max_batch_size=r.max_batch_size, seed=config.seed, lora=lora_cfg, **engine)
   else:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout
@@ -173,4 +204,5 @@ def build_components(config, workdir: str, task=None) -> Components:
                     critic_specs=c_specs, train_rows=train_rows, eval_rows=eval_rows,
                     end_of_turn_id=int(end_of_turn), model_dir=model_dir,
                     sampler_shardings=None if sampler_mesh is None else jax.tree.map(
-                        lambda x: x.sharding, nnx.state(sampler_model, nnx.Param)))
+                        lambda x: x.sharding, nnx.state(sampler_model, trainable_filter(config))),
+                    lora=lora_cfg, base_identity=identity)

@@ -120,7 +120,7 @@ class SftRunner:
     self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer,
                                         logits_chunk=trainer.loss_cfg.logits_chunk,
                                         logits_capacity=trainer.loss_cfg.logits_capacity),
-                          self.state_sharding, self.batch_sharding)
+                          self.state_sharding, self.batch_sharding, trainer.rest)
 
   def new_state(self, params):
     return self.trainer.new_state(params, self.optimizer, state_sharding=self.state_sharding)
@@ -134,7 +134,7 @@ class SftRunner:
     batch = {k: arr[k] for k in self.batch_sharding}
     mb = to_microbatches(batch, np.arange(len(trajs)), self.trainer.config.train.micro_batch_size)
     mb = {k: put_global(v, self.batch_sharding[k]) for k, v in mb.items()}
-    return self._step(state, mb)
+    return self._step(state, mb, self.trainer.rest)  # the rest (LoRA: the base) as an argument
 
 
 def run_sft(trainer) -> tuple[object, list[float]]:

@@ -165,14 +165,20 @@ def accumulate_gradients(micro_loss: Callable, params, batch: dict):
 def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTransformation,
                     cfg: LossConfig, *, critic_graphdef=None, critic_rest=None,
                     critic_optimizer: optax.GradientTransformation | None = None):
-  """Builds the pure `train_step(state, batch) -> (state, metrics)` (not yet jitted)."""
+  """Builds the pure `train_step(state, batch, frozen=None) -> (state, metrics)` (not yet jitted).
 
-  policy_loss = lambda p, mb: _policy_micro_loss(policy_graphdef, policy_rest, cfg, p, mb)
-  critic_loss = None
-  if critic_graphdef is not None:
-    critic_loss = lambda p, mb: _critic_micro_loss(critic_graphdef, critic_rest, cfg, p, mb)
+  `frozen`: (policy rest, critic rest) passed at call time, e.g. LoRA's frozen base: arrays a
+  jitted function closes over become constants of the compiled program (a copy of the weights in
+  the executable and the compile cache), so whatever is large must be an argument. None: the
+  `policy_rest` / `critic_rest` given here (no arrays in them without LoRA).
+  """
 
-  def train_step(state: TrainState, batch: dict):
+  def train_step(state: TrainState, batch: dict, frozen=None):
+    p_rest, c_rest = (policy_rest, critic_rest) if frozen is None else frozen
+    policy_loss = lambda p, mb: _policy_micro_loss(policy_graphdef, p_rest, cfg, p, mb)  # noqa: E731
+    critic_loss = None
+    if critic_graphdef is not None:
+      critic_loss = lambda p, mb: _critic_micro_loss(critic_graphdef, c_rest, cfg, p, mb)  # noqa: E731
     grads, denom, metrics = accumulate_gradients(policy_loss, state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -197,9 +203,11 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, lo
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
   attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked
-  (`logits_chunk`; 0 = plain [B, L, V] logits), only at action tokens (`logits_capacity`)."""
+  (`logits_chunk`; 0 = plain [B, L, V] logits), only at action tokens (`logits_capacity`).
+  `sft_step(state, batch, frozen=None)`: `frozen` = the model's rest at call time (LoRA's base;
+  see make_train_step), else `rest`."""
 
-  def micro_loss(params, mb):
+  def micro_loss(params, mb, rest):
     model = nnx.merge(graphdef, params, rest)
     mask = mb["action_mask"]
     lp, _ = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
@@ -209,8 +217,9 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, lo
     denom = jnp.sum(mask)
     return nll_sum, (denom, {"sft/nll": nll_sum / jnp.maximum(denom, 1.0)})
 
-  def sft_step(state: TrainState, batch: dict):
-    grads, _, metrics = accumulate_gradients(micro_loss, state.params, batch)
+  def sft_step(state: TrainState, batch: dict, frozen=None):
+    frozen_rest = rest if frozen is None else frozen
+    grads, _, metrics = accumulate_gradients(lambda p, mb: micro_loss(p, mb, frozen_rest), state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics["sft/grad_norm"] = optax.global_norm(grads)
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
@@ -257,7 +266,13 @@ def batch_sharding(mesh: jax.sharding.Mesh, batch: dict) -> dict:
   return {k: NamedSharding(mesh, P(None, "fsdp")) for k in batch}
 
 
-def jit_step(step_fn, state_sh, batch_sh):
-  """jax.jit with explicit shardings and the state donated."""
-  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+def jit_step(step_fn, state_sh, batch_sh, frozen=None):
+  """jax.jit with explicit shardings and the state donated. With `frozen` (the step's third
+  argument, e.g. (rest, critic_rest) under LoRA) it takes that argument with the shardings its
+  arrays have, never donated (the sampler may share them)."""
+  if frozen is None:
+    return jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+                   donate_argnums=(0,))
+  frozen_sh = jax.tree.map(lambda x: x.sharding, frozen)
+  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh, frozen_sh), out_shardings=(state_sh, None),
                  donate_argnums=(0,))

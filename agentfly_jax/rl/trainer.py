@@ -66,6 +66,7 @@ class SamplerWeights:
     self.placement = placement
     self.lock = threading.RLock()
     self._loaded = None
+    self.last_bytes = 0  # bytes the last push moved (LoRA: the adapters; vLLM without LoRA support: merged weights)
 
   @property
   def loaded(self):
@@ -80,6 +81,8 @@ class SamplerWeights:
       local = jax.device_put(local, self.placement)
     self.sampler.update_weights(local)
     self._loaded = params
+    self.last_bytes = getattr(self.sampler, "last_sync_bytes", None) or int(
+        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(local)))
     return True
 
 
@@ -113,6 +116,7 @@ class Trainer:
     self.train_rows, self.eval_rows = c.train_rows, c.eval_rows
     self.task_fingerprint = task_fingerprint(self.task, self.train_rows)  # evaluate.py checks it
     self.init_params, self.init_critic_params = c.params, c.critic_params
+    self.lora, self.base_identity = c.lora, c.base_identity  # LoRA: params = adapters; the base is in rest
     self.end_of_turn_id = c.end_of_turn_id
     self.loss_cfg = LossConfig(
         policy_loss=self.algo["policy_loss"], clip_low=config.loss.clip_low,
@@ -259,19 +263,39 @@ class Trainer:
     ref_params = self._reference(state.params, resumed=start is not None)
     if start is not None:
       state, meta = self.checkpointer.restore(start, state)
+      self._check_base(meta, start)
       if distributed.is_primary():
         truncate_jsonl(jsonl_path, start)
       return LoopState(state, ref_params, int(meta["data_position"])), start
-    self.checkpointer.save(0, state, {"data_position": 0})
+    self.checkpointer.save(0, state, self._meta(0))
     if c.eval.every:
       eval_metrics = {**pre_sft, **self.evaluate(state.params, seed=c.seed)}
       if distributed.is_primary():
         _append(jsonl_path, 0, eval_metrics)
     return LoopState(state, ref_params, 0), 0
 
+  def _meta(self, data_position: int) -> dict:
+    """A checkpoint's JSON: the data position, and under LoRA the base's identity (the state
+    holds only the adapters)."""
+    meta = {"data_position": data_position}
+    if self.base_identity is not None:
+      meta["lora_base"] = self.base_identity
+    return meta
+
+  def _check_base(self, meta: dict, step: int) -> None:
+    """A LoRA checkpoint resumes only onto the base it was trained on."""
+    saved = meta.get("lora_base")
+    if self.base_identity is not None and saved is not None and saved["sha256"] != self.base_identity["sha256"]:
+      raise ValueError(f"{self.checkpointer.directory} step {step}: its LoRA adapters were trained on the base "
+                       f"{saved['source']} (sha256 {saved['sha256'][:12]}...), but this run's base "
+                       f"{self.base_identity['source']} has sha256 {self.base_identity['sha256'][:12]}...")
+
   def _reference(self, params, *, resumed: bool):
     """The KL reference: the policy at RL step 0, a copy (train_step donates state.params) kept
-    in its own checkpoint so keep-last-N never deletes it and a resumed run uses the same one."""
+    in its own checkpoint so keep-last-N never deletes it and a resumed run uses the same one.
+    Under LoRA `params` are the adapters: the reference is the shared frozen base + a copy of
+    the step-0 adapters (zero B, i.e. the base itself, unless an SFT warm start trained them),
+    so no second copy of the base weights exists."""
     if self.config.loss.kl_coef <= 0:
       return None
     ref_ckpt = Checkpointer(os.path.join(self.workdir, "reference"), max_to_keep=1, async_save=False)
@@ -328,6 +352,8 @@ class Trainer:
       metrics["time/eval_s"] = time.perf_counter() - t_sync
     metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                     "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
+    if producer is None:
+      metrics["sync/bytes"] = float(self.weights.last_bytes)
     metrics.update(env_pool_metrics(self.env_provider))  # env/<type>/in_use, ...
     return LoopState(state, loop.ref_params, loop.data_position + c.rollout.rows_per_step), metrics
 
@@ -363,7 +389,7 @@ class Trainer:
       if writer is not None:
         writer.write(step, metrics)
       if step % c.checkpoint.every == 0 or step == c.train.steps:
-        self.checkpointer.save(step, loop.state, {"data_position": loop.data_position})
+        self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
       bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}",
                       success=f"{metrics['rollout/success_rate']:.2f}")
       bar.update(1)

