@@ -100,7 +100,7 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
                            concurrency: int = 256, seed: int | None = 0, group_offset: int = 0,
                            max_n: int = 1, chain_timeout_s: float | None = None,
                            tool_threads: int = 128, model_name: str = "policy",
-                           gather_s: float = 0.05) -> list[Trajectory]:
+                           gather_s: float = 0.05, env_provider=None) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
   group_offset + row index. Arguments as `rollout.rollout`, and:
@@ -113,7 +113,10 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
     model_name: the model id the agent must ask for.
     gather_s: how long the endpoint may hold a request for the other chains' requests of the
       turn (one sampler batch instead of many small ones; `ChatEndpoint`).
+    env_provider: accepted as `rollout.rollout` takes it (the trainer passes its own); a black-box
+      agent's tools are its own and env-bound rewards are refused up front, so it is not used.
   """
+  del env_provider
   for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
                       ("concurrency", concurrency), ("tool_threads", tool_threads)]:
     if not isinstance(value, int) or value < 1:
