@@ -14,7 +14,7 @@ from agentfly_jax.models.lora import LoRAConfig, apply_lora, lora_config_from
 from agentfly_jax.rl.config import default_config, validate_config
 from agentfly_jax.rl.setup import trainable_filter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_cli import ROOT  # noqa: E402
 
 
 def _lora_config(**lora):

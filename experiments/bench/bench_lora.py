@@ -26,9 +26,7 @@ import time
 
 from absl import app, flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
+from bench_common import REPO_ROOT as ROOT  # this folder is on sys.path: the script's own
 
 flags.DEFINE_string("serve", "", "internal: run as the worker of this mode (full | lora)")
 flags.DEFINE_integer("num_layers", 30, "decoder layers of the SmolLM2-135M-shaped model")
@@ -56,7 +54,7 @@ class Worker:
     from agentfly_jax.rl.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.train_step import LossConfig, make_train_step
     from agentfly_jax.sampling import JaxSampler
-    from experiments.bench_common import SMOLLM2_135M_SHAPES
+    from bench_common import SMOLLM2_135M_SHAPES
     self.jax, self.np, self.nnx = jax, np, nnx
     self.mode = mode
     cfg = ModelConfig(**{**SMOLLM2_135M_SHAPES, "num_hidden_layers": FLAGS.num_layers})
@@ -154,8 +152,8 @@ def serve(mode: str) -> None:
 
 # ----------------------------------------------------------------------------- parent
 def run() -> dict:
-  from experiments.bench_common import WorkerProcess, load_note
-  from experiments.bench_machine import machine
+  from bench_common import WorkerProcess, load_note
+  from bench_machine import machine
   load0 = os.getloadavg()[0]
   env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
   args = [f"--num_layers={FLAGS.num_layers}", f"--batch={FLAGS.batch}", f"--seq={FLAGS.seq}",
@@ -247,10 +245,10 @@ def main(argv):
   if FLAGS.from_json:
     with open(FLAGS.from_json) as f:
       result = json.load(f)
-    from experiments.bench_machine import write_results
+    from bench_machine import write_results
     write_results(FLAGS.out, result, markdown(result))
     return
-  from experiments.bench_machine import write_results
+  from bench_machine import write_results
   result = run()
   result["setup"]["decode_batch"] = FLAGS.decode_batch
   write_results(FLAGS.out, result, markdown(result))

@@ -62,9 +62,8 @@ def test_lora_grpo_jax_sampler_checkpoints_and_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_grpo_vllm_sampler_loads_adapters_as_lora_requests(tmp_path, monkeypatch):
-  # libtpu (jax[tpu], compile-only) makes vLLM see a TPU platform beside the CPU one
-  monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+@pytest.mark.vllm
+def test_lora_grpo_vllm_sampler_loads_adapters_as_lora_requests(tmp_path):
   recs = run_train(tmp_path / "run", "--config.rollout.sampler=vllm", "--config.train.steps=2",
                    *LORA, "--config.train.lr=0.02", "--config.model.lora.alpha=16.0")
   assert [r["step"] for r in recs] == [1, 2]
