@@ -7,7 +7,11 @@
     critic = Critic.from_causal_lm(model)                        # values float32[B,T]
 
 Attribute names mirror HF's module tree (model.embed_tokens, model.layers[i].self_attn.q_proj,
-..., lm_head) so the HF name table in `hf_io.py` is a plain rename + transpose.
+..., lm_head) so the HF name table in `hf_io.py` is a plain rename + transpose. With
+`cfg.scan_layers` `model.layers` is one DecoderLayer whose variables are stacked on a leading
+[num_hidden_layers] axis (logical name "layers"; paths model.layers.self_attn.q_proj.kernel
+[L, in, out]), run under `lax.scan` with the remat policy inside the body; its KV cache is stacked
+the same way (`KVCache.stacked`). `layer_stack.py` converts states between the layouts.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
-from agentfly_jax.models.remat import layer_call
+from agentfly_jax.models.remat import layer_call, scan_body
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
@@ -60,6 +64,32 @@ def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=No
   return allowed
 
 
+def stacked_decoder_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+  """One DecoderLayer whose every variable has a leading [num_hidden_layers] axis, logical name
+  "layers" (each layer initialised from its own split of `rngs`)."""
+
+  @nnx.split_rngs(splits=cfg.num_hidden_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(layer_rngs):
+    return DecoderLayer(cfg, rngs=layer_rngs)
+
+  return make(rngs)
+
+
+def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat):
+  """Runs the stacked decoder layers over x [B, T, D] with `lax.scan` (one layer per iteration,
+  under the remat policy `remat`); `cache`: a stacked KVCache or None. Returns (x, (k, v) stacked
+  [L, ...] or None)."""
+  graphdef, state = nnx.split(layers)
+
+  def body(h, xs):
+    layer_state, kv = xs
+    return nnx.merge(graphdef, layer_state)(h, cos, sin, mask, kv, cache_index)
+
+  kvs = None if cache is None else (cache.k, cache.v)
+  return jax.lax.scan(scan_body(body, remat), x, (state, kvs))
+
+
 class Transformer(nnx.Module):
   """Embedding + decoder layers + final norm (HF's `model.*`)."""
 
@@ -69,7 +99,10 @@ class Transformer(nnx.Module):
                                   embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs,
                                   embedding_metadata={"out_sharding": ("vocab", "embed"),
                                                       "eager_sharding": False})  # logical axes
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+    if cfg.scan_layers:
+      self.layers = stacked_decoder_layers(cfg, rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
     self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype,
                         param_dtype=cfg.params_dtype)
 
@@ -80,10 +113,11 @@ class _Base(nnx.Module):
   model: Transformer
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
-    """Zero KV cache: per layer k, v of [batch_size, num_kv_heads, max_len, head_dim]."""
+    """Zero KV cache for `batch_size` rows of `max_len` slots (see KVCache; stacked with
+    scan_layers)."""
     cfg = self.config
     return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
-                         cfg.head_dim, dtype or cfg.compute_dtype)
+                         cfg.head_dim, dtype or cfg.compute_dtype, stacked=cfg.scan_layers)
 
   def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
                     segment_ids=None):
@@ -116,6 +150,9 @@ class _Base(nnx.Module):
         raise ValueError("segment_ids (packed rows) are not supported with a cache")
       if not isinstance(cache, KVCache) or cache.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"cache must be a KVCache with {cfg.num_hidden_layers} layers (model.init_cache)")
+      if cache.stacked != cfg.scan_layers:
+        raise ValueError(f"cache is {'stacked' if cache.stacked else 'per layer'} but the model has "
+                         f"scan_layers={cfg.scan_layers} (use model.init_cache)")
       if cache.batch_size != b:
         raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size {b}")
       cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
@@ -129,6 +166,10 @@ class _Base(nnx.Module):
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
     x = self.model.embed_tokens(input_ids)
+    if cfg.scan_layers:
+      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat)
+      new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
+      return self.model.norm(x), new_cache
     call = layer_call(_call_layer, cfg.remat)  # remat policy per decoder layer (models/remat.py)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):

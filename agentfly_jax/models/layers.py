@@ -185,9 +185,9 @@ def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
     raise ValueError(f"kernel layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
   for _, module in nnx.iter_modules(model):
     if isinstance(module, Linear) and module.kernel_layout != layout:
-      names = logical_axes(module.kernel)
-      kernel = jnp.transpose(module.kernel[...])
-      module.kernel = param_with_axes(kernel, None if names is None else names[::-1])
+      names = logical_axes(module.kernel)  # the last two dims swap (a scanned model's are [L, ., .])
+      kernel = jnp.swapaxes(module.kernel[...], -1, -2)
+      module.kernel = param_with_axes(kernel, None if names is None else (*names[:-2], names[-1], names[-2]))
       module.kernel_layout = layout
   return model
 

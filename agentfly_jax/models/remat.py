@@ -1,6 +1,7 @@
 """Rematerialisation (activation checkpointing) of the decoder layers, by policy name.
 
     call = layer_call(fn, "dots_saveable")    # fn(layer, x, ...) under nnx.remat with that policy
+    body = scan_body(fn, "full")              # a pure fn (a lax.scan body) under jax.checkpoint
 
 Names: "none" (keep every activation for the backward pass), "full" (keep only each layer's
 inputs, recompute the rest: `jax.checkpoint` without a policy), or any policy of
@@ -58,3 +59,14 @@ def _wrapped(fn, name: str):
 def layer_call(fn, remat: bool | str):
   """`fn` rematerialised with the policy `remat` (a name or a bool, see the module doc)."""
   return _wrapped(fn, remat_name(remat))
+
+
+def scan_body(fn, remat: bool | str):
+  """The pure function `fn` (the body of the scanned decoder layers) under `jax.checkpoint` with
+  the policy `remat`: the same per-layer rematerialisation as `layer_call`, inside the scan."""
+  name = remat_name(remat)
+  if name == "none":
+    return fn
+  policy = None if name == "full" else getattr(jax.checkpoint_policies, name)
+  # prevent_cse=False: inside lax.scan CSE cannot merge the recomputation away (jax's advice).
+  return jax.checkpoint(fn, policy=policy, prevent_cse=False)

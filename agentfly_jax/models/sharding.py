@@ -21,6 +21,7 @@ embeddings (kernel layout [in, out]):
   lm_head.kernel [D, V]           ('embed', 'vocab')        -> ('fsdp', 'tp')
   score.kernel [D, 1]             ('embed', 'score')        -> ('fsdp', None); bias (None,)
   norm scales [D] / q,k norms [hd] ('embed_vector',) / ('head_dim',) -> (None,)
+  scanned layers (model.scan_layers): a leading ('layers', ...) dim      -> (None, ...)
 On a mesh, a dimension whose size the mesh axes do not divide is left unsplit (None), and a mesh
 axis already used by an earlier dim of the same param is not used again.
 """
@@ -43,6 +44,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "embed_vector": None,   # D-sized vectors: norm scales, row-parallel output biases (whole)
     "head_dim": None,       # q/k norm scales
     "score": None,          # the critic's value head output (size 1)
+    "layers": None,         # the stacked decoder layers' leading axis (model.scan_layers)
 }
 _METADATA_KEY = "out_sharding"  # flax NNX's sharding metadata (the logical names here)
 
