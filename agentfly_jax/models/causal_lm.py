@@ -24,6 +24,7 @@ from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.remat import layer_call, scan_body
+from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
@@ -84,7 +85,7 @@ def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_in
 
   def body(h, xs):
     layer_state, kv = xs
-    return nnx.merge(graphdef, layer_state)(h, cos, sin, mask, kv, cache_index)
+    return nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, mask, kv, cache_index)
 
   kvs = None if cache is None else (cache.k, cache.v)
   return jax.lax.scan(scan_body(body, remat), x, (state, kvs))
@@ -165,11 +166,11 @@ class _Base(nnx.Module):
         positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
-    x = self.model.embed_tokens(input_ids)
+    x = constrain(self.model.embed_tokens(input_ids), HIDDEN_AXES)
     if cfg.scan_layers:
       x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat)
       new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
-      return self.model.norm(x), new_cache
+      return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
     call = layer_call(_call_layer, cfg.remat)  # remat policy per decoder layer (models/remat.py)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):
@@ -178,7 +179,7 @@ class _Base(nnx.Module):
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
-    x = self.model.norm(x)
+    x = constrain(self.model.norm(x), HIDDEN_AXES)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
     return x, new_cache
 
@@ -202,6 +203,8 @@ class CausalLM(_Base):
                           precision=self.config.matmul_precision)
     else:
       logits = self.lm_head(hidden)
+    if logits.ndim >= 2:
+      logits = constrain(logits, ("act_batch",) + ("act_length",) * (logits.ndim - 2) + ("act_vocab",))
     return logits.astype(jnp.float32)
 
   def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
@@ -265,7 +268,7 @@ class Critic(_Base):
     """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""
     hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
                                            cache=cache, cache_index=cache_index, segment_ids=segment_ids)
-    values = self.score(hidden)[..., 0].astype(jnp.float32)
+    values = constrain(self.score(hidden)[..., 0].astype(jnp.float32), ("act_batch", "act_length"))
     return values if cache is None else (values, new_cache)
 
   @classmethod

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.rl import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty
 from agentfly_jax.rl.train_step import critic_values, policy_logprobs_entropy
@@ -60,8 +61,11 @@ def _masked_mean(x, mask):
   return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None):
+def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None,
+                 rules=None):
   """Builds the jitted `prepare(params, ref_params, critic_params, arrays) -> (batch, metrics)`.
+  On a multi-device `mesh` its activations are constrained by `rules` (models/sharding.py
+  `activation_sharding`).
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
@@ -80,6 +84,10 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
     return jnp.where(a["action_mask"], lp, 0.0)
 
   def prepare(params, ref_params, critic_params, arrays):
+    with activation_sharding(mesh, rules):
+      return _prepare(params, ref_params, critic_params, arrays)
+
+  def _prepare(params, ref_params, critic_params, arrays):
     mask = arrays["action_mask"]
     batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
     old = logprobs(params, arrays)

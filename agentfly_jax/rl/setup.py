@@ -60,7 +60,8 @@ def model_config(config, vocab_size: int):
   from agentfly_jax.rl.config import resolved_remat
   m = config.model
   ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
-              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"))
+              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"),
+              scan_layers=m.get("scan_layers", False))
   if m.pretrained:
     path = os.path.join(m.pretrained, "config.json")
     if not os.path.isfile(path):
@@ -80,7 +81,7 @@ def build_model(config, vocab_size: int, *, critic: bool = False):
   if m.pretrained:
     return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
                            remat=resolved_remat(config), attention_chunk=m.attention_chunk,
-                           attention_impl=m.get("attention_impl", "flash"))
+                           attention_impl=m.get("attention_impl", "flash"), scan_layers=m.get("scan_layers", False))
   cfg = model_config(config, vocab_size)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
@@ -156,7 +157,8 @@ def build_components(config, workdir: str, task=None) -> Components:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout
     sampler = JaxSampler(sampler_model, tokenizer, max_batch_size=r.max_batch_size,
-                         max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed)
+                         max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed,
+                         mesh=(sampler_mesh or mesh) if jax.process_count() == 1 else None, sharding_rules=rules)
 
   if hasattr(task, "make_agent"):
     agent = task.make_agent(tokenizer)

@@ -119,7 +119,8 @@ class SftRunner:
     self.batch_sharding = batch_sharding(trainer.mesh, keys)
     self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer,
                                         logits_chunk=trainer.loss_cfg.logits_chunk,
-                                        logits_capacity=trainer.loss_cfg.logits_capacity),
+                                        logits_capacity=trainer.loss_cfg.logits_capacity,
+                                        mesh=trainer.mesh, rules=trainer.config.mesh.get("rules")),
                           self.state_sharding, self.batch_sharding)
 
   def new_state(self, params):

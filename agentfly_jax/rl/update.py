@@ -63,11 +63,12 @@ class PolicyUpdate:
         overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
         overlong_factor=c.dapo.overlong_penalty,
         behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo"),
-        critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest)
+        critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest, mesh=mesh, rules=c.mesh.get("rules"))
     self._step_fn = make_train_step(parts.graphdef, parts.rest, parts.optimizer, loss_cfg,
                                     critic_graphdef=parts.critic_graphdef,
                                     critic_rest=parts.critic_rest,
-                                    critic_optimizer=parts.critic_optimizer)
+                                    critic_optimizer=parts.critic_optimizer, mesh=mesh,
+                                    rules=c.mesh.get("rules"))
     self._rows = NamedSharding(mesh, P("fsdp"))
     self._replicated = NamedSharding(mesh, P())
     self._steps: dict[tuple, Any] = {}
