@@ -50,6 +50,16 @@ def build_tokenizer_dir(config, task, workdir: str) -> str:
   return out
 
 
+def model_numerics(config) -> dict:
+  """ModelConfig fields that come from `config.model` whatever the architecture: dtypes, remat,
+  attention chunking, scanned layers."""
+  from agentfly_jax.rl.config import resolved_remat
+  m = config.model
+  return dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
+              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"),
+              scan_layers=m.get("scan_layers", False))
+
+
 def model_config(config, vocab_size: int):
   """The policy's ModelConfig: the HF folder's config.json (`model.pretrained`), else the tiny
   random-init architecture of `config.model`; numerics (dtype, param_dtype, remat, attention
@@ -57,11 +67,8 @@ def model_config(config, vocab_size: int):
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
-  from agentfly_jax.rl.config import resolved_remat
   m = config.model
-  ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
-              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"),
-              scan_layers=m.get("scan_layers", False))
+  ours = model_numerics(config)
   if m.pretrained:
     path = os.path.join(m.pretrained, "config.json")
     if not os.path.isfile(path):
@@ -76,30 +83,28 @@ def model_config(config, vocab_size: int):
 
 def build_model(config, vocab_size: int, *, critic: bool = False):
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
-  from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
-    return from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
-                           remat=resolved_remat(config), attention_chunk=m.attention_chunk,
-                           attention_impl=m.get("attention_impl", "flash"), scan_layers=m.get("scan_layers", False))
+    return from_pretrained(m.pretrained, critic=critic, seed=config.seed, **model_numerics(config))
   cfg = model_config(config, vocab_size)
   cls = Critic if critic else CausalLM
   return cls(cfg, rngs=nnx.Rngs(config.seed + (17 if critic else 0)))
 
 
-def training_and_sampler_meshes(config):
+def training_and_sampler_meshes(config, devices=None):
   """(the trainer's (fsdp, tp) mesh, the JAX sampler's sub-mesh or None). With
   `mesh.sampler_devices = N > 0` the trainer takes the first fsdp * tp local devices and the
-  sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device."""
+  sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device.
+  `devices`: these instead of the local ones (experiments/aot_compile.py: a TPU topology's)."""
   from agentfly_jax.models import make_mesh
   m = config.mesh
   n = m.get("sampler_devices", 0)
   if not n:
-    return make_mesh(m.fsdp, m.tp), None
-  if jax.process_count() > 1:
+    return make_mesh(m.fsdp, m.tp, devices), None
+  if jax.process_count() > 1 and devices is None:
     raise ValueError("config.mesh.sampler_devices > 0 runs on one process (each process of a "
                      "multi-host run samples on its own local devices)")
-  devices = jax.local_devices()
+  devices = jax.local_devices() if devices is None else list(devices)
   if m.fsdp * m.tp + n > len(devices):
     raise ValueError(f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
                      f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}")

@@ -77,6 +77,16 @@ class PolicyUpdate:
     self.last_prepare_s = 0.0
     self.last_padding_fraction = 0.0
 
+  def minibatch_layout(self) -> tuple[int, int]:
+    """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
+    c = self.config
+    per_mini = -(-c.rollout.rows_per_step * c.rollout.num_chains // c.train.minibatches)
+    return micro_batch_layout(per_mini, c.train.micro_batch_size, self.mesh.shape["fsdp"])  # no padding up to the cap
+
+  def step_program(self, keys) -> Any:
+    """The jitted train step for micro-batches holding `keys` (built once per key set)."""
+    return self._jitted(tuple(keys))[0]
+
   def _jitted(self, keys: tuple):
     keys = tuple(sorted(keys))
     if keys not in self._steps:
@@ -101,10 +111,7 @@ class PolicyUpdate:
                                        self.put_arrays(arrays))
     jax.block_until_ready(batch)
     self.last_prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
-    full_b = c.rollout.rows_per_step * c.rollout.num_chains
-    per_mini = -(-full_b // c.train.minibatches)
-    micro_size, num_micro = micro_batch_layout(per_mini, c.train.micro_batch_size,  # no padding up to the cap
-                                               self.mesh.shape["fsdp"])
+    micro_size, num_micro = self.minibatch_layout()
     rng = np.random.default_rng([c.seed, step])
     pack = c.train.get("pack_sequences", False)
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())
