@@ -117,3 +117,13 @@ def test_tpu_configs_validate():
     cfg = mod.get_config()
     validate_config(cfg)
     assert cfg.model.scan_layers and cfg.model.aot_preset in PRESETS, name
+
+
+def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
+  import jax
+
+  from agentfly_jax.rl import distributed
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  assert distributed.initialize("auto") is True
+  assert calls == [((), {})]  # no address / ids: JAX finds them on a TPU VM
