@@ -41,9 +41,12 @@ flags.DEFINE_list("programs", ["prepare", "train_step", "sft_step", "sampler", "
 flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
 flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")
 flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip in GiB; 0 = the generation's (HBM_GIB).")
+flags.DEFINE_string("table", "", "Also add this report to a collected table <table>.{json,md} "
+                    "(e.g. experiments/results/aot_tpu).")
+flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
 
-from agentfly_jax.rl.aot import PROGRAMS, BadInput, fit_advice, run, write_report  # noqa: E402
+from agentfly_jax.rl.aot import PROGRAMS, BadInput, append_to_table, fit_advice, run, write_report  # noqa: E402
 
 GIB = 1024 ** 3
 
@@ -64,6 +67,9 @@ def main(argv):
     sys.exit(1)
   write_report(report, out)
   print(f"aot_compile: wrote {out}.json and {out}.md", flush=True)
+  if FLAGS.table:
+    append_to_table(report, FLAGS.table, FLAGS.label or FLAGS.model or config.model.get("aot_preset", ""))
+    print(f"aot_compile: added to {FLAGS.table}.md", flush=True)
   over = [row for row in report["rows"] if not row["fits"]]
   if over:
     msgs = [f"program {row['program']} needs {row['peak_bytes'] / GIB:.2f} GiB a chip, "

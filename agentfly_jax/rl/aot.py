@@ -319,3 +319,42 @@ def write_report(report: dict, out: str) -> None:
                  f"{g(row.get('memory_plan_bytes'))} |")
   with open(out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
+
+
+def append_to_table(report: dict, prefix: str, label: str = "") -> None:
+  """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
+  reports; one with the same label, topology, layout and programs is replaced) and rewrites
+  `<prefix>.md` with one row per (report, program)."""
+  path = prefix + ".json"
+  reports = []
+  if os.path.isfile(path):
+    with open(path) as f:
+      reports = json.load(f)
+  report = dict(report, label=label or report["model"])
+  key = lambda r: (r["label"], r["topology"], r["scan_layers"], r["remat"],  # noqa: E731
+                   tuple(sorted(x["program"] for x in r["rows"])))
+  reports = [r for r in reports if key(r) != key(report)] + [report]
+  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(reports, f, indent=2)
+  g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
+  lines = ["# Programs of a run compiled for TPU topologies (XLA, per chip)", "",
+           "Compiled on a shared 2-core CPU with jax[tpu] 0.10.2 / libtpu (experiments/aot_compile.py; "
+           "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
+           "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
+           "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts.", "",
+           "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
+           "TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in reports:
+    mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
+    layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
+    for row in r["rows"]:
+      plan = row.get("memory_plan_bytes")
+      ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"
+      lines.append(f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "
+                   f"{row.get('micro_batch', '')} | {row['compile_s']:.0f} | {g(row['peak_bytes'])} | "
+                   f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.2f} | "
+                   f"{g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |")
+  with open(prefix + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
