@@ -127,3 +127,16 @@ def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
   assert distributed.initialize("auto") is True
   assert calls == [((), {})]  # no address / ids: JAX finds them on a TPU VM
+
+
+def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp():
+  from agentfly_jax.rl import memory_plan as mp
+  shape = mp.ModelShape(num_params=7_615_616_512, num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
+                        head_dim=128, vocab_size=152064)
+  sizes = mp.RunSizes(micro_batch=8, seq_len=2048, attention_chunk=512, remat=True, critic=True)
+  whole = mp.jax_memory_parts(shape, sizes)
+  chip = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2)
+  assert chip["adam"] == int(2 * 7_615_616_512 * 4 / 8) and chip["critic"] == int(whole["critic"] / 8)
+  assert chip["activations"] == int(whole["activations"] / 4) and chip["logits"] == int(whole["logits"] / 4)
+  parts = [v for k, v in chip.items() if k != "total"]
+  assert abs(chip["total"] - sum(parts) * mp.JAX_HEADROOM) <= len(parts) * 2
