@@ -15,6 +15,10 @@ import os
 import re
 import time
 
+# Compile-only needs no exclusive hold on a TPU: without this a second libtpu process (another
+# compile, a test) fails on libtpu's multi-process lockfile.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 GIB = 1024 ** 3
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}  # per chip
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
@@ -141,6 +145,24 @@ def compile_program(name: str, jitted, *args, **kwargs) -> dict:
   return row
 
 
+def model_flops(cfg, tokens: int, seq_len: int, *, backward: bool, remat: bool, critic: bool) -> float:
+  """Model FLOPs of `tokens` tokens (rows of `seq_len`): 2 (forward) or 6 (+ backward) x the matmul
+  params x tokens + causal attention, + one more forward of the layers with remat "full", + the
+  critic's trunk (PPO). XLA's cost_analysis counts a loop body once (the scanned layers, the
+  micro-batch accumulation), so this is the step's count."""
+  d, q = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+  kv = cfg.num_key_value_heads * cfg.head_dim
+  layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size
+  attn = 2 * 2 * q * seq_len / 2  # q k^T and p v, causal half, per token per layer (forward)
+  per_token_fwd = cfg.num_hidden_layers * (2 * layer + attn)
+  total = (3 if backward else 1) * (per_token_fwd + 2 * cfg.vocab_size * d) * tokens
+  if backward and remat:
+    total += per_token_fwd * tokens
+  if critic:
+    total += (3 if backward else 1) * per_token_fwd * tokens + (per_token_fwd * tokens if backward and remat else 0)
+  return float(total)
+
+
 def train_step_floor(cfg, num_params: int, layer_params: int, micro_rows: int, seq_len: int, chips: int,
                      fsdp: int, critic: bool) -> int:
   """Hand-computed floor of a train step a chip: sharded params + grads + Adam moments (all in
@@ -221,7 +243,10 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
             "group_ids": sds((n_rows,), jnp.int32)}
   ref = params if c.loss.kl_coef > 0 else None
   if "prepare" in programs:
-    rows.append(compile_program("prepare", update.prepare, params, ref, critic_params, arrays))
+    row = compile_program("prepare", update.prepare, params, ref, critic_params, arrays)
+    row["model_flops"] = model_flops(cfg, n_rows * seq_len, seq_len, backward=False, remat=False,
+                                     critic=algo["critic"]) * (2 if ref is not None else 1) / chips
+    rows.append(row)
   if "train_step" in programs:
     batch_out, _ = jax.eval_shape(update.prepare, params, ref, critic_params, arrays)
     micro_rows, num_micro = update.minibatch_layout()
@@ -231,6 +256,8 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     batch = {k: sds((num_micro, micro_rows, seq_len), dtypes[k], batch_sh) for k in keys}
     row = compile_program("train_step", update.step_program(keys), state, batch)
     row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}"
+    row["model_flops"] = model_flops(cfg, num_micro * micro_rows * seq_len, seq_len, backward=True,
+                                     remat=cfg.remat not in (False, "none", ""), critic=algo["critic"]) / chips
     row["floor_bytes"] = train_step_floor(cfg, num_params, layer_params, micro_rows, seq_len, chips, fsdp,
                                           algo["critic"])
     shape = memory_plan.ModelShape(num_params=num_params, num_layers=cfg.num_hidden_layers,
@@ -312,11 +339,12 @@ def write_report(report: dict, out: str) -> None:
            "", "| program | shape | compile s | args GiB | temp GiB | peak GiB | fits | TFLOP/chip | floor GiB | "
            "memory_plan GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
   g = lambda b: f"{b / GIB:.2f}" if b is not None else ""  # noqa: E731
+  tf = lambda f: "" if f is None else f"{f / 1e12:.1f}"  # noqa: E731
   for row in report["rows"]:
     lines.append(f"| {row['program']} | {row.get('micro_batch', '')} | {row['compile_s']:.1f} | "
                  f"{g(row['argument_bytes'])} | {g(row['temp_bytes'])} | {g(row['peak_bytes'])} | "
-                 f"{'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.3f} | {g(row.get('floor_bytes'))} | "
-                 f"{g(row.get('memory_plan_bytes'))} |")
+                 f"{'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.3f} | {tf(row.get('model_flops'))} | "
+                 f"{g(row.get('floor_bytes'))} | {g(row.get('memory_plan_bytes'))} |")
   with open(out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -342,19 +370,22 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
            "Compiled on a shared 2-core CPU with jax[tpu] 0.10.2 / libtpu (experiments/aot_compile.py; "
            "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
            "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-           "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts.", "",
+           "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
+           "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
+           "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.", "",
            "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
-           "TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
     for row in r["rows"]:
       plan = row.get("memory_plan_bytes")
       ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"
+      mf = "" if row.get("model_flops") is None else f"{row['model_flops'] / 1e12:.1f}"
       lines.append(f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "
                    f"{row.get('micro_batch', '')} | {row['compile_s']:.0f} | {g(row['peak_bytes'])} | "
                    f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.2f} | "
-                   f"{g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |")
+                   f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |")
   with open(prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
