@@ -55,7 +55,7 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(to_layout(abstract, saved)), meta=ocp.args.JsonRestore()))
     state = restored["state"]
-    if saved != want:
+    if saved is not None and saved != want:
       shardings = jax.tree.map(lambda x: x.sharding, abstract)
       state = jax.device_put(to_layout(state, want), shardings)
     return state, dict(restored["meta"])
