@@ -140,3 +140,6 @@ def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp(
   assert chip["activations"] == int(whole["activations"] / 4) and chip["logits"] == int(whole["logits"] / 4)
   parts = [v for k, v in chip.items() if k != "total"]
   assert abs(chip["total"] - sum(parts) * mp.JAX_HEADROOM) <= len(parts) * 2
+  accumulating = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2, micro_batches=8)
+  assert accumulating["grad accumulator"] == int(2 * 7_615_616_512 * 4 / 8)  # policy + critic grads, f32
+  assert "grad accumulator" not in chip

@@ -268,7 +268,8 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
                                  attention_chunk=cfg.attention_chunk, remat=cfg.remat not in (False, "none", ""),
                                  compute_dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                  reference_copy=False, critic=algo["critic"])
-    row["memory_plan_bytes"] = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=fsdp, tp=mesh.shape["tp"])["total"]
+    row["memory_plan_bytes"] = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=fsdp, tp=mesh.shape["tp"],
+                                                              micro_batches=num_micro)["total"]
     rows.append(row)
   if "sft_step" in programs:
     sft_opt = run_programs.sft_optimizer(config)
