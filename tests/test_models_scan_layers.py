@@ -186,3 +186,19 @@ def test_checkpoint_of_either_layout_restores_into_the_other(tmp_path, saved_lay
   want = stack_layers(saved) if saved_layout == "unrolled" else unstack_layers(saved)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(want)):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_layers_run_inside_prepare_lax_map(scan):
+  """prepare runs the model under lax.map on a model merged outside it: the remat policy must not
+  be an nnx transform of those (outer-trace) variables."""
+  from agentfly_jax.rl.prepare import PrepareConfig, make_prepare
+  cfg = tiny_config("qwen2", vocab_size=64, num_hidden_layers=2, remat="full", scan_layers=scan)
+  graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+  ids = jax.random.randint(jax.random.key(0), (4, 8), 0, 64, jnp.int32)
+  ones = jnp.ones((4, 8), bool)
+  arrays = dict(input_ids=ids, target_ids=jnp.roll(ids, -1, 1), attention_mask=ones, action_mask=ones,
+                sampler_logprobs=jnp.full((4, 8), -1.0), rewards=jnp.arange(4.0), group_ids=jnp.zeros((4,), jnp.int32))
+  batch, _ = jax.eval_shape(make_prepare(graphdef, rest, PrepareConfig(estimator="grpo", chunk=2)),
+                            params, None, None, arrays)
+  assert batch["old_logprobs"].shape == (4, 8)

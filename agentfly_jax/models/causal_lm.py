@@ -15,6 +15,8 @@ the same way (`KVCache.stacked`). `layer_stack.py` converts states between the l
 """
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -23,13 +25,13 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
-from agentfly_jax.models.remat import layer_call, scan_body
+from agentfly_jax.models.remat import checkpointed, scan_body
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
-def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
-  return layer(x, cos, sin, mask, kv, cache_index)
+def _apply_layer(graphdef, state, x, cos, sin, mask, kv, cache_index):
+  return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, cache_index)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -171,11 +173,12 @@ class _Base(nnx.Module):
       x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat)
       new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
       return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
-    call = layer_call(_call_layer, cfg.remat)  # remat policy per decoder layer (models/remat.py)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = call(layer, x, cos, sin, mask, kv, cache_index)
+      graphdef, state = nnx.split(layer)  # remat policy per decoder layer (models/remat.py)
+      call = checkpointed(functools.partial(_apply_layer, graphdef), cfg.remat)
+      x, kv = call(state, x, cos, sin, mask, kv, cache_index)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
