@@ -244,6 +244,7 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
   ref = params if c.loss.kl_coef > 0 else None
   if "prepare" in programs:
     row = compile_program("prepare", update.prepare, params, ref, critic_params, arrays)
+    row["micro_batch"] = f"{n_rows}x{seq_len}, chunks of {update.prepare_chunk} rows"
     row["model_flops"] = model_flops(cfg, n_rows * seq_len, seq_len, backward=False, remat=False,
                                      critic=algo["critic"]) * (2 if ref is not None else 1) / chips
     rows.append(row)

@@ -55,9 +55,10 @@ class PolicyUpdate:
   def __init__(self, parts: ModelParts, config, loss_cfg, estimator: str, mesh, state_sharding):
     c = config
     self.config, self.mesh, self.state_sharding = c, mesh, state_sharding
+    self.prepare_chunk = micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
+                                            c.train.micro_batch_size, mesh.shape["fsdp"])[0]
     self.prepare = make_prepare(parts.graphdef, parts.rest, PrepareConfig(
-        estimator=estimator, chunk=micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
-                                                      c.train.micro_batch_size, mesh.shape["fsdp"])[0],
+        estimator=estimator, chunk=self.prepare_chunk,
         temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
         logits_capacity=loss_cfg.logits_capacity, gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
         overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
