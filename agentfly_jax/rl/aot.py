@@ -338,8 +338,8 @@ def write_report(report: dict, out: str) -> None:
            "", f"{report['chips']} chips x {report['hbm_gib']:.0f} GiB HBM; mesh {report['mesh']}; {report['algo']}; "
            f"{report['dtype']} compute, {report['param_dtype']} params; rows of {report['seq_len']} tokens. "
            "Bytes are per chip (XLA memory_analysis); peak = arguments + outputs - aliased + temporaries.",
-           "", "| program | shape | compile s | args GiB | temp GiB | peak GiB | fits | TFLOP/chip | floor GiB | "
-           "memory_plan GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "", "| program | shape | compile s | args GiB | temp GiB | peak GiB | fits | XLA TFLOP/chip (loop bodies "
+           "once) | model TFLOP/chip | floor GiB | memory_plan GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   g = lambda b: f"{b / GIB:.2f}" if b is not None else ""  # noqa: E731
   tf = lambda f: "" if f is None else f"{f / 1e12:.1f}"  # noqa: E731
   for row in report["rows"]:
