@@ -40,16 +40,25 @@ class Checkpointer:
     """Restores (state, meta) at `step` (latest if None) into the structure/shardings of `target`.
 
     `target` is a pytree like the saved state (e.g. a freshly initialised TrainState); its arrays'
-    shardings decide where restored arrays are placed.
+    shardings decide where restored arrays are placed. A state saved with the other decoder-layer
+    layout (unrolled vs scanned, `models/layer_stack.py`) is restored in its own layout, then
+    stacked / unstacked into `target`'s and placed with `target`'s shardings.
     """
+    from agentfly_jax.models.layer_stack import to_layout, tree_layout
     if step is None:
       step = self.latest_step()
     if step is None:
       raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    want = tree_layout(abstract)
+    saved = tree_layout(self._manager.item_metadata(step)["state"]) if want else None
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored["state"], dict(restored["meta"])
+        state=ocp.args.StandardRestore(to_layout(abstract, saved)), meta=ocp.args.JsonRestore()))
+    state = restored["state"]
+    if saved is not None and saved != want:
+      shardings = jax.tree.map(lambda x: x.sharding, abstract)
+      state = jax.device_put(to_layout(state, want), shardings)
+    return state, dict(restored["meta"])
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

@@ -30,7 +30,8 @@ _RESUME = flags.DEFINE_bool("resume", True, "Continue from the latest checkpoint
 _WANDB = flags.DEFINE_bool("wandb", False, "Also log to Weights & Biases.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-host: host:port of process 0's JAX coordinator "
-    "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process).")
+    "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process; 'auto' = from the TPU "
+    "pod slice's environment, jax.distributed.initialize()).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes "
                                       "(env AGENTFLY_NUM_PROCESSES).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index "

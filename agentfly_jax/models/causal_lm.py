@@ -7,9 +7,15 @@
     critic = Critic.from_causal_lm(model)                        # values float32[B,T]
 
 Attribute names mirror HF's module tree (model.embed_tokens, model.layers[i].self_attn.q_proj,
-..., lm_head) so the HF name table in `hf_io.py` is a plain rename + transpose.
+..., lm_head) so the HF name table in `hf_io.py` is a plain rename + transpose. With
+`cfg.scan_layers` `model.layers` is one DecoderLayer whose variables are stacked on a leading
+[num_hidden_layers] axis (logical name "layers"; paths model.layers.self_attn.q_proj.kernel
+[L, in, out]), run under `lax.scan` with the remat policy inside the body; its KV cache is stacked
+the same way (`KVCache.stacked`). `layer_stack.py` converts states between the layouts.
 """
 from __future__ import annotations
+
+import functools
 
 import chex
 import jax
@@ -19,12 +25,13 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
-from agentfly_jax.models.remat import layer_call
+from agentfly_jax.models.remat import checkpointed, scan_body
+from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
-def _call_layer(layer, x, cos, sin, mask, kv, cache_index):
-  return layer(x, cos, sin, mask, kv, cache_index)
+def _apply_layer(graphdef, state, x, cos, sin, mask, kv, cache_index):
+  return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, cache_index)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -60,6 +67,32 @@ def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=No
   return allowed
 
 
+def stacked_decoder_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+  """One DecoderLayer whose every variable has a leading [num_hidden_layers] axis, logical name
+  "layers" (each layer initialised from its own split of `rngs`)."""
+
+  @nnx.split_rngs(splits=cfg.num_hidden_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(layer_rngs):
+    return DecoderLayer(cfg, rngs=layer_rngs)
+
+  return make(rngs)
+
+
+def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat):
+  """Runs the stacked decoder layers over x [B, T, D] with `lax.scan` (one layer per iteration,
+  under the remat policy `remat`); `cache`: a stacked KVCache or None. Returns (x, (k, v) stacked
+  [L, ...] or None)."""
+  graphdef, state = nnx.split(layers)
+
+  def body(h, xs):
+    layer_state, kv = xs
+    return nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, mask, kv, cache_index)
+
+  kvs = None if cache is None else (cache.k, cache.v)
+  return jax.lax.scan(scan_body(body, remat), x, (state, kvs))
+
+
 class Transformer(nnx.Module):
   """Embedding + decoder layers + final norm (HF's `model.*`)."""
 
@@ -69,7 +102,10 @@ class Transformer(nnx.Module):
                                   embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs,
                                   embedding_metadata={"out_sharding": ("vocab", "embed"),
                                                       "eager_sharding": False})  # logical axes
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+    if cfg.scan_layers:
+      self.layers = stacked_decoder_layers(cfg, rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
     self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype,
                         param_dtype=cfg.params_dtype)
 
@@ -80,10 +116,11 @@ class _Base(nnx.Module):
   model: Transformer
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
-    """Zero KV cache: per layer k, v of [batch_size, num_kv_heads, max_len, head_dim]."""
+    """Zero KV cache for `batch_size` rows of `max_len` slots (see KVCache; stacked with
+    scan_layers)."""
     cfg = self.config
     return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
-                         cfg.head_dim, dtype or cfg.compute_dtype)
+                         cfg.head_dim, dtype or cfg.compute_dtype, stacked=cfg.scan_layers)
 
   def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
                     segment_ids=None):
@@ -116,6 +153,9 @@ class _Base(nnx.Module):
         raise ValueError("segment_ids (packed rows) are not supported with a cache")
       if not isinstance(cache, KVCache) or cache.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"cache must be a KVCache with {cfg.num_hidden_layers} layers (model.init_cache)")
+      if cache.stacked != cfg.scan_layers:
+        raise ValueError(f"cache is {'stacked' if cache.stacked else 'per layer'} but the model has "
+                         f"scan_layers={cfg.scan_layers} (use model.init_cache)")
       if cache.batch_size != b:
         raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size {b}")
       cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
@@ -128,16 +168,21 @@ class _Base(nnx.Module):
         positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
-    x = self.model.embed_tokens(input_ids)
-    call = layer_call(_call_layer, cfg.remat)  # remat policy per decoder layer (models/remat.py)
+    x = constrain(self.model.embed_tokens(input_ids), HIDDEN_AXES)
+    if cfg.scan_layers:
+      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat)
+      new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
+      return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = call(layer, x, cos, sin, mask, kv, cache_index)
+      graphdef, state = nnx.split(layer)  # remat policy per decoder layer (models/remat.py)
+      call = checkpointed(functools.partial(_apply_layer, graphdef), cfg.remat)
+      x, kv = call(state, x, cos, sin, mask, kv, cache_index)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
-    x = self.model.norm(x)
+    x = constrain(self.model.norm(x), HIDDEN_AXES)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
     return x, new_cache
 
@@ -161,6 +206,8 @@ class CausalLM(_Base):
                           precision=self.config.matmul_precision)
     else:
       logits = self.lm_head(hidden)
+    if logits.ndim >= 2:
+      logits = constrain(logits, ("act_batch",) + ("act_length",) * (logits.ndim - 2) + ("act_vocab",))
     return logits.astype(jnp.float32)
 
   def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
@@ -224,7 +271,7 @@ class Critic(_Base):
     """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""
     hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
                                            cache=cache, cache_index=cache_index, segment_ids=segment_ids)
-    values = self.score(hidden)[..., 0].astype(jnp.float32)
+    values = constrain(self.score(hidden)[..., 0].astype(jnp.float32), ("act_batch", "act_length"))
     return values if cache is None else (values, new_cache)
 
   @classmethod

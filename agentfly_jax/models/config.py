@@ -54,7 +54,10 @@ class ModelConfig:
   vs checkpoint 30.0 s, chunk 128 23.3 s at 1.8x the compile time; T=256: all within 1 %),
   fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels when a
   call has >= layers.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay
-  separate, so names and checkpoints are unchanged; measured 2-8 % faster train step on CPU).
+  separate, so names and checkpoints are unchanged; measured 2-8 % faster train step on CPU),
+  scan_layers (True: the decoder layers are one `DecoderLayer` whose params carry a leading
+  [num_hidden_layers] axis (logical name "layers"), run under `lax.scan`; compile time stays flat
+  in depth; `models/layer_stack.py` converts states between the two layouts).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
   model_type: str = "qwen2"
@@ -85,6 +88,7 @@ class ModelConfig:
   attention_chunk: int = 512
   attention_impl: str = "flash"
   fuse_projections: bool = True
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.head_dim is None:

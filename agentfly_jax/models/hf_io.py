@@ -7,7 +7,8 @@
 
 The HF layout: Linear weights are [out, in] (ours: kernel [in, out], so transposed), the
 embedding is [V, D] in both, norms are `.weight` (ours: `.scale`). `hf_name(path)` maps a
-parameter path of our module tree to its HF name and whether it is transposed.
+parameter path of our module tree to its HF name and whether it is transposed. A scanned model's
+stacked params ([L, ...], `scan_layers`) are read and written as their L per-layer HF tensors.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from safetensors.numpy import save_file
 
 from agentfly_jax.models.causal_lm import CausalLM, Critic
 from agentfly_jax.models.config import ModelConfig
+from agentfly_jax.models.layer_stack import is_stacked_path, per_layer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,11 @@ def hf_name(path: tuple) -> tuple[str, bool]:
 
 
 def _params_flat(model_or_state) -> list[tuple[tuple, Any]]:
+  """(path, value) per param in the unrolled layout (a stacked param gives one per layer)."""
+  return [item for path, value in _params_flat_as_stored(model_or_state) for item in per_layer(path, value)]
+
+
+def _params_flat_as_stored(model_or_state) -> list[tuple[tuple, Any]]:
   if isinstance(model_or_state, nnx.Module):
     state = nnx.state(model_or_state, nnx.Param)
   else:
@@ -221,32 +228,41 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
     specs = partition_spec_of
   handles = {}
   used = set()
+
+  def read(path, expected, dtype):
+    """Parameter `path`'s (unrolled layout) array of shape `expected` from the checkpoint."""
+    nonlocal head_init
+    name, transposed = hf_name(path)
+    if name not in files and critic and name.startswith("score."):
+      if head_init is None:
+        head = nnx.Linear(cfg.hidden_size, 1, rngs=nnx.Rngs(seed), param_dtype=cfg.params_dtype,
+                          kernel_init=nnx.initializers.normal(cfg.initializer_range))
+        head_init = {"score.weight": np.asarray(head.kernel[...]).T, "score.bias": np.asarray(head.bias[...])}
+      array = head_init[name]
+    else:
+      if name not in files:
+        raise ValueError(f"{folder}: checkpoint is missing tensor {name!r} (needed for parameter "
+                         f"{'/'.join(map(str, path))})")
+      fpath = files[name]
+      if fpath not in handles:
+        handles[fpath] = SafetensorsFile(fpath)
+      array = handles[fpath].get_tensor(name)
+      used.add(name)
+    hf_shape = expected[::-1] if transposed else expected
+    if tuple(array.shape) != hf_shape:
+      raise ValueError(f"{files.get(name, folder)}: tensor {name!r} has shape {tuple(array.shape)}, "
+                       f"expected {hf_shape} for config {os.path.join(folder, 'config.json')}")
+    if transposed:
+      array = array.T
+    return np.asarray(array, dtype=dtype)
+
   try:
     for path, var in flat:
-      name, transposed = hf_name(path)
-      expected = tuple(var.shape)
-      if name not in files and critic and name.startswith("score."):
-        if head_init is None:
-          head = nnx.Linear(cfg.hidden_size, 1, rngs=nnx.Rngs(seed), param_dtype=cfg.params_dtype,
-                            kernel_init=nnx.initializers.normal(cfg.initializer_range))
-          head_init = {"score.weight": np.asarray(head.kernel[...]).T, "score.bias": np.asarray(head.bias[...])}
-        array = head_init[name]
+      if is_stacked_path(path):  # scanned layers: the L per-layer tensors, stacked
+        array = np.stack([read(p, tuple(var.shape[1:]), var.dtype)
+                          for p, _ in per_layer(path, np.empty(var.shape[:1]))])
       else:
-        if name not in files:
-          raise ValueError(f"{folder}: checkpoint is missing tensor {name!r} (needed for parameter "
-                           f"{'/'.join(map(str, path))})")
-        fpath = files[name]
-        if fpath not in handles:
-          handles[fpath] = SafetensorsFile(fpath)
-        array = handles[fpath].get_tensor(name)
-        used.add(name)
-      hf_shape = expected[::-1] if transposed else expected
-      if tuple(array.shape) != hf_shape:
-        raise ValueError(f"{files.get(name, folder)}: tensor {name!r} has shape {tuple(array.shape)}, "
-                         f"expected {hf_shape} for config {os.path.join(folder, 'config.json')}")
-      if transposed:
-        array = array.T
-      array = np.asarray(array, dtype=var.dtype)
+        array = read(path, tuple(var.shape), var.dtype)
       if specs is not None:
         sharding = jax.sharding.NamedSharding(mesh, specs(path, var, sharding_rules, mesh))
         value = jax.device_put(array, sharding)

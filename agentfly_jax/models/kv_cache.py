@@ -13,8 +13,9 @@ class KVCache:
   """Key/value buffers, one pair per decoder layer, with (batch row, kv head) pairs folded.
 
   Attributes:
-    k: tuple of num_layers arrays [B * num_kv_heads, head_dim, max_len] (keys transposed).
-    v: tuple of num_layers arrays [B * num_kv_heads, max_len, head_dim].
+    k: tuple of num_layers arrays [B * num_kv_heads, head_dim, max_len] (keys transposed), or
+      (`stacked`, the scanned model's cache) one array [num_layers, B * num_kv_heads, head_dim, max_len].
+    v: the same of [B * num_kv_heads, max_len, head_dim] (stacked: [num_layers, ...]).
     num_kv_heads: static.
 
   With this layout both attention products of a decode step (q @ K and probs @ V) are plain 3-D
@@ -31,11 +32,20 @@ class KVCache:
 
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
-            dtype=jnp.float32) -> "KVCache":
+            dtype=jnp.float32, *, stacked: bool = False) -> "KVCache":
+    """Zero buffers; `stacked`: one [num_layers, ...] array each for k and v (scanned layers)."""
     rows = batch_size * num_kv_heads
+    if stacked:
+      return cls(k=jnp.zeros((num_layers, rows, head_dim, max_len), dtype),
+                 v=jnp.zeros((num_layers, rows, max_len, head_dim), dtype), num_kv_heads=num_kv_heads)
     return cls(k=tuple(jnp.zeros((rows, head_dim, max_len), dtype) for _ in range(num_layers)),
                v=tuple(jnp.zeros((rows, max_len, head_dim), dtype) for _ in range(num_layers)),
                num_kv_heads=num_kv_heads)
+
+  @property
+  def stacked(self) -> bool:
+    """True when k / v are single [num_layers, ...] arrays (the scanned model's layout)."""
+    return not isinstance(self.k, (tuple, list))
 
   @property
   def num_layers(self) -> int:

@@ -16,7 +16,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
-from agentfly_jax.models.sharding import logical_axes, param_with_axes
+from agentfly_jax.models.sharding import HIDDEN_AXES, constrain, logical_axes, param_with_axes
 
 
 class RMSNorm(nnx.Module):
@@ -242,9 +242,9 @@ def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
     raise ValueError(f"kernel layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
   for _, module in nnx.iter_modules(model):
     if isinstance(module, Linear) and module.kernel_layout != layout:
-      names = logical_axes(module.kernel)
-      kernel = jnp.transpose(module.kernel[...])
-      module.kernel = param_with_axes(kernel, None if names is None else names[::-1])
+      names = logical_axes(module.kernel)  # the last two dims swap (a scanned model's are [L, ., .])
+      kernel = jnp.swapaxes(module.kernel[...], -1, -2)
+      module.kernel = param_with_axes(kernel, None if names is None else (*names[:-2], names[-1], names[-2]))
       module.kernel_layout = layout
   return model
 
@@ -290,9 +290,9 @@ class Attention(nnx.Module):
     """
     b, t, _ = x.shape
     q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), self.fuse_projections)
-    q = q.reshape(b, t, self.num_heads, self.head_dim)
-    k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
-    v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
+    q = constrain(q.reshape(b, t, self.num_heads, self.head_dim), ("act_batch", "act_length", "act_heads", None))
+    k = constrain(k.reshape(b, t, self.num_kv_heads, self.head_dim), ("act_batch", "act_length", "act_kv_heads", None))
+    v = constrain(v.reshape(b, t, self.num_kv_heads, self.head_dim), ("act_batch", "act_length", "act_kv_heads", None))
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -301,7 +301,8 @@ class Attention(nnx.Module):
       kvh, hd = self.num_kv_heads, self.head_dim
       k = k.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
       v = v.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
-      return self.o_proj(self._attend(q, k, v, mask, keys_transposed=False)), None
+      out = constrain(self._attend(q, k, v, mask, keys_transposed=False), ("act_batch", "act_length", "act_heads"))
+      return self.o_proj(out), None
     # Cache layouts (see KVCache): keys [B*KVH, hd, S], values [B*KVH, S, hd], so both attention
     # products are plain 3-D batched matmuls (q @ K, probs @ V) straight on the updated caches.
     # (With [B, KVH, S, hd] XLA's CPU backend transposed or copied every layer's cache at every
@@ -388,7 +389,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     gate, up = project(x, (self.gate_proj, self.up_proj), self.fuse_projections)
-    return self.down_proj(jax.nn.silu(gate) * up)
+    return self.down_proj(constrain(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp")))
 
 
 class DecoderLayer(nnx.Module):
@@ -406,4 +407,4 @@ class DecoderLayer(nnx.Module):
     attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
     x = x + attn_out
     x = x + self.mlp(self.post_attention_layernorm(x))
-    return x, new_kv
+    return constrain(x, HIDDEN_AXES), new_kv

@@ -1,6 +1,8 @@
 """Rematerialisation (activation checkpointing) of the decoder layers, by policy name.
 
     call = layer_call(fn, "dots_saveable")    # fn(layer, x, ...) under nnx.remat with that policy
+    body = scan_body(fn, "full")              # a pure fn (a lax.scan body) under jax.checkpoint
+    call = checkpointed(fn, "full")           # a pure fn(layer state, ...) under jax.checkpoint
 
 Names: "none" (keep every activation for the backward pass), "full" (keep only each layer's
 inputs, recompute the rest: `jax.checkpoint` without a policy), or any policy of
@@ -58,3 +60,20 @@ def _wrapped(fn, name: str):
 def layer_call(fn, remat: bool | str):
   """`fn` rematerialised with the policy `remat` (a name or a bool, see the module doc)."""
   return _wrapped(fn, remat_name(remat))
+
+
+def checkpointed(fn, remat: bool | str, *, prevent_cse: bool = True):
+  """The pure function `fn` (a decoder layer applied to its split state) under `jax.checkpoint`
+  with the policy `remat` (unchanged for "none"). Pure, unlike `layer_call`'s nnx.remat, so it
+  also runs on a layer merged outside an enclosing transform (prepare's lax.map)."""
+  name = remat_name(remat)
+  if name == "none":
+    return fn
+  policy = None if name == "full" else getattr(jax.checkpoint_policies, name)
+  return jax.checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
+
+
+def scan_body(fn, remat: bool | str):
+  """`checkpointed` for the body of the scanned decoder layers: prevent_cse=False (inside
+  lax.scan CSE cannot merge the recomputation away; jax's advice)."""
+  return checkpointed(fn, remat, prevent_cse=False)

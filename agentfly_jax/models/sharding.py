@@ -22,11 +22,21 @@ embeddings (kernel layout [in, out]):
   score.kernel [D, 1]             ('embed', 'score')        -> ('fsdp', None); bias (None,)
   norm scales [D] / q,k norms [hd] ('embed_vector',) / ('head_dim',) -> (None,)
   LoRA lora_a [in, r] / lora_b [r, out]  (in's name, 'lora_rank') / ('lora_rank', out's name)
+  scanned layers (model.scan_layers): a leading ('layers', ...) dim      -> (None, ...)
 On a mesh, a dimension whose size the mesh axes do not divide is left unsplit (None), and a mesh
 axis already used by an earlier dim of the same param is not used again.
+
+Activations are named the same way: the model calls `constrain(x, ("act_batch", "act_length",
+"act_embed"))` at its decoder layers' inputs and outputs, attention, MLP, logits and values; it is a
+no-op unless a program runs it under `with activation_sharding(mesh, rules):` (the train step,
+prepare and the sampler do on a multi-device mesh), where it becomes
+`jax.lax.with_sharding_constraint` by the same rules (the act_* names of DEFAULT_RULES are the
+defaults for rules that lack them).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any, Mapping
 
 import jax
@@ -45,7 +55,19 @@ DEFAULT_RULES: dict[str, Any] = {
     "head_dim": None,       # q/k norm scales
     "score": None,          # the critic's value head output (size 1)
     "lora_rank": None,      # LoRA adapters' rank dim (models/lora.py; small: kept whole)
+    "layers": None,         # the stacked decoder layers' leading axis (model.scan_layers)
+    # Activations (`constrain`, under `activation_sharding`): rows split over fsdp (data
+    # parallel), heads / MLP hidden / vocab over tp; the model width of activations is kept whole.
+    "act_batch": "fsdp",
+    "act_length": None,
+    "act_embed": None,
+    "act_heads": "tp",
+    "act_kv_heads": "tp",
+    "act_mlp": "tp",
+    "act_vocab": "tp",
 }
+ACTIVATION_AXES = ("act_batch", "act_length", "act_embed", "act_heads", "act_kv_heads", "act_mlp", "act_vocab")
+HIDDEN_AXES = ("act_batch", "act_length", "act_embed")  # [B, T, D] between the decoder layers
 _METADATA_KEY = "out_sharding"  # flax NNX's sharding metadata (the logical names here)
 
 
@@ -175,3 +197,34 @@ def place(tree, shardings):
   # shardings is a prefix of tree (a NamedSharding may stand for a whole nnx.Variable)
   return jax.tree.map(lambda sh, sub: jax.tree.map(lambda x: one(sh, x), sub), shardings, tree,
                       is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
+_ACTIVE = threading.local()  # (mesh, resolved rules) of the innermost `activation_sharding`
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh | None, rules: Mapping | None = None):
+  """Within this context (entered inside a traced function), `constrain` pins activations to
+  `mesh` by `rules` (their act_* names; missing ones from DEFAULT_RULES). `mesh` None or of one
+  device: nothing is constrained (single-device code is unchanged)."""
+  previous = getattr(_ACTIVE, "value", None)
+  if mesh is None or mesh.size <= 1:
+    _ACTIVE.value = None
+  else:
+    defaults = {k: v for k, v in resolve_rules(DEFAULT_RULES).items() if k in ACTIVATION_AXES}
+    _ACTIVE.value = (mesh, {**defaults, **resolve_rules(rules)})
+  try:
+    yield
+  finally:
+    _ACTIVE.value = previous
+
+
+def constrain(x: jax.Array, axes: tuple) -> jax.Array:
+  """`x` with its sharding constrained to the logical `axes` (one name or None per dim) under the
+  active `activation_sharding`; `x` unchanged outside one."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return x
+  mesh, rules = active
+  spec = spec_for_axes(tuple(axes), tuple(x.shape), rules, mesh, where="an activation")
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -48,6 +48,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.attention_impl = "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
   c.model.dtype = "float32"        # compute dtype (bfloat16 on GPU)
   c.model.param_dtype = "float32"  # master params, hence gradients and AdamW moments (keep float32)
+  c.model.scan_layers = False      # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)
   # LoRA (models/lora.py): rank > 0 trains float32 adapters in the decoder layers' projections and
   # freezes the base (optimizer, checkpoints and weight syncs hold adapters only; the KL reference
   # is the base + the adapters of RL step 0, no copy of the base). 0 = full fine-tune.

@@ -11,6 +11,9 @@ metrics and config files; checkpoints are written by orbax from all processes to
 
 Environment (when the arguments are not given): AGENTFLY_COORDINATOR_ADDRESS,
 AGENTFLY_NUM_PROCESSES, AGENTFLY_PROCESS_ID. On CPU the cross-process collectives use gloo.
+On Cloud TPU VMs (and other clusters JAX detects) `coordinator_address="auto"`: every worker runs
+the same command and `jax.distributed.initialize()` reads the slice's topology from the TPU
+environment (no process ids to give).
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """Starts `jax.distributed` when a coordinator is given (argument or environment); returns
   whether it did. Must run before anything touches a JAX device."""
   address = coordinator_address or os.environ.get(ENV_ADDRESS, "")
+  if address == "auto":  # a TPU pod slice (or another cluster JAX detects): all from its environment
+    jax.distributed.initialize()
+    return True
   num = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
   pid = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
   if not address:

@@ -238,3 +238,21 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
     return None
   return plan_memory_split(device_bytes, g.jax_mem_fraction, g.vllm_mem_fraction,
                            model_shape_from_config(config), run_sizes_from_config(config))
+
+
+_STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic")
+
+
+def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, micro_batches: int = 1) -> dict:
+  """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the state (params, grads, Adam,
+  reference, critic) split over every chip, activations and logits over fsdp (the micro-batch's
+  rows are split over it), with `micro_batches` > 1 the gradient accumulator beside each
+  micro-batch's gradients (rl/train_step.py `accumulate_gradients`: one more params-sized buffer,
+  and the critic's), and 'total' = their sum x JAX_HEADROOM (experiments/aot_compile.py sets it
+  beside XLA's per-chip numbers)."""
+  chips = fsdp * tp
+  parts = {k: v / (chips if k in _STATE_PARTS else fsdp) for k, v in jax_memory_parts(m, r).items()}
+  if micro_batches > 1:
+    parts["grad accumulator"] = m.num_params * _bytes(r.param_dtype) * (2 if r.critic else 1) / chips
+  parts["total"] = sum(parts.values()) * JAX_HEADROOM
+  return {k: int(v) for k, v in parts.items()}

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.rl import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty
 from agentfly_jax.rl.train_step import critic_values, policy_logprobs_entropy
@@ -60,11 +61,13 @@ def _masked_mean(x, mask):
   return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None):
+def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None,
+                 rules=None):
   """Builds the jitted `prepare(params, ref_params, critic_params, arrays, frozen=None) -> (batch, metrics)`.
 
   `frozen` = (rest, critic_rest) as call-time arguments (LoRA's frozen base: see
-  train_step.make_train_step); None: the ones given here.
+  train_step.make_train_step); None: the ones given here. On a multi-device `mesh` its
+  activations are constrained by `rules` (models/sharding.py `activation_sharding`).
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
@@ -83,6 +86,10 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
     return jnp.where(a["action_mask"], lp, 0.0)
 
   def prepare(params, ref_params, critic_params, arrays, frozen=None):
+    with activation_sharding(mesh, rules):
+      return _prepare(params, ref_params, critic_params, arrays, frozen)
+
+  def _prepare(params, ref_params, critic_params, arrays, frozen):
     p_rest, c_rest = (rest, critic_rest) if frozen is None else frozen
     mask = arrays["action_mask"]
     batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}

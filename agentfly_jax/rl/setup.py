@@ -52,6 +52,16 @@ def build_tokenizer_dir(config, task, workdir: str) -> str:
   return out
 
 
+def model_numerics(config) -> dict:
+  """ModelConfig fields that come from `config.model` whatever the architecture: dtypes, remat,
+  attention chunking, scanned layers."""
+  from agentfly_jax.rl.config import resolved_remat
+  m = config.model
+  return dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
+              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"),
+              scan_layers=m.get("scan_layers", False))
+
+
 def model_config(config, vocab_size: int):
   """The policy's ModelConfig: the HF folder's config.json (`model.pretrained`), else the tiny
   random-init architecture of `config.model`; numerics (dtype, param_dtype, remat, attention
@@ -59,10 +69,8 @@ def model_config(config, vocab_size: int):
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
-  from agentfly_jax.rl.config import resolved_remat
   m = config.model
-  ours = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=resolved_remat(config),
-              attention_chunk=m.attention_chunk, attention_impl=m.get("attention_impl", "flash"))
+  ours = model_numerics(config)
   if m.pretrained:
     path = os.path.join(m.pretrained, "config.json")
     if not os.path.isfile(path):
@@ -80,12 +88,9 @@ def build_model(config, vocab_size: int, *, critic: bool = False, lora: bool = T
   projections carry LoRA adapters (the critic's only with `model.lora.critic`)."""
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
   from agentfly_jax.models.lora import apply_lora, lora_config_from
-  from agentfly_jax.rl.config import resolved_remat
   m = config.model
   if m.pretrained:
-    model = from_pretrained(m.pretrained, m.dtype, param_dtype=m.param_dtype, critic=critic, seed=config.seed,
-                            remat=resolved_remat(config), attention_chunk=m.attention_chunk,
-                            attention_impl=m.get("attention_impl", "flash"))
+    model = from_pretrained(m.pretrained, critic=critic, seed=config.seed, **model_numerics(config))
   else:
     cfg = model_config(config, vocab_size)
     cls = Critic if critic else CausalLM
@@ -114,19 +119,20 @@ def base_identity(config, model) -> dict:
   return {"source": source, "sha256": params_sha256(base_params(model))}
 
 
-def training_and_sampler_meshes(config):
+def training_and_sampler_meshes(config, devices=None):
   """(the trainer's (fsdp, tp) mesh, the JAX sampler's sub-mesh or None). With
   `mesh.sampler_devices = N > 0` the trainer takes the first fsdp * tp local devices and the
-  sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device."""
+  sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device.
+  `devices`: these instead of the local ones (experiments/aot_compile.py: a TPU topology's)."""
   from agentfly_jax.models import make_mesh
   m = config.mesh
   n = m.get("sampler_devices", 0)
   if not n:
-    return make_mesh(m.fsdp, m.tp), None
-  if jax.process_count() > 1:
+    return make_mesh(m.fsdp, m.tp, devices), None
+  if jax.process_count() > 1 and devices is None:
     raise ValueError("config.mesh.sampler_devices > 0 runs on one process (each process of a "
                      "multi-host run samples on its own local devices)")
-  devices = jax.local_devices()
+  devices = jax.local_devices() if devices is None else list(devices)
   if m.fsdp * m.tp + n > len(devices):
     raise ValueError(f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
                      f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}")
@@ -187,7 +193,8 @@ def build_components(config, workdir: str, task=None) -> Components:
     from agentfly_jax.sampling import JaxSampler
     r = config.rollout
     sampler = JaxSampler(sampler_model, tokenizer, max_batch_size=r.max_batch_size,
-                         max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed)
+                         max_len=r.max_total_tokens + r.max_tokens_per_turn, seed=config.seed,
+                         mesh=(sampler_mesh or mesh) if jax.process_count() == 1 else None, sharding_rules=rules)
 
   if hasattr(task, "make_agent"):
     agent = task.make_agent(tokenizer)

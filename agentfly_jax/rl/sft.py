@@ -112,15 +112,12 @@ class SftRunner:
   """
 
   def __init__(self, trainer, optimizer):
-    from agentfly_jax.rl.train_step import batch_sharding, jit_step, make_sft_step
+    from agentfly_jax.rl.programs import sft_step_program
     self.trainer, self.optimizer = trainer, optimizer
     self.state_sharding = trainer.state_sharding_for(optimizer)
-    keys = dict.fromkeys(("input_ids", "target_ids", "attention_mask", "action_mask"))
-    self.batch_sharding = batch_sharding(trainer.mesh, keys)
-    self._step = jit_step(make_sft_step(trainer.graphdef, trainer.rest, optimizer,
-                                        logits_chunk=trainer.loss_cfg.logits_chunk,
-                                        logits_capacity=trainer.loss_cfg.logits_capacity),
-                          self.state_sharding, self.batch_sharding, trainer.rest)
+    self._step, self.batch_sharding = sft_step_program(trainer.graphdef, trainer.rest, optimizer, trainer.loss_cfg,
+                                                       trainer.mesh, trainer.config.mesh.get("rules"),
+                                                       self.state_sharding, frozen=trainer.rest)
 
   def new_state(self, params):
     return self.trainer.new_state(params, self.optimizer, state_sharding=self.state_sharding)
@@ -140,9 +137,9 @@ class SftRunner:
 def run_sft(trainer) -> tuple[object, list[float]]:
   """The warm start phase of `config.sft`: scripted demonstrations of `trainer.task` rolled out by
   the real agent, SFT steps on them. Returns (params, per-step NLL)."""
-  from agentfly_jax.rl.train_state import make_optimizer
+  from agentfly_jax.rl.programs import sft_optimizer
   c = trainer.config
-  runner = SftRunner(trainer, make_optimizer(lr=c.sft.lr, max_grad_norm=c.train.max_grad_norm))
+  runner = SftRunner(trainer, sft_optimizer(c))
   state = runner.new_state(trainer.init_params)
   p_tool = c.sft.tool_use_prob
   demo = ScriptedPolicySampler(

@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.rl import losses
 from agentfly_jax.rl.train_state import TrainState
 
@@ -164,8 +165,10 @@ def accumulate_gradients(micro_loss: Callable, params, batch: dict):
 
 def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTransformation,
                     cfg: LossConfig, *, critic_graphdef=None, critic_rest=None,
-                    critic_optimizer: optax.GradientTransformation | None = None):
+                    critic_optimizer: optax.GradientTransformation | None = None, mesh=None, rules=None):
   """Builds the pure `train_step(state, batch, frozen=None) -> (state, metrics)` (not yet jitted).
+  On a multi-device `mesh` its activations are constrained by `rules` (models/sharding.py
+  `activation_sharding`).
 
   `frozen`: (policy rest, critic rest) passed at call time, e.g. LoRA's frozen base: arrays a
   jitted function closes over become constants of the compiled program (a copy of the weights in
@@ -174,6 +177,10 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
   """
 
   def train_step(state: TrainState, batch: dict, frozen=None):
+    with activation_sharding(mesh, rules):
+      return _train_step(state, batch, frozen)
+
+  def _train_step(state: TrainState, batch: dict, frozen):
     p_rest, c_rest = (policy_rest, critic_rest) if frozen is None else frozen
     policy_loss = lambda p, mb: _policy_micro_loss(policy_graphdef, p_rest, cfg, p, mb)  # noqa: E731
     critic_loss = None
@@ -199,13 +206,13 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
 
 
 def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, logits_chunk: int = 256,
-                  logits_capacity=(0.25, 0.5, 0.75)):
+                  logits_capacity=(0.25, 0.5, 0.75), mesh=None, rules=None):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
   attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked
   (`logits_chunk`; 0 = plain [B, L, V] logits), only at action tokens (`logits_capacity`).
   `sft_step(state, batch, frozen=None)`: `frozen` = the model's rest at call time (LoRA's base;
-  see make_train_step), else `rest`."""
+  see make_train_step), else `rest`; `mesh` / `rules`: activation shardings as in `make_train_step`."""
 
   def micro_loss(params, mb, rest):
     model = nnx.merge(graphdef, params, rest)
@@ -218,6 +225,10 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, lo
     return nll_sum, (denom, {"sft/nll": nll_sum / jnp.maximum(denom, 1.0)})
 
   def sft_step(state: TrainState, batch: dict, frozen=None):
+    with activation_sharding(mesh, rules):
+      return _sft_step(state, batch, frozen)
+
+  def _sft_step(state: TrainState, batch: dict, frozen):
     frozen_rest = rest if frozen is None else frozen
     grads, _, metrics = accumulate_gradients(lambda p, mb: micro_loss(p, mb, frozen_rest), state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

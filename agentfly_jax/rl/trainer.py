@@ -34,13 +34,12 @@ from agentfly_jax.envs.pool_metrics import env_pool_metrics, start_env_step
 from agentfly_jax.envs.provider import DeferredEnvProvider
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
-from agentfly_jax.models.token_stats import capacity_fractions
 from agentfly_jax.rl import distributed
 from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
-from agentfly_jax.rl.config import ALGORITHMS, resolved_agg, validate_config
+from agentfly_jax.rl.config import ALGORITHMS, validate_config
 from agentfly_jax.rl.setup import build_components
-from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.train_step import LossConfig, state_shardings
+from agentfly_jax.rl.programs import loss_config, policy_optimizers, train_state_sharding
+from agentfly_jax.rl.train_state import create_train_state
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tasks.from_config import task_fingerprint, task_name
@@ -118,23 +117,8 @@ class Trainer:
     self.init_params, self.init_critic_params = c.params, c.critic_params
     self.lora, self.base_identity = c.lora, c.base_identity  # LoRA: params = adapters; the base is in rest
     self.end_of_turn_id = c.end_of_turn_id
-    self.loss_cfg = LossConfig(
-        policy_loss=self.algo["policy_loss"], clip_low=config.loss.clip_low,
-        clip_high=config.loss.clip_high, dual_clip=config.loss.dual_clip, agg=resolved_agg(config),
-        kl_coef=config.loss.kl_coef, kl_kind=config.loss.kl_kind,
-        entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
-        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
-        logits_chunk=config.train.logits_chunk,
-        logits_capacity=capacity_fractions(config.train.get("logits_capacity", ())),  # .get: runs saved before it
-        behaviour_cap=config.loss.behaviour_cap)
-    if self.decoupled:  # off-policy batches: clip against the proximal policy (AReaL)
-      self.loss_cfg = dataclasses.replace(self.loss_cfg, policy_loss="decoupled_ppo")
-    self.optimizer = make_optimizer(
-        lr=config.train.lr, warmup_steps=config.train.warmup_steps, total_steps=config.train.steps,
-        schedule=config.train.schedule, weight_decay=config.train.weight_decay,
-        max_grad_norm=config.train.max_grad_norm)
-    self.critic_optimizer = make_optimizer(lr=config.critic.lr, warmup_steps=config.critic.warmup_steps,
-                                           max_grad_norm=config.train.max_grad_norm) if self.algo["critic"] else None
+    self.loss_cfg = loss_config(config, decoupled=self.decoupled)  # decoupled: clip against the proximal policy (AReaL)
+    self.optimizer, self.critic_optimizer = policy_optimizers(config)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=config.checkpoint.keep)
     self.state_sharding = self.state_sharding_for(self.optimizer)
     self.update = PolicyUpdate(
@@ -145,11 +129,8 @@ class Trainer:
   # ------------------------------------------------------------------ state
   def state_sharding_for(self, optimizer):
     """Shardings of a TrainState of this run's params (+ critic) under `optimizer`."""
-    abstract = jax.eval_shape(lambda p, cp: create_train_state(
-        p, optimizer, critic_params=cp, critic_optimizer=self.critic_optimizer),
-        self.init_params, self.init_critic_params if optimizer is self.optimizer else None)
-    return state_shardings(abstract, self.mesh, self.param_specs, self.critic_specs,
-                           optimizer=optimizer, critic_optimizer=self.critic_optimizer)
+    return train_state_sharding(self.init_params, self.init_critic_params if optimizer is self.optimizer else None,
+                                optimizer, self.critic_optimizer, self.mesh, self.param_specs, self.critic_specs)
 
   def new_state(self, params, optimizer=None, critic_params=None, *, state_sharding=None):
     """A fresh TrainState (optimizer: this run's by default), placed on the mesh."""

@@ -55,19 +55,21 @@ class PolicyUpdate:
   def __init__(self, parts: ModelParts, config, loss_cfg, estimator: str, mesh, state_sharding):
     c = config
     self.config, self.mesh, self.state_sharding = c, mesh, state_sharding
+    self.prepare_chunk = micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
+                                            c.train.micro_batch_size, mesh.shape["fsdp"])[0]
     self.prepare = make_prepare(parts.graphdef, parts.rest, PrepareConfig(
-        estimator=estimator, chunk=micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
-                                                      c.train.micro_batch_size, mesh.shape["fsdp"])[0],
+        estimator=estimator, chunk=self.prepare_chunk,
         temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
         logits_capacity=loss_cfg.logits_capacity, gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
         overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
         overlong_factor=c.dapo.overlong_penalty,
         behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo"),
-        critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest)
+        critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest, mesh=mesh, rules=c.mesh.get("rules"))
     self._step_fn = make_train_step(parts.graphdef, parts.rest, parts.optimizer, loss_cfg,
                                     critic_graphdef=parts.critic_graphdef,
                                     critic_rest=parts.critic_rest,
-                                    critic_optimizer=parts.critic_optimizer)
+                                    critic_optimizer=parts.critic_optimizer, mesh=mesh,
+                                    rules=c.mesh.get("rules"))
     # the models' non-trained state (LoRA: the frozen base) goes in as an argument, never a constant
     self.frozen = (parts.rest, parts.critic_rest)
     self._rows = NamedSharding(mesh, P("fsdp"))
@@ -77,6 +79,16 @@ class PolicyUpdate:
     self._pack = jax.jit(take_packed)
     self.last_prepare_s = 0.0
     self.last_padding_fraction = 0.0
+
+  def minibatch_layout(self) -> tuple[int, int]:
+    """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
+    c = self.config
+    per_mini = -(-c.rollout.rows_per_step * c.rollout.num_chains // c.train.minibatches)
+    return micro_batch_layout(per_mini, c.train.micro_batch_size, self.mesh.shape["fsdp"])  # no padding up to the cap
+
+  def step_program(self, keys) -> Any:
+    """The jitted train step for micro-batches holding `keys` (built once per key set)."""
+    return self._jitted(tuple(keys))[0]
 
   def _jitted(self, keys: tuple):
     keys = tuple(sorted(keys))
@@ -102,10 +114,7 @@ class PolicyUpdate:
                                        self.put_arrays(arrays), self.frozen)
     jax.block_until_ready(batch)
     self.last_prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
-    full_b = c.rollout.rows_per_step * c.rollout.num_chains
-    per_mini = -(-full_b // c.train.minibatches)
-    micro_size, num_micro = micro_batch_layout(per_mini, c.train.micro_batch_size,  # no padding up to the cap
-                                               self.mesh.shape["fsdp"])
+    micro_size, num_micro = self.minibatch_layout()
     rng = np.random.default_rng([c.seed, step])
     pack = c.train.get("pack_sequences", False)
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())

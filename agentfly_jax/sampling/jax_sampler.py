@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.models.layers import KERNEL_LAYOUTS, set_kernel_layout
+from agentfly_jax.models.sharding import activation_sharding, resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import sample_next_tokens
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
@@ -58,13 +59,16 @@ class JaxSampler:
     pad_id: token used for left padding (never attended to).
     kernel_layout: "auto" (CPU: "out_in", else "in_out"), "in_out" (decode straight from the
       given params) or "out_in" (decode from a copy with transposed Linear kernels).
+    mesh / sharding_rules: the mesh the model's params live on; on several devices the decode's
+      activations are constrained by the rules' act_* names (models/sharding.py).
   """
 
   def __init__(self, model: nnx.Module, tokenizer: Any = None, *, max_batch_size: int = 32,
                max_len: int = 2048, batch_buckets: Sequence[int] | None = None,
                prompt_buckets: Sequence[int] | None = None,
                new_token_buckets: Sequence[int] | None = None, seed: int = 0,
-               max_wait_s: float = 0.005, pad_id: int | None = None, kernel_layout: str = "auto"):
+               max_wait_s: float = 0.005, pad_id: int | None = None, kernel_layout: str = "auto",
+               mesh=None, sharding_rules=None):
     if max_batch_size < 1 or max_len < 2:
       raise ValueError(f"JaxSampler: need max_batch_size >= 1 and max_len >= 2, got {max_batch_size}, {max_len}")
     self.tokenizer = tokenizer
@@ -89,6 +93,8 @@ class JaxSampler:
       raise ValueError(f"JaxSampler: kernel_layout must be 'auto' or one of {KERNEL_LAYOUTS}, "
                        f"got {kernel_layout!r}")
     self.kernel_layout = kernel_layout
+    self.activation = None if mesh is None or mesh.size <= 1 else (
+        mesh, tuple(sorted(resolve_rules(sharding_rules).items())))
     self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
     self._decode = self._decode_copy(self._params)  # (graphdef, params), replaced as one
     self.last_sync_bytes = 0  # bytes of the params the last update_weights took in
@@ -233,7 +239,7 @@ class JaxSampler:
     decode_graphdef, decode_params = self._decode
     tokens, logprobs, num_new, stopped = jax.device_get(_generate_rows(
         decode_graphdef, decode_params, self._rest, ids, prompt_lens, temperature, top_k, top_p,
-        row_max_new, stop_ids, seeds, num_new_bucket=n_new))
+        row_max_new, stop_ids, seeds, num_new_bucket=n_new, activation=self.activation))
     self.trace_count += _TRACES[0] - traces_before
     return [SampleResult(token_ids=tokens[i, :num_new[i]].tolist(),
                          logprobs=logprobs[i, :num_new[i]].tolist(),
@@ -255,9 +261,19 @@ def _nbytes(tree) -> int:
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket",))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket", "activation"))
 def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
-                   max_new, stop_ids, seeds, *, num_new_bucket: int):
+                   max_new, stop_ids, seeds, *, num_new_bucket: int, activation=None):
+  """See `_generate_rows_body`; `activation` (static): None or (mesh, rules as sorted items) for
+  `activation_sharding`."""
+  mesh, rules = activation or (None, None)
+  with activation_sharding(mesh, None if rules is None else dict(rules)):
+    return _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
+                               max_new, stop_ids, seeds, num_new_bucket=num_new_bucket)
+
+
+def _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
+                        max_new, stop_ids, seeds, *, num_new_bucket: int):
   """Prefill + decode for one padded batch.
 
   Jitted at module level with the model's graphdef static, so every sampler of one architecture

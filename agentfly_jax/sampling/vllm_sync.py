@@ -43,10 +43,11 @@ def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
   from flax import nnx
 
   from agentfly_jax.models import hf_name
+  from agentfly_jax.models.layer_stack import per_layer
 
   state = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
-  for path, var in nnx.to_flat_state(state):
-    value = var[...] if isinstance(var, nnx.Variable) else var
+  flat = [(path, var[...] if isinstance(var, nnx.Variable) else var) for path, var in nnx.to_flat_state(state)]
+  for path, value in (item for p, v in flat for item in per_layer(p, v)):  # scanned: one per layer
     name, transposed = hf_name(path)
     if isinstance(value, jax.Array) and len(value.sharding.device_set) == 1:
       # A transposed *view*: vLLM's weight loaders copy into their own buffers anyway, and a

@@ -147,13 +147,14 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
                  "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
                  "fuse": ("model", "fuse_projections"), "attn": ("model", "attention_impl"),
-                 "cap": ("loss", "logits_capacity"), "wgrad": ("env", "wgrad")}
+                 "cap": ("loss", "logits_capacity"), "wgrad": ("env", "wgrad"),
+                 "scan": ("model", "scan_layers")}
 
 
 def parse_variant(variant: str) -> tuple[dict, dict, str]:
   """'' (defaults) | 'plain' (= lc0_ac0) | '_'-joined knobs, e.g. 'lc0_ac256', 'remat1', 'precdefault':
   lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
-  fuse0/1 ModelConfig.fuse_projections, attn<flash|checkpoint> ModelConfig.attention_impl,
+  fuse0/1 ModelConfig.fuse_projections, scan0/1 ModelConfig.scan_layers, attn<flash|checkpoint> ModelConfig.attention_impl,
   capN LossConfig.logits_capacity = N / 100 (cap0: log-probs at every position),
   wgradautodiff (bench only: `layers.dense` replaced by a plain dot_general differentiated by
   JAX, the formulation before its written-out backward),
@@ -164,7 +165,7 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
       raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
-                       f"fuse0|1, attn<flash|checkpoint>, capN, wgradautodiff, "
+                       f"fuse0|1, scan0|1, attn<flash|checkpoint>, capN, wgradautodiff, "
                        f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     where, field = VARIANT_KNOBS[key]
     value = knob[len(key):]
@@ -172,7 +173,7 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
       raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     if key == "wgrad" and value != "autodiff":
       raise ValueError(f"--frameworks: unknown knob {knob!r} (wgradautodiff)")
-    out[where][field] = value if key in ("prec", "xla", "attn", "wgrad") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse") else int(value))
+    out[where][field] = value if key in ("prec", "xla", "attn", "wgrad") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse", "scan") else int(value))
   return out["model"], out["loss"], out["env"].get("xla", ""), out["env"].get("wgrad", "")
 
 

@@ -1,0 +1,83 @@
+"""Every program of a run, compiled ahead of time for a TPU topology on this CPU (no TPU, no weights).
+
+    python experiments/aot_compile.py --config=configs/tpu/qwen25_7b_grpo.py --topology=v5p:2x2x2
+    python experiments/aot_compile.py --config=configs/lookup_ppo.py --topology=v5e:2x2 --config.mesh.fsdp=4 \
+        --model=qwen2.5-0.5b --out=/tmp/aot
+
+Builds the run's abstract policy (and critic for PPO), train state and batches with
+`nnx.eval_shape` / `jax.eval_shape` on the meshes of the topology's devices
+(`jax.experimental.topologies.get_topology_desc`, needs `jax[tpu]`: libtpu compiles, nothing
+runs), then lowers and compiles the programs the trainer builds, with the trainer's own builders
+(rl/programs.py, rl/update.py `PolicyUpdate`, sampling/jax_sampler.py):
+  prepare      old (+ reference) log-probs, values, advantages over the rollout batch
+  train_step   the policy step (+ the critic's for PPO) on one minibatch of micro-batches
+  sft_step     the SFT warm-start step
+  sampler      the JAX sampler's prefill + decode loop (KV cache) at the rollout batch
+  weight_sync  the copy of the params from the trainer's shardings to the sampler's
+Per program and per chip: argument / output / alias / temporary bytes, the peak (args + outputs -
+aliased + temps) against the chip's HBM, FLOPs, compile time -> `<out>.json` + `<out>.md`. The train
+step row also has a hand-computed floor and rl/memory_plan.py's estimate. A program that does not
+fit exits 2 naming it, the GiB over and what would fit; bad input (topology, mesh, model) exits 1
+before anything is compiled. Model shapes: `--model` = a preset (models/presets.py) or an HF
+config.json (or its folder); default: the config's `model.aot_preset`, else its own model. The
+work is done by agentfly_jax/rl/aot.py.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+config_flags.DEFINE_config_file("config", None, "A run config (configs/*.py); every field is a flag.")
+flags.DEFINE_string("topology", None, "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4.")
+flags.DEFINE_string("model", "", "A preset name (models/presets.py) or an HF config.json / folder; "
+                    "'' = the config's model.")
+flags.DEFINE_list("programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"],
+                  "Which programs to compile.")
+flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
+flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")
+flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip in GiB; 0 = the generation's (HBM_GIB).")
+flags.DEFINE_string("table", "", "Also add this report to a collected table <table>.{json,md} "
+                    "(e.g. experiments/results/aot_tpu).")
+flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
+FLAGS = flags.FLAGS
+
+from agentfly_jax.rl.aot import PROGRAMS, BadInput, append_to_table, fit_advice, run, write_report  # noqa: E402
+
+GIB = 1024 ** 3
+
+
+def main(argv):
+  del argv
+  config = FLAGS.config
+  if config is None:
+    raise app.UsageError("--config is required")
+  if not FLAGS.topology:
+    raise app.UsageError("--topology is required (e.g. v5e:2x2)")
+  out = FLAGS.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                  f"aot_{config.get('name', 'run')}_{FLAGS.topology.replace(':', '_')}")
+  try:
+    report = run(config, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
+  except BadInput as e:
+    print(f"aot_compile: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+  write_report(report, out)
+  print(f"aot_compile: wrote {out}.json and {out}.md", flush=True)
+  if FLAGS.table:
+    append_to_table(report, FLAGS.table, FLAGS.label or FLAGS.model or config.model.get("aot_preset", ""))
+    print(f"aot_compile: added to {FLAGS.table}.md", flush=True)
+  over = [row for row in report["rows"] if not row["fits"]]
+  if over:
+    msgs = [f"program {row['program']} needs {row['peak_bytes'] / GIB:.2f} GiB a chip, "
+            f"{(row['peak_bytes'] - row['hbm_bytes']) / GIB:.2f} GiB over the {row['hbm_bytes'] / GIB:.0f} GiB of "
+            f"HBM on {report['topology']}; would fit: {fit_advice(report, row)}" for row in over]
+    print("aot_compile: DOES NOT FIT: " + " | ".join(msgs), file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,145 @@
+"""experiments/aot_compile.py: a run's programs compiled for a TPU topology on this CPU (jax[tpu]'s
+libtpu compiles, nothing runs); bad input stops before compiling with a message naming it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "aot_compile.py")
+TINY = ["--config.model.scan_layers=True", "--config.train.remat=full", "--seq_len=64",
+        "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.rollout.max_batch_size=8",
+        "--config.rollout.max_total_tokens=64", "--config.rollout.max_tokens_per_turn=16",
+        "--config.train.micro_batch_size=4", "--config.sft.rows_per_step=4"]
+
+pytest.importorskip("libtpu", reason="jax[tpu] (libtpu) is needed for TPU compile-only")
+
+
+def aot(*args, timeout=1500):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("JAX_PLATFORMS", None)  # the TPU plugin must load (it finds no TPU and compiles only)
+  return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT)
+
+
+def lookup_config(**mesh):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("lookup_grpo", os.path.join(ROOT, "configs", "lookup_grpo.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  config = mod.get_config()
+  config.mesh.update(mesh)
+  return config
+
+
+def test_malformed_topology_exits_1_before_compiling():
+  proc = aot("--config=configs/lookup_grpo.py", "--topology=v5litepod-8", timeout=300)
+  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "--topology='v5litepod-8' is unknown or malformed" in proc.stderr, proc.stderr[-2000:]
+  assert "compiled in" not in proc.stdout
+
+
+@pytest.mark.parametrize("topology, mesh, model, needle", [
+    ("v5x:2x2", {}, "", "--topology='v5x:2x2' is unknown or malformed"),
+    ("v5e:2x2x", {}, "", "--topology='v5e:2x2x' is unknown or malformed"),
+    ("v5e:2x2", {"fsdp": 3}, "", "mesh fsdp=3 x tp=1 = 3 chips does not divide the 4 chips of v5e:2x2"),
+    ("v5p:2x2x2", {"fsdp": 2, "tp": 2}, "", "mesh fsdp=2 x tp=2 = 4 chips does not divide the 8 chips"),
+    ("v5e:2x2", {"fsdp": 4}, "gpt2-xl", "--model='gpt2-xl' is neither a preset"),
+])
+def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
+  from agentfly_jax.rl import aot
+  with pytest.raises(aot.BadInput) as e:
+    aot.run(lookup_config(**mesh), topology, model)
+  assert needle in str(e.value)
+
+
+def test_unsupported_hf_model_type_is_named(tmp_path):
+  from agentfly_jax.rl import aot
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
+  with pytest.raises(aot.BadInput, match=f"{path}: unknown architecture .model_type='gpt2'"):
+    aot.run(lookup_config(fsdp=4), "v5e:2x2", str(path))
+  with pytest.raises(aot.BadInput, match="unknown programs"):
+    aot.run(lookup_config(fsdp=4), "v5e:2x2", "qwen2.5-0.5b", programs=("train_step", "backward"))
+
+
+@pytest.mark.slow
+def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
+  out = tmp_path / "grpo"
+  proc = aot("--config=configs/lookup_grpo.py", "--topology=v5e:2x2", "--config.mesh.fsdp=4", f"--out={out}", *TINY)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = json.loads((tmp_path / "grpo.json").read_text())
+  assert report["chips"] == 4 and report["mesh"]["fsdp"] == 4 and report["scan_layers"]
+  rows = {r["program"]: r for r in report["rows"]}
+  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
+  for name, row in rows.items():
+    assert row["fits"] and row["hbm_bytes"] == 16 * 1024 ** 3, name
+    assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+    assert row["argument_bytes"] > 0 and row["compile_s"] > 0, name
+  for name in ("prepare", "train_step", "sft_step", "sampler"):
+    assert rows[name]["flops"] > 0, name
+  # The train step's arguments hold the sharded state: f32 params + 2 Adam moments (12 bytes a param / 4 chips).
+  assert rows["train_step"]["argument_bytes"] >= 12 * report["num_params"] / 4
+  assert rows["train_step"]["floor_bytes"] > 0 and rows["train_step"]["memory_plan_bytes"] > 0
+  assert "| train_step |" in (tmp_path / "grpo.md").read_text()
+
+
+@pytest.mark.slow
+def test_ppo_step_with_critic_that_cannot_fit_names_program_and_gib(tmp_path):
+  out = tmp_path / "ppo"
+  proc = aot("--config=configs/lookup_ppo.py", "--topology=v5e:2x2", "--config.mesh.fsdp=4", f"--out={out}",
+             "--programs=train_step", "--hbm_gib=0.001", *TINY)
+  assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "DOES NOT FIT: program train_step needs" in proc.stderr and "GiB over the 0 GiB of HBM" in proc.stderr
+  assert "would fit:" in proc.stderr
+  report = json.loads((tmp_path / "ppo.json").read_text())
+  assert report["algo"] == "ppo" and not report["rows"][0]["fits"]
+  # PPO: the critic's params and moments are in the state too (more than the policy's alone).
+  assert report["rows"][0]["argument_bytes"] >= 2 * 12 * report["num_params"] / 4
+
+
+def test_tpu_configs_validate():
+  import importlib.util
+
+  from agentfly_jax.models.presets import PRESETS
+  from agentfly_jax.rl.config import validate_config
+  folder = os.path.join(ROOT, "configs", "tpu")
+  names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+  assert "qwen25_7b_grpo.py" in names
+  for name in names:
+    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(folder, name))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = mod.get_config()
+    validate_config(cfg)
+    assert cfg.model.scan_layers and cfg.model.aot_preset in PRESETS, name
+
+
+def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
+  import jax
+
+  from agentfly_jax.rl import distributed
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  assert distributed.initialize("auto") is True
+  assert calls == [((), {})]  # no address / ids: JAX finds them on a TPU VM
+
+
+def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp():
+  from agentfly_jax.rl import memory_plan as mp
+  shape = mp.ModelShape(num_params=7_615_616_512, num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
+                        head_dim=128, vocab_size=152064)
+  sizes = mp.RunSizes(micro_batch=8, seq_len=2048, attention_chunk=512, remat=True, critic=True)
+  whole = mp.jax_memory_parts(shape, sizes)
+  chip = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2)
+  assert chip["adam"] == int(2 * 7_615_616_512 * 4 / 8) and chip["critic"] == int(whole["critic"] / 8)
+  assert chip["activations"] == int(whole["activations"] / 4) and chip["logits"] == int(whole["logits"] / 4)
+  parts = [v for k, v in chip.items() if k != "total"]
+  assert abs(chip["total"] - sum(parts) * mp.JAX_HEADROOM) <= len(parts) * 2
+  accumulating = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2, micro_batches=8)
+  assert accumulating["grad accumulator"] == int(2 * 7_615_616_512 * 4 / 8)  # policy + critic grads, f32
+  assert "grad accumulator" not in chip
