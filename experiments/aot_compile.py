@@ -30,7 +30,6 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 config_flags.DEFINE_config_file("config", None, "A run config (configs/*.py); every field is a flag.")
 flags.DEFINE_string("topology", None, "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4.")

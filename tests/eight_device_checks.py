@@ -31,6 +31,11 @@ def _sampler_sharding():
   sampler_sharding_check.main()
 
 
+def _activation_sharding():
+  import activation_sharding_check
+  activation_sharding_check.main()
+
+
 def _lora_mesh():
   import lora_mesh_check
   lora_mesh_check.main()
@@ -48,6 +53,7 @@ CHECKS = {
     "train_step": _train_step,              # tests/rl/test_train_step.py
     "sampler_sharding": _sampler_sharding,  # tests/sampling/test_jax_sampler.py
     "lora_mesh": _lora_mesh,                # tests/models/test_models_lora_mesh.py
+    "activation_sharding": _activation_sharding,  # tests/models/test_models_activation_sharding.py
     "trainer_mesh_grpo": _trainer_mesh("grpo"),   # tests/multidevice/test_trainer_mesh.py
     "trainer_mesh_ppo": _trainer_mesh("ppo"),
 }

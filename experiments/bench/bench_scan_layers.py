@@ -16,8 +16,8 @@ import sys
 import time
 
 from absl import app, flags
+from bench_common import RESULTS_DIR  # this folder is on sys.path: the script's own
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_list("depths", ["2", "8", "24"], "Decoder layers for the compile-time rows.")
 flags.DEFINE_integer("step_depth", 8, "Decoder layers for the step-time rows.")
@@ -56,7 +56,7 @@ def main(argv):
   del argv
   import jax
 
-  from experiments.bench_machine import machine as machine_line
+  from bench_machine import machine as machine_line
   b, t = (int(x) for x in FLAGS.shape.split("x"))
   compile_rows = []
   for depth in [int(d) for d in FLAGS.depths]:
@@ -85,7 +85,7 @@ def main(argv):
   ratio = step_rows[1]["median_s"] / step_rows[0]["median_s"]
   report = {"machine": machine_line(), "model": "SmolLM2-135M widths, random init, float32, remat full",
             "compile": compile_rows, "step": step_rows, "scanned_over_unrolled_step_time": ratio}
-  out = FLAGS.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "bench_scan_layers")
+  out = FLAGS.out or os.path.join(RESULTS_DIR, "bench_scan_layers")
   with open(out + ".json", "w") as f:
     json.dump(report, f, indent=2)
   lines = ["# Scanned vs unrolled decoder layers (CPU)", "", f"Machine: {report['machine']}", "",

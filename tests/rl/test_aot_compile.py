@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_cli import ROOT  # noqa: E402
 SCRIPT = os.path.join(ROOT, "experiments", "aot_compile.py")
 TINY = ["--config.model.scan_layers=True", "--config.train.remat=full", "--seq_len=64",
         "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.rollout.max_batch_size=8",

@@ -39,9 +39,7 @@ def test_activation_rules_are_in_the_defaults_and_the_config():
 
 
 @pytest.mark.slow
-def test_constrained_programs_equal_unconstrained_on_8_fake_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  script = os.path.join(os.path.dirname(__file__), "activation_sharding_check.py")
-  proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=900,
-                        cwd=os.path.dirname(os.path.dirname(__file__)))
-  assert proc.returncode == 0 and "ACTIVATION SHARDING OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+@pytest.mark.eight_devices("activation_sharding")
+def test_constrained_programs_equal_unconstrained_on_8_fake_devices(eight_device_check):
+  """tests/activation_sharding_check.py, in the session's one 8-device child process."""
+  assert eight_device_check["ok"] and "ACTIVATION SHARDING OK" in eight_device_check["output"], eight_device_check["output"]
