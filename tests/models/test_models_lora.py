@@ -155,3 +155,38 @@ def test_path_pattern_targets_and_validation_errors():
                rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="already has LoRA adapters"):
     apply_lora(m, LoRAConfig(rank=2, targets="q"), rngs=nnx.Rngs(0))
+
+
+def test_adapters_on_scanned_layers_equal_unrolled_in_logits_and_adapter_gradients():
+  """The agreed layout: adapters live in `Linear`, so under `scan_layers` they stack to [L, ...]
+  like the kernels; a scanned model holding the unrolled model's stacked weights and adapters
+  (random B) gives the same logits and the same adapter gradients, stacked."""
+  from agentfly_jax.models.layer_stack import stack_layers
+  cfg = tiny_config("qwen2", num_hidden_layers=3, vocab_size=120, hidden_size=64, intermediate_size=96,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+  lcfg = LoRAConfig(rank=4, alpha=8.0)
+  unrolled = apply_lora(CausalLM(cfg, rngs=nnx.Rngs(0)), lcfg, rngs=nnx.Rngs(1))
+  for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(unrolled, nnx.LoRAParam))):
+    if var.shape[-2] == 4:   # lora_b [rank, out]: random, so the adapters change the output
+      var.set_value(0.1 * jax.random.normal(jax.random.key(i), var.shape))
+  abstract = nnx.eval_shape(lambda: apply_lora(CausalLM(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0)), lcfg,
+                                               rngs=nnx.Rngs(1)))
+  graphdef, _ = nnx.split(abstract)
+  scanned = nnx.merge(graphdef, stack_layers(nnx.state(unrolled)))
+  adapters = dict(nnx.to_flat_state(nnx.state(scanned, nnx.LoRAParam)))
+  assert adapters and all(v.shape[0] == 3 for v in adapters.values())   # [L, ...]
+  ids = jax.random.randint(jax.random.key(5), (2, 9), 0, 120, jnp.int32)
+
+  def loss_and_grads(model):
+    g, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+    loss = lambda lo: jnp.sum(jnp.sin(nnx.merge(g, lo, rest)(ids)))  # noqa: E731
+    return nnx.jit(lambda m: model(ids))(model), jax.grad(loss)(lora)
+
+  logits_u, grads_u = loss_and_grads(unrolled)
+  logits_s, grads_s = loss_and_grads(scanned)
+  np.testing.assert_allclose(np.asarray(logits_s), np.asarray(logits_u), rtol=2e-5, atol=2e-5)
+  stacked_u = dict(nnx.to_flat_state(stack_layers(grads_u)))
+  flat_s = dict(nnx.to_flat_state(grads_s))
+  assert set(stacked_u) == set(flat_s)
+  for path, g in flat_s.items():
+    np.testing.assert_allclose(np.asarray(g[...]), np.asarray(stacked_u[path][...]), rtol=1e-4, atol=1e-5)
