@@ -16,9 +16,9 @@ LAYERS = [
     ["agentfly_jax.envs"],
     ["agentfly_jax.tools"],
     ["agentfly_jax.rewards"],
-    ["agentfly_jax.data", "agentfly_jax.metrics", "agentfly_jax.checkpoint"],
+    ["agentfly_jax.data", "agentfly_jax.metrics"],
     ["agentfly_jax.models"],
-    ["agentfly_jax.sampling"],
+    ["agentfly_jax.sampling", "agentfly_jax.checkpoint"],   # checkpoint converts layer layouts (models)
     ["agentfly_jax.agents"],
     ["agentfly_jax.tasks"],
     ["agentfly_jax.rl"],
