@@ -314,3 +314,40 @@ def world_config(task: str, algo: str = "grpo") -> ml_collections.ConfigDict:
       "rollout.rows_per_step": 4, "rollout.num_chains": 4, "rollout.max_turns": 8,
       "rollout.max_tokens_per_turn": 48, "rollout.max_total_tokens": 1536, "train.steps": 100,
       "train.lr": 3e-4, "eval.every": 0, "eval.num_rows": 16})
+
+
+def tpu_grpo_config(name: str, aot_preset: str, model_dir: str = "", *, fsdp: int,
+                    max_total_tokens: int = 2048, micro_batch_size: int = 8) -> ml_collections.ConfigDict:
+  """GRPO on the arithmetic tool task at a real size on a TPU slice (configs/tpu/): bfloat16 compute
+  over float32 master params, remat "full", scanned layers, the JAX sampler and the trainer on one
+  (fsdp, 1) mesh. `aot_preset`: experiments/aot_compile.py's model shape when `model_dir` (an HF
+  folder) is empty."""
+  c = default_config()
+  c.name = name
+  c.task = "arithmetic"
+  c.algo = "grpo"
+  c.model.pretrained = model_dir
+  c.model.aot_preset = aot_preset
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.scan_layers = True
+  c.model.attention_chunk = 512
+  c.train.remat = "full"
+  c.mesh.fsdp, c.mesh.tp = fsdp, 1
+  c.rollout.sampler = "jax"
+  c.rollout.rows_per_step = 8
+  c.rollout.num_chains = 8
+  c.rollout.max_turns = 2
+  c.rollout.max_tokens_per_turn = 256
+  c.rollout.max_total_tokens = max_total_tokens
+  c.rollout.max_batch_size = 64
+  c.train.steps = 200
+  c.train.lr = 1e-6
+  c.train.micro_batch_size = micro_batch_size
+  c.train.logits_chunk = 256
+  c.loss.kl_coef = 0.0
+  c.eval.every = 20
+  c.eval.num_rows = 64
+  c.checkpoint.every = 20
+  c.checkpoint.keep = 2
+  return c

@@ -14,38 +14,9 @@ experiments/results/aot_tpu.md has what XLA reports for these programs on v5p:2x
 (8 micro-batches of 8 x 2,048) peaks at 25.8 GiB a chip of the 95 (10.6 GiB state + 15.2 GiB
 temporaries), so micro_batch_size could grow; the state alone would fit 4 chips (v5p:2x2x1).
 """
-from agentfly_jax.rl.config import default_config
+from agentfly_jax.rl.config import tpu_grpo_config
 
 
 def get_config(model_dir: str = ""):
   """`model_dir`: the text after `configs/tpu/qwen25_7b_grpo.py:` (an HF folder), or set --config.model.pretrained."""
-  c = default_config()
-  c.name = "qwen25_7b_grpo_v5p8"
-  c.task = "arithmetic"
-  c.algo = "grpo"
-  c.model.pretrained = model_dir
-  c.model.aot_preset = "qwen2.5-7b"  # experiments/aot_compile.py's model shape when there is no folder
-  c.model.dtype = "bfloat16"
-  c.model.param_dtype = "float32"
-  c.model.scan_layers = True
-  c.model.attention_chunk = 512
-  c.train.remat = "full"
-  c.mesh.fsdp = 8
-  c.mesh.tp = 1
-  c.rollout.sampler = "jax"
-  c.rollout.rows_per_step = 8
-  c.rollout.num_chains = 8
-  c.rollout.max_turns = 2
-  c.rollout.max_tokens_per_turn = 256
-  c.rollout.max_total_tokens = 2048
-  c.rollout.max_batch_size = 64
-  c.train.steps = 200
-  c.train.lr = 1e-6
-  c.train.micro_batch_size = 8
-  c.train.logits_chunk = 256
-  c.loss.kl_coef = 0.0
-  c.eval.every = 20
-  c.eval.num_rows = 64
-  c.checkpoint.every = 20
-  c.checkpoint.keep = 2
-  return c
+  return tpu_grpo_config("qwen25_7b_grpo_v5p8", "qwen2.5-7b", model_dir, fsdp=8)
