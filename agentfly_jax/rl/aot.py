@@ -255,7 +255,8 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
     batch_sh = NamedSharding(mesh, P(None, "fsdp"))
     batch = {k: sds((num_micro, micro_rows, seq_len), dtypes[k], batch_sh) for k in keys}
-    row = compile_program("train_step", update.step_program(keys), state, batch)
+    # the models' non-trained state goes in as the step's third argument (LoRA: the frozen base)
+    row = compile_program("train_step", update.step_program(keys), state, batch, update.frozen)
     row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}"
     row["model_flops"] = model_flops(cfg, num_micro * micro_rows * seq_len, seq_len, backward=True,
                                      remat=cfg.remat not in (False, "none", ""), critic=algo["critic"]) / chips
@@ -276,12 +277,13 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     sft_opt = run_programs.sft_optimizer(config)
     sft_sh = run_programs.train_state_sharding(params, None, sft_opt, None, mesh, specs, None)
     sft_state = with_shardings(jax.eval_shape(lambda p: create_train_state(p, sft_opt), params), sft_sh)
-    step, sft_batch_sh = run_programs.sft_step_program(graphdef, rest, sft_opt, loss_cfg, mesh, rules, sft_sh)
+    step, sft_batch_sh = run_programs.sft_step_program(graphdef, rest, sft_opt, loss_cfg, mesh, rules, sft_sh,
+                                                       frozen=rest)
     from agentfly_jax.rl.batching import micro_batch_layout
     micro_rows, num_micro = micro_batch_layout(c.sft.rows_per_step, c.train.micro_batch_size, fsdp)
     sft_batch = {k: sds((num_micro, micro_rows, seq_len), jnp.int32 if k.endswith("ids") else jnp.bool_, sh)
                  for k, sh in sft_batch_sh.items()}
-    rows.append(compile_program("sft_step", step, sft_state, sft_batch))
+    rows.append(compile_program("sft_step", step, sft_state, sft_batch, rest))
   sampler_params = params
   if sampler_mesh is not None:
     sampler_params = abstract_model(CausalLM, cfg, sampler_mesh, rules)[1]
