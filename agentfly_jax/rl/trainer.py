@@ -301,6 +301,7 @@ class Trainer:
     async_metrics = {}
     if producer is None:
       start_env_step(self.env_provider)  # the step reports only its own acquires
+      tool_metrics(self.agent.tools.values())  # ... and its own tool calls (not the last eval's)
       trajs = self._rollout_step(loop.data_position, step)
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
@@ -346,6 +347,7 @@ class Trainer:
         json.dump({"name": task_name(c), "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
     producer = None
+    tool_metrics(self.agent.tools.values())  # tool counts start with the run's own rollouts
     if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
       from agentfly_jax.rl.async_rollout import RolloutProducer
       self.weights.load(jax.tree.map(jnp.copy, loop.state.params))
