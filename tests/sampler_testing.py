@@ -88,3 +88,15 @@ def truncated_log_softmax64(logits, temperature, top_k, top_p):
     mass_above += p[i]
   zz = np.where(keep, z, -np.inf)
   return log_softmax64(zz), keep
+
+
+class RecordingSampler:
+  """Wraps a sampler and records (prompt, result) per request."""
+
+  def __init__(self, inner):
+    self.inner, self.calls = inner, []
+
+  async def agenerate(self, prompt, params):
+    result = await self.inner.agenerate(prompt, params)
+    self.calls.append((list(prompt), result))
+    return result

@@ -10,22 +10,11 @@ import numpy as np
 import pytest
 
 from agent_testlib import hermes_call, tokenizer_dir
+from sampler_testing import RecordingSampler
 from train_cli import ROOT
 
 jax_sampler = pytest.importorskip("agentfly_jax.sampling.jax_sampler")
 models = pytest.importorskip("agentfly_jax.models")
-
-
-class RecordingSampler:
-  """Wraps a sampler and records (prompt, result) per request."""
-
-  def __init__(self, inner):
-    self.inner, self.calls = inner, []
-
-  async def agenerate(self, prompt, params):
-    result = await self.inner.agenerate(prompt, params)
-    self.calls.append((list(prompt), result))
-    return result
 
 
 def test_jax_sampler_rollout_is_token_aligned_with_the_model():

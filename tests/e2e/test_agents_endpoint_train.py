@@ -7,19 +7,8 @@ import numpy as np
 import pytest
 
 from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
+from sampler_testing import RecordingSampler
 from train_cli import ROOT, read_metrics, train_command
-
-
-class RecordingSampler:
-  """Wraps a sampler and records (prompt, result) per request."""
-
-  def __init__(self, inner):
-    self.inner, self.calls = inner, []
-
-  async def agenerate(self, prompt, params):
-    result = await self.inner.agenerate(prompt, params)
-    self.calls.append((list(prompt), result))
-    return result
 
 
 @pytest.mark.slow
