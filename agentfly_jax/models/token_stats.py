@@ -136,6 +136,9 @@ def loss_slots(length: int, fraction: float, multiple: int = 8) -> int:
   return min(length, -(-k // multiple) * multiple)
 
 
+DEFAULT_CAPACITY = (0.25, 0.5, 0.75)  # config.train.logits_capacity's default (LossConfig, PrepareConfig)
+
+
 def capacity_fractions(capacity) -> tuple[float, ...]:
   """A capacity (a fraction, or a sequence of them) -> the sorted distinct fractions in (0, 1);
   ValueError naming a value outside [0, 1]. 0 and 1 mean "every position" and drop out."""

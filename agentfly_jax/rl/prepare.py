@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models.sharding import activation_sharding
+from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty
 from agentfly_jax.rl.train_step import critic_values, policy_logprobs_entropy
@@ -30,7 +31,7 @@ class PrepareConfig:
   estimator: str                    # advantage estimator name (rl/advantages.py)
   chunk: int = 16                   # rows per forward pass
   logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
-  logits_capacity: tuple = (0.25, 0.5, 0.75)  # log-probs only at action tokens (LossConfig.logits_capacity)
+  logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens (LossConfig.logits_capacity)
   temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
   gamma: float = 1.0
   lam: float = 1.0

@@ -15,6 +15,9 @@ import optax
 from flax import nnx
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")  # make_optimizer's (config.train.schedule)
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array                 # int32[]
@@ -38,7 +41,7 @@ def make_optimizer(*, lr: float, warmup_steps: int = 0, total_steps: int = 0, sc
   elif schedule == "linear":
     decay = optax.linear_schedule(lr, 0.0, max(1, total_steps - warmup_steps))
   else:
-    raise ValueError(f"unknown lr schedule {schedule!r}; known: constant, cosine, linear")
+    raise ValueError(f"unknown lr schedule {schedule!r}; known: {', '.join(LR_SCHEDULES)}")
   if warmup_steps > 0:
     decay = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), decay], [warmup_steps])
   parts = []

@@ -28,6 +28,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.models.sharding import activation_sharding
+from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl import losses
 from agentfly_jax.rl.train_state import TrainState
 
@@ -45,7 +46,7 @@ class LossConfig:
   value_clip: float = 0.5
   temperature: float = 1.0          # logits / temperature, the sampler's temperature
   logits_chunk: int = 256           # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
-  logits_capacity: tuple = (0.25, 0.5, 0.75)  # log-probs only at action tokens, in the smallest of these
+  logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens, in the smallest of these
                                     # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
   behaviour_cap: float = 2.0        # decoupled_ppo: cap of the behaviour importance weight
 
@@ -206,7 +207,7 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
 
 
 def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, logits_chunk: int = 256,
-                  logits_capacity=(0.25, 0.5, 0.75), mesh=None, rules=None):
+                  logits_capacity=DEFAULT_CAPACITY, mesh=None, rules=None):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
   attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked

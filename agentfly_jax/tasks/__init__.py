@@ -10,6 +10,11 @@ _TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.ta
           "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief", "swe": "agentfly_jax.tasks.swe"}
 
 
+def task_names() -> tuple[str, ...]:
+  """The built-in task names."""
+  return tuple(_TASKS)
+
+
 def get_task(name: str):
   """The task module registered under `name` (it defines make_rows, tools, a reward, ...)."""
   if name not in _TASKS:
@@ -17,7 +22,7 @@ def get_task(name: str):
   return importlib.import_module(_TASKS[name])
 
 
-__all__ = ["get_task"]
+__all__ = ["get_task", "task_names"]
 
 
 import dataclasses  # noqa: E402

@@ -20,6 +20,7 @@ A task module may define (all optional but a reward and rows, which may come fro
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -39,7 +40,8 @@ _NUM_GENERATED_ROWS = 2000   # rows drawn from a module's make_rows (the trainer
 _NUM_GENERATED_EVAL = 512
 
 
-def custom_task_config(**overrides) -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class UserTaskSection:
   """The `config.task` section of a user task (every field overridable by an absl flag).
 
   Fields:
@@ -56,9 +58,27 @@ def custom_task_config(**overrides) -> ml_collections.ConfigDict:
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
   """
-  c = ml_collections.ConfigDict(dict(name="custom", module="", train_path="", eval_path="",
-                                     tools="", reward="", system_prompt="", demo_policy="",
-                                     agent="", mcp_servers=""))
+  name: str = "custom"
+  module: str = ""
+  train_path: str = ""
+  eval_path: str = ""
+  tools: str = ""
+  reward: str = ""
+  system_prompt: str = ""
+  demo_policy: str = ""
+  agent: str = ""
+  mcp_servers: str = ""
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if not isinstance(value, str):
+        raise ValueError(f"config.task.{f.name}={value!r}: must be a string")
+
+
+def custom_task_config(**overrides) -> ml_collections.ConfigDict:
+  """The `config.task` section of a user task (`UserTaskSection`'s fields) as a ConfigDict."""
+  c = ml_collections.ConfigDict(dataclasses.asdict(UserTaskSection()))
   c.update(overrides)
   return c
 

@@ -1,0 +1,522 @@
+"""A run's config as frozen, typed sections: parsed once, validated in their constructors.
+
+    spec = RunSpec.from_config(config)        # config: an ml_collections.ConfigDict (configs/*.py + flags)
+    spec.loss.clip_high, spec.rollout.num_chains, spec.algorithm.estimator
+
+Config files in `configs/` and absl flags stay the user's interface (`default_config()` is built
+from these dataclasses, so every default is written here, once). `from_config` first brings a
+config saved by an older version up to date (`rl.config.migrate`), then builds each section; a
+section's constructor raises ValueError("config.<section>.<field>=<value>: why") for the first
+bad field. Names that a registry holds (policy losses, advantage estimators, samplers) are
+checked against the registry, so a newly registered one is accepted without an edit here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar, Mapping
+
+from agentfly_jax.models.config import ATTENTION_IMPLS, MODEL_TYPES
+from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
+from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
+from agentfly_jax.rl import advantages, losses
+from agentfly_jax.rl.train_state import LR_SCHEDULES
+from agentfly_jax.sampling.registry import sampler_names
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+# algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
+ALGORITHMS = {
+    "grpo": dict(estimator="grpo", policy_loss="ppo", critic=False, agg="seq-mean-token-mean"),
+    "drgrpo": dict(estimator="drgrpo", policy_loss="ppo", critic=False, agg="seq-mean-token-sum-norm"),
+    "rloo": dict(estimator="rloo", policy_loss="ppo", critic=False, agg="token-mean"),
+    "reinforce_pp": dict(estimator="reinforce_pp", policy_loss="ppo", critic=False, agg="token-mean"),
+    "reinforce_pp_baseline": dict(estimator="reinforce_pp_baseline", policy_loss="ppo", critic=False,
+                                  agg="token-mean"),
+    "gspo": dict(estimator="grpo", policy_loss="gspo", critic=False, agg="seq-mean-token-mean"),
+    "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
+}
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")  # need >= 2 chains per row
+
+
+def fail(field: str, value: Any, why: str):
+  raise ValueError(f"config.{field}={value!r}: {why}")
+
+
+class Section:
+  """Base of the sections: type checks of every field from its annotation (ints are not bools,
+  floats take ints, tuples take lists), then the section's own `check()`."""
+  NAME: ClassVar[str] = ""
+
+  def __post_init__(self):
+    hints = typing.get_type_hints(type(self))
+    for f in dataclasses.fields(self):
+      object.__setattr__(self, f.name, _typed(f"{self.NAME}.{f.name}", getattr(self, f.name), hints[f.name]))
+    self.check()
+
+  @classmethod
+  def parse(cls, values, where: str):
+    """The section from a mapping (ConfigDict or dict); an unknown field is an error naming it."""
+    return _parse(cls, values, where)
+
+  def check(self) -> None:
+    pass
+
+  def field(self, name: str) -> str:
+    return f"{self.NAME}.{name}"
+
+  def need(self, name: str, ok: bool, why: str) -> None:
+    if not ok:
+      fail(self.field(name), getattr(self, name), why)
+
+  def at_least(self, name: str, low: int, what: str = "") -> None:
+    self.need(name, getattr(self, name) >= low, f"must be an integer >= {low}{what}")
+
+
+def _typed(field: str, value: Any, hint: Any) -> Any:
+  """`value` as the annotated type, or ValueError naming `field`."""
+  if isinstance(hint, type) and issubclass(hint, Section):
+    return value if isinstance(value, hint) else hint.parse(value, field)
+  origin = typing.get_origin(hint)
+  if hint is bool:
+    ok = isinstance(value, bool)
+  elif hint is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif hint is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    value = float(value) if ok else value
+  elif hint is str:
+    ok = isinstance(value, str)
+  elif origin is tuple:
+    ok = isinstance(value, (tuple, list))
+    value = tuple(value) if ok else value
+  elif origin is Mapping or hint is Mapping:
+    ok = hasattr(value, "items")
+    value = types.MappingProxyType(dict(value.to_dict() if hasattr(value, "to_dict") else value)) if ok else value
+  else:  # a union (the task): checked by the owner
+    return value
+  if not ok:
+    kind = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}.get(hint, "a list")
+    fail(field, value, f"must be {kind}")
+  return value
+
+
+def _parse(cls, values, where: str):
+  """A section from a mapping (ConfigDict or dict); an unknown field is an error naming it."""
+  if not hasattr(values, "items"):
+    fail(where, values, f"must be a section with fields {[f.name for f in dataclasses.fields(cls)]}")
+  values = dict(values.items())
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - known)
+  if unknown:
+    raise ValueError(f"config.{where}.{unknown[0]}: unknown field; {where} has {sorted(known)}")
+  return cls(**values)
+
+
+# --------------------------------------------------------------------------- the sections
+@dataclasses.dataclass(frozen=True)
+class LoraSection(Section):
+  """LoRA (models/lora.py): rank > 0 trains float32 adapters in the decoder layers' projections and
+  freezes the base (optimizer, checkpoints and weight syncs hold adapters only; the KL reference is
+  the base + the adapters of RL step 0, no copy of the base). rank 0 = full fine-tune."""
+  NAME: ClassVar[str] = "model.lora"
+  rank: int = 0
+  alpha: float = 32.0             # scale = alpha / rank
+  targets: str = "q,k,v,o,gate,up,down"  # logical names, or regexes over paths (model.layers.0.mlp.up_proj)
+  critic: bool = False            # PPO: adapters on the critic's trunk too (its value head trains whole)
+
+  def check(self):
+    self.at_least("rank", 0, " (0 = full fine-tune)")
+    if self.rank:
+      self.lora_config()   # alpha, targets: ValueError("config.model.lora.<field> ...")
+
+  def lora_config(self):
+    """models.lora.LoRAConfig, or None when rank is 0."""
+    if not self.rank:
+      return None
+    from agentfly_jax.models.lora import LoRAConfig
+    try:
+      return LoRAConfig(rank=self.rank, alpha=self.alpha, targets=self.targets, field=self.NAME)
+    except ValueError as e:
+      raise ValueError(f"config.{e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection(Section):
+  NAME: ClassVar[str] = "model"
+  pretrained: str = ""            # HF folder (config.json + safetensors + tokenizer); "" = random init
+  family: str = "qwen2"           # random init: qwen2 | qwen3 | llama
+  hidden_size: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  intermediate_size: int = 256
+  vocab_size: int = 768           # tiny tokenizer size when random init
+  tie_word_embeddings: bool = True
+  remat: bool = False             # legacy bool (True = "full"); train.remat wins when set
+  attention_chunk: int = 512      # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
+  attention_impl: str = "flash"   # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
+  dtype: str = "float32"          # compute dtype (bfloat16 on GPU)
+  param_dtype: str = "float32"    # master params, hence gradients and AdamW moments (keep float32)
+  scan_layers: bool = False       # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)
+  aot_preset: str = ""            # experiments/aot_compile.py: a preset model shape when `pretrained` is ""
+  lora: LoraSection = dataclasses.field(default_factory=LoraSection)
+
+  def check(self):
+    self.need("family", self.family in MODEL_TYPES, f"must be one of {MODEL_TYPES}")
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "vocab_size"):
+      self.at_least(name, 1)
+    self.at_least("attention_chunk", 0, " (0 = off)")
+    self.need("attention_impl", self.attention_impl in ATTENTION_IMPLS, f"must be one of {ATTENTION_IMPLS}")
+    for name in ("dtype", "param_dtype"):
+      self.need(name, getattr(self, name) in DTYPES, "must be 'float32', 'bfloat16' or 'float16'")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection(Section):
+  NAME: ClassVar[str] = "mesh"
+  fsdp: int = 1
+  tp: int = 1
+  # >0: the JAX sampler gets its own sub-mesh, the last `sampler_devices` local devices (tensor
+  # parallel over them), and the trainer's (fsdp, tp) mesh takes the first fsdp * tp devices: on
+  # GPU, rollout and training run on separate chips (with rollout.mode=async they overlap); each
+  # weight sync copies the params across. 0: the sampler shares the trainer's devices.
+  sampler_devices: int = 0
+  # logical axis name (params' metadata, models/sharding.py) -> mesh axis ("" = kept whole);
+  # e.g. --config.mesh.rules.mlp=fsdp; a module with a new logical name adds its rule here.
+  rules: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: types.MappingProxyType({k: v or "" for k, v in DEFAULT_RULES.items()}))
+
+  def check(self):
+    self.at_least("fsdp", 1)
+    self.at_least("tp", 1)
+    self.at_least("sampler_devices", 0, " (0 = share the trainer's)")
+    try:
+      resolve_rules(self.rules)
+    except ValueError as e:
+      fail("mesh.rules", dict(self.rules), str(e))
+
+  @property
+  def resolved_rules(self) -> dict[str, tuple]:
+    return resolve_rules(self.rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection(Section):
+  NAME: ClassVar[str] = "rollout"
+  sampler: str = "jax"            # a registered sampler (sampling/registry.py): jax | vllm | ...
+  rows_per_step: int = 8
+  num_chains: int = 8
+  max_turns: int = 3
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_tokens_per_turn: int = 32
+  max_total_tokens: int = 256
+  concurrency: int = 256
+  max_batch_size: int = 64        # sampler batch cap
+  mode: str = "sync"              # sync | async (rollout overlaps the update; rl/async_rollout.py)
+  max_staleness: int = 1          # async: a step's batch is from a policy at most this many updates old
+  vllm_dtype: str = ""            # vLLM engine dtype; "" = model.dtype
+
+  def check(self):
+    names = sampler_names()
+    self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
+    for name in ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens",
+                 "concurrency", "max_batch_size"):
+      self.at_least(name, 1)
+    self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
+    self.at_least("max_staleness", 0)
+    self.need("temperature", self.temperature >= 0, "must be >= 0")
+    self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+    self.need("vllm_dtype", self.vllm_dtype in ("",) + DTYPES, "must be 'float32', 'bfloat16' or 'float16'")
+
+  @property
+  def max_len(self) -> int:
+    """Tokens a sampler must hold: the whole trajectory plus one more turn."""
+    return self.max_total_tokens + self.max_tokens_per_turn
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSection(Section):
+  """JAX + vLLM on one GPU (rl/memory_plan.py); 0 = not managed."""
+  NAME: ClassVar[str] = "gpu"
+  jax_mem_fraction: float = 0.0   # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
+  vllm_mem_fraction: float = 0.0  # vLLM's gpu_memory_utilization (of the whole device)
+  device_memory_gib: float = 0.0  # the device's size for the check; 0 = ask CUDA
+
+  def check(self):
+    for name in ("jax_mem_fraction", "vllm_mem_fraction"):
+      self.need(name, 0 <= getattr(self, name) < 1, "must be in [0, 1) (0 = not managed)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection(Section):
+  NAME: ClassVar[str] = "train"
+  steps: int = 40
+  lr: float = 1e-4
+  warmup_steps: int = 0
+  schedule: str = "constant"
+  weight_decay: float = 0.0
+  max_grad_norm: float = 1.0
+  minibatches: int = 1            # optimizer updates per epoch
+  epochs: int = 1                 # passes over the rollout batch (PPO epochs)
+  logits_chunk: int = 256         # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
+  # log-probs/entropy only at action tokens, gathered into the smallest of these fractions of a
+  # row that holds every row's (else all positions); () = all positions
+  logits_capacity: tuple[float, ...] = DEFAULT_CAPACITY
+  pack_sequences: bool = False    # pack several trajectories per row (segment ids; rl/packing.py)
+  remat: str = ""                 # per decoder layer: none | full | dots_saveable | another
+                                  # jax.checkpoint_policies name (models/remat.py); "" = model.remat
+  compile_cache: str = "auto"     # JAX's persistent compilation cache (rl/compile_cache.py): auto
+                                  # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
+  micro_batch_size: int = 16      # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
+
+  def check(self):
+    self.at_least("steps", 0)
+    self.need("lr", self.lr > 0, "must be a number > 0")
+    self.at_least("warmup_steps", 0)
+    self.need("schedule", self.schedule in LR_SCHEDULES, f"must be one of {LR_SCHEDULES}")
+    for name in ("minibatches", "epochs", "micro_batch_size"):
+      self.at_least(name, 1)
+    self.at_least("logits_chunk", 0, " (0 = off)")
+    try:
+      capacity_fractions(self.logits_capacity)
+    except (TypeError, ValueError) as e:
+      fail("train.logits_capacity", self.logits_capacity,
+           f"must be fractions in [0, 1], e.g. (0.25, 0.5, 0.75); () = every position ({e})")
+    if self.remat:
+      from agentfly_jax.models.remat import remat_name
+      try:
+        remat_name(self.remat)
+      except ValueError as e:
+        fail("train.remat", self.remat, str(e))
+
+  @property
+  def capacity(self) -> tuple[float, ...]:
+    """`logits_capacity` as the sorted distinct fractions in (0, 1) (token_stats.capacity_fractions)."""
+    return capacity_fractions(self.logits_capacity)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection(Section):
+  NAME: ClassVar[str] = "loss"
+  policy_loss: str = ""           # a registered policy loss (rl/losses.py); "" = the algorithm's
+  estimator: str = ""             # a registered advantage estimator (rl/advantages.py); "" = the algorithm's
+  agg: str = ""                   # "" = the algorithm's default
+  clip_low: float = 0.2
+  clip_high: float = 0.28         # DAPO clip-higher (= clip_low for symmetric)
+  dual_clip: float = 3.0
+  kl_coef: float = 0.0
+  kl_kind: str = "k3"
+  entropy_coef: float = 0.0
+  value_clip: float = 0.5
+  gamma: float = 1.0
+  lam: float = 1.0
+  tis_cap: float = 0.0            # >0: truncated importance weights exp(old - sampler) capped
+  behaviour_cap: float = 2.0      # async, max_staleness > 0: decoupled PPO's behaviour weight cap
+
+  def check(self):
+    known = losses.policy_loss_names()
+    self.need("policy_loss", self.policy_loss in ("",) + known, f"unknown policy loss; registered: {list(known)}")
+    known = tuple(advantages.names())
+    self.need("estimator", self.estimator in ("",) + known, f"unknown advantage estimator; registered: {list(known)}")
+    self.need("agg", self.agg in ("",) + losses.AGG_MODES, f"unknown aggregation; known: {losses.AGG_MODES}")
+    self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
+    self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
+    self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0,
+              "clip ranges must satisfy 0 <= clip_low < 1, clip_high >= 0")
+    self.need("dual_clip", not self.dual_clip or self.dual_clip > 1,
+              "dual-clip constant must be > 1 (or 0 to disable)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSection(Section):
+  NAME: ClassVar[str] = "critic"
+  lr: float = 1e-3
+  warmup_steps: int = 0
+
+  def check(self):
+    self.need("lr", self.lr > 0, "must be a number > 0")
+    self.at_least("warmup_steps", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DapoSection(Section):
+  NAME: ClassVar[str] = "dapo"
+  dynamic_sampling: bool = False  # drop groups whose rewards have zero variance
+  overlong_buffer: int = 0        # tokens; >0 enables the soft overlong penalty
+  overlong_penalty: float = 1.0
+
+  def check(self):
+    self.at_least("overlong_buffer", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SftSection(Section):
+  NAME: ClassVar[str] = "sft"
+  steps: int = 0                  # >0: warm start on scripted demonstrations
+  rows_per_step: int = 16
+  lr: float = 3e-3
+  tool_use_prob: float = 0.4      # demos use the tool this often
+  cache_dir: str = ""             # reuse warm-started params across runs with the same sft+model config
+
+  def check(self):
+    self.at_least("steps", 0)
+    self.at_least("rows_per_step", 1)
+    self.need("lr", self.lr > 0, "must be a number > 0")
+    self.need("tool_use_prob", 0 < self.tool_use_prob <= 1, "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection(Section):
+  NAME: ClassVar[str] = "eval"
+  every: int = 10
+  num_rows: int = 64
+
+  def check(self):
+    self.at_least("every", 0)
+    self.at_least("num_rows", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection(Section):
+  NAME: ClassVar[str] = "checkpoint"
+  every: int = 10
+  keep: int = 3
+
+  def check(self):
+    self.at_least("every", 0)
+    self.at_least("keep", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSection(Section):
+  NAME: ClassVar[str] = "log"
+  tensorboard: bool = True
+  wandb: bool = False
+  wandb_project: str = "agentfly-jax"
+  progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """What `algo` (+ loss.policy_loss / loss.estimator / loss.agg overrides) resolves to."""
+  estimator: str
+  policy_loss: str
+  critic: bool
+  agg: str
+
+
+SECTIONS = {"model": ModelSection, "mesh": MeshSection, "rollout": RolloutSection, "gpu": GpuSection,
+            "train": TrainSection, "loss": LossSection, "critic": CriticSection, "dapo": DapoSection,
+            "sft": SftSection, "eval": EvalSection, "checkpoint": CheckpointSection, "log": LogSection}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """The whole run config, typed. `task` is a built-in task's name or the user-task section
+  (tasks/from_config.UserTaskSection)."""
+  name: str = "run"
+  seed: int = 0
+  task: Any = "lookup"
+  algo: str = "grpo"
+  model: ModelSection = dataclasses.field(default_factory=ModelSection)
+  mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+  rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+  gpu: GpuSection = dataclasses.field(default_factory=GpuSection)
+  train: TrainSection = dataclasses.field(default_factory=TrainSection)
+  loss: LossSection = dataclasses.field(default_factory=LossSection)
+  critic: CriticSection = dataclasses.field(default_factory=CriticSection)
+  dapo: DapoSection = dataclasses.field(default_factory=DapoSection)
+  sft: SftSection = dataclasses.field(default_factory=SftSection)
+  eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+  checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
+  log: LogSection = dataclasses.field(default_factory=LogSection)
+  custom_task: bool = False       # a Task object given in Python: config.task only names it
+
+  def __post_init__(self):
+    _typed("name", self.name, str)
+    _typed("seed", self.seed, int)
+    if self.algo not in ALGORITHMS:
+      fail("algo", self.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
+    self._check_task()
+    if self.mesh.sampler_devices and self.rollout.sampler != "jax":
+      fail("mesh.sampler_devices", self.mesh.sampler_devices,
+           f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={self.rollout.sampler!r}; "
+           f"vLLM places itself: set its gpu_memory_utilization instead)")
+    algo = self.algorithm
+    if self.loss.estimator == "gae" and not algo.critic:
+      fail("loss.estimator", "gae", f"GAE needs a critic's values; algo={self.algo!r} has none (use algo='ppo')")
+    if self.rollout.num_chains < 2 and algo.estimator in GROUP_ESTIMATORS:
+      fail("rollout.num_chains", self.rollout.num_chains, f"{self.algo} needs >= 2 chains per group")
+
+  def _check_task(self):
+    if isinstance(self.task, str):
+      from agentfly_jax.tasks import task_names
+      if not self.custom_task and self.task not in task_names():
+        fail("task", self.task, f"unknown task; known: {sorted(task_names())} (a user task: "
+             "configs/custom_grpo.py with --config.task.module=... or --config.task.train_path=...)")
+      return
+    from agentfly_jax.tasks.from_config import UserTaskSection
+    if not isinstance(self.task, UserTaskSection):
+      object.__setattr__(self, "task", _parse(UserTaskSection, self.task, "task"))
+
+  @classmethod
+  def from_config(cls, config, *, custom_task: bool = False) -> "RunSpec":
+    """`config` (a ConfigDict or dict; saved by any version: `migrate` first) as a RunSpec;
+    ValueError naming the first bad field."""
+    from agentfly_jax.rl.config import migrate
+    values = migrate(config).to_dict()
+    known = {f.name for f in dataclasses.fields(cls)} - {"custom_task"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"config.{unknown[0]}: unknown field; a run config has {sorted(known)}")
+    kwargs = {k: (SECTIONS[k].parse(v, k) if k in SECTIONS else v) for k, v in values.items()}
+    return cls(**kwargs, custom_task=custom_task)
+
+  def to_dict(self) -> dict:
+    """Plain nested dicts (`default_config()` is `ConfigDict(RunSpec().to_dict())`)."""
+    return {k: v for k, v in _plain(self).items() if k != "custom_task"}
+
+  @property
+  def algorithm(self) -> Algorithm:
+    a = ALGORITHMS[self.algo]
+    return Algorithm(estimator=self.loss.estimator or a["estimator"],
+                     policy_loss=self.loss.policy_loss or a["policy_loss"],
+                     critic=a["critic"], agg=self.loss.agg or a["agg"])
+
+  @property
+  def remat(self):
+    """The decoder layers' remat policy: train.remat, or the legacy bool model.remat."""
+    return self.train.remat or self.model.remat
+
+  @property
+  def task_name(self) -> str:
+    return self.task if isinstance(self.task, str) else (self.task.name or "custom")
+
+  @property
+  def asynchronous(self) -> bool:
+    return self.rollout.mode == "async"
+
+  @property
+  def decoupled(self) -> bool:
+    """Async with stale batches and a PPO loss: decoupled PPO against the proximal policy (AReaL).
+    max_staleness 0 makes async the sync loop exactly: the algorithm's own loss then."""
+    return self.asynchronous and self.rollout.max_staleness > 0 and self.algorithm.policy_loss == "ppo"
+
+
+def _plain(x):
+  if dataclasses.is_dataclass(x):
+    return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+  if isinstance(x, Mapping):
+    return {k: _plain(v) for k, v in x.items()}
+  return x
+
+
+def as_spec(config) -> RunSpec:
+  """A RunSpec as is; a ConfigDict (or dict) parsed (for callers that still hold a config)."""
+  return config if isinstance(config, RunSpec) else RunSpec.from_config(config)
