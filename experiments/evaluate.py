@@ -60,8 +60,7 @@ def main(argv):
   state = trainer.new_state(trainer.init_params, critic_params=trainer.init_critic_params)
   state, _ = trainer.checkpointer.restore(step, state)
   trainer.sampler.update_weights(state.params)
-  make_eval_rows = getattr(trainer.task, "make_eval_rows", None) or trainer.task.make_rows
-  rows = make_eval_rows(_NUM_ROWS.value, seed=_SEED.value)
+  rows = trainer.task.make_eval_rows(_NUM_ROWS.value, seed=_SEED.value)
   trajs = trainer.rollout(rows, num_chains=_NUM_CHAINS.value, temperature=_TEMPERATURE.value, seed=_SEED.value)
   metrics = rollout_metrics(trajs, prefix="eval")
   if _NUM_CHAINS.value > 1:

@@ -49,7 +49,7 @@ def main(argv):
   from agentfly_jax.models import save_pretrained
   from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.config import default_config
-  from agentfly_jax.rl.sft import ScriptedPolicySampler, SftRunner
+  from agentfly_jax.rl.sft import ScriptedPolicySampler
   from agentfly_jax.rl.train_state import make_optimizer
   from agentfly_jax.rl.trainer import Trainer
 
@@ -75,7 +75,7 @@ def main(argv):
     if not steps:
       continue
     if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
-      runner = SftRunner(tr, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
+      runner = tr.sft_runner(make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
       state = runner.new_state(params)
     demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
         text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)

@@ -26,9 +26,11 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import random
 import time
+import weakref
 from typing import Any, Sequence
 
 import trio
@@ -187,6 +189,24 @@ class _RunState:
     return all(c.closed for c in self.connections.values())
 
 
+@dataclasses.dataclass(eq=False)
+class UsageMark:
+  """`EnvManager.usage_mark()`: the counters and acquire-wait counts at the mark, and the most
+  chains bound at once per env type since (kept up to date by the manager while the mark lives)."""
+  counters: dict
+  waits_seen: dict
+  peaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvUsage:
+  """`EnvManager.usage_since(mark)`: acquire waits {env: [s, ...]}, peak bound chains {env: n},
+  counter growth {counter: n}."""
+  waits: dict
+  peaks: dict
+  counters: dict
+
+
 class EnvManager:
   """Acquires env instances for chains across env servers (implements `EnvProvider`).
 
@@ -235,11 +255,10 @@ class EnvManager:
     self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
     self._round_robin = itertools.count()
     self._counters = collections.Counter()
-    self._counters_taken: dict[str, int] = {}   # the counters at the last take_step_counters
     self._backoff_s = 0.0
     self._peak_allocated = 0
-    self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)
-    self._peak_in_use: collections.Counter = collections.Counter()   # since take_step_stats
+    self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)  # every acquire's wait, in order
+    self._marks: weakref.WeakSet[UsageMark] = weakref.WeakSet()   # live marks: each tracks its own peaks
 
   # -- EnvProvider --------------------------------------------------------------------------------
 
@@ -266,7 +285,8 @@ class EnvManager:
     state.load[(env_name, address)] += 1
     self._peak_allocated = max(self._peak_allocated, self._allocated_total())
     in_use = sum(1 for s in self._states.values() for name, _ in s.bindings if name == env_name)
-    self._peak_in_use[env_name] = max(self._peak_in_use[env_name], in_use)
+    for mark in list(self._marks):
+      mark.peaks[env_name] = max(mark.peaks[env_name], in_use)
     return env
 
   async def release(self, env_name: str, chain_id: str) -> None:
@@ -304,18 +324,24 @@ class EnvManager:
       out[f"envs/{key}"] = float(self._counters[key])
     return out
 
-  def take_step_stats(self) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Since the last call, per env type: the seconds each acquire waited, and the most chains
-    bound at once (then starts counting afresh)."""
-    waits, self._acquire_waits = self._acquire_waits, collections.defaultdict(list)
-    peaks, self._peak_in_use = self._peak_in_use, collections.Counter()
-    return dict(waits), dict(peaks)
+  def usage_mark(self) -> "UsageMark":
+    """A snapshot of the client-side counters and acquire waits; `usage_since(mark)` reports
+    what happened after it (reading resets nothing: several readers may hold marks)."""
+    mark = UsageMark(counters=dict(self._counters),
+                     waits_seen={env: len(w) for env, w in self._acquire_waits.items()})
+    self._marks.add(mark)
+    return mark
 
-  def take_step_counters(self) -> dict[str, int]:
-    """How much each of `metrics()`'s counters (COUNTERS) grew since the last call."""
-    now, before = dict(self._counters), self._counters_taken
-    self._counters_taken = now
-    return {key: now.get(key, 0) - before.get(key, 0) for key in COUNTERS}
+  def usage_since(self, mark: "UsageMark | None") -> EnvUsage:
+    """Since `mark` (None: since this manager was made, peaks unknown: 0), per env type: the
+    seconds each acquire waited and the most chains bound at once; and how much each of
+    `metrics()`'s counters (COUNTERS) grew."""
+    counters = mark.counters if mark is not None else {}
+    seen = mark.waits_seen if mark is not None else {}
+    waits = {env: list(w[seen.get(env, 0):]) for env, w in self._acquire_waits.items()}
+    return EnvUsage(waits={env: w for env, w in waits.items() if w},
+                    peaks=dict(mark.peaks) if mark is not None else {},
+                    counters={key: self._counters.get(key, 0) - counters.get(key, 0) for key in COUNTERS})
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""

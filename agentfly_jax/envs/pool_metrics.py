@@ -1,15 +1,16 @@
 """Env-pool metrics for the training logs: per env type, summed over the env servers.
 
-`env_pool_metrics(provider)` -> {"env/<type>/in_use": ..., "env/<type>/warm": ..., ...}:
-  in_use      most of this trainer's chains bound at once since the previous report
+`mark = env_usage_mark(provider)` before a step's rollout, then `env_pool_metrics(provider, mark)`
+-> {"env/<type>/in_use": ..., "env/<type>/warm": ..., ...} (reading resets nothing):
+  in_use      most of this trainer's chains bound at once since the mark
   in_use_now  instances bound on the servers now     warm        idle started instances
   live        instances alive (any state)            cap         the pools' caps
   crashes     calls that crashed an instance         recycled    instances closed and replaced
   timeouts    calls past their wall-clock limit      start_failures
   acquire_wait_s / acquire_wait_max_s   mean / max seconds this trainer's acquires waited since
-                                        the previous report (client side, back-off included)
+                                        the mark (client side, back-off included)
 Counters are cumulative since each server started. And this trainer's own (client-side) counts
-since the previous report, `env/client/<counter>` (envs.manager.COUNTERS): acquires, connects,
+since the mark, `env/client/<counter>` (envs.manager.COUNTERS): acquires, connects,
 reconnects, connection_errors (a server gone mid-call or refusing connections), timeouts (a hung
 server), errors, pool_full, ... Only an `EnvManager` (env servers) reports; any other provider
 gives {}.
@@ -57,18 +58,18 @@ def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]
   return out
 
 
-def start_env_step(provider) -> None:
-  """Starts counting a step's acquire waits, peak bound chains and client counters afresh, so
-  the step's report holds only its own (not what earlier use of a process-wide server left)."""
+def env_usage_mark(provider):
+  """A mark of `provider`'s client-side usage (EnvManager.usage_mark) to report a step's own
+  acquires from; None for a provider that does not report (or a deferred one not resolved yet:
+  its manager is made by the step, whose report then counts from its start)."""
   provider = _reporting(provider)
-  if provider is not None:
-    provider.take_step_stats()
-    provider.take_step_counters()
+  return provider.usage_mark() if provider is not None else None
 
 
-def env_pool_metrics(provider) -> dict[str, float]:
-  """Per-env-type pool metrics of `provider`'s servers (see the module docstring); {} for a
-  provider that is not an EnvManager or when called inside a trio run. Never raises."""
+def env_pool_metrics(provider, since=None) -> dict[str, float]:
+  """Per-env-type pool metrics of `provider`'s servers (see the module docstring), the client
+  side since the mark `since` (`env_usage_mark`); {} for a provider that is not an EnvManager or
+  when called inside a trio run. Never raises."""
   provider = _reporting(provider)
   if provider is None:
     return {}
@@ -77,12 +78,12 @@ def env_pool_metrics(provider) -> dict[str, float]:
     return {}   # inside trio: the caller must await provider.server_stats() itself
   except RuntimeError:
     pass
-  counters = provider.take_step_counters()   # before the stats calls' own connects
+  usage = provider.usage_since(since)   # before the stats calls' own connects
   try:
     stats = trio.run(provider.server_stats)
   except Exception:  # noqa: BLE001 -- metrics must never stop training
     log.warning("env pool metrics: could not read server stats", exc_info=True)
     stats = {}
-  out = pool_metrics_from_stats(stats, *provider.take_step_stats())
-  out.update({f"env/client/{key}": float(n) for key, n in counters.items()})
+  out = pool_metrics_from_stats(stats, usage.waits, usage.peaks)
+  out.update({f"env/client/{key}": float(n) for key, n in usage.counters.items()})
   return out

@@ -9,41 +9,12 @@ from __future__ import annotations
 
 import ml_collections
 
-from agentfly_jax.rl.spec import ALGORITHMS, RunSpec, as_spec  # noqa: F401 (ALGORITHMS: re-exported)
+from agentfly_jax.rl.spec import ALGORITHMS, RunSpec, as_spec, migrate  # noqa: F401 (re-exported)
 
 
 def default_config() -> ml_collections.ConfigDict:
   """Every field at its default (the defaults live in rl/spec.py's sections, once)."""
   return ml_collections.ConfigDict(RunSpec().to_dict())
-
-
-# What runs saved before a field existed did without it, where that differs from today's default
-# (a missing field otherwise gets the default, which is what those versions did).
-_OLD_BEHAVIOUR = {
-    ("train", "logits_capacity"): (),   # before 2026-11: log-probs at every position
-}
-
-
-def migrate(config) -> ml_collections.ConfigDict:
-  """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to
-  today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`,
-  else today's default); what it has is kept. Nested free mappings (mesh.rules) are merged key by
-  key. A current config comes back equal."""
-  saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  merged = RunSpec().to_dict()
-  for (section, key), value in _OLD_BEHAVIOUR.items():
-    if key not in (saved.get(section) or {}):
-      merged[section][key] = value
-  _overlay(merged, saved)
-  return ml_collections.ConfigDict(merged)
-
-
-def _overlay(base: dict, saved: dict) -> None:
-  for key, value in saved.items():
-    if isinstance(value, dict) and isinstance(base.get(key), dict):
-      _overlay(base[key], value)
-    else:
-      base[key] = value
 
 
 def validate_config(c, *, custom_task: bool = False) -> RunSpec:

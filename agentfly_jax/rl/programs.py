@@ -1,50 +1,51 @@
 """The builders of a run's jitted programs, shared by the trainer and `experiments/aot_compile.py`
 (which lowers the same programs for a TPU topology without weights).
 
-    loss_cfg = loss_config(config, decoupled=False)
-    optimizer, critic_optimizer = policy_optimizers(config)
+    loss_cfg = loss_config(spec, decoupled=False)     # spec: rl.spec.RunSpec (or a config)
+    optimizer, critic_optimizer = policy_optimizers(spec)
     sharding = train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, specs, c_specs)
-    step, batch_sharding = sft_step_program(graphdef, rest, sft_optimizer(config), loss_cfg, mesh, rules, sh)
+    step, batch_sharding = sft_step_program(graphdef, rest, sft_optimizer(spec), loss_cfg, mesh, rules, sh)
 """
 from __future__ import annotations
 
 import jax
 
-from agentfly_jax.models.token_stats import capacity_fractions
-from agentfly_jax.rl.config import ALGORITHMS, resolved_agg
+from agentfly_jax.rl.spec import as_spec
 from agentfly_jax.rl.train_state import create_train_state, make_optimizer
 from agentfly_jax.rl.train_step import LossConfig, batch_sharding, jit_step, make_sft_step, state_shardings
 
 SFT_KEYS = ("input_ids", "target_ids", "attention_mask", "action_mask")
 
 
-def loss_config(config, *, decoupled: bool = False) -> LossConfig:
-  """The policy (and critic) loss of `config`'s algorithm; `decoupled`: decoupled PPO (AReaL),
-  for off-policy (async, stale) batches."""
-  algo = ALGORITHMS[config.algo]
+def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
+  """The policy (and critic) loss of the run's algorithm (`spec`: a RunSpec, or a config parsed
+  into one); `decoupled`: decoupled PPO (AReaL), for off-policy (async, stale) batches (the
+  trainer passes `spec.decoupled`)."""
+  spec = as_spec(spec)
+  loss, algo = spec.loss, spec.algorithm
   return LossConfig(
-      policy_loss="decoupled_ppo" if decoupled else algo["policy_loss"], clip_low=config.loss.clip_low,
-      clip_high=config.loss.clip_high, dual_clip=config.loss.dual_clip, agg=resolved_agg(config),
-      kl_coef=config.loss.kl_coef, kl_kind=config.loss.kl_kind,
-      entropy_coef=config.loss.entropy_coef, value_clip=config.loss.value_clip,
-      temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
-      logits_chunk=config.train.logits_chunk,
-      logits_capacity=capacity_fractions(config.train.get("logits_capacity", ())),  # .get: runs saved before it
-      behaviour_cap=config.loss.behaviour_cap)
+      policy_loss="decoupled_ppo" if decoupled else algo.policy_loss, clip_low=loss.clip_low,
+      clip_high=loss.clip_high, dual_clip=loss.dual_clip, agg=algo.agg, kl_coef=loss.kl_coef,
+      kl_kind=loss.kl_kind, entropy_coef=loss.entropy_coef, value_clip=loss.value_clip,
+      temperature=spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0,
+      logits_chunk=spec.train.logits_chunk, logits_capacity=spec.train.capacity,
+      behaviour_cap=loss.behaviour_cap)
 
 
-def policy_optimizers(config):
+def policy_optimizers(spec):
   """(the policy's AdamW, the critic's or None when the algorithm has no critic)."""
-  t = config.train
+  spec = as_spec(spec)
+  t = spec.train
   optimizer = make_optimizer(lr=t.lr, warmup_steps=t.warmup_steps, total_steps=t.steps, schedule=t.schedule,
                              weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
-  critic_optimizer = make_optimizer(lr=config.critic.lr, warmup_steps=config.critic.warmup_steps,
-                                    max_grad_norm=t.max_grad_norm) if ALGORITHMS[config.algo]["critic"] else None
+  critic_optimizer = make_optimizer(lr=spec.critic.lr, warmup_steps=spec.critic.warmup_steps,
+                                    max_grad_norm=t.max_grad_norm) if spec.algorithm.critic else None
   return optimizer, critic_optimizer
 
 
-def sft_optimizer(config):
-  return make_optimizer(lr=config.sft.lr, max_grad_norm=config.train.max_grad_norm)
+def sft_optimizer(spec):
+  spec = as_spec(spec)
+  return make_optimizer(lr=spec.sft.lr, max_grad_norm=spec.train.max_grad_norm)
 
 
 def train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, param_specs, critic_specs):
@@ -53,6 +54,35 @@ def train_state_sharding(params, critic_params, optimizer, critic_optimizer, mes
       p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer), params, critic_params)
   return state_shardings(abstract, mesh, param_specs, critic_specs, optimizer=optimizer,
                          critic_optimizer=critic_optimizer)
+
+
+class TrainStates:
+  """Makes TrainStates of a run's params (+ PPO's critic) on its mesh: `sharding_for(optimizer)`
+  and `new(params, optimizer, critic_params, sharding=)` (the policy optimizer's state sharding
+  is computed once)."""
+
+  def __init__(self, params, critic_params, optimizer, critic_optimizer, mesh, param_specs, critic_specs,
+               seed: int):
+    self.params, self.critic_params = params, critic_params
+    self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
+    self.mesh, self.param_specs, self.critic_specs, self.seed = mesh, param_specs, critic_specs, seed
+    self.sharding = self.sharding_for(optimizer)
+
+  def sharding_for(self, optimizer):
+    """Shardings of a TrainState of the run's params (+ critic, under the policy optimizer) under `optimizer`."""
+    if optimizer is self.optimizer and getattr(self, "sharding", None) is not None:
+      return self.sharding
+    critic = self.critic_params if optimizer is self.optimizer else None
+    return train_state_sharding(self.params, critic, optimizer, self.critic_optimizer, self.mesh,
+                                self.param_specs, self.critic_specs)
+
+  def new(self, params, optimizer=None, critic_params=None, *, sharding=None):
+    """A fresh TrainState (optimizer: the run's by default), placed on the mesh."""
+    optimizer = optimizer or self.optimizer
+    make = lambda p, cp: create_train_state(p, optimizer, critic_params=cp,  # noqa: E731
+                                            critic_optimizer=self.critic_optimizer, seed=self.seed)
+    # Built by a jit with the target shardings: also valid across processes (no host arrays).
+    return jax.jit(make, out_shardings=sharding or self.sharding_for(optimizer))(params, critic_params)
 
 
 def sft_step_program(graphdef, rest, optimizer, loss_cfg: LossConfig, mesh, rules, state_sharding, *,

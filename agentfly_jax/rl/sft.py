@@ -107,50 +107,52 @@ def sft_loss_mask(trajs: Sequence, demo, width: int) -> np.ndarray:
 class SftRunner:
   """Supervised steps on trajectories: `runner.step(state, trajs) -> (state, device metrics)`.
 
-  trainer: a `Trainer` (its mesh, graphdef/rest, tokenizer and micro-batch size); optimizer: the
-  SFT optimizer (it lives here, not on the trainer). `runner.new_state(params)` makes the state.
+  graphdef / rest: the policy's halves (rest: LoRA's frozen base, an argument of the step);
+  optimizer: the SFT optimizer; states: the run's `programs.TrainStates` (places a state on the
+  mesh); loss_cfg: its log-prob chunking; pad_id / micro_batch_size: the batch layout.
+  `runner.new_state(params)` makes the state.
   """
 
-  def __init__(self, trainer, optimizer):
+  def __init__(self, graphdef, rest, optimizer, *, states, loss_cfg, mesh, rules, pad_id: int,
+               micro_batch_size: int):
     from agentfly_jax.rl.programs import sft_step_program
-    self.trainer, self.optimizer = trainer, optimizer
-    self.state_sharding = trainer.state_sharding_for(optimizer)
-    self._step, self.batch_sharding = sft_step_program(trainer.graphdef, trainer.rest, optimizer, trainer.loss_cfg,
-                                                       trainer.mesh, trainer.config.mesh.get("rules"),
-                                                       self.state_sharding, frozen=trainer.rest)
+    self.optimizer, self.states, self.rest = optimizer, states, rest
+    self.pad_id, self.micro_batch_size = pad_id, micro_batch_size
+    self.state_sharding = states.sharding_for(optimizer)
+    self._step, self.batch_sharding = sft_step_program(graphdef, rest, optimizer, loss_cfg, mesh, rules,
+                                                       self.state_sharding, frozen=rest)
 
   def new_state(self, params):
-    return self.trainer.new_state(params, self.optimizer, state_sharding=self.state_sharding)
+    return self.states.new(params, self.optimizer, sharding=self.state_sharding)
 
   def step(self, state, trajs, demo: "ScriptedPolicySampler | None" = None):
     """`demo`: the sampler that produced `trajs`; its `learn=False` pieces stay out of the loss."""
     from agentfly_jax.rl.batching import to_microbatches, train_arrays
     from agentfly_jax.rl.update import put_global
-    arr = train_arrays(trajs, pad_id=self.trainer.tokenizer.pad_token_id)
+    arr = train_arrays(trajs, pad_id=self.pad_id)
     arr["action_mask"] = sft_loss_mask(trajs, demo, arr["action_mask"].shape[1])
     batch = {k: arr[k] for k in self.batch_sharding}
-    mb = to_microbatches(batch, np.arange(len(trajs)), self.trainer.config.train.micro_batch_size)
+    mb = to_microbatches(batch, np.arange(len(trajs)), self.micro_batch_size)
     mb = {k: put_global(v, self.batch_sharding[k]) for k, v in mb.items()}
-    return self._step(state, mb, self.trainer.rest)  # the rest (LoRA: the base) as an argument
+    return self._step(state, mb, self.rest)  # the rest (LoRA: the base) as an argument
 
 
-def run_sft(trainer) -> tuple[object, list[float]]:
-  """The warm start phase of `config.sft`: scripted demonstrations of `trainer.task` rolled out by
-  the real agent, SFT steps on them. Returns (params, per-step NLL)."""
-  from agentfly_jax.rl.programs import sft_optimizer
-  c = trainer.config
-  runner = SftRunner(trainer, sft_optimizer(c))
-  state = runner.new_state(trainer.init_params)
-  p_tool = c.sft.tool_use_prob
+def run_sft(runner: SftRunner, params, *, task, tokenizer, end_of_turn_id: int, sft, seed: int,
+            rollout: Callable, progress: bool = False) -> tuple[object, list[float]]:
+  """The warm start phase of `sft` (rl/spec.SftSection): scripted demonstrations of `task`
+  (its `scripted_response`) rolled out by the real agent through `rollout(rows, sampler=,
+  num_chains=, seed=)`, SFT steps on them from `params`. Returns (params, per-step NLL)."""
+  state = runner.new_state(params)
+  p_tool = sft.tool_use_prob
   demo = ScriptedPolicySampler(
-      trainer.tokenizer, lambda text, rng: trainer.task.scripted_response(text, rng.random() < p_tool, rng),
-      trainer.end_of_turn_id, seed=c.seed)
+      tokenizer, lambda text, rng: task.scripted_response(text, rng.random() < p_tool, rng), end_of_turn_id,
+      seed=seed)
   from tqdm.auto import tqdm
-  bar = tqdm(total=c.sft.steps, desc="sft", disable=not c.log.progress, dynamic_ncols=True)
+  bar = tqdm(total=sft.steps, desc="sft", disable=not progress, dynamic_ncols=True)
   nll = []
-  for i in range(c.sft.steps):
-    rows = trainer.task.make_rows(c.sft.rows_per_step, seed=10_000_000 + c.seed * 100_003 + i)
-    trajs = trainer.rollout(rows, sampler=demo, num_chains=1, seed=c.seed * 7919 + i)
+  for i in range(sft.steps):
+    rows = task.make_rows(sft.rows_per_step, seed=10_000_000 + seed * 100_003 + i)
+    trajs = rollout(rows, sampler=demo, num_chains=1, seed=seed * 7919 + i)
     state, m = runner.step(state, trajs, demo)
     nll.append(m["sft/nll"])
     bar.update(1)

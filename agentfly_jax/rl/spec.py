@@ -5,7 +5,7 @@
 
 Config files in `configs/` and absl flags stay the user's interface (`default_config()` is built
 from these dataclasses, so every default is written here, once). `from_config` first brings a
-config saved by an older version up to date (`rl.config.migrate`), then builds each section; a
+config saved by an older version up to date (`migrate`), then builds each section; a
 section's constructor raises ValueError("config.<section>.<field>=<value>: why") for the first
 bad field. Names that a registry holds (policy losses, advantage estimators, samplers) are
 checked against the registry, so a newly registered one is accepted without an edit here.
@@ -16,6 +16,8 @@ import dataclasses
 import types
 import typing
 from typing import Any, ClassVar, Mapping
+
+import ml_collections
 
 from agentfly_jax.models.config import ATTENTION_IMPLS, MODEL_TYPES
 from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
@@ -461,15 +463,13 @@ class RunSpec:
         fail("task", self.task, f"unknown task; known: {sorted(task_names())} (a user task: "
              "configs/custom_grpo.py with --config.task.module=... or --config.task.train_path=...)")
       return
-    from agentfly_jax.tasks.from_config import UserTaskSection
-    if not isinstance(self.task, UserTaskSection):
-      object.__setattr__(self, "task", _parse(UserTaskSection, self.task, "task"))
+    from agentfly_jax.tasks.from_config import user_task_section
+    object.__setattr__(self, "task", user_task_section(self.task))
 
   @classmethod
   def from_config(cls, config, *, custom_task: bool = False) -> "RunSpec":
     """`config` (a ConfigDict or dict; saved by any version: `migrate` first) as a RunSpec;
     ValueError naming the first bad field."""
-    from agentfly_jax.rl.config import migrate
     values = migrate(config).to_dict()
     known = {f.name for f in dataclasses.fields(cls)} - {"custom_task"}
     unknown = sorted(set(values) - known)
@@ -515,6 +515,35 @@ def _plain(x):
   if isinstance(x, Mapping):
     return {k: _plain(v) for k, v in x.items()}
   return x
+
+
+# What runs saved before a field existed did without it, where that differs from today's default
+# (a missing field otherwise gets the default, which is what those versions did).
+_OLD_BEHAVIOUR = {
+    ("train", "logits_capacity"): (),   # before 2026-11: log-probs at every position
+}
+
+
+def migrate(config) -> ml_collections.ConfigDict:
+  """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to
+  today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`,
+  else today's default); what it has is kept. Nested free mappings (mesh.rules) are merged key by
+  key. A current config comes back equal."""
+  saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  merged = RunSpec().to_dict()
+  for (section, key), value in _OLD_BEHAVIOUR.items():
+    if key not in (saved.get(section) or {}):
+      merged[section][key] = value
+  _overlay(merged, saved)
+  return ml_collections.ConfigDict(merged)
+
+
+def _overlay(base: dict, saved: dict) -> None:
+  for key, value in saved.items():
+    if isinstance(value, dict) and isinstance(base.get(key), dict):
+      _overlay(base[key], value)
+    else:
+      base[key] = value
 
 
 def as_spec(config) -> RunSpec:

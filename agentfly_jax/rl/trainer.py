@@ -1,189 +1,141 @@
 """The RL loop: rollout -> rewards -> one jitted prepare -> jitted, sharded updates -> weight sync.
 
-    trainer = Trainer(config, workdir)          # validates the config first, builds everything
+    trainer = Trainer(config, workdir)          # parses the config once (rl/spec.RunSpec), builds the run
     trainer.train()                             # resumes from workdir's latest checkpoint if any
 
-Per step: dataset rows -> multi-chain multi-turn rollout (agents/, the Sampler; on several
-processes each rolls out its share, rl/distributed.py) -> rollout metrics -> (DAPO dynamic
-sampling) -> target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift)
--> `PolicyUpdate` (rl/update.py): one jitted prepare (old/ref log-probs, values, advantages,
-mismatch metrics; rl/prepare.py), epochs x minibatches of `train_step` (rl/train_step.py) ->
-metrics fetched once -> `sampler.update_weights` -> metrics (JSONL / TensorBoard / W&B, progress
-bar; process 0) -> checkpoint.
+Per step (the stages of rl/stages.py, each taking what it uses and returning what it makes):
+dataset rows -> multi-chain multi-turn rollout (agents/, the Sampler; on several processes each
+rolls out its share, rl/distributed.py) -> `prepare`: rollout metrics, (DAPO dynamic sampling),
+target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift) -> `update`
+(rl/update.PolicyUpdate: one jitted prepare of old/ref log-probs, values, advantages, mismatch
+metrics; epochs x minibatches of `train_step`; metrics fetched once) -> `sync` (the sampler's
+weights) -> (evaluate) -> metrics (JSONL / TensorBoard / W&B, progress bar; process 0) ->
+checkpoint.
 
 The loop's state is explicit: `train()` threads the TrainState, the KL reference params and the
-data position through `_run_step`; the trainer object holds only what is fixed for the run.
+data position through `_run_step`; the trainer object holds only what is fixed for the run (the
+RunSpec, the parts `build_run` made, the programs). Step counters (tool calls, env acquires) are
+differences of snapshots taken before the step's rollout.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
-import threading
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
-from agentfly_jax.envs.pool_metrics import env_pool_metrics, start_env_step
-from agentfly_jax.envs.provider import DeferredEnvProvider
+from agentfly_jax.envs.pool_metrics import env_pool_metrics, env_usage_mark
 from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
                                   plot_curves, read_jsonl, truncate_jsonl)
-from agentfly_jax.rl import distributed
-from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
-from agentfly_jax.rl.config import ALGORITHMS, validate_config
-from agentfly_jax.rl.setup import build_components
-from agentfly_jax.rl.programs import loss_config, policy_optimizers, train_state_sharding
-from agentfly_jax.rl.train_state import create_train_state
-from agentfly_jax.rl.update import ModelParts, PolicyUpdate, fetch_metrics
-from agentfly_jax.sampling.protocol import SamplingParams
-from agentfly_jax.tasks.from_config import task_fingerprint, task_name
-from agentfly_jax.tools.limits import tool_metrics
+from agentfly_jax.rl import distributed, stages
+from agentfly_jax.rl.config import migrate
+from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
+from agentfly_jax.rl.setup import build_run
+from agentfly_jax.rl.spec import ALGORITHMS, RunSpec
+from agentfly_jax.rl.stages import SamplerWeights  # noqa: F401 (re-exported: experiments use it from here)
+from agentfly_jax.rl.update import ModelParts, PolicyUpdate
+from agentfly_jax.tasks.from_config import task_fingerprint
+from agentfly_jax.tools.limits import tool_counts, tool_metrics
+
 
 @dataclasses.dataclass
 class LoopState:
-  """What changes from step to step: the TrainState, the KL reference (None without KL) and the
-  position in the training-row stream."""
+  """What changes from step to step: the TrainState, the KL reference (None without KL), the
+  position in the training-row stream, and the tools' counts where the last step's rollout
+  ended (async: the next step's tool metrics count the producer's calls from there)."""
   state: Any
   ref_params: Any
   data_position: int
-
-
-class SamplerWeights:
-  """The sampler and the params it holds: `load(params)` pushes them unless already loaded.
-  `lock` serialises users of the sampler (the async rollout thread, evaluation). `placement`:
-  the shardings of a sampler on its own sub-mesh (config.mesh.sampler_devices): each push copies
-  the trainer's params onto them."""
-
-  def __init__(self, sampler, placement=None):
-    self.sampler = sampler
-    self.placement = placement
-    self.lock = threading.RLock()
-    self._loaded = None
-    self.last_bytes = 0  # bytes the last push moved (LoRA: the adapters; vLLM without LoRA support: merged weights)
-
-  @property
-  def loaded(self):
-    return self._loaded
-
-  def load(self, params) -> bool:
-    """Returns whether weights were pushed (False: the sampler already holds `params`)."""
-    if params is self._loaded:
-      return False
-    local = distributed.host_local(params)
-    if self.placement is not None:
-      local = jax.device_put(local, self.placement)
-    self.sampler.update_weights(local)
-    self._loaded = params
-    self.last_bytes = getattr(self.sampler, "last_sync_bytes", None) or int(
-        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(local)))
-    return True
+  tools_seen: dict = dataclasses.field(default_factory=dict)
 
 
 class Trainer:
-  """Holds the components of one run; `train()` runs (or resumes) it."""
+  """Holds the parts of one run; `train()` runs (or resumes) it. `config`: an ml_collections
+  config (configs/*.py + flags; one saved by an older version is migrated), parsed once into
+  `self.spec` (rl/spec.RunSpec); `task`: a `Task` given in Python instead of `config.task`."""
 
   def __init__(self, config, workdir: str, *, task=None):
-    validate_config(config, custom_task=task is not None)
-    self.config = config
-    self.asynchronous = config.rollout.mode == "async"
+    config = migrate(config)
+    spec = RunSpec.from_config(config, custom_task=task is not None)
+    self.config, self.spec = config, spec
+    self.asynchronous, self.decoupled = spec.asynchronous, spec.decoupled
     if self.asynchronous and jax.process_count() > 1:
       raise ValueError("config.rollout.mode='async' runs on one process; multi-host runs are sync")
-    # max_staleness 0 makes async the sync loop exactly: keep the algorithm's own loss then.
-    self.decoupled = (self.asynchronous and config.rollout.max_staleness > 0
-                      and ALGORITHMS[config.algo]["policy_loss"] == "ppo")
     self.workdir = os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "config.json"), "w") as f:
         f.write(config.to_json(indent=2))
-    self.algo = ALGORITHMS[config.algo]
-    c = build_components(config, self.workdir, task=task)
-    self.task, self.tokenizer, self.agent = c.task, c.tokenizer, c.agent
-    # The run's env provider, passed to every rollout and read for the pool metrics (the agent's
-    # own, else the process default: resolved when a chain first needs an environment).
-    self.env_provider = DeferredEnvProvider(self.agent.env_provider)
-    self.sampler, self.mesh = c.sampler, c.mesh
-    self.weights = SamplerWeights(c.sampler, c.sampler_shardings)
-    self.graphdef, self.rest, self.param_specs = c.graphdef, c.rest, c.param_specs
-    self.critic_graphdef, self.critic_rest, self.critic_specs = c.critic_graphdef, c.critic_rest, c.critic_specs
-    self.train_rows, self.eval_rows = c.train_rows, c.eval_rows
+    self.algo = ALGORITHMS[spec.algo]
+    self.parts = parts = build_run(spec, self.workdir, task=task)
+    self.task, self.tokenizer, self.agent = parts.task, parts.tokenizer, parts.agent
+    self.env_provider = parts.env_provider
+    self.sampler, self.mesh = parts.sampler, parts.mesh
+    self.weights = SamplerWeights(parts.sampler, parts.sampler_shardings)
+    policy, critic = parts.policy, parts.critic
+    self.graphdef, self.rest, self.param_specs = policy.graphdef, policy.rest, policy.specs
+    self.critic_graphdef, self.critic_rest, self.critic_specs = (
+        (critic.graphdef, critic.rest, critic.specs) if critic is not None else (None, None, None))
+    self.train_rows, self.eval_rows = parts.train_rows, parts.eval_rows
     self.task_fingerprint = task_fingerprint(self.task, self.train_rows)  # evaluate.py checks it
-    self.init_params, self.init_critic_params = c.params, c.critic_params
-    self.lora, self.base_identity = c.lora, c.base_identity  # LoRA: params = adapters; the base is in rest
-    self.end_of_turn_id = c.end_of_turn_id
-    self.loss_cfg = loss_config(config, decoupled=self.decoupled)  # decoupled: clip against the proximal policy (AReaL)
-    self.optimizer, self.critic_optimizer = policy_optimizers(config)
-    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=config.checkpoint.keep)
-    self.state_sharding = self.state_sharding_for(self.optimizer)
+    self.init_params = policy.params
+    self.init_critic_params = critic.params if critic is not None else None
+    self.lora, self.base_identity = parts.lora, parts.base_identity  # LoRA: params = adapters; the base is in rest
+    self.end_of_turn_id = parts.end_of_turn_id
+    self.loss_cfg = loss_config(spec, decoupled=self.decoupled)  # decoupled: clip against the proximal policy (AReaL)
+    self.optimizer, self.critic_optimizer = policy_optimizers(spec)
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=spec.checkpoint.keep)
+    self.states = TrainStates(self.init_params, self.init_critic_params, self.optimizer, self.critic_optimizer,
+                              self.mesh, self.param_specs, self.critic_specs, spec.seed)
+    self.state_sharding = self.states.sharding
     self.update = PolicyUpdate(
         ModelParts(self.graphdef, self.rest, self.optimizer, self.critic_graphdef, self.critic_rest,
                    self.critic_optimizer),
-        config, self.loss_cfg, self.algo["estimator"], self.mesh, self.state_sharding)
+        spec, self.loss_cfg, spec.algorithm.estimator, self.mesh, self.state_sharding)
 
   # ------------------------------------------------------------------ state
   def state_sharding_for(self, optimizer):
     """Shardings of a TrainState of this run's params (+ critic) under `optimizer`."""
-    return train_state_sharding(self.init_params, self.init_critic_params if optimizer is self.optimizer else None,
-                                optimizer, self.critic_optimizer, self.mesh, self.param_specs, self.critic_specs)
+    return self.states.sharding_for(optimizer)
 
   def new_state(self, params, optimizer=None, critic_params=None, *, state_sharding=None):
     """A fresh TrainState (optimizer: this run's by default), placed on the mesh."""
-    optimizer = optimizer or self.optimizer
-    make = lambda p, cp: create_train_state(p, optimizer, critic_params=cp,
-                                            critic_optimizer=self.critic_optimizer, seed=self.config.seed)
-    # Built by a jit with the target shardings: also valid across processes (no host arrays).
-    return jax.jit(make, out_shardings=state_sharding or self.state_sharding)(params, critic_params)
+    return self.states.new(params, optimizer, critic_params, sharding=state_sharding)
 
   def _new_state(self, params, optimizer, critic_params=None):
     """(state, shardings), as before the restructuring (experiments/evaluate.py uses it)."""
-    sh = self.state_sharding if optimizer is self.optimizer else self.state_sharding_for(optimizer)
+    sh = self.state_sharding_for(optimizer)
     return self.new_state(params, optimizer, critic_params, state_sharding=sh), sh
 
   # ------------------------------------------------------------------ rollout
-  def _sampling_params(self, temperature: float) -> SamplingParams:
-    r = self.config.rollout
-    return SamplingParams(temperature=temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_tokens_per_turn, stop_token_ids=(self.end_of_turn_id,))
-
   def rollout(self, rows, *, sampler=None, num_chains=None, temperature=None, seed=0):
-    """Trajectories of `rows` (group_id = row index). On several processes each rolls out its
-    share of the rows with its own sampler and all get the whole list back."""
-    from agentfly_jax.agents.rollout import run_rollout
-    r = self.config.rollout
-    local = distributed.process_share(rows, "rows of a rollout")
-    agent_fn = getattr(self.task, "agent_fn", None)
-    if agent_fn is not None:  # a black-box agent, through the OpenAI-compatible endpoint
-      from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
-      run_rollout = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
-    trajs = run_rollout(
-        self.agent, local, sampler=sampler or self.sampler, num_chains=num_chains or r.num_chains,
-        max_turns=r.max_turns,
-        sampling_params=self._sampling_params(r.temperature if temperature is None else temperature),
-        max_tokens_per_turn=r.max_tokens_per_turn, max_total_tokens=r.max_total_tokens,
-        concurrency=r.concurrency, seed=seed, group_offset=distributed.share_offset(len(rows)),
-        env_provider=self.env_provider)
-    return distributed.gather_objects(trajs)
+    """Trajectories of `rows` (group_id = row index), see `stages.rollout`."""
+    return stages.rollout(self.agent, rows, sampler=sampler or self.sampler, rollout_spec=self.spec.rollout,
+                          end_of_turn_id=self.end_of_turn_id, env_provider=self.env_provider,
+                          agent_fn=self.task.agent_fn, num_chains=num_chains, temperature=temperature, seed=seed)
 
   def _rows_at(self, position: int, n: int) -> list[dict]:
     """Rows position..position+n of the endless, per-epoch reshuffled training stream."""
-    out, total = [], len(self.train_rows)
-    for p in range(position, position + n):
-      epoch, i = divmod(p, total)
-      perm = np.random.default_rng([self.config.seed, epoch]).permutation(total)
-      out.append(self.train_rows[int(perm[i])])
-    return out
+    return stages.rows_at(self.train_rows, self.spec.seed, position, n)
 
   # ------------------------------------------------------------------ SFT warm start
+  def sft_runner(self, optimizer):
+    """An `sft.SftRunner` of this run's policy with `optimizer` (experiments/make_warmstart.py)."""
+    from agentfly_jax.rl.sft import SftRunner
+    return SftRunner(self.graphdef, self.rest, optimizer, states=self.states, loss_cfg=self.loss_cfg,
+                     mesh=self.mesh, rules=self.spec.mesh.rules, pad_id=self.tokenizer.pad_token_id,
+                     micro_batch_size=self.spec.train.micro_batch_size)
+
   def _sft_cache_key(self) -> str:
     c = self.config
     return json.dumps({
-        "task": task_name(c), "task_content": self.task_fingerprint, "seed": c.seed,
+        "task": self.spec.task_name, "task_content": self.task_fingerprint, "seed": c.seed,
         "model": c.model.to_dict(), "rollout": c.rollout.to_dict(),
         "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}}, sort_keys=True)
 
@@ -191,16 +143,19 @@ class Trainer:
     """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
     task/model/sft config saved them (then no metrics: nothing was trained)."""
     import hashlib
+    from agentfly_jax.rl.programs import sft_optimizer
     from agentfly_jax.rl.sft import run_sft
-    c = self.config
+    spec = self.spec
 
     def train():
-      params, nll = run_sft(self)
+      params, nll = run_sft(self.sft_runner(sft_optimizer(spec)), self.init_params, task=self.task,
+                            tokenizer=self.tokenizer, end_of_turn_id=self.end_of_turn_id, sft=spec.sft,
+                            seed=spec.seed, rollout=self.rollout, progress=spec.log.progress)
       return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
-    if not c.sft.cache_dir:
+    if not spec.sft.cache_dir:
       return train()
     key = self._sft_cache_key()
-    path = os.path.join(os.path.abspath(c.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
+    path = os.path.join(os.path.abspath(spec.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
     cache = Checkpointer(path, max_to_keep=1, async_save=False)
     target = {"params": self.init_params}
     if cache.latest_step() is not None:
@@ -216,29 +171,26 @@ class Trainer:
   def evaluate(self, params, rows=None, *, seed=0) -> dict:
     """Greedy single-chain rollout on eval rows -> eval/* metrics (pushes `params` to the
     sampler unless it already holds them; an async rollout's weights are put back after)."""
-    with self.weights.lock:
-      held = self.weights.loaded
-      self.weights.load(params)
-      trajs = self.rollout(rows or self.eval_rows, num_chains=1, temperature=0.0, seed=seed)
-      if self.asynchronous and held is not None:
-        self.weights.load(held)
-    return rollout_metrics(trajs, prefix="eval")
+    rows = rows or self.eval_rows
+    return stages.evaluate(self.weights, params,
+                           lambda: self.rollout(rows, num_chains=1, temperature=0.0, seed=seed),
+                           restore=self.asynchronous)
 
   # ------------------------------------------------------------------ the loop
   def _start(self, jsonl_path: str) -> tuple[LoopState, int]:
     """The loop state at the first step to run: restored from the latest checkpoint, or fresh
     (SFT warm start, critic warm start, step-0 checkpoint and eval). Returns (state, last step done)."""
-    c = self.config
+    spec = self.spec
     start = self.checkpointer.latest_step()
     params, critic_params = self.init_params, self.init_critic_params
     pre_sft = {}  # step 0's record: greedy eval before the SFT warm start, its NLL and time
-    if start is None and c.sft.steps > 0:
-      if c.eval.every:
-        pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in self.evaluate(params, seed=c.seed).items()}
+    if start is None and spec.sft.steps > 0:
+      if spec.eval.every:
+        pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in self.evaluate(params, seed=spec.seed).items()}
       t_sft = time.perf_counter()
       params, sft_metrics = self._sft_cached()
       pre_sft.update(sft_metrics, **{"time/sft_s": time.perf_counter() - t_sft})
-      if self.algo["critic"]:
+      if spec.algorithm.critic:
         critic_params = _warm_start_critic(critic_params, params)
     state = self.new_state(params, self.optimizer, critic_params)
     ref_params = self._reference(state.params, resumed=start is not None)
@@ -249,8 +201,8 @@ class Trainer:
         truncate_jsonl(jsonl_path, start)
       return LoopState(state, ref_params, int(meta["data_position"])), start
     self.checkpointer.save(0, state, self._meta(0))
-    if c.eval.every:
-      eval_metrics = {**pre_sft, **self.evaluate(state.params, seed=c.seed)}
+    if spec.eval.every:
+      eval_metrics = {**pre_sft, **self.evaluate(state.params, seed=spec.seed)}
       if distributed.is_primary():
         _append(jsonl_path, 0, eval_metrics)
     return LoopState(state, ref_params, 0), 0
@@ -277,7 +229,7 @@ class Trainer:
     Under LoRA `params` are the adapters: the reference is the shared frozen base + a copy of
     the step-0 adapters (zero B, i.e. the base itself, unless an SFT warm start trained them),
     so no second copy of the base weights exists."""
-    if self.config.loss.kl_coef <= 0:
+    if self.spec.loss.kl_coef <= 0:
       return None
     ref_ckpt = Checkpointer(os.path.join(self.workdir, "reference"), max_to_keep=1, async_save=False)
     if resumed:
@@ -290,79 +242,74 @@ class Trainer:
 
   def _rollout_step(self, position: int, step: int) -> list:
     """The trajectories of step `step`, whose rows start at data position `position`."""
-    rows = self._rows_at(position, self.config.rollout.rows_per_step)
-    return self.rollout(rows, seed=self.config.seed * 1_000_003 + step)
+    rows = self._rows_at(position, self.spec.rollout.rows_per_step)
+    return self.rollout(rows, seed=self.spec.seed * 1_000_003 + step)
 
   def _run_step(self, loop: LoopState, step: int, producer=None) -> tuple[LoopState, dict]:
-    """One RL step: rollout (or the async producer's batch), update, weight sync / publish,
-    (eval). Returns the new loop state + metrics."""
-    c = self.config
+    """One RL step: rollout (or the async producer's batch), prepare, update, weight sync /
+    publish, (eval). Returns the new loop state + metrics."""
+    spec = self.spec
     t0 = time.perf_counter()
+    tools = self.agent.tools.values()
     async_metrics = {}
     if producer is None:
-      start_env_step(self.env_provider)  # the step reports only its own acquires
-      tool_metrics(self.agent.tools.values())  # ... and its own tool calls (not the last eval's)
+      env_mark = env_usage_mark(self.env_provider)  # the step reports only its own acquires ...
+      tools_before = tool_counts(tools)             # ... and its own tool calls (not the last eval's)
       trajs = self._rollout_step(loop.data_position, step)
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
+      env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
       batch = producer.get(step)
       trajs = batch.trajectories
-      async_metrics = staleness_metrics(batch, step, c.rollout.max_staleness)
+      async_metrics = staleness_metrics(batch, step, spec.rollout.max_staleness)
     t_rollout = time.perf_counter()
-    metrics: dict[str, Any] = rollout_metrics(trajs)
-    metrics.update(tool_metrics(self.agent.tools.values()))  # tools/<name>/calls, errors, wait_s
+    tools_seen = tool_counts(tools)
+    arrays, metrics = stages.prepare(trajs, pad_id=self.tokenizer.pad_token_id,
+                                     dynamic_sampling=spec.dapo.dynamic_sampling)
+    metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
     metrics.update(async_metrics)
-    if c.dapo.dynamic_sampling:
-      trajs, dropped = drop_zero_variance_groups(trajs)
-      metrics["dapo/groups_dropped"] = dropped
-    state = loop.state
-    if trajs:
-      arrays = train_arrays(trajs, pad_id=self.tokenizer.pad_token_id)
-      state, device_metrics = self.update(state, loop.ref_params, arrays, step)
-      metrics.update(fetch_metrics(device_metrics))  # the step's one device->host fetch
-      metrics["time/prepare_s"] = self.update.last_prepare_s  # (inside time/train_s)
-      if self.update.last_padding_fraction is not None:
-        metrics["train/padding_fraction"] = self.update.last_padding_fraction
+    state, update_metrics = stages.update(self.update, loop.state, loop.ref_params, arrays, step)
+    metrics.update(update_metrics)
     t_train = time.perf_counter()
     if producer is None:
-      self.weights.load(state.params)
+      sync_metrics = stages.sync(self.weights, state.params)
     else:
       producer.publish(step, state.params)
     t_sync = time.perf_counter()
-    if c.eval.every and step % c.eval.every == 0:
-      metrics.update(self.evaluate(state.params, seed=c.seed))
+    if spec.eval.every and step % spec.eval.every == 0:
+      metrics.update(self.evaluate(state.params, seed=spec.seed))
       metrics["time/eval_s"] = time.perf_counter() - t_sync
     metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
                     "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
     if producer is None:
-      metrics["sync/bytes"] = float(self.weights.last_bytes)
-    metrics.update(env_pool_metrics(self.env_provider))  # env/<type>/in_use, ...
-    return LoopState(state, loop.ref_params, loop.data_position + c.rollout.rows_per_step), metrics
+      metrics.update(sync_metrics)
+    metrics.update(env_pool_metrics(self.env_provider, env_mark))  # env/<type>/in_use, ...
+    return LoopState(state, loop.ref_params, loop.data_position + spec.rollout.rows_per_step, tools_seen), metrics
 
   def train(self) -> list[dict]:
-    c = self.config
+    spec = self.spec
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
-        json.dump({"name": task_name(c), "fingerprint": self.task_fingerprint}, f)
+        json.dump({"name": spec.task_name, "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
     producer = None
-    tool_metrics(self.agent.tools.values())  # tool counts start with the run's own rollouts
+    loop.tools_seen = tool_counts(self.agent.tools.values())  # tool counts start with the run's own rollouts
     if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
       from agentfly_jax.rl.async_rollout import RolloutProducer
       self.weights.load(jax.tree.map(jnp.copy, loop.state.params))
       pos0 = loop.data_position
       producer = RolloutProducer(
-          lambda s: self._rollout_step(pos0 + (s - start - 1) * c.rollout.rows_per_step, s),
-          self.weights, first_step=start + 1, last_step=c.train.steps,
-          max_staleness=c.rollout.max_staleness, start_version=start).start()
+          lambda s: self._rollout_step(pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
+          self.weights, first_step=start + 1, last_step=spec.train.steps,
+          max_staleness=spec.rollout.max_staleness, start_version=start).start()
     else:
       self.weights.load(loop.state.params)
     primary = distributed.is_primary()
     writer = self._writer(jsonl_path) if primary else None
-    bar = _progress(c.train.steps, c.algo, c.log.progress and primary, initial=start)
+    bar = _progress(spec.train.steps, spec.algo, spec.log.progress and primary, initial=start)
     t_loop, trainer_wait = time.perf_counter(), 0.0
-    for step in range(start + 1, c.train.steps + 1):
+    for step in range(start + 1, spec.train.steps + 1):
       loop, metrics = self._run_step(loop, step, producer)
       if producer is not None:
         trainer_wait += metrics["time/rollout_s"]
@@ -371,7 +318,7 @@ class Trainer:
         metrics["async/sampler_idle_frac"] = producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s)
       if writer is not None:
         writer.write(step, metrics)
-      if step % c.checkpoint.every == 0 or step == c.train.steps:
+      if step % spec.checkpoint.every == 0 or step == spec.train.steps:
         self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
       bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}",
                       success=f"{metrics['rollout/success_rate']:.2f}")
@@ -387,19 +334,19 @@ class Trainer:
     writer.close()
     records = read_jsonl(jsonl_path)
     plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{c.name}: {c.algo} on {task_name(c)}",
+                os.path.join(self.workdir, "reward.png"), title=f"{spec.name}: {spec.algo} on {spec.task_name}",
                 labels={"rollout/reward_mean": "reward (sampled rollouts)",
-                        "rollout/success_rate": f"success, sampled (T={c.rollout.temperature:g})",
+                        "rollout/success_rate": f"success, sampled (T={spec.rollout.temperature:g})",
                         "eval/success_rate": "success, greedy eval (held-out)"})
     return records
 
   def _writer(self, jsonl_path: str):
-    c = self.config
+    spec = self.spec
     writers = [JsonlWriter(jsonl_path)]
-    if c.log.tensorboard:
+    if spec.log.tensorboard:
       writers.append(TensorBoardWriter(os.path.join(self.workdir, "tb")))
-    if c.log.wandb:
-      writers.append(WandbWriter(c.log.wandb_project, json.loads(c.to_json()), name=c.name))
+    if spec.log.wandb:
+      writers.append(WandbWriter(spec.log.wandb_project, json.loads(self.config.to_json()), name=spec.name))
     return MultiWriter(writers)
 
 

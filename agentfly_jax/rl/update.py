@@ -1,27 +1,28 @@
 """One RL update from a rollout batch: jitted prepare, then epochs x minibatches of train steps.
 
-    updater = PolicyUpdate(parts, config, state_sharding)
-    state, metrics = updater(state, ref_params, arrays, step)   # metrics: device scalars
+    updater = PolicyUpdate(parts, spec, loss_cfg, estimator, mesh, state_sharding)
+    state, metrics = updater(state, ref_params, arrays, step)   # metrics: UpdateMetrics
+    metrics.fetch()                                             # {name: float}, one device->host fetch
 
 Everything stays on device between the rollout's arrays and the new state: the padded batch goes
 up once, `prepare` (rl/prepare.py) adds log-probs / values / advantages in one call, each
 minibatch is gathered on device from it, and the step's metrics come back as device scalars for
-the caller to fetch once (`fetch_metrics`).
+the caller to fetch once (`UpdateMetrics.fetch`).
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import time
-
 from agentfly_jax.rl.batching import micro_batch_layout, microbatch_index, pad_rows, take_microbatches
 from agentfly_jax.rl.packing import pack_index, take_packed
 from agentfly_jax.rl.prepare import PrepareConfig, make_prepare
+from agentfly_jax.rl.spec import as_spec
 from agentfly_jax.rl.train_step import batch_sharding, jit_step, make_train_step
 
 
@@ -49,27 +50,57 @@ def fetch_metrics(device_metrics: list[dict]) -> dict[str, float]:
   return {k: float(np.mean([np.asarray(m[k], np.float64) for m in host if k in m])) for k in keys}
 
 
-class PolicyUpdate:
-  """prepare + the minibatch loop for one algorithm/config; jitted functions built once."""
+@dataclasses.dataclass(frozen=True)
+class UpdateMetrics:
+  """What one update measured: `device`, metric dicts of device scalars (prepare's, then one per
+  train step); `prepare_s`, the prepare call's wall time (old / ref log-probs, values,
+  advantages); `padding_fraction`, of the token slots the train steps computed (None: no step)."""
+  device: list
+  prepare_s: float
+  padding_fraction: float | None
 
-  def __init__(self, parts: ModelParts, config, loss_cfg, estimator: str, mesh, state_sharding):
-    c = config
-    self.config, self.mesh, self.state_sharding = c, mesh, state_sharding
-    self.prepare_chunk = micro_batch_layout(c.rollout.rows_per_step * c.rollout.num_chains,
-                                            c.train.micro_batch_size, mesh.shape["fsdp"])[0]
-    self.prepare = make_prepare(parts.graphdef, parts.rest, PrepareConfig(
-        estimator=estimator, chunk=self.prepare_chunk,
-        temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
-        logits_capacity=loss_cfg.logits_capacity, gamma=c.loss.gamma, lam=c.loss.lam, tis_cap=c.loss.tis_cap,
-        overlong_max_tokens=c.rollout.max_total_tokens, overlong_buffer=c.dapo.overlong_buffer,
-        overlong_factor=c.dapo.overlong_penalty,
-        behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo"),
-        critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest, mesh=mesh, rules=c.mesh.get("rules"))
+  def fetch(self) -> dict[str, float]:
+    """The step's metrics as floats (one device->host transfer): the device metrics' means,
+    time/prepare_s, train/padding_fraction."""
+    out = fetch_metrics(self.device)
+    out["time/prepare_s"] = self.prepare_s  # (inside time/train_s)
+    if self.padding_fraction is not None:
+      out["train/padding_fraction"] = self.padding_fraction
+    return out
+
+
+def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
+  """The prepare call's config from the run's typed sections and its loss (`loss_cfg`: the
+  temperature and the log-prob chunking it trains with; decoupled PPO needs the sampler's
+  log-probs)."""
+  spec = as_spec(spec)
+  return PrepareConfig(
+      estimator=estimator, chunk=chunk, temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
+      logits_capacity=loss_cfg.logits_capacity, gamma=spec.loss.gamma, lam=spec.loss.lam,
+      tis_cap=spec.loss.tis_cap, overlong_max_tokens=spec.rollout.max_total_tokens,
+      overlong_buffer=spec.dapo.overlong_buffer, overlong_factor=spec.dapo.overlong_penalty,
+      behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo")
+
+
+class PolicyUpdate:
+  """prepare + the minibatch loop for one algorithm/config; jitted functions built once.
+  `spec`: the run's RunSpec (or a config parsed into one)."""
+
+  def __init__(self, parts: ModelParts, spec, loss_cfg, estimator: str, mesh, state_sharding):
+    spec = as_spec(spec)
+    self.spec, self.mesh, self.state_sharding = spec, mesh, state_sharding
+    rules = spec.mesh.rules
+    self.prepare_chunk = micro_batch_layout(spec.rollout.rows_per_step * spec.rollout.num_chains,
+                                            spec.train.micro_batch_size, mesh.shape["fsdp"])[0]
+    self.prepare = make_prepare(parts.graphdef, parts.rest,
+                                prepare_config(spec, loss_cfg, estimator, self.prepare_chunk),
+                                critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest, mesh=mesh,
+                                rules=rules)
     self._step_fn = make_train_step(parts.graphdef, parts.rest, parts.optimizer, loss_cfg,
                                     critic_graphdef=parts.critic_graphdef,
                                     critic_rest=parts.critic_rest,
                                     critic_optimizer=parts.critic_optimizer, mesh=mesh,
-                                    rules=c.mesh.get("rules"))
+                                    rules=rules)
     # the models' non-trained state (LoRA: the frozen base) goes in as an argument, never a constant
     self.frozen = (parts.rest, parts.critic_rest)
     self._rows = NamedSharding(mesh, P("fsdp"))
@@ -77,14 +108,12 @@ class PolicyUpdate:
     self._steps: dict[tuple, Any] = {}
     self._takes: dict[tuple, Any] = {}
     self._pack = jax.jit(take_packed)
-    self.last_prepare_s = 0.0
-    self.last_padding_fraction = 0.0
 
   def minibatch_layout(self) -> tuple[int, int]:
     """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
-    c = self.config
-    per_mini = -(-c.rollout.rows_per_step * c.rollout.num_chains // c.train.minibatches)
-    return micro_batch_layout(per_mini, c.train.micro_batch_size, self.mesh.shape["fsdp"])  # no padding up to the cap
+    r, t = self.spec.rollout, self.spec.train
+    per_mini = -(-r.rows_per_step * r.num_chains // t.minibatches)
+    return micro_batch_layout(per_mini, t.micro_batch_size, self.mesh.shape["fsdp"])  # no padding up to the cap
 
   def step_program(self, keys) -> Any:
     """The jitted train step for micro-batches holding `keys` (built once per key set)."""
@@ -106,25 +135,25 @@ class PolicyUpdate:
 
   def __call__(self, state, ref_params, arrays: dict, step: int):
     """arrays: `rl.batching.train_arrays` of the step's trajectories (host numpy).
-    Returns (new state, list of device metric dicts: prepare's, then one per train step)."""
-    c = self.config
+    Returns (new state, UpdateMetrics: device metric dicts, prepare time, padding)."""
+    train = self.spec.train
     num_rows = len(arrays["group_ids"])
     t0 = time.perf_counter()
     batch, prep_metrics = self.prepare(state.params, ref_params, state.critic_params,
                                        self.put_arrays(arrays), self.frozen)
     jax.block_until_ready(batch)
-    self.last_prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
+    prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
     micro_size, num_micro = self.minibatch_layout()
-    rng = np.random.default_rng([c.seed, step])
-    pack = c.train.get("pack_sequences", False)
+    rng = np.random.default_rng([self.spec.seed, step])
+    pack = train.pack_sequences
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())
     step_fn, take = self._jitted(keys)
     host_mask = np.asarray(arrays["attention_mask"], bool)
     metrics = [prep_metrics]
     pad = []
-    for _ in range(c.train.epochs):
+    for _ in range(train.epochs):
       perm = rng.permutation(num_rows)
-      for rows in np.array_split(perm, c.train.minibatches):
+      for rows in np.array_split(perm, train.minibatches):
         if len(rows) == 0:
           continue
         source = batch
@@ -141,6 +170,6 @@ class PolicyUpdate:
         mb = take(source, put_global(idx, self._replicated), put_global(valid, self._replicated))
         state, m = step_fn(state, mb, self.frozen)
         metrics.append(m)
-    self.last_padding_fraction = float(np.mean(pad)) if pad else None  # of the slots the steps computed
-    return state, metrics
+    padding = float(np.mean(pad)) if pad else None  # of the slots the steps computed
+    return state, UpdateMetrics(metrics, prepare_s, padding)
 

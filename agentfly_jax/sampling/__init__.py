@@ -4,7 +4,7 @@
 
 The protocol names import light (no JAX); the samplers load on first use.
 """
-from agentfly_jax.sampling.protocol import Sampler, SampleResult, SamplingParams
+from agentfly_jax.sampling.protocol import Sampler, SampleResult, SamplingParams, SyncStats
 
 _LAZY = {
     "JaxSampler": "agentfly_jax.sampling.jax_sampler",
@@ -22,4 +22,4 @@ def __getattr__(name):
   raise AttributeError(f"module 'agentfly_jax.sampling' has no attribute {name!r}")
 
 
-__all__ = ["Sampler", "SampleResult", "SamplingParams", *_LAZY]
+__all__ = ["Sampler", "SampleResult", "SamplingParams", "SyncStats", *_LAZY]

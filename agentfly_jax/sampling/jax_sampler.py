@@ -38,7 +38,7 @@ from agentfly_jax.models.layers import KERNEL_LAYOUTS, set_kernel_layout
 from agentfly_jax.models.sharding import activation_sharding, resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import sample_next_tokens
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
 from agentfly_jax.sampling.requests import (per_request_params, pick_bucket, power_of_two_buckets,
                                             validate_request)
 
@@ -97,7 +97,6 @@ class JaxSampler:
         mesh, tuple(sorted(resolve_rules(sharding_rules).items())))
     self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
     self._decode = self._decode_copy(self._params)  # (graphdef, params), replaced as one
-    self.last_sync_bytes = 0  # bytes of the params the last update_weights took in
     self._seed_rng = np.random.default_rng(seed)
     self._seed_lock = threading.Lock()
     self.trace_count = 0  # compilations triggered by this sampler's calls
@@ -124,8 +123,9 @@ class JaxSampler:
     """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
     return await self.scheduler.submit(prompt, params)
 
-  def update_weights(self, params: Any) -> None:
-    """Uses `params` (an nnx.State of the policy's nnx.Params, or the module) from now on.
+  def update_weights(self, params: Any) -> SyncStats:
+    """Uses `params` (an nnx.State of the policy's nnx.Params, or the module) from now on;
+    returns the bytes it took in (LoRA adapters only: theirs).
 
     With kernel_layout "in_out" keeps a reference, no copy. With "out_in" (CPU default) makes
     the transposed copy of the Linear kernels now (about one host copy of those bytes) and keeps
@@ -135,7 +135,7 @@ class JaxSampler:
       params = nnx.state(params, nnx.Param)
     if _only_adapters(params):
       self._update_adapters(params)
-      return
+      return SyncStats(bytes=_nbytes(params))
     new_struct, old_struct = jax.tree.structure(params), jax.tree.structure(self._params)
     if new_struct != old_struct:
       try:
@@ -154,7 +154,7 @@ class JaxSampler:
                          f"shape {new.shape}, the model has {old.shape}")
     decode = self._decode_copy(params)
     self._params, self._decode = params, decode
-    self.last_sync_bytes = _nbytes(params)
+    return SyncStats(bytes=_nbytes(params))
 
   def _update_adapters(self, adapters: nnx.State) -> None:
     """LoRA sync: replaces only the adapters (`nnx.LoRAParam`s, models/lora.py) in the held
@@ -178,7 +178,6 @@ class JaxSampler:
       decode[path] = var
     self._params = nnx.from_flat_state(held)
     self._decode = (graphdef, nnx.from_flat_state(decode))
-    self.last_sync_bytes = _nbytes(adapters)
 
   def _decode_copy(self, params: nnx.State) -> tuple[Any, nnx.State]:
     """(graphdef, params) the jitted decode runs on: `params` itself for "in_out", else a merged

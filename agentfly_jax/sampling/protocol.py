@@ -65,6 +65,15 @@ class SampleResult:
   finish_reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncStats:
+  """What one `update_weights` moved: bytes (LoRA: the adapters), seconds it took and which
+  loader ran (vLLM: "packed", "reload_weights", "lora_request"; None where there is one way)."""
+  bytes: int
+  seconds: float | None = None
+  path: str | None = None
+
+
 @runtime_checkable
 class Sampler(Protocol):
   """What the rollout needs from a sampler."""
@@ -77,6 +86,7 @@ class Sampler(Protocol):
     """Async (trio) single request; concurrent callers are batched together by the sampler."""
     ...
 
-  def update_weights(self, params: Any) -> None:
-    """Load new policy params (an nnx.State of the policy) into this sampler."""
+  def update_weights(self, params: Any) -> SyncStats | None:
+    """Load new policy params (an nnx.State of the policy) into this sampler; returns what the
+    load moved (None: a sampler that does not measure it)."""
     ...

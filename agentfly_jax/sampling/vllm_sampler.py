@@ -29,7 +29,7 @@ import numpy as np
 
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import GREEDY_TEMPERATURE
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
 from agentfly_jax.sampling.requests import per_request_params, validate_request
 from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
@@ -99,9 +99,6 @@ class VllmSampler:
                         logprobs_mode="processed_logprobs", **llm_kwargs)
     self._seed_rng = np.random.default_rng(seed)
     self._lock = threading.Lock()  # one generate / update at a time
-    self.last_sync_seconds: float | None = None
-    self.last_sync_bytes = 0  # bytes the last update_weights moved (LoRA: the adapter file's tensors)
-    self.last_sync_path: str | None = None
     self.scheduler = BatchingScheduler(
         self._generate_list, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
         validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
@@ -117,33 +114,32 @@ class VllmSampler:
     return await self.scheduler.submit(prompt, params)
 
   def update_weights(self, params: Any, *, refresh_tied_lm_head: bool = True,
-                     packed_cpu_path: bool = True) -> None:
+                     packed_cpu_path: bool = True) -> SyncStats:
     """Loads `params` (an nnx.State of the policy's nnx.Params, or the model) into the engine
-    in place (see `vllm_sync`), then drops the prefix cache. `last_sync_path` says which loader
-    ran ("packed" on CPU, else "reload_weights"); `packed_cpu_path=False` forces vLLM's
+    in place (see `vllm_sync`), then drops the prefix cache. Returns the bytes moved (LoRA: the
+    adapter file's tensors), the seconds and which loader ran (`path`: "packed" on CPU, else
+    "reload_weights"; "lora_request" for adapters); `packed_cpu_path=False` forces vLLM's
     reload_weights. `refresh_tied_lm_head=False` only exists for the test that shows the
     tied-embedding bug."""
     from agentfly_jax.sampling import vllm_sync
     start = time.perf_counter()
     if self.lora is not None and _only_adapters(params):
-      self._load_adapters(params)
-      self.last_sync_seconds = time.perf_counter() - start
-      self.last_sync_path = "lora_request"
-      return
+      nbytes = self._load_adapters(params)
+      return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start, path="lora_request")
     payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
                else vllm_sync.safetensors_blob(params))
     with self._lock:
       reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights,
                                         args=(payload, refresh_tied_lm_head, packed_cpu_path))
       self.llm.reset_prefix_cache()
-    self.last_sync_seconds = time.perf_counter() - start
-    self.last_sync_path = "+".join(sorted({r["path"] for r in reports}))  # one report per worker
-    self.last_sync_bytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process \
-        else len(payload)
+    nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process else len(payload)
+    return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start,
+                     path="+".join(sorted({r["path"] for r in reports})))  # one report per worker
 
-  def _load_adapters(self, adapters) -> None:
+  def _load_adapters(self, adapters) -> int:
     """Writes the adapters as a PEFT folder and makes it the LoRA of every later request (a new
-    adapter id each time, so vLLM loads it afresh); the folder of two syncs ago is removed."""
+    adapter id each time, so vLLM loads it afresh); the folder of two syncs ago is removed.
+    Returns the bytes of the adapter file's tensors."""
     import shutil
     import tempfile
 
@@ -152,7 +148,7 @@ class VllmSampler:
     from agentfly_jax.models.lora_io import write_peft_state
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     folder = tempfile.mkdtemp(prefix="agentfly-lora-", dir=root)
-    self.last_sync_bytes = write_peft_state(adapters, folder, rank=self.lora.rank, alpha=self.lora.alpha)
+    nbytes = write_peft_state(adapters, folder, rank=self.lora.rank, alpha=self.lora.alpha)
     with self._lock:
       n = 1 if self._lora_request is None else self._lora_request.lora_int_id + 1
       self._lora_request = LoRARequest(f"adapter{n}", n, folder)
@@ -160,6 +156,7 @@ class VllmSampler:
     self._lora_dirs.append(folder)
     while len(self._lora_dirs) > 2:
       shutil.rmtree(self._lora_dirs.pop(0), ignore_errors=True)
+    return nbytes
 
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker)."""

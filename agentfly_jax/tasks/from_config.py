@@ -91,10 +91,23 @@ def set_custom_task(config, **fields) -> ml_collections.ConfigDict:
   return config
 
 
+def user_task_section(task) -> UserTaskSection:
+  """`config.task` (a user task's ConfigDict or dict, maybe saved before some fields existed:
+  they get their defaults) as a UserTaskSection; an unknown field is an error naming it."""
+  if isinstance(task, UserTaskSection):
+    return task
+  values = dict(task.items())
+  known = [f.name for f in dataclasses.fields(UserTaskSection)]
+  unknown = sorted(set(values) - set(known))
+  if unknown:
+    raise ValueError(f"config.task.{unknown[0]}: unknown field; a user task has {known}")
+  return UserTaskSection(**values)
+
+
 def task_name(config) -> str:
   """A short name of the config's task (for plot titles and logs)."""
   t = config.task
-  return t if isinstance(t, str) else (t.get("name") or "custom")
+  return t if isinstance(t, str) else (user_task_section(t).name or "custom")
 
 
 def is_custom(config) -> bool:
@@ -115,10 +128,11 @@ def absolutize_paths(config) -> None:
 
 
 def build_task(config, task: Any = None):
-  """The run's task (a built-in task module or a `Task`), validated; ValueError names the problem.
-
-  `task` (a `Task` given in Python) is returned as is after the checks that need the config.
-  """
+  """The run's task as the trainer's contract (tasks/contract.TaskSpec), validated; ValueError
+  names the problem. `task` (a `Task` or TaskSpec given in Python) is taken instead of
+  `config.task`, after the checks that need the config. `config`: a ConfigDict, or a RunSpec
+  (anything with `task`, `sft.steps` and `seed`)."""
+  from agentfly_jax.tasks.contract import task_spec
   if task is None:
     if is_custom(config):
       task = _custom_task(config)
@@ -128,13 +142,14 @@ def build_task(config, task: Any = None):
         task = get_task(config.task)
       except ValueError as e:
         raise ValueError(f"config.task={config.task!r}: {e}") from None
+  task = task_spec(task, task_name(config))
   check_demo_policy(config, task)
   return task
 
 
 def check_demo_policy(config, task) -> None:
   """`sft.steps > 0` needs the task's demonstration policy (`scripted_response`)."""
-  if config.sft.steps > 0 and getattr(task, "scripted_response", None) is None:
+  if config.sft.steps > 0 and task.scripted_response is None:
     raise ValueError(
         f"config.sft.steps={config.sft.steps}: the SFT warm start imitates a demonstration "
         f"policy, and task {task_name(config)!r} has none; define scripted_response(prompt_text, "
@@ -173,20 +188,14 @@ def _module_objects(module, cls) -> list:
   return own or found
 
 
-def _first_attr(module, *names):
-  for n in names:
-    value = getattr(module, n, None) if module is not None else None
-    if value is not None:
-      return value
-  return None
-
-
-def _resolve_tools(spec: str, module) -> list:
+def _resolve_tools(spec: str, parts) -> list:
+  """`parts`: the task module's (contract.TaskModule) or None."""
   from agentfly_jax.tools import Tool
   from agentfly_jax.tools.registry import get_tool
+  module = parts.module if parts is not None else None
   module_tools = {}
   if module is not None:
-    found = _first_attr(module, "TOOLS")
+    found = parts.tools
     for t in (found if found is not None else _module_objects(module, Tool)):
       module_tools[t.name] = t
   if not spec:
@@ -204,9 +213,10 @@ def _resolve_tools(spec: str, module) -> list:
   return tools
 
 
-def _resolve_reward(spec: str, module):
+def _resolve_reward(spec: str, parts):
   from agentfly_jax.rewards import Reward
   from agentfly_jax.rewards.registry import get_reward
+  module = parts.module if parts is not None else None
   if spec:
     local = [r for r in _module_objects(module, Reward) if r.name == spec] if module else []
     if local:
@@ -216,7 +226,7 @@ def _resolve_reward(spec: str, module):
     except ValueError as e:
       raise ValueError(f"config.task.reward={spec!r}: {e}") from None
   if module is not None:
-    found = _first_attr(module, "REWARD")
+    found = parts.reward
     if found is not None:
       return found if isinstance(found, Reward) else Reward(found)
     rewards = _module_objects(module, Reward)
@@ -229,23 +239,24 @@ def _resolve_reward(spec: str, module):
                    "config.task.reward to a built-in name or 'module:function'")
 
 
-def _module_rows(module, plural: str, maker: str, n: int, seed: int):
-  rows = _first_attr(module, plural, plural.lower())
-  if rows is not None and not callable(rows):
+def _module_rows(rows, make, n: int, seed: int):
+  """A module's fixed rows, else its generator's n rows, else None."""
+  if rows is not None:
     return list(rows)
-  fn = getattr(module, maker, None) if module is not None else None
-  return list(fn(n, seed)) if callable(fn) else None
+  return list(make(n, seed)) if make is not None else None
 
 
 def _custom_task(config):
   from agentfly_jax.tasks import Task
-  t = config.task
-  module = import_task_module(t.module) if t.get("module") else None
+  from agentfly_jax.tasks.contract import TaskModule, read_task_module
+  t = user_task_section(config.task)
+  module = import_task_module(t.module) if t.module else None
+  parts = read_task_module(module) if module is not None else TaskModule(module=None)
   mod_label = f"module {t.module}" if module is not None else ""
-  if t.get("train_path"):
+  if t.train_path:
     rows, source = load_rows(t.train_path), t.train_path
   else:
-    rows, source = _module_rows(module, "ROWS", "make_rows", _NUM_GENERATED_ROWS, config.seed), mod_label
+    rows, source = _module_rows(parts.rows, parts.make_rows, _NUM_GENERATED_ROWS, config.seed), mod_label
     if rows is None:
       raise ValueError("the task has no training rows: set config.task.train_path (a JSON / JSONL "
                        "file of rows) or define ROWS / make_rows(n, seed) in config.task.module")
@@ -253,15 +264,15 @@ def _custom_task(config):
     if not rows:
       raise ValueError(f"{source}: the training rows are empty")
   eval_rows, eval_source = [], source
-  if t.get("eval_path"):
+  if t.eval_path:
     eval_rows, eval_source = load_rows(t.eval_path), t.eval_path
   elif module is not None:
-    eval_rows = _module_rows(module, "EVAL_ROWS", "make_eval_rows", _NUM_GENERATED_EVAL, config.seed) or []
+    eval_rows = _module_rows(parts.eval_rows, parts.make_eval_rows, _NUM_GENERATED_EVAL, config.seed) or []
     eval_source = f"{mod_label} eval rows"
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
-  tools = _resolve_tools(t.get("tools", ""), module)
-  reward = _resolve_reward(t.get("reward", ""), module)
-  if t.get("mcp_servers"):
+  tools = _resolve_tools(t.tools, parts if module is not None else None)
+  reward = _resolve_reward(t.reward, parts if module is not None else None)
+  if t.mcp_servers:
     from agentfly_jax.tools.mcp import tools_from_config
     try:
       tools += tools_from_config(t.mcp_servers)
@@ -273,26 +284,26 @@ def _custom_task(config):
   check_rows_fit(rows, source, tools, reward)
   if eval_rows:
     check_rows_fit(eval_rows, eval_source, tools, reward)
-  demo = _first_attr(module, "scripted_response", "demo_policy")
-  if t.get("demo_policy"):
+  demo = parts.scripted_response
+  if t.demo_policy:
     from agentfly_jax.tools.registry import resolve_object
     try:
       demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
     except ValueError as e:
       raise ValueError(f"config.task.demo_policy={t.demo_policy!r}: {e}") from None
-  check = getattr(module, "check_rows", None) if module is not None else None
-  if callable(check):   # the module's own row checks (e.g. swe: each row run in the sandbox)
+  check = parts.check_rows
+  if check is not None:   # the module's own row checks (e.g. swe: each row run in the sandbox)
     rows = check(rows, source or "rows")
     eval_rows = check(eval_rows, eval_source or "eval rows") if eval_rows else eval_rows
-  corpus_fn = getattr(module, "tokenizer_corpus", None) if module is not None else None
-  system_prompt = t.get("system_prompt") or _first_attr(module, "SYSTEM_PROMPT") or ""
-  agent_factory = getattr(module, "make_agent", None) if module is not None else None
+  corpus_fn = parts.tokenizer_corpus
+  system_prompt = t.system_prompt or parts.system_prompt or ""
+  agent_factory = parts.make_agent
   if agent_factory is not None and "system_prompt" in inspect.signature(agent_factory).parameters:
     agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
   return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
-              system_prompt=system_prompt, corpus=list(corpus_fn()) if callable(corpus_fn) else (),
+              system_prompt=system_prompt, corpus=list(corpus_fn()) if corpus_fn is not None else (),
               scripted_response=demo, agent_factory=agent_factory,
-              agent_fn=_resolve_agent_fn(t.get("agent", "")))
+              agent_fn=_resolve_agent_fn(t.agent))
 
 
 def _resolve_agent_fn(spec: str):
@@ -347,20 +358,21 @@ def _source(obj) -> str:
 
 
 def task_fingerprint(task, train_rows=None) -> str:
-  """sha256 of what a task trains on: rows, tool names + schemas + code, reward name + code,
-  system prompt, demonstration policy code (hex, 16 characters)."""
-  tools = getattr(task, "TOOLS", None) or getattr(task, "tools", ())
-  reward = getattr(task, "REWARD", None) or getattr(task, "reward", None)
-  demo = getattr(task, "scripted_response", None)
+  """sha256 of what a task (a TaskSpec, or anything `contract.task_spec` takes) trains on: rows,
+  tool names + schemas + code, reward name + code, system prompt, demonstration policy code (hex,
+  16 characters)."""
+  from agentfly_jax.tasks.contract import task_spec
+  task = task_spec(task)
+  reward, demo = task.reward, task.scripted_response
   content = {
-      "rows": list(train_rows if train_rows is not None else getattr(task, "rows", ())),
-      "eval_rows": list(getattr(task, "eval_rows", ()) or ()),
-      "tools": [[t.name, t.schema, _source(t)] for t in tools],
+      "rows": list(train_rows if train_rows is not None else task.rows),
+      "eval_rows": list(task.eval_rows),
+      "tools": [[t.name, t.schema, _source(t)] for t in task.tools],
       "reward": [getattr(reward, "name", ""), _source(reward) if reward is not None else ""],
-      "system_prompt": getattr(task, "SYSTEM_PROMPT", ""),
+      "system_prompt": task.system_prompt,
       "demo_policy": _source(demo) if demo is not None else "",
   }
-  agent_fn = getattr(task, "agent_fn", None)
+  agent_fn = task.agent_fn
   if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were
     content["agent_fn"] = _source(agent_fn)
   text = json.dumps(content, sort_keys=True, default=str)

@@ -7,7 +7,7 @@ from agentfly_jax.tools.builtin import answer, calculator, code_interpreter, eva
 from agentfly_jax.tools.registry import BUILTIN_TOOLS, get_tool, list_tools, register_builtin_tool
 from agentfly_jax.tools.retrieval import retrieve
 from agentfly_jax.tools.web import set_search_backend, web_search
-from agentfly_jax.tools.limits import ToolLimits, tool_metrics
+from agentfly_jax.tools.limits import ToolCounts, ToolLimits, tool_counts, tool_metrics
 from agentfly_jax.tools.local_env import LocalEnvProvider, LocalMemoryEnv
 from agentfly_jax.tools.mcp import McpConnection, tools_from_mcp
 from agentfly_jax.tools.schema import function_schema, parse_google_docstring
@@ -18,4 +18,4 @@ __all__ = ["tool", "Tool", "ToolOutput", "calculator", "code_interpreter", "answ
            "web_search", "set_search_backend", "evaluate_arithmetic", "function_schema", "parse_google_docstring", "truncate",
            "LocalEnvProvider", "LocalMemoryEnv", "set_env_provider", "get_env_provider",
            "get_tool", "list_tools", "register_builtin_tool", "BUILTIN_TOOLS", "ToolLimits",
-           "tool_metrics", "McpConnection", "tools_from_mcp"]
+           "tool_metrics", "tool_counts", "ToolCounts", "McpConnection", "tools_from_mcp"]

@@ -5,8 +5,9 @@
 
 Every `Tool` owns a `ToolLimits`; a call waits for a concurrency slot first, then for the rate
 (so the moment it is let through is the moment it starts: at most `calls` starts in any window
-of `seconds`). The waits and the outcomes are counted per tool; `tool_metrics(tools)` turns the
-counts since its previous call into the trainer's step metrics:
+of `seconds`). The waits and the outcomes are counted per tool, cumulatively; reading never
+resets them. `since = tool_counts(tools)` takes a snapshot, and `tool_metrics(tools, since)` the
+counts after it (the trainer's step metrics; without `since`: since the tools were made):
   tools/<name>/calls    calls that ran (after any wait)
   tools/<name>/errors   of those, calls that gave an error observation
   tools/<name>/wait_s   seconds the calls spent waiting for the limits, summed
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
 import time
 from typing import Iterable
@@ -54,7 +56,8 @@ class ToolLimits:
     self._slots: trio.CapacityLimiter | None = None
     self._rate_lock: trio.Lock | None = None
     self._starts: collections.deque[float] = collections.deque()  # time.monotonic() of recent starts
-    self._counts = {"calls": 0, "errors": 0, "wait_s": 0.0, "wait_max_s": 0.0}
+    self._counts = ToolCounts()
+    self._waits: list[float] = []    # every wait, in order (a snapshot's max is over those after it)
 
   @property
   def limited(self) -> bool:
@@ -96,33 +99,56 @@ class ToolLimits:
         await self._wait_rate(rate_lock)
       waited = time.monotonic() - t0
       with self._lock:
-        self._counts["wait_s"] += waited
-        self._counts["wait_max_s"] = max(self._counts["wait_max_s"], waited)
+        c = self._counts
+        self._counts = ToolCounts(c.calls, c.errors, c.wait_s + waited, c.waits + 1)
+        self._waits.append(waited)
       yield
 
   def count(self, ok: bool) -> None:
     """Counts one call that ran (ok: no error observation)."""
     with self._lock:
-      self._counts["calls"] += 1
-      self._counts["errors"] += 0 if ok else 1
+      c = self._counts
+      self._counts = ToolCounts(c.calls + 1, c.errors + (0 if ok else 1), c.wait_s, c.waits)
 
-  def take_counts(self) -> dict[str, float]:
-    """The counts since the previous `take_counts`, and resets them."""
+  def counts(self) -> "ToolCounts":
+    """The cumulative counts (a snapshot; reading changes nothing)."""
     with self._lock:
-      out = dict(self._counts)
-      self._counts = {"calls": 0, "errors": 0, "wait_s": 0.0, "wait_max_s": 0.0}
-    return out
+      return self._counts
+
+  def since(self, before: "ToolCounts") -> dict[str, float]:
+    """{calls, errors, wait_s, wait_max_s} of what happened after the snapshot `before`."""
+    with self._lock:
+      now, waits = self._counts, self._waits[before.waits:]
+    return {"calls": now.calls - before.calls, "errors": now.errors - before.errors,
+            "wait_s": now.wait_s - before.wait_s, "wait_max_s": max(waits, default=0.0)}
 
 
-def tool_metrics(tools: Iterable) -> dict[str, float]:
-  """{"tools/<name>/calls", ".../errors", ".../wait_s", ".../wait_max_s"} of `tools` since the
-  previous call (counters reset); tools with no calls and no waits are left out."""
+@dataclasses.dataclass(frozen=True)
+class ToolCounts:
+  """A tool's cumulative counts: calls that ran, of those errors, seconds waited for the limits,
+  number of waits."""
+  calls: int = 0
+  errors: int = 0
+  wait_s: float = 0.0
+  waits: int = 0
+
+
+def _limited(tools: Iterable):
+  return [t for t in tools if getattr(t, "limits", None) is not None]
+
+
+def tool_counts(tools: Iterable) -> dict[str, ToolCounts]:
+  """A snapshot of `tools`' counts, {tool name: ToolCounts}, for `tool_metrics(tools, since=...)`."""
+  return {t.name: t.limits.counts() for t in _limited(tools)}
+
+
+def tool_metrics(tools: Iterable, since: dict[str, ToolCounts] | None = None) -> dict[str, float]:
+  """{"tools/<name>/calls", ".../errors", ".../wait_s", ".../wait_max_s"} of `tools` after the
+  snapshot `since` (`tool_counts`; None or a tool missing from it: since the tool was made); tools
+  with no calls and no waits in that span are left out."""
   out = {}
-  for t in tools:
-    limits = getattr(t, "limits", None)
-    if limits is None:
-      continue
-    counts = limits.take_counts()
+  for t in _limited(tools):
+    counts = t.limits.since((since or {}).get(t.name, ToolCounts()))
     if not counts["calls"] and not counts["wait_s"]:
       continue
     for key, value in counts.items():

@@ -88,11 +88,12 @@ class Worker:
     self.jax.block_until_ready(metrics)
     return time.perf_counter() - t
 
-  def sync(self) -> float:
+  def sync(self) -> tuple[float, int]:
+    """(seconds, bytes) of one push of what the trainer pushes (the step donates the old)."""
     t = time.perf_counter()
-    self.sampler.update_weights(self.state.params)  # what the trainer pushes (the step donates the old)
+    stats = self.sampler.update_weights(self.state.params)
     self.jax.block_until_ready(self.sampler._decode[1])
-    return time.perf_counter() - t
+    return time.perf_counter() - t, stats.bytes
 
   def decode(self) -> dict:
     """Greedy decode, adapters applied vs merged weights (LoRA only), and the merge's time."""
@@ -141,7 +142,8 @@ def serve(mode: str) -> None:
     if cmd == "train":
       out = {"s": w.train()}
     elif cmd == "sync":
-      out = {"s": w.sync(), "bytes": w.sampler.last_sync_bytes}
+      seconds, nbytes = w.sync()
+      out = {"s": seconds, "bytes": nbytes}
     elif cmd == "decode":
       out = w.decode()
     else:

@@ -230,7 +230,9 @@ class Engine:
     arrays = list(to_hf_state_dict(state).values())
     sync, copy = [], []
     if self.engine == "vllm":
-      update, path = self.vllm.update_weights, lambda: self.vllm.last_sync_path
+      paths = []
+      update = lambda params: paths.append(self.vllm.update_weights(params).path)  # noqa: E731
+      path = lambda: paths[-1]  # noqa: E731
     else:
       def update(params):
         self.jax_sampler.update_weights(params)

@@ -30,12 +30,12 @@ def test_config_builds_the_swe_task_with_its_tool_prompt():
   config = _config()
   validate_config(config)
   task = build_task(config)
-  assert [t.name for t in task.TOOLS] == ["bash", "view", "str_replace", "submit"]
-  assert task.TOOLS[-1].is_finish and task.REWARD.name == "swe_hidden_tests"
+  assert [t.name for t in task.tools] == ["bash", "view", "str_replace", "submit"]
+  assert task.tools[-1].is_finish and task.reward.name == "swe_hidden_tests"
   train = {r["task_id"] for r in task.rows}
   test = {r["task_id"] for r in task.make_eval_rows(100, 0)}
   assert len(test) == 18 and not train & test
-  assert task.SYSTEM_PROMPT == config.task.system_prompt and "str_replace" in task.SYSTEM_PROMPT
+  assert task.system_prompt == config.task.system_prompt and "str_replace" in task.system_prompt
 
 
 def test_bad_user_rows_stop_before_training(tmp_path):

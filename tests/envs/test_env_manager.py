@@ -150,7 +150,7 @@ async def test_chains_waiting_on_a_failing_connect_do_not_each_retry_it():
       nursery.cancel_scope.cancel()
 
 
-def test_step_counters_are_the_growth_since_the_last_take(two_servers):
+def test_step_counters_are_the_growth_since_a_mark(two_servers):
   a, b = two_servers
   manager = EnvManager([a.address, b.address])
 
@@ -159,13 +159,17 @@ def test_step_counters_are_the_growth_since_the_last_take(two_servers):
       await manager.acquire("echo", chain)
     await manager.aclose()
 
+  start = manager.usage_mark()
   trio.run(acquire, ["s1", "s2", "s3"])
-  first = manager.take_step_counters()
+  first = manager.usage_since(start).counters
   assert first["acquires"] == 3 and first["connects"] == 2 and first["timeouts"] == 0
-  assert set(manager.take_step_counters().values()) == {0}   # nothing since
+  mark = manager.usage_mark()
+  assert set(manager.usage_since(mark).counters.values()) == {0}   # nothing since
   trio.run(acquire, ["s4"])
-  second = manager.take_step_counters()
+  second = manager.usage_since(mark).counters
   assert second["acquires"] == 1 and second["connects"] == 1
+  assert manager.usage_since(start).counters["acquires"] == 4   # reading reset nothing
+  assert sum(map(len, manager.usage_since(mark).waits.values())) == 1
   totals = manager.metrics()
   assert all(totals[f"envs/{k}"] == first[k] + second[k] for k in first)
 

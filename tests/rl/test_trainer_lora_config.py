@@ -68,9 +68,9 @@ def test_jax_sampler_syncs_adapters_only_and_decodes_with_them():
   base_kernels = [v for p, v in nnx.to_flat_state(sampler._decode[1]) if p[-1] == "kernel"]
   adapters = nnx.state(model, nnx.LoRAParam)
   trained = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(x.size), x.shape), adapters)
-  sampler.update_weights(trained)
+  stats = sampler.update_weights(trained)
   adapter_bytes = sum(x.size * 4 for x in jax.tree.leaves(trained))
-  assert sampler.last_sync_bytes == adapter_bytes
+  assert stats.bytes == adapter_bytes
   # the transposed base kernels of the decode copy are the same objects: nothing re-made
   after_kernels = [v for p, v in nnx.to_flat_state(sampler._decode[1]) if p[-1] == "kernel"]
   assert all(a is b for a, b in zip(base_kernels, after_kernels))

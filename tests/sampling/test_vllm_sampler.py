@@ -52,10 +52,10 @@ def test_weight_sync_makes_vllm_match_the_jax_sampler(engines, packed):
   jax_b = jax_sampler.generate(PROMPTS, GREEDY)
   assert [r.token_ids for r in before] != [r.token_ids for r in jax_b]  # the engine still has A
 
-  vllm_sampler.update_weights(nnx.state(model_b, nnx.Param), packed_cpu_path=packed)
-  assert vllm_sampler.last_sync_path == ("packed" if packed else "reload_weights")
+  stats = vllm_sampler.update_weights(nnx.state(model_b, nnx.Param), packed_cpu_path=packed)
+  assert stats.path == ("packed" if packed else "reload_weights")
   after = vllm_sampler.generate(PROMPTS, GREEDY)
-  assert vllm_sampler.last_sync_seconds is not None
+  assert stats.seconds is not None
   for got, want in zip(after, jax_b):
     assert got.token_ids == want.token_ids
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-4, atol=2e-4)
@@ -148,8 +148,7 @@ def test_engine_in_another_process_syncs_through_safetensors_bytes(tmp_path):
     jax_sampler = JaxSampler(model_b, max_batch_size=4, max_len=128, batch_buckets=(4,))
     want = [r.token_ids for r in jax_sampler.generate(PROMPTS, GREEDY)]
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] != want
-    sampler.update_weights(nnx.state(model_b, nnx.Param))
-    assert sampler.last_sync_path == "packed"
+    assert sampler.update_weights(nnx.state(model_b, nnx.Param)).path == "packed"
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] == want
   finally:
     sampler.close()

@@ -121,7 +121,7 @@ def test_train_script_stops_before_building(user_task, tmp_path, name):
 
 def test_builtin_task_name_still_works():
   c = default_config()
-  assert build_task(c).__name__ == "agentfly_jax.tasks.lookup"
+  assert build_task(c).source.__name__ == "agentfly_jax.tasks.lookup"
   c.task = "nope"
   with pytest.raises(ValueError, match="config.task='nope'"):
     build_task(c)

@@ -10,7 +10,7 @@ from agentfly_jax import tool
 from agentfly_jax.agents import ToolCallAgent, run_rollout
 from agentfly_jax.sampling.scripted import ScriptedSampler
 from agentfly_jax.tools import LocalEnvProvider, LocalMemoryEnv
-from agentfly_jax.tools.limits import ToolLimits, tool_metrics
+from agentfly_jax.tools.limits import ToolLimits, tool_counts, tool_metrics
 
 EOT = "<|im_end|>"
 
@@ -70,6 +70,7 @@ def test_cap_and_rate_hold_under_64_chains_and_waits_show_in_metrics():
   agent = ToolCallAgent(tokenizer_dir(), tools=[capped])
   script = _one_call_script(lambda text: {"x": -1 if "minus" in text else 1})
   rows = [{"question": "minus one" if i % 8 == 0 else f"q {i}"} for i in range(64)]
+  before = tool_counts(agent.tools.values())
   t0 = time.monotonic()
   trajs = run_rollout(agent, rows, sampler=ScriptedSampler(script), num_chains=1, max_turns=2)
   wall = time.monotonic() - t0
@@ -83,7 +84,8 @@ def test_cap_and_rate_hold_under_64_chains_and_waits_show_in_metrics():
   # 64 calls let through at 5/s: the waits add up to about sum_k (k - 5) / 5 seconds
   assert metrics["tools/capped/wait_s"] > 0.5 * sum(max(0, k - 5) / 5 for k in range(64))
   assert metrics["tools/capped/wait_max_s"] >= (64 - 6) / 5 * 0.9
-  assert tool_metrics(agent.tools.values()) == {}  # counts are per report
+  assert tool_metrics(agent.tools.values(), since=before) == metrics  # reading reset nothing
+  assert tool_metrics(agent.tools.values(), since=tool_counts(agent.tools.values())) == {}  # nothing since
 
 
 def test_env_bound_tool_takes_the_same_limits():

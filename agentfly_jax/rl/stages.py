@@ -1,0 +1,126 @@
+"""The stages of one RL step as plain functions: each takes what it uses and returns what it makes.
+
+    rows = rows_at(train_rows, seed, position, n)
+    trajs = rollout(agent, rows, sampler=..., rollout_spec=spec.rollout, ...)
+    arrays, metrics = prepare(trajs, pad_id=..., dynamic_sampling=...)     # host arrays or None
+    state, metrics = update(policy_update, state, ref_params, arrays, step)
+    metrics = sync(weights, state.params)                                 # {"sync/bytes": ...}
+    metrics = evaluate(weights, params, lambda: rollout(...), keep_loaded=...)
+
+`rl/trainer.py` composes them; the SFT warm start is `rl/sft.run_sft`. Nothing here keeps state
+between calls: the counters a step reports are differences of snapshots taken around it.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from agentfly_jax.rl import distributed
+from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
+from agentfly_jax.sampling.protocol import SamplingParams, SyncStats
+
+
+def rows_at(train_rows: list[dict], seed: int, position: int, n: int) -> list[dict]:
+  """Rows position..position+n of the endless, per-epoch reshuffled training stream."""
+  out, total = [], len(train_rows)
+  for p in range(position, position + n):
+    epoch, i = divmod(p, total)
+    perm = np.random.default_rng([seed, epoch]).permutation(total)
+    out.append(train_rows[int(perm[i])])
+  return out
+
+
+def rollout(agent, rows: list[dict], *, sampler, rollout_spec, end_of_turn_id: int, env_provider,
+            agent_fn: Callable | None = None, num_chains: int | None = None,
+            temperature: float | None = None, seed: int = 0) -> list:
+  """Trajectories of `rows` (group_id = row index) under `rollout_spec` (rl/spec.RolloutSection;
+  `num_chains` / `temperature` override it). On several processes each rolls out its share of
+  the rows with its own sampler and all get the whole list back. `agent_fn`: a black-box agent
+  run through the OpenAI-compatible endpoint instead of the built-in loop."""
+  from agentfly_jax.agents.rollout import run_rollout
+  r = rollout_spec
+  local = distributed.process_share(rows, "rows of a rollout")
+  run = run_rollout
+  if agent_fn is not None:
+    from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
+    run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
+  params = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                          top_k=r.top_k, max_new_tokens=r.max_tokens_per_turn, stop_token_ids=(end_of_turn_id,))
+  trajs = run(agent, local, sampler=sampler, num_chains=num_chains or r.num_chains, max_turns=r.max_turns,
+              sampling_params=params, max_tokens_per_turn=r.max_tokens_per_turn,
+              max_total_tokens=r.max_total_tokens, concurrency=r.concurrency, seed=seed,
+              group_offset=distributed.share_offset(len(rows)), env_provider=env_provider)
+  return distributed.gather_objects(trajs)
+
+
+def prepare(trajs: list, *, pad_id: int, dynamic_sampling: bool) -> tuple[dict | None, dict]:
+  """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
+  sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped)."""
+  metrics: dict[str, Any] = rollout_metrics(trajs)
+  if dynamic_sampling:
+    trajs, dropped = drop_zero_variance_groups(trajs)
+    metrics["dapo/groups_dropped"] = dropped
+  return (train_arrays(trajs, pad_id=pad_id) if trajs else None), metrics
+
+
+def update(policy_update, state, ref_params, arrays: dict | None, step: int) -> tuple[Any, dict]:
+  """(the new TrainState, the update's metrics as floats: one device->host fetch). No arrays
+  (everything dropped): the state as it was, no metrics."""
+  if arrays is None:
+    return state, {}
+  state, metrics = policy_update(state, ref_params, arrays, step)
+  return state, metrics.fetch()
+
+
+class SamplerWeights:
+  """The sampler and the params it holds: `load(params)` pushes them unless already loaded.
+  `lock` serialises users of the sampler (the async rollout thread, evaluation). `placement`:
+  the shardings of a sampler on its own sub-mesh (config.mesh.sampler_devices): each push copies
+  the trainer's params onto them."""
+
+  def __init__(self, sampler, placement=None):
+    self.sampler = sampler
+    self.placement = placement
+    self.lock = threading.RLock()
+    self._loaded = None
+
+  @property
+  def loaded(self):
+    return self._loaded
+
+  def load(self, params) -> SyncStats | None:
+    """What the push moved (None: the sampler already holds `params`, nothing was pushed)."""
+    if params is self._loaded:
+      return None
+    local = distributed.host_local(params)
+    if self.placement is not None:
+      local = jax.device_put(local, self.placement)
+    stats = self.sampler.update_weights(local)
+    self._loaded = params
+    if stats is None:  # a sampler that does not say: the bytes of what it was given
+      stats = SyncStats(bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(local))))
+    return stats
+
+
+def sync(weights: SamplerWeights, params) -> dict[str, float]:
+  """Pushes `params` to the sampler: {"sync/bytes": bytes moved} (LoRA: the adapters; vLLM
+  without LoRA support: merged weights; 0 when it already held them)."""
+  stats = weights.load(params)
+  return {"sync/bytes": float(stats.bytes if stats is not None else 0)}
+
+
+def evaluate(weights: SamplerWeights, params, run_rollout: Callable[[], list], *, restore: bool) -> dict:
+  """Greedy rollout metrics (eval/*) of `params`: pushed to the sampler unless it holds them,
+  `run_rollout()` run under the sampler's lock; `restore`: put the weights the sampler held back
+  after (an async producer's)."""
+  with weights.lock:
+    held = weights.loaded
+    weights.load(params)
+    trajs = run_rollout()
+    if restore and held is not None:
+      weights.load(held)
+  return rollout_metrics(trajs, prefix="eval")
