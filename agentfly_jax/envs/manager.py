@@ -259,6 +259,7 @@ class EnvManager:
     self._peak_allocated = 0
     self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)  # every acquire's wait, in order
     self._marks: weakref.WeakSet[UsageMark] = weakref.WeakSet()   # live marks: each tracks its own peaks
+    self._origin = self.usage_mark()   # usage_since(None): since this manager was made
 
   # -- EnvProvider --------------------------------------------------------------------------------
 
@@ -333,15 +334,13 @@ class EnvManager:
     return mark
 
   def usage_since(self, mark: "UsageMark | None") -> EnvUsage:
-    """Since `mark` (None: since this manager was made, peaks unknown: 0), per env type: the
-    seconds each acquire waited and the most chains bound at once; and how much each of
-    `metrics()`'s counters (COUNTERS) grew."""
-    counters = mark.counters if mark is not None else {}
-    seen = mark.waits_seen if mark is not None else {}
-    waits = {env: list(w[seen.get(env, 0):]) for env, w in self._acquire_waits.items()}
-    return EnvUsage(waits={env: w for env, w in waits.items() if w},
-                    peaks=dict(mark.peaks) if mark is not None else {},
-                    counters={key: self._counters.get(key, 0) - counters.get(key, 0) for key in COUNTERS})
+    """Since `mark` (None: since this manager was made), per env type: the seconds each acquire
+    waited and the most chains bound at once; and how much each of `metrics()`'s counters
+    (COUNTERS) grew."""
+    mark = mark if mark is not None else self._origin
+    waits = {env: list(w[mark.waits_seen.get(env, 0):]) for env, w in self._acquire_waits.items()}
+    return EnvUsage(waits={env: w for env, w in waits.items() if w}, peaks=dict(mark.peaks),
+                    counters={key: self._counters.get(key, 0) - mark.counters.get(key, 0) for key in COUNTERS})
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""

@@ -38,7 +38,7 @@ from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
 from agentfly_jax.rl.spec import ALGORITHMS, RunSpec
-from agentfly_jax.rl.stages import SamplerWeights  # noqa: F401 (re-exported: experiments use it from here)
+from agentfly_jax.rl.stages import SamplerWeights
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 from agentfly_jax.tasks.from_config import task_fingerprint
 from agentfly_jax.tools.limits import tool_counts, tool_metrics

@@ -169,6 +169,8 @@ def test_step_counters_are_the_growth_since_a_mark(two_servers):
   second = manager.usage_since(mark).counters
   assert second["acquires"] == 1 and second["connects"] == 1
   assert manager.usage_since(start).counters["acquires"] == 4   # reading reset nothing
+  assert manager.usage_since(None).counters == manager.usage_since(start).counters   # None: since made
+  assert manager.usage_since(None).peaks["echo"] == 3 and manager.usage_since(mark).peaks["echo"] == 1
   assert sum(map(len, manager.usage_since(mark).waits.values())) == 1
   totals = manager.metrics()
   assert all(totals[f"envs/{k}"] == first[k] + second[k] for k in first)

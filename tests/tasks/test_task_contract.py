@@ -1,0 +1,119 @@
+"""Every task becomes one typed contract (tasks/contract.TaskSpec): built-in task modules, user
+modules written the old way (UPPERCASE globals) and `Task` objects alike."""
+import textwrap
+
+import numpy as np
+import pytest
+
+from agentfly_jax.rl.config import default_config
+from agentfly_jax.tasks import Task, TaskSpec, get_task, task_spec
+from agentfly_jax.tasks.contract import EVAL_SEED_OFFSET, read_task_module
+from agentfly_jax.tasks.from_config import build_task, set_custom_task, task_fingerprint
+from agent_testlib import tokenizer_dir
+
+OLD_STYLE_MODULE = textwrap.dedent('''
+    """A user task module written the old way: UPPERCASE globals, no @tool scan needed."""
+    from agentfly_jax.rewards import reward
+    from agentfly_jax.tools import tool
+
+    @tool(name="shout")
+    def shout(text: str) -> str:
+      """Upper-cases text.
+
+      Args:
+        text: what to shout.
+      """
+      return text.upper()
+
+    @reward(name="shouted")
+    def shouted(prediction, answer):
+      return float(str(prediction).strip() == answer)
+
+    TOOLS = (shout,)
+    REWARD = shouted
+    SYSTEM_PROMPT = "Shout the word back."
+    ROWS = [{"question": f"shout w{i}", "answer": f"W{i}"} for i in range(6)]
+    EVAL_ROWS = [{"question": "shout e", "answer": "E"}]
+
+    def scripted_response(prompt_text, use_tool, rng):
+      return "W0"
+''')
+
+
+@pytest.fixture
+def old_style_module(tmp_path, monkeypatch):
+  (tmp_path / "old_style_task.py").write_text(OLD_STYLE_MODULE)
+  monkeypatch.chdir(tmp_path)
+  yield "old_style_task"
+  import sys
+  sys.modules.pop("old_style_task", None)
+
+
+def test_a_builtin_module_becomes_the_contract():
+  from agentfly_jax.tasks import lookup
+  spec = task_spec(get_task("lookup"), "lookup")
+  assert isinstance(spec, TaskSpec) and spec.name == "lookup" and spec.source is lookup
+  assert spec.tools == lookup.TOOLS and spec.reward is lookup.REWARD and spec.system_prompt == lookup.SYSTEM_PROMPT
+  assert spec.scripted_response is lookup.scripted_response and spec.agent_factory is lookup.make_agent
+  assert spec.make_rows(5, seed=3) == lookup.make_rows(5, seed=3) and spec.env_types == ()
+  # lookup has no make_eval_rows: its training rows at a disjoint seed
+  assert spec.make_eval_rows(4, seed=2) == lookup.make_rows(4, seed=EVAL_SEED_OFFSET + 2)
+  assert spec.tokenizer_corpus() == lookup.tokenizer_corpus()
+  agent = spec.make_agent(tokenizer_dir())
+  assert list(agent.tools) == ["lookup"]
+  # build_task from a config gives the same contract
+  built = build_task(default_config())
+  assert built.tools == spec.tools and built.name == "lookup"
+  assert task_fingerprint(built) == task_fingerprint(spec)
+
+
+def test_env_types_come_from_the_tools_and_the_reward():
+  spec = task_spec(get_task("webshop"))
+  assert spec.env_types == ("webshop",) and spec.name == "webshop"
+
+
+def test_a_module_without_make_agent_gets_the_default_agent():
+  math_calc = get_task("math_calc")
+  spec = task_spec(math_calc)
+  assert spec.agent_factory is None and read_task_module(math_calc).make_agent is None
+  agent = spec.make_agent(tokenizer_dir())
+  assert sorted(agent.tools) == sorted(t.name for t in math_calc.TOOLS)
+  assert math_calc.SYSTEM_PROMPT in agent.system_prompt
+
+
+def test_an_old_style_user_module_still_loads(old_style_module):
+  c = set_custom_task(default_config(), module=old_style_module)
+  spec = build_task(c)
+  assert isinstance(spec, TaskSpec) and spec.name == "custom"
+  assert [t.name for t in spec.tools] == ["shout"] and spec.reward.name == "shouted"
+  assert spec.system_prompt == "Shout the word back." and spec.scripted_response is not None
+  assert len(spec.rows) == 6 and spec.make_eval_rows(5, 0) == [{"question": "shout e", "answer": "E"}]
+  rows = spec.make_rows(20, seed=1)
+  assert len(rows) == 20 and {r["question"] for r in rows} <= {f"shout w{i}" for i in range(6)}
+  # the module given directly is read the same way (the one reader of its globals)
+  import importlib
+  direct = task_spec(importlib.import_module(old_style_module))
+  assert direct.tools == spec.tools and direct.reward is spec.reward and direct.name == old_style_module
+  assert direct.rows == spec.rows and direct.eval_rows == tuple(spec.eval_rows)
+
+
+def test_a_task_object_becomes_the_contract():
+  from agentfly_jax.tasks import lookup
+  rows = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
+  task = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows, eval_rows=rows[:2],
+              system_prompt="Find codes.", corpus=["extra text"])
+  spec = task_spec(task)
+  assert spec.tools == (lookup.lookup,) and spec.reward is lookup.code_match and spec.source is task
+  assert spec.make_rows(7, seed=0) == task.make_rows(7, seed=0)
+  assert [r["question"] for r in spec.make_eval_rows(10, 0)] == ["q0", "q1"]
+  corpus = spec.tokenizer_corpus()
+  assert corpus[:2] == ["Find codes.", "extra text"] and "q0 0" in corpus
+  assert task_spec(spec) is spec
+  with pytest.raises(TypeError, match="a task must be a TaskSpec, a Task or a task module, got dict"):
+    task_spec({"tools": []})
+  with pytest.raises(ValueError, match="has neither rows nor a row generator"):
+    TaskSpec(name="empty", tools=(), reward=lookup.code_match)
+  # the same rows drawn either way, seeded
+  a, b = spec.make_rows(50, seed=9), spec.make_rows(50, seed=9)
+  assert a == b and len({r["question"] for r in a}) == 5
+  assert np.all([isinstance(r, dict) for r in a])
