@@ -8,7 +8,7 @@ with exactly its task:
 import json
 import os
 
-import ml_collections
+from agentfly_jax.rl.config import migrate
 
 
 def get_config(run_dir: str):
@@ -16,4 +16,4 @@ def get_config(run_dir: str):
   if not os.path.exists(path):
     raise FileNotFoundError(f"configs/from_run.py: {path} not found (is {run_dir!r} a train.py run directory?)")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return migrate(json.load(f))   # saved by an older version: today's fields, its values kept

@@ -25,19 +25,19 @@ _SEED = flags.DEFINE_integer("seed", 4242, "Seed of the held-out rows.")
 
 def main(argv):
   del argv
-  import ml_collections
   from agentfly_jax.agents.display import format_trajectory
   from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.trainer import Trainer
   cfg_path = os.path.join(_WORKDIR.value, "config.json")
   if not os.path.exists(cfg_path):
     sys.exit(f"evaluate: {cfg_path} not found (is --workdir a train.py run directory?)")
+  from agentfly_jax.rl.config import migrate
   with open(cfg_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = migrate(json.load(f))   # a run saved by any version: today's fields
   config.log.progress = False
   from agentfly_jax.rl.compile_cache import enable_compile_cache
   try:  # the run's compiled programs (sampler, log-probs) load instead of compiling again
-    enable_compile_cache(config.train.get("compile_cache", "auto"))
+    enable_compile_cache(config.train.compile_cache)
   except ValueError as e:
     sys.exit(f"evaluate: {e}")
   trained_task = None

@@ -48,7 +48,7 @@ def main(argv):
   if _WANDB.value:
     config.log.wandb = True
   try:  # config and task (rows, tools, reward, demo policy) checked before anything is built
-    validate_config(config)
+    spec = validate_config(config)   # the typed run (rl/spec.RunSpec); the Trainer parses it again
     absolutize_paths(config)
     task = build_task(config)
   except (ValueError, FileNotFoundError) as e:
@@ -62,7 +62,7 @@ def main(argv):
     print(f"memory split: {plan.describe()}")
   from agentfly_jax.rl.compile_cache import enable_compile_cache
   try:  # before the first jit: a compiled program another run wrote is loaded, not compiled
-    enable_compile_cache(config.train.get("compile_cache", "auto"))
+    enable_compile_cache(spec.train.compile_cache)
   except ValueError as e:
     sys.exit(f"bad config: {e}")
   from agentfly_jax.rl import distributed  # JAX loads only once the config is good
