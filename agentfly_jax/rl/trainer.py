@@ -37,7 +37,7 @@ from agentfly_jax.rl import distributed, stages
 from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
-from agentfly_jax.rl.spec import ALGORITHMS, RunSpec
+from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.stages import SamplerWeights
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 from agentfly_jax.tasks.from_config import task_fingerprint
@@ -72,7 +72,7 @@ class Trainer:
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "config.json"), "w") as f:
         f.write(config.to_json(indent=2))
-    self.algo = ALGORITHMS[spec.algo]
+    self.algo = dataclasses.asdict(spec.algorithm)  # {estimator, policy_loss, critic, agg} (overrides applied)
     self.parts = parts = build_run(spec, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = parts.task, parts.tokenizer, parts.agent
     self.env_provider = parts.env_provider
