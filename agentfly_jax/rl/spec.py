@@ -12,6 +12,7 @@ checked against the registry, so a newly registered one is accepted without an e
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -93,14 +94,14 @@ def _typed(field: str, value: Any, hint: Any) -> Any:
   elif origin is tuple:
     ok = isinstance(value, (tuple, list))
     value = tuple(value) if ok else value
-  elif origin is Mapping or hint is Mapping:
+  elif origin is collections.abc.Mapping:
     ok = hasattr(value, "items")
     value = types.MappingProxyType(dict(value.to_dict() if hasattr(value, "to_dict") else value)) if ok else value
   else:  # a union (the task): checked by the owner
     return value
   if not ok:
-    kind = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}.get(hint, "a list")
-    fail(field, value, f"must be {kind}")
+    kinds = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
+    fail(field, value, f"must be {kinds.get(hint, 'a list' if origin is tuple else 'a mapping')}")
   return value
 
 
@@ -200,10 +201,6 @@ class MeshSection(Section):
       resolve_rules(self.rules)
     except ValueError as e:
       fail("mesh.rules", dict(self.rules), str(e))
-
-  @property
-  def resolved_rules(self) -> dict[str, tuple]:
-    return resolve_rules(self.rules)
 
 
 @dataclasses.dataclass(frozen=True)

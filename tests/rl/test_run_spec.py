@@ -56,6 +56,8 @@ def _with(field, value):
     ("checkpoint.keep", 0, "integer >= 1"),
     ("gpu.vllm_mem_fraction", 1.0, "[0, 1)"),
     ("log.wandb_project", 3, "a string"),
+    ("train.logits_capacity", 0.5, "a list"),
+    ("mesh.rules", "tp", "a mapping"),
     ("seed", "zero", "an integer"),
 ])
 def test_each_bad_field_is_named_with_what_is_allowed(field, value, allowed):
@@ -83,6 +85,8 @@ def test_sections_are_frozen_typed_and_round_trip():
   with pytest.raises(dataclasses.FrozenInstanceError):
     spec.loss.clip_low = 0.1
   assert isinstance(spec.train.lr, float) and isinstance(spec.train.logits_capacity, tuple)
+  with pytest.raises(TypeError):   # the rules mapping is read-only too
+    spec.mesh.rules["mlp"] = "fsdp"
   assert spec.to_dict() == default_config().to_dict()
   assert as_spec(spec) is spec
   c = _with("train.lr", 3)   # an int where a float goes (a saved JSON): taken as the number
