@@ -28,8 +28,9 @@ class GpuCompileUnavailable(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class GpuSpec:
   """What XLA's GPU compiler reads of a device (the fields of `GpuDeviceInfoProto` it uses to pick
-  tilings, fusions and the PTX target). Bytes, bytes/s and GHz; `gpus_per_host` sets the topology's
-  host split (an HGX board: 8 over NVLink)."""
+  tilings, fusions and the PTX target). Bytes, bytes/s and GHz; `accelerated_features`: the
+  architecture-specific target (sm_90a: wgmma, TMA), as a real Hopper reports it; `gpus_per_host` sets
+  the topology's host split (an HGX board: 8 over NVLink)."""
   name: str
   compute_capability: tuple[int, int]
   sm_count: int
@@ -39,6 +40,7 @@ class GpuSpec:
   clock_ghz: float
   shared_memory_per_sm: int
   shared_memory_per_block_optin: int
+  accelerated_features: bool = False
   cudnn_version: tuple[int, int] = (9, 8)
   gpus_per_host: int = 8
 
@@ -47,10 +49,12 @@ class GpuSpec:
 GPUS = {
     "h100": GpuSpec("NVIDIA H100 80GB HBM3", (9, 0), sm_count=132, memory_bytes=84942979072,
                     memory_bandwidth=3352320000000, l2_cache_bytes=50 * 1024 ** 2, clock_ghz=1.98,
-                    shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024),
+                    shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
+                    accelerated_features=True),
     "h200": GpuSpec("NVIDIA H200 141GB HBM3e", (9, 0), sm_count=132, memory_bytes=151397597184,
                     memory_bandwidth=4800000000000, l2_cache_bytes=50 * 1024 ** 2, clock_ghz=1.98,
-                    shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024),
+                    shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
+                    accelerated_features=True),
 }
 
 
@@ -77,7 +81,9 @@ def target_config(spec: GpuSpec) -> str:
       "registers_per_core_limit": 65536, "registers_per_block_limit": 65536,
   }
   lines = ["gpu_device_info {"] + [f"  {k}: {v}" for k, v in info.items()]
-  lines += [f"  cuda_compute_capability {{ major: {major} minor: {minor} }}", "}", 'platform_name: "CUDA"',
+  extension = " feature_extension: ACCELERATED_FEATURES" if spec.accelerated_features else ""
+  lines += [f"  cuda_compute_capability {{ major: {major} minor: {minor}{extension} }}", "}",
+            'platform_name: "CUDA"',
             f"dnn_version_info {{ major: {spec.cudnn_version[0]} minor: {spec.cudnn_version[1]} }}",
             f'device_description_str: "{spec.name}"']
   return "\n".join(lines) + "\n"

@@ -52,7 +52,7 @@ def test_target_config_carries_the_spec():
   spec = aot_gpu.GPUS["h200"]
   text = aot_gpu.target_config(spec)
   assert f"device_memory_size: {spec.memory_bytes}\n" in text and "core_count: 132\n" in text
-  assert "cuda_compute_capability { major: 9 minor: 0 }" in text
+  assert "cuda_compute_capability { major: 9 minor: 0 feature_extension: ACCELERATED_FEATURES }" in text
   assert 'device_description_str: "NVIDIA H200 141GB HBM3e"' in text and 'platform_name: "CUDA"' in text
   assert aot.HBM_GIB["h100"] == pytest.approx(79.11, abs=0.01)
 
