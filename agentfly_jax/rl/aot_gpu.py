@@ -2,7 +2,9 @@
 CUDA driver (the GPU half of rl/aot.py's topologies, `--topology=h100:8`).
 
     devices = gpu_devices("h100", 8)     # 8 compile-only "NVIDIA H100 80GB HBM3" devices, one host
-    jax.jit(f).lower(*abstract_args_on(devices)).compile().memory_analysis()
+    mesh = jax.sharding.Mesh(np.array(devices), ("fsdp",))
+    x = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("fsdp")))
+    jax.jit(f).lower(x).compile().memory_analysis()   # bytes per GPU
 
 Needs the CUDA PJRT plugin at jax's exact version and a CUDA toolkit for XLA's GPU compiler
 (libdevice, ptxas): `pip install -e .[aot-gpu]` (jax-cuda12-plugin, nvidia-cuda-nvcc-cu12). The
@@ -22,7 +24,8 @@ GIB = 1024 ** 3
 
 
 class GpuCompileUnavailable(RuntimeError):
-  """The CUDA PJRT plugin is not installed (`pip install -e .[aot-gpu]`)."""
+  """No CUDA topology: the plugin is not installed (`pip install -e .[aot-gpu]`), or jax started its
+  runtime (which needs a driver) instead of registering it compile-only."""
 
 
 @dataclasses.dataclass(frozen=True)
