@@ -1,6 +1,8 @@
-"""Every program of a run, compiled ahead of time for a TPU topology on this CPU (no TPU, no weights).
+"""Every program of a run, compiled ahead of time for a TPU topology on this CPU (no TPU, no weights),
+or for NVIDIA GPUs (`--topology=h100:8`: no GPU either; rl/aot_gpu.py, `pip install -e .[aot-gpu]`).
 
     python experiments/aot_compile.py --config=configs/tpu/qwen25_7b_grpo.py --topology=v5p:2x2x2
+    JAX_PLATFORMS=cpu python experiments/aot_compile.py --config=configs/tpu/qwen25_7b_grpo.py --topology=h100:8
     python experiments/aot_compile.py --config=configs/lookup_ppo.py --topology=v5e:2x2 --config.mesh.fsdp=4 \
         --model=qwen2.5-0.5b --out=/tmp/aot
 
@@ -32,7 +34,8 @@ from ml_collections import config_flags
 
 
 config_flags.DEFINE_config_file("config", None, "A run config (configs/*.py); every field is a flag.")
-flags.DEFINE_string("topology", None, "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4.")
+flags.DEFINE_string("topology", None, "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4; "
+                    "or GPUs <gpu>:<count>, e.g. h100:8, h200:16 (hosts of 8).")
 flags.DEFINE_string("model", "", "A preset name (models/presets.py) or an HF config.json / folder; "
                     "'' = the config's model.")
 flags.DEFINE_list("programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"],

@@ -79,18 +79,56 @@ def stacked_decoder_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
   return make(rngs)
 
 
-def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat):
+def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat, compute_dtype=None):
   """Runs the stacked decoder layers over x [B, T, D] with `lax.scan` (one layer per iteration,
   under the remat policy `remat`); `cache`: a stacked KVCache or None. Returns (x, (k, v) stacked
-  [L, ...] or None)."""
+  [L, ...] or None).
+
+  Without a cache (training, scoring) each layer's weights are cast to `compute_dtype` inside
+  the loop (`tied_to_iteration`); with one (prefill, decode) XLA may cast the whole stack once
+  before the loop, which a decode step that reads every weight per token wants."""
   graphdef, state = nnx.split(layers)
+  tie = cache is None and compute_dtype is not None
 
   def body(h, xs):
-    layer_state, kv = xs
+    layer_state, kv, index = xs
+    if tie:
+      layer_state = tied_to_iteration(layer_state, index, compute_dtype)
     return nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, mask, kv, cache_index)
 
   kvs = None if cache is None else (cache.k, cache.v)
-  return jax.lax.scan(scan_body(body, remat), x, (state, kvs))
+  num_layers = jax.tree.leaves(state)[0].shape[0]
+  return jax.lax.scan(scan_body(body, remat), x, (state, kvs, jnp.arange(num_layers, dtype=jnp.int32)))
+
+
+def embed_lookup(embed: nnx.Embed, input_ids: jax.Array, compute_dtype) -> jax.Array:
+  """Rows of the embedding table for int ids [...] -> [..., D] in `compute_dtype`, gathered from the
+  table in its own dtype and cast after: `nnx.Embed` casts the whole [V, D] table first, which
+  costs a compute-dtype copy of it, and its gradient is then scatter-added in the compute dtype
+  (bfloat16 sums of every token's gradient) before the cast back to the param dtype."""
+  if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+    raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
+  return jnp.take(embed.embedding[...], input_ids, axis=0).astype(compute_dtype)
+
+
+def tied_to_iteration(layer_state, index: jax.Array, compute_dtype):
+  """One scanned layer's variables, those of another float dtype than `compute_dtype` multiplied by
+  1.0 computed from the loop index `index` (int32[]), exactly equal and their gradients too.
+
+  Why: XLA (TPU) rewrites "cast the sliced layer's float32 weights to bfloat16 in the loop" into
+  "cast the whole [L, ...] stack before the loop", which keeps a compute-dtype copy of every
+  layer's weights alive through the forward and backward loops (1.5 GiB a chip for Qwen2.5-7B
+  on 8 chips, measured with experiments/aot_compile.py); an optimization barrier does not stop
+  it (XLA drops barriers first). A value that depends on the iteration cannot be hoisted, and
+  XLA does not fold `float(i) * 0.0` (it would be wrong for inf / nan)."""
+  one = index.astype(jnp.float32) * 0.0 + 1.0
+
+  def tie(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.dtype(compute_dtype):
+      return x
+    return x * one.astype(x.dtype)
+
+  return jax.tree.map(tie, layer_state)
 
 
 class Transformer(nnx.Module):
@@ -168,9 +206,10 @@ class _Base(nnx.Module):
         positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
-    x = constrain(self.model.embed_tokens(input_ids), HIDDEN_AXES)
+    x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     if cfg.scan_layers:
-      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat)
+      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat,
+                                  cfg.compute_dtype)
       new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
       return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
     new_k, new_v = [], []

@@ -1,5 +1,5 @@
-"""Compile-only study of a run's programs for a TPU topology (the library half of
-experiments/aot_compile.py, which documents the flags and the report).
+"""Compile-only study of a run's programs for a TPU topology, or a GPU one (`h100:8`, rl/aot_gpu.py)
+(the library half of experiments/aot_compile.py, which documents the flags and the report).
 
     report = run(config, "v5e:2x2", model="qwen2.5-0.5b")   # rows: one per program, bytes a chip
     write_report(report, "experiments/results/aot_x")        # .json + .md
@@ -15,13 +15,17 @@ import os
 import re
 import time
 
+from agentfly_jax.rl import aot_gpu
+
 # Compile-only needs no exclusive hold on a TPU: without this a second libtpu process (another
 # compile, a test) fails on libtpu's multi-process lockfile.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 GIB = 1024 ** 3
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}  # per chip
+HBM_GIB.update({gpu: aot_gpu.hbm_gib(gpu) for gpu in aot_gpu.GPUS})  # the device memory a GPU reports
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
+_GPU_TOPOLOGY = re.compile(r"^(%s):(\d+)$" % "|".join(aot_gpu.GPUS))
 PROGRAMS = ("prepare", "train_step", "sft_step", "sampler", "weight_sync")
 
 
@@ -35,11 +39,21 @@ class DoesNotFit(RuntimeError):
 
 # ---------------------------------------------------------------- inputs
 def parse_topology(name: str) -> tuple[str, int]:
-  """(generation, number of chips) of '<gen>:<AxB[xC]>'; BadInput naming it otherwise."""
+  """(generation, number of chips) of '<gen>:<AxB[xC]>' (TPU) or '<gpu>:<N>' (GPU); BadInput naming it
+  otherwise."""
+  g = _GPU_TOPOLOGY.match(name or "")
+  if g:
+    generation, chips = g.group(1), int(g.group(2))
+    try:
+      aot_gpu.topology_string(chips, aot_gpu.GPUS[generation].gpus_per_host)
+    except ValueError as e:
+      raise BadInput(f"--topology={name!r}: {e}") from None
+    return generation, chips
   m = _TOPOLOGY.match(name or "")
   if not m:
     raise BadInput(f"--topology={name!r} is unknown or malformed: expected <gen>:<shape> with gen one of "
-                   f"{sorted(HBM_GIB)} and shape like 2x2 or 2x2x2 (e.g. v5e:2x2, v5p:2x2x2)")
+                   f"{sorted(set(HBM_GIB) - set(aot_gpu.GPUS))} and shape like 2x2 or 2x2x2 (e.g. v5e:2x2, "
+                   f"v5p:2x2x2), or <gpu>:<count> with gpu one of {sorted(aot_gpu.GPUS)} (e.g. h100:8)")
   chips = 1
   for d in m.groups()[1:]:
     if d is not None:
@@ -48,6 +62,12 @@ def parse_topology(name: str) -> tuple[str, int]:
 
 
 def topology_devices(name: str):
+  generation, chips = parse_topology(name)
+  if aot_gpu.is_gpu(generation):
+    try:
+      return aot_gpu.gpu_devices(generation, chips)
+    except aot_gpu.GpuCompileUnavailable as e:
+      raise BadInput(f"--topology={name!r}: {e}") from None
   from jax.experimental import topologies
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
@@ -138,10 +158,11 @@ def compile_program(name: str, jitted, *args, **kwargs) -> dict:
   row = {"program": name, "compile_s": round(seconds, 2),
          "argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
          "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes),
-         "flops": float((cost or {}).get("flops", 0.0))}
+         "flops": None if cost is None else float(cost.get("flops", 0.0))}  # None: a deviceless GPU
   row["peak_bytes"] = row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
   print(f"  {name}: compiled in {seconds:.1f} s, peak {row['peak_bytes'] / GIB:.2f} GiB a chip "
-        f"(temp {row['temp_bytes'] / GIB:.2f}), {row['flops'] / 1e12:.3f} TFLOP a chip", flush=True)
+        f"(temp {row['temp_bytes'] / GIB:.2f}), " + ("no XLA FLOPs (GPU)" if row["flops"] is None else
+        f"{row['flops'] / 1e12:.3f} TFLOP a chip"), flush=True)
   return row
 
 
@@ -347,7 +368,7 @@ def write_report(report: dict, out: str) -> None:
   for row in report["rows"]:
     lines.append(f"| {row['program']} | {row.get('micro_batch', '')} | {row['compile_s']:.1f} | "
                  f"{g(row['argument_bytes'])} | {g(row['temp_bytes'])} | {g(row['peak_bytes'])} | "
-                 f"{'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.3f} | {tf(row.get('model_flops'))} | "
+                 f"{'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | {tf(row.get('model_flops'))} | "
                  f"{g(row.get('floor_bytes'))} | {g(row.get('memory_plan_bytes'))} |")
   with open(out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
@@ -370,8 +391,11 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   with open(path, "w") as f:
     json.dump(reports, f, indent=2)
   g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
-  lines = ["# Programs of a run compiled for TPU topologies (XLA, per chip)", "",
-           "Compiled on a shared 2-core CPU with jax[tpu] 0.10.2 / libtpu (experiments/aot_compile.py; "
+  tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
+  gpu = all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports)
+  lines = [f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)", "",
+           "Compiled on a shared 2-core CPU with " + ("jax 0.10.2 + jax-cuda12-plugin (deviceless, no GPU; XLA "
+           "TFLOP not reported for GPU)" if gpu else "jax[tpu] 0.10.2 / libtpu") + " (experiments/aot_compile.py; "
            "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
            "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
            "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
@@ -389,7 +413,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
       mf = "" if row.get("model_flops") is None else f"{row['model_flops'] / 1e12:.1f}"
       lines.append(f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "
                    f"{row.get('micro_batch', '')} | {row['compile_s']:.0f} | {g(row['peak_bytes'])} | "
-                   f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {row['flops'] / 1e12:.2f} | "
+                   f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | "
                    f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |")
   with open(prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
