@@ -50,7 +50,7 @@ def main(argv):
   from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.rl.sft import ScriptedPolicySampler
-  from agentfly_jax.rl.train_state import make_optimizer
+  from agentfly_jax.rl.core.train_state import make_optimizer
   from agentfly_jax.rl.trainer import Trainer
 
   c = default_config()

@@ -15,9 +15,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
-from agentfly_jax.rl.prepare import PrepareConfig, make_prepare
-from agentfly_jax.rl.train_state import create_train_state
-from agentfly_jax.rl.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
+from agentfly_jax.rl.core.train_state import create_train_state
+from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 
 

@@ -12,8 +12,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
 from agentfly_jax.models.layers import Linear
 from agentfly_jax.models.lora import LoRAConfig, apply_lora
-from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
 
 
 def build():

@@ -11,8 +11,8 @@ from flax import nnx
 
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
 from agentfly_jax.rl.batching import to_microbatches
-from agentfly_jax.rl.train_state import create_train_state
-from agentfly_jax.rl.train_step import (LossConfig, batch_sharding, jit_step, make_train_step,
+from agentfly_jax.rl.core.train_state import create_train_state
+from agentfly_jax.rl.core.train_step import (LossConfig, batch_sharding, jit_step, make_train_step,
                                         state_shardings)
 
 B, T, V = 8, 16, 128

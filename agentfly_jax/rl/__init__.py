@@ -1,7 +1,9 @@
-"""agentfly_jax.rl: the RL math (advantage estimators, losses); trainer modules join later.
+"""agentfly_jax.rl: the trainer's host loop (spec, setup, stages, trainer, batching) over the pure
+device math of agentfly_jax.rl.core (advantage estimators, losses, train step, prepare).
 
-    from agentfly_jax.rl import advantages, losses
+    from agentfly_jax.rl import advantages, losses       # = agentfly_jax.rl.core.*
+    from agentfly_jax.rl.trainer import Trainer
 """
-from agentfly_jax.rl import advantages, losses
+from agentfly_jax.rl.core import advantages, losses
 
 __all__ = ["advantages", "losses"]

@@ -210,7 +210,7 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
   from agentfly_jax.rl import memory_plan, programs as run_programs
   from agentfly_jax.rl.config import ALGORITHMS, validate_config
   from agentfly_jax.rl.setup import training_and_sampler_meshes
-  from agentfly_jax.rl.train_state import create_train_state
+  from agentfly_jax.rl.core.train_state import create_train_state
   from agentfly_jax.rl.update import ModelParts, PolicyUpdate
   from agentfly_jax.sampling.jax_sampler import _generate_rows
   from agentfly_jax.models.sharding import resolve_rules

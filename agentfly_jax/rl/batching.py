@@ -9,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
+from agentfly_jax.rl.core.shaping import overlong_penalty  # noqa: F401 (its home is core: prepare jits it)
+
 
 def bucket(n: int, multiple: int) -> int:
   return max(multiple, -(-n // multiple) * multiple)
@@ -90,17 +92,6 @@ def drop_zero_variance_groups(trajs: Sequence) -> tuple[list, int]:
     else:
       dropped += 1
   return kept, dropped
-
-
-def overlong_penalty(num_generated, *, max_tokens: int, buffer: int, factor: float):
-  """DAPO soft overlong punishment, counted in generated tokens: 0 up to max-buffer, then linear
-  down to -factor at max_tokens (and below past it). num_generated: int[B] (numpy or jnp) ->
-  f32[B] of the same kind."""
-  num_generated = num_generated.astype(np.float32)
-  if buffer <= 0:
-    return num_generated * 0.0
-  over = num_generated - (max_tokens - buffer)
-  return -over.clip(0, None) / buffer * factor
 
 
 def micro_batch_layout(num_rows: int, max_micro_batch_size: int, multiple: int = 1) -> tuple[int, int]:

@@ -247,7 +247,7 @@ def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, mi
   """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the state (params, grads, Adam,
   reference, critic) split over every chip, activations and logits over fsdp (the micro-batch's
   rows are split over it), with `micro_batches` > 1 the gradient accumulator beside each
-  micro-batch's gradients (rl/train_step.py `accumulate_gradients`: one more params-sized buffer,
+  micro-batch's gradients (rl/core/train_step.py `accumulate_gradients`: one more params-sized buffer,
   and the critic's), and 'total' = their sum x JAX_HEADROOM (experiments/aot_compile.py sets it
   beside XLA's per-chip numbers)."""
   chips = fsdp * tp

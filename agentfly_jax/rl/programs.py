@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 
 from agentfly_jax.rl.spec import as_spec
-from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.train_step import LossConfig, batch_sharding, jit_step, make_sft_step, state_shardings
+from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_sft_step, state_shardings
 
 SFT_KEYS = ("input_ids", "target_ids", "attention_mask", "action_mask")
 

@@ -23,8 +23,8 @@ import ml_collections
 from agentfly_jax.models.config import ATTENTION_IMPLS, MODEL_TYPES
 from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
-from agentfly_jax.rl import advantages, losses
-from agentfly_jax.rl.train_state import LR_SCHEDULES
+from agentfly_jax.rl.core import advantages, losses
+from agentfly_jax.rl.core.train_state import LR_SCHEDULES
 from agentfly_jax.sampling.registry import sampler_names
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -303,8 +303,8 @@ class TrainSection(Section):
 @dataclasses.dataclass(frozen=True)
 class LossSection(Section):
   NAME: ClassVar[str] = "loss"
-  policy_loss: str = ""           # a registered policy loss (rl/losses.py); "" = the algorithm's
-  estimator: str = ""             # a registered advantage estimator (rl/advantages.py); "" = the algorithm's
+  policy_loss: str = ""           # a registered policy loss (rl/core/losses.py); "" = the algorithm's
+  estimator: str = ""             # a registered advantage estimator (rl/core/advantages.py); "" = the algorithm's
   agg: str = ""                   # "" = the algorithm's default
   clip_low: float = 0.2
   clip_high: float = 0.28         # DAPO clip-higher (= clip_low for symmetric)

@@ -5,7 +5,7 @@
     metrics.fetch()                                             # {name: float}, one device->host fetch
 
 Everything stays on device between the rollout's arrays and the new state: the padded batch goes
-up once, `prepare` (rl/prepare.py) adds log-probs / values / advantages in one call, each
+up once, `prepare` (rl/core/prepare.py) adds log-probs / values / advantages in one call, each
 minibatch is gathered on device from it, and the step's metrics come back as device scalars for
 the caller to fetch once (`UpdateMetrics.fetch`).
 """
@@ -21,9 +21,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.rl.batching import micro_batch_layout, microbatch_index, pad_rows, take_microbatches
 from agentfly_jax.rl.packing import pack_index, take_packed
-from agentfly_jax.rl.prepare import PrepareConfig, make_prepare
+from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
 from agentfly_jax.rl.spec import as_spec
-from agentfly_jax.rl.train_step import batch_sharding, jit_step, make_train_step
+from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)

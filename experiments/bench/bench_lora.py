@@ -51,8 +51,8 @@ class Worker:
 
     from agentfly_jax.models import CausalLM, ModelConfig
     from agentfly_jax.models.lora import LoRAConfig, apply_lora
-    from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-    from agentfly_jax.rl.train_step import LossConfig, make_train_step
+    from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+    from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
     from agentfly_jax.sampling import JaxSampler
     from bench_common import SMOLLM2_135M_SHAPES
     self.jax, self.np, self.nnx = jax, np, nnx

@@ -41,8 +41,8 @@ def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> 
   import jax.numpy as jnp
   from flax import nnx
   from agentfly_jax.models import CausalLM, make_mesh, partition_specs, tiny_config
-  from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+  from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+  from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
   mesh = make_mesh(fsdp, tp)
   cfg = tiny_config("llama", tie_word_embeddings=True, remat=remat, **SIZES[size])
   model = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))

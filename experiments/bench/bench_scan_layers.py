@@ -5,7 +5,7 @@ the step time at one depth, both layouts in the same run (interleaved timed roun
     -> experiments/results/bench_scan_layers.{json,md}
 
 Model: SmolLM2-135M widths (d=576, 9 heads / 3 KV heads, MLP 1536, vocab 49,152), random init,
-float32, remat full, the trainer's own step (rl/train_step.py) on one micro-batch of B x T.
+float32, remat full, the trainer's own step (rl/core/train_step.py) on one micro-batch of B x T.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def build(depth: int, scan: bool, b: int, t: int):
   from flax import nnx
 
   from agentfly_jax.models import CausalLM, tiny_config
-  from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.train_step import LossConfig, make_train_step
+  from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+  from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
   cfg = tiny_config("llama", num_hidden_layers=depth, scan_layers=scan, remat="full", **SMOLLM2_WIDTHS)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
   opt = make_optimizer(lr=1e-5)

@@ -197,8 +197,8 @@ class JaxStep:
 
     from agentfly_jax.models import Critic, from_pretrained
     from agentfly_jax.rl.batching import to_microbatches
-    from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-    from agentfly_jax.rl.train_step import LossConfig, make_train_step
+    from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+    from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
     model_overrides, loss_overrides, _, wgrad = parse_variant(variant)
     if wgrad == "autodiff":  # the A/B of layers.dense's written-out backward
       from agentfly_jax.models import layers
@@ -444,7 +444,7 @@ def demo() -> dict:
     tr.weights.load(params)
     trajs = tr.rollout(tr._rows_at(0, c.rollout.rows_per_step), seed=1)
     from agentfly_jax.rl.batching import train_arrays
-    from agentfly_jax.rl.train_state import create_train_state
+    from agentfly_jax.rl.core.train_state import create_train_state
     arrays = train_arrays(trajs, pad_id=tr.tokenizer.pad_token_id)
     batch, _ = tr.update.prepare(params, None, None, tr.update.put_arrays(arrays))
     batch = {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
@@ -452,7 +452,7 @@ def demo() -> dict:
     plain = to_microbatches(batch, np.arange(len(trajs)), size, num)
     packed_rows, _ = pack_batch(batch)
     packed = to_microbatches(packed_rows, np.arange(len(packed_rows["input_ids"])), size, 1)
-    from agentfly_jax.rl.train_step import make_train_step
+    from agentfly_jax.rl.core.train_step import make_train_step
     useful = int(batch["attention_mask"].sum())
     timing = {}
     for label, mb in (("unpacked", plain), ("packed", packed)):

@@ -19,6 +19,7 @@ LAYERS = [
     ["agentfly_jax.data", "agentfly_jax.metrics"],
     ["agentfly_jax.models"],
     ["agentfly_jax.sampling", "agentfly_jax.checkpoint"],   # checkpoint converts layer layouts (models)
+    ["agentfly_jax.rl.core"],  # pure device math (losses, advantages, train step, prepare): no host loop
     ["agentfly_jax.agents"],
     ["agentfly_jax.tasks"],
     ["agentfly_jax.rl"],
@@ -91,6 +92,8 @@ def _layer(module: str) -> str:
   parts = module.split(".")
   if parts[0] == "envservers":
     return "envservers"
+  if parts[:3] == ["agentfly_jax", "rl", "core"]:
+    return "agentfly_jax.rl.core"
   return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
 
 
@@ -157,6 +160,17 @@ def test_envservers_stand_alone():
     for dst, line in {**edges.get(src, {}), **external.get(src, {})}.items():
       if dst.split(".")[0] in ("agentfly_jax", "jax", "jaxlib", "flax", "optax", "orbax"):
         bad.append(f"{mods[src]}:{line}: imports {dst}")
+  assert not bad, "\n".join(bad)
+
+
+def test_rl_core_is_device_math_only():
+  """rl/core holds what runs on the device: it imports no host-loop machinery (event loops,
+  threads, checkpoint IO, progress bars, the env servers)."""
+  mods, edges, external = _graph()
+  host = ("trio", "asyncio", "threading", "concurrent", "orbax", "tqdm", "envservers", "subprocess")
+  bad = [f"{mods[src]}:{line}: imports {dst}" for src in mods if _layer(src) == "agentfly_jax.rl.core"
+         for dst, line in {**edges.get(src, {}), **external.get(src, {})}.items() if dst.split(".")[0] in host]
+  assert [m for m in mods if _layer(m) == "agentfly_jax.rl.core"], "agentfly_jax/rl/core is missing"
   assert not bad, "\n".join(bad)
 
 

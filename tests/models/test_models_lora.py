@@ -106,8 +106,8 @@ def test_gradients_equal_autodiff_of_merged_weights():
 
 
 def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
-  from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.train_step import LossConfig, make_train_step
+  from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+  from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
   m = _model(rank=4)
   graphdef, adapters, rest = nnx.split(m, nnx.LoRAParam, ...)
   base_before = jax.tree.map(np.array, base_params(m))

@@ -192,7 +192,7 @@ def test_checkpoint_of_either_layout_restores_into_the_other(tmp_path, saved_lay
 def test_remat_layers_run_inside_prepare_lax_map(scan):
   """prepare runs the model under lax.map on a model merged outside it: the remat policy must not
   be an nnx transform of those (outer-trace) variables."""
-  from agentfly_jax.rl.prepare import PrepareConfig, make_prepare
+  from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
   cfg = tiny_config("qwen2", vocab_size=64, num_hidden_layers=2, remat="full", scan_layers=scan)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
   ids = jax.random.randint(jax.random.key(0), (4, 8), 0, 64, jnp.int32)

@@ -39,8 +39,8 @@ _PROGRAM = r"""
 import agentfly_jax, jax, jax.numpy as jnp
 from flax import nnx
 from agentfly_jax.models import CausalLM, Critic, tiny_config
-from agentfly_jax.rl.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.train_step import LossConfig, make_train_step
+from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
+from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
 model = CausalLM(tiny_config("qwen2", vocab_size=512, tie_word_embeddings=True), rngs=nnx.Rngs(0))
 g, p, r = nnx.split(model, nnx.Param, ...)
 cg, cp, cr = nnx.split(Critic.from_causal_lm(model), nnx.Param, ...)

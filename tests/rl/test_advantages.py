@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentfly_jax.rl import advantages as A
+from agentfly_jax.rl.core import advantages as A
 
 ATOL = 2e-5
 

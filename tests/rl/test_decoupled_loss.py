@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_losses import random_inputs, ref_ppo_token
 
-from agentfly_jax.rl import losses as L
+from agentfly_jax.rl.core import losses as L
 
 
 @pytest.mark.parametrize("cap", [1.5, 4.0])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentfly_jax.rl import losses as L
+from agentfly_jax.rl.core import losses as L
 
 MODES = L.AGG_MODES
 

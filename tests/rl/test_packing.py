@@ -12,8 +12,8 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, Critic, tiny_config
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.packing import first_fit_decreasing, pack_batch, padding_fraction, unpack
-from agentfly_jax.rl.train_state import create_train_state
-from agentfly_jax.rl.train_step import LossConfig, make_train_step, policy_logprobs
+from agentfly_jax.rl.core.train_state import create_train_state
+from agentfly_jax.rl.core.train_step import LossConfig, make_train_step, policy_logprobs
 
 N, T, V = 9, 24, 64
 

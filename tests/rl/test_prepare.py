@@ -9,9 +9,9 @@ from flax import nnx
 
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.models import CausalLM, Critic, tiny_config
-from agentfly_jax.rl import advantages as adv_lib
+from agentfly_jax.rl.core import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty, pad_rows, train_arrays
-from agentfly_jax.rl.prepare import PrepareConfig, chunked_rows, make_prepare
+from agentfly_jax.rl.core.prepare import PrepareConfig, chunked_rows, make_prepare
 
 V = 64
 CFG = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2,

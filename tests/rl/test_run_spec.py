@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agentfly_jax.rl import advantages, losses
+from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.config import default_config, migrate
 from agentfly_jax.rl.programs import loss_config
 from agentfly_jax.rl.spec import RunSpec, as_spec

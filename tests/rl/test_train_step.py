@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 from agentfly_jax.models import CausalLM, Critic, make_mesh, partition_specs, tiny_config
-from agentfly_jax.rl import losses
+from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.batching import to_microbatches
-from agentfly_jax.rl.train_state import create_train_state
-from agentfly_jax.rl.train_step import (LossConfig, batch_sharding, jit_step, make_sft_step,
+from agentfly_jax.rl.core.train_state import create_train_state
+from agentfly_jax.rl.core.train_step import (LossConfig, batch_sharding, jit_step, make_sft_step,
                                         make_train_step, policy_logprobs, state_shardings)
 
 B, T, V = 8, 24, 64

@@ -21,14 +21,14 @@ from flax import nnx
 
 from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
-from agentfly_jax.rl import advantages as adv_lib
-from agentfly_jax.rl.batching import overlong_penalty
-from agentfly_jax.rl.train_step import critic_values, policy_logprobs_entropy
+from agentfly_jax.rl.core import advantages as adv_lib
+from agentfly_jax.rl.core.shaping import overlong_penalty
+from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entropy
 
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-  estimator: str                    # advantage estimator name (rl/advantages.py)
+  estimator: str                    # advantage estimator name (rl/core/advantages.py)
   chunk: int = 16                   # rows per forward pass
   logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
   logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens (LossConfig.logits_capacity)

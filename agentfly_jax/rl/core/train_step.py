@@ -3,7 +3,7 @@
 One call = one optimizer update on one minibatch. The minibatch arrives split into micro-batches
 (leading axis M); gradients of each micro-batch's *unreduced* loss sum are accumulated with
 `lax.scan` and divided once by the summed denominator, so the update equals the single-batch
-global mean exactly (losses return (loss_sum, denom), see `rl/losses.py`).
+global mean exactly (losses return (loss_sum, denom), see `rl/core/losses.py`).
 
 Batch (all arrays [M, mb, L], *target-aligned*: position t describes the prediction of
 target_ids[t] = token t+1 of the trajectory from input_ids[:t+1]; the shift is done once, by
@@ -29,8 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
-from agentfly_jax.rl import losses
-from agentfly_jax.rl.train_state import TrainState
+from agentfly_jax.rl.core import losses
+from agentfly_jax.rl.core.train_state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)

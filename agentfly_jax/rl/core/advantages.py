@@ -22,7 +22,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from agentfly_jax.rl import _validate as v
+from agentfly_jax.rl.core import _validate as v
 
 Array = jnp.ndarray
 
