@@ -260,7 +260,6 @@ class CausalLM(_Base):
       weight, vocab_major = self.model.embed_tokens.embedding[...], True
     else:
       weight, vocab_major = self.lm_head.kernel[...], self.lm_head.kernel_layout == "out_in"
-    weight = weight.astype(self.config.compute_dtype)
 
     def stats(h, tgt):
       return chunked_logprobs_entropy(h.astype(self.config.compute_dtype), weight, tgt, temperature=temperature,

@@ -58,7 +58,7 @@ def _fwd(h, w, tgt, temperature, chunk, vocab_major, precision):
 
   def body(_, xs):
     hc, tc = xs
-    _, lse, mean_z, lp = _stats(hc, w, tc, temperature, vocab_major, precision)
+    _, lse, mean_z, lp = _stats(hc, w.astype(hc.dtype), tc, temperature, vocab_major, precision)
     return None, (lp, lse - mean_z, lse, mean_z)
 
   _, (lp, ent, lse, mean_z) = jax.lax.scan(body, None, (_chunks(h, chunk), _chunks(tgt, chunk)))
@@ -74,13 +74,14 @@ def _bwd(temperature, chunk, vocab_major, precision, res, cts):
 
   def body(dw, xs):
     hc, tc, lse_c, mz_c, glp_c, gent_c = xs
-    z = _logits(hc, w, vocab_major, precision) / temperature
+    wc = w.astype(hc.dtype)
+    z = _logits(hc, wc, vocab_major, precision) / temperature
     p = jnp.exp(z - lse_c[:, None])
     onehot = jax.nn.one_hot(tc, z.shape[-1], dtype=z.dtype)
     # d lp / dz = onehot - p;  d entropy / dz = -p (z - E_p[z])
     dz = glp_c[:, None] * (onehot - p) - gent_c[:, None] * jnp.where(p > 0, p * (z - mz_c[:, None]), 0.0)
     dlogits = (dz / temperature).astype(hc.dtype)
-    dh = jax.lax.dot_general(dlogits, w, (((1,), (0 if vocab_major else 1,)), ((), ())), precision=precision,
+    dh = jax.lax.dot_general(dlogits, wc, (((1,), (0 if vocab_major else 1,)), ((), ())), precision=precision,
                              preferred_element_type=jnp.float32)
     if vocab_major:  # dW [V, D] = dlogits^T h
       dw_c = jax.lax.dot_general(dlogits, hc, (((0,), (0,)), ((), ())), precision=precision,
@@ -106,7 +107,8 @@ def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.
   Args:
     hidden: float[..., D] final hidden states (compute dtype).
     weight: the output projection, [V, D] when `vocab_major` (a tied embedding) else [D, V]
-      (an untied lm_head kernel).
+      (an untied lm_head kernel), in its param dtype (cast to hidden's dtype per chunk; its
+      gradient comes back in its own dtype, summed in float32).
     targets: int[...] token ids in [0, V), the same leading shape as `hidden`.
     temperature: Python float > 0; chunk: tokens per scan step (static).
     precision: jax.lax.Precision of the matmuls.
@@ -124,7 +126,9 @@ def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.
   h = hidden.reshape(-1, hidden.shape[-1])
   tgt = targets.reshape(-1).astype(jnp.int32)
   chunk = min(chunk, max(1, h.shape[0]))
-  lp, ent = _flat_logprobs_entropy(h, weight.astype(h.dtype), tgt, float(temperature), int(chunk),
+  # the weight goes in its own dtype, cast to the compute dtype chunk by chunk: its gradient is
+  # summed over the chunks and returned in float32 (a cast before would round dW to bfloat16)
+  lp, ent = _flat_logprobs_entropy(h, weight, tgt, float(temperature), int(chunk),
                                    bool(vocab_major), precision)
   return lp.reshape(lead), ent.reshape(lead)
 

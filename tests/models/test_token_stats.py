@@ -111,3 +111,28 @@ def test_capacity_fractions_name_a_bad_value():
   assert capacity_fractions(0.5) == (0.5,)
   with pytest.raises(ValueError, match="1.5"):
     capacity_fractions((0.5, 1.5))
+
+
+def test_float32_weight_under_bfloat16_hidden_gets_a_float32_gradient():
+  """A float32 weight goes in as it is (cast to bfloat16 chunk by chunk inside): the log-probs and
+  dW (summed over chunks in float32, returned in float32) match a float64 reference."""
+  rng = np.random.default_rng(11)
+  n, d, v = 40, 16, 97
+  hidden = jnp.asarray(rng.normal(size=(n, d)), jnp.bfloat16)
+  weight = jnp.asarray(rng.normal(size=(d, v)) * 0.3, jnp.float32)
+  targets = jnp.asarray(rng.integers(0, v, size=(n,)), jnp.int32)
+  g_lp = jnp.asarray(rng.normal(size=(n,)), jnp.float32)
+
+  def loss(w):
+    lp, _ = chunked_logprobs_entropy(hidden, w, targets, chunk=16, vocab_major=False)
+    return jnp.sum(lp * g_lp)
+
+  dw = jax.grad(loss)(weight)
+  assert dw.dtype == jnp.float32
+  h64 = np.asarray(hidden, np.float64)
+  z = h64 @ np.asarray(weight.astype(jnp.bfloat16), np.float64)
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  dz = np.asarray(g_lp, np.float64)[:, None] * (np.eye(v)[np.asarray(targets)] - p)
+  want = h64.T @ dz
+  assert np.linalg.norm(np.asarray(dw, np.float64) - want) / np.linalg.norm(want) < 1e-2
