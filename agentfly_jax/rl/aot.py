@@ -286,8 +286,8 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     shape = memory_plan.ModelShape(num_params=num_params, num_layers=cfg.num_hidden_layers,
                                    hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
                                    num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                   vocab_size=cfg.vocab_size)
-    sizes = memory_plan.RunSizes(micro_batch=micro_rows, seq_len=seq_len, logits_chunk=c.train.logits_chunk,
+                                   vocab_size=cfg.vocab_size, layer_params=layer_params)
+    sizes = memory_plan.RunSizes(scan_layers=cfg.scan_layers, micro_batch=micro_rows, seq_len=seq_len, logits_chunk=c.train.logits_chunk,
                                  attention_chunk=cfg.attention_chunk, remat=cfg.remat not in (False, "none", ""),
                                  compute_dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                  reference_copy=False, critic=algo["critic"])

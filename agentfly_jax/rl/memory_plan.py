@@ -46,6 +46,7 @@ class ModelShape:
   num_kv_heads: int
   head_dim: int
   vocab_size: int
+  layer_params: int = 0  # params of one decoder layer (0: num_params / num_layers); scanned layers need it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ class RunSizes:
   vllm_dtype: str = "bfloat16"
   max_num_seqs: int = 64
   max_model_len: int = 2048
+  scan_layers: bool = False  # per-layer compute-dtype casts inside the layer loop (models/causal_lm.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,12 +249,22 @@ def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, mi
   """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the state (params, grads, Adam,
   reference, critic) split over every chip, activations and logits over fsdp (the micro-batch's
   rows are split over it), with `micro_batches` > 1 the gradient accumulator beside each
-  micro-batch's gradients (rl/core/train_step.py `accumulate_gradients`: one more params-sized buffer,
-  and the critic's), and 'total' = their sum x JAX_HEADROOM (experiments/aot_compile.py sets it
+  micro-batch's gradients (rl/core/train_step.py `accumulate_gradients`: two more params-sized
+  buffers, and the critic's, as XLA measured), and 'total' = their sum x JAX_HEADROOM
+  (experiments/aot_compile.py sets it
   beside XLA's per-chip numbers)."""
   chips = fsdp * tp
   parts = {k: v / (chips if k in _STATE_PARTS else fsdp) for k, v in jax_memory_parts(m, r).items()}
+  if r.scan_layers and "compute copy" in parts:
+    # scanned layers cast each layer's weights inside the loop: a chip holds the gathered
+    # compute-dtype weights of the layer it runs and of the next (prefetched), not a cast of all
+    # of them; the embedding / output projection casts stay split over the chips
+    layer = m.layer_params or m.num_params // m.num_layers
+    cb = _bytes(r.compute_dtype)
+    parts["compute copy"] = 2 * layer * cb + (m.num_params - m.num_layers * layer) * cb / chips
   if micro_batches > 1:
-    parts["grad accumulator"] = m.num_params * _bytes(r.param_dtype) * (2 if r.critic else 1) / chips
+    # the running sum beside each micro-batch's gradients, and the summed gradients divided by
+    # the token count (XLA keeps both: Qwen2.5-7B on v5p:2x2x2 8x8x2048 vs 1x8x2048, aot_tpu.md)
+    parts["grad accumulator"] = 2 * m.num_params * _bytes(r.param_dtype) * (2 if r.critic else 1) / chips
   parts["total"] = sum(parts.values()) * JAX_HEADROOM
   return {k: int(v) for k, v in parts.items()}

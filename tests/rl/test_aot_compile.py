@@ -2,6 +2,7 @@
 libtpu compiles, nothing runs); bad input stops before compiling with a message naming it."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -141,5 +142,11 @@ def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp(
   parts = [v for k, v in chip.items() if k != "total"]
   assert abs(chip["total"] - sum(parts) * mp.JAX_HEADROOM) <= len(parts) * 2
   accumulating = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2, micro_batches=8)
-  assert accumulating["grad accumulator"] == int(2 * 7_615_616_512 * 4 / 8)  # policy + critic grads, f32
+  assert accumulating["grad accumulator"] == int(2 * 2 * 7_615_616_512 * 4 / 8)  # (sum + scaled) x (policy + critic)
   assert "grad accumulator" not in chip
+  # scanned layers: the compute-dtype copy is two gathered layers + the split embedding casts, not all
+  layer = 233_057_792
+  scanned = mp.per_chip_jax_parts(dataclasses.replace(shape, layer_params=layer),
+                                  dataclasses.replace(sizes, scan_layers=True), fsdp=4, tp=2)
+  assert chip["compute copy"] == int(7_615_616_512 * 2 / 8)
+  assert scanned["compute copy"] == int(2 * layer * 2 + (7_615_616_512 - 28 * layer) * 2 / 8)
