@@ -147,10 +147,52 @@ def abstract_model(cls, cfg, mesh, rules):
 
 
 # ---------------------------------------------------------------- compile + measure
+_XLA_OOM = re.compile(r"memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
+                      r"\(([\d.]+)([KMGT])\)")
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes one device holds of the abstract arrays in `tree` (ShapeDtypeStructs with shardings)."""
+  import jax
+  import numpy as np
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = getattr(leaf, "shape", None)
+    if shape is None or not hasattr(leaf, "dtype"):
+      continue
+    sharding = getattr(leaf, "sharding", None)
+    local = sharding.shard_shape(tuple(shape)) if sharding is not None else tuple(shape)
+    total += int(np.prod(local, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def oom_row(name: str, message: str, argument_bytes: int, seconds: float) -> dict | None:
+  """The row of a program XLA refused to compile for lack of HBM ("memory required for HLO
+  temporaries (19.03G) exceeds available HBM (15.75G)"): its temporaries as XLA counted them +
+  the arguments, not fitting; None when `message` is another error."""
+  m = _XLA_OOM.search(message)
+  if m is None:
+    return None
+  unit = {"K": 1024, "M": 1024 ** 2, "G": GIB, "T": 1024 * GIB}
+  temps = int(float(m.group(1)) * unit[m.group(2)])
+  row = {"program": name, "compile_s": round(seconds, 2), "argument_bytes": int(argument_bytes), "output_bytes": 0,
+         "alias_bytes": 0, "temp_bytes": temps, "flops": None, "xla_refused": True,
+         "peak_bytes": int(argument_bytes) + temps}
+  print(f"  {name}: XLA refused to compile: temporaries {temps / GIB:.2f} GiB + arguments "
+        f"{argument_bytes / GIB:.2f} GiB a chip > {m.group(3)}{m.group(4)} of HBM", flush=True)
+  return row
+
+
 def compile_program(name: str, jitted, *args, **kwargs) -> dict:
   t0 = time.perf_counter()
   lowered = jitted.lower(*args, **kwargs)
-  compiled = lowered.compile()
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 -- XLA's own out-of-memory is a result (does not fit), others raise
+    row = oom_row(name, str(e), per_device_bytes(args), time.perf_counter() - t0)
+    if row is None:
+      raise
+    return row
   seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -326,7 +368,7 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
 
   for row in rows:
     row["hbm_bytes"] = int(hbm)
-    row["fits"] = row["peak_bytes"] <= hbm
+    row["fits"] = row["peak_bytes"] <= hbm and not row.get("xla_refused")
   return {"topology": topology, "chips": chips, "hbm_gib": hbm / GIB, "model": cfg.model_type,
           "num_params": num_params, "num_hidden_layers": cfg.num_hidden_layers, "scan_layers": cfg.scan_layers,
           "remat": str(cfg.remat), "dtype": cfg.dtype, "param_dtype": cfg.param_dtype,

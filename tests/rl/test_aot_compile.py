@@ -150,3 +150,22 @@ def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp(
                                   dataclasses.replace(sizes, scan_layers=True), fsdp=4, tp=2)
   assert chip["compute copy"] == int(7_615_616_512 * 2 / 8)
   assert scanned["compute copy"] == int(2 * layer * 2 + (7_615_616_512 - 28 * layer) * 2 / 8)
+
+
+def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
+  """XLA itself refuses a program whose temporaries exceed the chip's HBM (Qwen2.5-7B on v5e:2x4):
+  aot_compile reports it as a row that does not fit (then exits 2 naming it), not a traceback."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from agentfly_jax.rl import aot
+  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+         "(19.03G) exceeds available HBM (15.75G).")
+  row = aot.oom_row("train_step", msg, argument_bytes=3 * aot.GIB, seconds=1.5)
+  assert row["xla_refused"] and row["temp_bytes"] == int(19.03 * aot.GIB)
+  assert row["peak_bytes"] == 3 * aot.GIB + int(19.03 * aot.GIB) and row["flops"] is None
+  assert aot.oom_row("train_step", "INVALID_ARGUMENT: something else", 0, 0.0) is None
+  mesh = jax.sharding.Mesh(jax.devices()[:1], ("fsdp",))
+  args = ({"w": jax.ShapeDtypeStruct((8, 6), jnp.float32, sharding=NamedSharding(mesh, P("fsdp")))},
+          jax.ShapeDtypeStruct((5,), jnp.bfloat16), 3)
+  assert aot.per_device_bytes(args) == 8 * 6 * 4 + 5 * 2
