@@ -20,7 +20,8 @@ import re
 
 import numpy as np
 
-from agentfly_jax.tasks.webshop import (ENV, REWARD, SYSTEM_PROMPT, catalog, expert_policy,  # noqa: F401
+from agentfly_jax.rewards import reward
+from agentfly_jax.tasks.webshop import (ENV, SYSTEM_PROMPT, catalog, expert_policy,  # noqa: F401
                                         make_eval_rows, make_rows, tokenizer_corpus)
 from agentfly_jax.tasks.worlds import tool_call_text
 from agentfly_jax.tools import tool
@@ -56,7 +57,16 @@ async def shop(action: str, env) -> str:
   return brief_page((await env.step(action)).observation)
 
 
+@reward(name="webshop_purchase", env=ENV)
+async def purchase_reward(env) -> dict:
+  """WebShop's reward of what the chain bought (0 if nothing), its parts, and `success`: 1.0 when
+  the purchase matched everything (reward 1.0; the run's `eval/reward_metric/success`)."""
+  parts = await env.compute_reward("purchase")
+  return {**parts, "success": float(parts["reward"] >= 1.0 - 1e-9)}
+
+
 TOOLS = (shop,)
+REWARD = purchase_reward
 _INSTRUCTION = re.compile(r"i need an? (?P<type>.+?)(?: that is (?P<attributes>.+?))?(?:, with (?P<options>.+?))?"
                           r", and price lower than [\d.]+ dollars")
 _OPTION = re.compile(r"(?:^|(?<= and ))([a-z0-9 ]+): (.+?)(?= and [a-z0-9 ]+: |$)")

@@ -131,6 +131,7 @@ def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
   got = [t.reward for t in trajs]
   np.testing.assert_allclose(got, expected, atol=1e-6)
   successes = sum(g >= 1.0 - 1e-9 for g in got)
+  assert [t.reward_metrics["success"] for t in trajs] == [float(g >= 1.0 - 1e-9) for g in expected]
   if pick_options:
     assert 1 <= successes < len(rows)
   else:
