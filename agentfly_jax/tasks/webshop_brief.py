@@ -115,6 +115,12 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
 
 
 def make_agent(tokenizer):
+  """A PromptedToolCallAgent whose first user message is the instruction + the brief search page."""
   from agentfly_jax.agents.prompted import PromptedToolCallAgent
-  return PromptedToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
-                               tool_format=TOOL_FORMAT, task_env=ENV)
+
+  class BriefShopAgent(PromptedToolCallAgent):
+    def initial_messages(self, row, tools, first_observation=None):
+      return super().initial_messages(row, tools, first_observation and brief_page(first_observation))
+
+  return BriefShopAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
+                        tool_format=TOOL_FORMAT, task_env=ENV)

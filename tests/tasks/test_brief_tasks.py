@@ -138,4 +138,5 @@ def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
     assert successes == 0
   for t in trajs:
     assert t.finish_reason == "no_tool_call" and t.prediction.strip() == "Done."
+    assert tok.decode(list(t.token_ids)).count(t.row["question"]) == 1   # the first page's copy dropped
     assert "Invalid action" not in tok.decode(list(t.token_ids))
