@@ -140,3 +140,22 @@ def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
     assert t.finish_reason == "no_tool_call" and t.prediction.strip() == "Done."
     assert tok.decode(list(t.token_ids)).count(t.row["question"]) == 1   # the first page's copy dropped
     assert "Invalid action" not in tok.decode(list(t.token_ids))
+
+
+@pytest.mark.parametrize("name, task, tools", [
+    ("smollm2_multihop_sft_grpo", multihop_qa_brief, ["retrieve", "answer"]),
+    ("smollm2_webshop_sft_grpo", webshop_brief, ["shop"])])
+def test_learning_run_configs_are_valid_and_name_their_task(name, task, tools):
+  import importlib.util
+  import os
+
+  from agentfly_jax.rl.config import validate_config
+  from train_cli import ROOT
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  validate_config(config)
+  assert get_task(config.task) is task and [t.name for t in task.TOOLS] == tools
+  assert config.sft.steps > 0 and 0 < config.sft.tool_use_prob < 1 and config.model.lora.rank > 0
+  assert config.eval.num_rows == 24 and config.model.pretrained
