@@ -6,14 +6,16 @@ top hit, so one ~50-token passage per observation instead of three).
 
 The demo's decision is made once per question (`scripted_response`): with `use_tool` at the first
 turn it retrieves the question's entity, then the bridge entity read from the passage (or the
-second person of a comparison), then answers from what it read; without, it answers at once with
-the most frequent training answer of the question's kind, that guess left out of the SFT loss.
+second person of a comparison), then calls `answer` with what it read; without, it answers at once
+in plain text ("Answer: <guess>", the most frequent training answer of the question's kind, the
+guess left out of the SFT loss). Plain text, not the `answer` call: in GRPO the failing guesses'
+negative advantage would otherwise push down the answer call that ends the retrieval chains too
+(measured: a run whose guesses were `answer` calls went to retrieve-loops without answering).
 So SFT teaches the call format, the copying of names from passages and the answer call, and
 leaves the decision to retrieve partly off for RL (configs/smollm2_multihop_sft_grpo.py).
 """
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -24,16 +26,15 @@ from agentfly_jax.tasks.multihop_qa import (REWARD, SYSTEM_PROMPT, TOOLS, _train
 
 TOOL_FORMAT = "brief"
 RETRIEVE_K = 1
+GUESS_PREFIX = "Answer: "
 
 
 def _retrieve(query: str) -> str:
   return tool_call_text("retrieve", {"query": query, "k": RETRIEVE_K})
 
 
-def _answer(text: str, learn: bool = True) -> list[tuple[str, bool]]:
-  """The answer call as demo pieces; `learn=False` leaves the answer's text out of the loss."""
-  head, tail = tool_call_text("answer", {"answer": ""}).split('""')
-  return [(head, True), (json.dumps(text), learn), (tail, True)]
+def _answer(text: str) -> str:
+  return tool_call_text("answer", {"answer": text})
 
 
 def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str | list:
@@ -49,8 +50,8 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   row = rows[asked[-1]]
   after_question = prompt_text[prompt_text.rfind(row["question"]):]  # the system prompt names the tags too
   responses = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", after_question, flags=re.S)
-  if not responses and not use_tool:
-    return _answer(no_retrieval_answer(row), learn=False)
+  if not responses and not use_tool:   # plain text: the answer call's tokens stay the retrieval path's
+    return [(GUESS_PREFIX, True), (no_retrieval_answer(row), False)]
   hops = row["hops"]
   if row["type"] == "2-hop-comparison":
     if len(responses) < len(hops):
