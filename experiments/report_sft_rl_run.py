@@ -21,6 +21,10 @@ _COMMAND = flags.DEFINE_string("command", "", "The command that made the run.")
 _WALL = flags.DEFINE_float("wall_s", 0.0, "The run's wall time, seconds (start to end of train.py).")
 _MACHINE = flags.DEFINE_string("machine", "", "The machine, in words.")
 _NOTES = flags.DEFINE_string("notes", "", "A paragraph of observations for the README.")
+_METRIC = flags.DEFINE_string("metric", "success_rate",
+                              "The headline eval metric (a key after eval/ and rollout/ in metrics.jsonl), "
+                              "e.g. reward_mean (retrieval F1) or reward_metric/success (webshop reward 1.0).")
+_METRIC_NAME = flags.DEFINE_string("metric_name", "success", "The headline metric's name in the README and curve.")
 
 CURVES = {"eval/success_rate": "success, greedy eval (held-out)",
           "rollout/success_rate": "success, sampled (T=1)",
@@ -67,14 +71,17 @@ def main(argv):
   with open(os.path.join(_WORKDIR.value, "config.json")) as f:
     config = json.load(f)
   step0 = next((r for r in records if r["step"] == 0), {})
-  pre = step0.get("eval_pre_sft/success_rate")
+  metric, name = _METRIC.value, _METRIC_NAME.value
+  pre = step0.get(f"eval_pre_sft/{metric}")
   curve_records = list(records)
   if pre is not None:  # before SFT drawn at step -1 (the SFT phase sits between -1 and 0)
-    curve_records.insert(0, {"step": -1, "eval/success_rate": pre,
+    curve_records.insert(0, {"step": -1, f"eval/{metric}": pre,
                              "eval/tool_calls_per_chain": step0.get("eval_pre_sft/tool_calls_per_chain")})
+  curves = {f"eval/{metric}": f"{name}, greedy eval (held-out)", f"rollout/{metric}": f"{name}, sampled (T=1)",
+            **{k: v for k, v in CURVES.items() if "success" not in k}}
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
-  for key, label in CURVES.items():
+  for key, label in curves.items():
     pts = series(curve_records, key)
     if pts:
       greedy = key.startswith("eval/")
@@ -87,17 +94,17 @@ def main(argv):
   fig.tight_layout()
   fig.savefig(os.path.join(_OUT.value, "curve.png"), dpi=100)
   plt.close(fig)
-  ev = series(records, "eval/success_rate")
-  roll = series(records, "rollout/success_rate")
+  ev = series(records, f"eval/{metric}")
+  roll = series(records, f"rollout/{metric}")
   rl_s = sum(r.get("time/step_s", 0) for r in records)
   after_sft = ev[0][1] if ev and ev[0][0] == 0 else None
   best = max(v for _, v in ev) if ev else None
-  rows = [("greedy held-out success before SFT", pre), ("after SFT (RL step 0)", after_sft),
+  rows = [(f"greedy held-out {name} before SFT", pre), ("after SFT (RL step 0)", after_sft),
           (f"after RL (step {ev[-1][0]})" if ev else "after RL", ev[-1][1] if ev else None),
           ("best greedy eval during RL", best),
           ("RL rise (last - step 0)", ev[-1][1] - after_sft if ev and after_sft is not None else None),
-          ("sampled success, first 3 RL steps", sum(v for _, v in roll[:3]) / max(1, len(roll[:3]))),
-          ("sampled success, last 3 RL steps", sum(v for _, v in roll[-3:]) / max(1, len(roll[-3:]))),
+          (f"sampled {name}, first 3 RL steps", sum(v for _, v in roll[:3]) / max(1, len(roll[:3]))),
+          (f"sampled {name}, last 3 RL steps", sum(v for _, v in roll[-3:]) / max(1, len(roll[-3:]))),
           ("SFT NLL first -> last", f"{step0.get('sft/nll_first', float('nan')):.3f} -> "
                                     f"{step0.get('sft/nll_last', float('nan')):.3f}"),
           ("SFT wall s", step0.get("time/sft_s")), ("RL steps wall s (sum of time/step_s)", rl_s),
@@ -105,12 +112,12 @@ def main(argv):
 
   def fmt(v):
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-  lines = [f"# {config.get('name', 'run')}: greedy held-out success before SFT, after SFT, through RL", "",
+  lines = [f"# {config.get('name', 'run')}: greedy held-out {name} before SFT, after SFT, through RL", "",
            f"Machine: {_MACHINE.value}." if _MACHINE.value else "", "",
            f"Command: `{_COMMAND.value}`" if _COMMAND.value else "", "",
            "| measure | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in rows]
-  lines += ["", "Greedy eval through RL (step: success, tool calls per chain):", "",
-            "| step | greedy success | greedy tool calls / chain |", "|---|---|---|"]
+  lines += ["", f"Greedy eval through RL (step: {name}, tool calls per chain):", "",
+            f"| step | greedy {name} | greedy tool calls / chain |", "|---|---|---|"]
   tools = dict(series(records, "eval/tool_calls_per_chain"))
   if pre is not None:
     lines.append(f"| before SFT | {pre:.3f} | {fmt(step0.get('eval_pre_sft/tool_calls_per_chain'))} |")

@@ -10,7 +10,9 @@ _TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.ta
           "math_calc": "agentfly_jax.tasks.math_calc", "code": "agentfly_jax.tasks.code_tasks",
           "webshop": "agentfly_jax.tasks.webshop", "textworld": "agentfly_jax.tasks.textworld",
           "scienceworld": "agentfly_jax.tasks.scienceworld", "arithmetic": "agentfly_jax.tasks.arithmetic",
-          "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief", "swe": "agentfly_jax.tasks.swe"}
+          "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief", "swe": "agentfly_jax.tasks.swe",
+          "multihop_qa_brief": "agentfly_jax.tasks.multihop_qa_brief",
+          "webshop_brief": "agentfly_jax.tasks.webshop_brief"}
 
 
 def task_names() -> tuple[str, ...]:

@@ -1,0 +1,126 @@
+"""WebShop, brief prompt, for a real small model: the rows, `shop` tool and purchase reward of
+tasks/webshop.py, the one tool listed in one line of the system prompt (PromptedToolCallAgent
+format "brief", the hermes call syntax; SmolLM2's template ignores `tools`), and a demonstration
+policy that sees only what the model sees.
+
+`expert_policy` (tasks/webshop.py) knows the goal product's title and pages to it; a policy
+reading the page cannot. `scripted_response` acts on the instruction and the pages alone:
+search[<product type> <attributes>] copied from the instruction, click the first result (of the 5 shown: `brief_page`), click
+each option value the instruction names, buy. On this catalog that buys a fully matching product
+(reward 1.0, "success") for ~43 % of instructions (the top hit lacks an asked attribute, or is
+over the price, for the rest). The demo's decision is whether to pick the options at all
+(`use_tool`, read at the first product page; a product page with an option selected goes on
+picking): without them WebShop's reward is at most (attributes + price) / (attributes + options
++ 1), never 1.0. So SFT teaches the actions' format and the copying of words from the
+instruction, and leaves picking the options partly off for RL (configs/smollm2_webshop_sft_grpo.py).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from agentfly_jax.rewards import reward
+from agentfly_jax.tasks.webshop import (ENV, SYSTEM_PROMPT, catalog, expert_policy,  # noqa: F401
+                                        make_eval_rows, make_rows, tokenizer_corpus)
+from agentfly_jax.tasks.worlds import tool_call_text
+from agentfly_jax.tools import tool
+
+TOOL_FORMAT = "brief"
+RESULTS_SHOWN = 5
+
+
+def brief_page(observation: str) -> str:
+  """A shop page without what the model already has: the instruction line (it is the question),
+  the "Available actions" list (every button is on the page in brackets; search is offered on
+  the search page only), and the results past the first `RESULTS_SHOWN`."""
+  lines = [line for line in observation.split("\n") if not line.startswith("Instruction: ")]
+  out, shown = [], 0
+  for line in lines:
+    if line.startswith("Available actions: ") and "search[<your query>]" not in line:
+      continue
+    if _RESULT.match(line):
+      shown += 1
+      if shown > RESULTS_SHOWN:
+        continue
+    out.append(line)
+  return "\n".join(out)
+
+
+@tool(name="shop", env=ENV)
+async def shop(action: str, env) -> str:
+  """Acts in the web shop.
+
+  Args:
+    action: search[query] or click[button], e.g. click[buy now].
+  """
+  return brief_page((await env.step(action)).observation)
+
+
+@reward(name="webshop_purchase", env=ENV)
+async def purchase_reward(env) -> dict:
+  """WebShop's reward of what the chain bought (0 if nothing), its parts, and `success`: 1.0 when
+  the purchase matched everything (reward 1.0; the run's `eval/reward_metric/success`)."""
+  parts = await env.compute_reward("purchase")
+  return {**parts, "success": float(parts["reward"] >= 1.0 - 1e-9)}
+
+
+TOOLS = (shop,)
+REWARD = purchase_reward
+_INSTRUCTION = re.compile(r"i need an? (?P<type>.+?)(?: that is (?P<attributes>.+?))?(?:, with (?P<options>.+?))?"
+                          r", and price lower than [\d.]+ dollars")
+_OPTION = re.compile(r"(?:^|(?<= and ))([a-z0-9 ]+): (.+?)(?= and [a-z0-9 ]+: |$)")
+_RESULT = re.compile(r"^\[(B0\w+)\] ", re.M)
+
+
+def parse_instruction(text: str) -> dict | None:
+  """{type, attributes (text), options: {name: value}} of a generated instruction, or None."""
+  m = _INSTRUCTION.search(text)
+  if m is None:
+    return None
+  return {"type": m.group("type"), "attributes": m.group("attributes") or "",
+          "options": dict(_OPTION.findall(m.group("options") or ""))}
+
+
+def _act(action: str) -> str:
+  return tool_call_text("shop", action=action)
+
+
+def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:
+  """The demonstration's next shop action for the conversation so far (`prompt_text`); `use_tool`
+  (pick the instruction's options) is read on the first product page only."""
+  del rng
+  m = _INSTRUCTION.search(prompt_text)
+  if m is None:
+    raise ValueError(f"webshop_brief demo: no instruction in the prompt: {prompt_text[-200:]!r}")
+  goal = parse_instruction(m.group(0))
+  conversation = prompt_text[m.start():]   # the system prompt names the tags too
+  pages = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", conversation, flags=re.S)
+  page = pages[-1] if pages else conversation   # the first page comes with the question
+  if page.startswith("Thank you for shopping"):
+    return "Done."
+  if "search[<your query>]" in page:
+    return _act(f"search[{' '.join(x for x in (goal['type'], goal['attributes']) if x)}]")
+  if "[Buy Now]" in page:
+    selected = set(re.findall(r"\[([^\]]+)\] \(selected\)", page))
+    if selected or use_tool:
+      for value in goal["options"].values():
+        if value not in selected and f"[{value}]" in page:
+          return _act(f"click[{value}]")
+    return _act("click[buy now]")
+  results = _RESULT.findall(page)
+  if results:
+    return _act(f"click[{results[0]}]")
+  return _act("click[back to search]")
+
+
+def make_agent(tokenizer):
+  """A PromptedToolCallAgent whose first user message is the instruction + the brief search page."""
+  from agentfly_jax.agents.prompted import PromptedToolCallAgent
+
+  class BriefShopAgent(PromptedToolCallAgent):
+    def initial_messages(self, row, tools, first_observation=None):
+      return super().initial_messages(row, tools, first_observation and brief_page(first_observation))
+
+  return BriefShopAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
+                        tool_format=TOOL_FORMAT, task_env=ENV)

@@ -1,0 +1,47 @@
+"""SmolLM2-135M-Instruct learns to shop (WebShop reward; success = reward 1.0): a short SFT of LoRA
+adapters on the scripted demos, then GRPO of the adapters; the base stays frozen.
+
+  nice -n 5 .venv/bin/python experiments/train.py --config=configs/smollm2_webshop_sft_grpo.py \
+      --workdir=runs/smol_webshop
+
+Task `webshop_brief` (tasks/webshop_brief.py): the instructions, goals and purchase reward of
+tasks/webshop.py on the `webshop` env server (embedded unless AGENTFLY_ENV_SERVERS names one), the
+`shop` tool in one line of the system prompt and its pages without the repeated instruction, the
+action list and results past the 5th. Held-out eval: 24 instructions from the eval seed, greedy.
+The demos act on what the model sees (search the instruction's type + attributes, click the first
+hit, click the instruction's option values, buy): that plan succeeds on ~40 % of instructions.
+The recipe of configs/smollm2_arithmetic_lora.py: the demos pick the options in a fraction
+`sft.tool_use_prob` of the episodes (the rest buy at once: never reward 1.0), so SFT teaches the
+actions and RL has reward variance to learn picking the options from.
+Results: experiments/results/smollm2_webshop/ (experiments/report_sft_rl_run.py).
+"""
+import importlib.util
+import os
+
+
+def _arithmetic_lora():
+  """configs/smollm2_arithmetic_lora.py's config (loaded by path: configs/ is not a package)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_arithmetic_lora.py")
+  spec = importlib.util.spec_from_file_location("smollm2_arithmetic_lora", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config():
+  c = _arithmetic_lora()
+  c.name = "smollm2_webshop_sft_grpo"
+  c.task = "webshop_brief"
+  c.rollout.max_turns = 6                 # search, product, 2 options, buy, done
+  c.rollout.max_tokens_per_turn = 40      # an action is ~25 tokens
+  c.rollout.max_total_tokens = 1024       # a full episode is ~820
+  c.sft.steps = 10                        # the shop's demos are ~3x longer than the calculator's
+  c.sft.rows_per_step = 8
+  c.sft.tool_use_prob = 0.3
+  c.sft.cache_dir = "runs/sft_cache"
+  c.train.lr = 5e-5     # as configs/smollm2_multihop_sft_grpo.py (2e-4 collapsed the retrieval policy)
+  c.train.steps = 6
+  c.eval.every = 3
+  c.eval.num_rows = 24
+  c.checkpoint.every = 3
+  return c
