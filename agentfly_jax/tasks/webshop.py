@@ -15,11 +15,11 @@ import numpy as np
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
-from envservers.envs.webshop import expert_actions, random_action
-from envservers.envs.webshop_catalog import generate_catalog, make_goals
+from envservers.envs.webshop_catalog import DEFAULT_CATALOG_SEED, DEFAULT_NUM_PRODUCTS, generate_catalog, make_goals
+from envservers.envs.webshop_policies import expert_actions, random_action
 
 ENV = "webshop"
-NUM_PRODUCTS, CATALOG_SEED = 1000, 0   # the env's defaults (rows must come from its catalog)
+NUM_PRODUCTS, CATALOG_SEED = DEFAULT_NUM_PRODUCTS, DEFAULT_CATALOG_SEED  # the env's (rows come from its catalog)
 SYSTEM_PROMPT = ("You shop on a web store. Act with the shop tool: search[query] on the search "
                  "page, click[button] on the others. Buy the product the instruction describes.")
 

@@ -24,7 +24,9 @@ import numpy as np
 
 from envservers.env import ServerEnv, StepOutcome, env_reward
 from envservers.envs.retrieval import import_bm25s  # bm25s without its JAX back-end
-from envservers.envs.webshop_catalog import generate_catalog, load_webshop_products
+from envservers.envs.webshop_catalog import (DEFAULT_CATALOG_SEED, DEFAULT_NUM_PRODUCTS, generate_catalog,
+                                             load_webshop_products)
+from envservers.envs.webshop_policies import expert_actions, random_action  # noqa: F401 (their home moved)
 from envservers.registry import register_env
 
 RESULTS_PER_PAGE = 10
@@ -108,7 +110,7 @@ class WebShopEnv(ServerEnv):
   name = "webshop"
   call_timeout_s = 30.0
 
-  def __init__(self, num_products: int = 1000, catalog_seed: int = 0, items_path: str = "",
+  def __init__(self, num_products: int = DEFAULT_NUM_PRODUCTS, catalog_seed: int = DEFAULT_CATALOG_SEED, items_path: str = "",
                attributes_path: str = "", max_steps: int = 50):
     if not isinstance(num_products, int) or num_products < 1:
       raise ValueError(f"webshop option 'num_products' must be a positive int, got {num_products!r}")
@@ -286,36 +288,3 @@ class WebShopEnv(ServerEnv):
               "r_price": 0.0}
     return {"reward": self.outcome["reward"], "bought": 1.0,
             **{k: self.outcome[k] for k in ("r_type", "r_att", "r_option", "r_price")}}
-
-
-def expert_actions(observation: str, goal: dict) -> str:
-  """The goal path's next action given the current observation: search the goal's title, page
-  to the goal product, pick the goal options, buy."""
-  actions = re.search(r"Available actions: (.*)$", observation)
-  available = [a.strip() for a in actions.group(1).split(", ")] if actions else []
-  if "search[<your query>]" in available:
-    return f"search[{goal['name']}]"
-  asin = goal["asin"].lower()
-  if f"click[{asin}]" in available:
-    return f"click[{asin}]"
-  if "click[buy now]" in available:
-    selected = set(re.findall(r"\[([^\]]+)\] \(selected\)", observation))
-    for value in goal["goal_options"].values():
-      if value not in selected:
-        return f"click[{value}]"
-    return "click[buy now]"
-  if "click[next >]" in available:
-    return "click[next >]"
-  return "click[back to search]"
-
-
-def random_action(observation: str, rng: np.random.Generator, queries: list[str]) -> str:
-  """A uniformly random valid action (searches draw a query from `queries`)."""
-  actions = re.search(r"Available actions: (.*)$", observation)
-  available = [a.strip() for a in actions.group(1).split(", ")] if actions else []
-  if not available:
-    return "click[buy now]"
-  action = available[int(rng.integers(len(available)))]
-  if action == "search[<your query>]":
-    return f"search[{queries[int(rng.integers(len(queries)))]}]"
-  return action

@@ -137,7 +137,11 @@ def _product_types() -> list[tuple[str, str, str, tuple]]:
           for sub, types in subs.items() for ptype, spec in types.items()]
 
 
-def generate_catalog(num_products: int = 1000, seed: int = 0) -> list[dict]:
+DEFAULT_NUM_PRODUCTS = 1000  # the env server's and the trainer-side task's catalog, one home
+DEFAULT_CATALOG_SEED = 0
+
+
+def generate_catalog(num_products: int = DEFAULT_NUM_PRODUCTS, seed: int = DEFAULT_CATALOG_SEED) -> list[dict]:
   """`num_products` products (seeded: the same arguments give the same catalog)."""
   if not isinstance(num_products, int) or num_products < 1:
     raise ValueError(f"num_products must be a positive int, got {num_products!r}")

@@ -163,6 +163,37 @@ def test_envservers_stand_alone():
   assert not bad, "\n".join(bad)
 
 
+def _top_level_imports(path: str) -> list[str]:
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  out = []
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      out += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+  return out
+
+
+def test_trainer_side_uses_no_server_internals():
+  """The trainer-side tasks may import envservers' shared data / policy modules (catalogs, task sets,
+  scripted policies), never a module that is part of a server (one importing envservers.env /
+  registry / server at its top): a task that copied a server's internals drifts when the server
+  changes. (agentfly_jax.envs starts servers: it is the client side of the protocol.)"""
+  mods, edges, _ = _graph()
+  server = ("envservers.env", "envservers.registry", "envservers.server", "envservers.subprocess_env")
+  bad = []
+  for src, targets in edges.items():
+    if _layer(src) != "agentfly_jax.tasks":
+      continue
+    for dst, line in targets.items():
+      if _layer(dst) != "envservers" or dst not in mods:
+        continue
+      if dst in server or any(m in server for m in _top_level_imports(mods[dst])):
+        bad.append(f"{mods[src]}:{line}: {src} imports {dst}, a server module")
+  assert not bad, "\n".join(sorted(bad))
+
+
 def test_rl_core_is_device_math_only():
   """rl/core holds what runs on the device: it imports no host-loop machinery (event loops,
   threads, checkpoint IO, progress bars, the env servers)."""
