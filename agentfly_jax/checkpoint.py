@@ -6,6 +6,7 @@ position, RNG seeds, config snapshot, ...). Saves are asynchronous (orbax writes
 thread); `wait()` blocks until the last save is durable. A run killed mid-save leaves the previous
 step intact (orbax commits a step atomically by renaming its temporary directory).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,10 +21,8 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "meta"))
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -33,8 +32,7 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: dict) -> None:
     """Starts saving `state` (pytree of jax/np arrays) and `meta` (JSON-able) as `step`."""
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int | None, target: Any) -> tuple[Any, dict]:
     """Restores (state, meta) at `step` (latest if None) into the structure/shardings of `target`.
@@ -45,6 +43,7 @@ class Checkpointer:
     stacked / unstacked into `target`'s and placed with `target`'s shardings.
     """
     from agentfly_jax.models.layer_stack import to_layout, tree_layout
+
     if step is None:
       step = self.latest_step()
     if step is None:
@@ -52,8 +51,10 @@ class Checkpointer:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     want = tree_layout(abstract)
     saved = tree_layout(self._manager.item_metadata(step)["state"]) if want else None
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(to_layout(abstract, saved)), meta=ocp.args.JsonRestore()))
+    restored = self._manager.restore(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardRestore(to_layout(abstract, saved)), meta=ocp.args.JsonRestore()),
+    )
     state = restored["state"]
     if saved is not None and saved != want:
       shardings = jax.tree.map(lambda x: x.sharding, abstract)

@@ -16,16 +16,18 @@ added only for the jaxlib versions they were checked with (TESTED_JAXLIB; pinned
 flags apply only when this runs before JAX creates its CPU client (importing agentfly_jax before
 running anything in JAX does that).
 """
+
 from __future__ import annotations
 
 import os
 
 DEFAULT_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
-TESTED_JAXLIB = ((0, 10),)   # (major, minor) series the flags were checked with
+TESTED_JAXLIB = ((0, 10),)  # (major, minor) series the flags were checked with
 
 
 def _jaxlib_series() -> tuple[int, int] | None:
   from importlib import metadata
+
   try:
     major, minor = metadata.version("jaxlib").split(".")[:2]
     return int(major), int(minor)

@@ -8,6 +8,7 @@
 See agentfly_jax/tasks/from_config.py for what a task module may define. For a real model set
 --config.model.pretrained=<HF folder>.
 """
+
 from agentfly_jax.rl.config import default_config
 from agentfly_jax.tasks.from_config import set_custom_task
 

@@ -5,6 +5,7 @@ with exactly its task:
       --config.train.lr=3e-4
   .venv/bin/python experiments/sweep.py --config=configs/from_run.py:runs/mine --grid="train.lr=1e-4,3e-4"
 """
+
 import json
 import os
 
@@ -16,4 +17,4 @@ def get_config(run_dir: str):
   if not os.path.exists(path):
     raise FileNotFoundError(f"configs/from_run.py: {path} not found (is {run_dir!r} a train.py run directory?)")
   with open(path) as f:
-    return migrate(json.load(f))   # saved by an older version: today's fields, its values kept
+    return migrate(json.load(f))  # saved by an older version: today's fields, its values kept

@@ -1,4 +1,5 @@
 """Lookup task (multi-turn: the answer is only in the tool's observation), ppo, tiny policy, CPU."""
+
 import os
 
 from agentfly_jax.rl.config import lookup_config

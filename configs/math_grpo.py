@@ -1,6 +1,7 @@
 """Generated math problems that need computation: `code_interpreter` + `answer`, reward
 math_equal (math-verify); a random-init tiny policy on CPU. Any algorithm:
 `--config=configs/math_grpo.py:ppo` (or `--config.algo=rloo`)."""
+
 from agentfly_jax.rl.config import task_config
 
 

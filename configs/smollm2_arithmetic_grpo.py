@@ -8,11 +8,13 @@ the system prompt with a worked example (PromptedToolCallAgent; formats measured
 experiments/results/smollm2_tool_formats.md). Sizes fit a 2-core CPU (params + Adam ~2.2 GB):
 small groups, two turns (call, then answer), short turns.
 """
+
 from agentfly_jax.rl.config import default_config
 
 
 def get_config():
   from agentfly_jax.models.gguf_convert import smollm2_folder
+
   c = default_config()
   c.name = "smollm2_arithmetic_grpo"
   c.task = "arithmetic"

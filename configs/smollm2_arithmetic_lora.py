@@ -17,6 +17,7 @@ SFT NLL 1.176 -> 0.045; 18.6 MiB per weight sync.
 Export the result for HF: `agentfly_jax.models.export_peft(model, folder)` or a merged HF folder
 with `save_merged` (see WORKSPACE.md).
 """
+
 import importlib.util
 import os
 

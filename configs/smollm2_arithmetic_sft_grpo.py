@@ -16,6 +16,7 @@ Sizes for a 2-core CPU: 4 questions x 4 chains, two turns, task `arithmetic_brie
 one line of the system prompt, no worked example: SFT teaches the format, and every training
 step costs ~2.3x less than with the ~330-token hermes prompt + example of `arithmetic`).
 """
+
 import importlib.util
 import os
 

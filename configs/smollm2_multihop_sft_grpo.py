@@ -14,6 +14,7 @@ format and copying names out of passages on demos that retrieve in a fraction
 decision to retrieve stays partly off and RL has reward variance to learn it from.
 Results: experiments/results/smollm2_multihop/ (experiments/report_sft_rl_run.py).
 """
+
 import importlib.util
 import os
 
@@ -31,14 +32,14 @@ def get_config():
   c = _arithmetic_lora()
   c.name = "smollm2_multihop_sft_grpo"
   c.task = "multihop_qa_brief"
-  c.rollout.max_turns = 4                 # retrieve, retrieve, answer (+1 spare)
-  c.rollout.max_tokens_per_turn = 40      # a call is ~25 tokens
-  c.rollout.max_total_tokens = 512        # a full 2-hop chain is ~420
-  c.sft.steps = 24                        # 16 x 8 demos at 0.3 left the copying too weak: no reward at T=1
+  c.rollout.max_turns = 4  # retrieve, retrieve, answer (+1 spare)
+  c.rollout.max_tokens_per_turn = 40  # a call is ~25 tokens
+  c.rollout.max_total_tokens = 512  # a full 2-hop chain is ~420
+  c.sft.steps = 24  # 16 x 8 demos at 0.3 left the copying too weak: no reward at T=1
   c.sft.rows_per_step = 8
   c.sft.tool_use_prob = 0.4
   c.sft.cache_dir = "runs/sft_cache"
-  c.train.lr = 1e-4     # 2e-4 (the arithmetic LoRA's) moved the policy to retrieve-loops in one step
+  c.train.lr = 1e-4  # 2e-4 (the arithmetic LoRA's) moved the policy to retrieve-loops in one step
   c.train.steps = 8
   c.eval.every = 4
   c.eval.num_rows = 24

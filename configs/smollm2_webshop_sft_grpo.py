@@ -15,6 +15,7 @@ The recipe of configs/smollm2_arithmetic_lora.py: the demos pick the options in 
 actions and RL has reward variance to learn picking the options from.
 Results: experiments/results/smollm2_webshop/ (experiments/report_sft_rl_run.py).
 """
+
 import importlib.util
 import os
 
@@ -32,14 +33,14 @@ def get_config():
   c = _arithmetic_lora()
   c.name = "smollm2_webshop_sft_grpo"
   c.task = "webshop_brief"
-  c.rollout.max_turns = 6                 # search, product, 2 options, buy, done
-  c.rollout.max_tokens_per_turn = 40      # an action is ~25 tokens
-  c.rollout.max_total_tokens = 1024       # a full episode is ~820
-  c.sft.steps = 10                        # the shop's demos are ~3x longer than the calculator's
+  c.rollout.max_turns = 6  # search, product, 2 options, buy, done
+  c.rollout.max_tokens_per_turn = 40  # an action is ~25 tokens
+  c.rollout.max_total_tokens = 1024  # a full episode is ~820
+  c.sft.steps = 10  # the shop's demos are ~3x longer than the calculator's
   c.sft.rows_per_step = 8
   c.sft.tool_use_prob = 0.3
   c.sft.cache_dir = "runs/sft_cache"
-  c.train.lr = 5e-5     # as configs/smollm2_multihop_sft_grpo.py (2e-4 collapsed the retrieval policy)
+  c.train.lr = 5e-5  # as configs/smollm2_multihop_sft_grpo.py (2e-4 collapsed the retrieval policy)
   c.train.steps = 6
   c.eval.every = 3
   c.eval.num_rows = 24

@@ -14,17 +14,19 @@ envservers/data/swe_repos; experiments/make_swe_tasks.py); evaluation on
 its test split (other repositories). The env server needs `--env swe=N` (the embedded local
 server serves it).
 """
+
 from agentfly_jax.rl.config import world_config
 from agentfly_jax.tasks.from_config import set_custom_task
 
 # The agent's tool prompt (its system message).
 TOOL_PROMPT = (
-    "You fix bugs in a Python repository at /repo. Call one tool per turn as <tool_call>"
-    "{\"name\": ..., \"arguments\": {...}}</tool_call>. Tools: bash(command) runs a shell command "
-    "in /repo; view(path, lines) shows numbered lines of a file, e.g. lines=\"1-40\"; "
-    "str_replace(path, old, new) replaces the exact text old, which must occur once, with new; "
-    "submit() ends the episode and runs hidden tests. Run the tests, read the traceback, view "
-    "the file it names, fix it with str_replace, run the tests again, then submit.")
+  "You fix bugs in a Python repository at /repo. Call one tool per turn as <tool_call>"
+  "{\"name\": ..., \"arguments\": {...}}</tool_call>. Tools: bash(command) runs a shell command "
+  "in /repo; view(path, lines) shows numbered lines of a file, e.g. lines=\"1-40\"; "
+  "str_replace(path, old, new) replaces the exact text old, which must occur once, with new; "
+  "submit() ends the episode and runs hidden tests. Run the tests, read the traceback, view "
+  "the file it names, fix it with str_replace, run the tests again, then submit."
+)
 
 
 def get_config():
@@ -33,5 +35,5 @@ def get_config():
   c.rollout.max_turns = 8
   c.rollout.max_tokens_per_turn = 96
   c.rollout.max_total_tokens = 3072
-  c.eval.num_rows = 18   # the whole test split
+  c.eval.num_rows = 18  # the whole test split
   return c

@@ -1,4 +1,5 @@
 """webshop (interactive world on the env servers), grpo, tiny random-init policy (CPU smoke size)."""
+
 from agentfly_jax.rl.config import world_config
 
 

@@ -16,6 +16,7 @@ When it is listening it prints one line `envservers listening on HOST:PORT` to s
 SIGINT shut it down gracefully: it stops accepting, lets in-flight calls finish (up to
 --grace-s), and closes every instance.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,10 @@ async def _shutdown_on_stdin_eof(server: EnvServer) -> None:
 
 def main(argv: list[str] | None = None) -> int:
   import envservers.envs  # noqa: F401  (registers the built-in env types)
-  parser = argparse.ArgumentParser(prog="python -m envservers", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+  parser = argparse.ArgumentParser(
+    prog="python -m envservers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--host", default="127.0.0.1")
   parser.add_argument("--port", type=int, default=8765)
   parser.add_argument("--env", action="append", default=[], metavar="NAME=CAP[:WARM]")
@@ -82,14 +85,17 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
   parser.add_argument("--max-frame-bytes", type=int, default=protocol.DEFAULT_MAX_FRAME_BYTES)
   parser.add_argument("--grace-s", type=float, default=5.0)
-  parser.add_argument("--token-file", default=None,
-                      help=f"file holding the shared secret (default: ${auth.TOKEN_FILE_ENV} or "
-                           f"${auth.TOKEN_ENV})")
+  parser.add_argument(
+    "--token-file",
+    default=None,
+    help=f"file holding the shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})",
+  )
   parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
   parser.add_argument("--tls-key", default=None, help="PEM private key (with --tls-cert)")
   parser.add_argument("--log-level", default="WARNING")
-  parser.add_argument("--exit-on-stdin-eof", action="store_true",
-                      help="shut down when stdin closes (a parent that started us has exited)")
+  parser.add_argument(
+    "--exit-on-stdin-eof", action="store_true", help="shut down when stdin closes (a parent that started us has exited)"
+  )
   args = parser.parse_args(argv)
   logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
   for module in args.imports:
@@ -130,21 +136,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"envservers: {e}", file=sys.stderr)
     return 2
   try:
-    server = EnvServer(pools, env_options=options, max_frame_bytes=args.max_frame_bytes,
-                       call_timeout_s=call_timeout_s, token=token, ssl_context=ssl_context)
+    server = EnvServer(
+      pools,
+      env_options=options,
+      max_frame_bytes=args.max_frame_bytes,
+      call_timeout_s=call_timeout_s,
+      token=token,
+      ssl_context=ssl_context,
+    )
   except (ValueError, KeyError, TypeError) as e:
     print(f"envservers: {e}; known env types: {sorted(ENV_TYPES)}", file=sys.stderr)
     return 2
 
   async def run():
     async with trio.open_nursery() as nursery:
+
       async def serve_then_stop(task_status=trio.TASK_STATUS_IGNORED):
-        await server.serve(args.host, args.port, handle_signals=True, grace_s=args.grace_s,
-                           task_status=task_status)
+        await server.serve(args.host, args.port, handle_signals=True, grace_s=args.grace_s, task_status=task_status)
         nursery.cancel_scope.cancel()
 
       port = await nursery.start(serve_then_stop)
-      gc.freeze()   # start-up objects (imports, warm instances) leave the collector's scans
+      gc.freeze()  # start-up objects (imports, warm instances) leave the collector's scans
       print(f"envservers listening on {args.host}:{port}", flush=True)
       if args.exit_on_stdin_eof:
         nursery.start_soon(_shutdown_on_stdin_eof, server)

@@ -7,6 +7,7 @@ nonce); the server checks it in constant time and answers with HMAC(secret, "ser
 nonce | server nonce), so the client knows the server holds the secret too. The secret is never
 on the wire, and a recorded handshake is worthless on a new connection (its nonce differs).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,9 +47,11 @@ def load_token(token_file: str | None = None) -> bytes | None:
       return None
     source, token = f"${TOKEN_ENV}", text.strip().encode("utf-8")
   if len(token) < MIN_TOKEN_BYTES:
-    raise AuthError(f"the {source} holds {len(token)} bytes; a token needs at least "
-                    f"{MIN_TOKEN_BYTES} (e.g. `python -c 'import secrets; "
-                    f"print(secrets.token_hex(32))'`)")
+    raise AuthError(
+      f"the {source} holds {len(token)} bytes; a token needs at least "
+      f"{MIN_TOKEN_BYTES} (e.g. `python -c 'import secrets; "
+      f"print(secrets.token_hex(32))'`)"
+    )
   return token
 
 
@@ -59,7 +62,7 @@ def is_loopback(host: str) -> bool:
   try:
     return ipaddress.ip_address(host.strip("[]")).is_loopback
   except ValueError:
-    return False   # a host name or "" / 0.0.0.0: may be reachable from other machines
+    return False  # a host name or "" / 0.0.0.0: may be reachable from other machines
 
 
 def check_bind(host: str, token: bytes | None) -> None:
@@ -67,9 +70,10 @@ def check_bind(host: str, token: bytes | None) -> None:
   a token."""
   if token is None and not is_loopback(host):
     raise AuthError(
-        f"refusing to listen on {host or '(all interfaces)'!r} without authentication: anyone "
-        f"who reaches the port could run code in its sandboxes. Set {TOKEN_ENV} or pass "
-        f"--token-file (the same secret on every trainer), or bind to 127.0.0.1")
+      f"refusing to listen on {host or '(all interfaces)'!r} without authentication: anyone "
+      f"who reaches the port could run code in its sandboxes. Set {TOKEN_ENV} or pass "
+      f"--token-file (the same secret on every trainer), or bind to 127.0.0.1"
+    )
 
 
 def new_nonce() -> str:
@@ -93,8 +97,7 @@ def server_mac(token: bytes, server_nonce: str, client_nonce: str) -> str:
 
 def macs_equal(expected: str, got) -> bool:
   """Constant-time comparison of hex MACs (False for anything that is not a str)."""
-  return isinstance(got, str) and hmac.compare_digest(expected.encode("ascii"),
-                                                      got.encode("utf-8", "replace"))
+  return isinstance(got, str) and hmac.compare_digest(expected.encode("ascii"), got.encode("utf-8", "replace"))
 
 
 def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -104,8 +107,7 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
   try:
     context.load_cert_chain(cert_file, key_file)
   except (OSError, ssl.SSLError) as e:
-    raise AuthError(f"cannot load the TLS certificate {cert_file!r} / key {key_file!r}: "
-                    f"{e}") from None
+    raise AuthError(f"cannot load the TLS certificate {cert_file!r} / key {key_file!r}: {e}") from None
   return context
 
 

@@ -13,6 +13,7 @@ given; with one, `open` runs the HMAC handshake and also checks the server's pro
 gets either its result (a dict) or an exception: a reply that breaks the protocol fails that call
 with BadReply and closes the connection (the next `open` starts afresh).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,7 +23,7 @@ import trio
 
 from envservers import auth, protocol
 
-FROM_ENV = "from-env"   # token / ssl_context default: read the environment (auth.py)
+FROM_ENV = "from-env"  # token / ssl_context default: read the environment (auth.py)
 
 
 class ConnectionLost(ConnectionError):
@@ -51,22 +52,29 @@ def check_reply(reply: dict) -> str | None:
     return f"field 'result' must be an object, got {type(reply.get('result')).__name__}"
   if not ok:
     error = reply.get("error")
-    if not isinstance(error, dict) or not isinstance(error.get("type"), str) \
-        or not isinstance(error.get("message", ""), str):
+    if (
+      not isinstance(error, dict)
+      or not isinstance(error.get("type"), str)
+      or not isinstance(error.get("message", ""), str)
+    ):
       return "field 'error' must be an object with string 'type' and 'message'"
   return None
 
 
 def _socket_of(stream):
-  while not hasattr(stream, "socket"):   # trio.SSLStream wraps the SocketStream
+  while not hasattr(stream, "socket"):  # trio.SSLStream wraps the SocketStream
     stream = stream.transport_stream
   return stream.socket
 
 
 class Connection:
-  def __init__(self, stream: trio.abc.Stream, address: str,
-               max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
-               reader: protocol.FrameReader | None = None):
+  def __init__(
+    self,
+    stream: trio.abc.Stream,
+    address: str,
+    max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+    reader: protocol.FrameReader | None = None,
+  ):
     self.address = address
     self.max_frame_bytes = max_frame_bytes
     self._stream = stream
@@ -74,19 +82,25 @@ class Connection:
     self.bad_replies = 0
     self._writer = protocol.FrameWriter(stream)
     self._ids = itertools.count(1)
-    self._pending: dict[int, list] = {}   # id -> [event, reply]
+    self._pending: dict[int, list] = {}  # id -> [event, reply]
     self._abandoned: dict[int, Any] = {}  # id -> on_abandoned(reply) of a call given up on
     self.closed = False
     self.close_reason = ""
-    self.hung = False   # closed because the server left a call unanswered (aclose)
+    self.hung = False  # closed because the server left a call unanswered (aclose)
     self.token = trio.lowlevel.current_trio_token()
     trio.lowlevel.spawn_system_task(self._read_replies, name=f"envservers reader {address}")
     trio.lowlevel.spawn_system_task(self._write_requests, name=f"envservers writer {address}")
 
   @classmethod
-  async def open(cls, address: str, connect_timeout_s: float = 5.0, *, token=FROM_ENV,
-                 ssl_context=FROM_ENV, max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES
-                 ) -> "Connection":
+  async def open(
+    cls,
+    address: str,
+    connect_timeout_s: float = 5.0,
+    *,
+    token=FROM_ENV,
+    ssl_context=FROM_ENV,
+    max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+  ) -> "Connection":
     """Connects (TLS if configured) and authenticates (if a token is configured) within
     `connect_timeout_s`. Raises ConnectionLost, or AuthenticationFailed (a subclass)."""
     host, port = protocol.parse_address(address)
@@ -108,7 +122,7 @@ class Connection:
       if stream is not None:
         await trio.aclose_forcefully(stream)
       reason = str(e) or type(e).__name__
-      if e.__cause__ is not None:   # e.g. the ssl error behind a BrokenResourceError
+      if e.__cause__ is not None:  # e.g. the ssl error behind a BrokenResourceError
         reason = f"{reason}: {e.__cause__}"
       raise ConnectionLost(f"cannot connect to env server {address}: {reason}") from None
     except BaseException:
@@ -132,7 +146,7 @@ class Connection:
           self.bad_replies += 1
           reason = f"bad reply from the server: {problem}"
           if slot is not None:
-            slot[0].set()   # no reply stored: the call raises BadReply
+            slot[0].set()  # no reply stored: the call raises BadReply
           break
         if slot is not None:
           slot[1] = reply
@@ -174,8 +188,9 @@ class Connection:
       slot[0].set()
     self._pending.clear()
 
-  async def call(self, op: str, args: dict[str, Any] | None = None,
-                 timeout_s: float | None = None, on_abandoned=None) -> dict[str, Any]:
+  async def call(
+    self, op: str, args: dict[str, Any] | None = None, timeout_s: float | None = None, on_abandoned=None
+  ) -> dict[str, Any]:
     """Sends one request and waits for its reply's result.
 
     Raises RemoteError (an error reply), ConnectionLost, trio.TooSlowError after timeout_s,
@@ -187,12 +202,11 @@ class Connection:
     if self.closed:
       raise ConnectionLost(f"env server {self.address}: {self.close_reason}")
     request_id = next(self._ids)
-    frame = protocol.encode_frame({"id": request_id, "op": op, "args": args or {}},
-                                  self.max_frame_bytes)
+    frame = protocol.encode_frame({"id": request_id, "op": op, "args": args or {}}, self.max_frame_bytes)
     slot = [trio.Event(), None]
     self._pending[request_id] = slot
     try:
-      self._writer.put(frame)   # queued; the writer task sends frames whole and in order
+      self._writer.put(frame)  # queued; the writer task sends frames whole and in order
       if timeout_s is None:
         await slot[0].wait()
       else:
@@ -206,8 +220,7 @@ class Connection:
       self._pending.pop(request_id, None)
     reply = slot[1]
     if reply is None:
-      kind = (BadReply if self.close_reason.startswith("bad reply")
-              else ServerHung if self.hung else ConnectionLost)
+      kind = BadReply if self.close_reason.startswith("bad reply") else ServerHung if self.hung else ConnectionLost
       raise kind(f"env server {self.address}: {self.close_reason}")
     if not reply.get("ok"):
       error = reply.get("error") or {}
@@ -219,14 +232,15 @@ class Connection:
     `hung_after_s` says a call got no reply within that many seconds (the reason it closes)."""
     if not self.closed:
       self.hung = hung_after_s is not None
-      self._fail_all("closed by the client" if hung_after_s is None else
-                     f"closed by the client: the server left a call unanswered for "
-                     f"{hung_after_s:g} s")
+      self._fail_all(
+        "closed by the client"
+        if hung_after_s is None
+        else f"closed by the client: the server left a call unanswered for {hung_after_s:g} s"
+      )
       await trio.lowlevel.checkpoint()
 
 
-async def _handshake(stream, reader: protocol.FrameReader, token: bytes | None,
-                     address: str) -> None:
+async def _handshake(stream, reader: protocol.FrameReader, token: bytes | None, address: str) -> None:
   """Reads the server's hello and, if either side has a token, runs the HMAC handshake
   (auth.py); raises AuthenticationFailed (ProtocolError if the hello is not a frame)."""
   body = await reader.read_body()
@@ -238,26 +252,38 @@ async def _handshake(stream, reader: protocol.FrameReader, token: bytes | None,
   if hello.get("auth") is None and token is None:
     return
   if hello.get("auth") is None:
-    raise AuthenticationFailed(f"env server {address} does not ask for authentication although a "
-                               f"token is configured (a server started without one?); refusing "
-                               f"to send it work")
+    raise AuthenticationFailed(
+      f"env server {address} does not ask for authentication although a "
+      f"token is configured (a server started without one?); refusing "
+      f"to send it work"
+    )
   if token is None:
-    raise AuthenticationFailed(f"env server {address} needs authentication: set "
-                               f"${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token")
+    raise AuthenticationFailed(
+      f"env server {address} needs authentication: set ${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token"
+    )
   if hello.get("auth") != auth.SCHEME or not isinstance(hello.get("nonce"), str):
-    raise AuthenticationFailed(f"env server {address} asks for authentication scheme "
-                               f"{protocol.short_repr(hello.get('auth'))}; this client speaks "
-                               f"{auth.SCHEME}")
+    raise AuthenticationFailed(
+      f"env server {address} asks for authentication scheme "
+      f"{protocol.short_repr(hello.get('auth'))}; this client speaks "
+      f"{auth.SCHEME}"
+    )
   client_nonce = auth.new_nonce()
-  await stream.send_all(protocol.encode_frame({"id": 0, "op": "auth", "args": {
-      "client_nonce": client_nonce, "mac": auth.client_mac(token, hello["nonce"], client_nonce)}}))
+  await stream.send_all(
+    protocol.encode_frame(
+      {
+        "id": 0,
+        "op": "auth",
+        "args": {"client_nonce": client_nonce, "mac": auth.client_mac(token, hello["nonce"], client_nonce)},
+      }
+    )
+  )
   body = await reader.read_body()
   reply = protocol.decode_body(body) if body is not None else {}
   if reply.get("ok") is not True:
     error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-    raise AuthenticationFailed(f"env server {address} refused the token: "
-                               f"{error.get('type', 'closed')}: {error.get('message', '')}")
+    raise AuthenticationFailed(
+      f"env server {address} refused the token: {error.get('type', 'closed')}: {error.get('message', '')}"
+    )
   result = reply.get("result") if isinstance(reply.get("result"), dict) else {}
-  if not auth.macs_equal(auth.server_mac(token, hello["nonce"], client_nonce),
-                         result.get("server_mac")):
+  if not auth.macs_equal(auth.server_mac(token, hello["nonce"], client_nonce), result.get("server_mac")):
     raise AuthenticationFailed(f"env server {address} could not prove it holds the token")

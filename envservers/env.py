@@ -7,6 +7,7 @@ the server. An env that runs user code in a child process (the Python sandbox) i
 reports its process id in `worker_pid` so a crashed worker can be detected and recycled.
 Env types are registered by name in `envservers.registry`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,7 @@ class StepOutcome:
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def to_wire(self) -> dict[str, Any]:
-    return {"observation": self.observation, "reward": self.reward, "done": self.done,
-            "info": self.info}
+    return {"observation": self.observation, "reward": self.reward, "done": self.done, "info": self.info}
 
 
 def env_reward(name: str | None = None):
@@ -54,6 +54,7 @@ class ServerEnv:
       a fresh episode); if False it is closed and replaced on release.
     call_timeout_s: default wall-clock limit of one call; exceeding it recycles the instance.
   """
+
   name: ClassVar[str] = ""
   reusable: ClassVar[bool] = True
   call_timeout_s: ClassVar[float] = 60.0
@@ -86,8 +87,7 @@ class ServerEnv:
 
   @classmethod
   def reward_names(cls) -> list[str]:
-    return sorted(getattr(m, "_env_reward_name") for _, m in inspect.getmembers(cls)
-                  if hasattr(m, "_env_reward_name"))
+    return sorted(getattr(m, "_env_reward_name") for _, m in inspect.getmembers(cls) if hasattr(m, "_env_reward_name"))
 
   async def compute_reward(self, name: str, **kwargs) -> dict[str, Any]:
     """Runs the env-bound reward `name`; returns {'reward': float, ...}."""
@@ -126,6 +126,7 @@ class BlockingEnv(ServerEnv):
   a process of its own instead (envservers.worker): a crash or hang in env code then costs only
   that instance, which the pool kills and replaces.
   """
+
   run_in_subprocess: ClassVar[bool] = False
 
   def start_blocking(self) -> None:

@@ -9,6 +9,7 @@
   closed; the chain keeps its binding and gets a fresh instance at its next call.
 - Lazy scale-up: instances beyond `warm` start only when a chain asks and all are busy.
 """
+
 from __future__ import annotations
 
 import collections
@@ -77,8 +78,15 @@ class EnvPool:
   `aclose()` closes every instance.
   """
 
-  def __init__(self, name: str, factory: Callable[[], ServerEnv], cap: int, warm: int = 1,
-               call_timeout_s: float | None = None, start_timeout_s: float = 60.0):
+  def __init__(
+    self,
+    name: str,
+    factory: Callable[[], ServerEnv],
+    cap: int,
+    warm: int = 1,
+    call_timeout_s: float | None = None,
+    start_timeout_s: float = 60.0,
+  ):
     if cap < 1:
       raise ValueError(f"pool {name!r}: cap must be >= 1, got {cap}")
     self.name = name
@@ -89,7 +97,7 @@ class EnvPool:
     self.start_timeout_s = start_timeout_s
     self.idle: list[Instance] = []
     self.bound: dict[Hashable, Instance | None] = {}
-    self.live = 0            # counted from reservation until close() finished
+    self.live = 0  # counted from reservation until close() finished
     self.starting = 0
     self.peak_live = 0
     self.counters = collections.Counter()
@@ -150,8 +158,7 @@ class EnvPool:
         with trio.CancelScope(shield=True):
           await env.close()
       if isinstance(e, Exception):
-        raise PoolError(protocol.ENV_ERROR,
-                        f"env {self.name!r} failed to start: {type(e).__name__}: {e}") from e
+        raise PoolError(protocol.ENV_ERROR, f"env {self.name!r} failed to start: {type(e).__name__}: {e}") from e
       raise
 
   async def _start_warm(self) -> None:
@@ -168,7 +175,7 @@ class EnvPool:
     self._notify()
 
   async def _close_instance(self, inst: Instance) -> None:
-    if inst.closing:   # e.g. released mid-call, then the failing call recycles it too
+    if inst.closing:  # e.g. released mid-call, then the failing call recycles it too
       return
     inst.closing = True
     try:
@@ -198,7 +205,7 @@ class EnvPool:
         return self.bound[key]
       if self.idle:
         inst = self.idle.pop()
-        if not inst.env.alive():   # died while idle: replace it
+        if not inst.env.alive():  # died while idle: replace it
           self.counters["recycled"] += 1
           inst.broken = True
           self._nursery.start_soon(self._close_instance, inst)
@@ -210,8 +217,7 @@ class EnvPool:
         break
       if trio.current_time() >= deadline and not self.starting:
         self.counters["exhausted"] += 1
-        raise PoolError(protocol.POOL_EXHAUSTED,
-                        f"env {self.name!r}: all {self.cap} instances are in use; retry later")
+        raise PoolError(protocol.POOL_EXHAUSTED, f"env {self.name!r}: all {self.cap} instances are in use; retry later")
       changed = self._changed
       # While an instance is starting, wait for it even past the deadline (it may be ours).
       with trio.move_on_at(math.inf if self.starting else deadline):
@@ -257,8 +263,9 @@ class EnvPool:
       if key in self.bound and self._nursery is not None:
         self._nursery.start_soon(self.release, key)
 
-  async def call(self, key: Hashable, op: str, args: tuple = (), kwargs: dict | None = None,
-                 timeout_s: float | None = None) -> tuple[Any, bool]:
+  async def call(
+    self, key: Hashable, op: str, args: tuple = (), kwargs: dict | None = None, timeout_s: float | None = None
+  ) -> tuple[Any, bool]:
     """Runs `env.<op>(*args, **kwargs)` on the chain's instance.
 
     Returns (result, restarted) where restarted says the chain got a fresh instance because its
@@ -266,8 +273,7 @@ class EnvPool:
     instance is then recycled) or whatever the env raised.
     """
     if key not in self.bound:
-      raise PoolError(protocol.NOT_ACQUIRED,
-                      f"chain {key[-1]!r} holds no {self.name!r} instance; call acquire first")
+      raise PoolError(protocol.NOT_ACQUIRED, f"chain {key[-1]!r} holds no {self.name!r} instance; call acquire first")
     restarted = False
     inst = self.bound[key]
     if inst is None:  # the previous instance was recycled: get a fresh one
@@ -279,7 +285,7 @@ class EnvPool:
       limit = min(limit, float(timeout_s))
     self.counters["calls"] += 1
     self.rate.add()
-    try:   # fast path without a scheduling round trip (a chain's calls rarely overlap)
+    try:  # fast path without a scheduling round trip (a chain's calls rarely overlap)
       inst.lock.acquire_nowait()
     except trio.WouldBlock:
       await inst.lock.acquire()
@@ -294,10 +300,10 @@ class EnvPool:
         self.counters["crashes"] += 1
         self._recycle(key, inst)
         raise
-      except Exception:   # the env raised normally: it is still consistent
+      except Exception:  # the env raised normally: it is still consistent
         self.counters["errors"] += 1
         raise
-      except BaseException:   # cancelled from outside mid-call: its state is unknown
+      except BaseException:  # cancelled from outside mid-call: its state is unknown
         self._recycle(key, inst)
         raise
       if scope.cancelled_caught:
@@ -319,9 +325,27 @@ class EnvPool:
   def stats(self) -> dict[str, Any]:
     in_use = sum(1 for i in self.bound.values() if i is not None)
     return {
-        "cap": self.cap, "warm": self.warm, "live": self.live, "idle": len(self.idle),
-        "starting": self.starting, "in_use": in_use, "chains": len(self.bound),
-        "peak_live": self.peak_live, "calls_per_s": self.rate.rate(),
-        **{k: self.counters[k] for k in ("acquires", "releases", "calls", "errors", "crashes",
-                                         "timeouts", "recycled", "exhausted", "start_failures")},
+      "cap": self.cap,
+      "warm": self.warm,
+      "live": self.live,
+      "idle": len(self.idle),
+      "starting": self.starting,
+      "in_use": in_use,
+      "chains": len(self.bound),
+      "peak_live": self.peak_live,
+      "calls_per_s": self.rate.rate(),
+      **{
+        k: self.counters[k]
+        for k in (
+          "acquires",
+          "releases",
+          "calls",
+          "errors",
+          "crashes",
+          "timeouts",
+          "recycled",
+          "exhausted",
+          "start_failures",
+        )
+      },
     }

@@ -1,5 +1,6 @@
 """Child-process helpers shared by the envs that run a process per instance (the Python sandbox,
 `run_in_subprocess` envs): a readable exit reason, a stderr capture with a tail, a hard stop."""
+
 from __future__ import annotations
 
 import os

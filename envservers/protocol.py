@@ -7,6 +7,7 @@ are either `{"id": ..., "ok": true, "result": {...}}` or
 order. See PROTOCOL.md for the operations. This module is transport-agnostic and stdlib-only
 (plus trio for the async stream helpers), so the trainer-side client shares it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ HEADER = struct.Struct(">I")
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 try:  # optional accelerator for decoding (~6x faster; same results for valid JSON)
   import msgspec
+
   _FAST_DECODER = msgspec.json.Decoder()
 except ImportError:  # pragma: no cover - depends on the environment
   msgspec = None
@@ -36,6 +38,7 @@ class DecodeLimits:
   max_items: elements of one array or members of one object.
   max_values: JSON values in the whole body (every scalar, array and object counts one).
   """
+
   max_depth: int = 64
   max_string_chars: int = 8 * 1024 * 1024
   max_items: int = 100_000
@@ -45,18 +48,18 @@ class DecodeLimits:
 DEFAULT_LIMITS = DecodeLimits()
 
 # Error types a server can reply with (the `error.type` field).
-BAD_FRAME = "BadFrame"              # frame body is not a JSON object / not UTF-8 / over a limit
-FRAME_TOO_LARGE = "FrameTooLarge"    # length header above the server's limit (connection closed)
-BAD_REQUEST = "BadRequest"           # missing/wrong-typed field: message names the field
+BAD_FRAME = "BadFrame"  # frame body is not a JSON object / not UTF-8 / over a limit
+FRAME_TOO_LARGE = "FrameTooLarge"  # length header above the server's limit (connection closed)
+BAD_REQUEST = "BadRequest"  # missing/wrong-typed field: message names the field
 UNKNOWN_OP = "UnknownOp"
 UNKNOWN_ENV = "UnknownEnv"
-NOT_ACQUIRED = "NotAcquired"         # call for a chain that holds no instance of that env
-POOL_EXHAUSTED = "PoolExhausted"     # every instance up to the cap is in use; retry later
-ENV_ERROR = "EnvError"               # the env raised (message has the exception)
+NOT_ACQUIRED = "NotAcquired"  # call for a chain that holds no instance of that env
+POOL_EXHAUSTED = "PoolExhausted"  # every instance up to the cap is in use; retry later
+ENV_ERROR = "EnvError"  # the env raised (message has the exception)
 SHUTTING_DOWN = "ShuttingDown"
 INTERNAL = "InternalError"
-AUTH_REQUIRED = "AuthRequired"       # first frame of a connection to a token server was not `auth`
-AUTH_FAILED = "AuthFailed"           # wrong HMAC (wrong token or replayed handshake)
+AUTH_REQUIRED = "AuthRequired"  # first frame of a connection to a token server was not `auth`
+AUTH_FAILED = "AuthFailed"  # wrong HMAC (wrong token or replayed handshake)
 
 
 class ProtocolError(Exception):
@@ -82,8 +85,7 @@ def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRA
   # Always the stdlib encoder: it defines what is sendable (msgspec would also take sets).
   body = _ENCODER.encode(message).encode("utf-8")
   if len(body) > max_frame_bytes:
-    raise ProtocolError(FRAME_TOO_LARGE,
-                        f"message of {len(body)} bytes exceeds the limit of {max_frame_bytes}")
+    raise ProtocolError(FRAME_TOO_LARGE, f"message of {len(body)} bytes exceeds the limit of {max_frame_bytes}")
   return HEADER.pack(len(body)) + body
 
 
@@ -97,7 +99,7 @@ def decode_body(body: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str,
     if msgspec is not None:
       try:
         message = _FAST_DECODER.decode(body)
-      except msgspec.DecodeError:   # the stdlib also takes NaN / Infinity / integers > 64 bits
+      except msgspec.DecodeError:  # the stdlib also takes NaN / Infinity / integers > 64 bits
         fallback = True
     else:
       fallback = True
@@ -108,16 +110,15 @@ def decode_body(body: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str,
   except ProtocolError:
     raise
   except UnicodeEncodeError as e:
-    raise ProtocolError(BAD_FRAME, f"frame body has a string that is not valid Unicode "
-                                   f"(a lone surrogate?): {short_text(e)}") from None
+    raise ProtocolError(
+      BAD_FRAME, f"frame body has a string that is not valid Unicode (a lone surrogate?): {short_text(e)}"
+    ) from None
   except Exception as e:  # noqa: BLE001 -- whatever the parser raises, the frame is bad
-    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {type(e).__name__}: "
-                                   f"{short_text(e)}") from None
+    raise ProtocolError(BAD_FRAME, f"frame body is not UTF-8 JSON: {type(e).__name__}: {short_text(e)}") from None
   if not isinstance(message, dict):
-    raise ProtocolError(BAD_FRAME,
-                        f"frame body must be a JSON object, got {type(message).__name__}")
+    raise ProtocolError(BAD_FRAME, f"frame body must be a JSON object, got {type(message).__name__}")
   if len(body) > min(limits.max_string_chars, 2 * limits.max_items, limits.max_values):
-    _check_sizes(message, limits)   # smaller bodies cannot exceed any of these limits
+    _check_sizes(message, limits)  # smaller bodies cannot exceed any of these limits
   return message
 
 
@@ -162,13 +163,13 @@ def _check_sizes(message: Any, limits: DecodeLimits) -> None:
       raise ProtocolError(BAD_FRAME, f"frame has more than {limits.max_values} JSON values")
     if isinstance(value, str):
       if len(value) > limits.max_string_chars:
-        raise ProtocolError(BAD_FRAME, f"a string of {len(value)} characters exceeds the limit "
-                                       f"of {limits.max_string_chars}")
+        raise ProtocolError(
+          BAD_FRAME, f"a string of {len(value)} characters exceeds the limit of {limits.max_string_chars}"
+        )
     elif isinstance(value, (list, dict)):
       if len(value) > limits.max_items:
         kind = "array" if isinstance(value, list) else "object"
-        raise ProtocolError(BAD_FRAME, f"an {kind} of {len(value)} items exceeds the limit of "
-                                       f"{limits.max_items}")
+        raise ProtocolError(BAD_FRAME, f"an {kind} of {len(value)} items exceeds the limit of {limits.max_items}")
       if isinstance(value, dict):
         stack.extend(value.keys())
         stack.extend(value.values())
@@ -190,17 +191,16 @@ def short_repr(value: Any, limit: int = 80) -> str:
 class FrameReader:
   """Reads frames from a trio stream (buffering partial reads)."""
 
-  def __init__(self, stream: trio.abc.ReceiveStream,
-               max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+  def __init__(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
     self._stream = stream
     self._buffer = bytearray()
-    self._start = 0   # consumed prefix of _buffer (compacted lazily, not per frame)
+    self._start = 0  # consumed prefix of _buffer (compacted lazily, not per frame)
     self.max_frame_bytes = max_frame_bytes
 
   async def _fill(self, n: int) -> bool:
     while len(self._buffer) - self._start < n:
       if self._start:
-        del self._buffer[:self._start]
+        del self._buffer[: self._start]
         self._start = 0
       chunk = await self._stream.receive_some(max(65536, n - len(self._buffer)))
       if not chunk:
@@ -215,17 +215,15 @@ class FrameReader:
     """
     if not await self._fill(HEADER.size):
       if len(self._buffer) > self._start:
-        raise ProtocolError(BAD_FRAME, f"stream ended inside a frame header "
-                                       f"({len(self._buffer) - self._start} bytes)")
+        raise ProtocolError(BAD_FRAME, f"stream ended inside a frame header ({len(self._buffer) - self._start} bytes)")
       return None
     (length,) = HEADER.unpack_from(self._buffer, self._start)
     if length > self.max_frame_bytes:
-      raise ProtocolError(FRAME_TOO_LARGE, f"frame length {length} exceeds the limit of "
-                                           f"{self.max_frame_bytes} bytes")
+      raise ProtocolError(FRAME_TOO_LARGE, f"frame length {length} exceeds the limit of {self.max_frame_bytes} bytes")
     if not await self._fill(HEADER.size + length):
       raise ProtocolError(BAD_FRAME, f"stream ended inside a frame body (expected {length} bytes)")
     begin = self._start + HEADER.size
-    body = bytes(self._buffer[begin:begin + length])
+    body = bytes(self._buffer[begin : begin + length])
     self._start = begin + length
     return body
 

@@ -9,6 +9,7 @@
 `python -m envservers --env my_world=4` then serves it (built-ins register when
 `envservers.envs` is imported; user modules with `--import MODULE`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -5,6 +5,7 @@ blocks other requests on the same connection) and replies are written under a se
 is identified by (connection, env, chain_id): chains die with their connection, so a crashed
 trainer never leaks instances. See PROTOCOL.md.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,7 @@ def _arg(args: dict, name: str, types, *, required: bool = True, default=None):
   value = args[name]
   if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
     names = "/".join(t.__name__ for t in _as_tuple(types))
-    raise PoolError(protocol.BAD_REQUEST,
-                    f"argument {name!r} must be {names}, got {type(value).__name__}")
+    raise PoolError(protocol.BAD_REQUEST, f"argument {name!r} must be {names}, got {type(value).__name__}")
   return value
 
 
@@ -54,9 +54,9 @@ class _Connection:
     self.max_frame_bytes = max_frame_bytes
     self.keys: dict[str, set] = {}  # env name -> keys of chains acquired on this connection
     self.closed = False
-    self.flushed = trio.Event()   # the writer has sent everything and stopped
+    self.flushed = trio.Event()  # the writer has sent everything and stopped
     self.inflight = 0
-    self.room = trio.Event()      # set when a request finishes or replies were sent
+    self.room = trio.Event()  # set when a request finishes or replies were sent
 
   def wake_reader(self) -> None:
     self.room.set()
@@ -68,9 +68,11 @@ class _Connection:
     except protocol.ProtocolError as e:
       frame = _encode_error(message.get("id"), e.error_type, e.message)
     except Exception as e:  # noqa: BLE001 -- an env returned something JSON cannot encode
-      frame = _encode_error(message.get("id"), protocol.ENV_ERROR,
-                            f"result is not JSON-serialisable: {type(e).__name__}: "
-                            f"{protocol.short_text(e)}")
+      frame = _encode_error(
+        message.get("id"),
+        protocol.ENV_ERROR,
+        f"result is not JSON-serialisable: {type(e).__name__}: {protocol.short_text(e)}",
+      )
     if not self.closed and not self.writer.closed:
       self.writer.put(frame)
 
@@ -100,13 +102,19 @@ class EnvServer:
       closed.
   """
 
-  def __init__(self, pools: dict[str, tuple[int, int]], env_options: dict[str, dict] | None = None,
-               max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
-               call_timeout_s: dict[str, float] | None = None,
-               max_inflight_per_connection: int = 16384,
-               max_queued_reply_bytes: int = 64 * 1024 * 1024,
-               limits: protocol.DecodeLimits = protocol.DEFAULT_LIMITS,
-               token: bytes | None = None, ssl_context=None, handshake_timeout_s: float = 10.0):
+  def __init__(
+    self,
+    pools: dict[str, tuple[int, int]],
+    env_options: dict[str, dict] | None = None,
+    max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+    call_timeout_s: dict[str, float] | None = None,
+    max_inflight_per_connection: int = 16384,
+    max_queued_reply_bytes: int = 64 * 1024 * 1024,
+    limits: protocol.DecodeLimits = protocol.DEFAULT_LIMITS,
+    token: bytes | None = None,
+    ssl_context=None,
+    handshake_timeout_s: float = 10.0,
+  ):
     env_options = env_options or {}
     call_timeout_s = call_timeout_s or {}
     self.pools: dict[str, EnvPool] = {}
@@ -114,8 +122,7 @@ class EnvServer:
       if name not in ENV_TYPES:
         raise KeyError(f"unknown env type {name!r}; known: {sorted(ENV_TYPES)}")
       factory = make_factory(name, dict(env_options.get(name, {})))
-      self.pools[name] = EnvPool(name, factory, cap=cap, warm=warm,
-                                 call_timeout_s=call_timeout_s.get(name))
+      self.pools[name] = EnvPool(name, factory, cap=cap, warm=warm, call_timeout_s=call_timeout_s.get(name))
     self.max_frame_bytes = max_frame_bytes
     self.max_inflight_per_connection = max_inflight_per_connection
     self.max_queued_reply_bytes = max_queued_reply_bytes
@@ -129,10 +136,24 @@ class EnvServer:
     # frames_too_large / truncated_frames: length over the limit / stream ended inside a frame
     # (both close the connection); connection_errors / internal_errors: bugs contained per
     # connection / per request (stay 0 unless something is wrong here).
-    self.counters = {key: 0 for key in (
-        "connections", "open_connections", "frames", "requests", "bad_frames", "frames_too_large",
-        "truncated_frames", "errors", "auth_ok", "auth_failures", "tls_failures",
-        "connection_errors", "internal_errors")}
+    self.counters = {
+      key: 0
+      for key in (
+        "connections",
+        "open_connections",
+        "frames",
+        "requests",
+        "bad_frames",
+        "frames_too_large",
+        "truncated_frames",
+        "errors",
+        "auth_ok",
+        "auth_failures",
+        "tls_failures",
+        "connection_errors",
+        "internal_errors",
+      )
+    }
     self.inflight = 0
     self._shutdown = trio.Event()
     self._idle = trio.Event()
@@ -141,8 +162,15 @@ class EnvServer:
 
   # -- public -----------------------------------------------------------------------------------
 
-  async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED,
-                  handle_signals: bool = False, grace_s: float = 5.0) -> None:
+  async def serve(
+    self,
+    host: str,
+    port: int,
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
+    handle_signals: bool = False,
+    grace_s: float = 5.0,
+  ) -> None:
     """Serves until `shutdown()` (or SIGTERM/SIGINT with handle_signals); then drains in-flight
     requests for up to `grace_s` and closes every instance. task_status gets the bound port.
     Raises auth.AuthError if `host` is not loopback and the server has no token."""
@@ -162,18 +190,17 @@ class EnvServer:
 
         async def accept():
           with accept_scope:
-            await trio.serve_listeners(self._handle_connection, self.listeners,
-                                       handler_nursery=conn_nursery)
+            await trio.serve_listeners(self._handle_connection, self.listeners, handler_nursery=conn_nursery)
 
         conn_nursery.start_soon(accept)
         task_status.started(bound_port)
         await self._shutdown.wait()
-        accept_scope.cancel()   # stop accepting; open connections keep being served
+        accept_scope.cancel()  # stop accepting; open connections keep being served
         with trio.move_on_after(grace_s):
           while self.inflight:
             self._idle = trio.Event()
             await self._idle.wait()
-          for conn in list(self._connections):   # send the replies already queued
+          for conn in list(self._connections):  # send the replies already queued
             conn.writer.close()
           for conn in list(self._connections):
             await conn.flushed.wait()
@@ -195,15 +222,21 @@ class EnvServer:
         return
 
   def health(self) -> dict[str, Any]:
-    return {"status": "shutting_down" if self._shutdown.is_set() else "ok",
-            "server_id": self.server_id, "pid": os.getpid(),
-            "uptime_s": time.monotonic() - self.started,
-            "envs": {name: {"cap": p.cap, "rewards": ENV_TYPES[name].reward_names()}
-                     for name, p in self.pools.items()}}
+    return {
+      "status": "shutting_down" if self._shutdown.is_set() else "ok",
+      "server_id": self.server_id,
+      "pid": os.getpid(),
+      "uptime_s": time.monotonic() - self.started,
+      "envs": {name: {"cap": p.cap, "rewards": ENV_TYPES[name].reward_names()} for name, p in self.pools.items()},
+    }
 
   def stats(self) -> dict[str, Any]:
-    return {**self.health(), **self.counters, "inflight": self.inflight,
-            "pools": {name: p.stats() for name, p in self.pools.items()}}
+    return {
+      **self.health(),
+      **self.counters,
+      "inflight": self.inflight,
+      "pools": {name: p.stats() for name, p in self.pools.items()},
+    }
 
   # -- connections ------------------------------------------------------------------------------
 
@@ -254,17 +287,24 @@ class EnvServer:
     async with trio.open_nursery() as writer_nursery:
       writer_nursery.start_soon(conn.write_loop)
       nonce = auth.new_nonce()
-      conn.send({"hello": {"protocol": 1, "auth": None if self.token is None else auth.SCHEME,
-                           "nonce": nonce, "server_id": self.server_id}})
+      conn.send(
+        {
+          "hello": {
+            "protocol": 1,
+            "auth": None if self.token is None else auth.SCHEME,
+            "nonce": nonce,
+            "server_id": self.server_id,
+          }
+        }
+      )
       if self.token is None or await self._authenticate(conn, reader, nonce):
         async with trio.open_nursery() as requests:
           if not await self._read_requests(conn, reader, requests):
-            requests.cancel_scope.cancel()   # the client is gone: stop its in-flight calls
+            requests.cancel_scope.cancel()  # the client is gone: stop its in-flight calls
       # No more requests and every in-flight one has queued its reply: flush, then close.
       conn.writer.close()
 
-  async def _authenticate(self, conn: _Connection, reader: protocol.FrameReader,
-                          nonce: str) -> bool:
+  async def _authenticate(self, conn: _Connection, reader: protocol.FrameReader, nonce: str) -> bool:
     """The server side of the handshake (auth.py) after the hello carrying `nonce`: True if the
     client proved the secret; else it got one error reply and the connection is to be closed."""
     request, request_id = None, None
@@ -274,42 +314,53 @@ class EnvServer:
         request = None if body is None else protocol.decode_body(body, self.limits)
       except (protocol.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         request = None
-    self.counters["auth_failures"] += 1   # undone below on success
+    self.counters["auth_failures"] += 1  # undone below on success
     if not isinstance(request, dict):
-      conn.send(_error_reply(None, protocol.AUTH_REQUIRED, "this server needs authentication: "
-                             "the first frame must be an `auth` request (see PROTOCOL.md)"))
+      conn.send(
+        _error_reply(
+          None,
+          protocol.AUTH_REQUIRED,
+          "this server needs authentication: the first frame must be an `auth` request (see PROTOCOL.md)",
+        )
+      )
       return False
     request_id = request.get("id")
     if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
       request_id = None
     args = request.get("args")
     if request.get("op") != "auth" or not isinstance(args, dict):
-      conn.send(_error_reply(request_id, protocol.AUTH_REQUIRED,
-                             f"this server needs authentication: got op "
-                             f"{protocol.short_repr(request.get('op'))} before `auth`"))
+      conn.send(
+        _error_reply(
+          request_id,
+          protocol.AUTH_REQUIRED,
+          f"this server needs authentication: got op {protocol.short_repr(request.get('op'))} before `auth`",
+        )
+      )
       return False
     client_nonce = args.get("client_nonce")
-    if not isinstance(client_nonce, str) or not 16 <= len(client_nonce) <= 256 \
-        or not client_nonce.isascii():
-      conn.send(_error_reply(request_id, protocol.AUTH_FAILED,
-                             "argument 'client_nonce' must be an ASCII string of 16-256 chars"))
+    if not isinstance(client_nonce, str) or not 16 <= len(client_nonce) <= 256 or not client_nonce.isascii():
+      conn.send(
+        _error_reply(
+          request_id, protocol.AUTH_FAILED, "argument 'client_nonce' must be an ASCII string of 16-256 chars"
+        )
+      )
       return False
     if not auth.macs_equal(auth.client_mac(self.token, nonce, client_nonce), args.get("mac")):
-      conn.send(_error_reply(request_id, protocol.AUTH_FAILED,
-                             "authentication failed: wrong token (or a replayed handshake)"))
+      conn.send(
+        _error_reply(request_id, protocol.AUTH_FAILED, "authentication failed: wrong token (or a replayed handshake)")
+      )
       return False
     self.counters["auth_failures"] -= 1
     self.counters["auth_ok"] += 1
-    conn.send({"id": request_id, "ok": True,
-               "result": {"server_mac": auth.server_mac(self.token, nonce, client_nonce)}})
+    conn.send(
+      {"id": request_id, "ok": True, "result": {"server_mac": auth.server_mac(self.token, nonce, client_nonce)}}
+    )
     return True
 
-  async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader,
-                           requests: trio.Nursery) -> bool:
+  async def _read_requests(self, conn: _Connection, reader: protocol.FrameReader, requests: trio.Nursery) -> bool:
     """Reads and starts requests until the stream ends; True if the client may still read."""
     while not conn.closed:
-      while (conn.inflight >= self.max_inflight_per_connection
-             or conn.writer.queued_bytes > self.max_queued_reply_bytes):
+      while conn.inflight >= self.max_inflight_per_connection or conn.writer.queued_bytes > self.max_queued_reply_bytes:
         conn.room = trio.Event()
         await conn.room.wait()
       try:
@@ -318,14 +369,14 @@ class EnvServer:
         key = "frames_too_large" if e.error_type == protocol.FRAME_TOO_LARGE else "truncated_frames"
         self.counters[key] += 1
         conn.send(_error_reply(None, e.error_type, e.message))
-        return True   # framing is lost: answer what is in flight, then close
+        return True  # framing is lost: answer what is in flight, then close
       except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return False
       if body is None:
         return False
       self.counters["frames"] += 1
       try:
-        if len(body) > _DECODE_IN_THREAD_BYTES:   # keep the event loop serving other clients
+        if len(body) > _DECODE_IN_THREAD_BYTES:  # keep the event loop serving other clients
           request = await trio.to_thread.run_sync(protocol.decode_body, body, self.limits)
         else:
           request = protocol.decode_body(body, self.limits)
@@ -345,8 +396,7 @@ class EnvServer:
       except Exception as e:  # noqa: BLE001 -- containment: a bug answers this request only
         self.counters["internal_errors"] += 1
         log.exception("envservers: request handling failed")
-        reply = _error_reply(request.get("id"), protocol.INTERNAL, f"{type(e).__name__}: "
-                             f"{protocol.short_text(e)}")
+        reply = _error_reply(request.get("id"), protocol.INTERNAL, f"{type(e).__name__}: {protocol.short_text(e)}")
       conn.send(reply)
     finally:
       self.inflight -= 1
@@ -366,12 +416,10 @@ class EnvServer:
         raise PoolError(protocol.BAD_REQUEST, "field 'op' must be a string")
       args = request.get("args", {})
       if not isinstance(args, dict):
-        raise PoolError(protocol.BAD_REQUEST,
-                        f"field 'args' must be an object, got {type(args).__name__}")
+        raise PoolError(protocol.BAD_REQUEST, f"field 'args' must be an object, got {type(args).__name__}")
       handler = _OPS.get(op)
       if handler is None:
-        raise PoolError(protocol.UNKNOWN_OP,
-                        f"unknown op {protocol.short_repr(op)}; ops: {sorted(_OPS)}")
+        raise PoolError(protocol.UNKNOWN_OP, f"unknown op {protocol.short_repr(op)}; ops: {sorted(_OPS)}")
       if self._shutdown.is_set() and op == "acquire":
         raise PoolError(protocol.SHUTTING_DOWN, "server is shutting down")
       return {"id": request_id, "ok": True, "result": await handler(self, conn, args)}
@@ -392,16 +440,18 @@ class EnvServer:
   def _pool(self, args: dict) -> EnvPool:
     env_name = _arg(args, "env", str)
     if env_name not in self.pools:
-      raise PoolError(protocol.UNKNOWN_ENV,
-                      f"env type {protocol.short_repr(env_name)} is not served here; served: "
-                      f"{sorted(self.pools)}")
+      raise PoolError(
+        protocol.UNKNOWN_ENV,
+        f"env type {protocol.short_repr(env_name)} is not served here; served: {sorted(self.pools)}",
+      )
     return self.pools[env_name]
 
   def _key(self, conn: _Connection, args: dict) -> tuple:
     chain_id = _arg(args, "chain_id", (str, int))
     if isinstance(chain_id, str) and len(chain_id) > MAX_CHAIN_ID_CHARS:
-      raise PoolError(protocol.BAD_REQUEST, f"argument 'chain_id' has {len(chain_id)} characters; "
-                                            f"the limit is {MAX_CHAIN_ID_CHARS}")
+      raise PoolError(
+        protocol.BAD_REQUEST, f"argument 'chain_id' has {len(chain_id)} characters; the limit is {MAX_CHAIN_ID_CHARS}"
+      )
     return (conn.id, str(chain_id))
 
   async def _op_health(self, conn, args):
@@ -420,8 +470,11 @@ class EnvServer:
       await pool.release(key)
       raise PoolError(protocol.BAD_REQUEST, "connection closed")
     conn.keys.setdefault(pool.name, set()).add(key)
-    return {"instance_id": inst.id, "worker_pid": inst.env.worker_pid,
-            "call_timeout_s": pool.call_timeout_s or inst.env.call_timeout_s}
+    return {
+      "instance_id": inst.id,
+      "worker_pid": inst.env.worker_pid,
+      "call_timeout_s": pool.call_timeout_s or inst.env.call_timeout_s,
+    }
 
   async def _op_release(self, conn, args):
     pool, key = self._pool(args), self._key(conn, args)
@@ -447,24 +500,27 @@ class EnvServer:
     except (EnvCrashed, CallTimeout) as e:
       # A step never raises to the chain: the failure is its observation.
       kind = "Timeout" if isinstance(e, CallTimeout) else "EnvCrashed"
-      return {"observation": f"Error ({kind}): {e}. The environment was restarted; its state "
-                             f"(variables, files) is lost.",
-              "reward": None, "done": False, "info": {"error": kind}}
+      return {
+        "observation": f"Error ({kind}): {e}. The environment was restarted; its state (variables, files) is lost.",
+        "reward": None,
+        "done": False,
+        "info": {"error": kind},
+      }
     if not isinstance(outcome, StepOutcome):
       raise TypeError(f"env {pool.name!r} step returned {type(outcome).__name__}, not StepOutcome")
     result = outcome.to_wire()
     if restarted:
       result["info"] = {**result["info"], "restarted": True}
-      result["observation"] = ("[note: the environment had crashed and was restarted; earlier "
-                               "state is lost]\n" + result["observation"])
+      result["observation"] = (
+        "[note: the environment had crashed and was restarted; earlier state is lost]\n" + result["observation"]
+      )
     return result
 
   async def _op_compute_reward(self, conn, args):
     pool, key = self._pool(args), self._key(conn, args)
     name = _arg(args, "name", str)
     kwargs = _arg(args, "kwargs", dict, required=False, default={})
-    result, _ = await pool.call(key, "compute_reward", (name,), kwargs,
-                                timeout_s=_timeout_arg(args))
+    result, _ = await pool.call(key, "compute_reward", (name,), kwargs, timeout_s=_timeout_arg(args))
     return result
 
 
@@ -488,8 +544,11 @@ def _encode_error(request_id, error_type: str, message: str) -> bytes:
 
 
 _OPS = {
-    "health": EnvServer._op_health, "stats": EnvServer._op_stats,
-    "acquire": EnvServer._op_acquire, "release": EnvServer._op_release,
-    "reset": EnvServer._op_reset, "step": EnvServer._op_step,
-    "compute_reward": EnvServer._op_compute_reward,
+  "health": EnvServer._op_health,
+  "stats": EnvServer._op_stats,
+  "acquire": EnvServer._op_acquire,
+  "release": EnvServer._op_release,
+  "reset": EnvServer._op_reset,
+  "step": EnvServer._op_step,
+  "compute_reward": EnvServer._op_compute_reward,
 }

@@ -5,6 +5,7 @@ it framed requests over pipes. If the worker dies (crash, OOM kill, `kill -9`) t
 EnvCrashed and the pool replaces the instance; if it hangs, the pool's wall-clock limit cancels
 the call and `close()` kills it.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,9 +56,13 @@ class SubprocessEnv(ServerEnv):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     self.stderr = StderrCapture()
     self.process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "envservers.worker", target, json.dumps(self.options)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file, env=env,
-        start_new_session=True)
+      [sys.executable, "-m", "envservers.worker", target, json.dumps(self.options)],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self.stderr.file,
+      env=env,
+      start_new_session=True,
+    )
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive("start")
     if not hello.get("ready"):
@@ -67,10 +72,15 @@ class SubprocessEnv(ServerEnv):
     body = await self.reader.read_reply()
     if body is None:
       returncode = await wait_exit(self.process)
-      log.warning("env %r worker %s died during %s (%s); its stderr ends:\n%s", self.name,
-                  self.process.pid, what, exit_reason(returncode), self.stderr.tail() if self.stderr else "")
-      raise EnvCrashed(f"env {self.name!r} worker process died during {what}: "
-                       f"{exit_reason(returncode)}")
+      log.warning(
+        "env %r worker %s died during %s (%s); its stderr ends:\n%s",
+        self.name,
+        self.process.pid,
+        what,
+        exit_reason(returncode),
+        self.stderr.tail() if self.stderr else "",
+      )
+      raise EnvCrashed(f"env {self.name!r} worker process died during {what}: {exit_reason(returncode)}")
     return protocol.decode_body(body)
 
   async def _call(self, op: str, **fields) -> dict:
@@ -79,11 +89,11 @@ class SubprocessEnv(ServerEnv):
     try:
       await self.process.stdin.send_all(protocol.encode_frame({"op": op, **fields}))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
-      pass   # the read below reports how it died
+      pass  # the read below reports how it died
     reply = await self._receive(op)
     if not reply.get("ok"):
       error = reply.get("error") or {}
-      if error.get("type") == "EnvCrashed":   # the env declared itself unusable; the worker exits
+      if error.get("type") == "EnvCrashed":  # the env declared itself unusable; the worker exits
         await kill_process(self.process)
         raise EnvCrashed(f"env {self.name!r}: {error.get('message')}")
       raise WorkerError(f"{error.get('type')}: {error.get('message')}")
@@ -94,15 +104,19 @@ class SubprocessEnv(ServerEnv):
 
   async def step(self, action):
     result = await self._call("step", action=action)
-    return StepOutcome(observation=result["observation"], reward=result.get("reward"),
-                       done=bool(result.get("done")), info=result.get("info") or {})
+    return StepOutcome(
+      observation=result["observation"],
+      reward=result.get("reward"),
+      done=bool(result.get("done")),
+      info=result.get("info") or {},
+    )
 
   async def compute_reward(self, name: str, **kwargs):
     result = await self._call("compute_reward", name=name, kwargs=kwargs)
     return reward_dict(name, result["value"])
 
   async def close(self) -> None:
-    if self.alive():   # let the env clean up (e.g. stop a simulator), briefly
+    if self.alive():  # let the env clean up (e.g. stop a simulator), briefly
       with trio.CancelScope(shield=True), trio.move_on_after(2):
         try:
           await self._call("close")

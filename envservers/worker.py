@@ -8,6 +8,7 @@ prints go to stderr, never into the protocol. Ops: reset {row}, step {action},
 compute_reward {name, kwargs}, close. An env raising EnvCrashed (its simulator died) ends
 the worker: the server then recycles the instance.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,7 +35,7 @@ def _send(fd: int, message: dict) -> None:
   body = json.dumps(message).encode("utf-8")
   data = len(body).to_bytes(4, "big") + body
   while data:
-    data = data[os.write(fd, data):]
+    data = data[os.write(fd, data) :]
 
 
 def _load(target: str):
@@ -47,7 +48,7 @@ def _load(target: str):
 
 def main(argv: list[str]) -> int:
   proto_in, proto_out = os.dup(0), os.dup(1)
-  os.dup2(2, 1)   # env code printing to stdout must not corrupt the protocol
+  os.dup2(2, 1)  # env code printing to stdout must not corrupt the protocol
   sys.stdout = sys.stderr
   cls = _load(argv[0])
   env = cls(**json.loads(argv[1]))
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
       else:
         raise ValueError(f"unknown worker op {op!r}")
       _send(proto_out, {"ok": True, "result": result})
-    except EnvCrashed as e:   # the env is unusable (e.g. its simulator died): report and exit
+    except EnvCrashed as e:  # the env is unusable (e.g. its simulator died): report and exit
       traceback.print_exc()
       _send(proto_out, {"ok": False, "error": {"type": "EnvCrashed", "message": str(e)}})
       return 3

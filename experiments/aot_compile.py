@@ -24,6 +24,7 @@ before anything is compiled. Model shapes: `--model` = a preset (models/presets.
 config.json (or its folder); default: the config's `model.aot_preset`, else its own model. The
 work is done by agentfly_jax/rl/aot.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,23 +35,30 @@ from ml_collections import config_flags
 
 
 config_flags.DEFINE_config_file("config", None, "A run config (configs/*.py); every field is a flag.")
-flags.DEFINE_string("topology", None, "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4; "
-                    "or GPUs <gpu>:<count>, e.g. h100:8, h200:16 (hosts of 8).")
-flags.DEFINE_string("model", "", "A preset name (models/presets.py) or an HF config.json / folder; "
-                    "'' = the config's model.")
-flags.DEFINE_list("programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"],
-                  "Which programs to compile.")
+flags.DEFINE_string(
+  "topology",
+  None,
+  "TPU topology <gen>:<shape>, e.g. v5e:2x2, v5p:2x2x2, v6e:2x4; "
+  "or GPUs <gpu>:<count>, e.g. h100:8, h200:16 (hosts of 8).",
+)
+flags.DEFINE_string(
+  "model", "", "A preset name (models/presets.py) or an HF config.json / folder; '' = the config's model."
+)
+flags.DEFINE_list(
+  "programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"], "Which programs to compile."
+)
 flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
 flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")
 flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip in GiB; 0 = the generation's (HBM_GIB).")
-flags.DEFINE_string("table", "", "Also add this report to a collected table <table>.{json,md} "
-                    "(e.g. experiments/results/aot_tpu).")
+flags.DEFINE_string(
+  "table", "", "Also add this report to a collected table <table>.{json,md} (e.g. experiments/results/aot_tpu)."
+)
 flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
 
 from agentfly_jax.rl.aot import PROGRAMS, BadInput, append_to_table, fit_advice, run, write_report  # noqa: E402
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def main(argv):
@@ -60,8 +68,11 @@ def main(argv):
     raise app.UsageError("--config is required")
   if not FLAGS.topology:
     raise app.UsageError("--topology is required (e.g. v5e:2x2)")
-  out = FLAGS.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                  f"aot_{config.get('name', 'run')}_{FLAGS.topology.replace(':', '_')}")
+  out = FLAGS.out or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)),
+    "results",
+    f"aot_{config.get('name', 'run')}_{FLAGS.topology.replace(':', '_')}",
+  )
   try:
     report = run(config, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
   except BadInput as e:
@@ -74,9 +85,12 @@ def main(argv):
     print(f"aot_compile: added to {FLAGS.table}.md", flush=True)
   over = [row for row in report["rows"] if not row["fits"]]
   if over:
-    msgs = [f"program {row['program']} needs {row['peak_bytes'] / GIB:.2f} GiB a chip, "
-            f"{(row['peak_bytes'] - row['hbm_bytes']) / GIB:.2f} GiB over the {row['hbm_bytes'] / GIB:.0f} GiB of "
-            f"HBM on {report['topology']}; would fit: {fit_advice(report, row)}" for row in over]
+    msgs = [
+      f"program {row['program']} needs {row['peak_bytes'] / GIB:.2f} GiB a chip, "
+      f"{(row['peak_bytes'] - row['hbm_bytes']) / GIB:.2f} GiB over the {row['hbm_bytes'] / GIB:.0f} GiB of "
+      f"HBM on {report['topology']}; would fit: {fit_advice(report, row)}"
+      for row in over
+    ]
     print("aot_compile: DOES NOT FIT: " + " | ".join(msgs), file=sys.stderr, flush=True)
     sys.exit(2)
 

@@ -7,6 +7,7 @@
 Then `agentfly_jax.models.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained(out_dir)`.
 With --check, greedy-completes --prompt with the converted model.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ flags.DEFINE_integer("max_new_tokens", 8, "tokens for --check")
 
 def main(_):
   from agentfly_jax.models import convert_gguf_to_hf, smollm2_gguf_path, write_qwen25_tokenizer
+
   f = flags.FLAGS
   start = time.time()
   if f.qwen25_tokenizer:
@@ -41,6 +43,7 @@ def main(_):
     from transformers import AutoTokenizer
 
     from agentfly_jax.models import from_pretrained
+
     model = from_pretrained(f.out_dir)
     tok = AutoTokenizer.from_pretrained(f.out_dir)
     ids = tok(f.prompt).input_ids

@@ -6,6 +6,7 @@ Reads the run's config.json (it rebuilds the run's task, built-in or user task) 
 (latest, or --step), prints the metrics and writes them to <workdir>/eval_step<N>.json, and the
 first --transcript_chains chains (model-written text in ⟦ ⟧) to <workdir>/eval_step<N>_transcript.txt.
 """
+
 import json
 import os
 import sys
@@ -28,14 +29,17 @@ def main(argv):
   from agentfly_jax.agents.display import format_trajectory
   from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.trainer import Trainer
+
   cfg_path = os.path.join(_WORKDIR.value, "config.json")
   if not os.path.exists(cfg_path):
     sys.exit(f"evaluate: {cfg_path} not found (is --workdir a train.py run directory?)")
   from agentfly_jax.rl.config import migrate
+
   with open(cfg_path) as f:
-    config = migrate(json.load(f))   # a run saved by any version: today's fields
+    config = migrate(json.load(f))  # a run saved by any version: today's fields
   config.log.progress = False
   from agentfly_jax.rl.compile_cache import enable_compile_cache
+
   try:  # the run's compiled programs (sampler, log-probs) load instead of compiling again
     enable_compile_cache(config.train.compile_cache)
   except ValueError as e:
@@ -49,11 +53,13 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"evaluate: the run's task does not rebuild: {e}")
   if trained_task and trained_task["fingerprint"] != trainer.task_fingerprint:
-    sys.exit(f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
-             "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
-             "(a Task given in Python, or edited task files); evaluate it in Python with "
-             "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
-             "(--config.task.module) to evaluate it from the command line")
+    sys.exit(
+      f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
+      "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
+      "(a Task given in Python, or edited task files); evaluate it in Python with "
+      "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
+      "(--config.task.module) to evaluate it from the command line"
+    )
   step = _STEP.value if _STEP.value is not None else trainer.checkpointer.latest_step()
   if step is None:
     sys.exit(f"evaluate: no checkpoint in {_WORKDIR.value}/checkpoints")
@@ -74,7 +80,7 @@ def main(argv):
     json.dump(metrics, f, indent=2, sort_keys=True)
   transcript = os.path.join(_WORKDIR.value, f"eval_step{step}_transcript.txt")
   with open(transcript, "w") as f:
-    for t in trajs[:_TRANSCRIPT_CHAINS.value]:
+    for t in trajs[: _TRANSCRIPT_CHAINS.value]:
       f.write(format_trajectory(t, trainer.tokenizer, color=False) + "\n\n")
   for k, v in sorted(metrics.items()):
     print(f"{k}: {v}")

@@ -8,6 +8,7 @@ a list of {"question", "answer": [gold, *aliases], "type", "hops", "supporting_t
 "entity"}). `--ship` rewrites the corpus the `retrieval` env serves by default
 (envservers/data/multihop_kb.jsonl.gz; seed 0, scale 1; a test checks it matches).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ _OUT_DIR = flags.DEFINE_string("out_dir", "runs/multihop_kb", "Output folder.")
 _SEED = flags.DEFINE_integer("seed", 0, "Generator seed.")
 _SCALE = flags.DEFINE_float("scale", 1.0, "Entity-count multiplier (1.0: ~5,200 passages).")
 _SHIP = flags.DEFINE_bool("ship", False, "Rewrite envservers/data/multihop_kb.jsonl.gz.")
-SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envservers",
-                       "data", "multihop_kb.jsonl.gz")
+SHIPPED = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envservers", "data", "multihop_kb.jsonl.gz"
+)
 
 
 def main(argv):
@@ -37,9 +39,11 @@ def main(argv):
       json.dump(rows, f, indent=1)
   if _SHIP.value:
     write_corpus(kb.passages, SHIPPED)
-  print(f"{len(kb.passages)} passages, {len(kb.questions['train'])} train / "
-        f"{len(kb.questions['test'])} test questions in {time.perf_counter() - start:.1f} s "
-        f"-> {_OUT_DIR.value}")
+  print(
+    f"{len(kb.passages)} passages, {len(kb.questions['train'])} train / "
+    f"{len(kb.questions['test'])} test questions in {time.perf_counter() - start:.1f} s "
+    f"-> {_OUT_DIR.value}"
+  )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ in the buggy one, that makes the buggy repository; the reference fix is its inve
 `fail_to_pass` (the hidden tests the bug breaks, as pytest node ids under hidden_tests/).
 The source repositories are shipped once; the env makes each task's repository at reset.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,12 +40,21 @@ def define_flags() -> None:
   flags.DEFINE_integer("per_kind", 2, "tasks per bug kind and repository (at most)")
   flags.DEFINE_integer("seed", 0, "candidate order")
 
-KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_default",
-         "swapped_arguments", "broken_import")
+
+KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_default", "swapped_arguments", "broken_import")
 TEST_COMMAND = "python -m pytest -q"
-_SWAP_OPS = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"),
-             ast.Gt: (">", ">="), ast.GtE: (">=", ">"), ast.Eq: ("==", "!="),
-             ast.NotEq: ("!=", "=="), ast.FloorDiv: ("//", "/"), ast.Mult: ("*", "+")}
+_SWAP_OPS = {
+  ast.Add: ("+", "-"),
+  ast.Sub: ("-", "+"),
+  ast.Lt: ("<", "<="),
+  ast.LtE: ("<=", "<"),
+  ast.Gt: (">", ">="),
+  ast.GtE: (">=", ">"),
+  ast.Eq: ("==", "!="),
+  ast.NotEq: ("!=", "=="),
+  ast.FloorDiv: ("//", "/"),
+  ast.Mult: ("*", "+"),
+}
 
 # Runs test functions without pytest: {file::name: None (passed) or the error}. Fast enough to
 # try every candidate bug.
@@ -107,8 +117,9 @@ def run_tests(repo: str, test_files: list[str]) -> dict:
   leaves unreported counts as failed by the caller)."""
   env = dict(os.environ, PYTHONPATH=repo, PYTHONDONTWRITEBYTECODE="1")
   try:
-    out = subprocess.run([sys.executable, "-c", RUNNER, *test_files], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=20)
+    out = subprocess.run(
+      [sys.executable, "-c", RUNNER, *test_files], cwd=repo, env=env, capture_output=True, text=True, timeout=20
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
   except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
     return {}
@@ -136,15 +147,14 @@ def candidates(source: str, package: str, repo_functions: set[str]) -> list[tupl
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
       seg = _segment(lines, node.args[-1])
       if seg:
-        text = lines[seg[0]][seg[1]:seg[2]]
-        for new in ((text[:-4] if text.endswith((" - 1", " + 1")) else None), f"{text} - 1",
-                    f"{text} + 1"):
+        text = lines[seg[0]][seg[1] : seg[2]]
+        for new in ((text[:-4] if text.endswith((" - 1", " + 1")) else None), f"{text} - 1", f"{text} + 1"):
           if new:
             out.append(("off_by_one", _replace(source, *seg, new)))
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice) and node.slice.upper:
       seg = _segment(lines, node.slice.upper)
       if seg:
-        text = lines[seg[0]][seg[1]:seg[2]]
+        text = lines[seg[0]][seg[1] : seg[2]]
         out.append(("off_by_one", _replace(source, *seg, f"{text} - 1")))
     if isinstance(node, (ast.BinOp, ast.Compare)):
       op = node.op if isinstance(node, ast.BinOp) else node.ops[0]
@@ -152,19 +162,27 @@ def candidates(source: str, package: str, repo_functions: set[str]) -> list[tupl
       swap = _SWAP_OPS.get(type(op))
       if swap and node.lineno == right.lineno == node.left.end_lineno:
         line = node.lineno - 1
-        gap = lines[line][node.left.end_col_offset:right.col_offset]
+        gap = lines[line][node.left.end_col_offset : right.col_offset]
         if gap.strip() == swap[0]:
-          out.append(("wrong_operator", _replace(source, line, node.left.end_col_offset,
-                                                 right.col_offset, gap.replace(swap[0], swap[1]))))
+          out.append(
+            (
+              "wrong_operator",
+              _replace(source, line, node.left.end_col_offset, right.col_offset, gap.replace(swap[0], swap[1])),
+            )
+          )
       if isinstance(node, ast.BinOp) and isinstance(right, ast.Constant) and right.value == 1:
         seg = (node.lineno - 1, node.col_offset, node.end_col_offset)
-        if node.lineno == node.end_lineno:   # `x - 1` -> `x`: an off-by-one too
+        if node.lineno == node.end_lineno:  # `x - 1` -> `x`: an off-by-one too
           out.append(("off_by_one", _replace(source, *seg, ast.get_source_segment(source, node.left))))
     if isinstance(node, (ast.FunctionDef,)):
       for stmt in node.body:
-        if (isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1
-            and isinstance(stmt.body[0], (ast.Return, ast.Raise))):
-          kept = lines[:stmt.lineno - 1] + lines[stmt.end_lineno:]
+        if (
+          isinstance(stmt, ast.If)
+          and not stmt.orelse
+          and len(stmt.body) == 1
+          and isinstance(stmt.body[0], (ast.Return, ast.Raise))
+        ):
+          kept = lines[: stmt.lineno - 1] + lines[stmt.end_lineno :]
           out.append(("missing_edge_case", "\n".join(kept) + "\n"))
       for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
         if isinstance(default, ast.Constant) and _segment(lines, default):
@@ -180,16 +198,19 @@ def candidates(source: str, package: str, repo_functions: set[str]) -> list[tupl
           else:
             continue
           out.append(("wrong_default", _replace(source, *_segment(lines, default), new)))
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-        and node.func.id in repo_functions and len(node.args) >= 2):
+    if (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Name)
+      and node.func.id in repo_functions
+      and len(node.args) >= 2
+    ):
       a, b = node.args[0], node.args[1]
       sa, sb = ast.get_source_segment(source, a), ast.get_source_segment(source, b)
       if sa != sb and a.lineno == b.end_lineno == node.lineno:
         line = a.lineno - 1
-        text = lines[line][a.col_offset:b.end_col_offset]
-        swapped = sb + text[len(sa):len(text) - len(sb)] + sa
-        out.append(("swapped_arguments", _replace(source, line, a.col_offset, b.end_col_offset,
-                                                   swapped)))
+        text = lines[line][a.col_offset : b.end_col_offset]
+        swapped = sb + text[len(sa) : len(text) - len(sb)] + sa
+        out.append(("swapped_arguments", _replace(source, line, a.col_offset, b.end_col_offset, swapped)))
     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
       line = node.lineno - 1
       module = node.module
@@ -205,8 +226,7 @@ def unique_edit(before: str, after: str) -> tuple[str, str]:
   until `old` occurs exactly once in `before` and `new` exactly once in `after` (so the edit
   and its inverse are each one exact str_replace)."""
   a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-  ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-         if op[0] != "equal"]
+  ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
   i1, i2, j1, j2 = ops[0][1], ops[-1][2], ops[0][3], ops[-1][4]
   while True:
     old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
@@ -240,13 +260,17 @@ def issue_text(kind: str, module: str, function: str | None, failure: tuple[str,
   test_name = test.rsplit("::", 1)[1]
   where = f"`{function}` in `{module}`" if function else f"`{module}`"
   if kind == "broken_import" or test_name == "<import>":
-    return (f"Importing the package fails.\n\nRunning the test suite stops while importing: "
-            f"{error['type']}: {error['message']}\n\nThe problem seems to be in `{module}`. "
-            f"Please make the package importable again without changing its behaviour.")
+    return (
+      f"Importing the package fails.\n\nRunning the test suite stops while importing: "
+      f"{error['type']}: {error['message']}\n\nThe problem seems to be in `{module}`. "
+      f"Please make the package importable again without changing its behaviour."
+    )
   detail = f"\n\n    {error['line']}\n\nfails with {error['type']}"
   detail += f": {error['message']}" if error["message"] else ""
-  return (f"{where} returns wrong results.\n\nThe test `{test_name}` in tests/ breaks at{detail}."
-          f"\n\nPlease fix {where} so that it does what its docstring and the tests say.")
+  return (
+    f"{where} returns wrong results.\n\nThe test `{test_name}` in tests/ breaks at{detail}."
+    f"\n\nPlease fix {where} so that it does what its docstring and the tests say."
+  )
 
 
 def repo_rng(seed: int, name: str) -> random.Random:
@@ -254,8 +278,9 @@ def repo_rng(seed: int, name: str) -> random.Random:
   return random.Random(f"{seed}:{name}")
 
 
-def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
-                    per_kind: int, rng: random.Random) -> list[str]:
+def make_repo_tasks(
+  name: str, files: dict[str, str], hidden: str, out_dir: str, per_kind: int, rng: random.Random
+) -> list[str]:
   """Writes <out_dir>/<task_id>.json for each kept bug of one repository; the task ids."""
   made = []
   os.makedirs(out_dir, exist_ok=True)
@@ -267,8 +292,7 @@ def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
     hidden_path = os.path.join(tmp, "hidden", "test_hidden.py")
     clean = run_tests(base, visible + [hidden_path])
     assert clean and all(v is None for v in clean.values()), f"{name}: tests fail unmodified: {clean}"
-    functions = {n.name for text in files.values() for n in ast.walk(ast.parse(text))
-                 if isinstance(n, ast.FunctionDef)}
+    functions = {n.name for text in files.values() for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
     found = {kind: [] for kind in KINDS}
     for path, source in files.items():
       if path.startswith("tests/") or not path.endswith(".py"):
@@ -295,21 +319,25 @@ def make_repo_tasks(name: str, files: dict[str, str], hidden: str, out_dir: str,
         in_hidden = lambda key: key.startswith(hidden_path + "::")  # noqa: E731
         vis_fail = sorted((k, v) for k, v in results.items() if v is not None and not in_hidden(k))
         hid_fail = {k.rsplit("::", 1)[1] for k, v in results.items() if in_hidden(k) and v is not None}
-        if "<import>" in hid_fail:   # the hidden module cannot import: every test fails
+        if "<import>" in hid_fail:  # the hidden module cannot import: every test fails
           hid_fail = {k.rsplit("::", 1)[1] for k in clean if in_hidden(k)}
         if len(results) < len(clean) and not any(k.endswith("<import>") for k in results):
-          continue   # a test hung or crashed the runner
+          continue  # a test hung or crashed the runner
         if not vis_fail or not hid_fail:
           continue
         task_id = f"{name}-{kind}-{kept}"
         old, new = unique_edit(files[path], mutated)
         function = enclosing_function(mutated, first_changed_line(files[path], mutated))
         failure = (vis_fail[0][0].replace(trial + "/", ""), vis_fail[0][1])
-        meta = {"task_id": task_id, "repo_name": name, "kind": kind,
-                "problem_statement": issue_text(kind, path, function, failure),
-                "test_command": TEST_COMMAND,
-                "fail_to_pass": [f"test_hidden.py::{test}" for test in sorted(hid_fail)],
-                "bug": {"path": path, "old": old, "new": new}}
+        meta = {
+          "task_id": task_id,
+          "repo_name": name,
+          "kind": kind,
+          "problem_statement": issue_text(kind, path, function, failure),
+          "test_command": TEST_COMMAND,
+          "fail_to_pass": [f"test_hidden.py::{test}" for test in sorted(hid_fail)],
+          "bug": {"path": path, "old": old, "new": new},
+        }
         with open(os.path.join(out_dir, f"{task_id}.json"), "w") as f:
           json.dump(meta, f, indent=1)
           f.write("\n")
@@ -325,8 +353,9 @@ def main(argv):
   summary = {}
   for split in ("train", "test"):
     for name, (files, hidden) in source_repos(split).items():
-      made = make_repo_tasks(name, files, hidden, os.path.join(FLAGS.out, split), FLAGS.per_kind,
-                             repo_rng(FLAGS.seed, name))
+      made = make_repo_tasks(
+        name, files, hidden, os.path.join(FLAGS.out, split), FLAGS.per_kind, repo_rng(FLAGS.seed, name)
+      )
       summary[f"{split}/{name}"] = made
       print(f"{split}/{name}: {len(made)} tasks: {', '.join(made)}")
   total = sum(len(v) for v in summary.values())

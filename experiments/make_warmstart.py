@@ -14,6 +14,7 @@ printed along the way and saved in warmstart.json. The folder is shipped in the 
 so the demo and the CI learning test start from it in seconds (`configs/lookup_*.py` point
 `model.pretrained` at it).
 """
+
 import os
 import sys
 import time
@@ -28,11 +29,18 @@ _PRIOR_STEPS = flags.DEFINE_integer("prior_steps", 150, "SFT steps on mixed demo
 _TOOL_USE_PROB = flags.DEFINE_float("tool_use_prob", 0.3, "Tool use rate of the mixed demonstrations.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Demonstrations per SFT step.")
 _LR = flags.DEFINE_float("lr", 3e-3, "SFT learning rate of the copy phase.")
-_PRIOR_LR = flags.DEFINE_float("prior_lr", 0.0, "> 0: the prior phase gets a fresh optimizer with this learning "
-                                "rate; 0 (the shipped recipe): it continues the copy phase's optimizer.")
+_PRIOR_LR = flags.DEFINE_float(
+  "prior_lr",
+  0.0,
+  "> 0: the prior phase gets a fresh optimizer with this learning "
+  "rate; 0 (the shipped recipe): it continues the copy phase's optimizer.",
+)
 _INIT = flags.DEFINE_string("init", "", "Start from this HF folder (model + tokenizer) instead of a random init.")
-_FIRST_STEP = flags.DEFINE_integer("first_step", 0, "Step number to start counting at (seeds the demo rows; "
-                                   "give the init's step count when continuing from --init).")
+_FIRST_STEP = flags.DEFINE_integer(
+  "first_step",
+  0,
+  "Step number to start counting at (seeds the demo rows; give the init's step count when continuing from --init).",
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 _LAYERS = flags.DEFINE_integer("layers", 2, "Decoder layers.")
 _HIDDEN = flags.DEFINE_integer("hidden", 128, "Hidden size.")
@@ -70,15 +78,21 @@ def main(argv):
   last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
   greedy = sampled = None
   runner = state = None
-  for phase, steps, p_tool, lr in [("copy", _COPY_STEPS.value, 1.0, _LR.value),
-                                   ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value)]:
+  for phase, steps, p_tool, lr in [
+    ("copy", _COPY_STEPS.value, 1.0, _LR.value),
+    ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value),
+  ]:
     if not steps:
       continue
     if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
       runner = tr.sft_runner(make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
       state = runner.new_state(params)
-    demo = ScriptedPolicySampler(tr.tokenizer, lambda text, rng, p=p_tool: tr.task.scripted_response(
-        text, rng.random() < p, rng), tr.end_of_turn_id, seed=c.seed)
+    demo = ScriptedPolicySampler(
+      tr.tokenizer,
+      lambda text, rng, p=p_tool: tr.task.scripted_response(text, rng.random() < p, rng),
+      tr.end_of_turn_id,
+      seed=c.seed,
+    )
     for _ in range(steps):
       rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
@@ -89,10 +103,12 @@ def main(argv):
       if step % 50 == 0 or step == last:
         greedy = tr.evaluate(state.params, seed=c.seed)
         sampled = rollout_metrics(tr.rollout(tr.eval_rows, num_chains=2, seed=step), prefix="t1")
-        print(f"  greedy: success {greedy['eval/success_rate']:.2f}, tool calls/chain "
-              f"{greedy['eval/tool_calls_per_chain']:.2f}; sampled (T=1): success "
-              f"{sampled['t1/success_rate']:.2f}, tool calls/chain {sampled['t1/tool_calls_per_chain']:.2f}",
-              flush=True)
+        print(
+          f"  greedy: success {greedy['eval/success_rate']:.2f}, tool calls/chain "
+          f"{greedy['eval/tool_calls_per_chain']:.2f}; sampled (T=1): success "
+          f"{sampled['t1/success_rate']:.2f}, tool calls/chain {sampled['t1/tool_calls_per_chain']:.2f}",
+          flush=True,
+        )
     params = state.params
   model = nnx.merge(tr.graphdef, params, tr.rest)
   save_pretrained(model, _OUT.value, tokenizer_dir=_INIT.value or os.path.join(workdir, "tokenizer"))
@@ -101,12 +117,27 @@ def main(argv):
     with open(os.path.join(_INIT.value, "warmstart.json")) as f:
       init_recipe = json.load(f)
   with open(os.path.join(_OUT.value, "warmstart.json"), "w") as f:
-    json.dump({"command": " ".join(sys.argv), "init": _INIT.value or None, "init_recipe": init_recipe,
-               "first_step": _FIRST_STEP.value, "copy_steps": _COPY_STEPS.value, "prior_steps": _PRIOR_STEPS.value,
-               "tool_use_prob": _TOOL_USE_PROB.value, "batch": _BATCH.value, "lr": _LR.value,
-               "prior_lr": _PRIOR_LR.value,
-               "seed": c.seed, "guess_word_in_loss": False, "final_greedy": greedy,
-               "final_sampled": sampled, "wall_s": time.time() - t0}, f, indent=2)
+    json.dump(
+      {
+        "command": " ".join(sys.argv),
+        "init": _INIT.value or None,
+        "init_recipe": init_recipe,
+        "first_step": _FIRST_STEP.value,
+        "copy_steps": _COPY_STEPS.value,
+        "prior_steps": _PRIOR_STEPS.value,
+        "tool_use_prob": _TOOL_USE_PROB.value,
+        "batch": _BATCH.value,
+        "lr": _LR.value,
+        "prior_lr": _PRIOR_LR.value,
+        "seed": c.seed,
+        "guess_word_in_loss": False,
+        "final_greedy": greedy,
+        "final_sampled": sampled,
+        "wall_s": time.time() - t0,
+      },
+      f,
+      indent=2,
+    )
   print(f"saved {_OUT.value}")
 
 

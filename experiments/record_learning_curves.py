@@ -8,6 +8,7 @@ Each algorithm trains from the same shipped warm-started policy (experiments/mak
 <out>/learning_curves.png and <out>/summary.json (initial vs final success, wall-clock). Algorithms
 already recorded in <out> and not in --algos keep their results (summary entry, folder, curve).
 """
+
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   import importlib.util
   from agentfly_jax.rl.trainer import Trainer
+
   out = os.path.abspath(_OUT.value)
   os.makedirs(out, exist_ok=True)
   summary = {"machine": f"{os.cpu_count()} CPU cores (no GPU)", "algos": {}}
@@ -60,8 +62,13 @@ def main(argv):
     first = sum(v for _, v in roll[:3]) / max(1, len(roll[:3]))
     last = sum(v for _, v in roll[-3:]) / max(1, len(roll[-3:]))
     rl_time = sum(r.get("time/step_s", 0) for r in records)
-    summary["algos"][algo] = {"rollout_success_first3": first, "rollout_success_last3": last,
-                              "eval_success": ev, "rl_wall_s": rl_time, "total_wall_s": wall}
+    summary["algos"][algo] = {
+      "rollout_success_first3": first,
+      "rollout_success_last3": last,
+      "eval_success": ev,
+      "rl_wall_s": rl_time,
+      "total_wall_s": wall,
+    }
     print(f"{algo}: rollout success {first:.2f} -> {last:.2f}; eval {ev}; RL time {rl_time:.0f}s", flush=True)
   # algorithms not run now keep their recorded results (their folders and summary entries)
   old_path = os.path.join(out, "summary.json")
@@ -77,8 +84,10 @@ def main(argv):
   with open(old_path, "w") as f:
     json.dump(summary, f, indent=2)
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(7, 4))
   for i, (algo, records) in enumerate(sorted(all_records.items())):
     color = f"C{i}"

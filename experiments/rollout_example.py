@@ -8,6 +8,7 @@ chains end on the token budget or without a tool call. A second rollout with a s
 (fixed replies) shows the multi-turn structure: model turns highlighted, tool observations and
 template text appended between them, the finish tool ending the chain, the reward.
 """
+
 import os
 import sys
 import tempfile
@@ -25,8 +26,8 @@ _COLOR = flags.DEFINE_bool("color", True, "ANSI colours (else model text is in â
 _SEED = flags.DEFINE_integer("seed", 0, "Model init and sampling seed.")
 
 QUESTIONS = [
-    {"question": "How many letters does the word 'rollout' have?", "word": "rollout"},
-    {"question": "How many letters does the word 'agent' have?", "word": "agent"},
+  {"question": "How many letters does the word 'rollout' have?", "word": "rollout"},
+  {"question": "How many letters does the word 'agent' have?", "word": "agent"},
 ]
 
 
@@ -61,33 +62,47 @@ def main(argv):
   # 2. Tokenizer, tiny model, JAX sampler.
   workdir = tempfile.mkdtemp(prefix="rollout_example_")
   corpus = [q["question"] for q in QUESTIONS] + ["The word has 7 letters.", "count_letters"] * 5
-  tok_dir = build_tiny_tokenizer(os.path.join(workdir, "tokenizer"), corpus, vocab_size=512,
-                                 template=_TEMPLATE.value)
-  agent = ToolCallAgent(tok_dir, tools=[count_letters, answer], reward_fn=correct_count,
-                        system_prompt="Count letters with the tool, then answer.")
+  tok_dir = build_tiny_tokenizer(os.path.join(workdir, "tokenizer"), corpus, vocab_size=512, template=_TEMPLATE.value)
+  agent = ToolCallAgent(
+    tok_dir,
+    tools=[count_letters, answer],
+    reward_fn=correct_count,
+    system_prompt="Count letters with the tool, then answer.",
+  )
   vocab = agent.tokenizer.vocab_size
   model = CausalLM(tiny_config("qwen2", vocab_size=vocab), rngs=nnx.Rngs(_SEED.value))
   sampler = JaxSampler(model, agent.tokenizer, max_batch_size=8, max_len=2048, seed=_SEED.value)
   params = SamplingParams(temperature=1.0, top_p=0.95)
 
   start = time.perf_counter()
-  trajectories = run_rollout(agent, QUESTIONS, sampler=sampler, num_chains=_NUM_CHAINS.value,
-                             max_turns=_MAX_TURNS.value, sampling_params=params,
-                             max_tokens_per_turn=_MAX_TOKENS_PER_TURN.value,
-                             max_total_tokens=1536, seed=_SEED.value)
+  trajectories = run_rollout(
+    agent,
+    QUESTIONS,
+    sampler=sampler,
+    num_chains=_NUM_CHAINS.value,
+    max_turns=_MAX_TURNS.value,
+    sampling_params=params,
+    max_tokens_per_turn=_MAX_TOKENS_PER_TURN.value,
+    max_total_tokens=1536,
+    seed=_SEED.value,
+  )
   elapsed = time.perf_counter() - start
   batch = pad_batch(trajectories, pad_id=agent.tokenizer.pad_token_id)
-  print(f"== JAX sampler, random tiny model: {len(trajectories)} chains in {elapsed:.1f} s "
-        f"(incl. compilation); batch arrays "
-        f"{ {k: v.shape for k, v in batch.items()} }")
+  print(
+    f"== JAX sampler, random tiny model: {len(trajectories)} chains in {elapsed:.1f} s "
+    f"(incl. compilation); batch arrays "
+    f"{ {k: v.shape for k, v in batch.items()} }"
+  )
   print(f"finish reasons: {[t.finish_reason for t in trajectories]}")
   print(format_trajectory(trajectories[0], agent.tokenizer, color=_COLOR.value))
 
   # 3. The same agent with scripted replies, to show a full multi-turn chain.
   tok = agent.tokenizer
   eot = agent.end_of_turn_text.strip() or tok.special_tokens.get("eos_token", "")
-  replies = ['<tool_call>\n{"name": "count_letters", "arguments": {"word": "rollout"}}\n</tool_call>',
-             '<tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>']
+  replies = [
+    '<tool_call>\n{"name": "count_letters", "arguments": {"word": "rollout"}}\n</tool_call>',
+    '<tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>',
+  ]
 
   def script(prompt_ids):
     turn = tok.decode(prompt_ids).count("count_letters\", \"arguments") > 0
@@ -96,8 +111,10 @@ def main(argv):
   [scripted] = run_rollout(agent, QUESTIONS[:1], sampler=ScriptedSampler(script), max_turns=4)
   print("\n== Scripted sampler (fixed replies), same agent, tool and reward:")
   print(format_trajectory(scripted, tok, color=_COLOR.value))
-  print(f"prediction {scripted.prediction!r}, reward {scripted.reward}, metrics "
-        f"{scripted.reward_metrics}, tool calls {scripted.tool_calls}")
+  print(
+    f"prediction {scripted.prediction!r}, reward {scripted.reward}, metrics "
+    f"{scripted.reward_metrics}, tool calls {scripted.tool_calls}"
+  )
 
 
 if __name__ == "__main__":

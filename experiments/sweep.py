@@ -13,6 +13,7 @@ Every point's config and task (rows, tools, reward; agentfly_jax/tasks/from_conf
 checked before any run starts. `--config=configs/from_run.py:runs/x` sweeps around a saved run
 (its config.json, hence exactly its task). Paths are taken relative to the current directory.
 """
+
 import importlib.util
 import itertools
 import json
@@ -36,8 +37,9 @@ _NUM_RANDOM = flags.DEFINE_integer("num_random", 4, "Points to draw in random mo
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for random mode.")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at once, locally.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Write the plan and the SLURM script; run nothing.")
-_METRICS = flags.DEFINE_list("metrics", ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                             "Final metrics to tabulate.")
+_METRICS = flags.DEFINE_list(
+  "metrics", ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"], "Final metrics to tabulate."
+)
 
 
 def parse_assignments(text: str, *, multi: bool) -> dict:
@@ -94,6 +96,7 @@ def check_point(base_config, overrides: dict) -> None:
   """Raises ValueError naming the bad field, row or file of one sweep point (nothing is built)."""
   from agentfly_jax.rl.config import validate_config
   from agentfly_jax.tasks.from_config import build_task
+
   config = with_overrides(base_config, overrides)
   validate_config(config)
   build_task(config)
@@ -118,15 +121,26 @@ def absolute_overrides(overrides: dict) -> dict:
 
 
 def run_command(config: str, workdir: str, overrides: dict) -> list[str]:
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config}",
-         f"--workdir={workdir}", "--config.log.progress=False"]
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, "experiments", "train.py"),
+    f"--config={config}",
+    f"--workdir={workdir}",
+    "--config.log.progress=False",
+  ]
   cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
   return cmd
 
 
 def write_slurm(path: str, commands: list[list[str]]) -> None:
-  lines = ["#!/bin/bash", f"#SBATCH --array=0-{len(commands) - 1}", "#SBATCH --job-name=agentfly-sweep",
-           "#SBATCH --output=%x-%A_%a.out", "", "case $SLURM_ARRAY_TASK_ID in"]
+  lines = [
+    "#!/bin/bash",
+    f"#SBATCH --array=0-{len(commands) - 1}",
+    "#SBATCH --job-name=agentfly-sweep",
+    "#SBATCH --output=%x-%A_%a.out",
+    "",
+    "case $SLURM_ARRAY_TASK_ID in",
+  ]
   for i, cmd in enumerate(commands):
     lines.append(f"  {i}) {' '.join(shlex.quote(c) for c in cmd)} ;;")
   lines += ["esac", ""]
@@ -161,15 +175,21 @@ def write_summary(sweep_dir: str, rows: list[dict], keys: list[str]) -> None:
   with open(os.path.join(sweep_dir, "summary.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(max(5, len(rows) * 1.2), 4))
   width = 0.8 / max(1, len(keys))
   for j, k in enumerate(keys):
     ax.bar([i + j * width for i in range(len(rows))], [r["final"][k] or 0 for r in rows], width, label=k)
   ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
-  ax.set_xticklabels([",".join(f"{k.split('.')[-1]}={v}" for k, v in r["overrides"].items()) or r["run"]
-                      for r in rows], rotation=30, ha="right", fontsize=7)
+  ax.set_xticklabels(
+    [",".join(f"{k.split('.')[-1]}={v}" for k, v in r["overrides"].items()) or r["run"] for r in rows],
+    rotation=30,
+    ha="right",
+    fontsize=7,
+  )
   ax.legend(fontsize=7)
   ax.set_title("sweep: final metrics")
   fig.tight_layout()
@@ -194,8 +214,15 @@ def main(argv):
   for i, point in enumerate(points):
     overrides = absolute_overrides({**base, **point})
     workdir = os.path.join(sweep_dir, f"run_{i:03d}")
-    runs.append({"run": f"run_{i:03d}", "overrides": point, "all_overrides": overrides, "workdir": workdir,
-                 "cmd": run_command(config_spec, workdir, overrides)})
+    runs.append(
+      {
+        "run": f"run_{i:03d}",
+        "overrides": point,
+        "all_overrides": overrides,
+        "workdir": workdir,
+        "cmd": run_command(config_spec, workdir, overrides),
+      }
+    )
   write_slurm(os.path.join(sweep_dir, "slurm_array.sh"), [r["cmd"] for r in runs])
   with open(os.path.join(sweep_dir, "plan.json"), "w") as f:
     json.dump([{k: r[k] for k in ("run", "overrides", "cmd")} for r in runs], f, indent=2)
@@ -217,8 +244,15 @@ def main(argv):
         r["returncode"] = r["proc"].returncode
         active.remove(r)
         print(f"{r['run']} finished (exit {r['returncode']})")
-  rows = [{"run": r["run"], "overrides": r["overrides"], "returncode": r["returncode"],
-           "final": final_metrics(r["workdir"], _METRICS.value)} for r in runs]
+  rows = [
+    {
+      "run": r["run"],
+      "overrides": r["overrides"],
+      "returncode": r["returncode"],
+      "final": final_metrics(r["workdir"], _METRICS.value),
+    }
+    for r in runs
+  ]
   write_summary(sweep_dir, rows, _METRICS.value)
   print(open(os.path.join(sweep_dir, "summary.md")).read())
   if any(r["returncode"] != 0 for r in rows):

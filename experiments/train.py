@@ -15,6 +15,7 @@ Modules import from the current directory too (as with `python -m`). Resumes fro
 workdir must then be empty of checkpoints). Writes metrics.jsonl, TensorBoard events (tb/),
 checkpoints/, reward.png into --workdir.
 """
+
 import os
 import shutil
 import sys
@@ -29,31 +30,37 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<co
 _RESUME = flags.DEFINE_bool("resume", True, "Continue from the latest checkpoint in --workdir.")
 _WANDB = flags.DEFINE_bool("wandb", False, "Also log to Weights & Biases.")
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-host: host:port of process 0's JAX coordinator "
-    "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process; 'auto' = from the TPU "
-    "pod slice's environment, jax.distributed.initialize()).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes "
-                                      "(env AGENTFLY_NUM_PROCESSES).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index "
-                                   "(env AGENTFLY_PROCESS_ID).")
+  "coordinator_address",
+  None,
+  "Multi-host: host:port of process 0's JAX coordinator "
+  "(default: env AGENTFLY_COORDINATOR_ADDRESS; unset = one process; 'auto' = from the TPU "
+  "pod slice's environment, jax.distributed.initialize()).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes", None, "Multi-host: number of processes (env AGENTFLY_NUM_PROCESSES)."
+)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index (env AGENTFLY_PROCESS_ID).")
 
 
 def main(argv):
   del argv
   from absl import logging
+
   logging.set_verbosity(logging.WARNING)
   from agentfly_jax.rl.config import validate_config
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task
+
   config = _CONFIG.value
   if _WANDB.value:
     config.log.wandb = True
   try:  # config and task (rows, tools, reward, demo policy) checked before anything is built
-    spec = validate_config(config)   # the typed run (rl/spec.RunSpec); the Trainer parses it again
+    spec = validate_config(config)  # the typed run (rl/spec.RunSpec); the Trainer parses it again
     absolutize_paths(config)
     task = build_task(config)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
   from agentfly_jax.rl.memory_plan import MemorySplitError, apply_memory_split
+
   try:  # JAX + vLLM on one GPU: JAX's share is set before its backend starts, both sides checked
     plan = apply_memory_split(config)
   except (MemorySplitError, FileNotFoundError) as e:
@@ -61,16 +68,19 @@ def main(argv):
   if plan is not None:
     print(f"memory split: {plan.describe()}")
   from agentfly_jax.rl.compile_cache import enable_compile_cache
+
   try:  # before the first jit: a compiled program another run wrote is loaded, not compiled
     enable_compile_cache(spec.train.compile_cache)
   except ValueError as e:
     sys.exit(f"bad config: {e}")
   from agentfly_jax.rl import distributed  # JAX loads only once the config is good
+
   try:  # before anything touches a device
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as e:
     sys.exit(f"bad multi-host flags: {e}")
   from agentfly_jax.rl.trainer import Trainer
+
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
   if not _RESUME.value and os.path.exists(workdir) and distributed.is_primary():
     shutil.rmtree(workdir)
@@ -79,8 +89,10 @@ def main(argv):
   records = trainer.train()  # [] on processes other than 0
   final = [r for r in records if "rollout/success_rate" in r]
   if final:
-    print(f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "
-          f"success {final[-1]['rollout/success_rate']:.3f}")
+    print(
+      f"final step {final[-1]['step']}: reward {final[-1]['rollout/reward_mean']:.3f}, "
+      f"success {final[-1]['rollout/success_rate']:.3f}"
+    )
   print(f"metrics: {os.path.join(workdir, 'metrics.jsonl')}  plot: {os.path.join(workdir, 'reward.png')}")
 
 

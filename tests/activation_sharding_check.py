@@ -3,6 +3,7 @@ tests/test_models_activation_sharding.py): on 2x4 and 4x2 ('fsdp', 'tp') meshes,
 (unrolled and scanned layers), prepare and greedy sampling with activation shardings
 (`activation_sharding`) equal the same programs without them, and the constrained programs do carry
 the constraints. Prints 'ACTIVATION SHARDING OK' at the end."""
+
 from __future__ import annotations
 
 import sys
@@ -26,9 +27,14 @@ def batch_arrays(vocab: int, m: int, mb: int, length: int, seed: int) -> dict:
   ids = rng.integers(0, vocab, (m, mb, length)).astype(np.int32)
   attention = np.arange(length)[None, None, :] < rng.integers(length // 2, length + 1, (m, mb, 1))
   action = attention & (np.arange(length)[None, None, :] >= length // 4)
-  return dict(input_ids=ids, target_ids=np.roll(ids, -1, axis=-1), attention_mask=attention, action_mask=action,
-              old_logprobs=(-rng.random((m, mb, length)) * 3).astype(np.float32),
-              advantages=rng.standard_normal((m, mb, length)).astype(np.float32))
+  return dict(
+    input_ids=ids,
+    target_ids=np.roll(ids, -1, axis=-1),
+    attention_mask=attention,
+    action_mask=action,
+    old_logprobs=(-rng.random((m, mb, length)) * 3).astype(np.float32),
+    advantages=rng.standard_normal((m, mb, length)).astype(np.float32),
+  )
 
 
 def n_constraints(lowered) -> int:
@@ -40,8 +46,9 @@ def check_train_step(cfg, mesh, label):
   model = shard_model(CausalLM(cfg, rngs=nnx.Rngs(3)), mesh)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt = optax.sgd(0.5)  # (Adam's first steps are ~lr * sign(g): float noise in tiny grads would flip)
-  state_sh = state_shardings(jax.eval_shape(lambda p: create_train_state(p, opt), params), mesh,
-                             partition_specs(params, mesh), optimizer=opt)
+  state_sh = state_shardings(
+    jax.eval_shape(lambda p: create_train_state(p, opt), params), mesh, partition_specs(params, mesh), optimizer=opt
+  )
   host = batch_arrays(cfg.vocab_size, 2, 8, 16, seed=1)
   batch_sh = batch_sharding(mesh, host)
   batch = {k: jax.device_put(v, batch_sh[k]) for k, v in host.items()}
@@ -64,9 +71,15 @@ def check_train_step(cfg, mesh, label):
 def check_prepare_and_sampler(model, mesh, label):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   host = {k: v[0] for k, v in batch_arrays(model.config.vocab_size, 1, 8, 16, seed=2).items()}
-  arrays = dict(input_ids=host["input_ids"], target_ids=host["target_ids"], attention_mask=host["attention_mask"],
-                action_mask=host["action_mask"], sampler_logprobs=host["old_logprobs"],
-                rewards=np.arange(8, dtype=np.float32), group_ids=np.repeat(np.arange(2, dtype=np.int32), 4))
+  arrays = dict(
+    input_ids=host["input_ids"],
+    target_ids=host["target_ids"],
+    attention_mask=host["attention_mask"],
+    action_mask=host["action_mask"],
+    sampler_logprobs=host["old_logprobs"],
+    rewards=np.arange(8, dtype=np.float32),
+    group_ids=np.repeat(np.arange(2, dtype=np.int32), 4),
+  )
   rows = NamedSharding(mesh, P("fsdp"))
   arrays = {k: jax.device_put(v, rows) for k, v in arrays.items()}
   outs = []
@@ -77,8 +90,10 @@ def check_prepare_and_sampler(model, mesh, label):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=label)
   prompts = [[5, 9, 17, 3], [2, 8], [7], [1, 2, 3, 4, 5]]
   greedy = SamplingParams(temperature=0.0, max_new_tokens=5)
-  got = [JaxSampler(model, max_batch_size=4, max_len=16, kernel_layout="in_out", **kw).generate(prompts, greedy)
-         for kw in ({}, dict(mesh=mesh))]
+  got = [
+    JaxSampler(model, max_batch_size=4, max_len=16, kernel_layout="in_out", **kw).generate(prompts, greedy)
+    for kw in ({}, dict(mesh=mesh))
+  ]
   assert [r.token_ids for r in got[1]] == [r.token_ids for r in got[0]], label
   np.testing.assert_allclose([r.logprobs for r in got[1]], [r.logprobs for r in got[0]], atol=1e-4)
   print(f"{label}: prepare and greedy sampling equal", flush=True)

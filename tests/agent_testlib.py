@@ -1,5 +1,6 @@
 """Shared helpers for the tools/agents/rollout tests: tiny tokenizer folders (built once per
 process) and scripted replies written as text."""
+
 from __future__ import annotations
 
 import functools
@@ -10,9 +11,12 @@ from agentfly_jax.agents import load_tokenizer
 from agentfly_jax.data import build_tiny_tokenizer
 
 CORPUS = [
-    "What is 2 + 3? The answer is 5.", "Compute (7 * 6) - 2 with the calculator.",
-    "The weather in Oslo is sunny.", "Thought: I need the calculator.",
-    "def f(x):\n    return x * 2\nprint(f(21))", "Hello world! Grüße, 你好 <b>&amp;</b>",
+  "What is 2 + 3? The answer is 5.",
+  "Compute (7 * 6) - 2 with the calculator.",
+  "The weather in Oslo is sunny.",
+  "Thought: I need the calculator.",
+  "def f(x):\n    return x * 2\nprint(f(21))",
+  "Hello world! Grüße, 你好 <b>&amp;</b>",
 ] * 4
 
 
@@ -30,4 +34,5 @@ def agent_tokenizer(template: str = "qwen2.5"):
 
 def hermes_call(name: str, arguments: dict) -> str:
   import json
+
   return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'

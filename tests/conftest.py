@@ -1,5 +1,6 @@
 """Shared pytest set-up. Tests run on CPU; multi-device tests start their own subprocess with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (see tests/helpers.py)."""
+
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -41,23 +42,37 @@ def _eight_device_results(request):
   import json
   import subprocess
   import sys
+
   names = []
   for item in request.session.items:
     marker = item.get_closest_marker("eight_devices")
     if marker and marker.args[0] not in names:
       names.append(marker.args[0])
   tests_dir = os.path.dirname(os.path.abspath(__file__))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run([sys.executable, os.path.join(tests_dir, "eight_device_checks.py"), *names],
-                        cwd=os.path.dirname(tests_dir), env=env, capture_output=True, text=True, timeout=3600)
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]),
+  )
+  proc = subprocess.run(
+    [sys.executable, os.path.join(tests_dir, "eight_device_checks.py"), *names],
+    cwd=os.path.dirname(tests_dir),
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=3600,
+  )
   results = {}
   for line in proc.stdout.splitlines():
     if line.startswith("CHECK "):
-      record = json.loads(line[len("CHECK "):])
+      record = json.loads(line[len("CHECK ") :])
       results[record["check"]] = record
-  missing = {"ok": False, "output": f"the 8-device child process exited {proc.returncode} before this "
-                                    f"check reported:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"}
+  missing = {
+    "ok": False,
+    "output": f"the 8-device child process exited {proc.returncode} before this "
+    f"check reported:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}",
+  }
   return {name: results.get(name, missing) for name in names}
 
 
@@ -77,6 +92,7 @@ def smollm2_dir():
   when the package or `gguf` is missing."""
   pytest.importorskip("gguf")
   from agentfly_jax.models.gguf_convert import smollm2_folder, smollm2_gguf_path
+
   try:
     smollm2_gguf_path()
   except FileNotFoundError as e:

@@ -1,5 +1,6 @@
 """A user's custom task written to a folder (module + rows), for the tests that build or train it
 (tests/tasks/test_custom_task.py, tests/e2e/test_golden_run.py)."""
+
 import json
 import os
 import textwrap
@@ -45,5 +46,9 @@ def env_with(folder):
 
 
 def task_flags(folder, *extra):
-  return ["--config.task.module=mirror_task", f"--config.task.train_path={folder / 'train.json'}",
-          f"--config.task.eval_path={folder / 'eval.jsonl'}", *extra]
+  return [
+    "--config.task.module=mirror_task",
+    f"--config.task.train_path={folder / 'train.json'}",
+    f"--config.task.eval_path={folder / 'eval.jsonl'}",
+    *extra,
+  ]

@@ -8,6 +8,7 @@ prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others di
 fixture `eight_device_checks` (tests/conftest.py) starts this process once for the checks the
 selected tests name and hands each test its own result.
 """
+
 import contextlib
 import io
 import json
@@ -18,51 +19,59 @@ import traceback
 
 def _sharding():
   import sharding_check
+
   sharding_check.main()
 
 
 def _train_step():
   import multidevice_train_check
+
   multidevice_train_check.main()
 
 
 def _sampler_sharding():
   import sampler_sharding_check
+
   sampler_sharding_check.main()
 
 
 def _activation_sharding():
   import activation_sharding_check
+
   activation_sharding_check.main()
 
 
 def _lora_mesh():
   import lora_mesh_check
+
   lora_mesh_check.main()
 
 
 def _trainer_mesh(algo):
   def check():
     import mesh_trainer_check
+
     mesh_trainer_check.check(algo)
+
   return check
 
 
 CHECKS = {
-    "sharding": _sharding,                  # tests/models/test_models_sharding.py
-    "train_step": _train_step,              # tests/rl/test_train_step.py
-    "sampler_sharding": _sampler_sharding,  # tests/sampling/test_jax_sampler.py
-    "lora_mesh": _lora_mesh,                # tests/models/test_models_lora_mesh.py
-    "activation_sharding": _activation_sharding,  # tests/models/test_models_activation_sharding.py
-    "trainer_mesh_grpo": _trainer_mesh("grpo"),   # tests/multidevice/test_trainer_mesh.py
-    "trainer_mesh_ppo": _trainer_mesh("ppo"),
+  "sharding": _sharding,  # tests/models/test_models_sharding.py
+  "train_step": _train_step,  # tests/rl/test_train_step.py
+  "sampler_sharding": _sampler_sharding,  # tests/sampling/test_jax_sampler.py
+  "lora_mesh": _lora_mesh,  # tests/models/test_models_lora_mesh.py
+  "activation_sharding": _activation_sharding,  # tests/models/test_models_activation_sharding.py
+  "trainer_mesh_grpo": _trainer_mesh("grpo"),  # tests/multidevice/test_trainer_mesh.py
+  "trainer_mesh_ppo": _trainer_mesh("ppo"),
 }
 
 
 def main(names):
   import jax
   from agentfly_jax.rl.compile_cache import enable_compile_cache
-  enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
+
+  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
   if len(jax.devices()) != 8:
     sys.exit(f"eight_device_checks: needs 8 devices, got {jax.devices()}")
   unknown = [n for n in names if n not in CHECKS]
@@ -76,8 +85,13 @@ def main(names):
       except BaseException as e:  # noqa: BLE001 -- a failing check (assert, sys.exit) is reported, the rest run
         ok = False
         print(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    print("CHECK " + json.dumps({"check": name, "ok": ok, "output": out.getvalue()[-6000:],
-                                 "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    print(
+      "CHECK "
+      + json.dumps(
+        {"check": name, "ok": ok, "output": out.getvalue()[-6000:], "seconds": round(time.perf_counter() - t0, 1)}
+      ),
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

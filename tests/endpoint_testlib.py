@@ -1,6 +1,7 @@
 """Shared by the endpoint tests (tests/agents/test_agents_endpoint.py, tests/e2e/
 test_agents_endpoint_train.py): the warm-started lookup policy and the check that a trajectory's
 model-written tokens are exactly the sampler's outputs."""
+
 import os
 
 import numpy as np
@@ -28,7 +29,8 @@ def assert_segment_is_sampler_output(traj, calls):
       t += 1
   assert spans, "no masked-in tokens"
   for start, end in spans:
-    assert any(p == ids[:start] and r.token_ids == ids[start:end]
-               and np.array_equal(np.float32(r.logprobs), logps[start:end])
-               for p, r in by_prompt.get(start, ())), f"span {start}:{end} is no sampler call's output"
+    assert any(
+      p == ids[:start] and r.token_ids == ids[start:end] and np.array_equal(np.float32(r.logprobs), logps[start:end])
+      for p, r in by_prompt.get(start, ())
+    ), f"span {start}:{end} is no sampler call's output"
   assert np.all(logps[~mask] == 0)

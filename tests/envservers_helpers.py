@@ -1,4 +1,5 @@
 """Helpers for the env-server tests: real servers as subprocesses on loopback."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,7 @@ async def connect(server: LocalEnvServer) -> Connection:
   return await Connection.open(server.address)
 
 
-def restart_on_port(server: LocalEnvServer, *envs: str,
-                    extra: tuple[str, ...] = ()) -> LocalEnvServer:
+def restart_on_port(server: LocalEnvServer, *envs: str, extra: tuple[str, ...] = ()) -> LocalEnvServer:
   """A new server process on the (dead) `server`'s port; the caller stops it."""
   port = server.address.rsplit(":", 1)[1]
   return LocalEnvServer(list(envs), extra_args=["--port", port, *extra])
@@ -52,8 +52,7 @@ async def busy(address: str, env: str = "sleep", steps_before: int = 0) -> bool:
   """Whether the server has a chain of `env` bound with a request in flight (besides this
   `stats` call) and more than `steps_before` steps started (see `steps_started`)."""
   stats = await server_stats(address)
-  return (stats["pools"][env]["in_use"] >= 1 and stats["inflight"] >= 2
-          and steps_started(stats, env) > steps_before)
+  return stats["pools"][env]["in_use"] >= 1 and stats["inflight"] >= 2 and steps_started(stats, env) > steps_before
 
 
 async def signal_when_busy(server: LocalEnvServer, sig: int = signal.SIGKILL, env: str = "sleep"):
@@ -110,6 +109,7 @@ def sandbox_unavailable_reason() -> str | None:
   """None if a python_sandbox instance starts on this machine, else why not."""
   from envservers.envs.bwrap import BWRAP
   from envservers.envs.python_sandbox import PythonSandbox
+
   if not os.path.exists(BWRAP):
     return f"bubblewrap ({BWRAP}) is not installed (.ci/setup installs it)"
 

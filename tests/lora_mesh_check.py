@@ -2,6 +2,7 @@
 tests/test_models_lora_mesh.py): a LoRA GRPO train step on a 2x2 ('fsdp', 'tp') mesh (adapters
 sharded by their logical axes, the frozen base passed as an argument) equals the single-device
 step. Prints 'LORA MESH OK' at the end."""
+
 from __future__ import annotations
 
 import jax
@@ -19,8 +20,12 @@ from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step
 def build():
   m = CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0))
   apply_lora(m, LoRAConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(1))
-  for i, (_, mod) in enumerate(sorted(((str(p), x) for p, x in nnx.iter_modules(m) if isinstance(x, Linear)
-                                       and x.lora_b is not None), key=lambda px: px[0])):
+  for i, (_, mod) in enumerate(
+    sorted(
+      ((str(p), x) for p, x in nnx.iter_modules(m) if isinstance(x, Linear) and x.lora_b is not None),
+      key=lambda px: px[0],
+    )
+  ):
     mod.lora_b[...] = 0.05 * jax.random.normal(jax.random.key(i), mod.lora_b.shape)
   return m
 
@@ -31,9 +36,14 @@ def batch():
   ids = rng.integers(0, 256, shape).astype(np.int32)
   mask = np.ones(shape, bool)
   mask[..., :10] = False
-  return dict(input_ids=ids, target_ids=np.roll(ids, -1, -1), attention_mask=np.ones(shape, bool),
-              action_mask=mask, old_logprobs=np.full(shape, -5.0, np.float32),
-              advantages=rng.normal(size=shape).astype(np.float32))
+  return dict(
+    input_ids=ids,
+    target_ids=np.roll(ids, -1, -1),
+    attention_mask=np.ones(shape, bool),
+    action_mask=mask,
+    old_logprobs=np.full(shape, -5.0, np.float32),
+    advantages=rng.normal(size=shape).astype(np.float32),
+  )
 
 
 def run(mesh):
@@ -67,7 +77,9 @@ def main():
   ref_state, ref_m = run(None)
   state, m = run(make_mesh(2, 2))
   for (path, a), (_, b) in zip(nnx.to_flat_state(ref_state.params), nnx.to_flat_state(state.params)):
-    np.testing.assert_allclose(np.asarray(b[...]), np.asarray(a[...]), rtol=1e-4, atol=1e-4, err_msg=str(path))  # Adam: lr 1e-2 per step
+    np.testing.assert_allclose(
+      np.asarray(b[...]), np.asarray(a[...]), rtol=1e-4, atol=1e-4, err_msg=str(path)
+    )  # Adam: lr 1e-2 per step
   for k in ("actor/pg_loss", "actor/grad_norm"):
     np.testing.assert_allclose(float(m[k]), float(ref_m[k]), rtol=1e-4)
   print("LORA MESH OK")

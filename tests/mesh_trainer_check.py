@@ -3,6 +3,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8): the full trainer
 (the README demo, configs/lookup_<algo>.py: rollout with the JAX sampler, prepare, train steps,
 weight sync) on a (fsdp=2, tp=4) mesh gives the same metrics as on one device, for each algo given
 on the command line (default grpo ppo). Prints OK on success."""
+
 import os
 import sys
 import tempfile
@@ -16,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -> list[dict]:
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.trainer import Trainer
+
   c = lookup_config(algo, os.path.join(ROOT, "experiments", "results", "lookup_warmstart"))
   c.mesh.fsdp, c.mesh.tp, c.mesh.sampler_devices = fsdp, tp, sampler_devices
   c.train.steps = 2
@@ -32,15 +34,14 @@ def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -
   specs = {str(x.sharding.spec) for x in leaves}
   if fsdp * tp > 1 and specs == {"PartitionSpec()"}:
     sys.exit(f"{algo} on {fsdp}x{tp}: params were not sharded")
-  if sampler_devices:   # the sampler's copy lives on the last devices only, the trainer's not
+  if sampler_devices:  # the sampler's copy lives on the last devices only, the trainer's not
     trainer_devices = set().union(*(x.sharding.device_set for x in leaves))
-    sampler_devices_used = set().union(
-        *(x.sharding.device_set for x in jax.tree.leaves(trainer.sampler._params)))
+    sampler_devices_used = set().union(*(x.sharding.device_set for x in jax.tree.leaves(trainer.sampler._params)))
     expected = set(jax.devices()[-sampler_devices:])
     if sampler_devices_used != expected or trainer_devices & expected:
       sys.exit(f"sampler sub-mesh: sampler on {sampler_devices_used}, trainer on {trainer_devices}")
     for a, b in zip(leaves, jax.tree.leaves(trainer.sampler._params), strict=True):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # a copy of the final params
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a copy of the final params
   return records
 
 
@@ -51,7 +52,7 @@ def check(algo: str) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
     runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
-    if algo == "grpo":   # the trainer on a 2x2 mesh, the sampler on its own 4 devices
+    if algo == "grpo":  # the trainer on a 2x2 mesh, the sampler on its own 4 devices
       runs["2x2 mesh + 4 sampler devices"] = run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)
     bad = [f"{name}: {diff}" for name, mesh in runs.items() if (diff := compare(algo, one, mesh))]
     assert not bad, "\n".join(bad)
@@ -61,7 +62,8 @@ def check(algo: str) -> None:
 
 def main():
   from agentfly_jax.rl.compile_cache import enable_compile_cache
-  enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
+
+  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
   for algo in sys.argv[1:] or ["grpo", "ppo"]:
     check(algo)
   print("OK")

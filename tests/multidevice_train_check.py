@@ -1,6 +1,7 @@
 """Run as a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8: the sharded
 train_step on 2x4 and 4x2 (fsdp, tp) meshes gives the same params as on a 1-device mesh, and
 params keep the shardings of their partition rules. Prints OK on success."""
+
 import os
 import sys
 
@@ -12,8 +13,7 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.core.train_state import create_train_state
-from agentfly_jax.rl.core.train_step import (LossConfig, batch_sharding, jit_step, make_train_step,
-                                        state_shardings)
+from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
 
 B, T, V = 8, 16, 128
 
@@ -49,10 +49,14 @@ def main():
   rng = np.random.default_rng(0)
   ids = rng.integers(0, V, size=(B, T + 1)).astype(np.int32)
   action = rng.random((B, T)) < 0.5
-  batch = {"input_ids": ids[:, :-1], "target_ids": ids[:, 1:], "attention_mask": np.ones((B, T), bool),
-           "action_mask": action,
-           "old_logprobs": np.where(action, -rng.random((B, T)) * 4, 0).astype(np.float32),
-           "advantages": np.where(action, rng.normal(size=(B, T)), 0).astype(np.float32)}
+  batch = {
+    "input_ids": ids[:, :-1],
+    "target_ids": ids[:, 1:],
+    "attention_mask": np.ones((B, T), bool),
+    "action_mask": action,
+    "old_logprobs": np.where(action, -rng.random((B, T)) * 4, 0).astype(np.float32),
+    "advantages": np.where(action, rng.normal(size=(B, T)), 0).astype(np.float32),
+  }
   ref, ref_loss = run(1, 1, batch)
   for fsdp, tp in [(2, 4), (4, 2)]:
     got, loss = run(fsdp, tp, batch)

@@ -7,6 +7,7 @@ Trains the lookup demo (GRPO, tiny settings) for 2 steps in WORKDIR (shared by t
 and writes OUT_DIR/params_<process index>.npz: the final policy params as this process holds
 them (gathered to the host). Prints OK.
 """
+
 import os
 import sys
 
@@ -19,13 +20,15 @@ def main():
   fsdp = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   from agentfly_jax.rl import distributed
   from agentfly_jax.rl.compile_cache import enable_compile_cache
-  enable_compile_cache("auto")   # the test session's cache (AGENTFLY_COMPILE_CACHE)
+
+  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
   distributed.initialize()  # from the AGENTFLY_* environment (no-op when unset)
   import jax
   import numpy as np
   from flax import nnx
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.trainer import Trainer
+
   c = lookup_config("grpo", os.path.join(ROOT, "experiments", "results", "lookup_warmstart"))
   c.mesh.fsdp = fsdp
   c.train.steps = 2
@@ -39,8 +42,10 @@ def main():
   trainer = Trainer(c, workdir)
   trainer.train()
   host = distributed.host_local(trainer.state.params)
-  flat = {"/".join(map(str, path)): np.asarray(jax.device_get(v[...] if isinstance(v, nnx.Variable) else v))
-          for path, v in nnx.to_flat_state(host)}
+  flat = {
+    "/".join(map(str, path)): np.asarray(jax.device_get(v[...] if isinstance(v, nnx.Variable) else v))
+    for path, v in nnx.to_flat_state(host)
+  }
   os.makedirs(out_dir, exist_ok=True)
   np.savez(os.path.join(out_dir, f"params_{jax.process_index()}.npz"), **flat)
   print(f"OK process {jax.process_index()} of {jax.process_count()}", flush=True)

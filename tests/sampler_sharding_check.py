@@ -1,6 +1,7 @@
 """Run in the 8-device child process (tests/eight_device_checks.py): the JAX sampler with params
 sharded on a (fsdp=2, tp=4) mesh samples the same tokens and log-probs as unsharded, and its CPU
 decode copy keeps the (transposed) sharding. Prints SHARDED_OK."""
+
 import jax
 import numpy as np
 from flax import nnx

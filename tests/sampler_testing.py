@@ -1,5 +1,6 @@
 """Shared helpers for the sampler tests: small random models with peaked next-token
 distributions, and a plain (cache-free) greedy / log-prob reference."""
+
 from __future__ import annotations
 
 import jax
@@ -13,8 +14,16 @@ from agentfly_jax.models import CausalLM, tiny_config
 # Prompts of several lengths (token ids) the sampler tests share.
 PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 60, 7, 1], [88], [12, 13, 14, 15, 16]]
 
-def make_model(model_type: str = "qwen2", *, tie: bool = False, seed: int = 0, vocab_size: int = 96,
-               logit_scale: float = 8.0, kernel_scale: float = 8.0) -> CausalLM:
+
+def make_model(
+  model_type: str = "qwen2",
+  *,
+  tie: bool = False,
+  seed: int = 0,
+  vocab_size: int = 96,
+  logit_scale: float = 8.0,
+  kernel_scale: float = 8.0,
+) -> CausalLM:
   """A tiny random CausalLM with far-from-uniform next-token distributions.
 
   The default init (std 0.02) gives near-uniform logits (greedy ties, trivial sampling) and a
@@ -65,7 +74,7 @@ def reference_greedy(model, prompt, num_new: int) -> list[int]:
   ids = list(prompt)
   for _ in range(num_new):
     ids.append(int(np.argmax(full_logits(model, ids)[-1])))
-  return ids[len(prompt):]
+  return ids[len(prompt) :]
 
 
 def truncated_log_softmax64(logits, temperature, top_k, top_p):

@@ -1,6 +1,7 @@
 """Run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (see
 tests/test_models_sharding.py): the forward pass on 2x4 and 4x2 ('fsdp', 'tp') meshes equals the
 single-device result, and each param's sharding equals its rule. Prints 'SHARDING OK' at the end."""
+
 from __future__ import annotations
 
 import sys
@@ -16,14 +17,21 @@ from agentfly_jax.models import CausalLM, Critic, from_pretrained, make_mesh, sa
 
 # The rules, written out independently of agentfly_jax.models.sharding.
 EXPECTED = {
-    "embedding": P("tp", "fsdp"),
-    "q_proj/kernel": P("fsdp", "tp"), "k_proj/kernel": P("fsdp", "tp"), "v_proj/kernel": P("fsdp", "tp"),
-    "q_proj/bias": P("tp"), "k_proj/bias": P("tp"), "v_proj/bias": P("tp"),
-    "o_proj/kernel": P("tp", "fsdp"),
-    "gate_proj/kernel": P("fsdp", "tp"), "up_proj/kernel": P("fsdp", "tp"), "down_proj/kernel": P("tp", "fsdp"),
-    "lm_head/kernel": P("fsdp", "tp"),
-    "score/kernel": P("fsdp", None), "score/bias": P(None),
-    "scale": P(None),
+  "embedding": P("tp", "fsdp"),
+  "q_proj/kernel": P("fsdp", "tp"),
+  "k_proj/kernel": P("fsdp", "tp"),
+  "v_proj/kernel": P("fsdp", "tp"),
+  "q_proj/bias": P("tp"),
+  "k_proj/bias": P("tp"),
+  "v_proj/bias": P("tp"),
+  "o_proj/kernel": P("tp", "fsdp"),
+  "gate_proj/kernel": P("fsdp", "tp"),
+  "up_proj/kernel": P("fsdp", "tp"),
+  "down_proj/kernel": P("tp", "fsdp"),
+  "lm_head/kernel": P("fsdp", "tp"),
+  "score/kernel": P("fsdp", None),
+  "score/bias": P(None),
+  "scale": P(None),
 }
 
 

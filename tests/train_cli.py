@@ -1,4 +1,5 @@
 """Running experiments/train.py from tests: the command line and the metrics it writes."""
+
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,7 @@ import os
 import subprocess
 import sys
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))   # helpers, child-process scripts, data
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # helpers, child-process scripts, data
 ROOT = os.path.dirname(TESTS_DIR)
 # No periodic eval and no progress bar: tests read metrics.jsonl, not the terminal.
 QUIET = ("--config.eval.every=0", "--config.eval.num_rows=0", "--config.log.progress=False")
@@ -16,8 +17,14 @@ QUIET = ("--config.eval.every=0", "--config.eval.num_rows=0", "--config.log.prog
 
 def train_command(workdir, *overrides: str, config: str = "configs/lookup_grpo.py") -> list[str]:
   """argv for one train.py run; `overrides` ("--config.train.steps=2", ...) come last and win."""
-  return [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config}",
-          f"--workdir={workdir}", *QUIET, *overrides]
+  return [
+    sys.executable,
+    os.path.join(ROOT, "experiments", "train.py"),
+    f"--config={config}",
+    f"--workdir={workdir}",
+    *QUIET,
+    *overrides,
+  ]
 
 
 def read_metrics(workdir) -> list[dict]:
@@ -29,13 +36,12 @@ def read_metrics(workdir) -> list[dict]:
 def run_train(workdir, *overrides: str, timeout: float = 600) -> list[dict]:
   """Runs train.py to completion (asserting exit 0, with its stderr tail on failure); returns
   the metrics records."""
-  out = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, capture_output=True, text=True,
-                       timeout=timeout)
+  out = subprocess.run(train_command(workdir, *overrides), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
   return read_metrics(workdir)
 
 
-@functools.lru_cache(maxsize=None)   # loaded once: a script's absl flags may be defined only once
+@functools.lru_cache(maxsize=None)  # loaded once: a script's absl flags may be defined only once
 def load_script(relative_path: str):
   """A script of the repository (e.g. "experiments/sweep.py") as a module, not run."""
   name = os.path.splitext(os.path.basename(relative_path))[0]

@@ -4,6 +4,7 @@ The file is W&B's record log: a 7-byte header (":W&B", magic 0xBEE1, version) th
 framing (32 KiB blocks; each chunk = crc32 (4) + length (2, little-endian) + type (1: full,
 2: first, 3: middle, 4: last)) around serialized `wandb_internal_pb2.Record` protobufs.
 """
+
 from __future__ import annotations
 
 import glob
@@ -26,8 +27,8 @@ def read_records(path: str) -> list[bytes]:
     if left_in_block < _HEADER:  # block trailer padding
       pos += left_in_block
       continue
-    _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
-    chunk = data[pos + _HEADER:pos + _HEADER + length]
+    _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+    chunk = data[pos + _HEADER : pos + _HEADER + length]
     pos += _HEADER + length
     if kind == 0 and length == 0:  # zero padding at the end of a block
       pos += _BLOCK - pos % _BLOCK if pos % _BLOCK else 0
@@ -43,6 +44,7 @@ def offline_history(wandb_dir: str) -> list[dict]:
   """The logged history rows ({metric: value, "_step": step}) of the one offline run under
   `wandb_dir` (WANDB_DIR), in logging order."""
   from wandb.proto import wandb_internal_pb2 as pb
+
   runs = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
   assert len(runs) == 1, f"expected one offline run under {wandb_dir}, found {runs}"
   rows = []
@@ -50,6 +52,5 @@ def offline_history(wandb_dir: str) -> list[dict]:
     record = pb.Record()
     record.ParseFromString(raw)
     if record.WhichOneof("record_type") == "history":
-      rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                   for item in record.history.item})
+      rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
   return rows

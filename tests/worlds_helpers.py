@@ -1,4 +1,5 @@
 """Helpers for the interactive-world tests: play episodes through a real env server."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,8 +9,7 @@ from agentfly_jax.envs.manager import EnvManager
 _chain_ids = itertools.count()
 
 
-async def play(manager: EnvManager, env_name: str, row: dict, policy, max_steps: int,
-               reward_name: str) -> dict:
+async def play(manager: EnvManager, env_name: str, row: dict, policy, max_steps: int, reward_name: str) -> dict:
   """One episode: reset with `row`, then `policy(observation, env) -> action` (awaitable) until
   done or `max_steps`; returns {reward (env reward), step_rewards (sum), steps, done, reward
   metrics}."""
@@ -25,7 +25,6 @@ async def play(manager: EnvManager, env_name: str, row: dict, policy, max_steps:
       total += result.reward or 0.0
       steps += 1
     metrics = await env.compute_reward(reward_name)
-    return {**metrics, "step_rewards": total, "steps": steps, "done": done,
-            "last_observation": observation}
+    return {**metrics, "step_rewards": total, "steps": steps, "done": done, "last_observation": observation}
   finally:
     await manager.release(env_name, chain)

@@ -4,14 +4,14 @@
   agent = ToolCallAgent("/path/to/tokenizer", tools=[calculator, answer], reward_fn=exact_match,
                         system_prompt="Answer with the answer tool.")
 """
+
 from __future__ import annotations
 
 import json
 from typing import Any, Callable, Sequence
 
 from agentfly_jax.agents.base import Agent
-from agentfly_jax.agents.parsers import (ParsedTurn, ToolCall, parse_code_blocks,
-                                         parse_hermes_tool_calls, parse_react)
+from agentfly_jax.agents.parsers import ParsedTurn, ToolCall, parse_code_blocks, parse_hermes_tool_calls, parse_react
 from agentfly_jax.rewards.reward import Reward
 from agentfly_jax.tools.tool import Tool, ToolOutput
 
@@ -27,8 +27,11 @@ class ToolCallAgent(Agent):
   def assistant_message(self, text: str, parsed: ParsedTurn) -> dict:
     if not parsed.tool_calls:
       return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": parsed.content,
-            "tool_calls": [c.as_message_call() for c in parsed.tool_calls]}
+    return {
+      "role": "assistant",
+      "content": parsed.content,
+      "tool_calls": [c.as_message_call() for c in parsed.tool_calls],
+    }
 
 
 REACT_INSTRUCTIONS = """You can use the following tools:
@@ -56,6 +59,7 @@ class ReactAgent(Agent):
   """Tools are described in the system prompt; the model writes `Action:` / `Action Input:` (one
   action per turn) or `Final Answer:`; observations come back as user messages
   `Observation: ...`."""
+
   observation_role = "user"
 
   def template_tools(self, tools: list[Tool]) -> list[dict] | None:
@@ -63,15 +67,14 @@ class ReactAgent(Agent):
 
   def system_text(self, tools: list[Tool]) -> str | None:
     instructions = REACT_INSTRUCTIONS.format(
-        tool_list="\n".join(_describe_tool(t) for t in tools) or "(none)",
-        tool_names=", ".join(t.name for t in tools))
+      tool_list="\n".join(_describe_tool(t) for t in tools) or "(none)", tool_names=", ".join(t.name for t in tools)
+    )
     return f"{self.system_prompt}\n\n{instructions}" if self.system_prompt else instructions
 
   def parse(self, text: str) -> ParsedTurn:
     return parse_react(text)
 
-  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]],
-                           errors: list[str]) -> list[dict]:
+  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     lines = [f"Observation: {out.observation}" for _, out in results]
     lines += [f"Observation: Error: {e}" for e in errors]
     return [{"role": "user", "content": "\n".join(lines)}] if lines else []
@@ -86,14 +89,23 @@ class CodeAgent(Agent):
   """The model writes ```python blocks; all blocks of a turn run as one call of the code tool
   (default the built-in `code_interpreter`); output comes back as a user message
   `Observation:\\n...`. `Final Answer:` without code ends the chain."""
+
   observation_role = "user"
 
-  def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] | None = None,
-               reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
-               template_kwargs: dict | None = None, code_tool: str | None = None,
-               env_provider: Any = None, task_env: str | None = None):
+  def __init__(
+    self,
+    tokenizer: Any,
+    tools: Sequence[Tool | Callable] | None = None,
+    reward_fn: Reward | Callable | None = None,
+    system_prompt: str | None = None,
+    template_kwargs: dict | None = None,
+    code_tool: str | None = None,
+    env_provider: Any = None,
+    task_env: str | None = None,
+  ):
     if tools is None:
       from agentfly_jax.tools.builtin import code_interpreter
+
       tools = [code_interpreter]
     tools = list(tools)
     if not tools:
@@ -102,13 +114,20 @@ class CodeAgent(Agent):
     self.code_tool_name = code_tool or names[0]
     if self.code_tool_name not in names:
       raise ValueError(f"CodeAgent: code_tool {self.code_tool_name!r} is not among the tools {names}")
-    super().__init__(tokenizer, tools=tools, reward_fn=reward_fn, system_prompt=system_prompt,
-                     template_kwargs=template_kwargs, env_provider=env_provider,
-                     task_env=task_env)
+    super().__init__(
+      tokenizer,
+      tools=tools,
+      reward_fn=reward_fn,
+      system_prompt=system_prompt,
+      template_kwargs=template_kwargs,
+      env_provider=env_provider,
+      task_env=task_env,
+    )
     params = list(self.tools[self.code_tool_name].parameters["properties"])
     if len(params) != 1:
-      raise ValueError(f"CodeAgent: the code tool {self.code_tool_name!r} must take exactly one "
-                       f"argument (the code), it takes {params}")
+      raise ValueError(
+        f"CodeAgent: the code tool {self.code_tool_name!r} must take exactly one argument (the code), it takes {params}"
+      )
     self.code_argument = params[0]
 
   def template_tools(self, tools: list[Tool]) -> list[dict] | None:
@@ -118,11 +137,9 @@ class CodeAgent(Agent):
     return f"{self.system_prompt}\n\n{CODE_INSTRUCTIONS}" if self.system_prompt else CODE_INSTRUCTIONS
 
   def parse(self, text: str) -> ParsedTurn:
-    return parse_code_blocks(text, tool_name=self.code_tool_name,
-                             argument=getattr(self, "code_argument", "code"))
+    return parse_code_blocks(text, tool_name=self.code_tool_name, argument=getattr(self, "code_argument", "code"))
 
-  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]],
-                           errors: list[str]) -> list[dict]:
+  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     parts = [f"Observation:\n{out.observation}" for _, out in results]
     parts += [f"Observation:\nError: {e}" for e in errors]
     return [{"role": "user", "content": "\n".join(parts)}] if parts else []

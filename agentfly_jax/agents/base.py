@@ -6,6 +6,7 @@ messages; and it builds the observation *text* appended after a model turn as th
 between two renderings of the conversation (with and without the new messages), so that only
 new, non-model text is ever tokenized.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -37,13 +38,20 @@ class Agent:
     task_env: name of an environment whose `reset(row)` text (e.g. a text world's opening
       description) is appended to the first user message; None = no such environment.
   """
-  observation_role = "tool"
-  sampler = None   # set by `from_pretrained`; `run` uses it when given no sampler
 
-  def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
-               reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
-               template_kwargs: dict | None = None, env_provider: Any = None,
-               task_env: str | None = None):
+  observation_role = "tool"
+  sampler = None  # set by `from_pretrained`; `run` uses it when given no sampler
+
+  def __init__(
+    self,
+    tokenizer: Any,
+    tools: Sequence[Tool | Callable] = (),
+    reward_fn: Reward | Callable | None = None,
+    system_prompt: str | None = None,
+    template_kwargs: dict | None = None,
+    env_provider: Any = None,
+    task_env: str | None = None,
+  ):
     self.env_provider = env_provider
     self.task_env = task_env
     self.tokenizer: AgentTokenizer = load_tokenizer(tokenizer)
@@ -64,40 +72,47 @@ class Agent:
 
   # -- prototyping without the trainer (agents/run.py) ----------------------------------------
   @classmethod
-  def from_pretrained(cls, folder: str, *, tools: Sequence = (), reward: Any = None,
-                      vllm: bool = False, sampler_kwargs: dict | None = None, **agent_kwargs):
+  def from_pretrained(
+    cls,
+    folder: str,
+    *,
+    tools: Sequence = (),
+    reward: Any = None,
+    vllm: bool = False,
+    sampler_kwargs: dict | None = None,
+    **agent_kwargs,
+  ):
     """The agent over an HF model folder (its tokenizer + chat template), with a sampler of the
     folder's model attached: the JAX sampler, or vLLM with `vllm=True`. Tools and the reward may
     be objects or names (built-ins, or 'module:function')."""
     from agentfly_jax.agents.run import agent_from_pretrained
-    return agent_from_pretrained(cls, folder, tools=tools, reward=reward, vllm=vllm,
-                                 sampler_kwargs=sampler_kwargs, **agent_kwargs)
 
-  def run(self, rows_or_messages: Any, *, num_chains: int = 1, max_turns: int = 4,
-          sampler: Any = None, **kwargs):
+    return agent_from_pretrained(
+      cls, folder, tools=tools, reward=reward, vllm=vllm, sampler_kwargs=sampler_kwargs, **agent_kwargs
+    )
+
+  def run(self, rows_or_messages: Any, *, num_chains: int = 1, max_turns: int = 4, sampler: Any = None, **kwargs):
     """Rolls the agent out: `rows_or_messages` is a question, a row, a list of rows or a chat
     conversation; returns a `RunResult` (trajectories, rewards, and a transcript per chain with
     the model-written, trained-on tokens in ⟦ ⟧). Other keywords: temperature, sampling_params,
     max_tokens_per_turn, max_total_tokens, seed, env_provider, color (ANSI instead of ⟦ ⟧)."""
     from agentfly_jax.agents.run import run_agent
-    return run_agent(self, rows_or_messages, num_chains=num_chains, max_turns=max_turns,
-                     sampler=sampler, **kwargs)
+
+    return run_agent(self, rows_or_messages, num_chains=num_chains, max_turns=max_turns, sampler=sampler, **kwargs)
 
   # -- template --------------------------------------------------------------------------------
-  def render(self, messages: list[dict], template_tools: list[dict] | None,
-             add_generation_prompt: bool) -> str:
-    return self.tokenizer.render(messages, tools=template_tools,
-                                 add_generation_prompt=add_generation_prompt,
-                                 **self.template_kwargs)
+  def render(self, messages: list[dict], template_tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    return self.tokenizer.render(
+      messages, tools=template_tools, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+    )
 
   def _find_end_of_turn_text(self) -> str:
     """What the template writes after an assistant message's content (e.g. "<|im_end|>\\n")."""
-    text = self.render([{"role": "user", "content": "x"},
-                        {"role": "assistant", "content": _SENTINEL}], None, False)
+    text = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}], None, False)
     at = text.rfind(_SENTINEL)
     if at < 0:
       raise TemplatePrefixError("the chat template does not write the assistant's content verbatim")
-    return text[at + len(_SENTINEL):]
+    return text[at + len(_SENTINEL) :]
 
   def _find_stop_token_ids(self) -> tuple[int, ...]:
     ids = []
@@ -109,8 +124,9 @@ class Agent:
       ids.append(eos)
     return tuple(dict.fromkeys(ids))
 
-  def observation_text(self, before: list[dict], new_messages: list[dict],
-                       template_tools: list[dict] | None, model_end_text: str) -> str:
+  def observation_text(
+    self, before: list[dict], new_messages: list[dict], template_tools: list[dict] | None, model_end_text: str
+  ) -> str:
     """Non-model text to append after a model turn.
 
     Args:
@@ -131,13 +147,14 @@ class Agent:
     if not full.startswith(base):
       at = next((i for i, (a, b) in enumerate(zip(base, full)) if a != b), min(len(base), len(full)))
       raise TemplatePrefixError(
-          f"{type(self).__name__}: the chat template is not prefix-stable: appending "
-          f"{len(new_messages)} message(s) changes the earlier text at character {at} "
-          f"({base[at:at + 40]!r} -> {full[at:at + 40]!r}); the rollout cannot append tokens")
+        f"{type(self).__name__}: the chat template is not prefix-stable: appending "
+        f"{len(new_messages)} message(s) changes the earlier text at character {at} "
+        f"({base[at : at + 40]!r} -> {full[at : at + 40]!r}); the rollout cannot append tokens"
+      )
     tail = self.end_of_turn_text
     if model_end_text and tail.startswith(model_end_text):
-      tail = tail[len(model_end_text):]
-    return tail + full[len(base):]
+      tail = tail[len(model_end_text) :]
+    return tail + full[len(base) :]
 
   def check_prefix_stable(self) -> None:
     """Checks on a small conversation that appending tool results / user turns only extends the
@@ -163,8 +180,7 @@ class Agent:
       raise ValueError(f"row field 'tools' must be a list of tool names, got {allowed!r}")
     unknown = [n for n in allowed if n not in self.tools]
     if unknown:
-      raise ValueError(f"row field 'tools' names unknown tool(s) {unknown}; the agent has "
-                       f"{sorted(self.tools)}")
+      raise ValueError(f"row field 'tools' names unknown tool(s) {unknown}; the agent has {sorted(self.tools)}")
     return [self.tools[n] for n in allowed]
 
   def template_tools(self, tools: list[Tool]) -> list[dict] | None:
@@ -174,12 +190,10 @@ class Agent:
   def system_text(self, tools: list[Tool]) -> str | None:
     return self.system_prompt
 
-  def initial_messages(self, row: dict, tools: list[Tool],
-                       first_observation: str | None = None) -> list[dict]:
+  def initial_messages(self, row: dict, tools: list[Tool], first_observation: str | None = None) -> list[dict]:
     """System message (if any) + the row's question (+ the task env's first observation)."""
     if not isinstance(row, dict) or not isinstance(row.get("question"), str):
-      raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got "
-                       f"{row!r:.120}")
+      raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got {row!r:.120}")
     if row.get("messages"):  # a conversation given to agent.run: start from it
       messages = [dict(m) for m in row["messages"]]
       if first_observation:
@@ -205,21 +219,24 @@ class Agent:
     """(tool, arguments, error) for a parsed call against the row's tools."""
     found = tools.get(call.name)
     if found is None:
-      return None, {}, (f"unknown tool '{call.name}'; available tools: "
-                        f"{', '.join(sorted(tools)) or 'none'}")
+      return None, {}, (f"unknown tool '{call.name}'; available tools: {', '.join(sorted(tools)) or 'none'}")
     arguments = call.arguments
     if call.raw_arguments is not None:  # free text: fits a tool with exactly one parameter
       props = list(found.parameters["properties"])
       if len(props) != 1:
-        return found, {}, (f"the input of tool '{call.name}' must be a JSON object with "
-                           f"arguments {props}, got {call.raw_arguments[:80]!r}")
+        return (
+          found,
+          {},
+          (
+            f"the input of tool '{call.name}' must be a JSON object with "
+            f"arguments {props}, got {call.raw_arguments[:80]!r}"
+          ),
+        )
       arguments = {props[0]: call.raw_arguments}
     return found, arguments, None
 
-  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]],
-                           errors: list[str]) -> list[dict]:
+  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     """Chat messages showing tool outputs (and parse errors) to the model."""
-    messages = [{"role": "tool", "name": call.name, "content": out.observation}
-                for call, out in results]
+    messages = [{"role": "tool", "name": call.name, "content": out.observation} for call, out in results]
     messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in errors]
     return messages

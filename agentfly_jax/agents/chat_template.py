@@ -10,6 +10,7 @@ as template variables, extra keyword arguments override them.
   template = load_chat_template("/path/to/tokenizer_dir")
   text = template.render(messages, tools=[schema, ...], add_generation_prompt=True)
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,13 +23,13 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                      "cls_token", "mask_token")
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class _GenerationBlock(jinja2.ext.Extension):
   """`{% generation %}...{% endgeneration %}` renders its body unchanged (HF marks assistant
   spans with it; we only need the text)."""
+
   tags = {"generation"}
 
   def parse(self, parser):
@@ -45,8 +46,7 @@ def _raise_exception(message):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-  return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                    sort_keys=sort_keys)
+  return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt):
@@ -55,8 +55,9 @@ def _strftime_now(fmt):
 
 def make_jinja_environment() -> ImmutableSandboxedEnvironment:
   """The jinja environment HF chat templates are written for."""
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+  env = ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+  )
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
   env.globals["strftime_now"] = _strftime_now
@@ -74,11 +75,15 @@ class ChatTemplate:
     try:
       self._compiled = make_jinja_environment().from_string(source)
     except jinja2.TemplateSyntaxError as e:
-      raise ValueError(f"ChatTemplate: the chat template does not compile (line {e.lineno}): "
-                       f"{e.message}") from e
+      raise ValueError(f"ChatTemplate: the chat template does not compile (line {e.lineno}): {e.message}") from e
 
-  def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] | None = None,
-             add_generation_prompt: bool = False, **kwargs) -> str:
+  def render(
+    self,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping] | None = None,
+    add_generation_prompt: bool = False,
+    **kwargs,
+  ) -> str:
     """Renders `messages` (+ optional tool JSON schemas) the way HF `apply_chat_template(...,
     tokenize=False)` does; `kwargs` become template variables (e.g. `date_string`)."""
     for i, m in enumerate(messages):
@@ -90,8 +95,9 @@ class ChatTemplate:
         if not isinstance(t, Mapping):
           raise ValueError(f"ChatTemplate.render: tools[{i}] must be a JSON-schema dict, got {t!r}")
     variables = {**self.special_tokens, **kwargs}
-    return self._compiled.render(messages=list(messages), tools=tools, documents=None,
-                                 add_generation_prompt=add_generation_prompt, **variables)
+    return self._compiled.render(
+      messages=list(messages), tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **variables
+    )
 
 
 def _token_content(value) -> str | None:
@@ -124,10 +130,13 @@ def load_chat_template(tokenizer_dir: str | os.PathLike, name: str = "default") 
   if isinstance(source, list):
     by_name = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
     if name not in by_name:
-      raise ValueError(f"{config_path}: field 'chat_template' has no template named {name!r} "
-                       f"(has {sorted(k for k in by_name if k)})")
+      raise ValueError(
+        f"{config_path}: field 'chat_template' has no template named {name!r} (has {sorted(k for k in by_name if k)})"
+      )
     source = by_name[name]
   if not source:
-    raise ValueError(f"{tokenizer_dir}: no chat template (neither chat_template.jinja nor the "
-                     f"'chat_template' field of tokenizer_config.json)")
+    raise ValueError(
+      f"{tokenizer_dir}: no chat template (neither chat_template.jinja nor the "
+      f"'chat_template' field of tokenizer_config.json)"
+    )
   return ChatTemplate(source, special)

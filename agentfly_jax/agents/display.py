@@ -1,8 +1,9 @@
 """Show a trajectory with its action mask: model-written tokens highlighted.
 
-  print(format_trajectory(trajectory, agent.tokenizer))           # ANSI colours
-  print(format_trajectory(trajectory, agent.tokenizer, color=False))  # ⟦model text⟧ brackets
+print(format_trajectory(trajectory, agent.tokenizer))           # ANSI colours
+print(format_trajectory(trajectory, agent.tokenizer, color=False))  # ⟦model text⟧ brackets
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,8 +24,7 @@ def mask_segments(action_mask: np.ndarray) -> list[tuple[int, int, bool]]:
   return [(int(s), int(e), bool(mask[s])) for s, e in zip(starts, ends)]
 
 
-def format_trajectory(trajectory: Any, tokenizer: Any, color: bool = True,
-                      show_header: bool = True) -> str:
+def format_trajectory(trajectory: Any, tokenizer: Any, color: bool = True, show_header: bool = True) -> str:
   """The trajectory's text with sampler-generated spans highlighted (green, or ⟦ ⟧ brackets),
   template/observation text dimmed, and a one-line summary on top."""
   pieces = []
@@ -38,9 +38,11 @@ def format_trajectory(trajectory: Any, tokenizer: Any, color: bool = True,
   if not show_header:
     return body
   n_model = int(np.sum(trajectory.action_mask))
-  header = (f"group {trajectory.group_id} chain {trajectory.chain_id} | {len(trajectory)} tokens, "
-            f"{n_model} generated | turns {trajectory.num_turns} | finish {trajectory.finish_reason}"
-            f" | reward {trajectory.reward:.3f} | tool calls {len(trajectory.tool_calls)}")
+  header = (
+    f"group {trajectory.group_id} chain {trajectory.chain_id} | {len(trajectory)} tokens, "
+    f"{n_model} generated | turns {trajectory.num_turns} | finish {trajectory.finish_reason}"
+    f" | reward {trajectory.reward:.3f} | tool calls {len(trajectory.tool_calls)}"
+  )
   if getattr(trajectory, "error", None):
     header += f"\nerror: {trajectory.error}"
   return f"{header}\n{body}"

@@ -29,6 +29,7 @@ Served under trio by hypercorn's trio worker (`serve_endpoint`): the app runs in
 loop as the rollout, so a request awaits `sampler.agenerate` directly and concurrent chains are
 batched by the sampler like the built-in agents' turns (no thread hop, no second event loop).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,14 +55,19 @@ _TOOL_CHOICES = ("auto", "none", "required")
 class EndpointError(Exception):
   """An OpenAI-style error reply: HTTP status + error.message (naming the field) / param / code."""
 
-  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-               kind: str = "invalid_request_error"):
+  def __init__(
+    self,
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    kind: str = "invalid_request_error",
+  ):
     super().__init__(message)
     self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
   def body(self) -> dict:
-    return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                      "code": self.code}}
+    return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class _SchemaTool:
@@ -107,12 +113,26 @@ class ChatEndpoint:
       10 x `gather_s` after its first request. 0 = no holding.
   """
 
-  def __init__(self, agent, sampler, *, model_name: str = "policy",
-               sampling_params: SamplingParams | None = None, max_tokens_per_turn: int = 256,
-               max_total_tokens: int = 2048, max_turns: int | None = None, max_n: int = 1,
-               seed: int | None = 0, fixed_temperature: bool = False, gather_s: float = 0.0):
-    for name, value in [("max_tokens_per_turn", max_tokens_per_turn),
-                        ("max_total_tokens", max_total_tokens), ("max_n", max_n)]:
+  def __init__(
+    self,
+    agent,
+    sampler,
+    *,
+    model_name: str = "policy",
+    sampling_params: SamplingParams | None = None,
+    max_tokens_per_turn: int = 256,
+    max_total_tokens: int = 2048,
+    max_turns: int | None = None,
+    max_n: int = 1,
+    seed: int | None = 0,
+    fixed_temperature: bool = False,
+    gather_s: float = 0.0,
+  ):
+    for name, value in [
+      ("max_tokens_per_turn", max_tokens_per_turn),
+      ("max_total_tokens", max_total_tokens),
+      ("max_n", max_n),
+    ]:
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"ChatEndpoint: {name} must be an int >= 1, got {value!r}")
     self.agent, self.sampler, self.model_name = agent, sampler, model_name
@@ -124,10 +144,10 @@ class ChatEndpoint:
     self.chains: dict[str, ChainRecord] = {}
     self.created = int(time.time())
     self.gather_s = float(gather_s)
-    self._gate: trio.Event | None = None    # the group of held requests (see `_gather`)
+    self._gate: trio.Event | None = None  # the group of held requests (see `_gather`)
     self._gate_first = self._gate_deadline = 0.0
-    self._held = 0                          # requests held at the gate
-    self._sampling = 0                      # requests inside sampler.agenerate
+    self._held = 0  # requests held at the gate
+    self._sampling = 0  # requests inside sampler.agenerate
     self._app = None
 
   # -- chains ----------------------------------------------------------------------------------
@@ -176,15 +196,19 @@ class ChatEndpoint:
     if not isinstance(body, dict):
       raise EndpointError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     if body.get("model") != self.model_name:
-      raise EndpointError(404, f"model: {body.get('model')!r} does not exist; this endpoint "
-                          f"serves [{self.model_name!r}]", "model", "model_not_found")
+      raise EndpointError(
+        404,
+        f"model: {body.get('model')!r} does not exist; this endpoint serves [{self.model_name!r}]",
+        "model",
+        "model_not_found",
+      )
     if body.get("stream"):
-      raise EndpointError(400, "stream: streaming replies are not supported; send stream=false",
-                          "stream", "unsupported_parameter")
+      raise EndpointError(
+        400, "stream: streaming replies are not supported; send stream=false", "stream", "unsupported_parameter"
+      )
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-      raise EndpointError(400, f"messages must be a non-empty list of messages, got {str(raw)[:80]}",
-                          "messages")
+      raise EndpointError(400, f"messages must be a non-empty list of messages, got {str(raw)[:80]}", "messages")
     try:
       messages = [template_message(m, i) for i, m in enumerate(raw)]
     except ValueError as e:
@@ -195,58 +219,83 @@ class ChatEndpoint:
         raise EndpointError(400, f"tools must be a list, got {type(tools).__name__}", "tools")
       for j, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if not (isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(fn, dict)
-                and isinstance(fn.get("name"), str) and fn["name"]):
-          raise EndpointError(400, f"tools[{j}] must be {{'type': 'function', 'function': {{'name': "
-                              f"..., 'parameters': {{...}}}}}}, got {str(t)[:120]}", f"tools[{j}]")
+        if not (
+          isinstance(t, dict)
+          and t.get("type", "function") == "function"
+          and isinstance(fn, dict)
+          and isinstance(fn.get("name"), str)
+          and fn["name"]
+        ):
+          raise EndpointError(
+            400,
+            f"tools[{j}] must be {{'type': 'function', 'function': {{'name': "
+            f"..., 'parameters': {{...}}}}}}, got {str(t)[:120]}",
+            f"tools[{j}]",
+          )
       tools = tools or None
     choice = body.get("tool_choice")
-    if choice is not None and choice not in _TOOL_CHOICES and not (
-        isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str)):
-      raise EndpointError(400, f"tool_choice must be one of {list(_TOOL_CHOICES)} or "
-                          f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
-                          "tool_choice")
+    if (
+      choice is not None
+      and choice not in _TOOL_CHOICES
+      and not (isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str))
+    ):
+      raise EndpointError(
+        400,
+        f"tool_choice must be one of {list(_TOOL_CHOICES)} or "
+        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+        "tool_choice",
+      )
     temperature = body.get("temperature")
-    if temperature is not None and not (isinstance(temperature, (int, float))
-                                        and not isinstance(temperature, bool)
-                                        and math.isfinite(temperature) and 0 <= temperature <= 2):
-      raise EndpointError(400, f"temperature must be a number in [0, 2], got {temperature!r}",
-                          "temperature")
+    if temperature is not None and not (
+      isinstance(temperature, (int, float))
+      and not isinstance(temperature, bool)
+      and math.isfinite(temperature)
+      and 0 <= temperature <= 2
+    ):
+      raise EndpointError(400, f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(field)
     if max_tokens is not None:
       if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise EndpointError(400, f"{field} must be an integer >= 1, got {max_tokens!r}", field)
       if max_tokens > self.max_tokens_per_turn:
-        raise EndpointError(400, f"{field}={max_tokens} is over this run's limit of "
-                            f"{self.max_tokens_per_turn} tokens per completion", field)
+        raise EndpointError(
+          400,
+          f"{field}={max_tokens} is over this run's limit of {self.max_tokens_per_turn} tokens per completion",
+          field,
+        )
     n = body.get("n", 1) if body.get("n") is not None else 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise EndpointError(400, f"n must be an integer >= 1, got {n!r}", "n")
     if n > self.max_n:
-      raise EndpointError(400, f"n={n} is over this run's limit of {self.max_n} choice(s) per "
-                          "request", "n")
+      raise EndpointError(400, f"n={n} is over this run's limit of {self.max_n} choice(s) per request", "n")
     return _Request(messages, tools, choice, temperature, max_tokens, n)
 
   def _params(self, request: _Request, budget: int, seed: int | None) -> SamplingParams:
     temperature = self.sampling_params.temperature
     if request.temperature is not None and not self.fixed_temperature:
       temperature = float(request.temperature)
-    return dataclasses.replace(self.sampling_params, temperature=temperature, max_new_tokens=budget,
-                               stop_token_ids=self.stop_ids, seed=seed)
+    return dataclasses.replace(
+      self.sampling_params, temperature=temperature, max_new_tokens=budget, stop_token_ids=self.stop_ids, seed=seed
+    )
 
   async def complete(self, key: str | None, body: Any) -> dict:
     """One chat completion for chain `key` (the OpenAI reply as a dict); raises EndpointError."""
     chain = self.chains.get(key) if key else None
     if chain is None:
-      raise EndpointError(401, "api_key: unknown chain key (send the chain's key as "
-                          "'Authorization: Bearer <key>')", "api_key", "invalid_api_key",
-                          "authentication_error")
+      raise EndpointError(
+        401,
+        "api_key: unknown chain key (send the chain's key as 'Authorization: Bearer <key>')",
+        "api_key",
+        "invalid_api_key",
+        "authentication_error",
+      )
     request = self._parse(body)
     if self.max_turns is not None and chain.num_requests >= self.max_turns:
       chain.limit_hit = "max_turns"
-      raise EndpointError(400, f"messages: this chain already made max_turns={self.max_turns} "
-                          "requests", "messages", "max_turns_exceeded")
+      raise EndpointError(
+        400, f"messages: this chain already made max_turns={self.max_turns} requests", "messages", "max_turns_exceeded"
+      )
     agent = self.agent
     schema_tools = [_SchemaTool(t) for t in request.tools or ()]
     template_tools = agent.template_tools(schema_tools) if schema_tools else None
@@ -254,14 +303,18 @@ class ChatEndpoint:
     try:
       prepared = chain.prepare(agent, request.messages, tools_key, template_tools)
     except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
-      raise EndpointError(400, f"messages: the chat template cannot render them: "
-                          f"{type(e).__name__}: {e}", "messages", "template_error") from None
+      raise EndpointError(
+        400, f"messages: the chat template cannot render them: {type(e).__name__}: {e}", "messages", "template_error"
+      ) from None
     room = self.max_total_tokens - len(prepared.prompt_ids)
     if room <= 0:
       chain.limit_hit = "max_total_tokens"
-      raise EndpointError(400, f"messages: the prompt has {len(prepared.prompt_ids)} tokens, this "
-                          f"run's context is {self.max_total_tokens}", "messages",
-                          "context_length_exceeded")
+      raise EndpointError(
+        400,
+        f"messages: the prompt has {len(prepared.prompt_ids)} tokens, this run's context is {self.max_total_tokens}",
+        "messages",
+        "context_length_exceeded",
+      )
     budget = min(request.max_tokens or self.max_tokens_per_turn, room)
     turn = chain.num_requests
     chain.num_requests += 1
@@ -269,10 +322,8 @@ class ChatEndpoint:
     results: list[Any] = [None] * request.n
 
     async def sample(i):
-      seed = _request_seed(self.seed, chain.group_id, chain.chain_id, turn + 1_000_003 * i,
-                           self.sampling_params.seed)
-      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids),
-                                                self._params(request, budget, seed))
+      seed = _request_seed(self.seed, chain.group_id, chain.chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
+      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), self._params(request, budget, seed))
 
     await self._gather()
     self._sampling += 1
@@ -289,10 +340,18 @@ class ChatEndpoint:
     for i, result in enumerate(results):
       choices.append(self._choice(chain, prepared, request, turn, i, result, budget))
       completion_tokens += len(result.token_ids)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": self.model_name, "choices": choices,
-            "usage": {"prompt_tokens": len(prepared.prompt_ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prepared.prompt_ids) + completion_tokens}}
+    return {
+      "id": f"chatcmpl-{uuid.uuid4().hex}",
+      "object": "chat.completion",
+      "created": int(time.time()),
+      "model": self.model_name,
+      "choices": choices,
+      "usage": {
+        "prompt_tokens": len(prepared.prompt_ids),
+        "completion_tokens": completion_tokens,
+        "total_tokens": len(prepared.prompt_ids) + completion_tokens,
+      },
+    }
 
   def _choice(self, chain, prepared, request, turn, index, result, budget) -> dict:
     agent, tok = self.agent, self.agent.tokenizer
@@ -302,14 +361,25 @@ class ChatEndpoint:
     parsed = agent.parse(text)
     use_tools = request.tool_choice != "none" and parsed.tool_calls
     parsed_calls = parsed.tool_calls if use_tools else []
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-              "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-             for c in parsed_calls]
+    calls = [
+      {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+      }
+      for c in parsed_calls
+    ]
     reply = {"role": "assistant", "content": (parsed.content or None) if calls else text}
     if calls:
       reply["tool_calls"] = calls
-    chain.record(prepared, generated, result.logprobs, agent.assistant_message(text, parsed),
-                 message_key(template_message(reply, 0)), tok.decode(generated[-1:]) if ended else "")
+    chain.record(
+      prepared,
+      generated,
+      result.logprobs,
+      agent.assistant_message(text, parsed),
+      message_key(template_message(reply, 0)),
+      tok.decode(generated[-1:]) if ended else "",
+    )
     chain.note_tool_calls(turn, [(c["id"], p.name, p.arguments) for c, p in zip(calls, parsed_calls)])
     chain.last_text = parsed.content if parsed.final_answer is None else parsed.final_answer
     if calls:
@@ -351,16 +421,26 @@ def _make_app(endpoint: ChatEndpoint):
       return error_response(e)
     except Exception as e:  # a sampler failure: the agent sees a 500, other chains go on
       log.warning("endpoint: request of chain %s failed", key, exc_info=True)
-      return error_response(EndpointError(500, f"the sampler failed: {type(e).__name__}: {e}",
-                                          None, "sampler_error", "server_error"))
+      return error_response(
+        EndpointError(500, f"the sampler failed: {type(e).__name__}: {e}", None, "sampler_error", "server_error")
+      )
 
   async def models(request):
-    return JSONResponse({"object": "list", "data": [
-        {"id": endpoint.model_name, "object": "model", "created": endpoint.created,
-         "owned_by": "agentfly-jax"}]})
+    return JSONResponse(
+      {
+        "object": "list",
+        "data": [
+          {"id": endpoint.model_name, "object": "model", "created": endpoint.created, "owned_by": "agentfly-jax"}
+        ],
+      }
+    )
 
-  return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                           Route("/v1/models", models, methods=["GET"])])
+  return Starlette(
+    routes=[
+      Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+      Route("/v1/models", models, methods=["GET"]),
+    ]
+  )
 
 
 @contextlib.asynccontextmanager
@@ -369,6 +449,7 @@ async def serve_endpoint(endpoint: ChatEndpoint, host: str = "127.0.0.1", port: 
   base URL (`http://127.0.0.1:PORT/v1`, port 0 = a free one) and shuts the server down on exit."""
   from hypercorn.config import Config
   from hypercorn.trio import serve
+
   config = Config()
   config.bind = [f"{host}:{port}"]
   config.accesslog = None
@@ -378,8 +459,9 @@ async def serve_endpoint(endpoint: ChatEndpoint, host: str = "127.0.0.1", port: 
   config.backlog = 4096
   shutdown = trio.Event()
   async with trio.open_nursery() as nursery:
-    binds = await nursery.start(lambda task_status: serve(
-        endpoint.app, config, shutdown_trigger=shutdown.wait, task_status=task_status))
+    binds = await nursery.start(
+      lambda task_status: serve(endpoint.app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+    )
     try:
       yield f"{binds[0]}/v1"
     finally:

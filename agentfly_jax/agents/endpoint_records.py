@@ -15,6 +15,7 @@ choices 2..n of one request) forks: a new segment that copies the shared prefix.
 Every segment becomes one `Trajectory` (same group_id / chain_id / reward; `segment` numbers
 them), so the trainer learns from exactly the tokens the model wrote, in the contexts it saw.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ def message_text(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
       if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-        raise ValueError(f"{where}[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are "
-                         f"supported, got {str(part)[:80]!r}")
+        raise ValueError(
+          f"{where}[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are supported, got {str(part)[:80]!r}"
+        )
       texts.append(part["text"])
     return "".join(texts)
   raise ValueError(f"{where} must be a string, null or a list of text parts, got {type(content).__name__}")
@@ -50,8 +52,10 @@ def template_message(message: Any, i: int) -> dict:
     raise ValueError(f"{where} must be an object, got {type(message).__name__}")
   role = message.get("role")
   if not isinstance(role, str) or not role:
-    raise ValueError(f"{where}.role must be a string (system, user, assistant, tool, or another "
-                     f"role the chat template knows), got {role!r}")
+    raise ValueError(
+      f"{where}.role must be a string (system, user, assistant, tool, or another "
+      f"role the chat template knows), got {role!r}"
+    )
   out = {"role": role, "content": message_text(message.get("content"), f"{where}.content")}
   if role == "tool":
     if message.get("name"):
@@ -67,8 +71,9 @@ def template_message(message: Any, i: int) -> dict:
 def _template_call(call: Any, where: str) -> dict:
   fn = call.get("function") if isinstance(call, dict) else None
   if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-    raise ValueError(f"{where} must be {{'type': 'function', 'function': {{'name': ..., "
-                     f"'arguments': ...}}}}, got {str(call)[:120]!r}")
+    raise ValueError(
+      f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}, got {str(call)[:120]!r}"
+    )
   arguments = fn.get("arguments", {})
   if isinstance(arguments, str):
     try:
@@ -81,38 +86,50 @@ def _template_call(call: Any, where: str) -> dict:
 def message_key(message: dict) -> str:
   """What decides a message's rendering (role, text, name, tool calls): equal keys render equal."""
   calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()]
-  return json.dumps([message["role"], message.get("content") or "", message.get("name"), calls],
-                    sort_keys=True, ensure_ascii=False, default=str)
+  return json.dumps(
+    [message["role"], message.get("content") or "", message.get("name"), calls],
+    sort_keys=True,
+    ensure_ascii=False,
+    default=str,
+  )
 
 
 @dataclasses.dataclass
 class Segment:
   """One token sequence of a chain (see the module docstring)."""
+
   ids: list[int]
   mask: list[bool]
   logps: list[float]
   prompt_length: int
   tools_key: str
-  version: int = 0                      # bumped by every completion appended
+  version: int = 0  # bumped by every completion appended
   num_turns: int = 0
   request_keys: list[str] = dataclasses.field(default_factory=list)  # the last request's messages
-  messages: list[dict] = dataclasses.field(default_factory=list)     # ... as rendered, + the reply
-  reply_key: str | None = None          # the assistant message returned (as the agent echoes it)
+  messages: list[dict] = dataclasses.field(default_factory=list)  # ... as rendered, + the reply
+  reply_key: str | None = None  # the assistant message returned (as the agent echoes it)
   model_end_text: str = ""
 
   def copy_prefix(self) -> "Segment":
-    return dataclasses.replace(self, ids=list(self.ids), mask=list(self.mask), logps=list(self.logps),
-                               request_keys=list(self.request_keys), messages=list(self.messages))
+    return dataclasses.replace(
+      self,
+      ids=list(self.ids),
+      mask=list(self.mask),
+      logps=list(self.logps),
+      request_keys=list(self.request_keys),
+      messages=list(self.messages),
+    )
 
 
 @dataclasses.dataclass
 class Prepared:
   """A request's prompt: the ids sent to the sampler, and where they came from."""
+
   prompt_ids: list[int]
-  segment: Segment | None               # the segment continued (None: a new one)
-  base: Segment                         # state of the segment the completion extends (a copy)
+  segment: Segment | None  # the segment continued (None: a new one)
+  base: Segment  # state of the segment the completion extends (a copy)
   base_version: int
-  messages: list[dict]                  # the request's messages, template form
+  messages: list[dict]  # the request's messages, template form
   request_keys: list[str]
   template_tools: list[dict] | None
 
@@ -124,22 +141,25 @@ class ChainRecord:
     self.key, self.group_id, self.chain_id, self.row = key, group_id, chain_id, row or {}
     self.segments: list[Segment] = []
     self.num_requests = 0
-    self.tool_calls: dict[str, dict] = {}   # call id -> {"turn", "name", "arguments", ...}
-    self.last_text: str | None = None       # the last completion's text (a fallback prediction)
-    self.limit_hit: str | None = None       # "max_turns" / "max_total_tokens" once refused for it
+    self.tool_calls: dict[str, dict] = {}  # call id -> {"turn", "name", "arguments", ...}
+    self.last_text: str | None = None  # the last completion's text (a fallback prediction)
+    self.limit_hit: str | None = None  # "max_turns" / "max_total_tokens" once refused for it
 
-  def prepare(self, agent, messages: list[dict], tools_key: str,
-              template_tools: list[dict] | None) -> Prepared:
+  def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
     """The prompt ids of a request (template-form `messages`): continues the segment whose
     last request + reply these messages extend, else renders a new segment."""
     keys = [message_key(m) for m in messages]
     for seg in reversed(self.segments):
       n = len(seg.request_keys)
-      if (seg.reply_key is None or seg.tools_key != tools_key or len(keys) < n + 1
-          or keys[:n] != seg.request_keys or keys[n] != seg.reply_key):
+      if (
+        seg.reply_key is None
+        or seg.tools_key != tools_key
+        or len(keys) < n + 1
+        or keys[:n] != seg.request_keys
+        or keys[n] != seg.reply_key
+      ):
         continue
-      suffix = agent.observation_text(seg.messages, messages[n + 1:], template_tools,
-                                      seg.model_end_text)
+      suffix = agent.observation_text(seg.messages, messages[n + 1 :], template_tools, seg.model_end_text)
       new_ids = agent.tokenizer.encode(suffix)
       base = seg.copy_prefix()
       base.ids += new_ids
@@ -147,16 +167,23 @@ class ChainRecord:
       base.logps += [0.0] * len(new_ids)
       return Prepared(base.ids, seg, base, seg.version, messages, keys, template_tools)
     ids = agent.tokenizer.encode(agent.render(messages, template_tools, add_generation_prompt=True))
-    base = Segment(ids=list(ids), mask=[False] * len(ids), logps=[0.0] * len(ids),
-                   prompt_length=len(ids), tools_key=tools_key)
+    base = Segment(
+      ids=list(ids), mask=[False] * len(ids), logps=[0.0] * len(ids), prompt_length=len(ids), tools_key=tools_key
+    )
     return Prepared(list(ids), None, base, 0, messages, keys, template_tools)
 
-  def record(self, prepared: Prepared, generated: list[int], logprobs: list[float],
-             assistant_message: dict, reply_key: str, model_end_text: str) -> Segment:
+  def record(
+    self,
+    prepared: Prepared,
+    generated: list[int],
+    logprobs: list[float],
+    assistant_message: dict,
+    reply_key: str,
+    model_end_text: str,
+  ) -> Segment:
     """Appends one completion to the segment `prepared` continues (or to a new / forked one)."""
     if not generated or len(logprobs) != len(generated):
-      raise ValueError(f"sampler returned {len(generated)} token ids and {len(logprobs)} "
-                       "log-probs (need equal, >= 1)")
+      raise ValueError(f"sampler returned {len(generated)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
     seg = prepared.segment
     if seg is not None and seg.version == prepared.base_version:
       seg.ids, seg.mask, seg.logps = prepared.base.ids, prepared.base.mask, prepared.base.logps
@@ -180,8 +207,7 @@ class ChainRecord:
     """The tool calls one completion made, (call id, name, arguments), to pair with their
     results when the agent sends them."""
     for call_id, name, arguments in calls:
-      self.tool_calls[call_id] = {"turn": turn, "name": name, "arguments": arguments,
-                                  "observation": None, "ok": True}
+      self.tool_calls[call_id] = {"turn": turn, "name": name, "arguments": arguments, "observation": None, "ok": True}
 
   def note_tool_results(self, raw_messages: list) -> None:
     """Pairs `tool` messages (by tool_call_id) with the calls they answer; ok = not 'Error...'."""
@@ -196,14 +222,29 @@ class ChainRecord:
           record["observation"] = text
           record["ok"] = not text.lstrip().startswith("Error")
 
-  def trajectories(self, *, reward: float, metrics: dict, finish_reason: str,
-                   prediction: str | None, error: str | None = None) -> list[Trajectory]:
+  def trajectories(
+    self, *, reward: float, metrics: dict, finish_reason: str, prediction: str | None, error: str | None = None
+  ) -> list[Trajectory]:
     """One Trajectory per segment (the chain's reward on each); [] if the chain made no request."""
     calls = sorted(self.tool_calls.values(), key=lambda c: c["turn"])
-    return [Trajectory(token_ids=s.ids, action_mask=s.mask, sampler_logprobs=s.logps, reward=reward,
-                       reward_metrics=dict(metrics), group_id=self.group_id, chain_id=self.chain_id,
-                       messages=list(s.messages), num_turns=s.num_turns,
-                       tool_calls=calls if i == len(self.segments) - 1 else [],
-                       finish_reason=finish_reason, prompt_length=s.prompt_length, row=self.row,
-                       prediction=prediction, error=error, segment=i)
-            for i, s in enumerate(self.segments)]
+    return [
+      Trajectory(
+        token_ids=s.ids,
+        action_mask=s.mask,
+        sampler_logprobs=s.logps,
+        reward=reward,
+        reward_metrics=dict(metrics),
+        group_id=self.group_id,
+        chain_id=self.chain_id,
+        messages=list(s.messages),
+        num_turns=s.num_turns,
+        tool_calls=calls if i == len(self.segments) - 1 else [],
+        finish_reason=finish_reason,
+        prompt_length=s.prompt_length,
+        row=self.row,
+        prediction=prediction,
+        error=error,
+        segment=i,
+      )
+      for i, s in enumerate(self.segments)
+    ]

@@ -22,6 +22,7 @@ last completion's text, like the built-in rollout), "timeout" (`chain_timeout_s`
 tokens it got are kept). A chain that made no request gives no trajectory. An agent that edits
 its history gets one trajectory per token segment (`Trajectory.segment`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,10 +42,20 @@ log = logging.getLogger(__name__)
 AgentFn = Callable[[Any, dict], Awaitable[Any]]
 
 
-async def _run_chain(endpoint: ChatEndpoint, agent, agent_fn: AgentFn, row: dict, group_id: int,
-                     chain_id: int, ssl_context, base_url: str, chain_timeout_s: float | None,
-                     thread_limiter: trio.CapacityLimiter) -> list[Trajectory]:
+async def _run_chain(
+  endpoint: ChatEndpoint,
+  agent,
+  agent_fn: AgentFn,
+  row: dict,
+  group_id: int,
+  chain_id: int,
+  ssl_context,
+  base_url: str,
+  chain_timeout_s: float | None,
+  thread_limiter: trio.CapacityLimiter,
+) -> list[Trajectory]:
   import openai
+
   key = endpoint.open_chain(group_id, chain_id, row)
   answer, finish, error = None, "agent_done", None
   http = _chain_http_client(ssl_context)
@@ -66,22 +77,20 @@ async def _run_chain(endpoint: ChatEndpoint, agent, agent_fn: AgentFn, row: dict
       await http.aclose()
   record = endpoint.close_chain(key)
   if not record.segments:
-    log.warning("endpoint chain (group %d, chain %d) made no request (%s)", group_id, chain_id,
-                error or finish)
+    log.warning("endpoint chain (group %d, chain %d) made no request (%s)", group_id, chain_id, error or finish)
     return []
   prediction = str(answer) if answer is not None else (record.last_text or "")
   reward, metrics = 0.0, {}
   if agent.reward_fn is not None and error is None:
     try:
-      metrics = await agent.reward_fn.compute(prediction, record.segments[-1].messages, row, None,
-                                              thread_limiter=thread_limiter)
+      metrics = await agent.reward_fn.compute(
+        prediction, record.segments[-1].messages, row, None, thread_limiter=thread_limiter
+      )
       reward = float(metrics.pop("reward"))
     except Exception as e:
-      log.warning("reward of endpoint chain (group %d, chain %d) failed", group_id, chain_id,
-                  exc_info=True)
+      log.warning("reward of endpoint chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
       finish, error, metrics = "error", f"{type(e).__name__}: {e}", {}
-  return record.trajectories(reward=reward, metrics=metrics, finish_reason=finish,
-                             prediction=prediction, error=error)
+  return record.trajectories(reward=reward, metrics=metrics, finish_reason=finish, prediction=prediction, error=error)
 
 
 def _chain_http_client(ssl_context):
@@ -89,18 +98,36 @@ def _chain_http_client(ssl_context):
   chains costs O(connections) per request in httpcore), no proxies from the environment (the
   endpoint is on loopback), no timeout (a turn takes as long as the sampler needs)."""
   import httpx
-  return httpx.AsyncClient(verify=ssl_context, trust_env=False, timeout=httpx.Timeout(None),
-                           limits=httpx.Limits(max_connections=4, max_keepalive_connections=1))
+
+  return httpx.AsyncClient(
+    verify=ssl_context,
+    trust_env=False,
+    timeout=httpx.Timeout(None),
+    limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
+  )
 
 
-async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sampler,
-                           num_chains: int = 1, max_turns: int = 4,
-                           sampling_params: SamplingParams | None = None,
-                           max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
-                           concurrency: int = 256, seed: int | None = 0, group_offset: int = 0,
-                           max_n: int = 1, chain_timeout_s: float | None = None,
-                           tool_threads: int = 128, model_name: str = "policy",
-                           gather_s: float = 0.05, env_provider=None) -> list[Trajectory]:
+async def endpoint_rollout(
+  agent,
+  rows: Sequence[dict],
+  agent_fn: AgentFn,
+  *,
+  sampler,
+  num_chains: int = 1,
+  max_turns: int = 4,
+  sampling_params: SamplingParams | None = None,
+  max_tokens_per_turn: int = 256,
+  max_total_tokens: int = 2048,
+  concurrency: int = 256,
+  seed: int | None = 0,
+  group_offset: int = 0,
+  max_n: int = 1,
+  chain_timeout_s: float | None = None,
+  tool_threads: int = 128,
+  model_name: str = "policy",
+  gather_s: float = 0.05,
+  env_provider=None,
+) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
   group_offset + row index. Arguments as `rollout.rollout`, and:
@@ -117,21 +144,37 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
       agent's tools are its own and env-bound rewards are refused up front, so it is not used.
   """
   del env_provider
-  for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
-                      ("concurrency", concurrency), ("tool_threads", tool_threads)]:
+  for name, value in [
+    ("num_chains", num_chains),
+    ("max_turns", max_turns),
+    ("concurrency", concurrency),
+    ("tool_threads", tool_threads),
+  ]:
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"endpoint_rollout: {name} must be an int >= 1, got {value!r}")
   if not callable(agent_fn):
-    raise TypeError(f"endpoint_rollout: agent_fn must be an async function (client, row), got "
-                    f"{type(agent_fn).__name__}")
+    raise TypeError(
+      f"endpoint_rollout: agent_fn must be an async function (client, row), got {type(agent_fn).__name__}"
+    )
   if agent.reward_fn is not None and agent.reward_fn.env_name:
-    raise ValueError(f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
-                     f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment")
+    raise ValueError(
+      f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
+      f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment"
+    )
   validate_rows(agent, rows)
-  endpoint = ChatEndpoint(agent, sampler, model_name=model_name, sampling_params=sampling_params,
-                          max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
-                          max_turns=max_turns, max_n=max_n, seed=seed, fixed_temperature=True,
-                          gather_s=gather_s)
+  endpoint = ChatEndpoint(
+    agent,
+    sampler,
+    model_name=model_name,
+    sampling_params=sampling_params,
+    max_tokens_per_turn=max_tokens_per_turn,
+    max_total_tokens=max_total_tokens,
+    max_turns=max_turns,
+    max_n=max_n,
+    seed=seed,
+    fixed_temperature=True,
+    gather_s=gather_s,
+  )
   limiter = trio.CapacityLimiter(concurrency)
   thread_limiter = trio.CapacityLimiter(tool_threads)
   results: list[list[Trajectory]] = [[] for _ in range(len(rows) * num_chains)]
@@ -140,8 +183,9 @@ async def endpoint_rollout(agent, rows: Sequence[dict], agent_fn: AgentFn, *, sa
 
     async def chain(index, row, group_id, chain_id):
       async with limiter:
-        results[index] = await _run_chain(endpoint, agent, agent_fn, row, group_id, chain_id,
-                                          ssl_context, base_url, chain_timeout_s, thread_limiter)
+        results[index] = await _run_chain(
+          endpoint, agent, agent_fn, row, group_id, chain_id, ssl_context, base_url, chain_timeout_s, thread_limiter
+        )
 
     async with trio.open_nursery() as nursery:
       for g, row in enumerate(rows):

@@ -9,6 +9,7 @@
 A malformed call does not stop anything: it becomes an entry in `ParsedTurn.errors`, which the
 agent shows the model as an error observation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ _FINAL_ANSWER_RE = re.compile(r"Final Answer\s*:\s*(.*)", re.DOTALL)
 @dataclasses.dataclass
 class ToolCall:
   """One parsed call. `arguments` is a dict; `raw_arguments` holds non-JSON text (ReAct)."""
+
   name: str
   arguments: dict[str, Any]
   raw_arguments: str | None = None
@@ -43,6 +45,7 @@ class ParsedTurn:
     errors: one message per malformed call (shown to the model as error observations).
     final_answer: an explicit final answer (ReAct/Code `Final Answer:`), if any.
   """
+
   content: str
   tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
   errors: list[str] = dataclasses.field(default_factory=list)
@@ -87,13 +90,15 @@ def parse_hermes_tool_calls(text: str) -> ParsedTurn:
   last_end = spans[-1][1] if spans else 0
   tail_open = text.find("<tool_call>", last_end)
   if tail_open >= 0:
-    spans.append((tail_open, len(text), text[tail_open + len("<tool_call>"):]))
+    spans.append((tail_open, len(text), text[tail_open + len("<tool_call>") :]))
   for i, (_, _, body) in enumerate(spans):
     where = f"tool call #{i + 1}"
     obj, err = _load_json(body.strip())
     if err is not None:
-      errors.append(f"{where} is not valid JSON ({err}); write "
-                    '<tool_call>{"name": <tool name>, "arguments": {...}}</tool_call>')
+      errors.append(
+        f"{where} is not valid JSON ({err}); write "
+        '<tool_call>{"name": <tool name>, "arguments": {...}}</tool_call>'
+      )
       continue
     for j, item in enumerate(obj if isinstance(obj, list) else [obj]):  # a call, or a list ([] = none)
       call, err = _call_from_object(item, where if not isinstance(obj, list) else f"{where}, item {j + 1}")
@@ -115,14 +120,14 @@ def parse_react(text: str) -> ParsedTurn:
   `Final Answer: <text>`. Text after a model-written `Observation:` is ignored."""
   text = "" if text is None else str(text)
   obs = re.search(r"^[ \t]*Observation[ \t]*:", text, re.MULTILINE)
-  step = text[:obs.start()] if obs else text
+  step = text[: obs.start()] if obs else text
   action = re.search(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", step, re.MULTILINE)
   if action is None:
     final = _FINAL_ANSWER_RE.search(step)
     answer = final.group(1).strip() if final else None
     return ParsedTurn(content=step.strip(), final_answer=answer)
   name = action.group(1).strip().strip("`'\"")
-  after = step[action.end():]
+  after = step[action.end() :]
   action_input = re.search(r"^[ \t]*Action Input[ \t]*:\s*(.*)", after, re.MULTILINE | re.DOTALL)
   if not name:
     return ParsedTurn(content=step.strip(), errors=["'Action:' names no tool"])
@@ -138,12 +143,10 @@ def parse_react(text: str) -> ParsedTurn:
   obj, err = _load_json(raw)
   if err is None and isinstance(obj, dict):
     return ParsedTurn(content=step.strip(), tool_calls=[ToolCall(name=name, arguments=obj)])
-  return ParsedTurn(content=step.strip(),
-                    tool_calls=[ToolCall(name=name, arguments={}, raw_arguments=raw)])
+  return ParsedTurn(content=step.strip(), tool_calls=[ToolCall(name=name, arguments={}, raw_arguments=raw)])
 
 
-def parse_code_blocks(text: str, tool_name: str = "code_interpreter",
-                      argument: str = "code") -> ParsedTurn:
+def parse_code_blocks(text: str, tool_name: str = "code_interpreter", argument: str = "code") -> ParsedTurn:
   """Joins all ```python blocks of a turn into one call `tool_name(argument=code)`; an
   unclosed last block runs to the end of the text. `Final Answer:` outside code is kept."""
   text = "" if text is None else str(text)

@@ -16,6 +16,7 @@ The assistant message keeps the model's raw text (so the template renders exactl
 text) and tool outputs come back as a user message `<tool_response>...</tool_response>`
 (the template has no tool role).
 """
+
 from __future__ import annotations
 
 import json
@@ -81,24 +82,40 @@ class PromptedToolCallAgent(ToolCallAgent):
       small models follow a shown call much more often (measured).
     (the rest as `Agent`)
   """
+
   observation_role = "user"
 
-  def __init__(self, tokenizer: Any, tools: Sequence[Tool | Callable] = (),
-               reward_fn: Reward | Callable | None = None, system_prompt: str | None = None,
-               template_kwargs: dict | None = None, env_provider: Any = None,
-               task_env: str | None = None, tool_format: str = "hermes",
-               example_messages: Sequence[dict] = ()):
+  def __init__(
+    self,
+    tokenizer: Any,
+    tools: Sequence[Tool | Callable] = (),
+    reward_fn: Reward | Callable | None = None,
+    system_prompt: str | None = None,
+    template_kwargs: dict | None = None,
+    env_provider: Any = None,
+    task_env: str | None = None,
+    tool_format: str = "hermes",
+    example_messages: Sequence[dict] = (),
+  ):
     if tool_format not in TOOL_FORMATS:
-      raise ValueError(f"PromptedToolCallAgent: unknown tool_format {tool_format!r}; known: "
-                       f"{sorted(TOOL_FORMATS)}")
+      raise ValueError(f"PromptedToolCallAgent: unknown tool_format {tool_format!r}; known: {sorted(TOOL_FORMATS)}")
     self.tool_format = tool_format
     for i, m in enumerate(example_messages):
       if not (isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)):
-        raise ValueError(f"PromptedToolCallAgent: example_messages[{i}] must be a user/assistant chat "
-                         f"message with string content, got {m!r:.120}")
+        raise ValueError(
+          f"PromptedToolCallAgent: example_messages[{i}] must be a user/assistant chat "
+          f"message with string content, got {m!r:.120}"
+        )
     self.example_messages = [dict(m) for m in example_messages]
-    super().__init__(tokenizer, tools=tools, reward_fn=reward_fn, system_prompt=system_prompt,
-                     template_kwargs=template_kwargs, env_provider=env_provider, task_env=task_env)
+    super().__init__(
+      tokenizer,
+      tools=tools,
+      reward_fn=reward_fn,
+      system_prompt=system_prompt,
+      template_kwargs=template_kwargs,
+      env_provider=env_provider,
+      task_env=task_env,
+    )
 
   def template_tools(self, tools: list[Tool]) -> list[dict] | None:
     return None
@@ -122,8 +139,7 @@ class PromptedToolCallAgent(ToolCallAgent):
   def assistant_message(self, text: str, parsed: ParsedTurn) -> dict:
     return {"role": "assistant", "content": text}
 
-  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]],
-                           errors: list[str]) -> list[dict]:
+  def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     parts = [f"<tool_response>\n{out.observation}\n</tool_response>" for _, out in results]
     parts += [f"<tool_response>\nError: {e}\n</tool_response>" for e in errors]
     return [{"role": "user", "content": "\n".join(parts)}] if parts else []

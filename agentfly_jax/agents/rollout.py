@@ -18,6 +18,7 @@ tokenizing only the new template text -> repeat. A chain stops with a `finish_re
 The reward is computed inside the chain as soon as it finishes (overlapping other chains). One
 chain failing never stops the others.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,8 +88,7 @@ class _Config:
   thread_limiter: trio.CapacityLimiter
 
 
-def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int,
-                  fallback: int | None) -> int | None:
+def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int, fallback: int | None) -> int | None:
   if seed is None:
     return fallback
   state = np.random.SeedSequence([int(seed) % 2**32, group_id, chain_id, turn]).generate_state(1)
@@ -151,8 +151,7 @@ class _ChainBuilder:
   def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
     """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id)."""
     if not ids or len(logprobs) != len(ids):
-      raise ValueError(f"sampler returned {len(ids)} token ids and {len(logprobs)} log-probs "
-                       "(need equal, >= 1)")
+      raise ValueError(f"sampler returned {len(ids)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
     self.ids += [int(t) for t in ids]
     self.mask += [True] * len(ids)
     self.logps += [float(x) for x in logprobs]
@@ -170,12 +169,24 @@ class _ChainBuilder:
       self.prediction = prediction
 
   def trajectory(self, reward: float, metrics: dict, error: str | None = None) -> Trajectory:
-    return Trajectory(token_ids=self.ids, action_mask=self.mask, sampler_logprobs=self.logps,
-                      reward=reward, reward_metrics=metrics, group_id=self.group_id,
-                      chain_id=self.chain_id, messages=self.messages, num_turns=self.num_turns,
-                      tool_calls=self.tool_records, finish_reason=self.finish_reason or "max_turns",
-                      prompt_length=self.prompt_length, row=self.row, prediction=self.prediction,
-                      error=error, env_names=list(self.env_names))
+    return Trajectory(
+      token_ids=self.ids,
+      action_mask=self.mask,
+      sampler_logprobs=self.logps,
+      reward=reward,
+      reward_metrics=metrics,
+      group_id=self.group_id,
+      chain_id=self.chain_id,
+      messages=self.messages,
+      num_turns=self.num_turns,
+      tool_calls=self.tool_records,
+      finish_reason=self.finish_reason or "max_turns",
+      prompt_length=self.prompt_length,
+      row=self.row,
+      prediction=self.prediction,
+      error=error,
+      env_names=list(self.env_names),
+    )
 
 
 async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
@@ -197,8 +208,11 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
       return chain.finish("max_total_tokens")
     budget = min(cfg.max_tokens_per_turn, room)
     params = dataclasses.replace(
-        cfg.sampling_params, max_new_tokens=budget, stop_token_ids=stop_ids,
-        seed=_request_seed(cfg.seed, chain.group_id, chain.chain_id, turn, cfg.sampling_params.seed))
+      cfg.sampling_params,
+      max_new_tokens=budget,
+      stop_token_ids=stop_ids,
+      seed=_request_seed(cfg.seed, chain.group_id, chain.chain_id, turn, cfg.sampling_params.seed),
+    )
     result = await cfg.sampler.agenerate(list(chain.ids), params)
     generated = [int(t) for t in result.token_ids]
     chain.add_model_tokens(generated, result.logprobs)
@@ -213,8 +227,9 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
       return chain.finish("final_answer" if parsed.final_answer is not None else "no_tool_call")
     outputs = await _run_turn_tools(cfg, envs, agent, parsed, tool_map)
     for call, out in zip(parsed.tool_calls, outputs):
-      chain.tool_records.append({"turn": turn, "name": call.name, "arguments": call.arguments,
-                                 "observation": out.observation, "ok": out.ok})
+      chain.tool_records.append(
+        {"turn": turn, "name": call.name, "arguments": call.arguments, "observation": out.observation, "ok": out.ok}
+      )
     finished = [out for out in outputs if out.finished and out.ok]
     if finished:
       return chain.finish("finish_tool", finished[0].observation)
@@ -223,8 +238,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
       chain.messages += new_messages
       return chain.finish("max_turns")
     model_end_text = tok.decode(generated[-1:]) if ended else ""
-    obs_ids = tok.encode(agent.observation_text(chain.messages, new_messages, template_tools,
-                                                model_end_text))
+    obs_ids = tok.encode(agent.observation_text(chain.messages, new_messages, template_tools, model_end_text))
     chain.messages += new_messages
     if len(chain) + len(obs_ids) >= cfg.max_total_tokens:
       return chain.finish("max_total_tokens")
@@ -232,8 +246,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
   chain.finish("max_turns")
 
 
-async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
-                     cfg: _Config) -> Trajectory:
+async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg: _Config) -> Trajectory:
   chain = _ChainBuilder(group_id, chain_id, row)
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
   reward, metrics, error = 0.0, {}, None
@@ -243,8 +256,9 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int,
       chain.prediction = ""
     if agent.reward_fn is not None:
       env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
-      metrics = await agent.reward_fn.compute(chain.prediction, chain.messages, row, env,
-                                              thread_limiter=cfg.thread_limiter)
+      metrics = await agent.reward_fn.compute(
+        chain.prediction, chain.messages, row, env, thread_limiter=cfg.thread_limiter
+      )
       reward = float(metrics.pop("reward"))
   except Exception as e:  # one chain's failure never stops the others
     log.warning("rollout chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
@@ -266,8 +280,7 @@ def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
     if not isinstance(row, dict):
       raise ValueError(f"rollout: row {i} is a {type(row).__name__}, not a dict")
     if not isinstance(row.get("question"), str):
-      raise ValueError(f"rollout: row {i} field 'question' must be a string, got "
-                       f"{row.get('question')!r:.80}")
+      raise ValueError(f"rollout: row {i} field 'question' must be a string, got {row.get('question')!r:.80}")
     try:
       agent.tools_for_row(row)
       if agent.reward_fn is not None:
@@ -276,11 +289,22 @@ def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
       raise ValueError(f"rollout: row {i}: {e}") from None
 
 
-async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: int = 1,
-                  max_turns: int = 4, sampling_params: SamplingParams | None = None,
-                  max_tokens_per_turn: int = 256, max_total_tokens: int = 2048,
-                  concurrency: int = 256, env_provider=None, seed: int | None = 0,
-                  tool_threads: int = 128, group_offset: int = 0) -> list[Trajectory]:
+async def rollout(
+  agent: Agent,
+  rows: Sequence[dict],
+  *,
+  sampler,
+  num_chains: int = 1,
+  max_turns: int = 4,
+  sampling_params: SamplingParams | None = None,
+  max_tokens_per_turn: int = 256,
+  max_total_tokens: int = 2048,
+  concurrency: int = 256,
+  env_provider=None,
+  seed: int | None = 0,
+  tool_threads: int = 128,
+  group_offset: int = 0,
+) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
 
@@ -304,10 +328,14 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
     group_offset: added to every group id (and so to the request seeds): a process rolling out
       rows k.. of a larger batch gets the trajectories a single rollout of the batch would.
   """
-  for name, value in [("num_chains", num_chains), ("max_turns", max_turns),
-                      ("max_tokens_per_turn", max_tokens_per_turn),
-                      ("max_total_tokens", max_total_tokens), ("concurrency", concurrency),
-                      ("tool_threads", tool_threads)]:
+  for name, value in [
+    ("num_chains", num_chains),
+    ("max_turns", max_turns),
+    ("max_tokens_per_turn", max_tokens_per_turn),
+    ("max_total_tokens", max_total_tokens),
+    ("concurrency", concurrency),
+    ("tool_threads", tool_threads),
+  ]:
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"rollout: {name} must be an int >= 1, got {value!r}")
   validate_rows(agent, rows)
@@ -316,10 +344,17 @@ async def rollout(agent: Agent, rows: Sequence[dict], *, sampler, num_chains: in
   def provider_getter():
     return get_env_provider(env_provider, getattr(agent, "env_provider", None))
 
-  cfg = _Config(sampler=sampler, max_turns=max_turns, sampling_params=sampling_params,
-                max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
-                seed=seed, provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
-                run_id=uuid.uuid4().hex[:10], thread_limiter=trio.CapacityLimiter(tool_threads))
+  cfg = _Config(
+    sampler=sampler,
+    max_turns=max_turns,
+    sampling_params=sampling_params,
+    max_tokens_per_turn=max_tokens_per_turn,
+    max_total_tokens=max_total_tokens,
+    seed=seed,
+    provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
+    run_id=uuid.uuid4().hex[:10],
+    thread_limiter=trio.CapacityLimiter(tool_threads),
+  )
   limiter = trio.CapacityLimiter(concurrency)
   results: list[Trajectory | None] = [None] * (len(rows) * num_chains)
 

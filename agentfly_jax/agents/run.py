@@ -11,6 +11,7 @@
 reward reads}), or one chat conversation (a list of {"role", "content"} messages: the rollout
 starts from those messages; the last user message is the row's question).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ from agentfly_jax.agents.trajectory import Trajectory
 @dataclasses.dataclass
 class RunResult:
   """What `agent.run` returns: one entry per chain, row-major (row 0's chains first)."""
+
   trajectories: list[Trajectory]
   rewards: list[float]
   transcripts: list[str]
@@ -48,49 +50,87 @@ def as_rows(rows_or_messages: Any) -> list[dict]:
         raise ValueError("agent.run: a conversation needs a user message with string content")
       return [{"question": users[-1]["content"], "messages": [dict(m) for m in x]}]
     return list(x)
-  raise TypeError("agent.run: expected a question string, a row dict, a list of rows or a list of "
-                  f"chat messages, got {type(x).__name__} {x!r:.80}")
+  raise TypeError(
+    "agent.run: expected a question string, a row dict, a list of rows or a list of "
+    f"chat messages, got {type(x).__name__} {x!r:.80}"
+  )
 
 
-def run_agent(agent, rows_or_messages: Any, *, num_chains: int = 1, max_turns: int = 4,
-              sampler: Any = None, sampling_params: Any = None, temperature: float = 1.0,
-              max_tokens_per_turn: int = 256, max_total_tokens: int = 2048, seed: int | None = 0,
-              env_provider: Any = None, color: bool = False) -> RunResult:
+def run_agent(
+  agent,
+  rows_or_messages: Any,
+  *,
+  num_chains: int = 1,
+  max_turns: int = 4,
+  sampler: Any = None,
+  sampling_params: Any = None,
+  temperature: float = 1.0,
+  max_tokens_per_turn: int = 256,
+  max_total_tokens: int = 2048,
+  seed: int | None = 0,
+  env_provider: Any = None,
+  color: bool = False,
+) -> RunResult:
   """Rolls `agent` out on the rows (see `Agent.run`)."""
   from agentfly_jax.agents.rollout import run_rollout
   from agentfly_jax.sampling.protocol import SamplingParams
+
   sampler = sampler if sampler is not None else getattr(agent, "sampler", None)
   if sampler is None:
-    raise ValueError("agent.run: no sampler: pass sampler=... (a JaxSampler, VllmSampler, ...) or "
-                     "build the agent with Agent.from_pretrained(folder, ...)")
-  trajs = run_rollout(agent, as_rows(rows_or_messages), sampler=sampler, num_chains=num_chains,
-                      max_turns=max_turns,
-                      sampling_params=sampling_params or SamplingParams(temperature=temperature),
-                      max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
-                      seed=seed, env_provider=env_provider)
-  return RunResult(trajectories=trajs, rewards=[t.reward for t in trajs],
-                   transcripts=[format_trajectory(t, agent.tokenizer, color=color) for t in trajs])
+    raise ValueError(
+      "agent.run: no sampler: pass sampler=... (a JaxSampler, VllmSampler, ...) or "
+      "build the agent with Agent.from_pretrained(folder, ...)"
+    )
+  trajs = run_rollout(
+    agent,
+    as_rows(rows_or_messages),
+    sampler=sampler,
+    num_chains=num_chains,
+    max_turns=max_turns,
+    sampling_params=sampling_params or SamplingParams(temperature=temperature),
+    max_tokens_per_turn=max_tokens_per_turn,
+    max_total_tokens=max_total_tokens,
+    seed=seed,
+    env_provider=env_provider,
+  )
+  return RunResult(
+    trajectories=trajs,
+    rewards=[t.reward for t in trajs],
+    transcripts=[format_trajectory(t, agent.tokenizer, color=color) for t in trajs],
+  )
 
 
-def load_sampler(folder: str, *, vllm: bool = False, max_len: int = 2048, max_batch_size: int = 32,
-                 seed: int = 0, **sampler_kwargs):
+def load_sampler(
+  folder: str, *, vllm: bool = False, max_len: int = 2048, max_batch_size: int = 32, seed: int = 0, **sampler_kwargs
+):
   """A sampler over the HF model folder: the JAX KV-cache sampler, or vLLM (`vllm=True`)."""
   if vllm:
     from agentfly_jax.sampling import VllmSampler
-    return VllmSampler(folder, max_model_len=max_len, max_batch_size=max_batch_size, seed=seed,
-                       **sampler_kwargs)
+
+    return VllmSampler(folder, max_model_len=max_len, max_batch_size=max_batch_size, seed=seed, **sampler_kwargs)
   from agentfly_jax.models import from_pretrained
   from agentfly_jax.sampling import JaxSampler
-  return JaxSampler(from_pretrained(folder, seed=seed), max_batch_size=max_batch_size,
-                    max_len=max_len, seed=seed, **sampler_kwargs)
+
+  return JaxSampler(
+    from_pretrained(folder, seed=seed), max_batch_size=max_batch_size, max_len=max_len, seed=seed, **sampler_kwargs
+  )
 
 
-def agent_from_pretrained(cls, folder: str, *, tools: Sequence = (), reward: Any = None,
-                          vllm: bool = False, sampler_kwargs: dict | None = None, **agent_kwargs):
+def agent_from_pretrained(
+  cls,
+  folder: str,
+  *,
+  tools: Sequence = (),
+  reward: Any = None,
+  vllm: bool = False,
+  sampler_kwargs: dict | None = None,
+  **agent_kwargs,
+):
   """`cls(tokenizer=folder, tools, reward)` with a sampler over the folder's model attached;
   tools and the reward may be given by name (built-ins, or 'module:function')."""
   from agentfly_jax.rewards.registry import get_reward
   from agentfly_jax.tools.registry import get_tool
+
   tools = [get_tool(t) if isinstance(t, str) else t for t in tools]
   reward = get_reward(reward) if isinstance(reward, str) else reward
   agent = cls(folder, tools=tools, reward_fn=reward, **agent_kwargs)

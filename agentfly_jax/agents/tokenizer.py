@@ -4,21 +4,20 @@ template, and the end-of-turn ids.
   tok = load_tokenizer("/path/to/hf_tokenizer_dir")   # tokenizer.json + tokenizer_config.json
   tok = load_tokenizer(transformers_tokenizer)          # or an HF tokenizer object
 """
+
 from __future__ import annotations
 
 import json
 import os
 from typing import Any, Sequence
 
-from agentfly_jax.agents.chat_template import (SPECIAL_TOKEN_KEYS, ChatTemplate,
-                                               _token_content, load_chat_template)
+from agentfly_jax.agents.chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, _token_content, load_chat_template
 
 
 class AgentTokenizer:
   """Encode/decode + chat template, backed by a `tokenizers.Tokenizer` or an HF tokenizer."""
 
-  def __init__(self, backend: Any, chat_template: ChatTemplate, special_tokens: dict[str, str],
-               is_hf: bool):
+  def __init__(self, backend: Any, chat_template: ChatTemplate, special_tokens: dict[str, str], is_hf: bool):
     self._backend = backend
     self._is_hf = is_hf
     self.chat_template = chat_template
@@ -34,8 +33,7 @@ class AgentTokenizer:
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     ids = [int(i) for i in ids]
     if self._is_hf:
-      return self._backend.decode(ids, skip_special_tokens=skip_special_tokens,
-                                  clean_up_tokenization_spaces=False)
+      return self._backend.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
     return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
   def token_to_id(self, token: str) -> int | None:
@@ -63,8 +61,7 @@ class AgentTokenizer:
     return 0 if tid is None else tid
 
   def render(self, messages, tools=None, add_generation_prompt=False, **kwargs) -> str:
-    return self.chat_template.render(messages, tools=tools,
-                                     add_generation_prompt=add_generation_prompt, **kwargs)
+    return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def load_tokenizer(tokenizer_dir_or_tokenizer: Any) -> AgentTokenizer:
@@ -75,9 +72,12 @@ def load_tokenizer(tokenizer_dir_or_tokenizer: Any) -> AgentTokenizer:
     path = os.fspath(tokenizer_dir_or_tokenizer)
     tokenizer_json = os.path.join(path, "tokenizer.json")
     if not os.path.exists(tokenizer_json):
-      raise FileNotFoundError(f"load_tokenizer: {tokenizer_json} does not exist (an HF tokenizer "
-                              f"folder needs tokenizer.json + tokenizer_config.json)")
+      raise FileNotFoundError(
+        f"load_tokenizer: {tokenizer_json} does not exist (an HF tokenizer "
+        f"folder needs tokenizer.json + tokenizer_config.json)"
+      )
     from tokenizers import Tokenizer
+
     backend = Tokenizer.from_file(tokenizer_json)
     config_path = os.path.join(path, "tokenizer_config.json")
     config = {}
@@ -88,8 +88,7 @@ def load_tokenizer(tokenizer_dir_or_tokenizer: Any) -> AgentTokenizer:
     return AgentTokenizer(backend, load_chat_template(path), special, is_hf=False)
   hf = tokenizer_dir_or_tokenizer
   if not (hasattr(hf, "encode") and hasattr(hf, "decode") and hasattr(hf, "chat_template")):
-    raise TypeError(f"load_tokenizer: expected a tokenizer folder path or an HF tokenizer, got "
-                    f"{type(hf).__name__}")
+    raise TypeError(f"load_tokenizer: expected a tokenizer folder path or an HF tokenizer, got {type(hf).__name__}")
   if not hf.chat_template:
     raise ValueError("load_tokenizer: the HF tokenizer has no chat_template")
   special = {k: getattr(hf, k, None) for k in SPECIAL_TOKEN_KEYS}

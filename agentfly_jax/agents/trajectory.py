@@ -4,6 +4,7 @@ Token-in/token-out: `token_ids` are the prompt ids, then per turn the sampler's 
 (`action_mask` True, `sampler_logprobs` = the sampler's log-probs) and the observation/template
 ids the rollout appended (`action_mask` False, log-probs 0).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ class Trajectory:
       its history, which of the chain's token sequences this is (agents/endpoint_records.py;
       all segments of a chain share its group_id, chain_id and reward).
   """
+
   token_ids: np.ndarray
   action_mask: np.ndarray
   sampler_logprobs: np.ndarray
@@ -68,9 +70,10 @@ class Trajectory:
     n = self.token_ids.shape[0]
     if self.action_mask.shape[0] != n or self.sampler_logprobs.shape[0] != n:
       raise ValueError(
-          f"Trajectory(group {self.group_id}, chain {self.chain_id}): token_ids, action_mask and "
-          f"sampler_logprobs must have one length; got {n}, {self.action_mask.shape[0]}, "
-          f"{self.sampler_logprobs.shape[0]}")
+        f"Trajectory(group {self.group_id}, chain {self.chain_id}): token_ids, action_mask and "
+        f"sampler_logprobs must have one length; got {n}, {self.action_mask.shape[0]}, "
+        f"{self.sampler_logprobs.shape[0]}"
+      )
 
   def __len__(self) -> int:
     return int(self.token_ids.shape[0])
@@ -89,8 +92,7 @@ class Trajectory:
     return self.token_ids[self.action_mask]
 
 
-def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None,
-              pad_id: int = 0) -> dict[str, np.ndarray]:
+def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
   """Right-pads trajectories into `[B, T]` arrays for the trainer.
 
   Args:
@@ -113,8 +115,10 @@ def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None,
   width = max(lengths) if max_len is None else int(max_len)
   for i, n in enumerate(lengths):
     if n > width:
-      raise ValueError(f"pad_batch: trajectories[{i}] (group {trajectories[i].group_id}, chain "
-                       f"{trajectories[i].chain_id}) has {n} tokens > max_len={width}")
+      raise ValueError(
+        f"pad_batch: trajectories[{i}] (group {trajectories[i].group_id}, chain "
+        f"{trajectories[i].chain_id}) has {n} tokens > max_len={width}"
+      )
   b = len(trajectories)
   token_ids = np.full((b, width), pad_id, dtype=np.int32)
   action_mask = np.zeros((b, width), dtype=bool)
@@ -127,10 +131,10 @@ def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None,
     logprobs[i, :n] = np.where(t.action_mask, t.sampler_logprobs, 0.0)
     attention[i, :n] = True
   return {
-      "token_ids": token_ids,
-      "action_mask": action_mask,
-      "sampler_logprobs": logprobs,
-      "attention_mask": attention,
-      "rewards": np.asarray([t.reward for t in trajectories], dtype=np.float32),
-      "group_ids": np.asarray([t.group_id for t in trajectories], dtype=np.int32),
+    "token_ids": token_ids,
+    "action_mask": action_mask,
+    "sampler_logprobs": logprobs,
+    "attention_mask": attention,
+    "rewards": np.asarray([t.reward for t in trajectories], dtype=np.float32),
+    "group_ids": np.asarray([t.group_id for t in trajectories], dtype=np.int32),
   }

@@ -6,6 +6,7 @@ optional fields (e.g. `answer`, `tools`); the fields reach rewards by parameter 
 A malformed file stops the run before anything starts, with an error naming the file, the row
 index and the field.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,9 @@ def validate_row(row: Any, index: int, source: str = "rows", line: int | None = 
   if "question" not in row:
     raise ValueError(f"{where} has no field 'question' (fields: {sorted(row)})")
   if not isinstance(row["question"], str) or not row["question"].strip():
-    raise ValueError(f"{where} field 'question' must be a non-empty string, got "
-                     f"{row['question']!r:.80}")
+    raise ValueError(f"{where} field 'question' must be a non-empty string, got {row['question']!r:.80}")
   tools = row.get("tools")
-  if tools is not None and (not isinstance(tools, list)
-                            or not all(isinstance(t, str) for t in tools)):
+  if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
     raise ValueError(f"{where} field 'tools' must be a list of tool names, got {tools!r:.80}")
   return row
 
@@ -43,8 +42,7 @@ def load_rows(path: str | os.PathLike) -> list[dict]:
     data, lines = json.loads(text), None
   except json.JSONDecodeError as e:
     if not (path.endswith(".jsonl") or text.lstrip().startswith("{")):
-      raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column "
-                       f"{e.colno})") from None
+      raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     data, lines = [], []
     for line_no, line in enumerate(text.splitlines(), 1):
       if not line.strip():
@@ -52,12 +50,10 @@ def load_rows(path: str | os.PathLike) -> list[dict]:
       try:
         data.append(json.loads(line))
       except json.JSONDecodeError as le:
-        raise ValueError(f"{path}: line {line_no} is not valid JSON ({le.msg} at column "
-                         f"{le.colno})") from None
+        raise ValueError(f"{path}: line {line_no} is not valid JSON ({le.msg} at column {le.colno})") from None
       lines.append(line_no)
   if not isinstance(data, list):
     raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
   if not data:
     raise ValueError(f"{path}: the list of rows is empty")
-  return [validate_row(row, i, path, line=None if lines is None else lines[i])
-          for i, row in enumerate(data)]
+  return [validate_row(row, i, path, line=None if lines is None else lines[i]) for i, row in enumerate(data)]

@@ -5,6 +5,7 @@ the chain's `Env` instance; the same instance for every call of one chain. Imple
 a local in-process env (`LocalEnvProvider`, for tests and notebooks) and the env-server client
 (`agentfly_jax.envs.manager`), which talks to trio `envservers` processes.
 """
+
 from __future__ import annotations
 
 import dataclasses

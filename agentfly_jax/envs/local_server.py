@@ -8,6 +8,7 @@ set-up. The local server's env types come from `AGENTFLY_LOCAL_ENVS` (default
 `python_sandbox=16:2,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,textworld=16:0,
 scienceworld=4:0,swe=16:0`; the worlds start no instance until a chain asks for one).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -21,8 +22,10 @@ import time
 import envservers
 from agentfly_jax.envs.manager import EnvManager
 
-DEFAULT_LOCAL_ENVS = ("python_sandbox=16:2,retrieval=16:1,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,"
-                      "textworld=16:0,scienceworld=4:0,swe=16:0")
+DEFAULT_LOCAL_ENVS = (
+  "python_sandbox=16:2,retrieval=16:1,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,"
+  "textworld=16:0,scienceworld=4:0,swe=16:0"
+)
 
 
 class LocalEnvServer:
@@ -34,10 +37,10 @@ class LocalEnvServer:
     start_timeout_s: how long to wait for its ready line.
   """
 
-  def __init__(self, envs: list[str], env_options: list[str] = (), start_timeout_s: float = 60.0,
-               extra_args: list[str] = ()):
-    command = [sys.executable, "-m", "envservers", "--host", "127.0.0.1", "--port", "0",
-               "--exit-on-stdin-eof"]
+  def __init__(
+    self, envs: list[str], env_options: list[str] = (), start_timeout_s: float = 60.0, extra_args: list[str] = ()
+  ):
+    command = [sys.executable, "-m", "envservers", "--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof"]
     for spec in envs:
       command += ["--env", spec]
     for spec in env_options:
@@ -48,8 +51,9 @@ class LocalEnvServer:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(envservers.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=None, start_new_session=True, env=env)
+    self.process = subprocess.Popen(
+      command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, start_new_session=True, env=env
+    )
     self.address = self._wait_ready(start_timeout_s)
 
   def _wait_ready(self, timeout_s: float) -> str:
@@ -59,9 +63,11 @@ class LocalEnvServer:
       remaining = deadline - time.monotonic()
       if remaining <= 0 or self.process.poll() is not None:
         self.stop()
-        raise RuntimeError(f"local env server did not start (exit status "
-                           f"{self.process.returncode}; "
-                           f"command: {' '.join(self.command[:4])} ...); see its stderr above")
+        raise RuntimeError(
+          f"local env server did not start (exit status "
+          f"{self.process.returncode}; "
+          f"command: {' '.join(self.command[:4])} ...); see its stderr above"
+        )
       ready, _, _ = select.select([self.process.stdout], [], [], min(remaining, 0.5))
       if ready:
         chunk = os.read(self.process.stdout.fileno(), 1024)
@@ -116,7 +122,7 @@ def current_default() -> EnvManager | None:
 
 def _stop_local_server(owner_pid: int) -> None:
   global _default, _local_server
-  if os.getpid() != owner_pid:   # a forked child exiting must not stop its parent's server
+  if os.getpid() != owner_pid:  # a forked child exiting must not stop its parent's server
     return
   with _lock:
     if _local_server is not None:

@@ -23,6 +23,7 @@
 - Containment: a reply that breaks the protocol or has the wrong shape fails only that call (an
   error observation for `step`), and the connection is dropped and reopened at the next call.
 """
+
 from __future__ import annotations
 
 import collections
@@ -37,14 +38,31 @@ import trio
 
 from agentfly_jax.envs.base import StepResult
 from envservers import auth
-from envservers.client import (AuthenticationFailed, BadReply, Connection, ConnectionLost,
-                               ServerHung)
-from envservers.protocol import (AUTH_FAILED, AUTH_REQUIRED, NOT_ACQUIRED, POOL_EXHAUSTED,
-                                 UNKNOWN_ENV, ProtocolError, RemoteError, parse_address)
+from envservers.client import AuthenticationFailed, BadReply, Connection, ConnectionLost, ServerHung
+from envservers.protocol import (
+  AUTH_FAILED,
+  AUTH_REQUIRED,
+  NOT_ACQUIRED,
+  POOL_EXHAUSTED,
+  UNKNOWN_ENV,
+  ProtocolError,
+  RemoteError,
+  parse_address,
+)
 
 
-COUNTERS = ("acquires", "acquire_retries", "pool_full", "connects", "reconnects", "errors",
-            "connection_errors", "auth_failures", "timeouts", "abandoned_acquires")
+COUNTERS = (
+  "acquires",
+  "acquire_retries",
+  "pool_full",
+  "connects",
+  "reconnects",
+  "errors",
+  "connection_errors",
+  "auth_failures",
+  "timeouts",
+  "abandoned_acquires",
+)
 
 
 class EnvUnavailable(RuntimeError):
@@ -54,8 +72,16 @@ class EnvUnavailable(RuntimeError):
 class RemoteEnv:
   """An `Env` proxy for one chain's instance on one server (see agentfly_jax.envs.base.Env)."""
 
-  def __init__(self, manager: "EnvManager", state: "_RunState", env_name: str, chain_id: str,
-               address: str, connection: Connection, info: dict):
+  def __init__(
+    self,
+    manager: "EnvManager",
+    state: "_RunState",
+    env_name: str,
+    chain_id: str,
+    address: str,
+    connection: Connection,
+    info: dict,
+  ):
     self._manager = manager
     self._state = state
     self.env_name = env_name
@@ -78,8 +104,9 @@ class RemoteEnv:
     self._state.load[(self.env_name, self.address)] -= 1
     self._state.load[(self.env_name, address)] += 1
     self.address, self.connection, self.info = address, connection, info
-    self._lost_note = ("[note: the environment server connection was lost; this is a fresh "
-                       "environment and earlier state is gone]\n")
+    self._lost_note = (
+      "[note: the environment server connection was lost; this is a fresh environment and earlier state is gone]\n"
+    )
 
   async def _call(self, op: str, args: dict) -> dict:
     await self._ensure_bound()
@@ -87,7 +114,7 @@ class RemoteEnv:
     try:
       result = await self.connection.call(op, payload, timeout_s=self._call_limit_s())
       problem = _check_result(op, result)
-      if problem is not None:   # the server is broken: drop it, reconnect at the next call
+      if problem is not None:  # the server is broken: drop it, reconnect at the next call
         await self.connection.aclose()
         raise BadReply(f"env server {self.address}: bad {op!r} result: {problem}")
       return result
@@ -96,14 +123,14 @@ class RemoteEnv:
         self._rebind = True
       self._manager._count("errors")
       raise
-    except ServerHung:   # another call on this connection timed out: we waited on the same
-      self._manager._count("timeouts")   # hung server, so this is a timeout too
+    except ServerHung:  # another call on this connection timed out: we waited on the same
+      self._manager._count("timeouts")  # hung server, so this is a timeout too
       raise trio.TooSlowError from None
     except ConnectionLost:
       self._manager._count("connection_errors")
       raise
-    except trio.TooSlowError:   # the server did not answer within the env's limit: treat it as
-      self._manager._count("timeouts")   # hung (new chains go elsewhere for a while)
+    except trio.TooSlowError:  # the server did not answer within the env's limit: treat it as
+      self._manager._count("timeouts")  # hung (new chains go elsewhere for a while)
       self._manager._down_until[self.address] = time.monotonic() + self._manager.down_retry_s
       await self.connection.aclose(hung_after_s=self._call_limit_s())
       raise
@@ -111,8 +138,9 @@ class RemoteEnv:
   def _call_limit_s(self) -> float:
     """Client-side limit of one call: the env's own limit (from acquire) + the reply grace."""
     env_limit = self.info.get("call_timeout_s") if isinstance(self.info, dict) else None
-    limit = (float(env_limit) if isinstance(env_limit, (int, float)) and env_limit > 0
-             else self._manager.default_call_limit_s) + self._manager.reply_grace_s
+    limit = (
+      float(env_limit) if isinstance(env_limit, (int, float)) and env_limit > 0 else self._manager.default_call_limit_s
+    ) + self._manager.reply_grace_s
     if self._manager.call_timeout_s is not None:
       limit = min(limit, self._manager.call_timeout_s)
     return limit
@@ -133,22 +161,30 @@ class RemoteEnv:
     """Runs an action; every failure (server gone, env crashed, bad action) is an observation."""
     try:
       result = await self._call("step", {"action": action})
-    except (TypeError, ValueError, ProtocolError) as e:   # not JSON, or over the frame limit
-      return StepResult(observation=f"Error: the action cannot be sent to the environment: {e}",
-                        info={"error": "BadAction"})
+    except (TypeError, ValueError, ProtocolError) as e:  # not JSON, or over the frame limit
+      return StepResult(
+        observation=f"Error: the action cannot be sent to the environment: {e}", info={"error": "BadAction"}
+      )
     except RemoteError as e:
-      return StepResult(observation=f"Error ({e.error_type}): {e.message}",
-                        info={"error": e.error_type})
+      return StepResult(observation=f"Error ({e.error_type}): {e.message}", info={"error": e.error_type})
     except trio.TooSlowError:
-      return StepResult(observation=f"Error (Timeout): the environment server did not answer "
-                                    f"within {self._call_limit_s():g} s; the environment state is "
-                                    f"lost.", info={"error": "Timeout"})
+      return StepResult(
+        observation=f"Error (Timeout): the environment server did not answer "
+        f"within {self._call_limit_s():g} s; the environment state is "
+        f"lost.",
+        info={"error": "Timeout"},
+      )
     except (ConnectionLost, EnvUnavailable) as e:
-      return StepResult(observation=f"Error: the environment server is unavailable ({e}); the "
-                                    f"environment state is lost.", info={"error": "ConnectionLost"})
-    return StepResult(observation=self._take_note() + result["observation"],
-                      reward=result.get("reward"), done=bool(result.get("done")),
-                      info=result.get("info") or {})
+      return StepResult(
+        observation=f"Error: the environment server is unavailable ({e}); the environment state is lost.",
+        info={"error": "ConnectionLost"},
+      )
+    return StepResult(
+      observation=self._take_note() + result["observation"],
+      reward=result.get("reward"),
+      done=bool(result.get("done")),
+      info=result.get("info") or {},
+    )
 
   async def compute_reward(self, name: str, **kwargs) -> dict:
     """Runs the env-bound reward `name` in this chain's instance: {'reward': float, ...}."""
@@ -169,8 +205,9 @@ def _check_result(op: str, result: dict) -> str | None:
       return f"'reward' must be a number or null, got {type(reward).__name__}"
     if not isinstance(result.get("done", False), bool) or not isinstance(info, (dict, type(None))):
       return "'done' must be a bool and 'info' an object"
-  if op == "compute_reward" and (isinstance(result.get("reward"), bool)
-                                 or not isinstance(result.get("reward"), (int, float))):
+  if op == "compute_reward" and (
+    isinstance(result.get("reward"), bool) or not isinstance(result.get("reward"), (int, float))
+  ):
     return f"'reward' must be a number, got {type(result.get('reward')).__name__}"
   return None
 
@@ -183,7 +220,7 @@ class _RunState:
     self.connections: dict[str, Connection] = {}
     self.connect_locks: dict[str, trio.Lock] = collections.defaultdict(trio.Lock)
     self.bindings: dict[tuple[str, str], RemoteEnv] = {}
-    self.load: collections.Counter = collections.Counter()   # (env, address) -> bound chains
+    self.load: collections.Counter = collections.Counter()  # (env, address) -> bound chains
 
   def dead(self) -> bool:
     return all(c.closed for c in self.connections.values())
@@ -193,6 +230,7 @@ class _RunState:
 class UsageMark:
   """`EnvManager.usage_mark()`: the counters and acquire-wait counts at the mark, and the most
   chains bound at once per env type since (kept up to date by the manager while the mark lives)."""
+
   counters: dict
   waits_seen: dict
   peaks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -202,6 +240,7 @@ class UsageMark:
 class EnvUsage:
   """`EnvManager.usage_since(mark)`: acquire waits {env: [s, ...]}, peak bound chains {env: n},
   counter growth {counter: n}."""
+
   waits: dict
   peaks: dict
   counters: dict
@@ -225,18 +264,27 @@ class EnvManager:
     ssl_context: TLS to the servers (default: $AGENTFLY_ENV_TLS_CA names the CA file).
   """
 
-  def __init__(self, servers: Sequence[str], *, acquire_wait_s: float = 0.5,
-               acquire_timeout_s: float = 600.0, max_backoff_s: float = 2.0,
-               call_timeout_s: float | None = None, connect_timeout_s: float = 5.0,
-               reply_grace_s: float = 30.0, default_call_limit_s: float = 600.0,
-               down_retry_s: float = 1.0, token: bytes | None | str = "from-env",
-               ssl_context: Any = "from-env"):
+  def __init__(
+    self,
+    servers: Sequence[str],
+    *,
+    acquire_wait_s: float = 0.5,
+    acquire_timeout_s: float = 600.0,
+    max_backoff_s: float = 2.0,
+    call_timeout_s: float | None = None,
+    connect_timeout_s: float = 5.0,
+    reply_grace_s: float = 30.0,
+    default_call_limit_s: float = 600.0,
+    down_retry_s: float = 1.0,
+    token: bytes | None | str = "from-env",
+    ssl_context: Any = "from-env",
+  ):
     if isinstance(servers, str):
       servers = [s for s in servers.split(",") if s.strip()]
     if not servers:
       raise ValueError("EnvManager needs at least one env server address (host:port)")
     for address in servers:
-      parse_address(address)   # raises naming the bad address
+      parse_address(address)  # raises naming the bad address
     self.servers = [s.strip() for s in servers]
     self.acquire_wait_s = acquire_wait_s
     self.acquire_timeout_s = acquire_timeout_s
@@ -247,19 +295,18 @@ class EnvManager:
     self.connect_timeout_s = connect_timeout_s
     self.down_retry_s = down_retry_s
     self._token = auth.load_token() if token == "from-env" else token
-    self._ssl_context = (auth.default_client_ssl_context() if ssl_context == "from-env"
-                         else ssl_context)
+    self._ssl_context = auth.default_client_ssl_context() if ssl_context == "from-env" else ssl_context
     self._states: dict[Any, _RunState] = {}
     self._down_until: dict[str, float] = {}
-    self._connect_failed_at: dict[str, float] = {}   # the last failed connect per server
+    self._connect_failed_at: dict[str, float] = {}  # the last failed connect per server
     self._not_serving: set[tuple[str, str]] = set()  # (address, env) pairs
     self._round_robin = itertools.count()
     self._counters = collections.Counter()
     self._backoff_s = 0.0
     self._peak_allocated = 0
     self._acquire_waits: dict[str, list[float]] = collections.defaultdict(list)  # every acquire's wait, in order
-    self._marks: weakref.WeakSet[UsageMark] = weakref.WeakSet()   # live marks: each tracks its own peaks
-    self._origin = self.usage_mark()   # usage_since(None): since this manager was made
+    self._marks: weakref.WeakSet[UsageMark] = weakref.WeakSet()  # live marks: each tracks its own peaks
+    self._origin = self.usage_mark()  # usage_since(None): since this manager was made
 
   # -- EnvProvider --------------------------------------------------------------------------------
 
@@ -299,10 +346,9 @@ class EnvManager:
     if env is None or env.connection.closed:
       return
     try:
-      await env.connection.call("release", {"env": env_name, "chain_id": str(chain_id)},
-                                timeout_s=30)
+      await env.connection.call("release", {"env": env_name, "chain_id": str(chain_id)}, timeout_s=30)
     except (ConnectionLost, RemoteError, trio.TooSlowError):
-      pass   # the server releases a dead connection's chains by itself
+      pass  # the server releases a dead connection's chains by itself
 
   # -- reporting ----------------------------------------------------------------------------------
 
@@ -313,12 +359,13 @@ class EnvManager:
     """Flat float metrics: envs/allocated(/<env>), peak, back-off seconds, retries, errors."""
     per_env = collections.Counter(env for s in self._states.values() for env, _ in s.bindings)
     now = time.monotonic()
-    out = {"envs/allocated": float(sum(per_env.values())),
-           "envs/allocated_peak": float(self._peak_allocated),
-           "envs/servers": float(len(self.servers)),
-           "envs/servers_down": float(sum(1 for a in self.servers
-                                          if self._down_until.get(a, 0) > now)),
-           "envs/backoff_s": self._backoff_s}
+    out = {
+      "envs/allocated": float(sum(per_env.values())),
+      "envs/allocated_peak": float(self._peak_allocated),
+      "envs/servers": float(len(self.servers)),
+      "envs/servers_down": float(sum(1 for a in self.servers if self._down_until.get(a, 0) > now)),
+      "envs/backoff_s": self._backoff_s,
+    }
     for env_name, n in per_env.items():
       out[f"envs/allocated/{env_name}"] = float(n)
     for key in COUNTERS:
@@ -328,8 +375,7 @@ class EnvManager:
   def usage_mark(self) -> "UsageMark":
     """A snapshot of the client-side counters and acquire waits; `usage_since(mark)` reports
     what happened after it (reading resets nothing: several readers may hold marks)."""
-    mark = UsageMark(counters=dict(self._counters),
-                     waits_seen={env: len(w) for env, w in self._acquire_waits.items()})
+    mark = UsageMark(counters=dict(self._counters), waits_seen={env: len(w) for env, w in self._acquire_waits.items()})
     self._marks.add(mark)
     return mark
 
@@ -338,9 +384,12 @@ class EnvManager:
     waited and the most chains bound at once; and how much each of `metrics()`'s counters
     (COUNTERS) grew."""
     mark = mark if mark is not None else self._origin
-    waits = {env: list(w[mark.waits_seen.get(env, 0):]) for env, w in self._acquire_waits.items()}
-    return EnvUsage(waits={env: w for env, w in waits.items() if w}, peaks=dict(mark.peaks),
-                    counters={key: self._counters.get(key, 0) - mark.counters.get(key, 0) for key in COUNTERS})
+    waits = {env: list(w[mark.waits_seen.get(env, 0) :]) for env, w in self._acquire_waits.items()}
+    return EnvUsage(
+      waits={env: w for env, w in waits.items() if w},
+      peaks=dict(mark.peaks),
+      counters={key: self._counters.get(key, 0) - mark.counters.get(key, 0) for key in COUNTERS},
+    )
 
   async def server_stats(self) -> dict[str, dict]:
     """Each server's `stats` reply (or {'error': ...} if unreachable)."""
@@ -369,8 +418,10 @@ class EnvManager:
     try:
       token = trio.lowlevel.current_trio_token()
     except RuntimeError:
-      raise RuntimeError("EnvManager is trio-based: call it inside trio.run(...) (for one "
-                         "synchronous call use trio.run(env.step, action))") from None
+      raise RuntimeError(
+        "EnvManager is trio-based: call it inside trio.run(...) (for one "
+        "synchronous call use trio.run(env.step, action))"
+      ) from None
     state = self._states.get(token)
     if state is None:
       for old_token, old in list(self._states.items()):  # drop runs that have ended
@@ -392,11 +443,14 @@ class EnvManager:
       if failed_at is not None and failed_at >= waiting_since:
         # A connect that started while we waited for the lock just failed: do not try again
         # right away (a hung server would cost every waiting chain a connect timeout in turn).
-        raise ConnectionLost(f"cannot connect to env server {address} (a connect attempt just "
-                             f"failed; it is retried after {self.down_retry_s:g} s)")
+        raise ConnectionLost(
+          f"cannot connect to env server {address} (a connect attempt just "
+          f"failed; it is retried after {self.down_retry_s:g} s)"
+        )
       try:
-        connection = await Connection.open(address, self.connect_timeout_s, token=self._token,
-                                           ssl_context=self._ssl_context)
+        connection = await Connection.open(
+          address, self.connect_timeout_s, token=self._token, ssl_context=self._ssl_context
+        )
       except AuthenticationFailed:
         raise
       except ConnectionLost:
@@ -413,8 +467,7 @@ class EnvManager:
   def _candidates(self, state: _RunState, env_name: str) -> list[str]:
     now = time.monotonic()
     load = {a: state.load[(env_name, a)] for a in self.servers}
-    up = [a for a in self.servers if (a, env_name) not in self._not_serving
-          and self._down_until.get(a, 0) <= now]
+    up = [a for a in self.servers if (a, env_name) not in self._not_serving and self._down_until.get(a, 0) <= now]
     if not up:  # everything looks down: try them all anyway
       up = [a for a in self.servers if (a, env_name) not in self._not_serving]
     start = next(self._round_robin)
@@ -424,6 +477,7 @@ class EnvManager:
   def _release_if_bound(self, connection: Connection, env_name: str, chain_id: str):
     """For an acquire given up on (cancelled, timed out): if the server bound an instance anyway,
     release it (so a cancelled acquire never leaks an instance)."""
+
     async def release():
       try:
         await connection.call("release", {"env": env_name, "chain_id": chain_id}, timeout_s=30)
@@ -434,6 +488,7 @@ class EnvManager:
       if reply.get("ok") is True:
         self._count("abandoned_acquires")
         trio.lowlevel.spawn_system_task(release, name=f"release abandoned {env_name}/{chain_id}")
+
     return on_reply
 
   async def _bind(self, state: _RunState, env_name: str, chain_id: str):
@@ -450,15 +505,19 @@ class EnvManager:
         try:
           connection = await self._connection(state, address)
           info = await connection.call(
-              "acquire", {"env": env_name, "chain_id": chain_id, "wait_s": self.acquire_wait_s},
-              timeout_s=self.acquire_wait_s + self.reply_grace_s,
-              on_abandoned=self._release_if_bound(connection, env_name, chain_id))
+            "acquire",
+            {"env": env_name, "chain_id": chain_id, "wait_s": self.acquire_wait_s},
+            timeout_s=self.acquire_wait_s + self.reply_grace_s,
+            on_abandoned=self._release_if_bound(connection, env_name, chain_id),
+          )
         except RemoteError as e:
           if e.error_type in (AUTH_REQUIRED, AUTH_FAILED):
             self._count("auth_failures")
-            raise EnvUnavailable(f"env server {address} needs authentication: set "
-                                 f"${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token; "
-                                 f"it replied {e}") from e
+            raise EnvUnavailable(
+              f"env server {address} needs authentication: set "
+              f"${auth.TOKEN_ENV} (or ${auth.TOKEN_FILE_ENV}) to its token; "
+              f"it replied {e}"
+            ) from e
           if e.error_type == UNKNOWN_ENV:
             self._not_serving.add((address, env_name))
           elif e.error_type == POOL_EXHAUSTED:
@@ -473,7 +532,7 @@ class EnvManager:
         except (ConnectionLost, trio.TooSlowError) as e:
           last_error = f"{address}: {e or 'no reply in time'}"
           self._count("connection_errors")
-          if isinstance(e, trio.TooSlowError):   # a hung server: skip it for a while
+          if isinstance(e, trio.TooSlowError):  # a hung server: skip it for a while
             self._down_until[address] = time.monotonic() + self.down_retry_s
             await connection.aclose()
           continue
@@ -481,11 +540,12 @@ class EnvManager:
         self._acquire_waits[env_name].append(time.monotonic() - started)
         return address, connection, info
       if all((a, env_name) in self._not_serving for a in self.servers):
-        raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers}); "
-                             f"last error: {last_error}")
+        raise EnvUnavailable(f"no env server serves {env_name!r} (servers: {self.servers}); last error: {last_error}")
       if time.monotonic() >= deadline:
-        raise EnvUnavailable(f"could not acquire {env_name!r} for chain {chain_id!r} within "
-                             f"{self.acquire_timeout_s:g} s; last error: {last_error}")
+        raise EnvUnavailable(
+          f"could not acquire {env_name!r} for chain {chain_id!r} within "
+          f"{self.acquire_timeout_s:g} s; last error: {last_error}"
+        )
       pause = min(backoff, self.max_backoff_s) * (0.5 + random.random())
       self._count("acquire_retries")
       self._backoff_s += pause

@@ -15,6 +15,7 @@ reconnects, connection_errors (a server gone mid-call or refusing connections), 
 server), errors, pool_full, ... Only an `EnvManager` (env servers) reports; any other provider
 gives {}.
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,8 +27,16 @@ from agentfly_jax.envs.manager import EnvManager
 from agentfly_jax.envs.provider import DeferredEnvProvider
 
 log = logging.getLogger(__name__)
-POOL_KEYS = {"in_use_now": "in_use", "warm": "idle", "live": "live", "cap": "cap", "crashes": "crashes",
-             "recycled": "recycled", "timeouts": "timeouts", "start_failures": "start_failures"}
+POOL_KEYS = {
+  "in_use_now": "in_use",
+  "warm": "idle",
+  "live": "live",
+  "cap": "cap",
+  "crashes": "crashes",
+  "recycled": "recycled",
+  "timeouts": "timeouts",
+  "start_failures": "start_failures",
+}
 
 
 def _reporting(provider):
@@ -37,8 +46,9 @@ def _reporting(provider):
   return provider if isinstance(provider, EnvManager) else None
 
 
-def pool_metrics_from_stats(stats: dict[str, dict], waits: dict[str, list[float]],
-                            peaks: dict[str, int]) -> dict[str, float]:
+def pool_metrics_from_stats(
+  stats: dict[str, dict], waits: dict[str, list[float]], peaks: dict[str, int]
+) -> dict[str, float]:
   """Flat metrics from servers' `stats` replies ({address: reply}), acquire waits and peak
   bound chains per env type."""
   totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -75,10 +85,10 @@ def env_pool_metrics(provider, since=None) -> dict[str, float]:
     return {}
   try:
     trio.lowlevel.current_task()
-    return {}   # inside trio: the caller must await provider.server_stats() itself
+    return {}  # inside trio: the caller must await provider.server_stats() itself
   except RuntimeError:
     pass
-  usage = provider.usage_since(since)   # before the stats calls' own connects
+  usage = provider.usage_since(since)  # before the stats calls' own connects
   try:
     stats = trio.run(provider.server_stats)
   except Exception:  # noqa: BLE001 -- metrics must never stop training

@@ -7,6 +7,7 @@
 The default is `local_server.default_provider()`: env servers from AGENTFLY_ENV_SERVERS, else an
 embedded local env server, started only when a chain first needs an environment.
 """
+
 from __future__ import annotations
 
 from typing import Any

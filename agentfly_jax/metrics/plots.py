@@ -1,4 +1,5 @@
 """Plots of training curves (matplotlib, headless)."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,8 +10,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_curves(records: Sequence[dict], keys: Sequence[str], path: str, *, title: str = "",
-                smooth: int = 1, labels: dict | None = None) -> str:
+def plot_curves(
+  records: Sequence[dict],
+  keys: Sequence[str],
+  path: str,
+  *,
+  title: str = "",
+  smooth: int = 1,
+  labels: dict | None = None,
+) -> str:
   """Plots metric `keys` against `step` from JSONL-style records into a PNG at `path`.
 
   `labels` maps a key to its legend text (default: the key). A series logged at fewer than half
@@ -24,8 +32,10 @@ def plot_curves(records: Sequence[dict], keys: Sequence[str], path: str, *, titl
       continue
     steps, values = zip(*pts)
     if smooth > 1:
-      values = [sum(values[max(0, i - smooth + 1):i + 1]) / len(values[max(0, i - smooth + 1):i + 1])
-                for i in range(len(values))]
+      values = [
+        sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1])
+        for i in range(len(values))
+      ]
     sparse = count < max(counts) / 2
     ax.plot(steps, values, label=(labels or {}).get(key, key), marker="o" if sparse else None)
   ax.set_xlabel("step")

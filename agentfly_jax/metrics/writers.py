@@ -1,4 +1,5 @@
 """Metric writers: JSONL (always), TensorBoard (tensorboardX), W&B (optional), and a fan-out."""
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ def truncate_jsonl(path: str, last_step: int) -> None:
 class TensorBoardWriter:
   def __init__(self, logdir: str):
     from tensorboardX import SummaryWriter
+
     self._writer = SummaryWriter(logdir)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:

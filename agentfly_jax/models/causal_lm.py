@@ -13,6 +13,7 @@ Attribute names mirror HF's module tree (model.embed_tokens, model.layers[i].sel
 [L, in, out]), run under `lax.scan` with the remat policy inside the body; its KV cache is stacked
 the same way (`KVCache.stacked`). `layer_stack.py` converts states between the layouts.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,9 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
   return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
 
 
-def build_attention_mask(batch_size: int, num_queries: int, *, attention_mask=None, cache_len=None,
-                         cache_index=None, segment_ids=None) -> jax.Array:
+def build_attention_mask(
+  batch_size: int, num_queries: int, *, attention_mask=None, cache_len=None, cache_index=None, segment_ids=None
+) -> jax.Array:
   """bool[B, T, S]: may query t attend to key s.
 
   Without a cache (S = T): s <= t and attention_mask[b, s] (bool[B, T] padding mask, True = real),
@@ -135,21 +137,25 @@ class Transformer(nnx.Module):
   """Embedding + decoder layers + final norm (HF's `model.*`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
-                                  param_dtype=cfg.params_dtype,
-                                  embedding_init=nnx.initializers.normal(cfg.initializer_range), rngs=rngs,
-                                  embedding_metadata={"out_sharding": ("vocab", "embed"),
-                                                      "eager_sharding": False})  # logical axes
+    self.embed_tokens = nnx.Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype,
+      embedding_init=nnx.initializers.normal(cfg.initializer_range),
+      rngs=rngs,
+      embedding_metadata={"out_sharding": ("vocab", "embed"), "eager_sharding": False},
+    )  # logical axes
     if cfg.scan_layers:
       self.layers = stacked_decoder_layers(cfg, rngs)
     else:
       self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
-    self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype,
-                        param_dtype=cfg.params_dtype)
+    self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
 
 
 class _Base(nnx.Module):
   """Shared trunk logic for CausalLM and Critic."""
+
   config: ModelConfig
   model: Transformer
 
@@ -157,11 +163,19 @@ class _Base(nnx.Module):
     """Zero KV cache for `batch_size` rows of `max_len` slots (see KVCache; stacked with
     scan_layers)."""
     cfg = self.config
-    return KVCache.zeros(cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads,
-                         cfg.head_dim, dtype or cfg.compute_dtype, stacked=cfg.scan_layers)
+    return KVCache.zeros(
+      cfg.num_hidden_layers,
+      batch_size,
+      max_len,
+      cfg.num_key_value_heads,
+      cfg.head_dim,
+      dtype or cfg.compute_dtype,
+      stacked=cfg.scan_layers,
+    )
 
-  def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-                    segment_ids=None):
+  def hidden_states(
+    self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None, segment_ids=None
+  ):
     """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
 
     Args: see `CausalLM.__call__`.
@@ -192,24 +206,26 @@ class _Base(nnx.Module):
       if not isinstance(cache, KVCache) or cache.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"cache must be a KVCache with {cfg.num_hidden_layers} layers (model.init_cache)")
       if cache.stacked != cfg.scan_layers:
-        raise ValueError(f"cache is {'stacked' if cache.stacked else 'per layer'} but the model has "
-                         f"scan_layers={cfg.scan_layers} (use model.init_cache)")
+        raise ValueError(
+          f"cache is {'stacked' if cache.stacked else 'per layer'} but the model has "
+          f"scan_layers={cfg.scan_layers} (use model.init_cache)"
+        )
       if cache.batch_size != b:
         raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size {b}")
       cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
       chex.assert_rank(cache_index, 0)
       if attention_mask is not None:
         chex.assert_shape(attention_mask, (b, cache.max_len))
-      mask = build_attention_mask(b, t, attention_mask=attention_mask, cache_len=cache.max_len,
-                                  cache_index=cache_index)
+      mask = build_attention_mask(b, t, attention_mask=attention_mask, cache_len=cache.max_len, cache_index=cache_index)
       if positions is None:
         positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     if cfg.scan_layers:
-      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat,
-                                  cfg.compute_dtype)
+      x, kv = scan_decoder_layers(
+        self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat, cfg.compute_dtype
+      )
       new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
       return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
     new_k, new_v = [], []
@@ -241,17 +257,25 @@ class CausalLM(_Base):
     """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embedding.T)."""
     if self.lm_head is None:
       emb = self.model.embed_tokens.embedding[...].astype(self.config.compute_dtype)
-      logits = jnp.einsum("...d,vd->...v", hidden.astype(self.config.compute_dtype), emb,
-                          precision=self.config.matmul_precision)
+      logits = jnp.einsum(
+        "...d,vd->...v", hidden.astype(self.config.compute_dtype), emb, precision=self.config.matmul_precision
+      )
     else:
       logits = self.lm_head(hidden)
     if logits.ndim >= 2:
       logits = constrain(logits, ("act_batch",) + ("act_length",) * (logits.ndim - 2) + ("act_vocab",))
     return logits.astype(jnp.float32)
 
-  def token_logprobs_entropy(self, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
-                             chunk: int = 256, loss_mask: jax.Array | None = None,
-                             capacity=()) -> tuple[jax.Array, jax.Array]:
+  def token_logprobs_entropy(
+    self,
+    hidden: jax.Array,
+    targets: jax.Array,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 256,
+    loss_mask: jax.Array | None = None,
+    capacity=(),
+  ) -> tuple[jax.Array, jax.Array]:
     """hidden [B, T, D], targets int[B, T] -> (log-prob of each target, entropy) float32[B, T] under
     softmax(logits / temperature), without materialising the [B, T, V] logits (see token_stats).
     With `loss_mask` bool[B, T] and `capacity` (a fraction of T in (0, 1), or a sequence of
@@ -262,15 +286,21 @@ class CausalLM(_Base):
       weight, vocab_major = self.lm_head.kernel[...], self.lm_head.kernel_layout == "out_in"
 
     def stats(h, tgt):
-      return chunked_logprobs_entropy(h.astype(self.config.compute_dtype), weight, tgt, temperature=temperature,
-                                      chunk=chunk, vocab_major=vocab_major, precision=self.config.matmul_precision)
+      return chunked_logprobs_entropy(
+        h.astype(self.config.compute_dtype),
+        weight,
+        tgt,
+        temperature=temperature,
+        chunk=chunk,
+        vocab_major=vocab_major,
+        precision=self.config.matmul_precision,
+      )
 
     if loss_mask is None or not capacity_fractions(capacity):
       return stats(hidden, targets)
     return at_loss_positions(stats, hidden, targets, loss_mask, capacity)
 
-  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-               segment_ids=None):
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None, segment_ids=None):
     """Forward pass.
 
     Args:
@@ -289,8 +319,14 @@ class CausalLM(_Base):
     Returns:
       logits float32[B, T, V]; with a cache, (logits, new_cache).
     """
-    hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
-                                           cache=cache, cache_index=cache_index, segment_ids=segment_ids)
+    hidden, new_cache = self.hidden_states(
+      input_ids,
+      positions=positions,
+      attention_mask=attention_mask,
+      cache=cache,
+      cache_index=cache_index,
+      segment_ids=segment_ids,
+    )
     logits = self.logits_from_hidden(hidden)
     return logits if cache is None else (logits, new_cache)
 
@@ -304,11 +340,16 @@ class Critic(_Base):
     self.model = Transformer(cfg, rngs=rngs)
     self.score = linear(cfg, cfg.hidden_size, 1, True, rngs, axes=("embed", "score"))
 
-  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-               segment_ids=None):
+  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None, segment_ids=None):
     """Per-token values float32[B, T] (with a cache: (values, new_cache)). Args as CausalLM."""
-    hidden, new_cache = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
-                                           cache=cache, cache_index=cache_index, segment_ids=segment_ids)
+    hidden, new_cache = self.hidden_states(
+      input_ids,
+      positions=positions,
+      attention_mask=attention_mask,
+      cache=cache,
+      cache_index=cache_index,
+      segment_ids=segment_ids,
+    )
     values = constrain(self.score(hidden)[..., 0].astype(jnp.float32), ("act_batch", "act_length"))
     return values if cache is None else (values, new_cache)
 
@@ -319,8 +360,9 @@ class Critic(_Base):
     cfg = lm.config
     graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
     trunk = dict(nnx.to_flat_state(nnx.state(lm.model)))
-    head = dict(nnx.to_flat_state(nnx.state(linear(cfg, cfg.hidden_size, 1, True, rngs or nnx.Rngs(0),
-                                                   axes=("embed", "score")))))
+    head = dict(
+      nnx.to_flat_state(nnx.state(linear(cfg, cfg.hidden_size, 1, True, rngs or nnx.Rngs(0), axes=("embed", "score"))))
+    )
     flat = nnx.to_flat_state(state)
     for path, var in flat:
       source = trunk[path[1:]] if path[0] == "model" else head[path[1:]]

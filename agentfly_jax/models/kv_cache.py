@@ -1,4 +1,5 @@
 """KVCache: per-layer key/value buffers for incremental decoding (a registered JAX pytree)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,21 +27,36 @@ class KVCache:
   write by `cache_index`; the cache itself is only the buffers, so it passes through `jax.jit`
   (donate it to update in place).
   """
+
   k: tuple
   v: tuple
   num_kv_heads: int = dataclasses.field(metadata=dict(static=True))
 
   @classmethod
-  def zeros(cls, num_layers: int, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
-            dtype=jnp.float32, *, stacked: bool = False) -> "KVCache":
+  def zeros(
+    cls,
+    num_layers: int,
+    batch_size: int,
+    max_len: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype=jnp.float32,
+    *,
+    stacked: bool = False,
+  ) -> "KVCache":
     """Zero buffers; `stacked`: one [num_layers, ...] array each for k and v (scanned layers)."""
     rows = batch_size * num_kv_heads
     if stacked:
-      return cls(k=jnp.zeros((num_layers, rows, head_dim, max_len), dtype),
-                 v=jnp.zeros((num_layers, rows, max_len, head_dim), dtype), num_kv_heads=num_kv_heads)
-    return cls(k=tuple(jnp.zeros((rows, head_dim, max_len), dtype) for _ in range(num_layers)),
-               v=tuple(jnp.zeros((rows, max_len, head_dim), dtype) for _ in range(num_layers)),
-               num_kv_heads=num_kv_heads)
+      return cls(
+        k=jnp.zeros((num_layers, rows, head_dim, max_len), dtype),
+        v=jnp.zeros((num_layers, rows, max_len, head_dim), dtype),
+        num_kv_heads=num_kv_heads,
+      )
+    return cls(
+      k=tuple(jnp.zeros((rows, head_dim, max_len), dtype) for _ in range(num_layers)),
+      v=tuple(jnp.zeros((rows, max_len, head_dim), dtype) for _ in range(num_layers)),
+      num_kv_heads=num_kv_heads,
+    )
 
   @property
   def stacked(self) -> bool:

@@ -11,6 +11,7 @@ kernel [L, in, out] whose first logical axis is "layers". Leaves may be arrays (
 abstract `jax.ShapeDtypeStruct`s (their NamedSharding gains / loses a leading unsplit dim), so an
 abstract restore target of either layout can be made from one of the other.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -57,7 +58,7 @@ def per_layer(path: tuple, value) -> Iterator[tuple[tuple, Any]]:
     return
   j = _layers_at(path)
   for i in range(value.shape[0]):
-    yield path[:j + 1] + (i,) + path[j + 1:], value[i]
+    yield path[: j + 1] + (i,) + path[j + 1 :], value[i]
 
 
 def _stack_values(values: list):
@@ -102,13 +103,15 @@ def _stack_state(state: nnx.State) -> nnx.State:
       out.append((path, leaf))
       continue
     j = _layers_at(path)
-    key = (path[:j + 1], path[j + 2:])
+    key = (path[: j + 1], path[j + 2 :])
     groups.setdefault(key, {})[int(path[j + 1])] = leaf
   for (prefix, suffix), by_index in groups.items():
     n = len(by_index)
     if sorted(by_index) != list(range(n)):
-      raise ValueError(f"stack_layers: {'/'.join(map(str, prefix + ('<i>',) + suffix))} has layers "
-                       f"{sorted(by_index)}, expected 0..{n - 1}")
+      raise ValueError(
+        f"stack_layers: {'/'.join(map(str, prefix + ('<i>',) + suffix))} has layers "
+        f"{sorted(by_index)}, expected 0..{n - 1}"
+      )
     leaves = [by_index[i] for i in range(n)]
     stacked = _stack_values([_value(leaf) for leaf in leaves])
     out.append((prefix + suffix, _rewrap(leaves[0], stacked, lambda axes: (LAYERS,) + axes)))
@@ -124,14 +127,15 @@ def _unstack_state(state: nnx.State) -> nnx.State:
     j = _layers_at(path)
     value = _value(leaf)
     for i, part in enumerate(_unstack_value(value, value.shape[0])):
-      drop = (lambda axes: axes[1:] if axes and axes[0] == LAYERS else axes)
-      out.append((path[:j + 1] + (i,) + path[j + 1:], _rewrap(leaf, part, drop)))
+      drop = lambda axes: axes[1:] if axes and axes[0] == LAYERS else axes
+      out.append((path[: j + 1] + (i,) + path[j + 1 :], _rewrap(leaf, part, drop)))
   return nnx.from_flat_state(out)
 
 
 def _map_states(tree, fn):
-  return jax.tree.map(lambda x: fn(x) if isinstance(x, nnx.State) else x, tree,
-                      is_leaf=lambda x: isinstance(x, nnx.State))
+  return jax.tree.map(
+    lambda x: fn(x) if isinstance(x, nnx.State) else x, tree, is_leaf=lambda x: isinstance(x, nnx.State)
+  )
 
 
 def stack_layers(tree):
@@ -153,7 +157,7 @@ def _key_str(key) -> str:
 
 
 def tree_layout(tree) -> str | None:
-  """"scanned" / "unrolled" when any path of `tree` (a pytree, or orbax's tree metadata) holds
+  """ "scanned" / "unrolled" when any path of `tree` (a pytree, or orbax's tree metadata) holds
   stacked / per-layer decoder variables; None when it holds none."""
   for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
     keys = tuple(_key_str(k) for k in path)

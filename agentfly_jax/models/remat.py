@@ -10,6 +10,7 @@ inputs, recompute the rest: `jax.checkpoint` without a policy), or any policy of
 nothing_saveable, everything_saveable, checkpoint_dots, dots_with_no_batch_dims_saveable, ...).
 The booleans of older configs still work: False = "none", True = "full".
 """
+
 from __future__ import annotations
 
 import functools

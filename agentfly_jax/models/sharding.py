@@ -33,6 +33,7 @@ prepare and the sampler do on a multi-device mesh), where it becomes
 `jax.lax.with_sharding_constraint` by the same rules (the act_* names of DEFAULT_RULES are the
 defaults for rules that lack them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,25 +47,25 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("fsdp", "tp")
 DEFAULT_RULES: dict[str, Any] = {
-    "vocab": "tp",          # vocabulary rows of the embedding / lm_head columns
-    "embed": "fsdp",        # the model width D of weight matrices (FSDP)
-    "q_heads": "tp",        # query heads x head_dim (column parallel)
-    "kv_heads": "tp",       # key/value heads x head_dim (column parallel)
-    "mlp": "tp",            # MLP hidden width (column parallel in, row parallel out)
-    "embed_vector": None,   # D-sized vectors: norm scales, row-parallel output biases (whole)
-    "head_dim": None,       # q/k norm scales
-    "score": None,          # the critic's value head output (size 1)
-    "lora_rank": None,      # LoRA adapters' rank dim (models/lora.py; small: kept whole)
-    "layers": None,         # the stacked decoder layers' leading axis (model.scan_layers)
-    # Activations (`constrain`, under `activation_sharding`): rows split over fsdp (data
-    # parallel), heads / MLP hidden / vocab over tp; the model width of activations is kept whole.
-    "act_batch": "fsdp",
-    "act_length": None,
-    "act_embed": None,
-    "act_heads": "tp",
-    "act_kv_heads": "tp",
-    "act_mlp": "tp",
-    "act_vocab": "tp",
+  "vocab": "tp",  # vocabulary rows of the embedding / lm_head columns
+  "embed": "fsdp",  # the model width D of weight matrices (FSDP)
+  "q_heads": "tp",  # query heads x head_dim (column parallel)
+  "kv_heads": "tp",  # key/value heads x head_dim (column parallel)
+  "mlp": "tp",  # MLP hidden width (column parallel in, row parallel out)
+  "embed_vector": None,  # D-sized vectors: norm scales, row-parallel output biases (whole)
+  "head_dim": None,  # q/k norm scales
+  "score": None,  # the critic's value head output (size 1)
+  "lora_rank": None,  # LoRA adapters' rank dim (models/lora.py; small: kept whole)
+  "layers": None,  # the stacked decoder layers' leading axis (model.scan_layers)
+  # Activations (`constrain`, under `activation_sharding`): rows split over fsdp (data
+  # parallel), heads / MLP hidden / vocab over tp; the model width of activations is kept whole.
+  "act_batch": "fsdp",
+  "act_length": None,
+  "act_embed": None,
+  "act_heads": "tp",
+  "act_kv_heads": "tp",
+  "act_mlp": "tp",
+  "act_vocab": "tp",
 }
 ACTIVATION_AXES = ("act_batch", "act_length", "act_embed", "act_heads", "act_kv_heads", "act_mlp", "act_vocab")
 HIDDEN_AXES = ("act_batch", "act_length", "act_embed")  # [B, T, D] between the decoder layers
@@ -105,13 +106,15 @@ def resolve_rules(rules: Mapping | None = None) -> dict[str, tuple]:
     elif isinstance(target, (tuple, list)) and all(isinstance(a, str) for a in target):
       out[name] = tuple(target)
     else:
-      raise ValueError(f"sharding rule {name!r} -> {target!r}: must be a mesh axis name, a tuple of "
-                       "them, or None / '' (kept whole)")
+      raise ValueError(
+        f"sharding rule {name!r} -> {target!r}: must be a mesh axis name, a tuple of them, or None / '' (kept whole)"
+      )
   return out
 
 
-def spec_for_axes(axes: tuple, shape: tuple, rules: Mapping | None = None, mesh: Mesh | None = None,
-                  *, where: str = "a param") -> P:
+def spec_for_axes(
+  axes: tuple, shape: tuple, rules: Mapping | None = None, mesh: Mesh | None = None, *, where: str = "a param"
+) -> P:
   """PartitionSpec of a param of `shape` whose dims are named `axes` under `rules`; on `mesh`,
   mesh axes that do not divide their dimension (or that an earlier dim already uses) are dropped.
   Raises ValueError naming `where` and the logical name that has no rule."""
@@ -125,14 +128,16 @@ def spec_for_axes(axes: tuple, shape: tuple, rules: Mapping | None = None, mesh:
       spec.append(None)
       continue
     if name not in resolved:
-      raise ValueError(f"{where}: logical axis {name!r} has no sharding rule (config.mesh.rules); "
-                       f"known names: {sorted(resolved)}")
+      raise ValueError(
+        f"{where}: logical axis {name!r} has no sharding rule (config.mesh.rules); known names: {sorted(resolved)}"
+      )
     targets = resolved[name]
     if sizes is not None:
       unknown = [a for a in targets if a not in sizes]
       if unknown:
-        raise ValueError(f"{where}: rule {name!r} -> {targets} names mesh axes {unknown} not in the "
-                         f"mesh {tuple(sizes)}")
+        raise ValueError(
+          f"{where}: rule {name!r} -> {targets} names mesh axes {unknown} not in the mesh {tuple(sizes)}"
+        )
       n = int(np.prod([sizes[a] for a in targets])) if targets else 1
       if used.intersection(targets) or dim % n:
         targets = ()
@@ -146,8 +151,10 @@ def partition_spec_of(path: tuple, var, rules: Mapping | None = None, mesh: Mesh
   where = "parameter " + "/".join(map(str, path))
   axes = logical_axes(var)
   if axes is None:
-    raise ValueError(f"{where} has no logical axis names: create it with "
-                     "agentfly_jax.models.sharding.param_with_axes (or nnx.Param(..., out_sharding=names))")
+    raise ValueError(
+      f"{where} has no logical axis names: create it with "
+      "agentfly_jax.models.sharding.param_with_axes (or nnx.Param(..., out_sharding=names))"
+    )
   return spec_for_axes(axes, tuple(var.shape), rules, mesh, where=where)
 
 
@@ -156,8 +163,9 @@ def partition_specs(model, mesh: Mesh | None = None, rules: Mapping | None = Non
   module or a State of its params)."""
   state = model if isinstance(model, nnx.State) else nnx.state(model, nnx.Param)
   resolved = resolve_rules(rules)
-  return nnx.from_flat_state([(path, partition_spec_of(path, var, resolved, mesh))
-                              for path, var in nnx.to_flat_state(state)])
+  return nnx.from_flat_state(
+    [(path, partition_spec_of(path, var, resolved, mesh)) for path, var in nnx.to_flat_state(state)]
+  )
 
 
 def make_mesh(fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
@@ -176,8 +184,7 @@ def shard_model(model, mesh: Mesh, rules: Mapping | None = None):
   `rules`); returns the model."""
   state = nnx.state(model, nnx.Param)
   specs = partition_specs(state, mesh, rules)
-  shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
-                           is_leaf=lambda x: isinstance(x, P))
+  shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
   nnx.update(model, place(state, shardings))
   return model
 
@@ -195,8 +202,12 @@ def place(tree, shardings):
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
   # shardings is a prefix of tree (a NamedSharding may stand for a whole nnx.Variable)
-  return jax.tree.map(lambda sh, sub: jax.tree.map(lambda x: one(sh, x), sub), shardings, tree,
-                      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  return jax.tree.map(
+    lambda sh, sub: jax.tree.map(lambda x: one(sh, x), sub),
+    shardings,
+    tree,
+    is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+  )
 
 
 _ACTIVE = threading.local()  # (mesh, resolved rules) of the innermost `activation_sharding`

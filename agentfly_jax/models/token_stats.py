@@ -10,6 +10,7 @@ backward (a custom VJP) recomputes each chunk's logits and turns them straight i
 an accumulated dW, so no [B, T, V] array ever exists, at the cost of one more [chunk, D] x [D, V]
 matmul per chunk.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,9 @@ import numpy as np
 def _logits(h, w, vocab_major: bool, precision):
   """h [c, D], w [V, D] (vocab_major) or [D, V] -> float32 [c, V]."""
   contract = 1 if vocab_major else 0
-  return jax.lax.dot_general(h, w, (((1,), (contract,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    h, w, (((1,), (contract,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def _stats(h, w, tgt, temperature, vocab_major, precision):
@@ -81,14 +83,21 @@ def _bwd(temperature, chunk, vocab_major, precision, res, cts):
     # d lp / dz = onehot - p;  d entropy / dz = -p (z - E_p[z])
     dz = glp_c[:, None] * (onehot - p) - gent_c[:, None] * jnp.where(p > 0, p * (z - mz_c[:, None]), 0.0)
     dlogits = (dz / temperature).astype(hc.dtype)
-    dh = jax.lax.dot_general(dlogits, wc, (((1,), (0 if vocab_major else 1,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+    dh = jax.lax.dot_general(
+      dlogits,
+      wc,
+      (((1,), (0 if vocab_major else 1,)), ((), ())),
+      precision=precision,
+      preferred_element_type=jnp.float32,
+    )
     if vocab_major:  # dW [V, D] = dlogits^T h
-      dw_c = jax.lax.dot_general(dlogits, hc, (((0,), (0,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)
-    else:            # dW [D, V] = h^T dlogits
-      dw_c = jax.lax.dot_general(hc, dlogits, (((0,), (0,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)
+      dw_c = jax.lax.dot_general(
+        dlogits, hc, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+      )
+    else:  # dW [D, V] = h^T dlogits
+      dw_c = jax.lax.dot_general(
+        hc, dlogits, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+      )
     return dw + dw_c, dh.astype(hc.dtype)
 
   xs = (_chunks(h, chunk), _chunks(tgt, chunk), lse, mean_z, g_lp, g_ent)  # lse, mean_z: [chunks, chunk]
@@ -99,9 +108,16 @@ def _bwd(temperature, chunk, vocab_major, precision, res, cts):
 _flat_logprobs_entropy.defvjp(_fwd, _bwd)
 
 
-def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *,
-                             temperature: float = 1.0, chunk: int = 256, vocab_major: bool = True,
-                             precision=None) -> tuple[jax.Array, jax.Array]:
+def chunked_logprobs_entropy(
+  hidden: jax.Array,
+  weight: jax.Array,
+  targets: jax.Array,
+  *,
+  temperature: float = 1.0,
+  chunk: int = 256,
+  vocab_major: bool = True,
+  precision=None,
+) -> tuple[jax.Array, jax.Array]:
   """log softmax(hidden @ W / temperature)[targets] and the softmax's entropy, per token.
 
   Args:
@@ -128,8 +144,7 @@ def chunked_logprobs_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.
   chunk = min(chunk, max(1, h.shape[0]))
   # the weight goes in its own dtype, cast to the compute dtype chunk by chunk: its gradient is
   # summed over the chunks and returned in float32 (a cast before would round dW to bfloat16)
-  lp, ent = _flat_logprobs_entropy(h, weight, tgt, float(temperature), int(chunk),
-                                   bool(vocab_major), precision)
+  lp, ent = _flat_logprobs_entropy(h, weight, tgt, float(temperature), int(chunk), bool(vocab_major), precision)
   return lp.reshape(lead), ent.reshape(lead)
 
 
@@ -191,6 +206,6 @@ def at_loss_positions(fn, hidden: jax.Array, targets: jax.Array, loss_mask: jax.
     return back(x), back(y)
 
   most = jnp.max(mask.sum(axis=-1))
-  branch = jnp.sum(most > jnp.asarray(slots))   # the first slot count that holds `most`; len(slots) = full
+  branch = jnp.sum(most > jnp.asarray(slots))  # the first slot count that holds `most`; len(slots) = full
   branches = [functools.partial(compact, k) for k in slots] + [full]
   return jax.lax.switch(branch, branches, hidden, targets, mask)

@@ -1,5 +1,6 @@
 """Built-in rewards: numeric match of the prediction against the row's answer (`exact_match`, the
 SQuAD-normalised one, lives in qa.py and is re-exported here for older imports)."""
+
 from __future__ import annotations
 
 import re

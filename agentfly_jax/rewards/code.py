@@ -12,6 +12,7 @@ killed after `timeout_s`.
   await run_hidden_tests(code, "add", [{"args": [1, 2], "expected": 3}], env=None)
   # -> {"reward": 1.0, "passed": 1, "total": 1, "error": None, "stderr": ""}
 """
+
 from __future__ import annotations
 
 import json
@@ -33,13 +34,16 @@ def extract_code(text: str) -> str:
   return blocks[-1] if blocks else (text or "")
 
 
-def harness_source(code: str, entry_point: str, tests: list[dict], timeout_s: float,
-                   test_timeout_s: float) -> str:
+def harness_source(code: str, entry_point: str, tests: list[dict], timeout_s: float, test_timeout_s: float) -> str:
   """The code sent to the sandbox: the settings as JSON, then code_harness.py."""
-  settings = {"SUBMISSION": code, "ENTRY_POINT": entry_point,
-              "ARGS": [list(t["args"]) for t in tests],
-              "EXPECTED": [t["expected"] for t in tests], "TIMEOUT_S": timeout_s,
-              "TEST_TIMEOUT_S": test_timeout_s}
+  settings = {
+    "SUBMISSION": code,
+    "ENTRY_POINT": entry_point,
+    "ARGS": [list(t["args"]) for t in tests],
+    "EXPECTED": [t["expected"] for t in tests],
+    "TIMEOUT_S": timeout_s,
+    "TEST_TIMEOUT_S": test_timeout_s,
+  }
   header = f"import json as _json\nglobals().update(_json.loads({json.dumps(settings)!r}))\n"
   return header + _HARNESS
 
@@ -51,18 +55,19 @@ def _check_tests(entry_point, tests) -> None:
     raise ValueError("code_pass_rate: row field 'tests' must be a non-empty list")
   for i, t in enumerate(tests):
     if not isinstance(t, dict) or not isinstance(t.get("args"), list) or "expected" not in t:
-      raise ValueError(f"code_pass_rate: tests[{i}] must be {{'args': [...], 'expected': ...}}, "
-                       f"got {t!r:.80}")
+      raise ValueError(f"code_pass_rate: tests[{i}] must be {{'args': [...], 'expected': ...}}, got {t!r:.80}")
 
 
-async def run_hidden_tests(code: str, entry_point: str, tests: list[dict], env=None,
-                           timeout_s: float = 10.0, test_timeout_s: float = 2.0) -> dict:
+async def run_hidden_tests(
+  code: str, entry_point: str, tests: list[dict], env=None, timeout_s: float = 10.0, test_timeout_s: float = 2.0
+) -> dict:
   """Runs the tests against `code` in `env` (a python_sandbox instance; None: a fresh one from
   the default env provider). Returns {"reward": passed / total, "passed", "total", "error",
   "stderr"}."""
   _check_tests(entry_point, tests)
   if env is None:
     from agentfly_jax.tools.tool import get_env_provider
+
     provider, chain = get_env_provider(), f"code-tests-{uuid.uuid4().hex[:12]}"
     env = await provider.acquire("python_sandbox", chain)
     try:
@@ -70,13 +75,18 @@ async def run_hidden_tests(code: str, entry_point: str, tests: list[dict], env=N
     finally:
       with trio.CancelScope(shield=True):
         await provider.release("python_sandbox", chain)
-  await env.reset(None)   # a fresh interpreter: earlier tool calls cannot have patched it
+  await env.reset(None)  # a fresh interpreter: earlier tool calls cannot have patched it
   source = harness_source(code, entry_point, tests, timeout_s, test_timeout_s)
   try:
     result = await env.step({"code": source, "timeout_s": timeout_s + 10.0})
   except Exception as e:  # noqa: BLE001 -- e.g. the sandbox was killed (memory): the score is 0
-    return {"reward": 0.0, "passed": 0, "total": len(tests), "stderr": "",
-            "error": f"the sandbox failed while testing: {type(e).__name__}: {e}"}
+    return {
+      "reward": 0.0,
+      "passed": 0,
+      "total": len(tests),
+      "stderr": "",
+      "error": f"the sandbox failed while testing: {type(e).__name__}: {e}",
+    }
   observation = getattr(result, "observation", result)
   for line in reversed(str(observation).strip().splitlines()):
     try:
@@ -85,8 +95,13 @@ async def run_hidden_tests(code: str, entry_point: str, tests: list[dict], env=N
       continue
     if isinstance(report, dict) and {"passed", "total"} <= set(report):
       return {"reward": report["passed"] / report["total"], **report}
-  return {"reward": 0.0, "passed": 0, "total": len(tests), "error": "the test harness failed",
-          "stderr": str(observation)[-2000:]}
+  return {
+    "reward": 0.0,
+    "passed": 0,
+    "total": len(tests),
+    "error": "the test harness failed",
+    "stderr": str(observation)[-2000:],
+  }
 
 
 @reward(env="python_sandbox")

@@ -10,6 +10,7 @@ pipe; this process compares them and prints one JSON line:
 An infinite loop, a crash or a fork bomb ends in a kill of the child's process group at
 TIMEOUT_S: the tests it did not answer fail.
 """
+
 import ctypes
 import json
 import os
@@ -55,12 +56,23 @@ def _run():
   read_fd, write_fd = os.pipe()
   stderr_file = tempfile.TemporaryFile()
   child = subprocess.Popen(
-      [sys.executable, "-u", "-c", _RUNNER, str(write_fd)], stdin=subprocess.PIPE,
-      stdout=subprocess.DEVNULL, stderr=stderr_file, pass_fds=(write_fd,), start_new_session=True,
-      cwd=tempfile.mkdtemp())
+    [sys.executable, "-u", "-c", _RUNNER, str(write_fd)],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.DEVNULL,
+    stderr=stderr_file,
+    pass_fds=(write_fd,),
+    start_new_session=True,
+    cwd=tempfile.mkdtemp(),
+  )
   os.close(write_fd)
-  request = json.dumps({"code": SUBMISSION, "entry_point": ENTRY_POINT, "args": ARGS,  # noqa: F821
-                        "test_timeout_s": TEST_TIMEOUT_S})  # noqa: F821
+  request = json.dumps(
+    {
+      "code": SUBMISSION,
+      "entry_point": ENTRY_POINT,
+      "args": ARGS,  # noqa: F821
+      "test_timeout_s": TEST_TIMEOUT_S,
+    }
+  )  # noqa: F821
   error = None
   try:
     child.communicate(request.encode(), timeout=TIMEOUT_S)  # noqa: F821
@@ -98,14 +110,22 @@ def _run():
     if "value" in result and result["value"] == expected:
       passed += 1
   if error is None and len(results) < len(EXPECTED):  # noqa: F821
-    error = f"the submission's process ended after {len(results)} of {len(EXPECTED)} tests " \
-            f"(exit status {child.returncode})"  # noqa: F821
+    error = (
+      f"the submission's process ended after {len(results)} of {len(EXPECTED)} tests (exit status {child.returncode})"  # noqa: F821
+    )
   stderr_file.seek(0)
   stderr = stderr_file.read(4000).decode("utf-8", "replace")
-  print(json.dumps({"passed": passed, "total": len(EXPECTED), "error": error,  # noqa: F821
-                    "stderr": stderr}))
+  print(
+    json.dumps(
+      {
+        "passed": passed,
+        "total": len(EXPECTED),
+        "error": error,  # noqa: F821
+        "stderr": stderr,
+      }
+    )
+  )
 
 
-
-if __name__ == "__main__":   # the sandbox runs it as a cell; importing it runs nothing
+if __name__ == "__main__":  # the sandbox runs it as a cell; importing it runs nothing
   _run()

@@ -7,6 +7,7 @@ scores the best. Parsing and comparison are each time-limited (5 s) on the main 
 worker threads (math-verify's limit uses SIGALRM) the input is capped at 2,000 characters
 instead.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,8 @@ MAX_CHARS = 2000
 
 
 def _verify_fns():
-  from math_verify import parse, verify   # imported on first use (sympy is slow to import)
+  from math_verify import parse, verify  # imported on first use (sympy is slow to import)
+
   return parse, verify
 
 

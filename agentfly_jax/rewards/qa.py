@@ -7,6 +7,7 @@ the prediction scores its best match.
   exact_match("The Eiffel tower!", "eiffel tower")          # 1.0
   f1("Paris, France", ["Paris", "City of Light"])          # 0.667
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,8 +34,7 @@ def _golds(answer) -> list[str]:
   else:
     golds = [str(answer)]
   if not golds:
-    raise ValueError(f"QA reward: the gold answer is empty ({answer!r}); give a string or a "
-                     f"non-empty list of aliases")
+    raise ValueError(f"QA reward: the gold answer is empty ({answer!r}); give a string or a non-empty list of aliases")
   return golds
 
 

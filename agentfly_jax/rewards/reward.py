@@ -15,6 +15,7 @@ tools; needs `env=`), and any other name from the dataset row's fields (`**kwarg
 remaining fields). Return a number, or a dict with "reward" (other keys become metrics). Sync
 and async (trio) functions both work.
 """
+
 from __future__ import annotations
 
 import functools
@@ -68,23 +69,29 @@ class Reward:
         kwargs[pname] = row[pname]
         used.add(pname)
       elif param.default is inspect.Parameter.empty:
-        raise KeyError(f"reward '{self.name}' needs dataset field '{pname}', which the row lacks "
-                       f"(row fields: {sorted(row)})")
+        raise KeyError(
+          f"reward '{self.name}' needs dataset field '{pname}', which the row lacks (row fields: {sorted(row)})"
+        )
     if var_keyword:
       for k, v in row.items():
         if k not in used and k not in kwargs:
           kwargs[k] = v
     return kwargs
 
-  async def compute(self, prediction: Any, trajectory: list, row: dict, env: Any = None,
-                    thread_limiter: trio.CapacityLimiter | None = None) -> dict:
+  async def compute(
+    self,
+    prediction: Any,
+    trajectory: list,
+    row: dict,
+    env: Any = None,
+    thread_limiter: trio.CapacityLimiter | None = None,
+  ) -> dict:
     """Runs the reward; returns {"reward": float, **metrics}. Raises on bad return values."""
     kwargs = self.bind(prediction, trajectory, row, env)
     if self.is_async:
       value = await self.fn(**kwargs)
     else:
-      value = await trio.to_thread.run_sync(functools.partial(self.fn, **kwargs),
-                                            limiter=thread_limiter)
+      value = await trio.to_thread.run_sync(functools.partial(self.fn, **kwargs), limiter=thread_limiter)
     return normalize_reward(self.name, value)
 
 
@@ -109,8 +116,9 @@ def _as_float(name: str, value: Any) -> float:
       if not math.isfinite(result):
         raise ValueError(f"reward '{name}' returned a non-finite value {result}")
       return result
-  raise TypeError(f"reward '{name}' must return a number or a dict with 'reward', got "
-                  f"{type(value).__name__} {value!r:.80}")
+  raise TypeError(
+    f"reward '{name}' must return a number or a dict with 'reward', got {type(value).__name__} {value!r:.80}"
+  )
 
 
 def reward(fn: Callable | None = None, *, name: str | None = None, env: str | None = None):
@@ -120,6 +128,8 @@ def reward(fn: Callable | None = None, *, name: str | None = None, env: str | No
     name: reward name (default: the function name).
     env: environment name whose chain instance is passed as the `env` parameter.
   """
+
   def wrap(f):
     return Reward(f, name=name, env=env)
+
   return wrap(fn) if fn is not None else wrap

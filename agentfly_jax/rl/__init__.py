@@ -4,6 +4,7 @@ device math of agentfly_jax.rl.core (advantage estimators, losses, train step, p
     from agentfly_jax.rl import advantages, losses       # = agentfly_jax.rl.core.*
     from agentfly_jax.rl.trainer import Trainer
 """
+
 from agentfly_jax.rl.core import advantages, losses
 
 __all__ = ["advantages", "losses"]

@@ -8,6 +8,7 @@
 Bad input raises `BadInput` (before anything is compiled); the programs are built with the
 trainer's own builders (rl/programs.py, rl/update.py, sampling/jax_sampler.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from agentfly_jax.rl import aot_gpu
 # compile, a test) fails on libtpu's multi-process lockfile.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-GIB = 1024 ** 3
+GIB = 1024**3
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}  # per chip
 HBM_GIB.update({gpu: aot_gpu.hbm_gib(gpu) for gpu in aot_gpu.GPUS})  # the device memory a GPU reports
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
@@ -51,9 +52,11 @@ def parse_topology(name: str) -> tuple[str, int]:
     return generation, chips
   m = _TOPOLOGY.match(name or "")
   if not m:
-    raise BadInput(f"--topology={name!r} is unknown or malformed: expected <gen>:<shape> with gen one of "
-                   f"{sorted(set(HBM_GIB) - set(aot_gpu.GPUS))} and shape like 2x2 or 2x2x2 (e.g. v5e:2x2, "
-                   f"v5p:2x2x2), or <gpu>:<count> with gpu one of {sorted(aot_gpu.GPUS)} (e.g. h100:8)")
+    raise BadInput(
+      f"--topology={name!r} is unknown or malformed: expected <gen>:<shape> with gen one of "
+      f"{sorted(set(HBM_GIB) - set(aot_gpu.GPUS))} and shape like 2x2 or 2x2x2 (e.g. v5e:2x2, "
+      f"v5p:2x2x2), or <gpu>:<count> with gpu one of {sorted(aot_gpu.GPUS)} (e.g. h100:8)"
+    )
   chips = 1
   for d in m.groups()[1:]:
     if d is not None:
@@ -69,11 +72,13 @@ def topology_devices(name: str):
     except aot_gpu.GpuCompileUnavailable as e:
       raise BadInput(f"--topology={name!r}: {e}") from None
   from jax.experimental import topologies
+
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
   except Exception as e:  # libtpu refuses shapes it does not know
-    raise BadInput(f"--topology={name!r}: libtpu does not know this topology ({str(e).splitlines()[0][:200]})") \
-        from None
+    raise BadInput(
+      f"--topology={name!r}: libtpu does not know this topology ({str(e).splitlines()[0][:200]})"
+    ) from None
 
 
 def check_mesh(config, chips: int, topology: str) -> None:
@@ -82,14 +87,18 @@ def check_mesh(config, chips: int, topology: str) -> None:
   fsdp = chips // tp if m.fsdp == -1 else m.fsdp
   used = fsdp * tp + m.get("sampler_devices", 0)
   if fsdp < 1 or tp < 1 or used != chips:
-    raise BadInput(f"mesh fsdp={m.fsdp} x tp={m.tp}" + (f" + sampler_devices={m.sampler_devices}"
-                   if m.get("sampler_devices", 0) else "") + f" = {used} chips does not divide the {chips} chips "
-                   f"of {topology} (set --config.mesh.fsdp / --config.mesh.tp so that they use all {chips})")
+    raise BadInput(
+      f"mesh fsdp={m.fsdp} x tp={m.tp}"
+      + (f" + sampler_devices={m.sampler_devices}" if m.get("sampler_devices", 0) else "")
+      + f" = {used} chips does not divide the {chips} chips "
+      f"of {topology} (set --config.mesh.fsdp / --config.mesh.tp so that they use all {chips})"
+    )
 
 
 def load_hf_config(model: str, config) -> tuple[dict | None, str]:
   """(HF config dict, its source) from --model; (None, 'config') for the config's own model."""
   from agentfly_jax.models.presets import PRESETS, preset_hf_config
+
   model = model or config.model.get("aot_preset", "")
   if not model:
     if config.model.pretrained:
@@ -111,6 +120,7 @@ def load_hf_config(model: str, config) -> tuple[dict | None, str]:
 def model_config(config, hf: dict | None, source: str):
   from agentfly_jax.models import ModelConfig
   from agentfly_jax.rl import setup
+
   if hf is None:
     return setup.model_config(config, config.model.vocab_size)
   try:
@@ -133,6 +143,7 @@ def with_shardings(tree, shardings):
 def named(mesh, specs):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
+
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
@@ -141,20 +152,24 @@ def abstract_model(cls, cfg, mesh, rules):
   from flax import nnx
 
   from agentfly_jax.models import partition_specs
+
   graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
   specs = partition_specs(params, mesh, rules)
   return graphdef, with_shardings(params, named(mesh, specs)), rest, specs
 
 
 # ---------------------------------------------------------------- compile + measure
-_XLA_OOM = re.compile(r"memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
-                      r"\(([\d.]+)([KMGT])\)")
+_XLA_OOM = re.compile(
+  r"memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
+  r"\(([\d.]+)([KMGT])\)"
+)
 
 
 def per_device_bytes(tree) -> int:
   """Bytes one device holds of the abstract arrays in `tree` (ShapeDtypeStructs with shardings)."""
   import jax
   import numpy as np
+
   total = 0
   for leaf in jax.tree.leaves(tree):
     shape = getattr(leaf, "shape", None)
@@ -173,13 +188,24 @@ def oom_row(name: str, message: str, argument_bytes: int, seconds: float) -> dic
   m = _XLA_OOM.search(message)
   if m is None:
     return None
-  unit = {"K": 1024, "M": 1024 ** 2, "G": GIB, "T": 1024 * GIB}
+  unit = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024 * GIB}
   temps = int(float(m.group(1)) * unit[m.group(2)])
-  row = {"program": name, "compile_s": round(seconds, 2), "argument_bytes": int(argument_bytes), "output_bytes": 0,
-         "alias_bytes": 0, "temp_bytes": temps, "flops": None, "xla_refused": True,
-         "peak_bytes": int(argument_bytes) + temps}
-  print(f"  {name}: XLA refused to compile: temporaries {temps / GIB:.2f} GiB + arguments "
-        f"{argument_bytes / GIB:.2f} GiB a chip > {m.group(3)}{m.group(4)} of HBM", flush=True)
+  row = {
+    "program": name,
+    "compile_s": round(seconds, 2),
+    "argument_bytes": int(argument_bytes),
+    "output_bytes": 0,
+    "alias_bytes": 0,
+    "temp_bytes": temps,
+    "flops": None,
+    "xla_refused": True,
+    "peak_bytes": int(argument_bytes) + temps,
+  }
+  print(
+    f"  {name}: XLA refused to compile: temporaries {temps / GIB:.2f} GiB + arguments "
+    f"{argument_bytes / GIB:.2f} GiB a chip > {m.group(3)}{m.group(4)} of HBM",
+    flush=True,
+  )
   return row
 
 
@@ -197,14 +223,22 @@ def compile_program(name: str, jitted, *args, **kwargs) -> dict:
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  row = {"program": name, "compile_s": round(seconds, 2),
-         "argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
-         "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes),
-         "flops": None if cost is None else float(cost.get("flops", 0.0))}  # None: a deviceless GPU
+  row = {
+    "program": name,
+    "compile_s": round(seconds, 2),
+    "argument_bytes": int(mem.argument_size_in_bytes),
+    "output_bytes": int(mem.output_size_in_bytes),
+    "alias_bytes": int(mem.alias_size_in_bytes),
+    "temp_bytes": int(mem.temp_size_in_bytes),
+    "flops": None if cost is None else float(cost.get("flops", 0.0)),
+  }  # None: a deviceless GPU
   row["peak_bytes"] = row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
-  print(f"  {name}: compiled in {seconds:.1f} s, peak {row['peak_bytes'] / GIB:.2f} GiB a chip "
-        f"(temp {row['temp_bytes'] / GIB:.2f}), " + ("no XLA FLOPs (GPU)" if row["flops"] is None else
-        f"{row['flops'] / 1e12:.3f} TFLOP a chip"), flush=True)
+  print(
+    f"  {name}: compiled in {seconds:.1f} s, peak {row['peak_bytes'] / GIB:.2f} GiB a chip "
+    f"(temp {row['temp_bytes'] / GIB:.2f}), "
+    + ("no XLA FLOPs (GPU)" if row["flops"] is None else f"{row['flops'] / 1e12:.3f} TFLOP a chip"),
+    flush=True,
+  )
   return row
 
 
@@ -226,12 +260,14 @@ def model_flops(cfg, tokens: int, seq_len: int, *, backward: bool, remat: bool, 
   return float(total)
 
 
-def train_step_floor(cfg, num_params: int, layer_params: int, micro_rows: int, seq_len: int, chips: int,
-                     fsdp: int, critic: bool) -> int:
+def train_step_floor(
+  cfg, num_params: int, layer_params: int, micro_rows: int, seq_len: int, chips: int, fsdp: int, critic: bool
+) -> int:
   """Hand-computed floor of a train step a chip: sharded params + grads + Adam moments (all in
   param dtype / float32), one layer's weights gathered in the compute dtype, and with remat the
   inputs of every layer of one micro-batch (its rows split over fsdp); x2 with a critic."""
   import numpy as np
+
   pb, cb = np.dtype(cfg.params_dtype).itemsize, np.dtype(cfg.compute_dtype).itemsize
   state = num_params * (2 * pb + 8) / chips
   gathered = layer_params * cb
@@ -282,34 +318,60 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules)
   loss_cfg = run_programs.loss_config(config)
   optimizer, critic_optimizer = run_programs.policy_optimizers(config)
-  state_sh = run_programs.train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, specs,
-                                               critic_specs)
-  state = with_shardings(jax.eval_shape(lambda p, cp: create_train_state(
-      p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer), params, critic_params), state_sh)
-  update = PolicyUpdate(ModelParts(graphdef, rest, optimizer, critic_graphdef, critic_rest, critic_optimizer),
-                        config, loss_cfg, algo["estimator"], mesh, state_sh)
+  state_sh = run_programs.train_state_sharding(
+    params, critic_params, optimizer, critic_optimizer, mesh, specs, critic_specs
+  )
+  state = with_shardings(
+    jax.eval_shape(
+      lambda p, cp: create_train_state(p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer),
+      params,
+      critic_params,
+    ),
+    state_sh,
+  )
+  update = PolicyUpdate(
+    ModelParts(graphdef, rest, optimizer, critic_graphdef, critic_rest, critic_optimizer),
+    config,
+    loss_cfg,
+    algo["estimator"],
+    mesh,
+    state_sh,
+  )
   flat = [v for _, v in nnx.to_flat_state(params)]
   num_params = sum(int(np.prod(v.shape)) for v in flat)
-  layer_params = sum(int(np.prod(v.shape[1:])) for path, v in nnx.to_flat_state(params) if is_stacked_path(path)) \
-      or num_params // cfg.num_hidden_layers
+  layer_params = (
+    sum(int(np.prod(v.shape[1:])) for path, v in nnx.to_flat_state(params) if is_stacked_path(path))
+    or num_params // cfg.num_hidden_layers
+  )
 
-  print(f"aot_compile: {cfg.model_type} {num_params / 1e9:.2f} B params, scan_layers={cfg.scan_layers}, "
-        f"remat={cfg.remat}, on {topology} ({chips} chips, {hbm / GIB:.0f} GiB HBM each), mesh "
-        f"fsdp={fsdp} x tp={mesh.shape['tp']}", flush=True)
+  print(
+    f"aot_compile: {cfg.model_type} {num_params / 1e9:.2f} B params, scan_layers={cfg.scan_layers}, "
+    f"remat={cfg.remat}, on {topology} ({chips} chips, {hbm / GIB:.0f} GiB HBM each), mesh "
+    f"fsdp={fsdp} x tp={mesh.shape['tp']}",
+    flush=True,
+  )
   rows = []
   rows_sh = NamedSharding(mesh, P("fsdp"))
   n_rows = -(-r.rows_per_step * r.num_chains // fsdp) * fsdp
   sds = lambda shape, dtype, sh=rows_sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)  # noqa: E731
-  arrays = {"input_ids": sds((n_rows, seq_len), jnp.int32), "target_ids": sds((n_rows, seq_len), jnp.int32),
-            "attention_mask": sds((n_rows, seq_len), jnp.bool_), "action_mask": sds((n_rows, seq_len), jnp.bool_),
-            "sampler_logprobs": sds((n_rows, seq_len), jnp.float32), "rewards": sds((n_rows,), jnp.float32),
-            "group_ids": sds((n_rows,), jnp.int32)}
+  arrays = {
+    "input_ids": sds((n_rows, seq_len), jnp.int32),
+    "target_ids": sds((n_rows, seq_len), jnp.int32),
+    "attention_mask": sds((n_rows, seq_len), jnp.bool_),
+    "action_mask": sds((n_rows, seq_len), jnp.bool_),
+    "sampler_logprobs": sds((n_rows, seq_len), jnp.float32),
+    "rewards": sds((n_rows,), jnp.float32),
+    "group_ids": sds((n_rows,), jnp.int32),
+  }
   ref = params if c.loss.kl_coef > 0 else None
   if "prepare" in programs:
     row = compile_program("prepare", update.prepare, params, ref, critic_params, arrays)
     row["micro_batch"] = f"{n_rows}x{seq_len}, chunks of {update.prepare_chunk} rows"
-    row["model_flops"] = model_flops(cfg, n_rows * seq_len, seq_len, backward=False, remat=False,
-                                     critic=algo["critic"]) * (2 if ref is not None else 1) / chips
+    row["model_flops"] = (
+      model_flops(cfg, n_rows * seq_len, seq_len, backward=False, remat=False, critic=algo["critic"])
+      * (2 if ref is not None else 1)
+      / chips
+    )
     rows.append(row)
   if "train_step" in programs:
     batch_out, _ = jax.eval_shape(update.prepare, params, ref, critic_params, arrays)
@@ -321,31 +383,60 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     # the models' non-trained state goes in as the step's third argument (LoRA: the frozen base)
     row = compile_program("train_step", update.step_program(keys), state, batch, update.frozen)
     row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}"
-    row["model_flops"] = model_flops(cfg, num_micro * micro_rows * seq_len, seq_len, backward=True,
-                                     remat=cfg.remat not in (False, "none", ""), critic=algo["critic"]) / chips
-    row["floor_bytes"] = train_step_floor(cfg, num_params, layer_params, micro_rows, seq_len, chips, fsdp,
-                                          algo["critic"])
-    shape = memory_plan.ModelShape(num_params=num_params, num_layers=cfg.num_hidden_layers,
-                                   hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-                                   num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                   vocab_size=cfg.vocab_size, layer_params=layer_params)
-    sizes = memory_plan.RunSizes(scan_layers=cfg.scan_layers, micro_batch=micro_rows, seq_len=seq_len, logits_chunk=c.train.logits_chunk,
-                                 attention_chunk=cfg.attention_chunk, remat=cfg.remat not in (False, "none", ""),
-                                 compute_dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                 reference_copy=False, critic=algo["critic"])
-    row["memory_plan_bytes"] = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=fsdp, tp=mesh.shape["tp"],
-                                                              micro_batches=num_micro)["total"]
+    row["model_flops"] = (
+      model_flops(
+        cfg,
+        num_micro * micro_rows * seq_len,
+        seq_len,
+        backward=True,
+        remat=cfg.remat not in (False, "none", ""),
+        critic=algo["critic"],
+      )
+      / chips
+    )
+    row["floor_bytes"] = train_step_floor(
+      cfg, num_params, layer_params, micro_rows, seq_len, chips, fsdp, algo["critic"]
+    )
+    shape = memory_plan.ModelShape(
+      num_params=num_params,
+      num_layers=cfg.num_hidden_layers,
+      hidden_size=cfg.hidden_size,
+      num_heads=cfg.num_attention_heads,
+      num_kv_heads=cfg.num_key_value_heads,
+      head_dim=cfg.head_dim,
+      vocab_size=cfg.vocab_size,
+      layer_params=layer_params,
+    )
+    sizes = memory_plan.RunSizes(
+      scan_layers=cfg.scan_layers,
+      micro_batch=micro_rows,
+      seq_len=seq_len,
+      logits_chunk=c.train.logits_chunk,
+      attention_chunk=cfg.attention_chunk,
+      remat=cfg.remat not in (False, "none", ""),
+      compute_dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      reference_copy=False,
+      critic=algo["critic"],
+    )
+    row["memory_plan_bytes"] = memory_plan.per_chip_jax_parts(
+      shape, sizes, fsdp=fsdp, tp=mesh.shape["tp"], micro_batches=num_micro
+    )["total"]
     rows.append(row)
   if "sft_step" in programs:
     sft_opt = run_programs.sft_optimizer(config)
     sft_sh = run_programs.train_state_sharding(params, None, sft_opt, None, mesh, specs, None)
     sft_state = with_shardings(jax.eval_shape(lambda p: create_train_state(p, sft_opt), params), sft_sh)
-    step, sft_batch_sh = run_programs.sft_step_program(graphdef, rest, sft_opt, loss_cfg, mesh, rules, sft_sh,
-                                                       frozen=rest)
+    step, sft_batch_sh = run_programs.sft_step_program(
+      graphdef, rest, sft_opt, loss_cfg, mesh, rules, sft_sh, frozen=rest
+    )
     from agentfly_jax.rl.batching import micro_batch_layout
+
     micro_rows, num_micro = micro_batch_layout(c.sft.rows_per_step, c.train.micro_batch_size, fsdp)
-    sft_batch = {k: sds((num_micro, micro_rows, seq_len), jnp.int32 if k.endswith("ids") else jnp.bool_, sh)
-                 for k, sh in sft_batch_sh.items()}
+    sft_batch = {
+      k: sds((num_micro, micro_rows, seq_len), jnp.int32 if k.endswith("ids") else jnp.bool_, sh)
+      for k, sh in sft_batch_sh.items()
+    }
     rows.append(compile_program("sft_step", step, sft_state, sft_batch, rest))
   sampler_params = params
   if sampler_mesh is not None:
@@ -355,11 +446,19 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
     rep = NamedSharding(smesh, P())
     b, p_len, n_new = r.max_batch_size, r.max_total_tokens, r.max_tokens_per_turn
     activation = None if smesh.size <= 1 else (smesh, tuple(sorted(resolve_rules(rules).items())))
-    args = (sds((b, p_len), jnp.int32, rep), sds((b,), jnp.int32, rep), sds((b,), jnp.float32, rep),
-            sds((b,), jnp.int32, rep), sds((b,), jnp.float32, rep), sds((b,), jnp.int32, rep),
-            sds((b, 8), jnp.int32, rep), sds((b,), jnp.uint32, rep))
-    row = compile_program("sampler", _generate_rows, graphdef, sampler_params, rest, *args, num_new_bucket=n_new,
-                          activation=activation)
+    args = (
+      sds((b, p_len), jnp.int32, rep),
+      sds((b,), jnp.int32, rep),
+      sds((b,), jnp.float32, rep),
+      sds((b,), jnp.int32, rep),
+      sds((b,), jnp.float32, rep),
+      sds((b,), jnp.int32, rep),
+      sds((b, 8), jnp.int32, rep),
+      sds((b,), jnp.uint32, rep),
+    )
+    row = compile_program(
+      "sampler", _generate_rows, graphdef, sampler_params, rest, *args, num_new_bucket=n_new, activation=activation
+    )
     row["micro_batch"] = f"{b} rows, prompt {p_len} + {n_new} new"
     rows.append(row)
   if "weight_sync" in programs:
@@ -369,11 +468,23 @@ def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int 
   for row in rows:
     row["hbm_bytes"] = int(hbm)
     row["fits"] = row["peak_bytes"] <= hbm and not row.get("xla_refused")
-  return {"topology": topology, "chips": chips, "hbm_gib": hbm / GIB, "model": cfg.model_type,
-          "num_params": num_params, "num_hidden_layers": cfg.num_hidden_layers, "scan_layers": cfg.scan_layers,
-          "remat": str(cfg.remat), "dtype": cfg.dtype, "param_dtype": cfg.param_dtype,
-          "mesh": {"fsdp": fsdp, "tp": mesh.shape["tp"], "sampler_devices": config.mesh.get("sampler_devices", 0)},
-          "algo": config.algo, "seq_len": seq_len, "micro_batch_size": c.train.micro_batch_size, "rows": rows}
+  return {
+    "topology": topology,
+    "chips": chips,
+    "hbm_gib": hbm / GIB,
+    "model": cfg.model_type,
+    "num_params": num_params,
+    "num_hidden_layers": cfg.num_hidden_layers,
+    "scan_layers": cfg.scan_layers,
+    "remat": str(cfg.remat),
+    "dtype": cfg.dtype,
+    "param_dtype": cfg.param_dtype,
+    "mesh": {"fsdp": fsdp, "tp": mesh.shape["tp"], "sampler_devices": config.mesh.get("sampler_devices", 0)},
+    "algo": config.algo,
+    "seq_len": seq_len,
+    "micro_batch_size": c.train.micro_batch_size,
+    "rows": rows,
+  }
 
 
 def fit_advice(report: dict, row: dict) -> str:
@@ -397,21 +508,28 @@ def write_report(report: dict, out: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out + ".json", "w") as f:
     json.dump(report, f, indent=2)
-  lines = [f"# AOT compile: {report['model']} ({report['num_params'] / 1e9:.2f} B params, "
-           f"{report['num_hidden_layers']} layers, scan_layers={report['scan_layers']}, remat={report['remat']}) "
-           f"on {report['topology']}",
-           "", f"{report['chips']} chips x {report['hbm_gib']:.0f} GiB HBM; mesh {report['mesh']}; {report['algo']}; "
-           f"{report['dtype']} compute, {report['param_dtype']} params; rows of {report['seq_len']} tokens. "
-           "Bytes are per chip (XLA memory_analysis); peak = arguments + outputs - aliased + temporaries.",
-           "", "| program | shape | compile s | args GiB | temp GiB | peak GiB | fits | XLA TFLOP/chip (loop bodies "
-           "once) | model TFLOP/chip | floor GiB | memory_plan GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    f"# AOT compile: {report['model']} ({report['num_params'] / 1e9:.2f} B params, "
+    f"{report['num_hidden_layers']} layers, scan_layers={report['scan_layers']}, remat={report['remat']}) "
+    f"on {report['topology']}",
+    "",
+    f"{report['chips']} chips x {report['hbm_gib']:.0f} GiB HBM; mesh {report['mesh']}; {report['algo']}; "
+    f"{report['dtype']} compute, {report['param_dtype']} params; rows of {report['seq_len']} tokens. "
+    "Bytes are per chip (XLA memory_analysis); peak = arguments + outputs - aliased + temporaries.",
+    "",
+    "| program | shape | compile s | args GiB | temp GiB | peak GiB | fits | XLA TFLOP/chip (loop bodies "
+    "once) | model TFLOP/chip | floor GiB | memory_plan GiB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   g = lambda b: f"{b / GIB:.2f}" if b is not None else ""  # noqa: E731
   tf = lambda f: "" if f is None else f"{f / 1e12:.1f}"  # noqa: E731
   for row in report["rows"]:
-    lines.append(f"| {row['program']} | {row.get('micro_batch', '')} | {row['compile_s']:.1f} | "
-                 f"{g(row['argument_bytes'])} | {g(row['temp_bytes'])} | {g(row['peak_bytes'])} | "
-                 f"{'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | {tf(row.get('model_flops'))} | "
-                 f"{g(row.get('floor_bytes'))} | {g(row.get('memory_plan_bytes'))} |")
+    lines.append(
+      f"| {row['program']} | {row.get('micro_batch', '')} | {row['compile_s']:.1f} | "
+      f"{g(row['argument_bytes'])} | {g(row['temp_bytes'])} | {g(row['peak_bytes'])} | "
+      f"{'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | {tf(row.get('model_flops'))} | "
+      f"{g(row.get('floor_bytes'))} | {g(row.get('memory_plan_bytes'))} |"
+    )
   with open(out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -426,8 +544,13 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     with open(path) as f:
       reports = json.load(f)
   report = dict(report, label=label or report["model"])
-  key = lambda r: (r["label"], r["topology"], r["scan_layers"], r["remat"],  # noqa: E731
-                   tuple(sorted(x["program"] for x in r["rows"])))
+  key = lambda r: (
+    r["label"],
+    r["topology"],
+    r["scan_layers"],
+    r["remat"],  # noqa: E731
+    tuple(sorted(x["program"] for x in r["rows"])),
+  )
   reports = [r for r in reports if key(r) != key(report)] + [report]
   os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
   with open(path, "w") as f:
@@ -435,17 +558,26 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
   tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
   gpu = all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports)
-  lines = [f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)", "",
-           "Compiled on a shared 2-core CPU with " + ("jax 0.10.2 + jax-cuda12-plugin (deviceless, no GPU; XLA "
-           "TFLOP not reported for GPU)" if gpu else "jax[tpu] 0.10.2 / libtpu") + " (experiments/aot_compile.py; "
-           "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
-           "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-           "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
-           "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
-           "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.", "",
-           "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
-           "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)",
+    "",
+    "Compiled on a shared 2-core CPU with "
+    + (
+      "jax 0.10.2 + jax-cuda12-plugin (deviceless, no GPU; XLA TFLOP not reported for GPU)"
+      if gpu
+      else "jax[tpu] 0.10.2 / libtpu"
+    )
+    + " (experiments/aot_compile.py; "
+    "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
+    "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
+    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
+    "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
+    "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
+    "",
+    "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
+    "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
@@ -453,9 +585,11 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
       plan = row.get("memory_plan_bytes")
       ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"
       mf = "" if row.get("model_flops") is None else f"{row['model_flops'] / 1e12:.1f}"
-      lines.append(f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "
-                   f"{row.get('micro_batch', '')} | {row['compile_s']:.0f} | {g(row['peak_bytes'])} | "
-                   f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | "
-                   f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |")
+      lines.append(
+        f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "
+        f"{row.get('micro_batch', '')} | {row['compile_s']:.0f} | {g(row['peak_bytes'])} | "
+        f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | "
+        f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |"
+      )
   with open(prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")

@@ -15,6 +15,7 @@ trajectory as `policy_versions`, one per turn), and a step's groups are released
 With max_staleness = 0 the producer rolls out step s only after update s-1: the sync loop.
 The trainer's params are copied when published (the train step donates its state).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,17 +32,25 @@ import jax.numpy as jnp
 class StepBatch:
   step: int
   trajectories: list
-  version: int          # the policy version that wrote every turn of this batch
-  rollout_s: float      # producer time spent rolling out the batch
-  waited_s: float       # producer time spent held back by the staleness bound
+  version: int  # the policy version that wrote every turn of this batch
+  rollout_s: float  # producer time spent rolling out the batch
+  waited_s: float  # producer time spent held back by the staleness bound
 
 
 class RolloutProducer:
   """rollout_batch(step) -> trajectories runs in the producer thread (with `weights.lock` held);
   weights: `SamplerWeights`. Errors in the thread are re-raised by `get`."""
 
-  def __init__(self, rollout_batch: Callable[[int], list], weights, *, first_step: int,
-               last_step: int, max_staleness: int, start_version: int):
+  def __init__(
+    self,
+    rollout_batch: Callable[[int], list],
+    weights,
+    *,
+    first_step: int,
+    last_step: int,
+    max_staleness: int,
+    start_version: int,
+  ):
     if max_staleness < 0:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     self._rollout_batch, self._weights = rollout_batch, weights
@@ -51,8 +60,8 @@ class RolloutProducer:
     self._queue: queue.Queue = queue.Queue()
     self._stop = False
     self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
-    self.busy_s = 0.0     # producer time rolling out
-    self.idle_s = 0.0     # producer time held back by the staleness bound
+    self.busy_s = 0.0  # producer time rolling out
+    self.idle_s = 0.0  # producer time held back by the staleness bound
 
   def start(self) -> "RolloutProducer":
     self._thread.start()
@@ -108,11 +117,16 @@ def staleness_metrics(batch: StepBatch, step: int, max_staleness: int) -> dict:
   """async/* metrics of one step batch; asserts the staleness bound held."""
   staleness = step - 1 - batch.version
   if not 0 <= staleness <= max_staleness:
-    raise AssertionError(f"async rollout: step {step} batch from version {batch.version} "
-                         f"(staleness {staleness}) exceeds max_staleness={max_staleness}")
+    raise AssertionError(
+      f"async rollout: step {step} batch from version {batch.version} "
+      f"(staleness {staleness}) exceeds max_staleness={max_staleness}"
+    )
   versions = [v for t in batch.trajectories for v in getattr(t, "policy_versions", [batch.version])]
-  out = {"async/staleness": float(staleness), "async/policy_version": float(batch.version),
-         "async/sampler_wait_s": batch.waited_s}
+  out = {
+    "async/staleness": float(staleness),
+    "async/policy_version": float(batch.version),
+    "async/sampler_wait_s": batch.waited_s,
+  }
   for k in range(max_staleness + 1):
     out[f"async/staleness_hist/{k}"] = sum(1 for v in versions if step - 1 - v == k) / max(1, len(versions))
   return out

@@ -2,6 +2,7 @@
 
 Pure numpy/jnp helpers the trainer loop calls between the rollout and `train_step`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,17 +29,22 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
   "action_mask" bool[B, L], "sampler_logprobs" f32[B, L], "rewards" f32[B], "group_ids" int32[B]}.
   """
   from agentfly_jax.agents.trajectory import pad_batch
+
   need = max(len(t.token_ids) for t in trajs) - 1
   if length is None:
     length = bucket(need, multiple)
   elif length < need:
     raise ValueError(f"train_arrays: length={length} < longest trajectory - 1 = {need}")
   arr = pad_batch(trajs, max_len=length + 1, pad_id=pad_id)
-  return {"input_ids": arr["token_ids"][:, :-1], "target_ids": arr["token_ids"][:, 1:],
-          "attention_mask": arr["attention_mask"][:, :-1], "action_mask": arr["action_mask"][:, 1:],
-          "sampler_logprobs": arr["sampler_logprobs"][:, 1:].astype(np.float32),
-          "rewards": np.asarray(arr["rewards"], np.float32),
-          "group_ids": np.asarray(arr["group_ids"], np.int32)}
+  return {
+    "input_ids": arr["token_ids"][:, :-1],
+    "target_ids": arr["token_ids"][:, 1:],
+    "attention_mask": arr["attention_mask"][:, :-1],
+    "action_mask": arr["action_mask"][:, 1:],
+    "sampler_logprobs": arr["sampler_logprobs"][:, 1:].astype(np.float32),
+    "rewards": np.asarray(arr["rewards"], np.float32),
+    "group_ids": np.asarray(arr["group_ids"], np.int32),
+  }
 
 
 def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: str = "rollout") -> dict:
@@ -46,14 +52,14 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels)."""
   rewards = np.array([t.reward for t in trajs], np.float64)
   m = {
-      f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
-      f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,
-      f"{prefix}/success_rate": float((rewards > success_threshold).mean()) if len(rewards) else 0.0,
-      f"{prefix}/turns_mean": float(np.mean([t.num_turns for t in trajs])) if trajs else 0.0,
-      f"{prefix}/turns_max": int(max((t.num_turns for t in trajs), default=0)),
-      f"{prefix}/tokens_total_mean": float(np.mean([len(t.token_ids) for t in trajs])) if trajs else 0.0,
-      f"{prefix}/tokens_generated_mean": float(np.mean([int(t.action_mask.sum()) for t in trajs])) if trajs else 0.0,
-      f"{prefix}/num_chains": len(trajs),
+    f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
+    f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,
+    f"{prefix}/success_rate": float((rewards > success_threshold).mean()) if len(rewards) else 0.0,
+    f"{prefix}/turns_mean": float(np.mean([t.num_turns for t in trajs])) if trajs else 0.0,
+    f"{prefix}/turns_max": int(max((t.num_turns for t in trajs), default=0)),
+    f"{prefix}/tokens_total_mean": float(np.mean([len(t.token_ids) for t in trajs])) if trajs else 0.0,
+    f"{prefix}/tokens_generated_mean": float(np.mean([int(t.action_mask.sum()) for t in trajs])) if trajs else 0.0,
+    f"{prefix}/num_chains": len(trajs),
   }
   calls = collections.Counter(c.get("name", "?") for t in trajs for c in t.tool_calls)
   failed = sum(1 for t in trajs for c in t.tool_calls if not c.get("ok", True))
@@ -101,8 +107,9 @@ def micro_batch_layout(num_rows: int, max_micro_batch_size: int, multiple: int =
   to the cap (8 rows with a cap of 16 -> (8, 1); 24 -> (12, 2)). With multiple 1, padding is
   under num_micro rows."""
   if max_micro_batch_size < 1 or multiple < 1:
-    raise ValueError(f"micro_batch_layout: max_micro_batch_size and multiple must be >= 1, got "
-                     f"{max_micro_batch_size}, {multiple}")
+    raise ValueError(
+      f"micro_batch_layout: max_micro_batch_size and multiple must be >= 1, got {max_micro_batch_size}, {multiple}"
+    )
   n = max(1, int(num_rows))
   num_micro = -(-n // max_micro_batch_size)
   size = -(-n // num_micro)

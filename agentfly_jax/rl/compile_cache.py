@@ -14,6 +14,7 @@ loads them instead of compiling.
   "off" / ""   no persistent cache (JAX's default)
   a path  that folder
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,7 @@ def resolve_compile_cache(setting: str) -> str | None:
   if setting.lower() == "auto":
     setting = os.environ.get(ENV_VAR, "").strip()
     if not setting:
-      root = os.environ.get("AGENTFLY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                  "agentfly_jax")
+      root = os.environ.get("AGENTFLY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax")
       setting = os.path.join(root, "xla")
   if setting.lower() in OFF:
     return None
@@ -49,6 +49,7 @@ def enable_compile_cache(setting: str) -> str | None:
   written raises ValueError naming it; with "auto" that only warns and runs without the cache
   (a read-only home must not stop a run that never asked for a cache)."""
   import jax
+
   folder = resolve_compile_cache(setting)
   if folder is None:
     return None
@@ -61,8 +62,9 @@ def enable_compile_cache(setting: str) -> str | None:
     problem = f"cannot create {folder}: {e.strerror}"
   if problem is not None:
     if setting.strip().lower() == "auto":
-      warnings.warn(f"compile cache off: {problem} (set {ENV_VAR} or train.compile_cache to a "
-                    "writable folder)", stacklevel=2)
+      warnings.warn(
+        f"compile cache off: {problem} (set {ENV_VAR} or train.compile_cache to a writable folder)", stacklevel=2
+      )
       return None
     raise ValueError(f"train.compile_cache={setting!r}: {problem}")
   jax.config.update("jax_compilation_cache_dir", folder)
@@ -70,6 +72,7 @@ def enable_compile_cache(setting: str) -> str | None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   try:
     import filelock  # noqa: F401  (JAX's LRU eviction needs it)
+
     jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
   except ImportError:
     pass

@@ -5,6 +5,7 @@ Config files in `configs/` call `default_config()` (or a preset) and override; a
 those (`--config.train.lr=1e-4`). The run parses it once into typed sections (`rl/spec.RunSpec`),
 which stops a run before training with a message naming the bad field.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -68,14 +69,26 @@ def world_config(task: str, algo: str = "grpo") -> ml_collections.ConfigDict:
   """An interactive-world task (webshop / textworld / scienceworld) with `algo`: a tiny random-init
   policy (its tokenizer trained on the task's texts) and small rollouts, sized for a CPU smoke
   run; on a GPU set model.pretrained and raise rollout/train sizes with flags."""
-  return task_config(task, algo, **{
-      "rollout.rows_per_step": 4, "rollout.num_chains": 4, "rollout.max_turns": 8,
-      "rollout.max_tokens_per_turn": 48, "rollout.max_total_tokens": 1536, "train.steps": 100,
-      "train.lr": 3e-4, "eval.every": 0, "eval.num_rows": 16})
+  return task_config(
+    task,
+    algo,
+    **{
+      "rollout.rows_per_step": 4,
+      "rollout.num_chains": 4,
+      "rollout.max_turns": 8,
+      "rollout.max_tokens_per_turn": 48,
+      "rollout.max_total_tokens": 1536,
+      "train.steps": 100,
+      "train.lr": 3e-4,
+      "eval.every": 0,
+      "eval.num_rows": 16,
+    },
+  )
 
 
-def tpu_grpo_config(name: str, aot_preset: str, model_dir: str = "", *, fsdp: int,
-                    max_total_tokens: int = 2048, micro_batch_size: int = 8) -> ml_collections.ConfigDict:
+def tpu_grpo_config(
+  name: str, aot_preset: str, model_dir: str = "", *, fsdp: int, max_total_tokens: int = 2048, micro_batch_size: int = 8
+) -> ml_collections.ConfigDict:
   """GRPO on the arithmetic tool task at a real size on a TPU slice (configs/tpu/): bfloat16 compute
   over float32 master params, remat "full", scanned layers, the JAX sampler and the trainer on one
   (fsdp, 1) mesh. `aot_preset`: experiments/aot_compile.py's model shape when `model_dir` (an HF

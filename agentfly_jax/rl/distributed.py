@@ -15,6 +15,7 @@ On Cloud TPU VMs (and other clusters JAX detects) `coordinator_address="auto"`: 
 the same command and `jax.distributed.initialize()` reads the slice's topology from the TPU
 environment (no process ids to give).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,9 @@ def _env_int(name: str) -> int | None:
     raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+def initialize(
+  coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
   """Starts `jax.distributed` when a coordinator is given (argument or environment); returns
   whether it did. Must run before anything touches a JAX device."""
   address = coordinator_address or os.environ.get(ENV_ADDRESS, "")
@@ -51,12 +53,15 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   pid = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
   if not address:
     if num not in (None, 1):
-      raise ValueError(f"distributed: num_processes={num} needs a coordinator address "
-                       f"(--coordinator_address or {ENV_ADDRESS})")
+      raise ValueError(
+        f"distributed: num_processes={num} needs a coordinator address (--coordinator_address or {ENV_ADDRESS})"
+      )
     return False
   if num is None or pid is None:
-    raise ValueError(f"distributed: coordinator {address!r} given but num_processes={num}, "
-                     f"process_id={pid}; set both (flags or {ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})")
+    raise ValueError(
+      f"distributed: coordinator {address!r} given but num_processes={num}, "
+      f"process_id={pid}; set both (flags or {ENV_NUM_PROCESSES}/{ENV_PROCESS_ID})"
+    )
   if not (num >= 1 and 0 <= pid < num):
     raise ValueError(f"distributed: process_id={pid} must be in [0, num_processes={num})")
   platforms = os.environ.get("JAX_PLATFORMS", "")
@@ -78,7 +83,7 @@ def process_share(items: Sequence, what: str = "rollout.rows_per_step") -> list:
     raise ValueError(f"{what}={n} must be a multiple of the number of processes ({count})")
   per = n // count
   start = jax.process_index() * per
-  return list(items[start:start + per])
+  return list(items[start : start + per])
 
 
 def share_offset(n: int) -> int:
@@ -91,14 +96,15 @@ def gather_objects(local: list) -> list:
   if jax.process_count() == 1:
     return list(local)
   from jax.experimental import multihost_utils
+
   payload = np.frombuffer(pickle.dumps(list(local)), np.uint8)
   sizes = multihost_utils.process_allgather(np.array([payload.size], np.int64))
   padded = np.zeros(int(sizes.max()), np.uint8)
-  padded[:payload.size] = payload
+  padded[: payload.size] = payload
   every = multihost_utils.process_allgather(padded)  # [P, max_size]
   out = []
   for p, size in enumerate(np.asarray(sizes).reshape(-1)):
-    out.extend(pickle.loads(every[p, :int(size)].tobytes()))
+    out.extend(pickle.loads(every[p, : int(size)].tobytes()))
   return out
 
 
@@ -108,6 +114,7 @@ def host_local(tree: Any) -> Any:
   if jax.process_count() == 1:
     return tree
   from jax.experimental import multihost_utils
+
   local = jax.local_devices()[0]
   host = multihost_utils.process_allgather(tree, tiled=True)
   return jax.device_put(host, local)
@@ -116,4 +123,5 @@ def host_local(tree: Any) -> Any:
 def barrier(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)

@@ -21,13 +21,14 @@ estimates are deliberately simple upper-ish bounds:
 - vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
   + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
 """
+
 from __future__ import annotations
 
 import dataclasses
 
-GIB = 1024 ** 3
-MAX_TOTAL_FRACTION = 0.95     # JAX + vLLM; the rest is the CUDA context, cuBLAS / NCCL workspaces
-JAX_HEADROOM = 1.15           # XLA temporaries and fragmentation on top of the estimate
+GIB = 1024**3
+MAX_TOTAL_FRACTION = 0.95  # JAX + vLLM; the rest is the CUDA context, cuBLAS / NCCL workspaces
+JAX_HEADROOM = 1.15  # XLA temporaries and fragmentation on top of the estimate
 VLLM_OVERHEAD_BYTES = 1 * GIB  # vLLM beyond weights + KV: prefill activations, sampler, CUDA graphs
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -39,6 +40,7 @@ class MemorySplitError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
   """What the estimate needs of a causal LM (HF names)."""
+
   num_params: int
   num_layers: int
   hidden_size: int
@@ -56,6 +58,7 @@ class RunSizes:
   micro_batch: rows per micro-batch; seq_len: tokens per training row; logits_chunk: tokens per
   log-prob chunk (0 = the whole row); max_num_seqs / max_model_len: vLLM's batch and context.
   """
+
   micro_batch: int
   seq_len: int
   logits_chunk: int = 256
@@ -74,6 +77,7 @@ class RunSizes:
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
   """Bytes: what each side is estimated to need and what its fraction gives it."""
+
   device_bytes: int
   jax_fraction: float
   vllm_fraction: float
@@ -93,10 +97,13 @@ class MemoryPlan:
   def describe(self) -> str:
     def parts(d):
       return ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items())
-    return (f"device {self.device_bytes / GIB:.1f} GiB: JAX {self.jax_fraction:g} = "
-            f"{self.jax_budget / GIB:.1f} GiB for ~{self.jax_need / GIB:.1f} GiB ({parts(self.jax_parts)}); "
-            f"vLLM {self.vllm_fraction:g} = {self.vllm_budget / GIB:.1f} GiB for ~{self.vllm_need / GIB:.1f} "
-            f"GiB ({parts(self.vllm_parts)})")
+
+    return (
+      f"device {self.device_bytes / GIB:.1f} GiB: JAX {self.jax_fraction:g} = "
+      f"{self.jax_budget / GIB:.1f} GiB for ~{self.jax_need / GIB:.1f} GiB ({parts(self.jax_parts)}); "
+      f"vLLM {self.vllm_fraction:g} = {self.vllm_budget / GIB:.1f} GiB for ~{self.vllm_need / GIB:.1f} "
+      f"GiB ({parts(self.vllm_parts)})"
+    )
 
 
 def _bytes(dtype: str) -> int:
@@ -138,8 +145,9 @@ def vllm_memory_parts(m: ModelShape, r: RunSizes) -> dict:
   return {"weights": m.num_params * vb, "kv cache": kv, "overhead": VLLM_OVERHEAD_BYTES}
 
 
-def plan_memory_split(device_bytes: int, jax_fraction: float, vllm_fraction: float, model: ModelShape,
-                      run: RunSizes) -> MemoryPlan:
+def plan_memory_split(
+  device_bytes: int, jax_fraction: float, vllm_fraction: float, model: ModelShape, run: RunSizes
+) -> MemoryPlan:
   """The split's plan; raises MemorySplitError when the fractions are invalid or a side does not fit.
 
   Args:
@@ -152,25 +160,34 @@ def plan_memory_split(device_bytes: int, jax_fraction: float, vllm_fraction: flo
       raise MemorySplitError(f"config.{name}={f!r}: must be in (0, 1)")
   if jax_fraction + vllm_fraction > MAX_TOTAL_FRACTION:
     raise MemorySplitError(
-        f"config.gpu.jax_mem_fraction={jax_fraction:g} + config.gpu.vllm_mem_fraction={vllm_fraction:g} = "
-        f"{jax_fraction + vllm_fraction:g} > {MAX_TOTAL_FRACTION}: JAX and vLLM share one device and the "
-        "CUDA context needs the rest; lower one of them")
+      f"config.gpu.jax_mem_fraction={jax_fraction:g} + config.gpu.vllm_mem_fraction={vllm_fraction:g} = "
+      f"{jax_fraction + vllm_fraction:g} > {MAX_TOTAL_FRACTION}: JAX and vLLM share one device and the "
+      "CUDA context needs the rest; lower one of them"
+    )
   jax_parts, vllm_parts = jax_memory_parts(model, run), vllm_memory_parts(model, run)
-  plan = MemoryPlan(int(device_bytes), jax_fraction, vllm_fraction,
-                    int(sum(jax_parts.values()) * JAX_HEADROOM), int(sum(vllm_parts.values())),
-                    jax_parts, vllm_parts)
+  plan = MemoryPlan(
+    int(device_bytes),
+    jax_fraction,
+    vllm_fraction,
+    int(sum(jax_parts.values()) * JAX_HEADROOM),
+    int(sum(vllm_parts.values())),
+    jax_parts,
+    vllm_parts,
+  )
   problems = []
   if plan.jax_need > plan.jax_budget:
     problems.append(
-        f"JAX (training) needs ~{plan.jax_need / GIB:.1f} GiB but config.gpu.jax_mem_fraction="
-        f"{jax_fraction:g} gives {plan.jax_budget / GIB:.1f} GiB: raise it to >= "
-        f"{plan.jax_need / device_bytes:.2f}, or lower train.micro_batch_size / set model.remat=True")
+      f"JAX (training) needs ~{plan.jax_need / GIB:.1f} GiB but config.gpu.jax_mem_fraction="
+      f"{jax_fraction:g} gives {plan.jax_budget / GIB:.1f} GiB: raise it to >= "
+      f"{plan.jax_need / device_bytes:.2f}, or lower train.micro_batch_size / set model.remat=True"
+    )
   if plan.vllm_need > plan.vllm_budget:
     problems.append(
-        f"vLLM (sampling) needs ~{plan.vllm_need / GIB:.1f} GiB but config.gpu.vllm_mem_fraction="
-        f"{vllm_fraction:g} gives {plan.vllm_budget / GIB:.1f} GiB: raise it to >= "
-        f"{plan.vllm_need / device_bytes:.2f}, or lower rollout.max_batch_size (vLLM's max_num_seqs) / "
-        "rollout.max_total_tokens")
+      f"vLLM (sampling) needs ~{plan.vllm_need / GIB:.1f} GiB but config.gpu.vllm_mem_fraction="
+      f"{vllm_fraction:g} gives {plan.vllm_budget / GIB:.1f} GiB: raise it to >= "
+      f"{plan.vllm_need / device_bytes:.2f}, or lower rollout.max_batch_size (vLLM's max_num_seqs) / "
+      "rollout.max_total_tokens"
+    )
   if problems:
     raise MemorySplitError("GPU memory split does not fit: " + "; ".join(problems) + f". [{plan.describe()}]")
   return plan
@@ -184,27 +201,42 @@ def model_shape_from_config(config) -> ModelShape:
 
   from agentfly_jax.models import CausalLM, ModelConfig
   from agentfly_jax.rl.setup import model_config
+
   cfg = model_config(config, config.model.vocab_size)
   abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
   leaves = [v for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))]
   num_params = sum(int(getattr(v, "value", v).size) for v in leaves)
   assert isinstance(cfg, ModelConfig)
-  return ModelShape(num_params=num_params, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
-                    num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                    head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads,
-                    vocab_size=cfg.vocab_size)
+  return ModelShape(
+    num_params=num_params,
+    num_layers=cfg.num_hidden_layers,
+    hidden_size=cfg.hidden_size,
+    num_heads=cfg.num_attention_heads,
+    num_kv_heads=cfg.num_key_value_heads,
+    head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads,
+    vocab_size=cfg.vocab_size,
+  )
 
 
 def run_sizes_from_config(config) -> RunSizes:
   from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
+
   c, r = config, config.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
-  return RunSizes(micro_batch=c.train.micro_batch_size, seq_len=seq, logits_chunk=c.train.logits_chunk,
-                  attention_chunk=c.model.attention_chunk, remat=bool(resolved_remat(c)),
-                  compute_dtype=c.model.dtype, param_dtype=c.model.param_dtype,
-                  reference_copy=c.loss.kl_coef > 0, critic=ALGORITHMS[c.algo]["critic"],
-                  vllm_dtype=c.rollout.vllm_dtype or c.model.dtype, max_num_seqs=r.max_batch_size,
-                  max_model_len=seq)
+  return RunSizes(
+    micro_batch=c.train.micro_batch_size,
+    seq_len=seq,
+    logits_chunk=c.train.logits_chunk,
+    attention_chunk=c.model.attention_chunk,
+    remat=bool(resolved_remat(c)),
+    compute_dtype=c.model.dtype,
+    param_dtype=c.model.param_dtype,
+    reference_copy=c.loss.kl_coef > 0,
+    critic=ALGORITHMS[c.algo]["critic"],
+    vllm_dtype=c.rollout.vllm_dtype or c.model.dtype,
+    max_num_seqs=r.max_batch_size,
+    max_model_len=seq,
+  )
 
 
 def cuda_device_bytes() -> int | None:
@@ -226,6 +258,7 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
   device_memory_gib` when > 0 (a stated size: the check then also runs on a CPU-only machine),
   else `device_bytes`, else the CUDA device's; None (nothing checked) without any of them."""
   import os
+
   g = config.gpu
   if not g.jax_mem_fraction or config.rollout.sampler != "vllm":
     return None
@@ -238,8 +271,13 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
     device_bytes = cuda_device_bytes()
   if device_bytes is None:
     return None
-  return plan_memory_split(device_bytes, g.jax_mem_fraction, g.vllm_mem_fraction,
-                           model_shape_from_config(config), run_sizes_from_config(config))
+  return plan_memory_split(
+    device_bytes,
+    g.jax_mem_fraction,
+    g.vllm_mem_fraction,
+    model_shape_from_config(config),
+    run_sizes_from_config(config),
+  )
 
 
 _STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic")

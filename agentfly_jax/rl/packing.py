@@ -12,6 +12,7 @@ aggregations count segments (`losses.aggregate(segment_ids=...)`). A trajectory'
 is never an action token (it is the prompt), so the one-token shift of the loss never scores a
 token from the previous segment's context.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class PackLayout:
   """Where each source row went: row[i], offset[i] (start column) and length[i] of source row i."""
+
   row: np.ndarray
   offset: np.ndarray
   length: np.ndarray
@@ -61,8 +63,9 @@ def first_fit_decreasing(lengths: np.ndarray, row_len: int) -> PackLayout:
   return PackLayout(row=row, offset=offset, length=lengths, num_rows=max(1, len(used)))
 
 
-def pack_index(attention_mask: np.ndarray, rows: np.ndarray | None = None, *,
-               row_len: int | None = None) -> tuple[dict, PackLayout]:
+def pack_index(
+  attention_mask: np.ndarray, rows: np.ndarray | None = None, *, row_len: int | None = None
+) -> tuple[dict, PackLayout]:
   """Where each packed slot reads from: for the right-padded rows `rows` (default all) of
   attention_mask bool[N, T], packed into [R, row_len] (default T), returns ({"src_row",
   "src_col" int32[R, row_len] (indices into the [N, T] arrays), "valid" bool, "segment_ids",
@@ -73,9 +76,13 @@ def pack_index(attention_mask: np.ndarray, rows: np.ndarray | None = None, *,
   layout = first_fit_decreasing(row_lengths(am[rows]), row_len)
   src_row, src_col, dst_row, dst_col = _token_moves(layout)
   shape = (layout.num_rows, row_len)
-  index = {"src_row": np.zeros(shape, np.int32), "src_col": np.zeros(shape, np.int32),
-           "valid": np.zeros(shape, bool), "segment_ids": np.zeros(shape, np.int32),
-           "positions": np.zeros(shape, np.int32)}
+  index = {
+    "src_row": np.zeros(shape, np.int32),
+    "src_col": np.zeros(shape, np.int32),
+    "valid": np.zeros(shape, bool),
+    "segment_ids": np.zeros(shape, np.int32),
+    "positions": np.zeros(shape, np.int32),
+  }
   rank = np.zeros(len(rows), np.int32)  # segment number within its packed row, in column order
   for r in range(layout.num_rows):
     members = np.nonzero(layout.row == r)[0]

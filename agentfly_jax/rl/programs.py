@@ -6,6 +6,7 @@
     sharding = train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, specs, c_specs)
     step, batch_sharding = sft_step_program(graphdef, rest, sft_optimizer(spec), loss_cfg, mesh, rules, sh)
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,22 +25,39 @@ def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
   spec = as_spec(spec)
   loss, algo = spec.loss, spec.algorithm
   return LossConfig(
-      policy_loss="decoupled_ppo" if decoupled else algo.policy_loss, clip_low=loss.clip_low,
-      clip_high=loss.clip_high, dual_clip=loss.dual_clip, agg=algo.agg, kl_coef=loss.kl_coef,
-      kl_kind=loss.kl_kind, entropy_coef=loss.entropy_coef, value_clip=loss.value_clip,
-      temperature=spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0,
-      logits_chunk=spec.train.logits_chunk, logits_capacity=spec.train.capacity,
-      behaviour_cap=loss.behaviour_cap)
+    policy_loss="decoupled_ppo" if decoupled else algo.policy_loss,
+    clip_low=loss.clip_low,
+    clip_high=loss.clip_high,
+    dual_clip=loss.dual_clip,
+    agg=algo.agg,
+    kl_coef=loss.kl_coef,
+    kl_kind=loss.kl_kind,
+    entropy_coef=loss.entropy_coef,
+    value_clip=loss.value_clip,
+    temperature=spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0,
+    logits_chunk=spec.train.logits_chunk,
+    logits_capacity=spec.train.capacity,
+    behaviour_cap=loss.behaviour_cap,
+  )
 
 
 def policy_optimizers(spec):
   """(the policy's AdamW, the critic's or None when the algorithm has no critic)."""
   spec = as_spec(spec)
   t = spec.train
-  optimizer = make_optimizer(lr=t.lr, warmup_steps=t.warmup_steps, total_steps=t.steps, schedule=t.schedule,
-                             weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
-  critic_optimizer = make_optimizer(lr=spec.critic.lr, warmup_steps=spec.critic.warmup_steps,
-                                    max_grad_norm=t.max_grad_norm) if spec.algorithm.critic else None
+  optimizer = make_optimizer(
+    lr=t.lr,
+    warmup_steps=t.warmup_steps,
+    total_steps=t.steps,
+    schedule=t.schedule,
+    weight_decay=t.weight_decay,
+    max_grad_norm=t.max_grad_norm,
+  )
+  critic_optimizer = (
+    make_optimizer(lr=spec.critic.lr, warmup_steps=spec.critic.warmup_steps, max_grad_norm=t.max_grad_norm)
+    if spec.algorithm.critic
+    else None
+  )
   return optimizer, critic_optimizer
 
 
@@ -50,10 +68,14 @@ def sft_optimizer(spec):
 
 def train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, param_specs, critic_specs):
   """Shardings of a TrainState of `params` (+ `critic_params`; arrays or abstract) under the optimizers."""
-  abstract = jax.eval_shape(lambda p, cp: create_train_state(
-      p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer), params, critic_params)
-  return state_shardings(abstract, mesh, param_specs, critic_specs, optimizer=optimizer,
-                         critic_optimizer=critic_optimizer)
+  abstract = jax.eval_shape(
+    lambda p, cp: create_train_state(p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer),
+    params,
+    critic_params,
+  )
+  return state_shardings(
+    abstract, mesh, param_specs, critic_specs, optimizer=optimizer, critic_optimizer=critic_optimizer
+  )
 
 
 class TrainStates:
@@ -61,8 +83,7 @@ class TrainStates:
   and `new(params, optimizer, critic_params, sharding=)` (the policy optimizer's state sharding
   is computed once)."""
 
-  def __init__(self, params, critic_params, optimizer, critic_optimizer, mesh, param_specs, critic_specs,
-               seed: int):
+  def __init__(self, params, critic_params, optimizer, critic_optimizer, mesh, param_specs, critic_specs, seed: int):
     self.params, self.critic_params = params, critic_params
     self.optimizer, self.critic_optimizer = optimizer, critic_optimizer
     self.mesh, self.param_specs, self.critic_specs, self.seed = mesh, param_specs, critic_specs, seed
@@ -73,24 +94,40 @@ class TrainStates:
     if optimizer is self.optimizer and getattr(self, "sharding", None) is not None:
       return self.sharding
     critic = self.critic_params if optimizer is self.optimizer else None
-    return train_state_sharding(self.params, critic, optimizer, self.critic_optimizer, self.mesh,
-                                self.param_specs, self.critic_specs)
+    return train_state_sharding(
+      self.params, critic, optimizer, self.critic_optimizer, self.mesh, self.param_specs, self.critic_specs
+    )
 
   def new(self, params, optimizer=None, critic_params=None, *, sharding=None):
     """A fresh TrainState (optimizer: the run's by default), placed on the mesh."""
     optimizer = optimizer or self.optimizer
-    make = lambda p, cp: create_train_state(p, optimizer, critic_params=cp,  # noqa: E731
-                                            critic_optimizer=self.critic_optimizer, seed=self.seed)
+    make = lambda p, cp: create_train_state(
+      p,
+      optimizer,
+      critic_params=cp,  # noqa: E731
+      critic_optimizer=self.critic_optimizer,
+      seed=self.seed,
+    )
     # Built by a jit with the target shardings: also valid across processes (no host arrays).
     return jax.jit(make, out_shardings=sharding or self.sharding_for(optimizer))(params, critic_params)
 
 
-def sft_step_program(graphdef, rest, optimizer, loss_cfg: LossConfig, mesh, rules, state_sharding, *,
-                     frozen=None):
+def sft_step_program(graphdef, rest, optimizer, loss_cfg: LossConfig, mesh, rules, state_sharding, *, frozen=None):
   """(the jitted SFT step, its micro-batch shardings {key: NamedSharding}). `frozen`: the model's
   rest as the step's third argument (LoRA's base: never a constant of the program), else closed over."""
   batch_sh = batch_sharding(mesh, dict.fromkeys(SFT_KEYS))
-  step = jit_step(make_sft_step(graphdef, rest, optimizer, logits_chunk=loss_cfg.logits_chunk,
-                                logits_capacity=loss_cfg.logits_capacity, mesh=mesh, rules=rules),
-                  state_sharding, batch_sh, frozen)
+  step = jit_step(
+    make_sft_step(
+      graphdef,
+      rest,
+      optimizer,
+      logits_chunk=loss_cfg.logits_chunk,
+      logits_capacity=loss_cfg.logits_capacity,
+      mesh=mesh,
+      rules=rules,
+    ),
+    state_sharding,
+    batch_sh,
+    frozen,
+  )
   return step, batch_sh

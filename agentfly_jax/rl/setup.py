@@ -7,6 +7,7 @@ and builds a tiny model of `model.family`. Pretrained: loads the HF folder (conf
 safetensors + tokenizer files) with `from_pretrained`. The helpers take a RunSpec, or a config
 they parse into one (experiments/aot_compile.py, rl/memory_plan.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ from agentfly_jax.rl.spec import as_spec
 class ModelHalves:
   """A model split for jit: the static graphdef, the trained params (+ their PartitionSpecs) and
   the rest (non-trained state; under LoRA the frozen base)."""
+
   graphdef: Any
   params: Any
   rest: Any
@@ -33,6 +35,7 @@ class ModelHalves:
 class RunParts:
   """What `build_run` makes from a RunSpec: the task (tasks/contract.TaskSpec), tokenizer, agent,
   env provider, sampler, meshes, the policy's (and PPO's critic's) halves, the row streams."""
+
   spec: Any
   task: Any
   tokenizer: Any
@@ -41,15 +44,15 @@ class RunParts:
   agent: Any
   env_provider: Any
   sampler: Any
-  model_dir: str | None           # the HF folder a vLLM engine loaded (None: the JAX sampler)
+  model_dir: str | None  # the HF folder a vLLM engine loaded (None: the JAX sampler)
   mesh: Any
-  sampler_mesh: Any               # the JAX sampler's own sub-mesh (None: it shares `mesh`)
-  sampler_shardings: Any          # its params' shardings there (None: no sub-mesh)
+  sampler_mesh: Any  # the JAX sampler's own sub-mesh (None: it shares `mesh`)
+  sampler_shardings: Any  # its params' shardings there (None: no sub-mesh)
   policy: ModelHalves
   critic: ModelHalves | None
   train_rows: list
   eval_rows: list
-  lora: Any = None                # models.lora.LoRAConfig when model.lora.rank > 0
+  lora: Any = None  # models.lora.LoRAConfig when model.lora.rank > 0
   base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
 
 
@@ -59,10 +62,10 @@ def build_tokenizer_dir(spec, task, workdir: str) -> str:
     return spec.model.pretrained
   from agentfly_jax.data.tiny_tokenizer import build_tiny_tokenizer
   from agentfly_jax.rl import distributed
+
   out = os.path.join(workdir, "tokenizer")
   if distributed.is_primary() and not os.path.exists(os.path.join(out, "tokenizer.json")):
-    build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=spec.model.vocab_size,
-                         template="qwen2.5")
+    build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=spec.model.vocab_size, template="qwen2.5")
   distributed.barrier("tokenizer")  # the other processes read what process 0 wrote
   return out
 
@@ -72,8 +75,14 @@ def model_numerics(spec) -> dict:
   attention chunking, scanned layers."""
   spec = as_spec(spec)
   m = spec.model
-  return dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=spec.remat, attention_chunk=m.attention_chunk,
-              attention_impl=m.attention_impl, scan_layers=m.scan_layers)
+  return dict(
+    dtype=m.dtype,
+    param_dtype=m.param_dtype,
+    remat=spec.remat,
+    attention_chunk=m.attention_chunk,
+    attention_impl=m.attention_impl,
+    scan_layers=m.scan_layers,
+  )
 
 
 def model_config(spec, vocab_size: int):
@@ -83,6 +92,7 @@ def model_config(spec, vocab_size: int):
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
+
   spec = as_spec(spec)
   m = spec.model
   ours = model_numerics(spec)
@@ -92,10 +102,18 @@ def model_config(spec, vocab_size: int):
       raise FileNotFoundError(f"config.model.pretrained={m.pretrained!r}: {path} not found (need an HF folder)")
     with open(path) as f:
       return ModelConfig.from_hf_dict(json.load(f), source=path, **ours)
-  return tiny_config(m.family, vocab_size=vocab_size, tie_word_embeddings=m.tie_word_embeddings,
-                     hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                     num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                     num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, **ours)
+  return tiny_config(
+    m.family,
+    vocab_size=vocab_size,
+    tie_word_embeddings=m.tie_word_embeddings,
+    hidden_size=m.hidden_size,
+    intermediate_size=m.intermediate_size,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    head_dim=m.head_dim,
+    **ours,
+  )
 
 
 def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True):
@@ -103,6 +121,7 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
   carry LoRA adapters (the critic's only with `model.lora.critic`)."""
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
   from agentfly_jax.models.lora import apply_lora
+
   spec = as_spec(spec)
   m = spec.model
   if m.pretrained:
@@ -121,6 +140,7 @@ def trainable_filter(spec, *, critic: bool = False):
   """What the optimizer trains: every nnx.Param, or under LoRA the adapters (the critic: its
   adapters + its value head `score`)."""
   from agentfly_jax.models.lora import lora_filter
+
   lora = as_spec(spec).model.lora
   if not lora.rank or (critic and not lora.critic):
     return nnx.Param
@@ -130,6 +150,7 @@ def trainable_filter(spec, *, critic: bool = False):
 def base_identity(spec, model) -> dict:
   """The frozen base of a LoRA run: where it came from and the sha256 of its params."""
   from agentfly_jax.models.lora import base_params, params_sha256
+
   spec = as_spec(spec)
   m = spec.model
   source = os.path.abspath(m.pretrained) if m.pretrained else f"random-init {m.family} seed={spec.seed}"
@@ -142,18 +163,23 @@ def training_and_sampler_meshes(spec, devices=None):
   sampler the last N (a (1, N) mesh: tensor parallel), so the two never share a device.
   `devices`: these instead of the local ones (experiments/aot_compile.py: a TPU topology's)."""
   from agentfly_jax.models import make_mesh
+
   m = as_spec(spec).mesh
   n = m.sampler_devices
   if not n:
     return make_mesh(m.fsdp, m.tp, devices), None
   if jax.process_count() > 1 and devices is None:
-    raise ValueError("config.mesh.sampler_devices > 0 runs on one process (each process of a "
-                     "multi-host run samples on its own local devices)")
+    raise ValueError(
+      "config.mesh.sampler_devices > 0 runs on one process (each process of a "
+      "multi-host run samples on its own local devices)"
+    )
   devices = jax.local_devices() if devices is None else list(devices)
   if m.fsdp * m.tp + n > len(devices):
-    raise ValueError(f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
-                     f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}")
-  return make_mesh(m.fsdp, m.tp, devices[:m.fsdp * m.tp]), make_mesh(1, n, devices[-n:])
+    raise ValueError(
+      f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
+      f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}"
+    )
+  return make_mesh(m.fsdp, m.tp, devices[: m.fsdp * m.tp]), make_mesh(1, n, devices[-n:])
 
 
 def _end_of_turn_id(tokenizer, tok_dir: str) -> int:
@@ -167,6 +193,7 @@ def _end_of_turn_id(tokenizer, tok_dir: str) -> int:
 
 def _split(spec, model, mesh, *, critic: bool = False) -> ModelHalves:
   from agentfly_jax.models import partition_specs
+
   graphdef, params, rest = nnx.split(model, trainable_filter(spec, critic=critic), ...)
   return ModelHalves(graphdef, params, rest, partition_specs(params, mesh, spec.mesh.rules))
 
@@ -208,26 +235,50 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
     critic = _split(spec, critic_model, mesh, critic=True)
 
   r = spec.rollout
-  built = build_sampler(r.sampler, SamplerRequest(
-      model=sampler_model, policy=model, tokenizer=tokenizer, tokenizer_dir=tok_dir, workdir=workdir,
-      seed=spec.seed, max_batch_size=r.max_batch_size, max_len=r.max_len,
+  built = build_sampler(
+    r.sampler,
+    SamplerRequest(
+      model=sampler_model,
+      policy=model,
+      tokenizer=tokenizer,
+      tokenizer_dir=tok_dir,
+      workdir=workdir,
+      seed=spec.seed,
+      max_batch_size=r.max_batch_size,
+      max_len=r.max_len,
       dtype=r.vllm_dtype or spec.model.dtype,
-      mesh=(sampler_mesh or mesh) if jax.process_count() == 1 else None, rules=rules,
-      pretrained=spec.model.pretrained, lora=lora_cfg,
-      engine={"gpu_memory_utilization": spec.gpu.vllm_mem_fraction} if spec.gpu.vllm_mem_fraction else {}))
+      mesh=(sampler_mesh or mesh) if jax.process_count() == 1 else None,
+      rules=rules,
+      pretrained=spec.model.pretrained,
+      lora=lora_cfg,
+      engine={"gpu_memory_utilization": spec.gpu.vllm_mem_fraction} if spec.gpu.vllm_mem_fraction else {},
+    ),
+  )
 
   agent = task.make_agent(tokenizer)
   train_rows = task.make_rows(2000, seed=spec.seed)
   eval_rows = task.make_eval_rows(spec.eval.num_rows, spec.seed) if spec.eval.num_rows else []
   return RunParts(
-      spec=spec, task=task, tokenizer=tokenizer, tokenizer_dir=tok_dir, end_of_turn_id=end_of_turn,
-      agent=agent,
-      # the run's env provider, passed to every rollout and read for the pool metrics (the agent's
-      # own, else the process default: resolved when a chain first needs an environment)
-      env_provider=DeferredEnvProvider(agent.env_provider), sampler=built.sampler, model_dir=built.model_dir,
-      mesh=mesh, sampler_mesh=sampler_mesh,
-      sampler_shardings=None if sampler_mesh is None else jax.tree.map(
-          lambda x: x.sharding, nnx.state(sampler_model, trainable_filter(spec))),
-      policy=policy, critic=critic, train_rows=train_rows, eval_rows=eval_rows, lora=lora_cfg,
-      base_identity=identity)
-
+    spec=spec,
+    task=task,
+    tokenizer=tokenizer,
+    tokenizer_dir=tok_dir,
+    end_of_turn_id=end_of_turn,
+    agent=agent,
+    # the run's env provider, passed to every rollout and read for the pool metrics (the agent's
+    # own, else the process default: resolved when a chain first needs an environment)
+    env_provider=DeferredEnvProvider(agent.env_provider),
+    sampler=built.sampler,
+    model_dir=built.model_dir,
+    mesh=mesh,
+    sampler_mesh=sampler_mesh,
+    sampler_shardings=None
+    if sampler_mesh is None
+    else jax.tree.map(lambda x: x.sharding, nnx.state(sampler_model, trainable_filter(spec))),
+    policy=policy,
+    critic=critic,
+    train_rows=train_rows,
+    eval_rows=eval_rows,
+    lora=lora_cfg,
+    base_identity=identity,
+  )

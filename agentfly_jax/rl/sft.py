@@ -11,6 +11,7 @@ A policy returns either the message text, or its pieces `[(text, learn), ...]`: 
 (`loss_mask`). The lookup demo uses this for a guessed answer word: the warm start learns the
 decision to answer without the tool, but not a guess it could only memorise.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, Union
@@ -26,8 +27,9 @@ DemoTurn = Union[str, Sequence[tuple]]
 class ScriptedPolicySampler:
   """Sampler protocol over `policy(prompt_text, rng) -> text | [(text, learn), ...]`."""
 
-  def __init__(self, tokenizer, policy: Callable[[str, np.random.Generator], DemoTurn], end_of_turn_id: int,
-               seed: int = 0):
+  def __init__(
+    self, tokenizer, policy: Callable[[str, np.random.Generator], DemoTurn], end_of_turn_id: int, seed: int = 0
+  ):
     self.tokenizer = tokenizer
     self.policy = policy
     self.end_of_turn_id = int(end_of_turn_id)
@@ -98,7 +100,7 @@ def sft_loss_mask(trajs: Sequence, demo, width: int) -> np.ndarray:
   out = np.zeros((len(trajs), width + 1), dtype=bool)
   for i, t in enumerate(trajs):
     mask = demo.loss_mask(t.token_ids, t.action_mask) if demo is not None else t.action_mask
-    out[i, :len(mask)] = mask[:width + 1]
+    out[i, : len(mask)] = mask[: width + 1]
   if demo is not None:
     demo.clear()
   return out[:, 1:]
@@ -113,14 +115,15 @@ class SftRunner:
   `runner.new_state(params)` makes the state.
   """
 
-  def __init__(self, graphdef, rest, optimizer, *, states, loss_cfg, mesh, rules, pad_id: int,
-               micro_batch_size: int):
+  def __init__(self, graphdef, rest, optimizer, *, states, loss_cfg, mesh, rules, pad_id: int, micro_batch_size: int):
     from agentfly_jax.rl.programs import sft_step_program
+
     self.optimizer, self.states, self.rest = optimizer, states, rest
     self.pad_id, self.micro_batch_size = pad_id, micro_batch_size
     self.state_sharding = states.sharding_for(optimizer)
-    self._step, self.batch_sharding = sft_step_program(graphdef, rest, optimizer, loss_cfg, mesh, rules,
-                                                       self.state_sharding, frozen=rest)
+    self._step, self.batch_sharding = sft_step_program(
+      graphdef, rest, optimizer, loss_cfg, mesh, rules, self.state_sharding, frozen=rest
+    )
 
   def new_state(self, params):
     return self.states.new(params, self.optimizer, sharding=self.state_sharding)
@@ -129,6 +132,7 @@ class SftRunner:
     """`demo`: the sampler that produced `trajs`; its `learn=False` pieces stay out of the loss."""
     from agentfly_jax.rl.batching import to_microbatches, train_arrays
     from agentfly_jax.rl.update import put_global
+
     arr = train_arrays(trajs, pad_id=self.pad_id)
     arr["action_mask"] = sft_loss_mask(trajs, demo, arr["action_mask"].shape[1])
     batch = {k: arr[k] for k in self.batch_sharding}
@@ -137,17 +141,28 @@ class SftRunner:
     return self._step(state, mb, self.rest)  # the rest (LoRA: the base) as an argument
 
 
-def run_sft(runner: SftRunner, params, *, task, tokenizer, end_of_turn_id: int, sft, seed: int,
-            rollout: Callable, progress: bool = False) -> tuple[object, list[float]]:
+def run_sft(
+  runner: SftRunner,
+  params,
+  *,
+  task,
+  tokenizer,
+  end_of_turn_id: int,
+  sft,
+  seed: int,
+  rollout: Callable,
+  progress: bool = False,
+) -> tuple[object, list[float]]:
   """The warm start phase of `sft` (rl/spec.SftSection): scripted demonstrations of `task`
   (its `scripted_response`) rolled out by the real agent through `rollout(rows, sampler=,
   num_chains=, seed=)`, SFT steps on them from `params`. Returns (params, per-step NLL)."""
   state = runner.new_state(params)
   p_tool = sft.tool_use_prob
   demo = ScriptedPolicySampler(
-      tokenizer, lambda text, rng: task.scripted_response(text, rng.random() < p_tool, rng), end_of_turn_id,
-      seed=seed)
+    tokenizer, lambda text, rng: task.scripted_response(text, rng.random() < p_tool, rng), end_of_turn_id, seed=seed
+  )
   from tqdm.auto import tqdm
+
   bar = tqdm(total=sft.steps, desc="sft", disable=not progress, dynamic_ncols=True)
   nll = []
   for i in range(sft.steps):

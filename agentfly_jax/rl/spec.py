@@ -10,6 +10,7 @@ section's constructor raises ValueError("config.<section>.<field>=<value>: why")
 bad field. Names that a registry holds (policy losses, advantage estimators, samplers) are
 checked against the registry, so a newly registered one is accepted without an edit here.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -31,14 +32,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 # algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
 ALGORITHMS = {
-    "grpo": dict(estimator="grpo", policy_loss="ppo", critic=False, agg="seq-mean-token-mean"),
-    "drgrpo": dict(estimator="drgrpo", policy_loss="ppo", critic=False, agg="seq-mean-token-sum-norm"),
-    "rloo": dict(estimator="rloo", policy_loss="ppo", critic=False, agg="token-mean"),
-    "reinforce_pp": dict(estimator="reinforce_pp", policy_loss="ppo", critic=False, agg="token-mean"),
-    "reinforce_pp_baseline": dict(estimator="reinforce_pp_baseline", policy_loss="ppo", critic=False,
-                                  agg="token-mean"),
-    "gspo": dict(estimator="grpo", policy_loss="gspo", critic=False, agg="seq-mean-token-mean"),
-    "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
+  "grpo": dict(estimator="grpo", policy_loss="ppo", critic=False, agg="seq-mean-token-mean"),
+  "drgrpo": dict(estimator="drgrpo", policy_loss="ppo", critic=False, agg="seq-mean-token-sum-norm"),
+  "rloo": dict(estimator="rloo", policy_loss="ppo", critic=False, agg="token-mean"),
+  "reinforce_pp": dict(estimator="reinforce_pp", policy_loss="ppo", critic=False, agg="token-mean"),
+  "reinforce_pp_baseline": dict(estimator="reinforce_pp_baseline", policy_loss="ppo", critic=False, agg="token-mean"),
+  "gspo": dict(estimator="grpo", policy_loss="gspo", critic=False, agg="seq-mean-token-mean"),
+  "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
 }
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")  # need >= 2 chains per row
 
@@ -50,6 +50,7 @@ def fail(field: str, value: Any, why: str):
 class Section:
   """Base of the sections: type checks of every field from its annotation (ints are not bools,
   floats take ints, tuples take lists), then the section's own `check()`."""
+
   NAME: ClassVar[str] = ""
 
   def __post_init__(self):
@@ -123,22 +124,24 @@ class LoraSection(Section):
   """LoRA (models/lora.py): rank > 0 trains float32 adapters in the decoder layers' projections and
   freezes the base (optimizer, checkpoints and weight syncs hold adapters only; the KL reference is
   the base + the adapters of RL step 0, no copy of the base). rank 0 = full fine-tune."""
+
   NAME: ClassVar[str] = "model.lora"
   rank: int = 0
-  alpha: float = 32.0             # scale = alpha / rank
+  alpha: float = 32.0  # scale = alpha / rank
   targets: str = "q,k,v,o,gate,up,down"  # logical names, or regexes over paths (model.layers.0.mlp.up_proj)
-  critic: bool = False            # PPO: adapters on the critic's trunk too (its value head trains whole)
+  critic: bool = False  # PPO: adapters on the critic's trunk too (its value head trains whole)
 
   def check(self):
     self.at_least("rank", 0, " (0 = full fine-tune)")
     if self.rank:
-      self.lora_config()   # alpha, targets: ValueError("config.model.lora.<field> ...")
+      self.lora_config()  # alpha, targets: ValueError("config.model.lora.<field> ...")
 
   def lora_config(self):
     """models.lora.LoRAConfig, or None when rank is 0."""
     if not self.rank:
       return None
     from agentfly_jax.models.lora import LoRAConfig
+
     try:
       return LoRAConfig(rank=self.rank, alpha=self.alpha, targets=self.targets, field=self.NAME)
     except ValueError as e:
@@ -148,29 +151,38 @@ class LoraSection(Section):
 @dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
   NAME: ClassVar[str] = "model"
-  pretrained: str = ""            # HF folder (config.json + safetensors + tokenizer); "" = random init
-  family: str = "qwen2"           # random init: qwen2 | qwen3 | llama
+  pretrained: str = ""  # HF folder (config.json + safetensors + tokenizer); "" = random init
+  family: str = "qwen2"  # random init: qwen2 | qwen3 | llama
   hidden_size: int = 128
   num_layers: int = 2
   num_heads: int = 4
   num_kv_heads: int = 2
   head_dim: int = 32
   intermediate_size: int = 256
-  vocab_size: int = 768           # tiny tokenizer size when random init
+  vocab_size: int = 768  # tiny tokenizer size when random init
   tie_word_embeddings: bool = True
-  remat: bool = False             # legacy bool (True = "full"); train.remat wins when set
-  attention_chunk: int = 512      # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
-  attention_impl: str = "flash"   # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
-  dtype: str = "float32"          # compute dtype (bfloat16 on GPU)
-  param_dtype: str = "float32"    # master params, hence gradients and AdamW moments (keep float32)
-  scan_layers: bool = False       # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)
-  aot_preset: str = ""            # experiments/aot_compile.py: a preset model shape when `pretrained` is ""
+  remat: bool = False  # legacy bool (True = "full"); train.remat wins when set
+  attention_chunk: int = 512  # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
+  attention_impl: str = (
+    "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
+  )
+  dtype: str = "float32"  # compute dtype (bfloat16 on GPU)
+  param_dtype: str = "float32"  # master params, hence gradients and AdamW moments (keep float32)
+  scan_layers: bool = False  # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)
+  aot_preset: str = ""  # experiments/aot_compile.py: a preset model shape when `pretrained` is ""
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 
   def check(self):
     self.need("family", self.family in MODEL_TYPES, f"must be one of {MODEL_TYPES}")
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                 "intermediate_size", "vocab_size"):
+    for name in (
+      "hidden_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "intermediate_size",
+      "vocab_size",
+    ):
       self.at_least(name, 1)
     self.at_least("attention_chunk", 0, " (0 = off)")
     self.need("attention_impl", self.attention_impl in ATTENTION_IMPLS, f"must be one of {ATTENTION_IMPLS}")
@@ -191,7 +203,8 @@ class MeshSection(Section):
   # logical axis name (params' metadata, models/sharding.py) -> mesh axis ("" = kept whole);
   # e.g. --config.mesh.rules.mlp=fsdp; a module with a new logical name adds its rule here.
   rules: Mapping[str, Any] = dataclasses.field(
-      default_factory=lambda: types.MappingProxyType({k: v or "" for k, v in DEFAULT_RULES.items()}))
+    default_factory=lambda: types.MappingProxyType({k: v or "" for k, v in DEFAULT_RULES.items()})
+  )
 
   def check(self):
     self.at_least("fsdp", 1)
@@ -206,7 +219,7 @@ class MeshSection(Section):
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(Section):
   NAME: ClassVar[str] = "rollout"
-  sampler: str = "jax"            # a registered sampler (sampling/registry.py): jax | vllm | ...
+  sampler: str = "jax"  # a registered sampler (sampling/registry.py): jax | vllm | ...
   rows_per_step: int = 8
   num_chains: int = 8
   max_turns: int = 3
@@ -216,16 +229,23 @@ class RolloutSection(Section):
   max_tokens_per_turn: int = 32
   max_total_tokens: int = 256
   concurrency: int = 256
-  max_batch_size: int = 64        # sampler batch cap
-  mode: str = "sync"              # sync | async (rollout overlaps the update; rl/async_rollout.py)
-  max_staleness: int = 1          # async: a step's batch is from a policy at most this many updates old
-  vllm_dtype: str = ""            # vLLM engine dtype; "" = model.dtype
+  max_batch_size: int = 64  # sampler batch cap
+  mode: str = "sync"  # sync | async (rollout overlaps the update; rl/async_rollout.py)
+  max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
+  vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
 
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
-    for name in ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens",
-                 "concurrency", "max_batch_size"):
+    for name in (
+      "rows_per_step",
+      "num_chains",
+      "max_turns",
+      "max_tokens_per_turn",
+      "max_total_tokens",
+      "concurrency",
+      "max_batch_size",
+    ):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
     self.at_least("max_staleness", 0)
@@ -242,8 +262,9 @@ class RolloutSection(Section):
 @dataclasses.dataclass(frozen=True)
 class GpuSection(Section):
   """JAX + vLLM on one GPU (rl/memory_plan.py); 0 = not managed."""
+
   NAME: ClassVar[str] = "gpu"
-  jax_mem_fraction: float = 0.0   # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
+  jax_mem_fraction: float = 0.0  # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
   vllm_mem_fraction: float = 0.0  # vLLM's gpu_memory_utilization (of the whole device)
   device_memory_gib: float = 0.0  # the device's size for the check; 0 = ask CUDA
 
@@ -261,18 +282,18 @@ class TrainSection(Section):
   schedule: str = "constant"
   weight_decay: float = 0.0
   max_grad_norm: float = 1.0
-  minibatches: int = 1            # optimizer updates per epoch
-  epochs: int = 1                 # passes over the rollout batch (PPO epochs)
-  logits_chunk: int = 256         # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
+  minibatches: int = 1  # optimizer updates per epoch
+  epochs: int = 1  # passes over the rollout batch (PPO epochs)
+  logits_chunk: int = 256  # tokens per chunk of log-probs/entropy (no [B,T,V] logits); 0 = plain
   # log-probs/entropy only at action tokens, gathered into the smallest of these fractions of a
   # row that holds every row's (else all positions); () = all positions
   logits_capacity: tuple[float, ...] = DEFAULT_CAPACITY
-  pack_sequences: bool = False    # pack several trajectories per row (segment ids; rl/packing.py)
-  remat: str = ""                 # per decoder layer: none | full | dots_saveable | another
-                                  # jax.checkpoint_policies name (models/remat.py); "" = model.remat
-  compile_cache: str = "auto"     # JAX's persistent compilation cache (rl/compile_cache.py): auto
-                                  # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
-  micro_batch_size: int = 16      # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
+  pack_sequences: bool = False  # pack several trajectories per row (segment ids; rl/packing.py)
+  remat: str = ""  # per decoder layer: none | full | dots_saveable | another
+  # jax.checkpoint_policies name (models/remat.py); "" = model.remat
+  compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/compile_cache.py): auto
+  # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
+  micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
 
   def check(self):
     self.at_least("steps", 0)
@@ -285,10 +306,14 @@ class TrainSection(Section):
     try:
       capacity_fractions(self.logits_capacity)
     except (TypeError, ValueError) as e:
-      fail("train.logits_capacity", self.logits_capacity,
-           f"must be fractions in [0, 1], e.g. (0.25, 0.5, 0.75); () = every position ({e})")
+      fail(
+        "train.logits_capacity",
+        self.logits_capacity,
+        f"must be fractions in [0, 1], e.g. (0.25, 0.5, 0.75); () = every position ({e})",
+      )
     if self.remat:
       from agentfly_jax.models.remat import remat_name
+
       try:
         remat_name(self.remat)
       except ValueError as e:
@@ -303,11 +328,11 @@ class TrainSection(Section):
 @dataclasses.dataclass(frozen=True)
 class LossSection(Section):
   NAME: ClassVar[str] = "loss"
-  policy_loss: str = ""           # a registered policy loss (rl/core/losses.py); "" = the algorithm's
-  estimator: str = ""             # a registered advantage estimator (rl/core/advantages.py); "" = the algorithm's
-  agg: str = ""                   # "" = the algorithm's default
+  policy_loss: str = ""  # a registered policy loss (rl/core/losses.py); "" = the algorithm's
+  estimator: str = ""  # a registered advantage estimator (rl/core/advantages.py); "" = the algorithm's
+  agg: str = ""  # "" = the algorithm's default
   clip_low: float = 0.2
-  clip_high: float = 0.28         # DAPO clip-higher (= clip_low for symmetric)
+  clip_high: float = 0.28  # DAPO clip-higher (= clip_low for symmetric)
   dual_clip: float = 3.0
   kl_coef: float = 0.0
   kl_kind: str = "k3"
@@ -315,8 +340,8 @@ class LossSection(Section):
   value_clip: float = 0.5
   gamma: float = 1.0
   lam: float = 1.0
-  tis_cap: float = 0.0            # >0: truncated importance weights exp(old - sampler) capped
-  behaviour_cap: float = 2.0      # async, max_staleness > 0: decoupled PPO's behaviour weight cap
+  tis_cap: float = 0.0  # >0: truncated importance weights exp(old - sampler) capped
+  behaviour_cap: float = 2.0  # async, max_staleness > 0: decoupled PPO's behaviour weight cap
 
   def check(self):
     known = losses.policy_loss_names()
@@ -326,10 +351,12 @@ class LossSection(Section):
     self.need("agg", self.agg in ("",) + losses.AGG_MODES, f"unknown aggregation; known: {losses.AGG_MODES}")
     self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
-    self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0,
-              "clip ranges must satisfy 0 <= clip_low < 1, clip_high >= 0")
-    self.need("dual_clip", not self.dual_clip or self.dual_clip > 1,
-              "dual-clip constant must be > 1 (or 0 to disable)")
+    self.need(
+      "clip_low",
+      0 <= self.clip_low < 1 and self.clip_high >= 0,
+      "clip ranges must satisfy 0 <= clip_low < 1, clip_high >= 0",
+    )
+    self.need("dual_clip", not self.dual_clip or self.dual_clip > 1, "dual-clip constant must be > 1 (or 0 to disable)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +374,7 @@ class CriticSection(Section):
 class DapoSection(Section):
   NAME: ClassVar[str] = "dapo"
   dynamic_sampling: bool = False  # drop groups whose rewards have zero variance
-  overlong_buffer: int = 0        # tokens; >0 enables the soft overlong penalty
+  overlong_buffer: int = 0  # tokens; >0 enables the soft overlong penalty
   overlong_penalty: float = 1.0
 
   def check(self):
@@ -357,11 +384,11 @@ class DapoSection(Section):
 @dataclasses.dataclass(frozen=True)
 class SftSection(Section):
   NAME: ClassVar[str] = "sft"
-  steps: int = 0                  # >0: warm start on scripted demonstrations
+  steps: int = 0  # >0: warm start on scripted demonstrations
   rows_per_step: int = 16
   lr: float = 3e-3
-  tool_use_prob: float = 0.4      # demos use the tool this often
-  cache_dir: str = ""             # reuse warm-started params across runs with the same sft+model config
+  tool_use_prob: float = 0.4  # demos use the tool this often
+  cache_dir: str = ""  # reuse warm-started params across runs with the same sft+model config
 
   def check(self):
     self.at_least("steps", 0)
@@ -404,21 +431,34 @@ class LogSection(Section):
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
   """What `algo` (+ loss.policy_loss / loss.estimator / loss.agg overrides) resolves to."""
+
   estimator: str
   policy_loss: str
   critic: bool
   agg: str
 
 
-SECTIONS = {"model": ModelSection, "mesh": MeshSection, "rollout": RolloutSection, "gpu": GpuSection,
-            "train": TrainSection, "loss": LossSection, "critic": CriticSection, "dapo": DapoSection,
-            "sft": SftSection, "eval": EvalSection, "checkpoint": CheckpointSection, "log": LogSection}
+SECTIONS = {
+  "model": ModelSection,
+  "mesh": MeshSection,
+  "rollout": RolloutSection,
+  "gpu": GpuSection,
+  "train": TrainSection,
+  "loss": LossSection,
+  "critic": CriticSection,
+  "dapo": DapoSection,
+  "sft": SftSection,
+  "eval": EvalSection,
+  "checkpoint": CheckpointSection,
+  "log": LogSection,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """The whole run config, typed. `task` is a built-in task's name or the user-task section
   (tasks/from_config.UserTaskSection)."""
+
   name: str = "run"
   seed: int = 0
   task: Any = "lookup"
@@ -435,7 +475,7 @@ class RunSpec:
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   log: LogSection = dataclasses.field(default_factory=LogSection)
-  custom_task: bool = False       # a Task object given in Python: config.task only names it
+  custom_task: bool = False  # a Task object given in Python: config.task only names it
 
   def __post_init__(self):
     _typed("name", self.name, str)
@@ -444,9 +484,12 @@ class RunSpec:
       fail("algo", self.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
     self._check_task()
     if self.mesh.sampler_devices and self.rollout.sampler != "jax":
-      fail("mesh.sampler_devices", self.mesh.sampler_devices,
-           f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={self.rollout.sampler!r}; "
-           f"vLLM places itself: set its gpu_memory_utilization instead)")
+      fail(
+        "mesh.sampler_devices",
+        self.mesh.sampler_devices,
+        f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={self.rollout.sampler!r}; "
+        f"vLLM places itself: set its gpu_memory_utilization instead)",
+      )
     algo = self.algorithm
     if self.loss.estimator == "gae" and not algo.critic:
       fail("loss.estimator", "gae", f"GAE needs a critic's values; algo={self.algo!r} has none (use algo='ppo')")
@@ -456,11 +499,17 @@ class RunSpec:
   def _check_task(self):
     if isinstance(self.task, str):
       from agentfly_jax.tasks import task_names
+
       if not self.custom_task and self.task not in task_names():
-        fail("task", self.task, f"unknown task; known: {sorted(task_names())} (a user task: "
-             "configs/custom_grpo.py with --config.task.module=... or --config.task.train_path=...)")
+        fail(
+          "task",
+          self.task,
+          f"unknown task; known: {sorted(task_names())} (a user task: "
+          "configs/custom_grpo.py with --config.task.module=... or --config.task.train_path=...)",
+        )
       return
     from agentfly_jax.tasks.from_config import user_task_section
+
     object.__setattr__(self, "task", user_task_section(self.task))
 
   @classmethod
@@ -482,9 +531,12 @@ class RunSpec:
   @property
   def algorithm(self) -> Algorithm:
     a = ALGORITHMS[self.algo]
-    return Algorithm(estimator=self.loss.estimator or a["estimator"],
-                     policy_loss=self.loss.policy_loss or a["policy_loss"],
-                     critic=a["critic"], agg=self.loss.agg or a["agg"])
+    return Algorithm(
+      estimator=self.loss.estimator or a["estimator"],
+      policy_loss=self.loss.policy_loss or a["policy_loss"],
+      critic=a["critic"],
+      agg=self.loss.agg or a["agg"],
+    )
 
   @property
   def remat(self):
@@ -517,7 +569,7 @@ def _plain(x):
 # What runs saved before a field existed did without it, where that differs from today's default
 # (a missing field otherwise gets the default, which is what those versions did).
 _OLD_BEHAVIOUR = {
-    ("train", "logits_capacity"): (),   # before 2026-11: log-probs at every position
+  ("train", "logits_capacity"): (),  # before 2026-11: log-probs at every position
 }
 
 

@@ -10,6 +10,7 @@
 `rl/trainer.py` composes them; the SFT warm start is `rl/sft.run_sft`. Nothing here keeps state
 between calls: the counters a step reports are differences of snapshots taken around it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,26 +35,53 @@ def rows_at(train_rows: list[dict], seed: int, position: int, n: int) -> list[di
   return out
 
 
-def rollout(agent, rows: list[dict], *, sampler, rollout_spec, end_of_turn_id: int, env_provider,
-            agent_fn: Callable | None = None, num_chains: int | None = None,
-            temperature: float | None = None, seed: int = 0) -> list:
+def rollout(
+  agent,
+  rows: list[dict],
+  *,
+  sampler,
+  rollout_spec,
+  end_of_turn_id: int,
+  env_provider,
+  agent_fn: Callable | None = None,
+  num_chains: int | None = None,
+  temperature: float | None = None,
+  seed: int = 0,
+) -> list:
   """Trajectories of `rows` (group_id = row index) under `rollout_spec` (rl/spec.RolloutSection;
   `num_chains` / `temperature` override it). On several processes each rolls out its share of
   the rows with its own sampler and all get the whole list back. `agent_fn`: a black-box agent
   run through the OpenAI-compatible endpoint instead of the built-in loop."""
   from agentfly_jax.agents.rollout import run_rollout
+
   r = rollout_spec
   local = distributed.process_share(rows, "rows of a rollout")
   run = run_rollout
   if agent_fn is not None:
     from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
+
     run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
-  params = SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                          top_k=r.top_k, max_new_tokens=r.max_tokens_per_turn, stop_token_ids=(end_of_turn_id,))
-  trajs = run(agent, local, sampler=sampler, num_chains=num_chains or r.num_chains, max_turns=r.max_turns,
-              sampling_params=params, max_tokens_per_turn=r.max_tokens_per_turn,
-              max_total_tokens=r.max_total_tokens, concurrency=r.concurrency, seed=seed,
-              group_offset=distributed.share_offset(len(rows)), env_provider=env_provider)
+  params = SamplingParams(
+    temperature=r.temperature if temperature is None else temperature,
+    top_p=r.top_p,
+    top_k=r.top_k,
+    max_new_tokens=r.max_tokens_per_turn,
+    stop_token_ids=(end_of_turn_id,),
+  )
+  trajs = run(
+    agent,
+    local,
+    sampler=sampler,
+    num_chains=num_chains or r.num_chains,
+    max_turns=r.max_turns,
+    sampling_params=params,
+    max_tokens_per_turn=r.max_tokens_per_turn,
+    max_total_tokens=r.max_total_tokens,
+    concurrency=r.concurrency,
+    seed=seed,
+    group_offset=distributed.share_offset(len(rows)),
+    env_provider=env_provider,
+  )
   return distributed.gather_objects(trajs)
 
 

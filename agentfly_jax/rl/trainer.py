@@ -17,6 +17,7 @@ data position through `_run_step`; the trainer object holds only what is fixed f
 RunSpec, the parts `build_run` made, the programs). Step counters (tool calls, env acquires) are
 differences of snapshots taken before the step's rollout.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,15 @@ from flax import nnx
 
 from agentfly_jax.checkpoint import Checkpointer
 from agentfly_jax.envs.pool_metrics import env_pool_metrics, env_usage_mark
-from agentfly_jax.metrics import (JsonlWriter, MultiWriter, TensorBoardWriter, WandbWriter,
-                                  plot_curves, read_jsonl, truncate_jsonl)
+from agentfly_jax.metrics import (
+  JsonlWriter,
+  MultiWriter,
+  TensorBoardWriter,
+  WandbWriter,
+  plot_curves,
+  read_jsonl,
+  truncate_jsonl,
+)
 from agentfly_jax.rl import distributed, stages
 from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
@@ -49,6 +57,7 @@ class LoopState:
   """What changes from step to step: the TrainState, the KL reference (None without KL), the
   position in the training-row stream, and the tools' counts where the last step's rollout
   ended (async: the next step's tool metrics count the producer's calls from there)."""
+
   state: Any
   ref_params: Any
   data_position: int
@@ -81,7 +90,8 @@ class Trainer:
     policy, critic = parts.policy, parts.critic
     self.graphdef, self.rest, self.param_specs = policy.graphdef, policy.rest, policy.specs
     self.critic_graphdef, self.critic_rest, self.critic_specs = (
-        (critic.graphdef, critic.rest, critic.specs) if critic is not None else (None, None, None))
+      (critic.graphdef, critic.rest, critic.specs) if critic is not None else (None, None, None)
+    )
     self.train_rows, self.eval_rows = parts.train_rows, parts.eval_rows
     self.task_fingerprint = task_fingerprint(self.task, self.train_rows)  # evaluate.py checks it
     self.init_params = policy.params
@@ -91,13 +101,27 @@ class Trainer:
     self.loss_cfg = loss_config(spec, decoupled=self.decoupled)  # decoupled: clip against the proximal policy (AReaL)
     self.optimizer, self.critic_optimizer = policy_optimizers(spec)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=spec.checkpoint.keep)
-    self.states = TrainStates(self.init_params, self.init_critic_params, self.optimizer, self.critic_optimizer,
-                              self.mesh, self.param_specs, self.critic_specs, spec.seed)
+    self.states = TrainStates(
+      self.init_params,
+      self.init_critic_params,
+      self.optimizer,
+      self.critic_optimizer,
+      self.mesh,
+      self.param_specs,
+      self.critic_specs,
+      spec.seed,
+    )
     self.state_sharding = self.states.sharding
     self.update = PolicyUpdate(
-        ModelParts(self.graphdef, self.rest, self.optimizer, self.critic_graphdef, self.critic_rest,
-                   self.critic_optimizer),
-        spec, self.loss_cfg, spec.algorithm.estimator, self.mesh, self.state_sharding)
+      ModelParts(
+        self.graphdef, self.rest, self.optimizer, self.critic_graphdef, self.critic_rest, self.critic_optimizer
+      ),
+      spec,
+      self.loss_cfg,
+      spec.algorithm.estimator,
+      self.mesh,
+      self.state_sharding,
+    )
 
   # ------------------------------------------------------------------ state
   def state_sharding_for(self, optimizer):
@@ -116,9 +140,18 @@ class Trainer:
   # ------------------------------------------------------------------ rollout
   def rollout(self, rows, *, sampler=None, num_chains=None, temperature=None, seed=0):
     """Trajectories of `rows` (group_id = row index), see `stages.rollout`."""
-    return stages.rollout(self.agent, rows, sampler=sampler or self.sampler, rollout_spec=self.spec.rollout,
-                          end_of_turn_id=self.end_of_turn_id, env_provider=self.env_provider,
-                          agent_fn=self.task.agent_fn, num_chains=num_chains, temperature=temperature, seed=seed)
+    return stages.rollout(
+      self.agent,
+      rows,
+      sampler=sampler or self.sampler,
+      rollout_spec=self.spec.rollout,
+      end_of_turn_id=self.end_of_turn_id,
+      env_provider=self.env_provider,
+      agent_fn=self.task.agent_fn,
+      num_chains=num_chains,
+      temperature=temperature,
+      seed=seed,
+    )
 
   def _rows_at(self, position: int, n: int) -> list[dict]:
     """Rows position..position+n of the endless, per-epoch reshuffled training stream."""
@@ -128,16 +161,32 @@ class Trainer:
   def sft_runner(self, optimizer):
     """An `sft.SftRunner` of this run's policy with `optimizer` (experiments/make_warmstart.py)."""
     from agentfly_jax.rl.sft import SftRunner
-    return SftRunner(self.graphdef, self.rest, optimizer, states=self.states, loss_cfg=self.loss_cfg,
-                     mesh=self.mesh, rules=self.spec.mesh.rules, pad_id=self.tokenizer.pad_token_id,
-                     micro_batch_size=self.spec.train.micro_batch_size)
+
+    return SftRunner(
+      self.graphdef,
+      self.rest,
+      optimizer,
+      states=self.states,
+      loss_cfg=self.loss_cfg,
+      mesh=self.mesh,
+      rules=self.spec.mesh.rules,
+      pad_id=self.tokenizer.pad_token_id,
+      micro_batch_size=self.spec.train.micro_batch_size,
+    )
 
   def _sft_cache_key(self) -> str:
     c = self.config
-    return json.dumps({
-        "task": self.spec.task_name, "task_content": self.task_fingerprint, "seed": c.seed,
-        "model": c.model.to_dict(), "rollout": c.rollout.to_dict(),
-        "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}}, sort_keys=True)
+    return json.dumps(
+      {
+        "task": self.spec.task_name,
+        "task_content": self.task_fingerprint,
+        "seed": c.seed,
+        "model": c.model.to_dict(),
+        "rollout": c.rollout.to_dict(),
+        "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"},
+      },
+      sort_keys=True,
+    )
 
   def _sft_cached(self) -> tuple[Any, dict]:
     """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
@@ -145,13 +194,23 @@ class Trainer:
     import hashlib
     from agentfly_jax.rl.programs import sft_optimizer
     from agentfly_jax.rl.sft import run_sft
+
     spec = self.spec
 
     def train():
-      params, nll = run_sft(self.sft_runner(sft_optimizer(spec)), self.init_params, task=self.task,
-                            tokenizer=self.tokenizer, end_of_turn_id=self.end_of_turn_id, sft=spec.sft,
-                            seed=spec.seed, rollout=self.rollout, progress=spec.log.progress)
+      params, nll = run_sft(
+        self.sft_runner(sft_optimizer(spec)),
+        self.init_params,
+        task=self.task,
+        tokenizer=self.tokenizer,
+        end_of_turn_id=self.end_of_turn_id,
+        sft=spec.sft,
+        seed=spec.seed,
+        rollout=self.rollout,
+        progress=spec.log.progress,
+      )
       return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
+
     if not spec.sft.cache_dir:
       return train()
     key = self._sft_cache_key()
@@ -172,9 +231,12 @@ class Trainer:
     """Greedy single-chain rollout on eval rows -> eval/* metrics (pushes `params` to the
     sampler unless it already holds them; an async rollout's weights are put back after)."""
     rows = rows or self.eval_rows
-    return stages.evaluate(self.weights, params,
-                           lambda: self.rollout(rows, num_chains=1, temperature=0.0, seed=seed),
-                           restore=self.asynchronous)
+    return stages.evaluate(
+      self.weights,
+      params,
+      lambda: self.rollout(rows, num_chains=1, temperature=0.0, seed=seed),
+      restore=self.asynchronous,
+    )
 
   # ------------------------------------------------------------------ the loop
   def _start(self, jsonl_path: str) -> tuple[LoopState, int]:
@@ -219,9 +281,11 @@ class Trainer:
     """A LoRA checkpoint resumes only onto the base it was trained on."""
     saved = meta.get("lora_base")
     if self.base_identity is not None and saved is not None and saved["sha256"] != self.base_identity["sha256"]:
-      raise ValueError(f"{self.checkpointer.directory} step {step}: its LoRA adapters were trained on the base "
-                       f"{saved['source']} (sha256 {saved['sha256'][:12]}...), but this run's base "
-                       f"{self.base_identity['source']} has sha256 {self.base_identity['sha256'][:12]}...")
+      raise ValueError(
+        f"{self.checkpointer.directory} step {step}: its LoRA adapters were trained on the base "
+        f"{saved['source']} (sha256 {saved['sha256'][:12]}...), but this run's base "
+        f"{self.base_identity['source']} has sha256 {self.base_identity['sha256'][:12]}..."
+      )
 
   def _reference(self, params, *, resumed: bool):
     """The KL reference: the policy at RL step 0, a copy (train_step donates state.params) kept
@@ -254,18 +318,20 @@ class Trainer:
     async_metrics = {}
     if producer is None:
       env_mark = env_usage_mark(self.env_provider)  # the step reports only its own acquires ...
-      tools_before = tool_counts(tools)             # ... and its own tool calls (not the last eval's)
+      tools_before = tool_counts(tools)  # ... and its own tool calls (not the last eval's)
       trajs = self._rollout_step(loop.data_position, step)
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
+
       env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
       batch = producer.get(step)
       trajs = batch.trajectories
       async_metrics = staleness_metrics(batch, step, spec.rollout.max_staleness)
     t_rollout = time.perf_counter()
     tools_seen = tool_counts(tools)
-    arrays, metrics = stages.prepare(trajs, pad_id=self.tokenizer.pad_token_id,
-                                     dynamic_sampling=spec.dapo.dynamic_sampling)
+    arrays, metrics = stages.prepare(
+      trajs, pad_id=self.tokenizer.pad_token_id, dynamic_sampling=spec.dapo.dynamic_sampling
+    )
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
     metrics.update(async_metrics)
     state, update_metrics = stages.update(self.update, loop.state, loop.ref_params, arrays, step)
@@ -279,8 +345,14 @@ class Trainer:
     if spec.eval.every and step % spec.eval.every == 0:
       metrics.update(self.evaluate(state.params, seed=spec.seed))
       metrics["time/eval_s"] = time.perf_counter() - t_sync
-    metrics.update({"time/rollout_s": t_rollout - t0, "time/train_s": t_train - t_rollout,
-                    "time/sync_s": t_sync - t_train, "time/step_s": time.perf_counter() - t0})
+    metrics.update(
+      {
+        "time/rollout_s": t_rollout - t0,
+        "time/train_s": t_train - t_rollout,
+        "time/sync_s": t_sync - t_train,
+        "time/step_s": time.perf_counter() - t0,
+      }
+    )
     if producer is None:
       metrics.update(sync_metrics)
     metrics.update(env_pool_metrics(self.env_provider, env_mark))  # env/<type>/in_use, ...
@@ -297,12 +369,17 @@ class Trainer:
     loop.tools_seen = tool_counts(self.agent.tools.values())  # tool counts start with the run's own rollouts
     if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
       from agentfly_jax.rl.async_rollout import RolloutProducer
+
       self.weights.load(jax.tree.map(jnp.copy, loop.state.params))
       pos0 = loop.data_position
       producer = RolloutProducer(
-          lambda s: self._rollout_step(pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
-          self.weights, first_step=start + 1, last_step=spec.train.steps,
-          max_staleness=spec.rollout.max_staleness, start_version=start).start()
+        lambda s: self._rollout_step(pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
+        self.weights,
+        first_step=start + 1,
+        last_step=spec.train.steps,
+        max_staleness=spec.rollout.max_staleness,
+        start_version=start,
+      ).start()
     else:
       self.weights.load(loop.state.params)
     primary = distributed.is_primary()
@@ -320,8 +397,7 @@ class Trainer:
         writer.write(step, metrics)
       if step % spec.checkpoint.every == 0 or step == spec.train.steps:
         self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
-      bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}",
-                      success=f"{metrics['rollout/success_rate']:.2f}")
+      bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", success=f"{metrics['rollout/success_rate']:.2f}")
       bar.update(1)
     bar.close()
     if producer is not None:
@@ -333,11 +409,17 @@ class Trainer:
       return []
     writer.close()
     records = read_jsonl(jsonl_path)
-    plot_curves(records, ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
-                os.path.join(self.workdir, "reward.png"), title=f"{spec.name}: {spec.algo} on {spec.task_name}",
-                labels={"rollout/reward_mean": "reward (sampled rollouts)",
-                        "rollout/success_rate": f"success, sampled (T={spec.rollout.temperature:g})",
-                        "eval/success_rate": "success, greedy eval (held-out)"})
+    plot_curves(
+      records,
+      ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
+      os.path.join(self.workdir, "reward.png"),
+      title=f"{spec.name}: {spec.algo} on {spec.task_name}",
+      labels={
+        "rollout/reward_mean": "reward (sampled rollouts)",
+        "rollout/success_rate": f"success, sampled (T={spec.rollout.temperature:g})",
+        "eval/success_rate": "success, greedy eval (held-out)",
+      },
+    )
     return records
 
   def _writer(self, jsonl_path: str):
@@ -368,4 +450,5 @@ def _append(path, step, metrics):
 
 def _progress(total, desc, enabled, initial=0):
   from tqdm.auto import tqdm
+
   return tqdm(total=total, desc=desc, initial=initial, disable=not enabled, dynamic_ncols=True)

@@ -9,6 +9,7 @@ up once, `prepare` (rl/core/prepare.py) adds log-probs / values / advantages in 
 minibatch is gathered on device from it, and the step's metrics come back as device scalars for
 the caller to fetch once (`UpdateMetrics.fetch`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train
 @dataclasses.dataclass(frozen=True)
 class ModelParts:
   """The static halves of the models (nnx graphdefs + non-param state) and the optimizers."""
+
   graphdef: Any
   rest: Any
   optimizer: Any
@@ -55,6 +57,7 @@ class UpdateMetrics:
   """What one update measured: `device`, metric dicts of device scalars (prepare's, then one per
   train step); `prepare_s`, the prepare call's wall time (old / ref log-probs, values,
   advantages); `padding_fraction`, of the token slots the train steps computed (None: no step)."""
+
   device: list
   prepare_s: float
   padding_fraction: float | None
@@ -75,11 +78,19 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   log-probs)."""
   spec = as_spec(spec)
   return PrepareConfig(
-      estimator=estimator, chunk=chunk, temperature=loss_cfg.temperature, logits_chunk=loss_cfg.logits_chunk,
-      logits_capacity=loss_cfg.logits_capacity, gamma=spec.loss.gamma, lam=spec.loss.lam,
-      tis_cap=spec.loss.tis_cap, overlong_max_tokens=spec.rollout.max_total_tokens,
-      overlong_buffer=spec.dapo.overlong_buffer, overlong_factor=spec.dapo.overlong_penalty,
-      behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo")
+    estimator=estimator,
+    chunk=chunk,
+    temperature=loss_cfg.temperature,
+    logits_chunk=loss_cfg.logits_chunk,
+    logits_capacity=loss_cfg.logits_capacity,
+    gamma=spec.loss.gamma,
+    lam=spec.loss.lam,
+    tis_cap=spec.loss.tis_cap,
+    overlong_max_tokens=spec.rollout.max_total_tokens,
+    overlong_buffer=spec.dapo.overlong_buffer,
+    overlong_factor=spec.dapo.overlong_penalty,
+    behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo",
+  )
 
 
 class PolicyUpdate:
@@ -90,17 +101,29 @@ class PolicyUpdate:
     spec = as_spec(spec)
     self.spec, self.mesh, self.state_sharding = spec, mesh, state_sharding
     rules = spec.mesh.rules
-    self.prepare_chunk = micro_batch_layout(spec.rollout.rows_per_step * spec.rollout.num_chains,
-                                            spec.train.micro_batch_size, mesh.shape["fsdp"])[0]
-    self.prepare = make_prepare(parts.graphdef, parts.rest,
-                                prepare_config(spec, loss_cfg, estimator, self.prepare_chunk),
-                                critic_graphdef=parts.critic_graphdef, critic_rest=parts.critic_rest, mesh=mesh,
-                                rules=rules)
-    self._step_fn = make_train_step(parts.graphdef, parts.rest, parts.optimizer, loss_cfg,
-                                    critic_graphdef=parts.critic_graphdef,
-                                    critic_rest=parts.critic_rest,
-                                    critic_optimizer=parts.critic_optimizer, mesh=mesh,
-                                    rules=rules)
+    self.prepare_chunk = micro_batch_layout(
+      spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, mesh.shape["fsdp"]
+    )[0]
+    self.prepare = make_prepare(
+      parts.graphdef,
+      parts.rest,
+      prepare_config(spec, loss_cfg, estimator, self.prepare_chunk),
+      critic_graphdef=parts.critic_graphdef,
+      critic_rest=parts.critic_rest,
+      mesh=mesh,
+      rules=rules,
+    )
+    self._step_fn = make_train_step(
+      parts.graphdef,
+      parts.rest,
+      parts.optimizer,
+      loss_cfg,
+      critic_graphdef=parts.critic_graphdef,
+      critic_rest=parts.critic_rest,
+      critic_optimizer=parts.critic_optimizer,
+      mesh=mesh,
+      rules=rules,
+    )
     # the models' non-trained state (LoRA: the frozen base) goes in as an argument, never a constant
     self.frozen = (parts.rest, parts.critic_rest)
     self._rows = NamedSharding(mesh, P("fsdp"))
@@ -139,8 +162,9 @@ class PolicyUpdate:
     train = self.spec.train
     num_rows = len(arrays["group_ids"])
     t0 = time.perf_counter()
-    batch, prep_metrics = self.prepare(state.params, ref_params, state.critic_params,
-                                       self.put_arrays(arrays), self.frozen)
+    batch, prep_metrics = self.prepare(
+      state.params, ref_params, state.critic_params, self.put_arrays(arrays), self.frozen
+    )
     jax.block_until_ready(batch)
     prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
     micro_size, num_micro = self.minibatch_layout()
@@ -172,4 +196,3 @@ class PolicyUpdate:
         metrics.append(m)
     padding = float(np.mean(pad)) if pad else None  # of the slots the steps computed
     return state, UpdateMetrics(metrics, prepare_s, padding)
-

@@ -4,20 +4,22 @@
 
 The protocol names import light (no JAX); the samplers load on first use.
 """
+
 from agentfly_jax.sampling.protocol import Sampler, SampleResult, SamplingParams, SyncStats
 
 _LAZY = {
-    "JaxSampler": "agentfly_jax.sampling.jax_sampler",
-    "VllmSampler": "agentfly_jax.sampling.vllm_sampler",
-    "BatchingScheduler": "agentfly_jax.sampling.batching",
-    "logprob_mismatch_metrics": "agentfly_jax.sampling.mismatch",
-    "sample_next_tokens": "agentfly_jax.sampling.next_token",
+  "JaxSampler": "agentfly_jax.sampling.jax_sampler",
+  "VllmSampler": "agentfly_jax.sampling.vllm_sampler",
+  "BatchingScheduler": "agentfly_jax.sampling.batching",
+  "logprob_mismatch_metrics": "agentfly_jax.sampling.mismatch",
+  "sample_next_tokens": "agentfly_jax.sampling.next_token",
 }
 
 
 def __getattr__(name):
   if name in _LAZY:
     import importlib
+
     return getattr(importlib.import_module(_LAZY[name]), name)
   raise AttributeError(f"module 'agentfly_jax.sampling' has no attribute {name!r}")
 

@@ -15,6 +15,7 @@ model runs. No background task is needed: the first waiting caller becomes the *
 One scheduler serves one sampler; batches run one at a time. It may be used from several
 successive `trio.run`s (its trio primitives are rebuilt for each run).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,14 @@ class BatchingScheduler:
       there fails only that caller (a bad request never poisons a batch).
   """
 
-  def __init__(self, run_batch: RunBatch, *, max_batch_size: int, max_wait_s: float = 0.005,
-               validate: Callable[[Sequence[int], Any], None] | None = None):
+  def __init__(
+    self,
+    run_batch: RunBatch,
+    *,
+    max_batch_size: int,
+    max_wait_s: float = 0.005,
+    validate: Callable[[Sequence[int], Any], None] | None = None,
+  ):
     if max_batch_size < 1:
       raise ValueError(f"BatchingScheduler: max_batch_size must be >= 1, got {max_batch_size}")
     if max_wait_s < 0:
@@ -111,8 +118,8 @@ class BatchingScheduler:
       if len(self._pending) < self.max_batch_size:
         with trio.move_on_after(self.max_wait_s):
           await self._full.wait()
-      batch = self._pending[:self.max_batch_size]
-      del self._pending[:len(batch)]
+      batch = self._pending[: self.max_batch_size]
+      del self._pending[: len(batch)]
       self._full = trio.Event()
       if len(self._pending) >= self.max_batch_size:
         self._full.set()

@@ -23,6 +23,7 @@ decode batch sizes run faster on it. That costs one extra copy of the Linear wei
 transpose pass per `update_weights`. On GPU / TPU (and with `kernel_layout="in_out"`) the sampler
 keeps a reference to the given params instead, no copy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,7 @@ from agentfly_jax.models.sharding import activation_sharding, resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import sample_next_tokens
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
-from agentfly_jax.sampling.requests import (per_request_params, pick_bucket, power_of_two_buckets,
-                                            validate_request)
+from agentfly_jax.sampling.requests import per_request_params, pick_bucket, power_of_two_buckets, validate_request
 
 
 class JaxSampler:
@@ -63,25 +63,37 @@ class JaxSampler:
       activations are constrained by the rules' act_* names (models/sharding.py).
   """
 
-  def __init__(self, model: nnx.Module, tokenizer: Any = None, *, max_batch_size: int = 32,
-               max_len: int = 2048, batch_buckets: Sequence[int] | None = None,
-               prompt_buckets: Sequence[int] | None = None,
-               new_token_buckets: Sequence[int] | None = None, seed: int = 0,
-               max_wait_s: float = 0.005, pad_id: int | None = None, kernel_layout: str = "auto",
-               mesh=None, sharding_rules=None):
+  def __init__(
+    self,
+    model: nnx.Module,
+    tokenizer: Any = None,
+    *,
+    max_batch_size: int = 32,
+    max_len: int = 2048,
+    batch_buckets: Sequence[int] | None = None,
+    prompt_buckets: Sequence[int] | None = None,
+    new_token_buckets: Sequence[int] | None = None,
+    seed: int = 0,
+    max_wait_s: float = 0.005,
+    pad_id: int | None = None,
+    kernel_layout: str = "auto",
+    mesh=None,
+    sharding_rules=None,
+  ):
     if max_batch_size < 1 or max_len < 2:
       raise ValueError(f"JaxSampler: need max_batch_size >= 1 and max_len >= 2, got {max_batch_size}, {max_len}")
     self.tokenizer = tokenizer
     self.max_batch_size = int(max_batch_size)
     self.max_len = int(max_len)
     self.batch_buckets = self._check_buckets(
-        batch_buckets or power_of_two_buckets(1, self.max_batch_size), self.max_batch_size, "batch_buckets")
+      batch_buckets or power_of_two_buckets(1, self.max_batch_size), self.max_batch_size, "batch_buckets"
+    )
     self.prompt_buckets = self._check_buckets(
-        prompt_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len,
-        "prompt_buckets")
+      prompt_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len, "prompt_buckets"
+    )
     self.new_token_buckets = self._check_buckets(
-        new_token_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len,
-        "new_token_buckets")
+      new_token_buckets or power_of_two_buckets(min(16, self.max_len), self.max_len), self.max_len, "new_token_buckets"
+    )
     config = getattr(model, "config", None) or getattr(model, "cfg", None)
     self.vocab_size = getattr(config, "vocab_size", None)
     if pad_id is None:
@@ -90,19 +102,22 @@ class JaxSampler:
     if kernel_layout == "auto":
       kernel_layout = "out_in" if jax.default_backend() == "cpu" else "in_out"
     if kernel_layout not in KERNEL_LAYOUTS:
-      raise ValueError(f"JaxSampler: kernel_layout must be 'auto' or one of {KERNEL_LAYOUTS}, "
-                       f"got {kernel_layout!r}")
+      raise ValueError(f"JaxSampler: kernel_layout must be 'auto' or one of {KERNEL_LAYOUTS}, got {kernel_layout!r}")
     self.kernel_layout = kernel_layout
-    self.activation = None if mesh is None or mesh.size <= 1 else (
-        mesh, tuple(sorted(resolve_rules(sharding_rules).items())))
+    self.activation = (
+      None if mesh is None or mesh.size <= 1 else (mesh, tuple(sorted(resolve_rules(sharding_rules).items())))
+    )
     self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
     self._decode = self._decode_copy(self._params)  # (graphdef, params), replaced as one
     self._seed_rng = np.random.default_rng(seed)
     self._seed_lock = threading.Lock()
     self.trace_count = 0  # compilations triggered by this sampler's calls
     self.scheduler = BatchingScheduler(
-        self._generate_list, max_batch_size=self.max_batch_size, max_wait_s=max_wait_s,
-        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
+      self._generate_list,
+      max_batch_size=self.max_batch_size,
+      max_wait_s=max_wait_s,
+      validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
+    )
 
   @staticmethod
   def _check_buckets(buckets: Sequence[int], maximum: int, name: str) -> tuple[int, ...]:
@@ -114,8 +129,9 @@ class JaxSampler:
     return tuple(b)
 
   # ---------------------------------------------------------------- protocol
-  def generate(self, prompts: Sequence[Sequence[int]],
-               params: SamplingParams | Sequence[SamplingParams]) -> list[SampleResult]:
+  def generate(
+    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+  ) -> list[SampleResult]:
     """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
     return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
@@ -144,14 +160,19 @@ class JaxSampler:
       except Exception:
         pass
     if new_struct != old_struct:
-      raise ValueError("JaxSampler.update_weights: params do not match the sampler's model "
-                       f"(expected the tree of {old_struct.num_leaves} nnx.Param leaves, got "
-                       f"{new_struct.num_leaves} leaves)")
-    for path_new, (old, new) in zip(jax.tree.leaves_with_path(params),
-                                    zip(jax.tree.leaves(self._params), jax.tree.leaves(params))):
+      raise ValueError(
+        "JaxSampler.update_weights: params do not match the sampler's model "
+        f"(expected the tree of {old_struct.num_leaves} nnx.Param leaves, got "
+        f"{new_struct.num_leaves} leaves)"
+      )
+    for path_new, (old, new) in zip(
+      jax.tree.leaves_with_path(params), zip(jax.tree.leaves(self._params), jax.tree.leaves(params))
+    ):
       if old.shape != new.shape:
-        raise ValueError(f"JaxSampler.update_weights: param {jax.tree_util.keystr(path_new[0])} has "
-                         f"shape {new.shape}, the model has {old.shape}")
+        raise ValueError(
+          f"JaxSampler.update_weights: param {jax.tree_util.keystr(path_new[0])} has "
+          f"shape {new.shape}, the model has {old.shape}"
+        )
     decode = self._decode_copy(params)
     self._params, self._decode = params, decode
     return SyncStats(bytes=_nbytes(params))
@@ -167,13 +188,17 @@ class JaxSampler:
     mine = {p for p, v in held.items() if isinstance(v, nnx.LoRAParam)}
     if set(new) != mine:
       diff = sorted(set(new) ^ mine)[:3]
-      raise ValueError(f"JaxSampler.update_weights: the adapters do not match the sampler's model's "
-                       f"({len(new)} given, {len(mine)} held; e.g. {['/'.join(map(str, p)) for p in diff]}): "
-                       "was it built with the same model.lora config?")
+      raise ValueError(
+        f"JaxSampler.update_weights: the adapters do not match the sampler's model's "
+        f"({len(new)} given, {len(mine)} held; e.g. {['/'.join(map(str, p)) for p in diff]}): "
+        "was it built with the same model.lora config?"
+      )
     for path, var in new.items():
       if held[path].shape != var.shape:
-        raise ValueError(f"JaxSampler.update_weights: adapter {'/'.join(map(str, path))} has shape "
-                         f"{var.shape}, the model has {held[path].shape}")
+        raise ValueError(
+          f"JaxSampler.update_weights: adapter {'/'.join(map(str, path))} has shape "
+          f"{var.shape}, the model has {held[path].shape}"
+        )
       held[path] = var
       decode[path] = var
     self._params = nnx.from_flat_state(held)
@@ -207,8 +232,7 @@ class JaxSampler:
 
   def _row_seeds(self, params_list: list) -> list[int]:
     with self._seed_lock:
-      return [p.seed % 2**32 if p.seed is not None else int(self._seed_rng.integers(0, 2**32))
-              for p in params_list]
+      return [p.seed % 2**32 if p.seed is not None else int(self._seed_rng.integers(0, 2**32)) for p in params_list]
 
   def _generate_chunk(self, prompts: list, params_list: list) -> list[SampleResult]:
     n = len(prompts)
@@ -217,8 +241,9 @@ class JaxSampler:
     b = pick_bucket(n, self.batch_buckets, "batch size")
     p_len = pick_bucket(max(lens), self.prompt_buckets, "prompt length")
     n_new = pick_bucket(max(max_new), self.new_token_buckets, "max new tokens")
-    n_stop = pick_bucket(max(1, max(len(p.stop_token_ids) for p in params_list)), (8, 64, 512, 1 << 30),
-                         "number of stop ids")
+    n_stop = pick_bucket(
+      max(1, max(len(p.stop_token_ids) for p in params_list)), (8, 64, 512, 1 << 30), "number of stop ids"
+    )
     ids = np.full((b, p_len), self.pad_id, np.int32)
     prompt_lens = np.ones((b,), np.int32)
     stop_ids = np.full((b, n_stop), -1, np.int32)
@@ -229,20 +254,39 @@ class JaxSampler:
     seeds = np.zeros((b,), np.uint32)
     seeds[:n] = self._row_seeds(params_list)
     for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-      ids[i, p_len - lens[i]:] = prompt
+      ids[i, p_len - lens[i] :] = prompt
       prompt_lens[i] = lens[i]
-      stop_ids[i, :len(params.stop_token_ids)] = params.stop_token_ids
+      stop_ids[i, : len(params.stop_token_ids)] = params.stop_token_ids
       temperature[i], top_k[i], top_p[i] = params.temperature, params.top_k, params.top_p
       row_max_new[i] = max_new[i]
     traces_before = _TRACES[0]
     decode_graphdef, decode_params = self._decode
-    tokens, logprobs, num_new, stopped = jax.device_get(_generate_rows(
-        decode_graphdef, decode_params, self._rest, ids, prompt_lens, temperature, top_k, top_p,
-        row_max_new, stop_ids, seeds, num_new_bucket=n_new, activation=self.activation))
+    tokens, logprobs, num_new, stopped = jax.device_get(
+      _generate_rows(
+        decode_graphdef,
+        decode_params,
+        self._rest,
+        ids,
+        prompt_lens,
+        temperature,
+        top_k,
+        top_p,
+        row_max_new,
+        stop_ids,
+        seeds,
+        num_new_bucket=n_new,
+        activation=self.activation,
+      )
+    )
     self.trace_count += _TRACES[0] - traces_before
-    return [SampleResult(token_ids=tokens[i, :num_new[i]].tolist(),
-                         logprobs=logprobs[i, :num_new[i]].tolist(),
-                         finish_reason="stop" if stopped[i] else "length") for i in range(n)]
+    return [
+      SampleResult(
+        token_ids=tokens[i, : num_new[i]].tolist(),
+        logprobs=logprobs[i, : num_new[i]].tolist(),
+        finish_reason="stop" if stopped[i] else "length",
+      )
+      for i in range(n)
+    ]
 
 
 _TRACES = [0]  # how many times _generate_rows was traced (each trace is one compilation)
@@ -261,18 +305,57 @@ def _nbytes(tree) -> int:
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket", "activation"))
-def _generate_rows(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
-                   max_new, stop_ids, seeds, *, num_new_bucket: int, activation=None):
+def _generate_rows(
+  graphdef,
+  params,
+  rest,
+  prompt_ids,
+  prompt_lens,
+  temperature,
+  top_k,
+  top_p,
+  max_new,
+  stop_ids,
+  seeds,
+  *,
+  num_new_bucket: int,
+  activation=None,
+):
   """See `_generate_rows_body`; `activation` (static): None or (mesh, rules as sorted items) for
   `activation_sharding`."""
   mesh, rules = activation or (None, None)
   with activation_sharding(mesh, None if rules is None else dict(rules)):
-    return _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
-                               max_new, stop_ids, seeds, num_new_bucket=num_new_bucket)
+    return _generate_rows_body(
+      graphdef,
+      params,
+      rest,
+      prompt_ids,
+      prompt_lens,
+      temperature,
+      top_k,
+      top_p,
+      max_new,
+      stop_ids,
+      seeds,
+      num_new_bucket=num_new_bucket,
+    )
 
 
-def _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, temperature, top_k, top_p,
-                        max_new, stop_ids, seeds, *, num_new_bucket: int):
+def _generate_rows_body(
+  graphdef,
+  params,
+  rest,
+  prompt_ids,
+  prompt_lens,
+  temperature,
+  top_k,
+  top_p,
+  max_new,
+  stop_ids,
+  seeds,
+  *,
+  num_new_bucket: int,
+):
   """Prefill + decode for one padded batch.
 
   Jitted at module level with the model's graphdef static, so every sampler of one architecture
@@ -297,12 +380,14 @@ def _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, tempera
   positions = jnp.maximum(jnp.arange(p_len)[None, :] - pad[:, None], 0).astype(jnp.int32)
   if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
     # Only the last prompt position's logits are needed: skip the lm_head on the others.
-    hidden, cache = model.hidden_states(prompt_ids, positions=positions, attention_mask=kv_mask,
-                                        cache=cache, cache_index=jnp.int32(0))
+    hidden, cache = model.hidden_states(
+      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0)
+    )
     last_logits = model.logits_from_hidden(hidden[:, -1, :])
   else:
-    logits, cache = model(prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache,
-                          cache_index=jnp.int32(0))
+    logits, cache = model(
+      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0)
+    )
     last_logits = logits[:, -1, :]
   row_keys = jax.vmap(jax.random.key)(seeds)
 
@@ -321,9 +406,15 @@ def _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, tempera
 
   # Token 0 comes from the prefill logits; each loop step feeds the previous token through the
   # model and samples the next, so no forward pass is wasted after the last token.
-  first = sample_step(0, last_logits.astype(jnp.float32),
-                      jnp.zeros((batch, n_new), jnp.int32), jnp.zeros((batch, n_new), jnp.float32),
-                      max_new <= 0, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+  first = sample_step(
+    0,
+    last_logits.astype(jnp.float32),
+    jnp.zeros((batch, n_new), jnp.int32),
+    jnp.zeros((batch, n_new), jnp.float32),
+    max_new <= 0,
+    jnp.zeros((batch,), jnp.int32),
+    jnp.zeros((batch,), bool),
+  )
 
   def cond(carry):
     step, done = carry[0], carry[5]  # carry: step, cache, prev tokens, out tokens, logprobs, done, ...
@@ -332,8 +423,13 @@ def _generate_rows_body(graphdef, params, rest, prompt_ids, prompt_lens, tempera
   def body(carry):
     step, cache, prev_tokens, *record = carry
     step_model = nnx.merge(graphdef, params, rest)
-    logits, cache = step_model(prev_tokens[:, None], positions=(prompt_lens + step - 1)[:, None],
-                               attention_mask=kv_mask, cache=cache, cache_index=p_len + step - 1)
+    logits, cache = step_model(
+      prev_tokens[:, None],
+      positions=(prompt_lens + step - 1)[:, None],
+      attention_mask=kv_mask,
+      cache=cache,
+      cache_index=p_len + step - 1,
+    )
     tokens, *record = sample_step(step, logits[:, -1, :].astype(jnp.float32), *record)
     return (step + 1, cache, tokens, *record)
 

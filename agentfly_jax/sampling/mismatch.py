@@ -3,6 +3,7 @@
 The trainer logs these every step: a growing mismatch means the sampler serves stale or wrongly
 synced weights, or a numerics gap (dtype, kernels) that off-policy corrections must absorb.
 """
+
 from __future__ import annotations
 
 import chex
@@ -10,8 +11,9 @@ import jax
 import jax.numpy as jnp
 
 
-def logprob_mismatch_metrics(sampler_logprobs: jax.Array, trainer_logprobs: jax.Array,
-                             mask: jax.Array) -> dict[str, jax.Array]:
+def logprob_mismatch_metrics(
+  sampler_logprobs: jax.Array, trainer_logprobs: jax.Array, mask: jax.Array
+) -> dict[str, jax.Array]:
   """Summary of Δ = trainer_logprobs - sampler_logprobs over the masked tokens.
 
   Args:
@@ -35,13 +37,13 @@ def logprob_mismatch_metrics(sampler_logprobs: jax.Array, trainer_logprobs: jax.
   ratio = jnp.exp(delta)
   abs_delta = jnp.abs(delta)
   return {
-      "mean_abs_diff": jnp.sum(abs_delta) / denom,
-      "max_abs_diff": jnp.max(abs_delta),
-      "mean_diff": jnp.sum(delta) / denom,
-      "kl_k1": -jnp.sum(delta) / denom,
-      "kl_k3": jnp.sum(jnp.where(m, ratio - 1.0 - delta, 0.0)) / denom,
-      "ratio_mean": jnp.where(n > 0, jnp.sum(jnp.where(m, ratio, 0.0)) / denom, 1.0),
-      "ratio_max": jnp.max(jnp.where(m, ratio, -jnp.inf), initial=1.0),
-      "ratio_min": jnp.min(jnp.where(m, ratio, jnp.inf), initial=1.0),
-      "num_tokens": n,
+    "mean_abs_diff": jnp.sum(abs_delta) / denom,
+    "max_abs_diff": jnp.max(abs_delta),
+    "mean_diff": jnp.sum(delta) / denom,
+    "kl_k1": -jnp.sum(delta) / denom,
+    "kl_k3": jnp.sum(jnp.where(m, ratio - 1.0 - delta, 0.0)) / denom,
+    "ratio_mean": jnp.where(n > 0, jnp.sum(jnp.where(m, ratio, 0.0)) / denom, 1.0),
+    "ratio_max": jnp.max(jnp.where(m, ratio, -jnp.inf), initial=1.0),
+    "ratio_min": jnp.min(jnp.where(m, ratio, jnp.inf), initial=1.0),
+    "num_tokens": n,
   }

@@ -20,6 +20,7 @@ Top-k keeps every token whose logit is >= the k-th largest (ties at the boundary
 Top-p keeps a token iff the renormalised probability mass of the tokens ranked strictly above it
 is < top_p (so the most likely token is always kept).
 """
+
 from __future__ import annotations
 
 import chex
@@ -58,8 +59,9 @@ def truncation_mask(scaled_logits: jax.Array, top_k: jax.Array, top_p: jax.Array
   return scaled_logits >= min_kept
 
 
-def sample_next_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                       top_p: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+def sample_next_tokens(
+  logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, keys: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """Draws one token per row and returns it with its log-prob (see the module docstring).
 
   Args:
@@ -80,9 +82,10 @@ def sample_next_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Arr
   scaled = logits / safe_t[:, None]
   needs_truncation = jnp.any(~greedy & (((top_k > 0) & (top_k < logits.shape[-1])) | (top_p < 1.0)))
   keep = jax.lax.cond(
-      needs_truncation,
-      lambda: truncation_mask(scaled, jnp.where(greedy, 0, top_k), jnp.where(greedy, 1.0, top_p)),
-      lambda: jnp.ones(scaled.shape, bool))
+    needs_truncation,
+    lambda: truncation_mask(scaled, jnp.where(greedy, 0, top_k), jnp.where(greedy, 1.0, top_p)),
+    lambda: jnp.ones(scaled.shape, bool),
+  )
   truncated = jnp.where(keep, scaled, -jnp.inf)
   logprobs_all = jax.nn.log_softmax(truncated, axis=-1)
   drawn = draw_from_probs(jnp.exp(logprobs_all), keys)

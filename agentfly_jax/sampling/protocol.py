@@ -4,6 +4,7 @@ Every sampler (JAX, vLLM, scripted test samplers) keeps this contract; the rollo
 (`agentfly_jax.agents`) knows samplers only through it. Token-in/token-out: the ids
 returned here are the ids trained on, verbatim.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ class SamplingParams:
       returned, with its log-prob: the model wrote it).
     seed: optional seed; equal seeds + equal inputs give equal outputs.
   """
+
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
@@ -37,8 +39,7 @@ class SamplingParams:
 
   def validate(self) -> None:
     """Raises ValueError naming the bad field."""
-    if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-            and self.temperature >= 0):
+    if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
       raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
     if not (0.0 < float(self.top_p) <= 1.0):
       raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
@@ -60,6 +61,7 @@ class SampleResult:
       (at the sampling temperature), length N.
     finish_reason: "stop" (a stop token was emitted) or "length" (max_new_tokens reached).
   """
+
   token_ids: list[int]
   logprobs: list[float]
   finish_reason: str
@@ -69,6 +71,7 @@ class SampleResult:
 class SyncStats:
   """What one `update_weights` moved: bytes (LoRA: the adapters), seconds it took and which
   loader ran (vLLM: "packed", "reload_weights", "lora_request"; None where there is one way)."""
+
   bytes: int
   seconds: float | None = None
   path: str | None = None

@@ -7,6 +7,7 @@
 The run config's `rollout.sampler` is checked against `sampler_names()`, so a registered sampler
 is accepted by the config without an edit there.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ class SamplerRequest:
     lora: models.lora.LoRAConfig or None; engine: extra engine arguments (vLLM's
     gpu_memory_utilization).
   """
+
   model: Any
   policy: Any
   tokenizer: Any
@@ -45,29 +47,47 @@ class SamplerRequest:
 @dataclasses.dataclass(frozen=True)
 class SamplerBuild:
   sampler: Any
-  model_dir: str | None = None    # the HF folder the engine loaded (None: it holds the params itself)
+  model_dir: str | None = None  # the HF folder the engine loaded (None: it holds the params itself)
 
 
 def build_jax_sampler(r: SamplerRequest) -> SamplerBuild:
   from agentfly_jax.sampling.jax_sampler import JaxSampler
-  return SamplerBuild(JaxSampler(r.model, r.tokenizer, max_batch_size=r.max_batch_size, max_len=r.max_len,
-                                 seed=r.seed, mesh=r.mesh, sharding_rules=r.rules))
+
+  return SamplerBuild(
+    JaxSampler(
+      r.model,
+      r.tokenizer,
+      max_batch_size=r.max_batch_size,
+      max_len=r.max_len,
+      seed=r.seed,
+      mesh=r.mesh,
+      sharding_rules=r.rules,
+    )
+  )
 
 
 def build_vllm_sampler(r: SamplerRequest) -> SamplerBuild:
   from agentfly_jax.models import save_pretrained
   from agentfly_jax.models.lora import merge_lora
   from agentfly_jax.sampling.vllm_sampler import VllmSampler
+
   model_dir = r.pretrained or os.path.join(r.workdir, "init_model")
   if not r.pretrained:  # the base (zero-B adapters change nothing: merged = base)
     save_pretrained(r.policy if r.lora is None else merge_lora(r.policy), model_dir, tokenizer_dir=r.tokenizer_dir)
-  sampler = VllmSampler(model_dir, dtype=r.dtype, max_model_len=r.max_len, max_num_seqs=r.max_batch_size,
-                        max_batch_size=r.max_batch_size, seed=r.seed, lora=r.lora, **r.engine)
+  sampler = VllmSampler(
+    model_dir,
+    dtype=r.dtype,
+    max_model_len=r.max_len,
+    max_num_seqs=r.max_batch_size,
+    max_batch_size=r.max_batch_size,
+    seed=r.seed,
+    lora=r.lora,
+    **r.engine,
+  )
   return SamplerBuild(sampler, model_dir)
 
 
-_SAMPLERS: dict[str, Callable[[SamplerRequest], SamplerBuild]] = {
-    "jax": build_jax_sampler, "vllm": build_vllm_sampler}
+_SAMPLERS: dict[str, Callable[[SamplerRequest], SamplerBuild]] = {"jax": build_jax_sampler, "vllm": build_vllm_sampler}
 
 
 def register_sampler(name: str, build: Callable[[SamplerRequest], SamplerBuild]) -> None:

@@ -1,4 +1,5 @@
 """Checking sampler requests and choosing static shape buckets. Shared by the samplers."""
+
 from __future__ import annotations
 
 import bisect
@@ -9,8 +10,7 @@ import numpy as np
 from agentfly_jax.sampling.protocol import SamplingParams
 
 
-def validate_request(prompt: Any, params: Any, *, label: str, max_len: int,
-                     vocab_size: int | None) -> None:
+def validate_request(prompt: Any, params: Any, *, label: str, max_len: int, vocab_size: int | None) -> None:
   """Raises ValueError naming `label` (e.g. "request 3") and what is wrong with it.
 
   Checks: params is a valid SamplingParams; the prompt is a non-empty sequence of int ids in
@@ -25,8 +25,9 @@ def validate_request(prompt: Any, params: Any, *, label: str, max_len: int,
   if isinstance(params.temperature, bool) or isinstance(params.top_k, bool):
     raise ValueError(f"{label}: bad sampling params: temperature/top_k must be numbers, not bool")
   if isinstance(prompt, (str, bytes)):
-    raise ValueError(f"{label}: prompt must be a sequence of int token ids, got {type(prompt).__name__} "
-                     "(tokenize it first)")
+    raise ValueError(
+      f"{label}: prompt must be a sequence of int token ids, got {type(prompt).__name__} (tokenize it first)"
+    )
   try:
     ids = np.asarray(prompt)
   except Exception as e:  # ragged or odd objects
@@ -38,12 +39,16 @@ def validate_request(prompt: Any, params: Any, *, label: str, max_len: int,
   if not np.issubdtype(ids.dtype, np.integer):
     raise ValueError(f"{label}: prompt must hold int token ids, got dtype {ids.dtype}")
   if ids.size >= max_len:
-    raise ValueError(f"{label}: prompt has {ids.size} tokens but the sampler's context is max_len={max_len} "
-                     f"(a prompt must be shorter than max_len to leave room for a new token)")
+    raise ValueError(
+      f"{label}: prompt has {ids.size} tokens but the sampler's context is max_len={max_len} "
+      f"(a prompt must be shorter than max_len to leave room for a new token)"
+    )
   bad = np.flatnonzero((ids < 0) | ((ids >= vocab_size) if vocab_size else False))
   if bad.size:
-    raise ValueError(f"{label}: prompt token id {int(ids[bad[0]])} at position {int(bad[0])} is outside "
-                     f"the vocabulary [0, {vocab_size})")
+    raise ValueError(
+      f"{label}: prompt token id {int(ids[bad[0]])} at position {int(bad[0])} is outside "
+      f"the vocabulary [0, {vocab_size})"
+    )
   if vocab_size:
     bad_stop = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad_stop:

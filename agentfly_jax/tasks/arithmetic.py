@@ -7,6 +7,7 @@ template ignores `tools`, so the agent writes the tool schema into the system pr
 experiments/bench/measure_tool_formats.py). Reward: `numeric_match` (the last number of the final
 message equals the product).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,16 +25,18 @@ OPS = ("*", "+", "-")
 
 # A worked example shown before the question (`make_agent(..., fewshot=True)`), in the agent's format.
 _EXAMPLE_CALLS = {
-    "hermes": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>',
-    "json_list": '<tool_call>[\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n]</tool_call>',
+  "hermes": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>',
+  "json_list": '<tool_call>[\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n]</tool_call>',
 }
 
 
 def example_messages(tool_format: str) -> list[dict]:
-  return [{"role": "user", "content": "What is 12 * 34?"},
-          {"role": "assistant", "content": _EXAMPLE_CALLS[tool_format]},
-          {"role": "user", "content": "<tool_response>\n408\n</tool_response>"},
-          {"role": "assistant", "content": "The answer is 408."}]
+  return [
+    {"role": "user", "content": "What is 12 * 34?"},
+    {"role": "assistant", "content": _EXAMPLE_CALLS[tool_format]},
+    {"role": "user", "content": "<tool_response>\n408\n</tool_response>"},
+    {"role": "assistant", "content": "The answer is 408."},
+  ]
 
 
 def make_rows(n: int, seed: int, ops: tuple = ("*",)) -> list[dict]:
@@ -44,8 +47,9 @@ def make_rows(n: int, seed: int, ops: tuple = ("*",)) -> list[dict]:
     a, b = int(rng.integers(100, 1000)), int(rng.integers(11, 100))
     op = ops[int(rng.integers(len(ops)))]
     expression = f"{a} {op} {b}"
-    rows.append({"question": f"What is {expression}?", "expression": expression,
-                 "answer": str(calculator(expression=expression))})
+    rows.append(
+      {"question": f"What is {expression}?", "expression": expression, "answer": str(calculator(expression=expression))}
+    )
   return rows
 
 
@@ -58,7 +62,8 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   """Demonstrations in the hermes format: call the calculator with the question's expression,
   then state the result (a guess without the tool is generated but not learned)."""
   import re
-  obs = re.findall(r"<tool_response>\s*(-?\d+)\s*</tool_response>", prompt_text[prompt_text.rfind("What is"):])
+
+  obs = re.findall(r"<tool_response>\s*(-?\d+)\s*</tool_response>", prompt_text[prompt_text.rfind("What is") :])
   if obs:
     return f"The answer is {obs[-1]}."
   expression = re.findall(r"What is ([0-9 +*-]+)\?", prompt_text)
@@ -73,6 +78,12 @@ def tokenizer_corpus(n: int = 200, seed: int = 7) -> list[str]:
 
 def make_agent(tokenizer, tool_format: str = TOOL_FORMAT, fewshot: bool = FEWSHOT):
   from agentfly_jax.agents.prompted import PromptedToolCallAgent
-  return PromptedToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
-                               tool_format=tool_format,
-                               example_messages=example_messages(tool_format) if fewshot else ())
+
+  return PromptedToolCallAgent(
+    tokenizer,
+    tools=list(TOOLS),
+    reward_fn=REWARD,
+    system_prompt=SYSTEM_PROMPT,
+    tool_format=tool_format,
+    example_messages=example_messages(tool_format) if fewshot else (),
+  )

@@ -4,11 +4,19 @@ hermes call syntax) and no worked example: a ~90-token prompt instead of ~330. F
 SFT teaches the call format (configs/smollm2_arithmetic_sft_grpo.py), where the prompt's length
 sets the cost of every training step on a CPU.
 """
+
 from __future__ import annotations
 
 from agentfly_jax.tasks import arithmetic
-from agentfly_jax.tasks.arithmetic import (REWARD, SYSTEM_PROMPT, TOOLS, make_eval_rows, make_rows,  # noqa: F401
-                                           scripted_response, tokenizer_corpus)
+from agentfly_jax.tasks.arithmetic import (
+  REWARD,
+  SYSTEM_PROMPT,
+  TOOLS,
+  make_eval_rows,
+  make_rows,  # noqa: F401
+  scripted_response,
+  tokenizer_corpus,
+)
 
 TOOL_FORMAT = "brief"
 FEWSHOT = False

@@ -10,6 +10,7 @@ task modules are written the same way, and a user may also give a `Task` object.
 is turned into a `TaskSpec` once, here: `read_task_module` is the one place that reads a module's
 globals, `task_spec` the one adapter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-EVAL_SEED_OFFSET = 999_983   # a module without eval rows: make_rows at this seed offset (disjoint rows)
+EVAL_SEED_OFFSET = 999_983  # a module without eval rows: make_rows at this seed offset (disjoint rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TaskSpec:
     agent_fn: a black-box agent `async def run(client, row)` trained through the endpoint.
     source: what the spec was made from (a module or a `Task`).
   """
+
   name: str
   tools: tuple
   reward: Any
@@ -90,8 +92,10 @@ class TaskSpec:
     if self.agent_factory is not None:
       return self.agent_factory(tokenizer)
     from agentfly_jax.agents import ToolCallAgent
-    return ToolCallAgent(tokenizer, tools=list(self.tools), reward_fn=self.reward,
-                         system_prompt=self.system_prompt or None)
+
+    return ToolCallAgent(
+      tokenizer, tools=list(self.tools), reward_fn=self.reward, system_prompt=self.system_prompt or None
+    )
 
   @property
   def env_types(self) -> tuple[str, ...]:
@@ -105,6 +109,7 @@ class TaskModule:
   """What a task module defines, read once (None: not defined). UPPERCASE globals: TOOLS, REWARD,
   ROWS (or rows), EVAL_ROWS (or eval_rows), SYSTEM_PROMPT; functions: make_rows, make_eval_rows,
   scripted_response (or demo_policy), make_agent, tokenizer_corpus, check_rows."""
+
   module: types.ModuleType
   tools: Sequence | None = None
   reward: Any = None
@@ -138,14 +143,19 @@ def _function(value):
 def read_task_module(module: types.ModuleType) -> TaskModule:
   """The task parts `module` defines (the one place a module's globals are read)."""
   return TaskModule(
-      module=module, tools=_first(module, "TOOLS"), reward=_first(module, "REWARD"),
-      rows=_fixed(_first(module, "ROWS", "rows")), eval_rows=_fixed(_first(module, "EVAL_ROWS", "eval_rows")),
-      system_prompt=_first(module, "SYSTEM_PROMPT"), make_rows=_function(_first(module, "make_rows")),
-      make_eval_rows=_function(_first(module, "make_eval_rows")),
-      scripted_response=_first(module, "scripted_response", "demo_policy"),
-      make_agent=_function(_first(module, "make_agent")),
-      tokenizer_corpus=_function(_first(module, "tokenizer_corpus")),
-      check_rows=_function(_first(module, "check_rows")))
+    module=module,
+    tools=_first(module, "TOOLS"),
+    reward=_first(module, "REWARD"),
+    rows=_fixed(_first(module, "ROWS", "rows")),
+    eval_rows=_fixed(_first(module, "EVAL_ROWS", "eval_rows")),
+    system_prompt=_first(module, "SYSTEM_PROMPT"),
+    make_rows=_function(_first(module, "make_rows")),
+    make_eval_rows=_function(_first(module, "make_eval_rows")),
+    scripted_response=_first(module, "scripted_response", "demo_policy"),
+    make_agent=_function(_first(module, "make_agent")),
+    tokenizer_corpus=_function(_first(module, "tokenizer_corpus")),
+    check_rows=_function(_first(module, "check_rows")),
+  )
 
 
 def task_spec(task: Any, name: str = "") -> TaskSpec:
@@ -163,21 +173,40 @@ def task_spec(task: Any, name: str = "") -> TaskSpec:
 def _from_module(module: types.ModuleType, name: str) -> TaskSpec:
   parts = read_task_module(module)
   if parts.tools is None or parts.reward is None:
-    raise ValueError(f"task module {module.__name__} needs TOOLS and REWARD (a user module: load it "
-                     "with config.task.module, which also finds its @tool / @reward functions)")
+    raise ValueError(
+      f"task module {module.__name__} needs TOOLS and REWARD (a user module: load it "
+      "with config.task.module, which also finds its @tool / @reward functions)"
+    )
   return TaskSpec(
-      name=name, tools=tuple(parts.tools), reward=parts.reward, system_prompt=parts.system_prompt or "",
-      rows=tuple(parts.rows or ()), eval_rows=tuple(parts.eval_rows or ()),
-      generate_rows=parts.make_rows, generate_eval_rows=parts.make_eval_rows, corpus=parts.tokenizer_corpus,
-      scripted_response=parts.scripted_response, agent_factory=parts.make_agent, source=module)
+    name=name,
+    tools=tuple(parts.tools),
+    reward=parts.reward,
+    system_prompt=parts.system_prompt or "",
+    rows=tuple(parts.rows or ()),
+    eval_rows=tuple(parts.eval_rows or ()),
+    generate_rows=parts.make_rows,
+    generate_eval_rows=parts.make_eval_rows,
+    corpus=parts.tokenizer_corpus,
+    scripted_response=parts.scripted_response,
+    agent_factory=parts.make_agent,
+    source=module,
+  )
 
 
 def _from_task(task, name: str) -> TaskSpec:
   return TaskSpec(
-      name=name, tools=tuple(task.tools), reward=task.reward, system_prompt=task.system_prompt,
-      rows=tuple(task.rows), eval_rows=tuple(task.eval_rows or ()), extra_corpus=tuple(task.corpus),
-      scripted_response=task.scripted_response, agent_factory=task.agent_factory, agent_fn=task.agent_fn,
-      source=task)
+    name=name,
+    tools=tuple(task.tools),
+    reward=task.reward,
+    system_prompt=task.system_prompt,
+    rows=tuple(task.rows),
+    eval_rows=tuple(task.eval_rows or ()),
+    extra_corpus=tuple(task.corpus),
+    scripted_response=task.scripted_response,
+    agent_factory=task.agent_factory,
+    agent_fn=task.agent_fn,
+    source=task,
+  )
 
 
 @dataclasses.dataclass
@@ -202,6 +231,7 @@ class Task:
       agent (agent_factory / ToolCallAgent) then gives the chat template, the tool-call parser
       and the reward.
   """
+
   tools: Sequence[Any] = ()
   reward: Callable | None = None
   rows: Sequence[dict] = ()
@@ -245,9 +275,11 @@ class Task:
 def check_agent_fn(fn: Any, where: str) -> None:
   """`fn` must be `async def run(client, row)`; ValueError naming `where` otherwise."""
   import inspect
+
   if not inspect.iscoroutinefunction(fn):
-    raise ValueError(f"{where} must be an async function run(client, row) -> answer, got "
-                     f"{type(fn).__name__} {fn!r:.80}")
+    raise ValueError(
+      f"{where} must be an async function run(client, row) -> answer, got {type(fn).__name__} {fn!r:.80}"
+    )
   try:
     inspect.signature(fn).bind(None, {})
   except TypeError as e:

@@ -18,6 +18,7 @@ A task module may define (all optional but a reward and rows, which may come fro
   make_agent(tokenizer) (given `system_prompt=` too when it takes one), tokenizer_corpus(),
   check_rows(rows, source) -> rows (its own checks of every row, e.g. swe's sandbox runs).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,7 @@ import ml_collections
 from agentfly_jax.data.dataset import load_rows, validate_row
 from agentfly_jax.tools.registry import import_user_module
 
-_NUM_GENERATED_ROWS = 2000   # rows drawn from a module's make_rows (the trainer's stream length)
+_NUM_GENERATED_ROWS = 2000  # rows drawn from a module's make_rows (the trainer's stream length)
 _NUM_GENERATED_EVAL = 512
 
 
@@ -58,6 +59,7 @@ class UserTaskSection:
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
   """
+
   name: str = "custom"
   module: str = ""
   train_path: str = ""
@@ -86,7 +88,7 @@ def custom_task_config(**overrides) -> ml_collections.ConfigDict:
 def set_custom_task(config, **fields) -> ml_collections.ConfigDict:
   """Replaces `config.task` (a built-in name) by a user task section (`custom_task_config`)."""
   if "task" in config:
-    del config["task"]   # a str field cannot be overridden by a section
+    del config["task"]  # a str field cannot be overridden by a section
   config.task = custom_task_config(**fields)
   return config
 
@@ -133,11 +135,13 @@ def build_task(config, task: Any = None):
   `config.task`, after the checks that need the config. `config`: a ConfigDict, or a RunSpec
   (anything with `task`, `sft.steps` and `seed`)."""
   from agentfly_jax.tasks.contract import task_spec
+
   if task is None:
     if is_custom(config):
       task = _custom_task(config)
     else:
       from agentfly_jax.tasks import get_task
+
       try:
         task = get_task(config.task)
       except ValueError as e:
@@ -151,10 +155,11 @@ def check_demo_policy(config, task) -> None:
   """`sft.steps > 0` needs the task's demonstration policy (`scripted_response`)."""
   if config.sft.steps > 0 and task.scripted_response is None:
     raise ValueError(
-        f"config.sft.steps={config.sft.steps}: the SFT warm start imitates a demonstration "
-        f"policy, and task {task_name(config)!r} has none; define scripted_response(prompt_text, "
-        f"use_tool, rng) in the task module or set config.task.demo_policy='module:function', "
-        f"or set config.sft.steps=0")
+      f"config.sft.steps={config.sft.steps}: the SFT warm start imitates a demonstration "
+      f"policy, and task {task_name(config)!r} has none; define scripted_response(prompt_text, "
+      f"use_tool, rng) in the task module or set config.task.demo_policy='module:function', "
+      f"or set config.sft.steps=0"
+    )
 
 
 # --------------------------------------------------------------------------- user tasks
@@ -173,7 +178,7 @@ def import_task_module(spec: str):
       name = os.path.splitext(os.path.basename(path))[0]
       module_spec = importlib.util.spec_from_file_location(name, path)
       module = importlib.util.module_from_spec(module_spec)
-      sys.modules[name] = module   # so 'name:function' references resolve to this module
+      sys.modules[name] = module  # so 'name:function' references resolve to this module
       module_spec.loader.exec_module(module)
       return module
     return import_user_module(spec)
@@ -192,11 +197,12 @@ def _resolve_tools(spec: str, parts) -> list:
   """`parts`: the task module's (contract.TaskModule) or None."""
   from agentfly_jax.tools import Tool
   from agentfly_jax.tools.registry import get_tool
+
   module = parts.module if parts is not None else None
   module_tools = {}
   if module is not None:
     found = parts.tools
-    for t in (found if found is not None else _module_objects(module, Tool)):
+    for t in found if found is not None else _module_objects(module, Tool):
       module_tools[t.name] = t
   if not spec:
     return list(module_tools.values())
@@ -216,6 +222,7 @@ def _resolve_tools(spec: str, parts) -> list:
 def _resolve_reward(spec: str, parts):
   from agentfly_jax.rewards import Reward
   from agentfly_jax.rewards.registry import get_reward
+
   module = parts.module if parts is not None else None
   if spec:
     local = [r for r in _module_objects(module, Reward) if r.name == spec] if module else []
@@ -233,10 +240,14 @@ def _resolve_reward(spec: str, parts):
     if len(rewards) == 1:
       return rewards[0]
     if len(rewards) > 1:
-      raise ValueError(f"config.task.module={module.__name__!r} defines several rewards "
-                       f"{[r.name for r in rewards]}; name one with config.task.reward or REWARD")
-  raise ValueError("config.task.reward is empty and no task module defines a @reward: set "
-                   "config.task.reward to a built-in name or 'module:function'")
+      raise ValueError(
+        f"config.task.module={module.__name__!r} defines several rewards "
+        f"{[r.name for r in rewards]}; name one with config.task.reward or REWARD"
+      )
+  raise ValueError(
+    "config.task.reward is empty and no task module defines a @reward: set "
+    "config.task.reward to a built-in name or 'module:function'"
+  )
 
 
 def _module_rows(rows, make, n: int, seed: int):
@@ -249,6 +260,7 @@ def _module_rows(rows, make, n: int, seed: int):
 def _custom_task(config):
   from agentfly_jax.tasks import Task
   from agentfly_jax.tasks.contract import TaskModule, read_task_module
+
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
   parts = read_task_module(module) if module is not None else TaskModule(module=None)
@@ -258,8 +270,10 @@ def _custom_task(config):
   else:
     rows, source = _module_rows(parts.rows, parts.make_rows, _NUM_GENERATED_ROWS, config.seed), mod_label
     if rows is None:
-      raise ValueError("the task has no training rows: set config.task.train_path (a JSON / JSONL "
-                       "file of rows) or define ROWS / make_rows(n, seed) in config.task.module")
+      raise ValueError(
+        "the task has no training rows: set config.task.train_path (a JSON / JSONL "
+        "file of rows) or define ROWS / make_rows(n, seed) in config.task.module"
+      )
     rows = [validate_row(r, i, f"{source} rows") for i, r in enumerate(rows)]
     if not rows:
       raise ValueError(f"{source}: the training rows are empty")
@@ -274,6 +288,7 @@ def _custom_task(config):
   reward = _resolve_reward(t.reward, parts if module is not None else None)
   if t.mcp_servers:
     from agentfly_jax.tools.mcp import tools_from_config
+
     try:
       tools += tools_from_config(t.mcp_servers)
     except (RuntimeError, ValueError) as e:
@@ -287,12 +302,13 @@ def _custom_task(config):
   demo = parts.scripted_response
   if t.demo_policy:
     from agentfly_jax.tools.registry import resolve_object
+
     try:
       demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
     except ValueError as e:
       raise ValueError(f"config.task.demo_policy={t.demo_policy!r}: {e}") from None
   check = parts.check_rows
-  if check is not None:   # the module's own row checks (e.g. swe: each row run in the sandbox)
+  if check is not None:  # the module's own row checks (e.g. swe: each row run in the sandbox)
     rows = check(rows, source or "rows")
     eval_rows = check(eval_rows, eval_source or "eval rows") if eval_rows else eval_rows
   corpus_fn = parts.tokenizer_corpus
@@ -300,10 +316,17 @@ def _custom_task(config):
   agent_factory = parts.make_agent
   if agent_factory is not None and "system_prompt" in inspect.signature(agent_factory).parameters:
     agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
-  return Task(tools=tools, reward=reward, rows=rows, eval_rows=eval_rows,
-              system_prompt=system_prompt, corpus=list(corpus_fn()) if corpus_fn is not None else (),
-              scripted_response=demo, agent_factory=agent_factory,
-              agent_fn=_resolve_agent_fn(t.agent))
+  return Task(
+    tools=tools,
+    reward=reward,
+    rows=rows,
+    eval_rows=eval_rows,
+    system_prompt=system_prompt,
+    corpus=list(corpus_fn()) if corpus_fn is not None else (),
+    scripted_response=demo,
+    agent_factory=agent_factory,
+    agent_fn=_resolve_agent_fn(t.agent),
+  )
 
 
 def _resolve_agent_fn(spec: str):
@@ -312,6 +335,7 @@ def _resolve_agent_fn(spec: str):
     return None
   from agentfly_jax.tasks import check_agent_fn
   from agentfly_jax.tools.registry import resolve_object
+
   where = f"config.task.agent={spec!r}"
   try:
     fn = resolve_object(spec, kind="agent", builtins={})
@@ -325,9 +349,12 @@ def reward_fields(reward) -> list[str]:
   """The dataset fields a reward must find in every row (parameters without defaults that are
   not prediction / trajectory / row / env)."""
   from agentfly_jax.rewards.reward import _SPECIAL
-  return [n for n, p in reward.signature.parameters.items()
-          if n not in _SPECIAL and p.default is inspect.Parameter.empty
-          and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+  return [
+    n
+    for n, p in reward.signature.parameters.items()
+    if n not in _SPECIAL and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+  ]
 
 
 def check_rows_fit(rows: list[dict], source: str, tools: list, reward) -> None:
@@ -335,17 +362,21 @@ def check_rows_fit(rows: list[dict], source: str, tools: list, reward) -> None:
   for field in reward_fields(reward):
     lacking = [i for i, r in enumerate(rows) if field not in r]
     if len(lacking) == len(rows):
-      raise ValueError(f"reward {reward.name!r} reads field {field!r}, which no row of {source} "
-                       f"has (row fields: {sorted(rows[0])})")
+      raise ValueError(
+        f"reward {reward.name!r} reads field {field!r}, which no row of {source} has (row fields: {sorted(rows[0])})"
+      )
     if lacking:
-      raise ValueError(f"{source}: row {lacking[0]} has no field {field!r}, which reward "
-                       f"{reward.name!r} reads ({len(lacking)} of {len(rows)} rows lack it)")
+      raise ValueError(
+        f"{source}: row {lacking[0]} has no field {field!r}, which reward "
+        f"{reward.name!r} reads ({len(lacking)} of {len(rows)} rows lack it)"
+      )
   names = {t.name for t in tools}
   for i, r in enumerate(rows):
     unknown = [n for n in r.get("tools") or () if n not in names]
     if unknown:
-      raise ValueError(f"{source}: row {i} field 'tools' names unknown tool(s) {unknown}; the "
-                       f"task's tools: {sorted(names)}")
+      raise ValueError(
+        f"{source}: row {i} field 'tools' names unknown tool(s) {unknown}; the task's tools: {sorted(names)}"
+      )
 
 
 # --------------------------------------------------------------------------- content hash
@@ -362,15 +393,16 @@ def task_fingerprint(task, train_rows=None) -> str:
   tool names + schemas + code, reward name + code, system prompt, demonstration policy code (hex,
   16 characters)."""
   from agentfly_jax.tasks.contract import task_spec
+
   task = task_spec(task)
   reward, demo = task.reward, task.scripted_response
   content = {
-      "rows": list(train_rows if train_rows is not None else task.rows),
-      "eval_rows": list(task.eval_rows),
-      "tools": [[t.name, t.schema, _source(t)] for t in task.tools],
-      "reward": [getattr(reward, "name", ""), _source(reward) if reward is not None else ""],
-      "system_prompt": task.system_prompt,
-      "demo_policy": _source(demo) if demo is not None else "",
+    "rows": list(train_rows if train_rows is not None else task.rows),
+    "eval_rows": list(task.eval_rows),
+    "tools": [[t.name, t.schema, _source(t)] for t in task.tools],
+    "reward": [getattr(reward, "name", ""), _source(reward) if reward is not None else ""],
+    "system_prompt": task.system_prompt,
+    "demo_policy": _source(demo) if demo is not None else "",
   }
   agent_fn = task.agent_fn
   if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were

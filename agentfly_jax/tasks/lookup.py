@@ -13,6 +13,7 @@ looking (its greedy answer is a guess) and RL has a decision to learn. A guessed
 `learn=False` piece (left out of the SFT loss, `rl/sft.py`): the warm start learns when to answer
 and how to copy an observation, not a random word that would also pull on the copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,18 +24,109 @@ import numpy as np
 from agentfly_jax.rewards import reward
 from agentfly_jax.tools import tool
 
-WORDS = ("apple", "river", "falcon", "stone", "tiger", "cloud", "maple", "ocean", "ember", "lotus",
-         "raven", "cedar", "delta", "frost", "amber", "orbit", "pearl", "spark", "willow", "comet",
-         "coral", "birch", "lemon", "cobra", "quartz", "sable", "tulip", "zebra", "nova", "harbor",
-         "ivory", "meadow")
+WORDS = (
+  "apple",
+  "river",
+  "falcon",
+  "stone",
+  "tiger",
+  "cloud",
+  "maple",
+  "ocean",
+  "ember",
+  "lotus",
+  "raven",
+  "cedar",
+  "delta",
+  "frost",
+  "amber",
+  "orbit",
+  "pearl",
+  "spark",
+  "willow",
+  "comet",
+  "coral",
+  "birch",
+  "lemon",
+  "cobra",
+  "quartz",
+  "sable",
+  "tulip",
+  "zebra",
+  "nova",
+  "harbor",
+  "ivory",
+  "meadow",
+)
 
-KEY_WORDS = ("red", "blue", "green", "gold", "gray", "pink", "black", "white", "brown", "silver",
-             "dark", "pale", "wild", "calm", "swift", "quiet", "bold", "tiny", "grand", "old",
-             "young", "bright", "soft", "hard", "warm", "cold", "sharp", "round", "flat", "tall",
-             "short", "deep")
-KEY_NOUNS = ("fox", "owl", "bear", "wolf", "hawk", "deer", "lynx", "seal", "crab", "moth", "frog",
-             "hare", "crow", "duck", "goat", "lamb", "mole", "newt", "puma", "swan", "toad", "wasp",
-             "yak", "eel", "elk", "ant", "bat", "cat", "dog", "hen", "pig", "ram")
+KEY_WORDS = (
+  "red",
+  "blue",
+  "green",
+  "gold",
+  "gray",
+  "pink",
+  "black",
+  "white",
+  "brown",
+  "silver",
+  "dark",
+  "pale",
+  "wild",
+  "calm",
+  "swift",
+  "quiet",
+  "bold",
+  "tiny",
+  "grand",
+  "old",
+  "young",
+  "bright",
+  "soft",
+  "hard",
+  "warm",
+  "cold",
+  "sharp",
+  "round",
+  "flat",
+  "tall",
+  "short",
+  "deep",
+)
+KEY_NOUNS = (
+  "fox",
+  "owl",
+  "bear",
+  "wolf",
+  "hawk",
+  "deer",
+  "lynx",
+  "seal",
+  "crab",
+  "moth",
+  "frog",
+  "hare",
+  "crow",
+  "duck",
+  "goat",
+  "lamb",
+  "mole",
+  "newt",
+  "puma",
+  "swan",
+  "toad",
+  "wasp",
+  "yak",
+  "eel",
+  "elk",
+  "ant",
+  "bat",
+  "cat",
+  "dog",
+  "hen",
+  "pig",
+  "ram",
+)
 
 KEYS = KEY_WORDS + KEY_NOUNS
 
@@ -120,6 +212,7 @@ def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   texts += [f'key "{k}"' for k in KEYS] * 4
   return texts
 
+
 TOOLS = (lookup,)
 REWARD = code_match
 
@@ -135,5 +228,6 @@ def make_agent(tokenizer, tools=TOOLS, env_provider=None):
     def template_tools(self, tools):
       return None
 
-  return CompactToolCallAgent(tokenizer, tools=list(tools), reward_fn=REWARD,
-                              system_prompt=SYSTEM_PROMPT, env_provider=env_provider)
+  return CompactToolCallAgent(
+    tokenizer, tools=list(tools), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT, env_provider=env_provider
+  )

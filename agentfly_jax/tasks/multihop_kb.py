@@ -20,86 +20,228 @@ training (comparisons pair entities of one split).
 
 Deterministic: the same seed and scale give byte-identical output (Python's `random.Random`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import random
 import re
 
-SYLLABLES = ("ka", "ve", "lo", "ri", "sen", "tor", "mal", "dri", "os", "ne", "qua", "bel", "thi",
-             "gar", "mo", "zel", "un", "fa", "pra", "lin", "dor", "ce", "vas", "ho", "mir", "tu",
-             "sa", "kel", "bra", "ny", "ost", "ru", "ela", "wen", "ib", "cor", "pe", "dal", "yo",
-             "fen", "gri", "la", "nov", "es", "tam", "vi", "rho", "sul", "ak", "mer")
+SYLLABLES = (
+  "ka",
+  "ve",
+  "lo",
+  "ri",
+  "sen",
+  "tor",
+  "mal",
+  "dri",
+  "os",
+  "ne",
+  "qua",
+  "bel",
+  "thi",
+  "gar",
+  "mo",
+  "zel",
+  "un",
+  "fa",
+  "pra",
+  "lin",
+  "dor",
+  "ce",
+  "vas",
+  "ho",
+  "mir",
+  "tu",
+  "sa",
+  "kel",
+  "bra",
+  "ny",
+  "ost",
+  "ru",
+  "ela",
+  "wen",
+  "ib",
+  "cor",
+  "pe",
+  "dal",
+  "yo",
+  "fen",
+  "gri",
+  "la",
+  "nov",
+  "es",
+  "tam",
+  "vi",
+  "rho",
+  "sul",
+  "ak",
+  "mer",
+)
 CITY_ENDINGS = ("vel", "mar", "holm", "port", "dun", "grad", "ford", "wick", "stad", "ora", "is")
 COUNTRY_ENDINGS = ("ia", "ar", "and", "ova", "esh", "orn")
-OCCUPATIONS = ("engineer", "chemist", "painter", "composer", "novelist", "astronomer", "architect",
-               "physician", "mathematician", "botanist", "cartographer", "philosopher")
-ORG_KINDS = ("Institute", "Company", "Guild", "Foundation", "Works", "Society", "Academy", "Press",
-             "Observatory", "Bank")
-ORG_FIELDS = ("shipbuilding", "optics", "printing", "textiles", "astronomy", "medicine", "banking",
-              "railways", "music", "mapmaking")
+OCCUPATIONS = (
+  "engineer",
+  "chemist",
+  "painter",
+  "composer",
+  "novelist",
+  "astronomer",
+  "architect",
+  "physician",
+  "mathematician",
+  "botanist",
+  "cartographer",
+  "philosopher",
+)
+ORG_KINDS = (
+  "Institute",
+  "Company",
+  "Guild",
+  "Foundation",
+  "Works",
+  "Society",
+  "Academy",
+  "Press",
+  "Observatory",
+  "Bank",
+)
+ORG_FIELDS = (
+  "shipbuilding",
+  "optics",
+  "printing",
+  "textiles",
+  "astronomy",
+  "medicine",
+  "banking",
+  "railways",
+  "music",
+  "mapmaking",
+)
 WORK_KINDS = ("novel", "symphony", "painting", "treatise", "poem", "opera")
-ADJECTIVES = ("Amber", "Silent", "Hollow", "Crimson", "Northern", "Glass", "Iron", "Distant",
-              "Ninth", "Pale", "Burning", "Quiet", "Golden", "Broken", "Winter", "Salt", "Hidden",
-              "Last", "Velvet", "Copper")
-NOUNS = ("Loom", "Harbor", "Lantern", "Orchard", "Compass", "Tide", "Garden", "Tower", "Mirror",
-         "River", "Clock", "Bridge", "Sparrow", "Anvil", "Meadow", "Crown", "Bell", "Field",
-         "Archive", "Voyage")
-DEVICES = ("loom", "engine", "lens", "pump", "telegraph", "press", "clock", "furnace", "compass",
-           "sextant", "valve", "kiln", "turbine", "balance", "prism")
-PURPOSES = ("weaving patterned cloth", "lifting water from mines", "measuring the height of stars",
-            "sending signals along wires", "printing maps", "keeping time at sea",
-            "smelting copper", "grinding lenses", "pumping air into diving bells",
-            "weighing precious metals")
+ADJECTIVES = (
+  "Amber",
+  "Silent",
+  "Hollow",
+  "Crimson",
+  "Northern",
+  "Glass",
+  "Iron",
+  "Distant",
+  "Ninth",
+  "Pale",
+  "Burning",
+  "Quiet",
+  "Golden",
+  "Broken",
+  "Winter",
+  "Salt",
+  "Hidden",
+  "Last",
+  "Velvet",
+  "Copper",
+)
+NOUNS = (
+  "Loom",
+  "Harbor",
+  "Lantern",
+  "Orchard",
+  "Compass",
+  "Tide",
+  "Garden",
+  "Tower",
+  "Mirror",
+  "River",
+  "Clock",
+  "Bridge",
+  "Sparrow",
+  "Anvil",
+  "Meadow",
+  "Crown",
+  "Bell",
+  "Field",
+  "Archive",
+  "Voyage",
+)
+DEVICES = (
+  "loom",
+  "engine",
+  "lens",
+  "pump",
+  "telegraph",
+  "press",
+  "clock",
+  "furnace",
+  "compass",
+  "sextant",
+  "valve",
+  "kiln",
+  "turbine",
+  "balance",
+  "prism",
+)
+PURPOSES = (
+  "weaving patterned cloth",
+  "lifting water from mines",
+  "measuring the height of stars",
+  "sending signals along wires",
+  "printing maps",
+  "keeping time at sea",
+  "smelting copper",
+  "grinding lenses",
+  "pumping air into diving bells",
+  "weighing precious metals",
+)
 
 # Relation sentences: {name} is the passage's entity; other slots are relation values. A passage
 # renders each relation with one of its templates; `parse_passage` reads them back.
 TEMPLATES = {
-    "person": [
-        "{name} was a {occupation} from {nationality}.",
-        "{name} was born in {birthplace} in {born}.",
-        "Born in {born} in the city of {birthplace}, {name} trained as a {occupation}.",
-        "{name} worked for {employer}.",
-        "For most of a long career {name} was employed by {employer}.",
-        "{name} died in {died}.",
-    ],
-    "city": [
-        "{name} is a city in {country}.",
-        "{name} lies on the banks of the {river} river in {country}.",
-        "{name} was founded in {founded}.",
-        "Settlers founded {name} in {founded}.",
-        "Its population was about {population} at the last count.",
-    ],
-    "country": [
-        "{name} is a country whose capital is {capital}.",
-        "The currency of {name} is the {currency}.",
-    ],
-    "org": [
-        "{name} is an organisation working in {field}.",
-        "{name} was founded in {founded} by {founder}.",
-        "{founder} established {name} in {founded}.",
-        "{name} is headquartered in {headquarters}.",
-        "The headquarters of {name} are in {headquarters}.",
-    ],
-    "work": [
-        "{name} is a {kind} created by {creator} in {year}.",
-        "{creator} completed the {kind} {name} in {year}.",
-        "It was first published by {publisher}.",
-    ],
-    "invention": [
-        "The {name} is a device for {purpose}.",
-        "The {name} was invented by {inventor} in {year}.",
-        "{inventor} built the first {name} in {year}.",
-    ],
+  "person": [
+    "{name} was a {occupation} from {nationality}.",
+    "{name} was born in {birthplace} in {born}.",
+    "Born in {born} in the city of {birthplace}, {name} trained as a {occupation}.",
+    "{name} worked for {employer}.",
+    "For most of a long career {name} was employed by {employer}.",
+    "{name} died in {died}.",
+  ],
+  "city": [
+    "{name} is a city in {country}.",
+    "{name} lies on the banks of the {river} river in {country}.",
+    "{name} was founded in {founded}.",
+    "Settlers founded {name} in {founded}.",
+    "Its population was about {population} at the last count.",
+  ],
+  "country": [
+    "{name} is a country whose capital is {capital}.",
+    "The currency of {name} is the {currency}.",
+  ],
+  "org": [
+    "{name} is an organisation working in {field}.",
+    "{name} was founded in {founded} by {founder}.",
+    "{founder} established {name} in {founded}.",
+    "{name} is headquartered in {headquarters}.",
+    "The headquarters of {name} are in {headquarters}.",
+  ],
+  "work": [
+    "{name} is a {kind} created by {creator} in {year}.",
+    "{creator} completed the {kind} {name} in {year}.",
+    "It was first published by {publisher}.",
+  ],
+  "invention": [
+    "The {name} is a device for {purpose}.",
+    "The {name} was invented by {inventor} in {year}.",
+    "{inventor} built the first {name} in {year}.",
+  ],
 }
 # relation -> templates (per kind) that carry it, choosing among alternatives by seed
 _ALTERNATIVES = {
-    "person": [[0], [1, 2], [3, 4], [5]],
-    "city": [[0, 1], [2, 3], [4]],
-    "country": [[0], [1]],
-    "org": [[0], [1, 2], [3, 4]],
-    "work": [[0, 1], [2]],
-    "invention": [[0], [1, 2]],
+  "person": [[0], [1, 2], [3, 4], [5]],
+  "city": [[0, 1], [2, 3], [4]],
+  "country": [[0], [1]],
+  "org": [[0], [1, 2], [3, 4]],
+  "work": [[0, 1], [2]],
+  "invention": [[0], [1, 2]],
 }
 
 
@@ -107,6 +249,7 @@ _ALTERNATIVES = {
 class KnowledgeBase:
   """passages: [{"id", "title", "text"}]; entities: {name: {"kind", relations...}};
   questions: {"train": [row, ...], "test": [row, ...]}."""
+
   passages: list[dict]
   entities: dict[str, dict]
   questions: dict[str, list[dict]]
@@ -159,23 +302,39 @@ def _entities(rng: random.Random, scale: float) -> dict[str, dict]:
     ents[c] = {"kind": "country", "currency": names._word(1).lower() + "mark"}
   for i, city in enumerate(cities):
     country = countries[i % len(countries)] if i < len(countries) else rng.choice(countries)
-    ents[city] = {"kind": "city", "country": country, "founded": rng.randint(600, 1650),
-                  "river": names._word(2), "population": f"{rng.randint(2, 900) * 1000:,}"}
+    ents[city] = {
+      "kind": "city",
+      "country": country,
+      "founded": rng.randint(600, 1650),
+      "river": names._word(2),
+      "population": f"{rng.randint(2, 900) * 1000:,}",
+    }
     if "capital" not in ents[country]:
       ents[country]["capital"] = city
   people = [names.person() for _ in range(n(1800))]
   for p in people:
     born = rng.randint(1700, 1930)
     city = rng.choice(cities)
-    ents[p] = {"kind": "person", "born": born, "died": born + rng.randint(30, 90),
-               "birthplace": city, "nationality": ents[city]["country"], "occupation": rng.choice(OCCUPATIONS)}
+    ents[p] = {
+      "kind": "person",
+      "born": born,
+      "died": born + rng.randint(30, 90),
+      "birthplace": city,
+      "nationality": ents[city]["country"],
+      "occupation": rng.choice(OCCUPATIONS),
+    }
   orgs = []
   for _ in range(n(800)):
     hq = rng.choice(cities)
     org = names.org()
     founder = rng.choice(people)
-    ents[org] = {"kind": "org", "field": rng.choice(ORG_FIELDS), "headquarters": hq,
-                 "founder": founder, "founded": ents[founder]["born"] + rng.randint(20, 50)}
+    ents[org] = {
+      "kind": "org",
+      "field": rng.choice(ORG_FIELDS),
+      "headquarters": hq,
+      "founder": founder,
+      "founded": ents[founder]["born"] + rng.randint(20, 50),
+    }
     orgs.append(org)
   for p in people:
     if rng.random() < 0.8:
@@ -183,14 +342,22 @@ def _entities(rng: random.Random, scale: float) -> dict[str, dict]:
   for _ in range(n(1200)):
     creator = rng.choice(people)
     work = names.work()
-    ents[work] = {"kind": "work", "creator": creator, "kind_of": rng.choice(WORK_KINDS),
-                  "year": ents[creator]["born"] + rng.randint(18, 29),
-                  "publisher": rng.choice(orgs)}
+    ents[work] = {
+      "kind": "work",
+      "creator": creator,
+      "kind_of": rng.choice(WORK_KINDS),
+      "year": ents[creator]["born"] + rng.randint(18, 29),
+      "publisher": rng.choice(orgs),
+    }
   for _ in range(n(700)):
     inventor = rng.choice(people)
     inv = names.invention()
-    ents[inv] = {"kind": "invention", "inventor": inventor, "purpose": rng.choice(PURPOSES),
-                 "year": ents[inventor]["born"] + rng.randint(20, 29)}
+    ents[inv] = {
+      "kind": "invention",
+      "inventor": inventor,
+      "purpose": rng.choice(PURPOSES),
+      "year": ents[inventor]["born"] + rng.randint(20, 29),
+    }
   return ents
 
 
@@ -204,14 +371,18 @@ def _render(name: str, ent: dict, rng: random.Random) -> str:
     template = TEMPLATES[kind][rng.choice(group)]
     try:
       sentences.append(template.format(**slots))
-    except KeyError:   # the entity lacks this relation (e.g. a person with no employer)
+    except KeyError:  # the entity lacks this relation (e.g. a person with no employer)
       continue
   return " ".join(sentences)
 
 
-_SLOT_PATTERNS = {"born": r"(?P<{}>\d{{3,4}})", "died": r"(?P<{}>\d{{3,4}})",
-                  "founded": r"(?P<{}>\d{{3,4}})", "year": r"(?P<{}>\d{{3,4}})",
-                  "population": r"(?P<{}>[\d,]+)"}
+_SLOT_PATTERNS = {
+  "born": r"(?P<{}>\d{{3,4}})",
+  "died": r"(?P<{}>\d{{3,4}})",
+  "founded": r"(?P<{}>\d{{3,4}})",
+  "year": r"(?P<{}>\d{{3,4}})",
+  "population": r"(?P<{}>[\d,]+)",
+}
 
 
 def _slot_regex(template: str) -> re.Pattern:
@@ -253,8 +424,7 @@ def _passages(ents: dict[str, dict], rng: random.Random) -> list[dict]:
     kind = ent["kind"]
     counters[kind] = counters.get(kind, 0) + 1
     title = f"The {name}" if kind == "invention" else name
-    passages.append({"id": f"{prefix[kind]}{counters[kind]:06d}", "title": title,
-                     "text": _render(name, ent, rng)})
+    passages.append({"id": f"{prefix[kind]}{counters[kind]:06d}", "title": title, "text": _render(name, ent, rng)})
   return passages
 
 
@@ -264,28 +434,28 @@ def _years(n: int) -> list[str]:
 
 # question type -> (kind of the question entity, relation path, question template, answer kind)
 ONE_HOP = [
-    ("person", ["birthplace"], "Where was {e} born?"),
-    ("person", ["born"], "In what year was {e} born?"),
-    ("work", ["creator"], "Who created {e}?"),
-    ("org", ["founded"], "In what year was {e} founded?"),
-    ("org", ["headquarters"], "In which city is {e} headquartered?"),
-    ("invention", ["inventor"], "Who invented the {e}?"),
+  ("person", ["birthplace"], "Where was {e} born?"),
+  ("person", ["born"], "In what year was {e} born?"),
+  ("work", ["creator"], "Who created {e}?"),
+  ("org", ["founded"], "In what year was {e} founded?"),
+  ("org", ["headquarters"], "In which city is {e} headquartered?"),
+  ("invention", ["inventor"], "Who invented the {e}?"),
 ]
 BRIDGE = [
-    ("work", ["creator", "birthplace"], "In which city was the creator of {e} born?"),
-    ("work", ["creator", "born"], "In what year was the creator of {e} born?"),
-    ("invention", ["inventor", "employer"], "Which organisation employed the inventor of the {e}?"),
-    ("invention", ["inventor", "birthplace"], "Where was the inventor of the {e} born?"),
-    ("org", ["founder", "birthplace"], "Where was the founder of {e} born?"),
-    ("org", ["headquarters", "country"], "In which country is {e} headquartered?"),
-    ("person", ["employer", "headquarters"], "In which city is the employer of {e} headquartered?"),
-    ("person", ["birthplace", "founded"], "In what year was the birthplace of {e} founded?"),
-    ("work", ["publisher", "founder"], "Who founded the organisation that first published {e}?"),
+  ("work", ["creator", "birthplace"], "In which city was the creator of {e} born?"),
+  ("work", ["creator", "born"], "In what year was the creator of {e} born?"),
+  ("invention", ["inventor", "employer"], "Which organisation employed the inventor of the {e}?"),
+  ("invention", ["inventor", "birthplace"], "Where was the inventor of the {e} born?"),
+  ("org", ["founder", "birthplace"], "Where was the founder of {e} born?"),
+  ("org", ["headquarters", "country"], "In which country is {e} headquartered?"),
+  ("person", ["employer", "headquarters"], "In which city is the employer of {e} headquartered?"),
+  ("person", ["birthplace", "founded"], "In what year was the birthplace of {e} founded?"),
+  ("work", ["publisher", "founder"], "Who founded the organisation that first published {e}?"),
 ]
 COMPARISON = [
-    ("person", "born", "How many years apart were {a} and {b} born?"),
-    ("org", "founded", "How many years apart were {a} and {b} founded?"),
-    ("work", "year", "How many years apart were {a} and {b} created?"),
+  ("person", "born", "How many years apart were {a} and {b} born?"),
+  ("org", "founded", "How many years apart were {a} and {b} founded?"),
+  ("work", "year", "How many years apart were {a} and {b} created?"),
 ]
 
 
@@ -321,14 +491,18 @@ def _questions(ents: dict, rng: random.Random, test_fraction: float) -> dict[str
       value = _follow(ents, name, path)
       if value is None:
         continue
-      hops = [{"query": _title(ents, name), "relation": path[0]}] + [
-          {"relation": r} for r in path[1:]]
-      supporting = [_title(ents, name)] + ([_title(ents, _follow(ents, name, path[:1]))]
-                                           if len(path) > 1 else [])
-      out[split_of[name]].append({
-          "question": template.format(e=name), "answer": _aliases(ents, value),
-          "type": "1-hop" if len(path) == 1 else "2-hop-bridge", "hops": hops,
-          "supporting_titles": supporting, "entity": name})
+      hops = [{"query": _title(ents, name), "relation": path[0]}] + [{"relation": r} for r in path[1:]]
+      supporting = [_title(ents, name)] + ([_title(ents, _follow(ents, name, path[:1]))] if len(path) > 1 else [])
+      out[split_of[name]].append(
+        {
+          "question": template.format(e=name),
+          "answer": _aliases(ents, value),
+          "type": "1-hop" if len(path) == 1 else "2-hop-bridge",
+          "hops": hops,
+          "supporting_titles": supporting,
+          "entity": name,
+        }
+      )
   for kind, relation, template in COMPARISON:
     for split in ("train", "test"):
       pool = [n for n, e in ents.items() if e["kind"] == kind and split_of[n] == split]
@@ -337,11 +511,16 @@ def _questions(ents: dict, rng: random.Random, test_fraction: float) -> dict[str
         diff = abs(ents[a][relation] - ents[b][relation])
         if diff == 0:
           continue
-        out[split].append({
-            "question": template.format(a=a, b=b), "answer": _years(diff),
+        out[split].append(
+          {
+            "question": template.format(a=a, b=b),
+            "answer": _years(diff),
             "type": "2-hop-comparison",
             "hops": [{"query": a, "relation": relation}, {"query": b, "relation": relation}],
-            "supporting_titles": [a, b], "entity": a})
+            "supporting_titles": [a, b],
+            "entity": a,
+          }
+        )
   for rows in out.values():
     rng.shuffle(rows)
   return out
@@ -361,6 +540,7 @@ def write_corpus(passages: list[dict], path: str) -> None:
   the same passages)."""
   import gzip
   import json
+
   data = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in passages).encode("utf-8")
   if path.endswith(".gz"):
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:

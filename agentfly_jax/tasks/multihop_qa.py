@@ -11,6 +11,7 @@ Scripted policies (used by the acceptance test and the SFT warm start):
   - `no_retrieval_answer(row)`: the best guess without retrieving (the most frequent training
     answer of the question's type).
 """
+
 from __future__ import annotations
 
 import collections
@@ -25,8 +26,9 @@ from agentfly_jax.tasks.multihop_kb import generate_kb, parse_passage
 from agentfly_jax.tools.builtin import answer
 from agentfly_jax.tools.retrieval import retrieve
 
-SYSTEM_PROMPT = ("Answer the question using the retrieve tool to search a knowledge base; "
-                 "then call answer with a short answer.")
+SYSTEM_PROMPT = (
+  "Answer the question using the retrieve tool to search a knowledge base; then call answer with a short answer."
+)
 TOOLS = (retrieve, answer)
 REWARD = f1
 KB_SEED = 0
@@ -69,7 +71,7 @@ def split_passages(observation: str) -> list[tuple[str, str]]:
   out = []
   for i, m in enumerate(heads):
     end = heads[i + 1].start() if i + 1 < len(heads) else len(observation)
-    out.append((m.group(2).strip(), observation[m.end():end].strip()))
+    out.append((m.group(2).strip(), observation[m.end() : end].strip()))
   return out
 
 
@@ -122,6 +124,7 @@ def no_retrieval_answer(row: dict) -> str:
 
 # -- SFT demonstrations and the tiny tokenizer --------------------------------------------------
 
+
 def tool_call_text(name: str, arguments: dict) -> str:
   return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
@@ -161,8 +164,7 @@ def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   kb = knowledge_base()
   texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
   for row in make_rows(n, seed):
-    texts += [row["question"], row["answer"][0],
-              tool_call_text("retrieve", {"query": row["hops"][0]["query"]})]
+    texts += [row["question"], row["answer"][0], tool_call_text("retrieve", {"query": row["hops"][0]["query"]})]
   texts += [p["text"] for p in kb.passages[:: max(1, len(kb.passages) // n)]]
   return texts
 
@@ -170,4 +172,5 @@ def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
 def make_agent(tokenizer):
   """A ToolCallAgent with retrieve + answer and the f1 reward."""
   from agentfly_jax.agents import ToolCallAgent
+
   return ToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT)

@@ -14,15 +14,25 @@ negative advantage would otherwise push down the answer call that ends the retri
 So SFT teaches the call format, the copying of names from passages and the answer call, and
 leaves the decision to retrieve partly off for RL (configs/smollm2_multihop_sft_grpo.py).
 """
+
 from __future__ import annotations
 
 import re
 
 import numpy as np
 
-from agentfly_jax.tasks.multihop_qa import (REWARD, SYSTEM_PROMPT, TOOLS, _train_rows_by_question,  # noqa: F401
-                                            make_eval_rows, make_rows, no_retrieval_answer,
-                                            read_relation, tokenizer_corpus, tool_call_text)
+from agentfly_jax.tasks.multihop_qa import (
+  REWARD,
+  SYSTEM_PROMPT,
+  TOOLS,
+  _train_rows_by_question,  # noqa: F401
+  make_eval_rows,
+  make_rows,
+  no_retrieval_answer,
+  read_relation,
+  tokenizer_corpus,
+  tool_call_text,
+)
 
 TOOL_FORMAT = "brief"
 RETRIEVE_K = 1
@@ -48,9 +58,9 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   if not asked:
     raise ValueError(f"multihop_qa_brief demo: no training question in the prompt: {prompt_text[-200:]!r}")
   row = rows[asked[-1]]
-  after_question = prompt_text[prompt_text.rfind(row["question"]):]  # the system prompt names the tags too
+  after_question = prompt_text[prompt_text.rfind(row["question"]) :]  # the system prompt names the tags too
   responses = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", after_question, flags=re.S)
-  if not responses and not use_tool:   # plain text: the answer call's tokens stay the retrieval path's
+  if not responses and not use_tool:  # plain text: the answer call's tokens stay the retrieval path's
     return [(GUESS_PREFIX, True), (no_retrieval_answer(row), False)]
   hops = row["hops"]
   if row["type"] == "2-hop-comparison":
@@ -69,5 +79,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
 
 def make_agent(tokenizer):
   from agentfly_jax.agents.prompted import PromptedToolCallAgent
-  return PromptedToolCallAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
-                               tool_format=TOOL_FORMAT)
+
+  return PromptedToolCallAgent(
+    tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT, tool_format=TOOL_FORMAT
+  )

@@ -5,6 +5,7 @@ ScienceWorld's own train/dev/test variation split (data/scienceworld_splits.json
 scienceworld 1.2.3 by `experiments/make_world_tasks.py --world=scienceworld`, which also writes
 the rows). Tools: `act` (one command) and `valid_actions`; reward: score / 100 (1.0 = solved).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,13 @@ from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
 
 ENV = "scienceworld"
-SYSTEM_PROMPT = ("You do a science task in a text world. Send one command at a time with the act "
-                 "tool (e.g. look around, go to kitchen, focus on water); valid_actions lists "
-                 "possible commands.")
-SPLITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                           "scienceworld_splits.json")
-SIMPLIFICATION = "easy"   # ScienceWorld's common simplification set for agents
+SYSTEM_PROMPT = (
+  "You do a science task in a text world. Send one command at a time with the act "
+  "tool (e.g. look around, go to kitchen, focus on water); valid_actions lists "
+  "possible commands."
+)
+SPLITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "scienceworld_splits.json")
+SIMPLIFICATION = "easy"  # ScienceWorld's common simplification set for agents
 
 
 @tool(name="act", env=ENV)
@@ -50,30 +52,36 @@ async def score_reward(env) -> dict:
 TOOLS = (act, valid_actions)
 # Typical simulator text, so that a tiny tokenizer trained for a random-init policy covers it.
 SAMPLE_OBSERVATIONS = (
-    "Task: Your task is to find a(n) animal. First, focus on the thing. Then, move it to the "
-    "red box in the kitchen.",
-    "This room is called the hallway. In it, you see: the agent, a substance called air, a "
-    "picture. You also see: A door to the art studio (that is closed), A door to the bedroom "
-    "(that is closed), A door to the greenhouse (that is open), A door to the kitchen (that is "
-    "closed), A door to the living room (that is open), A door to the workshop (that is closed)",
-    "This room is called the kitchen. In it, you see: a chair, a counter. On the counter is: a "
-    "bowl (containing a red apple, a banana, an orange, a potato), a drawer. a cupboard (that is "
-    "closed), a freezer (that is closed), a fridge (that is closed), a glass jar (containing a "
-    "substance called sodium chloride), a lighter, an oven, which is turned off, a sink, a stove, "
-    "a thermometer, currently reading a temperature of 10 degrees celsius",
-    "No known action matches that input. You move to the kitchen. The door is now open. You "
-    "focus on the water. You teleport to the outside. Completed.")
+  "Task: Your task is to find a(n) animal. First, focus on the thing. Then, move it to the red box in the kitchen.",
+  "This room is called the hallway. In it, you see: the agent, a substance called air, a "
+  "picture. You also see: A door to the art studio (that is closed), A door to the bedroom "
+  "(that is closed), A door to the greenhouse (that is open), A door to the kitchen (that is "
+  "closed), A door to the living room (that is open), A door to the workshop (that is closed)",
+  "This room is called the kitchen. In it, you see: a chair, a counter. On the counter is: a "
+  "bowl (containing a red apple, a banana, an orange, a potato), a drawer. a cupboard (that is "
+  "closed), a freezer (that is closed), a fridge (that is closed), a glass jar (containing a "
+  "substance called sodium chloride), a lighter, an oven, which is turned off, a sink, a stove, "
+  "a thermometer, currently reading a temperature of 10 degrees celsius",
+  "No known action matches that input. You move to the kitchen. The door is now open. You "
+  "focus on the water. You teleport to the outside. Completed.",
+)
 REWARD = score_reward
 
 
-def rows_from_splits(splits: dict[str, dict[str, list[int]]], split: str,
-                     simplification: str = "easy") -> list[dict]:
+def rows_from_splits(splits: dict[str, dict[str, list[int]]], split: str, simplification: str = "easy") -> list[dict]:
   """Rows of one split from {task_name: {split: [variation, ...]}} (see make_world_tasks.py)."""
   rows = []
   for task, by_split in sorted(splits.items()):
     for variation in by_split.get(split, []):
-      rows.append({"question": f"Complete the ScienceWorld task {task}.", "task_name": task,
-                   "variation": int(variation), "simplification": simplification, "split": split})
+      rows.append(
+        {
+          "question": f"Complete the ScienceWorld task {task}.",
+          "task_name": task,
+          "variation": int(variation),
+          "simplification": simplification,
+          "split": split,
+        }
+      )
   return rows
 
 
@@ -112,8 +120,18 @@ def make_agent(tokenizer):
 
 def tokenizer_corpus(n: int = 50, seed: int = 0) -> list[str]:
   texts = [SYSTEM_PROMPT] * 10
-  for command in ("look around", "go to kitchen", "go to outside", "open door to kitchen",
-                  "focus on", "pick up", "move to", "inventory", "wait", "activate stove"):
+  for command in (
+    "look around",
+    "go to kitchen",
+    "go to outside",
+    "open door to kitchen",
+    "focus on",
+    "pick up",
+    "move to",
+    "inventory",
+    "wait",
+    "activate stove",
+  ):
     texts += [tool_call_text("act", command=command)] * 3
   texts += [r["question"] for r in make_rows(n, seed)]
   texts += list(SAMPLE_OBSERVATIONS) * 5

@@ -9,6 +9,7 @@ Tools: bash, view, str_replace, submit (ends the chain); reward: the fraction of
 hidden tests that pass (graded in a second sandbox the agent never sees), with passed / total /
 submitted as metrics.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,11 +22,12 @@ from envservers.envs import swe_policies, swe_rows, swe_tasks
 ENV = "swe"
 QUESTION = "Fix the bug the issue below describes, then submit."
 SYSTEM_PROMPT = (
-    "You fix bugs in a Python repository at /repo. Tools: bash(command) runs a shell command in "
-    "/repo; view(path, lines) shows numbered lines of a file, e.g. lines=\"1-40\"; "
-    "str_replace(path, old, new) replaces the exact text old, which must occur once, with new; "
-    "submit() ends the episode and runs hidden tests. Run the tests, read the traceback, view "
-    "the file it names, fix it with str_replace, run the tests again, then submit.")
+  "You fix bugs in a Python repository at /repo. Tools: bash(command) runs a shell command in "
+  "/repo; view(path, lines) shows numbered lines of a file, e.g. lines=\"1-40\"; "
+  "str_replace(path, old, new) replaces the exact text old, which must occur once, with new; "
+  "submit() ends the episode and runs hidden tests. Run the tests, read the traceback, view "
+  "the file it names, fix it with str_replace, run the tests again, then submit."
+)
 
 
 @tool(name="bash", env=ENV)
@@ -58,8 +60,7 @@ async def str_replace(path: str, old: str, new: str, env) -> str:
     old: the text to replace, copied exactly (indentation included).
     new: the replacement.
   """
-  return (await env.step({"action": "str_replace", "path": path, "old": old,
-                          "new": new})).observation
+  return (await env.step({"action": "str_replace", "path": path, "old": old, "new": new})).observation
 
 
 @tool(name="submit", env=ENV, finish=True)
@@ -122,9 +123,11 @@ def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
     for task_id in swe_tasks.shipped_task_ids(split)[:n]:
       meta = swe_tasks.shipped_task_meta(task_id)
       fix = swe_tasks.reference_fix(meta)
-      texts += [meta["problem_statement"],
-                tool_call_text("bash", command=meta["test_command"]),
-                tool_call_text("view", path=fix["path"], lines="1-40"),
-                tool_call_text("str_replace", path=fix["path"], old=fix["old"], new=fix["new"]),
-                tool_call_text("submit")]
+      texts += [
+        meta["problem_statement"],
+        tool_call_text("bash", command=meta["test_command"]),
+        tool_call_text("view", path=fix["path"], lines="1-40"),
+        tool_call_text("str_replace", path=fix["path"], old=fix["old"], new=fix["new"]),
+        tool_call_text("submit"),
+      ]
   return texts

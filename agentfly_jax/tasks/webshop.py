@@ -6,6 +6,7 @@ default: 1,000 generated products, seed 0), train and eval from disjoint seeds. 
 (one action: search[query] or click[button]); reward: WebShop's purchase reward (r_type x share of
 matched attributes, options and price), its parts as metrics.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,10 @@ from envservers.envs.webshop_policies import expert_actions, random_action
 
 ENV = "webshop"
 NUM_PRODUCTS, CATALOG_SEED = DEFAULT_NUM_PRODUCTS, DEFAULT_CATALOG_SEED  # the env's (rows come from its catalog)
-SYSTEM_PROMPT = ("You shop on a web store. Act with the shop tool: search[query] on the search "
-                 "page, click[button] on the others. Buy the product the instruction describes.")
+SYSTEM_PROMPT = (
+  "You shop on a web store. Act with the shop tool: search[query] on the search "
+  "page, click[button] on the others. Buy the product the instruction describes."
+)
 
 
 @tool(name="shop", env=ENV)
@@ -88,6 +91,9 @@ def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
   for p in catalog()[:n]:
     texts += [p["name"], " ".join(p["attributes"]), " ".join(sum(p["options"].values(), []))]
   for row in make_rows(n, seed):
-    texts += [row["question"], tool_call_text("shop", action=f"search[{row['goal']['name']}]"),
-              tool_call_text("shop", action="click[buy now]")]
+    texts += [
+      row["question"],
+      tool_call_text("shop", action=f"search[{row['goal']['name']}]"),
+      tool_call_text("shop", action="click[buy now]"),
+    ]
   return texts

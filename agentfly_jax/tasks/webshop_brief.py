@@ -14,6 +14,7 @@ picking): without them WebShop's reward is at most (attributes + price) / (attri
 + 1), never 1.0. So SFT teaches the actions' format and the copying of words from the
 instruction, and leaves picking the options partly off for RL (configs/smollm2_webshop_sft_grpo.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,15 @@ import re
 import numpy as np
 
 from agentfly_jax.rewards import reward
-from agentfly_jax.tasks.webshop import (ENV, SYSTEM_PROMPT, catalog, expert_policy,  # noqa: F401
-                                        make_eval_rows, make_rows, tokenizer_corpus)
+from agentfly_jax.tasks.webshop import (
+  ENV,
+  SYSTEM_PROMPT,
+  catalog,
+  expert_policy,  # noqa: F401
+  make_eval_rows,
+  make_rows,
+  tokenizer_corpus,
+)
 from agentfly_jax.tasks.worlds import tool_call_text
 from agentfly_jax.tools import tool
 
@@ -67,8 +75,10 @@ async def purchase_reward(env) -> dict:
 
 TOOLS = (shop,)
 REWARD = purchase_reward
-_INSTRUCTION = re.compile(r"i need an? (?P<type>.+?)(?: that is (?P<attributes>.+?))?(?:, with (?P<options>.+?))?"
-                          r", and price lower than [\d.]+ dollars")
+_INSTRUCTION = re.compile(
+  r"i need an? (?P<type>.+?)(?: that is (?P<attributes>.+?))?(?:, with (?P<options>.+?))?"
+  r", and price lower than [\d.]+ dollars"
+)
 _OPTION = re.compile(r"(?:^|(?<= and ))([a-z0-9 ]+): (.+?)(?= and [a-z0-9 ]+: |$)")
 _RESULT = re.compile(r"^\[(B0\w+)\] ", re.M)
 
@@ -78,8 +88,11 @@ def parse_instruction(text: str) -> dict | None:
   m = _INSTRUCTION.search(text)
   if m is None:
     return None
-  return {"type": m.group("type"), "attributes": m.group("attributes") or "",
-          "options": dict(_OPTION.findall(m.group("options") or ""))}
+  return {
+    "type": m.group("type"),
+    "attributes": m.group("attributes") or "",
+    "options": dict(_OPTION.findall(m.group("options") or "")),
+  }
 
 
 def _act(action: str) -> str:
@@ -94,9 +107,9 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   if m is None:
     raise ValueError(f"webshop_brief demo: no instruction in the prompt: {prompt_text[-200:]!r}")
   goal = parse_instruction(m.group(0))
-  conversation = prompt_text[m.start():]   # the system prompt names the tags too
+  conversation = prompt_text[m.start() :]  # the system prompt names the tags too
   pages = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", conversation, flags=re.S)
-  page = pages[-1] if pages else conversation   # the first page comes with the question
+  page = pages[-1] if pages else conversation  # the first page comes with the question
   if page.startswith("Thank you for shopping"):
     return "Done."
   if "search[<your query>]" in page:
@@ -122,5 +135,6 @@ def make_agent(tokenizer):
     def initial_messages(self, row, tools, first_observation=None):
       return super().initial_messages(row, tools, first_observation and brief_page(first_observation))
 
-  return BriefShopAgent(tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT,
-                        tool_format=TOOL_FORMAT, task_env=ENV)
+  return BriefShopAgent(
+    tokenizer, tools=list(TOOLS), reward_fn=REWARD, system_prompt=SYSTEM_PROMPT, tool_format=TOOL_FORMAT, task_env=ENV
+  )

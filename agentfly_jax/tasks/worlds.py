@@ -4,6 +4,7 @@ Each world is an env type on the env servers; its task module gives rows (the wo
 plus a `question`), stateful tools bound to the chain's env, an env-bound reward, and an agent
 whose first user message carries the world's opening observation (`task_env`).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,7 @@ def world_agent(tokenizer, tools, reward_fn, system_prompt: str, env_name: str):
     def template_tools(self, tools):
       return None
 
-  return WorldAgent(tokenizer, tools=list(tools), reward_fn=reward_fn, system_prompt=system_prompt,
-                    task_env=env_name)
+  return WorldAgent(tokenizer, tools=list(tools), reward_fn=reward_fn, system_prompt=system_prompt, task_env=env_name)
 
 
 def tool_call_text(tool_name: str, **arguments) -> str:

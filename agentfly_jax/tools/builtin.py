@@ -1,5 +1,6 @@
 """Built-in tools: `calculator` (safe arithmetic), `answer` (finish tool), `code_interpreter`
 (Python in the chain's sandbox environment)."""
+
 from __future__ import annotations
 
 import ast
@@ -8,16 +9,34 @@ import operator
 
 from agentfly_jax.tools.tool import tool
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
+_BINARY = {
+  ast.Add: operator.add,
+  ast.Sub: operator.sub,
+  ast.Mult: operator.mul,
+  ast.Div: operator.truediv,
+  ast.FloorDiv: operator.floordiv,
+  ast.Mod: operator.mod,
+  ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS = {"sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max,
-              "exp": math.exp, "log": math.log, "log10": math.log10, "sin": math.sin,
-              "cos": math.cos, "tan": math.tan, "floor": math.floor, "ceil": math.ceil}
+_FUNCTIONS = {
+  "sqrt": math.sqrt,
+  "abs": abs,
+  "round": round,
+  "min": min,
+  "max": max,
+  "exp": math.exp,
+  "log": math.log,
+  "log10": math.log10,
+  "sin": math.sin,
+  "cos": math.cos,
+  "tan": math.tan,
+  "floor": math.floor,
+  "ceil": math.ceil,
+}
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 _MAX_EXPONENT = 1000
-_MAX_MAGNITUDE = 10 ** 100
+_MAX_MAGNITUDE = 10**100
 
 
 def evaluate_arithmetic(expression: str) -> int | float:
@@ -57,8 +76,12 @@ def evaluate_arithmetic(expression: str) -> int | float:
       return _UNARY[type(node.op)](visit(node.operand))
     if isinstance(node, ast.Name) and node.id in _CONSTANTS:
       return _CONSTANTS[node.id]
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-        and node.func.id in _FUNCTIONS and not node.keywords):
+    if (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Name)
+      and node.func.id in _FUNCTIONS
+      and not node.keywords
+    ):
       return _FUNCTIONS[node.func.id](*[visit(a) for a in node.args])
     raise ValueError(f"unsupported element {ast.unparse(node)!r} in expression")
 

@@ -16,6 +16,7 @@ counts after it (the trainer's step metrics; without `since`: since the tools we
 The trio primitives are made per trio run (a trainer step is its own `trio.run`), so one tool
 object serves any number of runs; the rate window is kept across runs in wall-clock time.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,14 +30,20 @@ import trio
 
 
 def _check_limits(name: str, max_concurrency, rate) -> tuple[int | None, tuple[int, float] | None]:
-  if max_concurrency is not None and (isinstance(max_concurrency, bool)
-                                      or not isinstance(max_concurrency, int) or max_concurrency < 1):
-    raise ValueError(f"@tool {name!r}: max_concurrency must be an int >= 1 (or None), got "
-                     f"{max_concurrency!r}")
+  if max_concurrency is not None and (
+    isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1
+  ):
+    raise ValueError(f"@tool {name!r}: max_concurrency must be an int >= 1 (or None), got {max_concurrency!r}")
   if rate is not None:
-    ok = (isinstance(rate, (tuple, list)) and len(rate) == 2 and isinstance(rate[0], int)
-          and not isinstance(rate[0], bool) and rate[0] >= 1
-          and isinstance(rate[1], (int, float)) and rate[1] > 0)
+    ok = (
+      isinstance(rate, (tuple, list))
+      and len(rate) == 2
+      and isinstance(rate[0], int)
+      and not isinstance(rate[0], bool)
+      and rate[0] >= 1
+      and isinstance(rate[1], (int, float))
+      and rate[1] > 0
+    )
     if not ok:
       raise ValueError(f"@tool {name!r}: rate must be (calls: int >= 1, seconds: > 0), got {rate!r}")
     rate = (int(rate[0]), float(rate[1]))
@@ -47,17 +54,16 @@ class ToolLimits:
   """A tool's concurrency cap and rate, and its counters (thread-safe: rollouts may run in other
   threads, e.g. the async trainer's producer)."""
 
-  def __init__(self, name: str, max_concurrency: int | None = None,
-               rate: tuple[int, float] | None = None):
+  def __init__(self, name: str, max_concurrency: int | None = None, rate: tuple[int, float] | None = None):
     self.name = name
     self.max_concurrency, self.rate = _check_limits(name, max_concurrency, rate)
     self._lock = threading.Lock()
-    self._run_token = None           # the trio run the primitives below belong to
+    self._run_token = None  # the trio run the primitives below belong to
     self._slots: trio.CapacityLimiter | None = None
     self._rate_lock: trio.Lock | None = None
     self._starts: collections.deque[float] = collections.deque()  # time.monotonic() of recent starts
     self._counts = ToolCounts()
-    self._waits: list[float] = []    # every wait, in order (a snapshot's max is over those after it)
+    self._waits: list[float] = []  # every wait, in order (a snapshot's max is over those after it)
 
   @property
   def limited(self) -> bool:
@@ -94,7 +100,7 @@ class ToolLimits:
       return
     slots, rate_lock = self._primitives()
     t0 = time.monotonic()
-    async with (slots if slots is not None else contextlib.nullcontext()):
+    async with slots if slots is not None else contextlib.nullcontext():
       if rate_lock is not None:
         await self._wait_rate(rate_lock)
       waited = time.monotonic() - t0
@@ -118,15 +124,20 @@ class ToolLimits:
   def since(self, before: "ToolCounts") -> dict[str, float]:
     """{calls, errors, wait_s, wait_max_s} of what happened after the snapshot `before`."""
     with self._lock:
-      now, waits = self._counts, self._waits[before.waits:]
-    return {"calls": now.calls - before.calls, "errors": now.errors - before.errors,
-            "wait_s": now.wait_s - before.wait_s, "wait_max_s": max(waits, default=0.0)}
+      now, waits = self._counts, self._waits[before.waits :]
+    return {
+      "calls": now.calls - before.calls,
+      "errors": now.errors - before.errors,
+      "wait_s": now.wait_s - before.wait_s,
+      "wait_max_s": max(waits, default=0.0),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class ToolCounts:
   """A tool's cumulative counts: calls that ran, of those errors, seconds waited for the limits,
   number of waits."""
+
   calls: int = 0
   errors: int = 0
   wait_s: float = 0.0

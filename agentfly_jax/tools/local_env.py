@@ -6,6 +6,7 @@
 Real environments (the Python sandbox, search, text worlds) live in env-server processes and
 are reached through `agentfly_jax.envs`; this provider only builds plain Python objects.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -31,8 +32,7 @@ class LocalEnvProvider:
     key = (env_name, str(chain_id))
     if key not in self.acquired:
       if env_name not in self.factories:
-        raise KeyError(f"LocalEnvProvider: no environment named {env_name!r} "
-                       f"(known: {sorted(self.factories)})")
+        raise KeyError(f"LocalEnvProvider: no environment named {env_name!r} (known: {sorted(self.factories)})")
       self.acquired[key] = self.factories[env_name]()
       self.num_created += 1
     return self.acquired[key]

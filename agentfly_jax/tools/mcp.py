@@ -14,6 +14,7 @@ is then marked dead: later calls fail at once) all come back as error observatio
 exception out of the rollout. Per-tool limits (`max_concurrency`, `rate`) apply to every tool of
 the server. The servers are closed at process exit (or `McpConnection.close()`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -49,12 +50,18 @@ def _result_text(result) -> str:
 class McpConnection:
   """One MCP server: its client connection in a background trio loop; `call` from any thread."""
 
-  def __init__(self, command: Sequence[str] | str | None = None, url: str | None = None, *,
-               name: str | None = None, env: dict | None = None, call_timeout_s: float = 30.0,
-               connect_timeout_s: float = 60.0):
+  def __init__(
+    self,
+    command: Sequence[str] | str | None = None,
+    url: str | None = None,
+    *,
+    name: str | None = None,
+    env: dict | None = None,
+    call_timeout_s: float = 30.0,
+    connect_timeout_s: float = 60.0,
+  ):
     if (command is None) == (url is None):
-      raise ValueError("tools_from_mcp: give exactly one of command=[...] (stdio) or url=... "
-                       "(streamable HTTP)")
+      raise ValueError("tools_from_mcp: give exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
     if isinstance(command, str):
       command = shlex.split(command)
     if command is not None and (not command or not all(isinstance(c, str) for c in command)):
@@ -64,8 +71,8 @@ class McpConnection:
     self.command, self.url, self.env = list(command) if command else None, url, env
     self.name = name or (url if url else " ".join(self.command))
     self.call_timeout_s, self.connect_timeout_s = float(call_timeout_s), float(connect_timeout_s)
-    self.tools: list = []               # the server's tool listing (mcp types)
-    self.dead: str | None = None        # why the connection is gone, once it is
+    self.tools: list = []  # the server's tool listing (mcp types)
+    self.dead: str | None = None  # why the connection is gone, once it is
     self._client = None
     self._scope = None
     self._portal = None
@@ -76,6 +83,7 @@ class McpConnection:
     if self.url is not None:
       return self.url
     from mcp import StdioServerParameters
+
     return StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
 
   async def _hold(self, ready) -> None:
@@ -83,6 +91,7 @@ class McpConnection:
     `close()` cancels it or the transport fails (a crashed server)."""
     import anyio
     from mcp import Client
+
     try:
       with self._scope:
         async with Client(self._server_spec()) as client:
@@ -99,6 +108,7 @@ class McpConnection:
 
   async def _wait_ready(self, ready) -> bool:
     import anyio
+
     with anyio.move_on_after(self.connect_timeout_s):
       await ready.wait()
     return ready.is_set()
@@ -107,6 +117,7 @@ class McpConnection:
     """Connects and lists the tools; RuntimeError naming the server if that fails."""
     import anyio
     from anyio.from_thread import start_blocking_portal
+
     self._portal_cm = start_blocking_portal(backend="trio")
     self._portal = self._portal_cm.__enter__()
     ready, self._scope = self._portal.call(lambda: (anyio.Event(), anyio.CancelScope()))
@@ -120,6 +131,7 @@ class McpConnection:
 
   async def _call(self, name: str, arguments: dict) -> str:
     import anyio
+
     try:
       with anyio.fail_after(self.call_timeout_s):
         result = await self._client.call_tool(name, arguments)
@@ -170,11 +182,19 @@ def _close_all() -> None:
     connection.close()
 
 
-def tools_from_mcp(command: Sequence[str] | str | None = None, url: str | None = None, *,
-                   name: str | None = None, prefix: str = "", env: dict | None = None,
-                   call_timeout_s: float = 30.0, connect_timeout_s: float = 60.0,
-                   max_concurrency: int | None = None, rate: tuple[int, float] | None = None,
-                   max_length: int | None = DEFAULT_MAX_LENGTH) -> list[Tool]:
+def tools_from_mcp(
+  command: Sequence[str] | str | None = None,
+  url: str | None = None,
+  *,
+  name: str | None = None,
+  prefix: str = "",
+  env: dict | None = None,
+  call_timeout_s: float = 30.0,
+  connect_timeout_s: float = 60.0,
+  max_concurrency: int | None = None,
+  rate: tuple[int, float] | None = None,
+  max_length: int | None = DEFAULT_MAX_LENGTH,
+) -> list[Tool]:
   """Starts / connects to an MCP server and returns one `Tool` per tool it lists.
 
   Args:
@@ -188,23 +208,39 @@ def tools_from_mcp(command: Sequence[str] | str | None = None, url: str | None =
     max_concurrency, rate: per-tool limits (`@tool`), for each of the server's tools.
     max_length: observation characters kept.
   """
-  connection = McpConnection(command, url, name=name, env=env, call_timeout_s=call_timeout_s,
-                             connect_timeout_s=connect_timeout_s).start()
+  connection = McpConnection(
+    command, url, name=name, env=env, call_timeout_s=call_timeout_s, connect_timeout_s=connect_timeout_s
+  ).start()
   _open.append(connection)
   tools = []
   for listed in connection.tools:
     schema_in = getattr(listed, "input_schema", None) or getattr(listed, "inputSchema", None) or {}
-    parameters = {"type": "object", "properties": dict(schema_in.get("properties") or {}),
-                  **({"required": list(schema_in["required"])} if schema_in.get("required") else {})}
+    parameters = {
+      "type": "object",
+      "properties": dict(schema_in.get("properties") or {}),
+      **({"required": list(schema_in["required"])} if schema_in.get("required") else {}),
+    }
     if schema_in.get("additionalProperties") is False:
       parameters["additionalProperties"] = False
     tool_name = f"{prefix}{listed.name}"
-    schema = {"type": "function", "function": {
-        "name": tool_name, "description": listed.description or f"MCP tool {listed.name}",
-        "parameters": parameters}}
+    schema = {
+      "type": "function",
+      "function": {
+        "name": tool_name,
+        "description": listed.description or f"MCP tool {listed.name}",
+        "parameters": parameters,
+      },
+    }
 
-    t = Tool(_caller(connection, listed.name, tool_name, listed.description), name=tool_name, schema=schema, max_length=max_length,
-             timeout_s=call_timeout_s + 5.0, max_concurrency=max_concurrency, rate=rate)
+    t = Tool(
+      _caller(connection, listed.name, tool_name, listed.description),
+      name=tool_name,
+      schema=schema,
+      max_length=max_length,
+      timeout_s=call_timeout_s + 5.0,
+      max_concurrency=max_concurrency,
+      rate=rate,
+    )
     t.mcp_connection = connection
     tools.append(t)
   return tools
@@ -213,6 +249,7 @@ def tools_from_mcp(command: Sequence[str] | str | None = None, url: str | None =
 def _caller(connection: McpConnection, server_tool: str, tool_name: str, description: str | None):
   def call(**arguments):
     return connection.call(server_tool, arguments)
+
   call.__name__, call.__doc__ = tool_name, description
   return call
 

@@ -7,6 +7,7 @@
 Built-ins are listed here as "module:attribute" strings and imported on first use, so a listing
 costs nothing and a built-in that needs an optional package fails only when asked for.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,11 +16,11 @@ import sys
 from typing import Any
 
 BUILTIN_TOOLS: dict[str, str] = {
-    "answer": "agentfly_jax.tools.builtin:answer",
-    "calculator": "agentfly_jax.tools.builtin:calculator",
-    "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
-    "retrieve": "agentfly_jax.tools.retrieval:retrieve",
-    "web_search": "agentfly_jax.tools.web:web_search",
+  "answer": "agentfly_jax.tools.builtin:answer",
+  "calculator": "agentfly_jax.tools.builtin:calculator",
+  "code_interpreter": "agentfly_jax.tools.builtin:code_interpreter",
+  "retrieve": "agentfly_jax.tools.retrieval:retrieve",
+  "web_search": "agentfly_jax.tools.web:web_search",
 }
 
 
@@ -62,14 +63,14 @@ def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:
       module, _, attr = spec.rpartition(".")
       target = f"{module}:{attr}"
     else:
-      raise ValueError(f"unknown {kind} {spec!r}; built-in {kind}s: {sorted(builtins)} "
-                       f"(a user {kind} is named as 'module:function')")
+      raise ValueError(
+        f"unknown {kind} {spec!r}; built-in {kind}s: {sorted(builtins)} (a user {kind} is named as 'module:function')"
+      )
   module_name, _, attr = target.partition(":")
   try:
     module = import_user_module(module_name)
   except Exception as e:  # noqa: BLE001 — any import failure is the user's module failing
-    raise ValueError(f"{kind} {spec!r}: module {module_name!r} does not import: "
-                     f"{type(e).__name__}: {e}") from e
+    raise ValueError(f"{kind} {spec!r}: module {module_name!r} does not import: {type(e).__name__}: {e}") from e
   try:
     obj = getattr(module, attr)
   except AttributeError:
@@ -80,6 +81,7 @@ def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:
 def get_tool(name: str):
   """The `Tool` named `name`: a built-in (see `list_tools()`) or 'module:function'."""
   from agentfly_jax.tools.tool import Tool
+
   obj = resolve_object(name, kind="tool", builtins=BUILTIN_TOOLS)
   if not isinstance(obj, Tool):
     raise ValueError(f"tool {name!r} is a {type(obj).__name__}, not a @tool function")

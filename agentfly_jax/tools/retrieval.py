@@ -1,9 +1,10 @@
 """`retrieve`: BM25 search over the env server's `retrieval` corpus (a stateful env tool).
 
-  retrieve("Varo Keltin")              # one-off call: the embedded local server (or
-                                       # AGENTFLY_ENV_SERVERS) answers, like code_interpreter
-  retrieve(query="Ostrevel", k=5)
+retrieve("Varo Keltin")              # one-off call: the embedded local server (or
+                                     # AGENTFLY_ENV_SERVERS) answers, like code_interpreter
+retrieve(query="Ostrevel", k=5)
 """
+
 from __future__ import annotations
 
 from agentfly_jax.tools.tool import tool

@@ -14,6 +14,7 @@ checking a model's arguments against the type hints.
                      "days": {"type": "integer", "description": "how many days ahead."}},
       "required": ["city"]}}}
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -23,12 +24,21 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-_SECTION_RE = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Yields|Raises|"
-                         r"Examples?|Notes?|Attributes)\s*:\s*$")
+_SECTION_RE = re.compile(
+  r"^\s*(Args|Arguments|Parameters|Returns|Return|Yields|Raises|"
+  r"Examples?|Notes?|Attributes)\s*:\s*$"
+)
 _ARG_RE = re.compile(r"^(\*{0,2}\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
 
-_PRIMITIVES = {str: "string", int: "integer", float: "number", bool: "boolean",
-               dict: "object", list: "array", tuple: "array"}
+_PRIMITIVES = {
+  str: "string",
+  int: "integer",
+  float: "number",
+  bool: "boolean",
+  dict: "object",
+  list: "array",
+  tuple: "array",
+}
 
 
 def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -103,8 +113,9 @@ def type_schema(hint) -> dict:
   return {}
 
 
-def function_schema(fn: Callable, name: str | None = None, description: str | None = None,
-                    skip_params: tuple[str, ...] = ()) -> dict:
+def function_schema(
+  fn: Callable, name: str | None = None, description: str | None = None, skip_params: tuple[str, ...] = ()
+) -> dict:
   """OpenAI function-format schema of `fn` (parameters in `skip_params` are left out)."""
   doc_description, arg_docs = parse_google_docstring(fn.__doc__)
   try:
@@ -122,12 +133,12 @@ def function_schema(fn: Callable, name: str | None = None, description: str | No
     if param.default is inspect.Parameter.empty:
       required.append(pname)
   return {
-      "type": "function",
-      "function": {
-          "name": name or fn.__name__,
-          "description": description if description is not None else doc_description,
-          "parameters": {"type": "object", "properties": properties, "required": required},
-      },
+    "type": "function",
+    "function": {
+      "name": name or fn.__name__,
+      "description": description if description is not None else doc_description,
+      "parameters": {"type": "object", "properties": properties, "required": required},
+    },
   }
 
 
@@ -164,18 +175,20 @@ def _matches(value, hint) -> bool:
   return True
 
 
-def check_arguments(fn_name: str, signature: inspect.Signature, hints: dict, arguments: dict,
-                    skip_params: tuple[str, ...] = ()) -> str | None:
+def check_arguments(
+  fn_name: str, signature: inspect.Signature, hints: dict, arguments: dict, skip_params: tuple[str, ...] = ()
+) -> str | None:
   """Returns an error message naming the tool and argument, or None if `arguments` fit."""
   params = {k: p for k, p in signature.parameters.items() if k not in skip_params}
   accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
   named = {k: p for k, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
   unknown = [k for k in arguments if k not in named]
   if unknown and not accepts_any:
-    return (f"tool '{fn_name}' got unknown argument(s) {', '.join(map(repr, unknown))}; "
-            f"it accepts {', '.join(map(repr, named)) or 'no arguments'}")
-  missing = [k for k, p in named.items() if p.default is inspect.Parameter.empty
-             and k not in arguments]
+    return (
+      f"tool '{fn_name}' got unknown argument(s) {', '.join(map(repr, unknown))}; "
+      f"it accepts {', '.join(map(repr, named)) or 'no arguments'}"
+    )
+  missing = [k for k, p in named.items() if p.default is inspect.Parameter.empty and k not in arguments]
   if missing:
     return f"tool '{fn_name}' is missing required argument(s) {', '.join(map(repr, missing))}"
   for k, v in arguments.items():
@@ -184,6 +197,5 @@ def check_arguments(fn_name: str, signature: inspect.Signature, hints: dict, arg
     hint = hints.get(k, named[k].annotation)
     if not _matches(v, hint):
       expected = type_schema(hint).get("type") or getattr(hint, "__name__", str(hint))
-      return (f"tool '{fn_name}' argument '{k}' must be of type {expected}, got "
-              f"{type(v).__name__} {v!r:.80}")
+      return f"tool '{fn_name}' argument '{k}' must be of type {expected}, got {type(v).__name__} {v!r:.80}"
   return None

@@ -28,6 +28,7 @@ Limits (`tools/limits.py`): `@tool(max_concurrency=2, rate=(5, 1.0))` lets at mo
 once and at most 5 start in any second, across all chains of the process; every call is counted
 per tool (calls, errors, seconds waited for the limits) for the trainer's step metrics.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,6 +53,7 @@ ENV_PARAM = "env"
 @dataclasses.dataclass
 class ToolOutput:
   """Result of one tool call: what the model reads, and whether it went well."""
+
   observation: str
   ok: bool = True
   error: str | None = None
@@ -86,11 +88,21 @@ def truncate(text: str, max_length: int | None) -> str:
 class Tool:
   """A callable tool: the function, its JSON schema, and how it runs in a chain."""
 
-  def __init__(self, fn: Callable, *, name: str | None = None, description: str | None = None,
-               max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
-               env: str | None = None, finish: bool = False, timeout_s: float | None = None,
-               max_concurrency: int | None = None, rate: tuple[int, float] | None = None,
-               schema: dict | None = None):
+  def __init__(
+    self,
+    fn: Callable,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    max_length: int | None = DEFAULT_MAX_LENGTH,
+    stateful: bool = False,
+    env: str | None = None,
+    finish: bool = False,
+    timeout_s: float | None = None,
+    max_concurrency: int | None = None,
+    rate: tuple[int, float] | None = None,
+    schema: dict | None = None,
+  ):
     if not callable(fn):
       raise TypeError(f"@tool: expected a function, got {type(fn).__name__}")
     self.fn = fn
@@ -103,16 +115,20 @@ class Tool:
       if not env:
         raise ValueError(f"@tool {self.name!r}: stateful=True needs env='<env name>'")
       if ENV_PARAM not in params:
-        raise ValueError(f"@tool {self.name!r}: a stateful tool needs a parameter named "
-                         f"'{ENV_PARAM}' to receive its environment")
+        raise ValueError(
+          f"@tool {self.name!r}: a stateful tool needs a parameter named '{ENV_PARAM}' to receive its environment"
+        )
     self._skip = (ENV_PARAM,) if self.stateful else ()
     try:
       self._hints = typing.get_type_hints(fn)
     except Exception:
       self._hints = {}
     # `schema`: given for tools whose arguments are not the function's (MCP tools: **kwargs).
-    self.schema = schema if schema is not None else function_schema(
-        fn, name=self.name, description=description, skip_params=self._skip)
+    self.schema = (
+      schema
+      if schema is not None
+      else function_schema(fn, name=self.name, description=description, skip_params=self._skip)
+    )
     self._fixed_schema = schema is not None
     self.description = self.schema["function"]["description"]
     self.max_length = max_length
@@ -135,14 +151,14 @@ class Tool:
   def check(self, arguments: Any) -> str | None:
     """An error message if `arguments` don't fit the signature, else None."""
     if not isinstance(arguments, dict):
-      return (f"tool '{self.name}' arguments must be a JSON object, got "
-              f"{type(arguments).__name__} {arguments!r:.80}")
+      return f"tool '{self.name}' arguments must be a JSON object, got {type(arguments).__name__} {arguments!r:.80}"
     if self._fixed_schema:
       return _check_against_schema(self.name, self.parameters, arguments)
     return check_arguments(self.name, self.signature, self._hints, arguments, self._skip)
 
-  async def run(self, arguments: Any, env: Any = None,
-                thread_limiter: trio.CapacityLimiter | None = None) -> ToolOutput:
+  async def run(
+    self, arguments: Any, env: Any = None, thread_limiter: trio.CapacityLimiter | None = None
+  ) -> ToolOutput:
     """Runs the tool once in a chain; never raises (except trio cancellation): any problem
     comes back as an error observation. Waits for the tool's limits first (counted)."""
     async with self.limits.slot():
@@ -150,8 +166,7 @@ class Tool:
     self.limits.count(out.ok)
     return out
 
-  async def _run_once(self, arguments: Any, env: Any,
-                      thread_limiter: trio.CapacityLimiter | None) -> ToolOutput:
+  async def _run_once(self, arguments: Any, env: Any, thread_limiter: trio.CapacityLimiter | None) -> ToolOutput:
     error = self.check(arguments)
     if error is not None:
       return ToolOutput(f"Error: {error}", ok=False, error=error)
@@ -166,24 +181,27 @@ class Tool:
         if self.is_async:
           value = await self.fn(**kwargs)
         else:
-          value = await trio.to_thread.run_sync(functools.partial(self.fn, **kwargs),
-                                                limiter=thread_limiter, abandon_on_cancel=True)
+          value = await trio.to_thread.run_sync(
+            functools.partial(self.fn, **kwargs), limiter=thread_limiter, abandon_on_cancel=True
+          )
     except trio.TooSlowError:
       error = f"tool '{self.name}' timed out after {self.timeout_s} s"
       return ToolOutput(f"Error: {error}", ok=False, error=error)
     except Exception as e:  # the model reads the error and may retry
       error = f"tool '{self.name}' raised {type(e).__name__}: {e}"
       return ToolOutput(truncate(f"Error: {error}", self.max_length), ok=False, error=error)
-    return ToolOutput(truncate(to_observation_text(value), self.max_length), ok=True,
-                      finished=self.is_finish)
+    return ToolOutput(truncate(to_observation_text(value), self.max_length), ok=True, finished=self.is_finish)
 
   def _arguments(self, args: tuple, kwargs: dict) -> dict:
     """Positional + keyword arguments of a direct call as one dict (positional ones bound to the
     signature's parameters in order)."""
     if not args:
       return kwargs
-    names = [k for k, p in self.signature.parameters.items()
-             if k not in self._skip and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [
+      k
+      for k, p in self.signature.parameters.items()
+      if k not in self._skip and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     if len(args) > len(names):
       raise TypeError(f"tool '{self.name}' takes {len(names)} positional argument(s), got {len(args)}")
     return {**dict(zip(names, args)), **kwargs}
@@ -215,10 +233,19 @@ class Tool:
     return self.acall(*args, **kwargs)
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None,
-         max_length: int | None = DEFAULT_MAX_LENGTH, stateful: bool = False,
-         env: str | None = None, finish: bool = False, timeout_s: float | None = None,
-         max_concurrency: int | None = None, rate: tuple[int, float] | None = None):
+def tool(
+  fn: Callable | None = None,
+  *,
+  name: str | None = None,
+  description: str | None = None,
+  max_length: int | None = DEFAULT_MAX_LENGTH,
+  stateful: bool = False,
+  env: str | None = None,
+  finish: bool = False,
+  timeout_s: float | None = None,
+  max_concurrency: int | None = None,
+  rate: tuple[int, float] | None = None,
+):
   """Decorator making a `Tool`; use bare (`@tool`) or with options (`@tool(name=..., ...)`).
 
   Args:
@@ -233,15 +260,25 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
     max_concurrency: at most this many calls of the tool run at once (None = no cap); more wait.
     rate: (calls, seconds): at most `calls` calls start in any `seconds` window; more wait.
   """
+
   def wrap(f):
-    return Tool(f, name=name, description=description, max_length=max_length,
-                stateful=stateful, env=env, finish=finish, timeout_s=timeout_s,
-                max_concurrency=max_concurrency, rate=rate)
+    return Tool(
+      f,
+      name=name,
+      description=description,
+      max_length=max_length,
+      stateful=stateful,
+      env=env,
+      finish=finish,
+      timeout_s=timeout_s,
+      max_concurrency=max_concurrency,
+      rate=rate,
+    )
+
   return wrap(fn) if fn is not None else wrap
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-               "object": dict, "array": list}
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
 
 
 def _check_against_schema(name: str, parameters: dict, arguments: dict) -> str | None:

@@ -15,6 +15,7 @@ LRU by default; redis when AGENTFLY_REDIS_URL is set (shared by processes and re
 expire after AGENTFLY_SEARCH_CACHE_TTL_S, default 1 day). If redis stops answering, a warning is
 issued once and the LRU serves alone; redis is tried again after `retry_s`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -40,8 +41,9 @@ def set_search_backend(fn: Callable | None) -> None:
   _backend = fn
 
 
-def http_search(url: str, query: str, num_results: int, api_key: str | None = None,
-                timeout_s: float = 15.0) -> list[dict]:
+def http_search(
+  url: str, query: str, num_results: int, api_key: str | None = None, timeout_s: float = 15.0
+) -> list[dict]:
   """One request to an HTTP JSON search backend (the mapping in the module docstring)."""
   headers = {"Content-Type": "application/json", "Accept": "application/json"}
   if api_key:
@@ -60,15 +62,15 @@ def http_search(url: str, query: str, num_results: int, api_key: str | None = No
   results = payload.get("results") if isinstance(payload, dict) else None
   if not isinstance(results, list):
     raise RuntimeError(f"search backend {url} returned no 'results' list: {str(payload)[:200]}")
-  return [{k: str(r.get(k, "") or "") for k in ("title", "url", "snippet")}
-          for r in results if isinstance(r, dict)][:num_results]
+  return [{k: str(r.get(k, "") or "") for k in ("title", "url", "snippet")} for r in results if isinstance(r, dict)][
+    :num_results
+  ]
 
 
 class SearchCache:
   """A thread-safe LRU, in front of redis when `redis_url` is given (see the module docstring)."""
 
-  def __init__(self, maxsize: int = 4096, redis_url: str | None = None, ttl_s: int = 86400,
-               retry_s: float = 30.0):
+  def __init__(self, maxsize: int = 4096, redis_url: str | None = None, ttl_s: int = 86400, retry_s: float = 30.0):
     self.maxsize = maxsize
     self.ttl_s = int(ttl_s)
     self.retry_s = retry_s
@@ -81,6 +83,7 @@ class SearchCache:
     self.hits = collections.Counter()
     if redis_url:
       import redis
+
       self.redis = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
 
   @staticmethod
@@ -98,8 +101,12 @@ class SearchCache:
     self._redis_down_since = time.monotonic()
     if not self._warned:
       self._warned = True
-      warnings.warn(f"web_search cache: redis at {self.redis_url} failed ({type(error).__name__}: "
-                    f"{error}); using the in-process LRU cache", RuntimeWarning, stacklevel=3)
+      warnings.warn(
+        f"web_search cache: redis at {self.redis_url} failed ({type(error).__name__}: "
+        f"{error}); using the in-process LRU cache",
+        RuntimeWarning,
+        stacklevel=3,
+      )
 
   def get(self, key: str) -> list | None:
     with self._lock:
@@ -109,6 +116,7 @@ class SearchCache:
         return self._lru[key]
     if self._redis_usable():
       import redis
+
       try:
         raw = self.redis.get(key)
         self._redis_down_since = None
@@ -134,6 +142,7 @@ class SearchCache:
     self._put_lru(key, value)
     if self._redis_usable():
       import redis
+
       try:
         self.redis.set(key, json.dumps(value), ex=self.ttl_s)
         self._redis_down_since = None
@@ -150,8 +159,10 @@ def default_cache() -> SearchCache:
   global _cache
   with _cache_lock:
     if _cache is None:
-      _cache = SearchCache(redis_url=os.environ.get("AGENTFLY_REDIS_URL") or None,
-                           ttl_s=int(os.environ.get("AGENTFLY_SEARCH_CACHE_TTL_S", "86400")))
+      _cache = SearchCache(
+        redis_url=os.environ.get("AGENTFLY_REDIS_URL") or None,
+        ttl_s=int(os.environ.get("AGENTFLY_SEARCH_CACHE_TTL_S", "86400")),
+      )
     return _cache
 
 
@@ -170,8 +181,10 @@ def search(query: str, num_results: int = 5) -> list[dict]:
     raise ValueError(f"num_results must be an integer from 1 to 20, got {num_results!r}")
   url = os.environ.get("AGENTFLY_SEARCH_URL", "")
   if _backend is None and not url:
-    raise RuntimeError("no search backend: set AGENTFLY_SEARCH_URL (an HTTP JSON endpoint) or "
-                       "call agentfly_jax.tools.web.set_search_backend(fn)")
+    raise RuntimeError(
+      "no search backend: set AGENTFLY_SEARCH_URL (an HTTP JSON endpoint) or "
+      "call agentfly_jax.tools.web.set_search_backend(fn)"
+    )
   backend_name = url if _backend is None else f"python:{getattr(_backend, '__qualname__', _backend)}"
   cache = default_cache()
   key = cache.key(backend_name, query.strip(), num_results)
@@ -180,9 +193,13 @@ def search(query: str, num_results: int = 5) -> list[dict]:
     if _backend is not None:
       results = list(_backend(query.strip(), num_results))
     else:
-      results = http_search(url, query.strip(), num_results,
-                            api_key=os.environ.get("AGENTFLY_SEARCH_API_KEY") or None,
-                            timeout_s=float(os.environ.get("AGENTFLY_SEARCH_TIMEOUT_S", "15")))
+      results = http_search(
+        url,
+        query.strip(),
+        num_results,
+        api_key=os.environ.get("AGENTFLY_SEARCH_API_KEY") or None,
+        timeout_s=float(os.environ.get("AGENTFLY_SEARCH_TIMEOUT_S", "15")),
+      )
     cache.put(key, results)
   return results
 
@@ -190,8 +207,7 @@ def search(query: str, num_results: int = 5) -> list[dict]:
 def format_results(results: list[dict]) -> str:
   if not results:
     return "No results."
-  return "\n\n".join(f"[{i}] {r['title']} ({r['url']})\n{r['snippet']}"
-                     for i, r in enumerate(results, 1))
+  return "\n\n".join(f"[{i}] {r['title']} ({r['url']})\n{r['snippet']}" for i, r in enumerate(results, 1))
 
 
 @tool(max_length=4096)

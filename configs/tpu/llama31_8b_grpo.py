@@ -6,6 +6,7 @@ trainer on one fsdp=8 mesh, rows of 2,048 tokens: configs/tpu/qwen25_7b_grpo.py 
 
 experiments/results/aot_tpu.md has what XLA reports for its train step on v6e:2x4.
 """
+
 from agentfly_jax.rl.config import tpu_grpo_config
 
 

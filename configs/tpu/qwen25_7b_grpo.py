@@ -14,6 +14,7 @@ experiments/results/aot_tpu.md has what XLA reports for these programs on v5p:2x
 (8 micro-batches of 8 x 2,048) peaks at 25.8 GiB a chip of the 95 (10.6 GiB state + 15.2 GiB
 temporaries), so micro_batch_size could grow; the state alone would fit 4 chips (v5p:2x2x1).
 """
+
 from agentfly_jax.rl.config import tpu_grpo_config
 
 

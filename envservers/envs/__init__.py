@@ -1,4 +1,13 @@
 """Built-in env types; importing this package registers them (the simulators they drive, e.g.
 ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
-from envservers.envs import (alfworld_env, python_sandbox, retrieval, scienceworld_env,  # noqa: F401
-                             swe, testing, textworld_env, webshop)  # (registration side effects)
+
+from envservers.envs import (
+  alfworld_env,
+  python_sandbox,
+  retrieval,
+  scienceworld_env,  # noqa: F401
+  swe,
+  testing,
+  textworld_env,
+  webshop,
+)  # (registration side effects)

@@ -8,6 +8,7 @@ lists a split. Reward: 1.0 when the goal is reached (ALFWorld's `won`), as score
 `admissible_commands` query gives ALFWorld's valid actions, `walkthrough` the game's expert
 commands (its "walkthrough" field). Needs TextWorld's PDDL backend (`fast-downward-textworld`).
 """
+
 from __future__ import annotations
 
 import glob
@@ -23,12 +24,16 @@ def data_folder(data_dir: str = "") -> str:
   """The ALFWorld data folder; ValueError naming what is missing."""
   folder = data_dir or os.environ.get("ALFWORLD_DATA", "")
   if not folder:
-    raise ValueError("alfworld needs ALFWorld's data folder: set ALFWORLD_DATA (or the option "
-                     "alfworld.data_dir) to the folder `alfworld-download` fills; it is not set")
+    raise ValueError(
+      "alfworld needs ALFWorld's data folder: set ALFWORLD_DATA (or the option "
+      "alfworld.data_dir) to the folder `alfworld-download` fills; it is not set"
+    )
   if not os.path.isdir(os.path.join(folder, "json_2.1.1")):
-    raise ValueError(f"alfworld data folder {folder!r} has no 'json_2.1.1' folder (ALFWorld's "
-                     f"layout: json_2.1.1/<split>/<task>/<trial>/game.tw-pddl); set ALFWORLD_DATA "
-                     f"to the folder `alfworld-download` fills")
+    raise ValueError(
+      f"alfworld data folder {folder!r} has no 'json_2.1.1' folder (ALFWorld's "
+      f"layout: json_2.1.1/<split>/<task>/<trial>/game.tw-pddl); set ALFWORLD_DATA "
+      f"to the folder `alfworld-download` fills"
+    )
   return folder
 
 
@@ -47,7 +52,7 @@ class AlfWorldEnv(TextWorldEnv):
 
   def __init__(self, data_dir: str = "", max_steps: int = 50):
     super().__init__(max_steps=max_steps)
-    self.data_dir = data_folder(data_dir)   # fails at server start, naming the folder
+    self.data_dir = data_folder(data_dir)  # fails at server start, naming the folder
 
   def start_blocking(self) -> None:
     import fast_downward  # noqa: F401  (TextWorld's PDDL backend)
@@ -63,8 +68,10 @@ class AlfWorldEnv(TextWorldEnv):
 
   def request_infos(self):
     import textworld
-    return textworld.EnvInfos(admissible_commands=True, won=True, lost=True, score=True,
-                              max_score=True, extras=["walkthrough"])
+
+    return textworld.EnvInfos(
+      admissible_commands=True, won=True, lost=True, score=True, max_score=True, extras=["walkthrough"]
+    )
 
   def expert_commands(self, state) -> list[str]:
     return list(state.get("extra.walkthrough") or [])

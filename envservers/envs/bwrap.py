@@ -11,6 +11,7 @@ process: started with a uid of its own when the server runs as root (so RLIMIT_N
 sandbox and root-only files stay unreadable, even through /proc) and no host environment, moved
 into a memory cgroup where the server may make one, stopped with everything inside.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,16 +43,22 @@ def driver_source(file_name: str) -> str:
   lines = (_HERE / file_name).read_text().splitlines(keepends=True)
   at = [i for i, line in enumerate(lines) if line.startswith(_INLINED_IMPORT)]
   if len(at) != 1:
-    raise RuntimeError(f"{file_name} must import driver_common in exactly one line "
-                       f"({_INLINED_IMPORT}...), found {len(at)}")
+    raise RuntimeError(
+      f"{file_name} must import driver_common in exactly one line ({_INLINED_IMPORT}...), found {len(at)}"
+    )
   lines[at[0]] = (_HERE / "driver_common.py").read_text()
   return "".join(lines)
 
 
 @functools.lru_cache(maxsize=None)
 def _python_version(python: str) -> str:
-  return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                        capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+  return subprocess.run(
+    [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+    capture_output=True,
+    text=True,
+    timeout=30,
+    check=True,
+  ).stdout.strip()
 
 
 def default_python() -> str:
@@ -73,10 +80,18 @@ def host_site_packages(python: str) -> str | None:
   return purelib if same and os.path.isdir(purelib) else None
 
 
-def bwrap_args(python: str, command: list[str], *, env: dict[str, str],
-               tmpfs: list[tuple[str, int]], chdir: str, site_packages: bool,
-               pythonpath: tuple[str, ...] = (), mounts: tuple[str, ...] = (),
-               as_pid_1: bool = False) -> list[str]:
+def bwrap_args(
+  python: str,
+  command: list[str],
+  *,
+  env: dict[str, str],
+  tmpfs: list[tuple[str, int]],
+  chdir: str,
+  site_packages: bool,
+  pythonpath: tuple[str, ...] = (),
+  mounts: tuple[str, ...] = (),
+  as_pid_1: bool = False,
+) -> list[str]:
   """The bwrap command line running `command` (see the module docstring).
 
   Args:
@@ -89,9 +104,18 @@ def bwrap_args(python: str, command: list[str], *, env: dict[str, str],
     mounts: more bwrap mount options, after the host's and before /proc.
     as_pid_1: `command` is the namespace's init (which `kill -9 -1` inside cannot reach).
   """
-  args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session",
-          *(["--as-pid-1"] if as_pid_1 else []), "--hostname", "sandbox",
-          "--ro-bind", "/usr", "/usr"]
+  args = [
+    BWRAP,
+    "--unshare-all",
+    "--die-with-parent",
+    "--new-session",
+    *(["--as-pid-1"] if as_pid_1 else []),
+    "--hostname",
+    "sandbox",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+  ]
   for top in ("/bin", "/lib", "/lib64", "/sbin"):
     if os.path.islink(top):
       args += ["--symlink", os.readlink(top), top]
@@ -122,6 +146,7 @@ def bwrap_args(python: str, command: list[str], *, env: dict[str, str],
 class BwrapProcess:
   """The host side of one sandbox process: `spawn`, `confine_memory`, `stop`. A class using it
   keeps `process`, `stderr` and `cgroup` (None until set here)."""
+
   process: trio.Process | None = None
   stderr: StderrCapture | None = None
   cgroup: str | None = None
@@ -130,16 +155,18 @@ class BwrapProcess:
     """Starts `args` (a bwrap command line, maybe behind a launcher) with pipes on stdin and
     stdout; EnvCrashed naming `what` when bubblewrap is missing."""
     if not os.path.exists(BWRAP):
-      raise EnvCrashed(f"bubblewrap ({BWRAP}) is not installed: {what} needs it (Debian package "
-                       f"'bubblewrap'; .ci/setup installs it)")
+      raise EnvCrashed(
+        f"bubblewrap ({BWRAP}) is not installed: {what} needs it (Debian package 'bubblewrap'; .ci/setup installs it)"
+      )
     # bwrap's own process (pid 1 inside, its /proc/1/environ readable there) gets no host env.
     options: dict[str, Any] = {"start_new_session": True, "env": {"PATH": "/usr/bin:/bin"}}
-    if os.geteuid() == 0:   # a uid of its own: NPROC holds per sandbox, root's files unreadable
+    if os.geteuid() == 0:  # a uid of its own: NPROC holds per sandbox, root's files unreadable
       uid = 1_000_000 + (os.getpid() % 2000) * 4096 + next(_uid_counter) % 4096
       options.update(user=uid, group=uid, extra_groups=[])
     self.stderr = StderrCapture()
     self.process = await trio.lowlevel.open_process(
-        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file, **options)
+      args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr.file, **options
+    )
     return self.process
 
   def confine_memory(self, limit_bytes: int) -> None:
@@ -153,8 +180,7 @@ class BwrapProcess:
     if self.cgroup:
       outside = memory_cgroup.add_process_tree(self.cgroup, self.process.pid)
       if outside or self.process.pid not in memory_cgroup.members(self.cgroup):
-        raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left "
-                         f"outside: {outside})")
+        raise EnvCrashed(f"could not move the sandbox into its memory cgroup (pids left outside: {outside})")
 
   async def stop(self) -> None:
     """Kills the process and everything inside; removes its memory cgroup."""

@@ -4,6 +4,7 @@ start. Stdlib only: a driver runs as `python -c <source>` inside the sandbox, wh
 envservers package, so the host inlines this file in place of the driver's one
 `from envservers.envs.driver_common import ...` line (bwrap.driver_source).
 """
+
 import json
 import os
 import resource
@@ -30,7 +31,7 @@ def send(fd, message):
   body = json.dumps(message).encode("utf-8")
   data = _HEADER.pack(len(body)) + body
   while data:
-    data = data[os.write(fd, data):]
+    data = data[os.write(fd, data) :]
 
 
 def receive(fd):

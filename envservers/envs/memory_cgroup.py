@@ -6,6 +6,7 @@ cgroup v1 with a writable memory hierarchy, as on this project's CPU machines), 
 one with `memory.limit_in_bytes`; past it the kernel OOM-kills inside the sandbox only. Elsewhere
 this is a no-op and the rlimits + capped tmpfs remain the bounds.
 """
+
 from __future__ import annotations
 
 import functools
@@ -87,7 +88,7 @@ def process_tree(root_pid: int) -> list[int]:
       with open(f"/proc/{entry}/stat") as f:
         parent = int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
-      continue   # exited meanwhile
+      continue  # exited meanwhile
     children.setdefault(parent, []).append(int(entry))
   if not os.path.exists(f"/proc/{root_pid}"):
     return []
@@ -120,7 +121,7 @@ def add_process_tree(path: str, root_pid: int, passes: int = 3) -> list[int]:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
           f.write(str(pid))
       except OSError:
-        pass   # exited meanwhile: the next pass no longer lists it
+        pass  # exited meanwhile: the next pass no longer lists it
   else:
     inside = members(path)
     outside = [pid for pid in process_tree(root_pid) if pid not in inside]
@@ -147,6 +148,7 @@ def remove(path: str | None) -> bool:
 async def remove_soon(path: str | None, timeout_s: float = 5.0) -> None:
   """`remove`, retried while the killed processes are still exiting."""
   import trio
+
   with trio.move_on_after(timeout_s):
     while not remove(path):
       await trio.sleep(0.02)

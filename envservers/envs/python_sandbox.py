@@ -18,6 +18,7 @@ The observation is what the code printed (stdout, then a trailing expression's r
 notebook, then stderr with any traceback), each truncated; info has byte counts and `error`
 (the exception type name, or None).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,41 +39,68 @@ _DRIVER_SOURCE = driver_source("sandbox_driver.py")
 @register_env
 class PythonSandbox(BwrapProcess, ServerEnv):
   """Options (server flag `--env-opt python_sandbox.NAME=VALUE`):
-    timeout_s: time limit per call (default 30): past it the running code gets a TimeoutError
-      and the interpreter keeps its state; if the code does not stop within `kill_grace_s`
-      (default 2) more, the host kills the sandbox and the chain continues on a fresh one.
-    cpu_s: CPU seconds per call (default 30); cpu_total_s per instance (default 600).
-    memory_mb: address-space limit (default 1024). max_procs: processes (default 64).
-    max_open_files: descriptors (default 256).
-    memory_cgroup: also put it in a memory cgroup of memory_mb + work_mb + 2 * tmp_mb (counts
-      tmpfs and memfd memory too) where the server may create one (default true; see
-      memory_cgroup.py).
-    file_size_mb: largest file (default 64). work_mb / tmp_mb: tmpfs sizes (default 256 / 64).
-    max_output_bytes: stdout and stderr are each cut to this (default 16384).
-    python: interpreter inside the sandbox (default /usr/bin/python3).
-    site_packages: also expose the server venv's packages read-only (default true).
+  timeout_s: time limit per call (default 30): past it the running code gets a TimeoutError
+    and the interpreter keeps its state; if the code does not stop within `kill_grace_s`
+    (default 2) more, the host kills the sandbox and the chain continues on a fresh one.
+  cpu_s: CPU seconds per call (default 30); cpu_total_s per instance (default 600).
+  memory_mb: address-space limit (default 1024). max_procs: processes (default 64).
+  max_open_files: descriptors (default 256).
+  memory_cgroup: also put it in a memory cgroup of memory_mb + work_mb + 2 * tmp_mb (counts
+    tmpfs and memfd memory too) where the server may create one (default true; see
+    memory_cgroup.py).
+  file_size_mb: largest file (default 64). work_mb / tmp_mb: tmpfs sizes (default 256 / 64).
+  max_output_bytes: stdout and stderr are each cut to this (default 16384).
+  python: interpreter inside the sandbox (default /usr/bin/python3).
+  site_packages: also expose the server venv's packages read-only (default true).
   """
-  name = "python_sandbox"
-  reusable = False   # a released interpreter holds a chain's state: never hand it to another
 
-  def __init__(self, timeout_s: float = 30.0, cpu_s: float = 30.0, cpu_total_s: float = 600.0,
-               memory_mb: int = 1024, max_procs: int = 64, file_size_mb: int = 64,
-               work_mb: int = 256, tmp_mb: int = 64, max_output_bytes: int = 16384,
-               python: str | None = None, site_packages: bool = True,
-               kill_grace_s: float = 2.0, max_open_files: int = 256, memory_cgroup: bool = True):
-    numbers = dict(timeout_s=timeout_s, cpu_s=cpu_s, cpu_total_s=cpu_total_s, memory_mb=memory_mb,
-                   max_procs=max_procs, file_size_mb=file_size_mb, work_mb=work_mb, tmp_mb=tmp_mb,
-                   max_output_bytes=max_output_bytes, kill_grace_s=kill_grace_s,
-                   max_open_files=max_open_files)
+  name = "python_sandbox"
+  reusable = False  # a released interpreter holds a chain's state: never hand it to another
+
+  def __init__(
+    self,
+    timeout_s: float = 30.0,
+    cpu_s: float = 30.0,
+    cpu_total_s: float = 600.0,
+    memory_mb: int = 1024,
+    max_procs: int = 64,
+    file_size_mb: int = 64,
+    work_mb: int = 256,
+    tmp_mb: int = 64,
+    max_output_bytes: int = 16384,
+    python: str | None = None,
+    site_packages: bool = True,
+    kill_grace_s: float = 2.0,
+    max_open_files: int = 256,
+    memory_cgroup: bool = True,
+  ):
+    numbers = dict(
+      timeout_s=timeout_s,
+      cpu_s=cpu_s,
+      cpu_total_s=cpu_total_s,
+      memory_mb=memory_mb,
+      max_procs=max_procs,
+      file_size_mb=file_size_mb,
+      work_mb=work_mb,
+      tmp_mb=tmp_mb,
+      max_output_bytes=max_output_bytes,
+      kill_grace_s=kill_grace_s,
+      max_open_files=max_open_files,
+    )
     for key, value in numbers.items():
       if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"python_sandbox option {key!r} must be a positive number, got {value!r}")
-    self.call_timeout_s = float(timeout_s) + float(kill_grace_s)   # the host's hard limit
-    self.limits = {"timeout_s": float(timeout_s), "cpu_s": float(cpu_s),
-                   "cpu_total_s": int(cpu_total_s),
-                   "memory_mb": int(memory_mb), "max_procs": int(max_procs),
-                   "max_open_files": int(max_open_files),
-                   "file_size_mb": int(file_size_mb), "max_output_bytes": int(max_output_bytes)}
+    self.call_timeout_s = float(timeout_s) + float(kill_grace_s)  # the host's hard limit
+    self.limits = {
+      "timeout_s": float(timeout_s),
+      "cpu_s": float(cpu_s),
+      "cpu_total_s": int(cpu_total_s),
+      "memory_mb": int(memory_mb),
+      "max_procs": int(max_procs),
+      "max_open_files": int(max_open_files),
+      "file_size_mb": int(file_size_mb),
+      "max_output_bytes": int(max_output_bytes),
+    }
     self.work_mb, self.tmp_mb = int(work_mb), int(tmp_mb)
     self.python = python or default_python()
     self.site_packages = bool(site_packages)
@@ -93,20 +121,31 @@ class PythonSandbox(BwrapProcess, ServerEnv):
   def command(self) -> list[str]:
     """The bwrap command line for one instance: a private writable work dir /workspace, /tmp
     and /dev/shm (size-capped tmpfs) and the walls of envs/bwrap.py."""
-    env = {"HOME": "/workspace", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-           "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    return bwrap_args(self.python, [self.python, "-u", "-c", _DRIVER_SOURCE,
-                                    json.dumps(self.limits)],
-                      env=env, site_packages=self.site_packages, chdir="/workspace",
-                      tmpfs=[("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb),
-                             ("/workspace", self.work_mb)])
+    env = {
+      "HOME": "/workspace",
+      "PATH": "/usr/local/bin:/usr/bin:/bin",
+      "LANG": "C.UTF-8",
+      "PYTHONIOENCODING": "utf-8",
+      "PYTHONDONTWRITEBYTECODE": "1",
+      "OPENBLAS_NUM_THREADS": "1",
+      "OMP_NUM_THREADS": "1",
+      "MKL_NUM_THREADS": "1",
+      "MPLBACKEND": "Agg",
+    }
+    return bwrap_args(
+      self.python,
+      [self.python, "-u", "-c", _DRIVER_SOURCE, json.dumps(self.limits)],
+      env=env,
+      site_packages=self.site_packages,
+      chdir="/workspace",
+      tmpfs=[("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb), ("/workspace", self.work_mb)],
+    )
 
   async def start(self) -> None:
     await self.spawn(self.command(), "the Python sandbox")
     self.reader = protocol.FrameReader(self.process.stdout)
     hello = await self._receive()
-    if self.memory_cgroup:   # before any user code runs
+    if self.memory_cgroup:  # before any user code runs
       self.confine_memory((self.limits["memory_mb"] + self.work_mb + 2 * self.tmp_mb) << 20)
     if not hello.get("ready"):
       raise EnvCrashed(f"sandbox driver sent {hello!r} instead of ready")
@@ -161,9 +200,10 @@ class PythonSandbox(BwrapProcess, ServerEnv):
     timeout_s = action.get("timeout_s") if isinstance(action, dict) else None
     if not isinstance(code, str):
       return StepOutcome(
-          observation=f"Error: the action must be Python code (a string or {{'code': str, "
-                      f"'timeout_s': float}}), got {type(code).__name__}",
-          info={"error": "BadAction"})
+        observation=f"Error: the action must be Python code (a string or {{'code': str, "
+        f"'timeout_s': float}}), got {type(code).__name__}",
+        info={"error": "BadAction"},
+      )
     try:
       reply = await self.run_code(code, timeout_s)
     except ValueError as e:
@@ -172,9 +212,10 @@ class PythonSandbox(BwrapProcess, ServerEnv):
     if reply["value"] is not None:
       observation += reply["value"] + "\n"
     observation += reply["stderr"]
-    return StepOutcome(observation=observation, info={
-        "stdout_bytes": reply["stdout_bytes"], "stderr_bytes": reply["stderr_bytes"],
-        "error": reply["error"]})
+    return StepOutcome(
+      observation=observation,
+      info={"stdout_bytes": reply["stdout_bytes"], "stderr_bytes": reply["stderr_bytes"], "error": reply["error"]},
+    )
 
   @env_reward("code_passes")
   async def code_passes(self, code: str) -> dict:

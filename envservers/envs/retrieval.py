@@ -14,6 +14,7 @@ shipped in envservers/data/ (agentfly_jax.tasks.multihop_kb writes it).
   observation lists the top-k passages, numbered, with their titles. A bad action (empty query,
   k out of range, malformed JSON) gets an observation saying what was wrong, never an exception.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -33,11 +34,12 @@ import numpy as np
 from envservers.env import ServerEnv, StepOutcome
 from envservers.registry import register_env
 
-DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                              "multihop_kb.jsonl.gz")
+DEFAULT_CORPUS = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "multihop_kb.jsonl.gz"
+)
 MAX_K = 50
 MAX_QUERY_CHARS = 2000
-_INDEX_FORMAT = "bm25s-v2"   # bump when the cached layout or the tokenization changes
+_INDEX_FORMAT = "bm25s-v2"  # bump when the cached layout or the tokenization changes
 
 
 class CorpusError(ValueError):
@@ -55,7 +57,7 @@ def import_bm25s():
   blocked = {name: sys.modules.get(name, ...) for name in ("jax", "numba")}
   try:
     for name in blocked:
-      sys.modules[name] = None   # makes `import jax` raise ImportError inside bm25s
+      sys.modules[name] = None  # makes `import jax` raise ImportError inside bm25s
     os.environ.setdefault("DISABLE_TQDM", "1")
     import bm25s
   finally:
@@ -76,8 +78,7 @@ def corpus_sha256(path: str) -> str:
 
 
 def _open_text(path: str):
-  return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(
-      path, encoding="utf-8")
+  return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
 
 
 def load_corpus(path: str) -> list[dict]:
@@ -114,8 +115,7 @@ def load_corpus(path: str) -> list[dict]:
 
 
 def default_cache_dir() -> str:
-  root = os.environ.get("AGENTFLY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                              "agentfly_jax")
+  root = os.environ.get("AGENTFLY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax")
   return os.path.join(root, "bm25")
 
 
@@ -149,7 +149,7 @@ class PassageFile(collections.abc.Sequence):
     if not -len(self) <= i < len(self):
       raise IndexError(i)
     i %= len(self)
-    return json.loads(self._data[int(self._offsets[i]):int(self._offsets[i + 1])])
+    return json.loads(self._data[int(self._offsets[i]) : int(self._offsets[i + 1])])
 
 
 class BM25Index:
@@ -172,8 +172,7 @@ class BM25Index:
   def build(cls, docs: list[dict], sha256: str = "") -> "BM25Index":
     bm25s = import_bm25s()
     retriever = bm25s.BM25()
-    retriever.index(_tokenize(bm25s, [f"{d['title']} {d['text']}" for d in docs]),
-                    show_progress=False)
+    retriever.index(_tokenize(bm25s, [f"{d['title']} {d['text']}" for d in docs]), show_progress=False)
     return cls(docs, retriever, sha256, "built")
 
   def save(self, folder: str) -> None:
@@ -188,7 +187,7 @@ class BM25Index:
         json.dump({"format": _INDEX_FORMAT, "sha256": self.sha256, "num_docs": len(self.docs)}, f)
       try:
         os.rename(tmp, folder)
-      except OSError:   # another process saved it first: keep theirs
+      except OSError:  # another process saved it first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
@@ -248,8 +247,9 @@ def shared_index(corpus: str, cache_dir: str | None = None) -> BM25Index:
       try:
         index = BM25Index.load(folder)
       except Exception as e:  # noqa: BLE001 -- a damaged cache is rebuilt, not fatal
-        print(f"envservers: retrieval index cache {folder} unusable ({type(e).__name__}: {e}); "
-              f"rebuilding", file=sys.stderr)
+        print(
+          f"envservers: retrieval index cache {folder} unusable ({type(e).__name__}: {e}); rebuilding", file=sys.stderr
+        )
         shutil.rmtree(folder, ignore_errors=True)
     if index is None:
       index = BM25Index.build(load_corpus(path), sha)
@@ -267,14 +267,14 @@ def parse_action(action: Any, default_k: int, max_k: int) -> tuple[str, int]:
     try:
       action = json.loads(action)
     except ValueError as e:
-      raise ValueError(f"the action looks like JSON but does not parse ({e}); send a query "
-                       f"string or {{\"query\": str, \"k\": int}}") from None
+      raise ValueError(
+        f"the action looks like JSON but does not parse ({e}); send a query string or {{\"query\": str, \"k\": int}}"
+      ) from None
   k = default_k
   if isinstance(action, dict):
     unknown = sorted(set(action) - {"query", "k"})
     if unknown:
-      raise ValueError(f"unknown field(s) {unknown} in the action; expected "
-                       f"{{\"query\": str, \"k\": int}}")
+      raise ValueError(f"unknown field(s) {unknown} in the action; expected {{\"query\": str, \"k\": int}}")
     k = action.get("k", default_k)
     action = action.get("query")
   if not isinstance(action, str):
@@ -297,23 +297,23 @@ def format_results(results: list[tuple[dict, float]]) -> str:
 @register_env
 class RetrievalEnv(ServerEnv):
   """Options (`--env-opt retrieval.NAME=VALUE`):
-    corpus: JSONL(.gz) path (default: the shipped multi-hop knowledge base).
-    k: passages per query when the action does not say (default 3).
-    max_k: the largest k an action may ask for (default 20, at most 50).
-    cache_dir: where indexes are cached (default $AGENTFLY_CACHE_DIR/bm25).
+  corpus: JSONL(.gz) path (default: the shipped multi-hop knowledge base).
+  k: passages per query when the action does not say (default 3).
+  max_k: the largest k an action may ask for (default 20, at most 50).
+  cache_dir: where indexes are cached (default $AGENTFLY_CACHE_DIR/bm25).
   """
+
   name = "retrieval"
   reusable = True
   call_timeout_s = 30.0
 
-  def __init__(self, corpus: str = DEFAULT_CORPUS, k: int = 3, max_k: int = 20,
-               cache_dir: str | None = None):
+  def __init__(self, corpus: str = DEFAULT_CORPUS, k: int = 3, max_k: int = 20, cache_dir: str | None = None):
     if not isinstance(corpus, str) or not corpus:
       raise ValueError(f"retrieval option 'corpus' must be a file path, got {corpus!r}")
     for key, value, top in (("max_k", max_k, MAX_K), ("k", k, max_k)):
       if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
         raise ValueError(f"retrieval option {key!r} must be an integer from 1 to {top}, got {value!r}")
-    self.index = shared_index(corpus, cache_dir)   # once per process; later calls are a lookup
+    self.index = shared_index(corpus, cache_dir)  # once per process; later calls are a lookup
     self.max_k = min(max_k, len(self.index.docs))
     self.k = min(k, self.max_k)
     self.num_queries = 0
@@ -330,7 +330,8 @@ class RetrievalEnv(ServerEnv):
     self.num_queries += 1
     results = self.index.search(query, k)
     if not results:
-      return StepOutcome(observation=f"No passage matches {query!r}.",
-                         info={"ids": [], "scores": [], "error": None})
-    return StepOutcome(observation=format_results(results), info={
-        "ids": [d["id"] for d, _ in results], "scores": [s for _, s in results], "error": None})
+      return StepOutcome(observation=f"No passage matches {query!r}.", info={"ids": [], "scores": [], "error": None})
+    return StepOutcome(
+      observation=format_results(results),
+      info={"ids": [d["id"] for d, _ in results], "scores": [s for _, s in results], "error": None},
+    )

@@ -15,6 +15,7 @@ its state; code that swallows it is killed by the host a little later. Requests:
                                      "error": exception type name or None}
   {"op": "ping"}               ->  {"pong": true}
 """
+
 import ast
 import builtins
 import io
@@ -43,7 +44,7 @@ class _CappedStream(io.TextIOBase):
     if room:
       part = data[:room]
       while part:
-        part = part[os.write(self._fd, part):]
+        part = part[os.write(self._fd, part) :]
     self.written += min(room, len(data))
     self.dropped += len(data) - min(room, len(data))
     return len(text)
@@ -109,8 +110,9 @@ def _run(code, namespace, my_pid):
 
 
 def _on_alarm(signum, frame):
-  raise TimeoutError(f"the code ran past its {_on_alarm.limit:g} s time limit and was interrupted "
-                     f"(variables defined so far are kept)")
+  raise TimeoutError(
+    f"the code ran past its {_on_alarm.limit:g} s time limit and was interrupted (variables defined so far are kept)"
+  )
 
 
 def main():
@@ -145,7 +147,7 @@ def main():
     out = sys.stdout = _CappedStream(1, cap)
     err = sys.stderr = _CappedStream(2, cap)
     _on_alarm.limit = float(request.get("timeout_s") or config["timeout_s"])
-    signal.signal(signal.SIGALRM, _on_alarm)   # re-installed: user code may have replaced it
+    signal.signal(signal.SIGALRM, _on_alarm)  # re-installed: user code may have replaced it
     signal.setitimer(signal.ITIMER_REAL, _on_alarm.limit)
     try:
       value, error = _run(request["code"], namespace, my_pid)
@@ -159,8 +161,17 @@ def main():
       value = value[:cap] + f"... [repr truncated: {len(value)} characters]"
     stdout, stdout_bytes = _collect(out_fd, cap, out.dropped)
     stderr, stderr_bytes = _collect(err_fd, cap, err.dropped)
-    send(proto_out, {"stdout": stdout, "stderr": stderr, "stdout_bytes": stdout_bytes,
-                      "stderr_bytes": stderr_bytes, "value": value, "error": error})
+    send(
+      proto_out,
+      {
+        "stdout": stdout,
+        "stderr": stderr,
+        "stdout_bytes": stdout_bytes,
+        "stderr_bytes": stderr_bytes,
+        "value": value,
+        "error": error,
+      },
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ EnvCrashed, the worker exits, the chain gets an error observation and the pool r
 
 Options (`--env-opt scienceworld.NAME=VALUE`): step_limit (default 100).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,26 +29,27 @@ SPLITS = ("train", "dev", "test")
 def _call_jvm(what: str, fn, *args):
   """Runs a call into the JVM; a dead JVM (py4j errors) becomes EnvCrashed."""
   from py4j.protocol import Py4JError
+
   try:
     return fn(*args)
   except Py4JError as e:
-    raise EnvCrashed(f"the ScienceWorld JVM failed during {what}: {type(e).__name__}: "
-                     f"{str(e)[:200]}") from None
+    raise EnvCrashed(f"the ScienceWorld JVM failed during {what}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def task_variations(env, task_name: str, split: str) -> list[int]:
   """ScienceWorld's own variation split of a task (`env` loaded with that task)."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-  return list({"train": env.get_variations_train, "dev": env.get_variations_dev,
-               "test": env.get_variations_test}[split]())
+  return list(
+    {"train": env.get_variations_train, "dev": env.get_variations_dev, "test": env.get_variations_test}[split]()
+  )
 
 
 @register_env
 class ScienceWorldServerEnv(BlockingEnv):
   name = "scienceworld"
   run_in_subprocess = True
-  call_timeout_s = 300.0   # loading a task builds its world in the JVM (slow on a loaded CPU)
+  call_timeout_s = 300.0  # loading a task builds its world in the JVM (slow on a loaded CPU)
 
   def __init__(self, step_limit: int = 100):
     if not isinstance(step_limit, int) or step_limit < 1:
@@ -60,6 +62,7 @@ class ScienceWorldServerEnv(BlockingEnv):
 
   def start_blocking(self) -> None:
     from scienceworld import ScienceWorldEnv
+
     t0 = time.perf_counter()
     self.env = ScienceWorldEnv("", envStepLimit=self.step_limit)
     self.timing["start_s"] = time.perf_counter() - t0
@@ -83,8 +86,9 @@ class ScienceWorldServerEnv(BlockingEnv):
       self.loaded = None
       max_variation = _call_jvm("load", self.env.get_max_variations, task)
       if variation >= max_variation:
-        raise ValueError(f"scienceworld row 'variation' {variation} is out of range for task "
-                         f"{task!r} (it has {max_variation})")
+        raise ValueError(
+          f"scienceworld row 'variation' {variation} is out of range for task {task!r} (it has {max_variation})"
+        )
       _call_jvm("load", self.env.load, task, variation, simplification, True)
       self.loaded = key
     t1 = time.perf_counter()
@@ -102,32 +106,36 @@ class ScienceWorldServerEnv(BlockingEnv):
     if what == "gold_actions":
       items = _call_jvm("gold", self.env.get_gold_action_sequence)
     else:
-      items = [] if self.done else _call_jvm("valid actions",
-                                              self.env.get_valid_action_object_combinations)
+      items = [] if self.done else _call_jvm("valid actions", self.env.get_valid_action_object_combinations)
     return StepOutcome(observation="\n".join(items), info={"query": True})
 
   def step_blocking(self, action: Any) -> StepOutcome:
-    if isinstance(action, dict) and action.get("query") in ("valid_actions", "gold_actions",
-                                                            "timing"):
+    if isinstance(action, dict) and action.get("query") in ("valid_actions", "gold_actions", "timing"):
       return self._query(action["query"])
     if not self.episode:
-      return StepOutcome(observation="Error: no task loaded: reset with a row naming a task",
-                         info={"error": "NoEpisode"})
+      return StepOutcome(
+        observation="Error: no task loaded: reset with a row naming a task", info={"error": "NoEpisode"}
+      )
     if self.done:
-      return StepOutcome(observation="The task is over; no further actions are possible.",
-                         done=True, info={"error": "EpisodeOver"})
+      return StepOutcome(
+        observation="The task is over; no further actions are possible.", done=True, info={"error": "EpisodeOver"}
+      )
     if not isinstance(action, str) or not action.strip():
-      return StepOutcome(observation=f"Error: an action is a non-empty command string, got "
-                                     f"{action!r:.60}", info={"error": "BadAction"})
+      return StepOutcome(
+        observation=f"Error: an action is a non-empty command string, got {action!r:.60}", info={"error": "BadAction"}
+      )
     observation, _, completed, info = _call_jvm("step", self.env.step, action.strip())
     self.steps += 1
     score = float(info.get("score", 0))
     reward = (score - self.score) / 100.0
     self.score = score
     self.done = bool(completed or score < 0 or self.steps >= self.step_limit)
-    return StepOutcome(observation=observation, reward=reward, done=self.done,
-                       info={"score": score, "moves": info.get("moves"),
-                             "valid": observation != "No known action matches that input."})
+    return StepOutcome(
+      observation=observation,
+      reward=reward,
+      done=self.done,
+      info={"score": score, "moves": info.get("moves"), "valid": observation != "No known action matches that input."},
+    )
 
   def close_blocking(self) -> None:
     if self.env is not None:
@@ -142,5 +150,4 @@ class ScienceWorldServerEnv(BlockingEnv):
     """The episode's score / 100 (1.0 = solved; negative scores count as 0) and completion."""
     if not self.episode:
       return {"reward": 0.0, "solved": 0.0, "steps": 0.0}
-    return {"reward": max(0.0, self.score) / 100.0, "solved": float(self.score >= 100),
-            "steps": float(self.steps)}
+    return {"reward": max(0.0, self.score) / 100.0, "solved": float(self.score >= 100), "steps": float(self.steps)}

@@ -30,6 +30,7 @@ attempts.
 Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
 test_command + hidden_tests folders).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,29 +53,40 @@ _DRIVER_SOURCE = driver_source("swe_driver.py")
 _MAX_FRAME = 96 << 20
 HIDDEN_DIR = "/hidden_tests"
 # The hidden tests to run follow it: the task's node ids under HIDDEN_DIR, or HIDDEN_DIR (all).
-GRADE_COMMAND = ("python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
-                 "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
-                 "--junitxml=/tmp/junit.xml")
+GRADE_COMMAND = (
+  "python -m pytest -q -p no:cacheprovider --noconftest -c /dev/null "
+  "--rootdir=/repo --import-mode=importlib -o junit_family=xunit1 "
+  "--junitxml=/tmp/junit.xml"
+)
 
 
 def grade_command(test_timeout_s: float, site_packages: bool) -> str:
   """GRADE_COMMAND with a per-test time limit (pytest-timeout, when the sandbox can import it
   from the server venv): a test that hangs fails alone instead of stalling the whole run."""
   if test_timeout_s > 0 and site_packages and importlib.util.find_spec("pytest_timeout"):
-    return GRADE_COMMAND.replace(" --junitxml", f" -p pytest_timeout --timeout={test_timeout_s:g} "
-                                                f"--junitxml")
+    return GRADE_COMMAND.replace(" --junitxml", f" -p pytest_timeout --timeout={test_timeout_s:g} --junitxml")
   return GRADE_COMMAND
+
+
 ACTIONS = ("bash", "view", "str_replace", "submit")
 
 
 class Sandbox(BwrapProcess):
   """One bwrap process running the repository driver; `request` sends one op and waits."""
 
-  def __init__(self, limits: dict, repo_mb: int, tmp_mb: int, python: str, site_packages: bool,
-               use_cgroup: bool, grading: bool = False):
+  def __init__(
+    self,
+    limits: dict,
+    repo_mb: int,
+    tmp_mb: int,
+    python: str,
+    site_packages: bool,
+    use_cgroup: bool,
+    grading: bool = False,
+  ):
     self.limits, self.repo_mb, self.tmp_mb = limits, repo_mb, tmp_mb
     self.python, self.site_packages, self.use_cgroup = python, site_packages, use_cgroup
-    self.grading = grading   # a grading sandbox has a /hidden_tests tmpfs for the tests
+    self.grading = grading  # a grading sandbox has a /hidden_tests tmpfs for the tests
     self.process = self.stderr = self.cgroup = None
     self.reader: protocol.FrameReader | None = None
 
@@ -85,25 +97,44 @@ class Sandbox(BwrapProcess):
     that exit after 10 s idle (a burst of sandboxes was SIGKILLed 10 s later; python_sandbox,
     without --as-pid-1, is not affected). A plain `sh` in between lives as long as the sandbox,
     and killing it (the pool's hard stop) still takes bwrap and everything inside down."""
-    env = {"HOME": "/tmp", "PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-           "TERM": "dumb", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {
+      "HOME": "/tmp",
+      "PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin",
+      "LANG": "C.UTF-8",
+      "TERM": "dumb",
+      "PYTHONIOENCODING": "utf-8",
+      "PYTHONDONTWRITEBYTECODE": "1",
+      "OPENBLAS_NUM_THREADS": "1",
+      "OMP_NUM_THREADS": "1",
+      "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
     tmpfs = [("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb), ("/repo", self.repo_mb)]
     if self.grading:
       tmpfs.append((HIDDEN_DIR, self.tmp_mb))
-    return ["/bin/sh", "-c", '"$@"; exit $?', "swe-sandbox", *bwrap_args(
-        self.python, [self.python, "-I", "-S", "-c", _DRIVER_SOURCE, json.dumps(self.limits)],
-        env=env, tmpfs=tmpfs, chdir="/repo", site_packages=self.site_packages,
-        pythonpath=("/repo",), mounts=("--dir", "/opt/bin", "--symlink", self.python,
-                                       "/opt/bin/python"), as_pid_1=True)]
+    return [
+      "/bin/sh",
+      "-c",
+      '"$@"; exit $?',
+      "swe-sandbox",
+      *bwrap_args(
+        self.python,
+        [self.python, "-I", "-S", "-c", _DRIVER_SOURCE, json.dumps(self.limits)],
+        env=env,
+        tmpfs=tmpfs,
+        chdir="/repo",
+        site_packages=self.site_packages,
+        pythonpath=("/repo",),
+        mounts=("--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python"),
+        as_pid_1=True,
+      ),
+    ]
 
   async def start(self) -> None:
     await self.spawn(self.command(), "the swe env")
     self.reader = protocol.FrameReader(self.process.stdout, max_frame_bytes=_MAX_FRAME)
     with trio.fail_after(30):
       hello = await self._receive("start")
-    if self.use_cgroup:   # the driver is ready and idle: before any command runs
+    if self.use_cgroup:  # the driver is ready and idle: before any command runs
       self.confine_memory((self.limits["memory_mb"] + self.repo_mb + 2 * self.tmp_mb) << 20)
     if not hello.get("ready"):
       raise EnvCrashed(f"swe driver sent {hello!r} instead of ready")
@@ -118,8 +149,10 @@ class Sandbox(BwrapProcess):
   async def _crashed(self, what: str) -> EnvCrashed:
     returncode = await wait_exit(self.process) if self.process is not None else None
     detail = self.stderr.tail() if self.stderr is not None else ""
-    return EnvCrashed(f"the swe sandbox died during {what}: {exit_reason(returncode)}"
-                      + (f"; sandbox stderr: {detail}" if detail else ""))
+    return EnvCrashed(
+      f"the swe sandbox died during {what}: {exit_reason(returncode)}"
+      + (f"; sandbox stderr: {detail}" if detail else "")
+    )
 
   async def _receive(self, what: str) -> dict:
     body = await self.reader.read_reply()
@@ -141,8 +174,7 @@ class Sandbox(BwrapProcess):
     with trio.move_on_after(timeout_s):
       return await self._receive(message["op"])
     await self.close()
-    raise EnvCrashed(f"the swe sandbox did not answer {message['op']!r} within {timeout_s:g} s "
-                     f"and was killed")
+    raise EnvCrashed(f"the swe sandbox did not answer {message['op']!r} within {timeout_s:g} s and was killed")
 
   async def close(self) -> None:
     await self.stop()
@@ -170,58 +202,84 @@ def parse_lines(lines: Any) -> tuple[int, int | None]:
     values = [lines]
   else:
     values = []
-  if not 1 <= len(values) <= 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                           for v in values):
-    raise ValueError(f"argument 'lines' must be [start, end] or 'start-end' (1-based), got "
-                     f"{lines!r}")
+  if not 1 <= len(values) <= 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    raise ValueError(f"argument 'lines' must be [start, end] or 'start-end' (1-based), got {lines!r}")
   start = values[0]
   end = values[1] if len(values) == 2 else None
   if start < 1 or (end is not None and 0 < end < start):
-    raise ValueError(f"argument 'lines' {lines!r}: start must be >= 1 and end >= start "
-                     f"(end -1 = to the end of the file)")
+    raise ValueError(
+      f"argument 'lines' {lines!r}: start must be >= 1 and end >= start (end -1 = to the end of the file)"
+    )
   return start, end
 
 
 @register_env
 class SweEnv(ServerEnv):
   """Options (server flag `--env-opt swe.NAME=VALUE`):
-    timeout_s: wall-clock limit of one command (default 30); cpu_s: its CPU seconds (30).
-    grade_timeout_s: limit of the hidden-test run (default 120); test_timeout_s: of one hidden
-      test (default 10; 0 = none; needs pytest-timeout in the server venv).
-    memory_mb: address-space limit per process (default 1024); max_procs (default 64);
-      max_open_files (default 256); file_size_mb: largest file (default 32).
-    repo_mb / tmp_mb: sizes of the /repo and /tmp tmpfs (default 128 / 64); repo_archive_mb:
-      largest packed repository sent in or out (default 32).
-    max_output_bytes: a command's output keeps this much, head and tail (default 8192).
-    max_file_bytes: largest file `view` / `str_replace` read (default 1 MiB).
-    memory_cgroup: a memory cgroup of memory_mb + repo_mb + 2 * tmp_mb per sandbox where the
-      server may create one (default true). python: the sandbox's interpreter.
-    site_packages: expose the server venv's packages read-only (default true; pytest is there).
+  timeout_s: wall-clock limit of one command (default 30); cpu_s: its CPU seconds (30).
+  grade_timeout_s: limit of the hidden-test run (default 120); test_timeout_s: of one hidden
+    test (default 10; 0 = none; needs pytest-timeout in the server venv).
+  memory_mb: address-space limit per process (default 1024); max_procs (default 64);
+    max_open_files (default 256); file_size_mb: largest file (default 32).
+  repo_mb / tmp_mb: sizes of the /repo and /tmp tmpfs (default 128 / 64); repo_archive_mb:
+    largest packed repository sent in or out (default 32).
+  max_output_bytes: a command's output keeps this much, head and tail (default 8192).
+  max_file_bytes: largest file `view` / `str_replace` read (default 1 MiB).
+  memory_cgroup: a memory cgroup of memory_mb + repo_mb + 2 * tmp_mb per sandbox where the
+    server may create one (default true). python: the sandbox's interpreter.
+  site_packages: expose the server venv's packages read-only (default true; pytest is there).
   """
-  name = "swe"
-  reusable = False   # a used sandbox holds an episode's files: never hand it to another chain
 
-  def __init__(self, timeout_s: float = 30.0, cpu_s: float = 30.0, grade_timeout_s: float = 120.0,
-               test_timeout_s: float = 10.0,
-               memory_mb: int = 1024, max_procs: int = 64, max_open_files: int = 256,
-               file_size_mb: int = 32, repo_mb: int = 128, tmp_mb: int = 64,
-               repo_archive_mb: int = 32, max_output_bytes: int = 8192,
-               max_file_bytes: int = 1 << 20, memory_cgroup: bool = True,
-               python: str | None = None, site_packages: bool = True):
-    numbers = dict(timeout_s=timeout_s, cpu_s=cpu_s, grade_timeout_s=grade_timeout_s,
-                   memory_mb=memory_mb, max_procs=max_procs, max_open_files=max_open_files,
-                   file_size_mb=file_size_mb, repo_mb=repo_mb, tmp_mb=tmp_mb,
-                   repo_archive_mb=repo_archive_mb, max_output_bytes=max_output_bytes,
-                   max_file_bytes=max_file_bytes)
+  name = "swe"
+  reusable = False  # a used sandbox holds an episode's files: never hand it to another chain
+
+  def __init__(
+    self,
+    timeout_s: float = 30.0,
+    cpu_s: float = 30.0,
+    grade_timeout_s: float = 120.0,
+    test_timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    max_procs: int = 64,
+    max_open_files: int = 256,
+    file_size_mb: int = 32,
+    repo_mb: int = 128,
+    tmp_mb: int = 64,
+    repo_archive_mb: int = 32,
+    max_output_bytes: int = 8192,
+    max_file_bytes: int = 1 << 20,
+    memory_cgroup: bool = True,
+    python: str | None = None,
+    site_packages: bool = True,
+  ):
+    numbers = dict(
+      timeout_s=timeout_s,
+      cpu_s=cpu_s,
+      grade_timeout_s=grade_timeout_s,
+      memory_mb=memory_mb,
+      max_procs=max_procs,
+      max_open_files=max_open_files,
+      file_size_mb=file_size_mb,
+      repo_mb=repo_mb,
+      tmp_mb=tmp_mb,
+      repo_archive_mb=repo_archive_mb,
+      max_output_bytes=max_output_bytes,
+      max_file_bytes=max_file_bytes,
+    )
     for key, value in numbers.items():
       _positive(key, value)
     if not isinstance(test_timeout_s, (int, float)) or test_timeout_s < 0:
       raise ValueError(f"swe option 'test_timeout_s' must be a number >= 0, got {test_timeout_s!r}")
     self.timeout_s, self.grade_timeout_s = float(timeout_s), float(grade_timeout_s)
-    self.limits = {"cpu_s": int(cpu_s), "memory_mb": int(memory_mb), "max_procs": int(max_procs),
-                   "max_open_files": int(max_open_files), "file_size_mb": int(file_size_mb),
-                   "max_output_bytes": int(max_output_bytes),
-                   "max_file_bytes": int(max_file_bytes)}
+    self.limits = {
+      "cpu_s": int(cpu_s),
+      "memory_mb": int(memory_mb),
+      "max_procs": int(max_procs),
+      "max_open_files": int(max_open_files),
+      "file_size_mb": int(file_size_mb),
+      "max_output_bytes": int(max_output_bytes),
+      "max_file_bytes": int(max_file_bytes),
+    }
     self.repo_mb, self.tmp_mb = int(repo_mb), int(tmp_mb)
     self.archive_bytes = int(repo_archive_mb) << 20
     self.python = python or default_python()
@@ -236,8 +294,7 @@ class SweEnv(ServerEnv):
     self.timings: dict[str, float] = {}
 
   def _sandbox(self, grading: bool = False) -> Sandbox:
-    return Sandbox(self.limits, self.repo_mb, self.tmp_mb, self.python, self.site_packages,
-                   self.use_cgroup, grading)
+    return Sandbox(self.limits, self.repo_mb, self.tmp_mb, self.python, self.site_packages, self.use_cgroup, grading)
 
   @property
   def worker_pid(self) -> int | None:
@@ -251,48 +308,59 @@ class SweEnv(ServerEnv):
     await self.sandbox.start()
 
   async def reset(self, row: dict | None) -> str:
-    task = swe_tasks.resolve_row(row)   # ValueError naming the field: the env stays usable
+    task = swe_tasks.resolve_row(row)  # ValueError naming the field: the env stays usable
     archive = swe_tasks.repo_archive(task.repo, self.archive_bytes)
-    if self.task is not None or self.sandbox is None:   # a used sandbox: start from a fresh one
+    if self.task is not None or self.sandbox is None:  # a used sandbox: start from a fresh one
       await self.close()
       await self.start()
     started = time.perf_counter()
     load = {"op": "load", "tar_b64": archive}
-    if task.bug is not None:   # a shipped task: the clean repository, then its bug
+    if task.bug is not None:  # a shipped task: the clean repository, then its bug
       load["edit"] = dataclasses.asdict(task.bug)
     reply = await self.sandbox.request(load, 30.0)
     if "error" in reply:
-      raise ValueError(f"field 'repo': {task.repo!r} could not be unpacked"
-                       f"{' with its bug' if task.bug else ''}: {reply['error']}")
+      raise ValueError(
+        f"field 'repo': {task.repo!r} could not be unpacked{' with its bug' if task.bug else ''}: {reply['error']}"
+      )
     self.timings["load_s"] = time.perf_counter() - started
     self.task, self.result, self.steps = task, None, 0
-    return (f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
-            f"directory). Its tests run with: {task.test_command}\nActions: bash(command), "
-            f"view(path, lines), str_replace(path, old, new), submit().")
+    return (
+      f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
+      f"directory). Its tests run with: {task.test_command}\nActions: bash(command), "
+      f"view(path, lines), str_replace(path, old, new), submit()."
+    )
 
   async def step(self, action: Any) -> StepOutcome:
     if self.task is None:
-      return StepOutcome("Error: no task is loaded in this sandbox (it was restarted after a "
-                         "crash, or reset was not called); the episode cannot continue.",
-                         reward=0.0, done=True, info={"error": "NoTask"})
+      return StepOutcome(
+        "Error: no task is loaded in this sandbox (it was restarted after a "
+        "crash, or reset was not called); the episode cannot continue.",
+        reward=0.0,
+        done=True,
+        info={"error": "NoTask"},
+      )
     if self.result is not None:
-      return StepOutcome("Error: the episode is over (already submitted).", done=True,
-                         info={"error": "EpisodeOver"})
+      return StepOutcome("Error: the episode is over (already submitted).", done=True, info={"error": "EpisodeOver"})
     if isinstance(action, str):
       action = {"action": "bash", "command": action}
     if not isinstance(action, dict) or action.get("action") not in ACTIONS:
       got = action.get("action") if isinstance(action, dict) else type(action).__name__
-      return StepOutcome(f"Error: the action must be an object with 'action' one of "
-                         f"{list(ACTIONS)}, got {got!r}", info={"error": "BadAction"})
+      return StepOutcome(
+        f"Error: the action must be an object with 'action' one of {list(ACTIONS)}, got {got!r}",
+        info={"error": "BadAction"},
+      )
     self.steps += 1
     kind = action["action"]
     try:
       if kind == "submit":
         result = await self.grade()
         self.result = result
-        return StepOutcome(f"Submitted. {result['passed']} of {result['total']} hidden tests "
-                           f"pass.", reward=result["reward"], done=True,
-                           info={"passed": result["passed"], "total": result["total"]})
+        return StepOutcome(
+          f"Submitted. {result['passed']} of {result['total']} hidden tests pass.",
+          reward=result["reward"],
+          done=True,
+          info={"passed": result["passed"], "total": result["total"]},
+        )
       request = self._request(kind, action)
     except ValueError as e:
       return StepOutcome(f"Error: {e}", info={"error": "BadAction"})
@@ -337,20 +405,29 @@ class SweEnv(ServerEnv):
         if "error" in loaded:
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
       targets = " ".join(shlex.quote(f"{HIDDEN_DIR}/{node}") for node in self.task.selected_tests)
-      reply = await grader.request({"op": "grade", "command": f"{self.grade_command} "
-                                                              f"{targets or HIDDEN_DIR}",
-                                    "timeout_s": self.grade_timeout_s, "junit": "/tmp/junit.xml"},
-                                   self.grade_timeout_s + 10.0)
+      reply = await grader.request(
+        {
+          "op": "grade",
+          "command": f"{self.grade_command} {targets or HIDDEN_DIR}",
+          "timeout_s": self.grade_timeout_s,
+          "junit": "/tmp/junit.xml",
+        },
+        self.grade_timeout_s + 10.0,
+      )
     finally:
       await grader.close()
     cases = reply.get("cases", [])
     passed = sum(1 for _, outcome in cases if outcome == "passed")
-    total = max(len(cases), len(self.task.selected_tests)
-                or swe_tasks.count_hidden_tests(self.task.hidden_tests))
+    total = max(len(cases), len(self.task.selected_tests) or swe_tasks.count_hidden_tests(self.task.hidden_tests))
     self.timings["grade_s"] = time.perf_counter() - started
-    return {"reward": passed / total if total else 0.0, "passed": passed, "total": total,
-            "timed_out": bool(reply.get("timed_out")), "cases": cases,
-            "output_tail": reply.get("output", "")[-2000:]}
+    return {
+      "reward": passed / total if total else 0.0,
+      "passed": passed,
+      "total": total,
+      "timed_out": bool(reply.get("timed_out")),
+      "cases": cases,
+      "output_tail": reply.get("output", "")[-2000:],
+    }
 
   @env_reward("hidden_tests")
   async def hidden_tests_reward(self) -> dict:
@@ -360,13 +437,18 @@ class SweEnv(ServerEnv):
       return {"reward": 0.0, "passed": 0, "total": 0, "submitted": 0.0}
     submitted = self.result is not None
     result = self.result if submitted else await self.grade()
-    return {"reward": result["reward"], "passed": float(result["passed"]),
-            "total": float(result["total"]), "submitted": float(submitted)}
+    return {
+      "reward": result["reward"],
+      "passed": float(result["passed"]),
+      "total": float(result["total"]),
+      "submitted": float(submitted),
+    }
 
   async def run_visible_tests(self) -> dict:
     """Runs the task's own test command once (what the row check does)."""
-    return await self.sandbox.request({"op": "bash", "command": self.task.test_command,
-                                       "timeout_s": self.timeout_s}, self.timeout_s + 10.0)
+    return await self.sandbox.request(
+      {"op": "bash", "command": self.task.test_command, "timeout_s": self.timeout_s}, self.timeout_s + 10.0
+    )
 
   async def close(self) -> None:
     sandbox, self.sandbox = self.sandbox, None

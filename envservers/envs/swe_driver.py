@@ -22,6 +22,7 @@ Requests -> replies:
                                               -> {"cases": [[name, outcome], ...], "output", ...}
   {"op": "ping"}                              -> {"pong": true}
 """
+
 import base64
 import io
 import json
@@ -64,16 +65,18 @@ def _joined(head, tail, total, cap):
   middle was cut."""
   if len(head) + len(tail) >= total:
     return (bytes(head) + bytes(tail)).decode("utf-8", "replace")
-  tail = bytes(tail[-(cap // 2):])
-  return (bytes(head).decode("utf-8", "replace") +
-          f"\n... [output truncated: {total} bytes in all; the first {len(head)} and the last "
-          f"{len(tail)} shown] ...\n" + tail.decode("utf-8", "replace"))
+  tail = bytes(tail[-(cap // 2) :])
+  return (
+    bytes(head).decode("utf-8", "replace")
+    + f"\n... [output truncated: {total} bytes in all; the first {len(head)} and the last "
+    f"{len(tail)} shown] ...\n" + tail.decode("utf-8", "replace")
+  )
 
 
 def _clip(text, cap):
   """`text` cut to about `cap` bytes (head and tail kept) with a note."""
   data = text.encode("utf-8")
-  return _joined(data[:cap // 2], data[cap // 2:][-(cap // 2):], len(data), cap)
+  return _joined(data[: cap // 2], data[cap // 2 :][-(cap // 2) :], len(data), cap)
 
 
 def _run(config, command, timeout_s, cwd=REPO):
@@ -87,9 +90,16 @@ def _run(config, command, timeout_s, cwd=REPO):
 
   read_fd, write_fd = os.pipe()
   try:
-    child = subprocess.Popen(["/bin/bash", "-c", command], stdin=subprocess.DEVNULL,
-                             stdout=write_fd, stderr=write_fd, cwd=cwd, preexec_fn=limit_cpu,
-                             start_new_session=True, close_fds=True)
+    child = subprocess.Popen(
+      ["/bin/bash", "-c", command],
+      stdin=subprocess.DEVNULL,
+      stdout=write_fd,
+      stderr=write_fd,
+      cwd=cwd,
+      preexec_fn=limit_cpu,
+      start_new_session=True,
+      close_fds=True,
+    )
   except OSError as e:
     os.close(read_fd)
     os.close(write_fd)
@@ -105,7 +115,7 @@ def _run(config, command, timeout_s, cwd=REPO):
       break
     if exited_at is None and child.poll() is not None:
       exited_at = now
-    if exited_at is not None and now - exited_at > 0.2:   # background holders of the pipe
+    if exited_at is not None and now - exited_at > 0.2:  # background holders of the pipe
       break
     ready, _, _ = select.select([read_fd], [], [], min(0.05, deadline - now))
     if not ready:
@@ -119,16 +129,16 @@ def _run(config, command, timeout_s, cwd=REPO):
       head += chunk[:take]
       chunk = chunk[take:]
     tail += chunk
-    if len(tail) > 2 * cap:   # keep the last cap // 2 bytes (trimmed in batches)
-      del tail[:len(tail) - cap // 2]
+    if len(tail) > 2 * cap:  # keep the last cap // 2 bytes (trimmed in batches)
+      del tail[: len(tail) - cap // 2]
   os.close(read_fd)
   code = None
-  if not timed_out:   # the output ended: the command itself may still run until the deadline
+  if not timed_out:  # the output ended: the command itself may still run until the deadline
     try:
       code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       timed_out = True
-  _kill_others()   # (reaps the child too: its status was read above)
+  _kill_others()  # (reaps the child too: its status was read above)
   return _joined(head, tail, total, cap), total, (None if timed_out else code), timed_out
 
 
@@ -165,7 +175,7 @@ def op_view(config, request):
     entries = []
     for root, dirs, files in os.walk(full):
       dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-      depth = root[len(full):].count(os.sep)
+      depth = root[len(full) :].count(os.sep)
       if depth >= 2:
         dirs[:] = []
       for name in sorted(files):
@@ -191,13 +201,13 @@ def _replace_once(full, old, new):
   text = _read_text(full)
   count = text.count(old)
   if count == 0:
-    raise ValueError(f"'old' was not found in {full} (0 matches); copy the exact text, "
-                     f"indentation included, from view")
+    raise ValueError(f"'old' was not found in {full} (0 matches); copy the exact text, indentation included, from view")
   if count > 1:
-    raise ValueError(f"'old' occurs {count} times in {full}; include more surrounding lines "
-                     f"so that it matches exactly once")
+    raise ValueError(
+      f"'old' occurs {count} times in {full}; include more surrounding lines so that it matches exactly once"
+    )
   at = text.index(old)
-  text = text[:at] + new + text[at + len(old):]
+  text = text[:at] + new + text[at + len(old) :]
   with open(full, "w", encoding="utf-8") as f:
     f.write(text)
   return text, at
@@ -232,26 +242,30 @@ def op_load(config, request):
     members = archive.getmembers()
     if hasattr(tarfile, "data_filter"):
       archive.extractall(dest, filter="data")
-    else:   # Python < 3.11.4: keep files, folders and links that stay inside
-      safe = [m for m in members if (m.isfile() or m.isdir() or m.issym())
-              and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
+    else:  # Python < 3.11.4: keep files, folders and links that stay inside
+      safe = [
+        m
+        for m in members
+        if (m.isfile() or m.isdir() or m.issym()) and not os.path.isabs(m.name) and ".." not in m.name.split("/")
+      ]
       archive.extractall(dest, members=safe)
     count = sum(1 for m in members if m.isfile())
   edit = request.get("edit")
-  if edit:   # the task's bug, made on the fresh copy
+  if edit:  # the task's bug, made on the fresh copy
     _replace_once(os.path.join(dest, os.path.normpath(edit["path"])), edit["old"], edit["new"])
   return {"files": count}
 
 
 def op_snapshot(config, request):
-  _kill_others()   # nothing of the agent's may change the tree while it is read
+  _kill_others()  # nothing of the agent's may change the tree while it is read
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
     archive.add(REPO, arcname=".", filter=_tar_filter)
   data = buffer.getvalue()
   if len(data) > int(request["max_bytes"]):
-    raise ValueError(f"the repository's archive is {len(data)} bytes, over the {request['max_bytes']} "
-                     f"byte limit for grading")
+    raise ValueError(
+      f"the repository's archive is {len(data)} bytes, over the {request['max_bytes']} byte limit for grading"
+    )
   return {"tar_b64": base64.b64encode(data).decode("ascii")}
 
 
@@ -274,20 +288,26 @@ def op_grade(config, request):
       cases.append([name, outcome])
   except (OSError, ElementTree.ParseError):
     pass
-  return {"cases": cases, "exit_code": code, "timed_out": timed_out,
-          "output": text}
+  return {"cases": cases, "exit_code": code, "timed_out": timed_out, "output": text}
 
 
-_OPS = {"bash": op_bash, "view": op_view, "str_replace": op_str_replace, "load": op_load,
-        "snapshot": op_snapshot, "grade": op_grade}
+_OPS = {
+  "bash": op_bash,
+  "view": op_view,
+  "str_replace": op_str_replace,
+  "load": op_load,
+  "snapshot": op_snapshot,
+  "grade": op_grade,
+}
 
 
 def main():
   import sys
+
   config = json.loads(sys.argv[1])
   proto_in, proto_out = os.dup(0), os.dup(1)
   null = os.open("/dev/null", os.O_RDWR)
-  for fd in (0, 1):   # fd 2 stays the host's capture of this driver's own errors
+  for fd in (0, 1):  # fd 2 stays the host's capture of this driver's own errors
     os.dup2(null, fd)
   for fd in (proto_in, proto_out):
     os.set_inheritable(fd, False)
@@ -308,8 +328,7 @@ def main():
     except KeyError as e:
       reply = {"error": f"missing field {e}"}
     except Exception as e:  # noqa: BLE001 -- the driver must answer, whatever the request did
-      reply = {"error": str(e) if isinstance(e, (ValueError, OSError)) else
-               f"{type(e).__name__}: {e}"}
+      reply = {"error": str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"}
     send(proto_out, reply)
 
 

@@ -6,6 +6,7 @@ around the line, applies the task's fix with one exact `str_replace`, runs the t
 submits. The random policy issues uniformly drawn actions (shell commands, views, edits that swap
 one line of a file for another) and submits after `max_steps`.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,10 +17,17 @@ import numpy as np
 from envservers.envs import swe_tasks
 
 # `File "/repo/pkg/mod.py", line 12` (Python tracebacks) or `pkg/mod.py:12:` (pytest's short form).
-_LOCATION = re.compile(r'(?:File "/repo/([\w./-]+\.py)", line (\d+))|(?:^|\s)([\w./-]+\.py):(\d+)',
-                       re.M)
-SHELL_COMMANDS = ("ls -R", "python -m pytest -q", "git status", "cat README.md", "pwd",
-                  "python -c 'print(1)'", "find . -name '*.py'", "head -n 5 tests/*.py")
+_LOCATION = re.compile(r'(?:File "/repo/([\w./-]+\.py)", line (\d+))|(?:^|\s)([\w./-]+\.py):(\d+)', re.M)
+SHELL_COMMANDS = (
+  "ls -R",
+  "python -m pytest -q",
+  "git status",
+  "cat README.md",
+  "pwd",
+  "python -c 'print(1)'",
+  "find . -name '*.py'",
+  "head -n 5 tests/*.py",
+)
 
 
 def traceback_location(output: str) -> tuple[str, int] | None:
@@ -75,8 +83,7 @@ def repo_files(task: swe_tasks.SweTask) -> dict[str, list[str]]:
   return files
 
 
-def random_action(rng: np.random.Generator, files: dict[str, list[str]], step: int,
-                  max_steps: int = 8) -> dict:
+def random_action(rng: np.random.Generator, files: dict[str, list[str]], step: int, max_steps: int = 8) -> dict:
   """A uniformly drawn action (submit at `max_steps`)."""
   if step >= max_steps:
     return {"action": "submit"}

@@ -9,6 +9,7 @@ the unmodified repository (not "command not found", not a pytest usage error or 
 collection), and that the hidden tests do not already all pass (there would be nothing to fix).
 The first bad row stops the load with a ValueError naming the file, the row and the field.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,13 @@ from envservers.envs import swe_tasks
 
 # Exit statuses of a test command that did not run the tests: shell "cannot execute" / "not
 # found", pytest's internal error, usage error and "no tests collected".
-NOT_RUN_EXIT_CODES = {126: "the command cannot be executed", 127: "the command was not found",
-                      3: "pytest had an internal error", 4: "pytest reported a usage error",
-                      5: "no tests were collected"}
+NOT_RUN_EXIT_CODES = {
+  126: "the command cannot be executed",
+  127: "the command was not found",
+  3: "pytest had an internal error",
+  4: "pytest reported a usage error",
+  5: "no tests were collected",
+}
 
 
 def read_rows(path: str) -> list[dict]:
@@ -54,16 +59,22 @@ async def check_row(env, row: dict, where: str) -> dict:
   ran = await env.run_visible_tests()
   code = ran.get("exit_code")
   if ran.get("timed_out"):
-    raise ValueError(f"{where}: field 'test_command': {task.test_command!r} ran past the "
-                     f"{env.timeout_s:g} s limit on the unmodified repository")
+    raise ValueError(
+      f"{where}: field 'test_command': {task.test_command!r} ran past the "
+      f"{env.timeout_s:g} s limit on the unmodified repository"
+    )
   if code in NOT_RUN_EXIT_CODES:
-    raise ValueError(f"{where}: field 'test_command': {task.test_command!r} cannot run on the "
-                     f"unmodified repository ({NOT_RUN_EXIT_CODES[code]}, exit status {code}): "
-                     f"{ran.get('output', '')[-400:]}")
+    raise ValueError(
+      f"{where}: field 'test_command': {task.test_command!r} cannot run on the "
+      f"unmodified repository ({NOT_RUN_EXIT_CODES[code]}, exit status {code}): "
+      f"{ran.get('output', '')[-400:]}"
+    )
   graded = await env.grade()
   if graded["total"] and graded["passed"] == graded["total"]:
-    raise ValueError(f"{where}: field 'hidden_tests': all {graded['total']} hidden tests already "
-                     f"pass on the unmodified repository (nothing to fix)")
+    raise ValueError(
+      f"{where}: field 'hidden_tests': all {graded['total']} hidden tests already "
+      f"pass on the unmodified repository (nothing to fix)"
+    )
   return {**row, "question": row.get("question") or task.problem_statement}
 
 
@@ -84,10 +95,9 @@ def check_rows(rows: list[dict], source: str = "rows", **env_options) -> list[di
 
   if not isinstance(rows, list) or not rows:
     raise ValueError(f"{source}: expected a non-empty list of rows")
-  for i, row in enumerate(rows):   # the fields of every row first: no sandbox needed
+  for i, row in enumerate(rows):  # the fields of every row first: no sandbox needed
     swe_tasks.resolve_row(row, f"{source} row {i}")
   return trio.run(main)
-
 
 
 def load_swe_rows(path: str, **env_options) -> list[dict]:

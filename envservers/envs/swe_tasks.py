@@ -17,6 +17,7 @@ into a `SweTask` (ValueError naming the field otherwise); `count_hidden_tests` c
 test functions statically (the reward's denominator when the repository's code breaks
 collection).
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,6 +40,7 @@ _SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
 @dataclasses.dataclass(frozen=True)
 class Edit:
   """One exact edit of a repository file: `old` (occurring exactly once) becomes `new`."""
+
   path: str
   old: str
   new: str
@@ -50,8 +52,7 @@ class Edit:
     """`text` with the edit made; ValueError unless `old` occurs exactly once."""
     count = text.count(self.old) if self.old else 0
     if count != 1:
-      raise ValueError(f"the edit of {self.path!r} expects its 'old' text exactly once, found "
-                       f"{count} times")
+      raise ValueError(f"the edit of {self.path!r} expects its 'old' text exactly once, found {count} times")
     return text.replace(self.old, self.new, 1)
 
 
@@ -60,6 +61,7 @@ class SweTask:
   """One task: where its repository and hidden tests are on the server's host; for a shipped
   task also the bug (applied to the clean repository at reset) and the hidden tests to run
   (node ids under `hidden_tests`; empty: all of them)."""
+
   instance_id: str
   repo: str
   hidden_tests: str
@@ -90,11 +92,15 @@ def _shipped_task(task_id: str) -> SweTask:
     raise ValueError(f"field 'task_id': no shipped SWE task {task_id!r} under {SHIPPED_DIR}")
   meta = shipped_task_meta(task_id)
   source = shipped_repo_dir(os.path.basename(os.path.dirname(path)), meta["repo_name"])
-  return SweTask(instance_id=task_id, repo=os.path.join(source, "repo"),
-                 hidden_tests=os.path.join(source, "hidden_tests"),
-                 problem_statement=meta["problem_statement"],
-                 test_command=meta.get("test_command", DEFAULT_TEST_COMMAND),
-                 bug=Edit(**meta["bug"]), selected_tests=tuple(meta["fail_to_pass"]))
+  return SweTask(
+    instance_id=task_id,
+    repo=os.path.join(source, "repo"),
+    hidden_tests=os.path.join(source, "hidden_tests"),
+    problem_statement=meta["problem_statement"],
+    test_command=meta.get("test_command", DEFAULT_TEST_COMMAND),
+    bug=Edit(**meta["bug"]),
+    selected_tests=tuple(meta["fail_to_pass"]),
+  )
 
 
 def shipped_task_ids(split: str) -> list[str]:
@@ -104,7 +110,7 @@ def shipped_task_ids(split: str) -> list[str]:
   root = os.path.join(SHIPPED_DIR, split)
   if not os.path.isdir(root):
     return []
-  return sorted(name[:-len(".json")] for name in os.listdir(root) if name.endswith(".json"))
+  return sorted(name[: -len(".json")] for name in os.listdir(root) if name.endswith(".json"))
 
 
 def shipped_task_meta(task_id: str) -> dict:
@@ -135,9 +141,11 @@ def resolve_row(row: dict | None, where: str = "row") -> SweTask:
       raise ValueError(f"{where}: {e}") from None
   for field in ("repo", "hidden_tests", "problem_statement"):
     if not isinstance(row.get(field), str) or not row[field].strip():
-      raise ValueError(f"{where}: field {field!r} is missing or not a non-empty string "
-                       f"(a swe row needs 'repo', 'problem_statement', 'hidden_tests' and may "
-                       f"give 'test_command'; or a shipped 'task_id')")
+      raise ValueError(
+        f"{where}: field {field!r} is missing or not a non-empty string "
+        f"(a swe row needs 'repo', 'problem_statement', 'hidden_tests' and may "
+        f"give 'test_command'; or a shipped 'task_id')"
+      )
   for field in ("repo", "hidden_tests"):
     if not os.path.isabs(row[field]):
       raise ValueError(f"{where}: field {field!r} must be an absolute path, got {row[field]!r}")
@@ -147,11 +155,16 @@ def resolve_row(row: dict | None, where: str = "row") -> SweTask:
   if not isinstance(command, str) or not command.strip():
     raise ValueError(f"{where}: field 'test_command' must be a non-empty string")
   if count_hidden_tests(row["hidden_tests"]) == 0:
-    raise ValueError(f"{where}: field 'hidden_tests': {row['hidden_tests']!r} has no test "
-                     f"functions (test_*.py files with def test_*)")
-  return SweTask(instance_id=str(row.get("instance_id") or os.path.basename(row["repo"])),
-                 repo=row["repo"], hidden_tests=row["hidden_tests"],
-                 problem_statement=row["problem_statement"], test_command=command)
+    raise ValueError(
+      f"{where}: field 'hidden_tests': {row['hidden_tests']!r} has no test functions (test_*.py files with def test_*)"
+    )
+  return SweTask(
+    instance_id=str(row.get("instance_id") or os.path.basename(row["repo"])),
+    repo=row["repo"],
+    hidden_tests=row["hidden_tests"],
+    problem_statement=row["problem_statement"],
+    test_command=command,
+  )
 
 
 def _tree_stamp(folder: str) -> tuple:
@@ -188,8 +201,9 @@ def _count_hidden_tests(folder: str, stamp: tuple) -> int:
       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
         count += 1
       elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-        count += sum(1 for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name.startswith("test"))
+        count += sum(
+          1 for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")
+        )
   return count
 
 
@@ -198,8 +212,9 @@ def repo_archive(folder: str, max_bytes: int) -> str:
   `max_bytes`."""
   data = _repo_archive(folder, _tree_stamp(folder))
   if len(data) > max_bytes:
-    raise ValueError(f"field 'repo': {folder!r} packs to {len(data)} bytes, over the env's "
-                     f"repo_archive_mb limit ({max_bytes} bytes)")
+    raise ValueError(
+      f"field 'repo': {folder!r} packs to {len(data)} bytes, over the env's repo_archive_mb limit ({max_bytes} bytes)"
+    )
   return data
 
 
@@ -207,6 +222,5 @@ def repo_archive(folder: str, max_bytes: int) -> str:
 def _repo_archive(folder: str, stamp: tuple) -> str:
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
-    archive.add(folder, arcname=".",
-                filter=lambda info: None if set(info.name.split("/")) & _SKIP_DIRS else info)
+    archive.add(folder, arcname=".", filter=lambda info: None if set(info.name.split("/")) & _SKIP_DIRS else info)
   return base64.b64encode(buffer.getvalue()).decode("ascii")

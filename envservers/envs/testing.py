@@ -8,6 +8,7 @@
   action "crash" exits the process, {"sleep_s": s} blocks, "pid" returns its pid; it also prints
   to stdout (which must not reach the protocol).
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ crash there costs only that instance, which the pool recycles. Query actions (no
 
 Options (`--env-opt textworld.NAME=VALUE`): cache_dir (games folder), max_steps (default 100).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,7 @@ def resolve_game(row: dict, cache_dir: str | None) -> str:
     return path
   missing = [k for k in ("game_seed", "game_kind", "difficulty") if k not in row]
   if missing:
-    raise ValueError(f"textworld row needs 'game_file' or game_seed/game_kind/difficulty; "
-                     f"missing {missing}")
+    raise ValueError(f"textworld row needs 'game_file' or game_seed/game_kind/difficulty; missing {missing}")
   return game_file(row["game_kind"], row["difficulty"], row["game_seed"], cache_dir)
 
 
@@ -46,7 +46,7 @@ def strip_banner(text: str) -> str:
 class TextWorldEnv(BlockingEnv):
   name = "textworld"
   run_in_subprocess = True
-  call_timeout_s = 120.0   # a reset may generate a missing game first
+  call_timeout_s = 120.0  # a reset may generate a missing game first
 
   def __init__(self, cache_dir: str = "", max_steps: int = 100):
     if not isinstance(max_steps, int) or max_steps < 1:
@@ -65,6 +65,7 @@ class TextWorldEnv(BlockingEnv):
     if row is None:
       return ""
     import textworld
+
     path = self.game_path(row)
     if path != self.path:
       self.close_blocking()
@@ -81,8 +82,10 @@ class TextWorldEnv(BlockingEnv):
 
   def request_infos(self):
     import textworld
-    return textworld.EnvInfos(admissible_commands=True, max_score=True, score=True,
-                              policy_commands=True, objective=True, won=True, lost=True)
+
+    return textworld.EnvInfos(
+      admissible_commands=True, max_score=True, score=True, policy_commands=True, objective=True, won=True, lost=True
+    )
 
   def expert_commands(self, state) -> list[str]:
     """The walkthrough of the game just reset."""
@@ -92,27 +95,38 @@ class TextWorldEnv(BlockingEnv):
     if isinstance(action, dict) and action.get("query") in ("admissible_commands", "walkthrough"):
       if self.state is None:
         return StepOutcome(observation="", info={"error": "NoEpisode"})
-      items = (self.walkthrough if action["query"] == "walkthrough"
-               else [] if self.done else list(self.state.admissible_commands or []))
+      items = (
+        self.walkthrough
+        if action["query"] == "walkthrough"
+        else []
+        if self.done
+        else list(self.state.admissible_commands or [])
+      )
       return StepOutcome(observation="\n".join(items), info={"query": True})
     if self.state is None:
-      return StepOutcome(observation="Error: no game loaded: reset with a row naming a game",
-                         info={"error": "NoEpisode"})
+      return StepOutcome(
+        observation="Error: no game loaded: reset with a row naming a game", info={"error": "NoEpisode"}
+      )
     if self.done:
-      return StepOutcome(observation="The game is over; no further commands are possible.",
-                         done=True, info={"error": "EpisodeOver"})
+      return StepOutcome(
+        observation="The game is over; no further commands are possible.", done=True, info={"error": "EpisodeOver"}
+      )
     if not isinstance(action, str) or not action.strip():
-      return StepOutcome(observation=f"Error: a command is a non-empty string, got {action!r:.60}",
-                         info={"error": "BadAction"})
+      return StepOutcome(
+        observation=f"Error: a command is a non-empty string, got {action!r:.60}", info={"error": "BadAction"}
+      )
     self.state, score, done = self.env.step(action.strip())
     self.steps += 1
     max_score = max(1, self.state.max_score or 1)
     reward = (score - self.score) / max_score
     self.score = score
     self.done = bool(done or self.state.won or self.state.lost or self.steps >= self.max_steps)
-    return StepOutcome(observation=self.state.feedback.strip(), reward=reward, done=self.done,
-                       info={"score": score, "max_score": max_score, "won": bool(self.state.won),
-                             "lost": bool(self.state.lost)})
+    return StepOutcome(
+      observation=self.state.feedback.strip(),
+      reward=reward,
+      done=self.done,
+      info={"score": score, "max_score": max_score, "won": bool(self.state.won), "lost": bool(self.state.lost)},
+    )
 
   def close_blocking(self) -> None:
     if self.env is not None:
@@ -128,5 +142,4 @@ class TextWorldEnv(BlockingEnv):
     if self.state is None:
       return {"reward": 0.0, "won": 0.0}
     max_score = max(1, self.state.max_score or 1)
-    return {"reward": self.score / max_score, "won": float(bool(self.state.won)),
-            "steps": float(self.steps)}
+    return {"reward": self.score / max_score, "won": float(bool(self.state.won)), "steps": float(self.steps)}

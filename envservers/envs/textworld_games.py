@@ -7,6 +7,7 @@ first if the cache lacks it (~5-10 s; a seed whose map has no room for the quest
 seeds derived from it, deterministically). The cache folder is `cache_dir`, else
 $AGENTFLY_TEXTWORLD_CACHE, else ~/.cache/agentfly_jax/textworld.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,21 +19,27 @@ DIFFICULTIES = ("easy", "medium", "hard")
 _ATTEMPTS = 20
 
 _SETTINGS = {
-    "treasure_hunter": {"easy": {"level": 5}, "medium": {"level": 15}, "hard": {"level": 25}},
-    "coin_collector": {"easy": {"level": 5}, "medium": {"level": 15}, "hard": {"level": 30}},
-    "cooking": {
-        "easy": {"recipe": 1, "take": 1, "go": 6, "open": True, "cook": False, "cut": False},
-        "medium": {"recipe": 2, "take": 2, "go": 6, "open": True, "cook": True, "cut": False},
-        "hard": {"recipe": 3, "take": 3, "go": 9, "open": True, "cook": True, "cut": True}},
-    "simple": {"easy": {"rewards": "dense", "goal": "detailed"},
-               "medium": {"rewards": "balanced", "goal": "detailed"},
-               "hard": {"rewards": "sparse", "goal": "brief"}},
+  "treasure_hunter": {"easy": {"level": 5}, "medium": {"level": 15}, "hard": {"level": 25}},
+  "coin_collector": {"easy": {"level": 5}, "medium": {"level": 15}, "hard": {"level": 30}},
+  "cooking": {
+    "easy": {"recipe": 1, "take": 1, "go": 6, "open": True, "cook": False, "cut": False},
+    "medium": {"recipe": 2, "take": 2, "go": 6, "open": True, "cook": True, "cut": False},
+    "hard": {"recipe": 3, "take": 3, "go": 9, "open": True, "cook": True, "cut": True},
+  },
+  "simple": {
+    "easy": {"rewards": "dense", "goal": "detailed"},
+    "medium": {"rewards": "balanced", "goal": "detailed"},
+    "hard": {"rewards": "sparse", "goal": "brief"},
+  },
 }
 
 
 def cache_folder(cache_dir: str | None = None) -> str:
-  return (cache_dir or os.environ.get("AGENTFLY_TEXTWORLD_CACHE")
-          or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax", "textworld"))
+  return (
+    cache_dir
+    or os.environ.get("AGENTFLY_TEXTWORLD_CACHE")
+    or os.path.join(os.path.expanduser("~"), ".cache", "agentfly_jax", "textworld")
+  )
 
 
 def check_game_spec(kind: str, difficulty: str, seed) -> None:
@@ -62,7 +69,7 @@ def game_file(kind: str, difficulty: str, seed: int, cache_dir: str | None = Non
   if kind == "cooking":
     settings.update(drop=False, recipe_seed=seed, split=None)
   make = textworld.challenges.CHALLENGES[f"tw-{kind}"][1]
-  with tempfile.TemporaryDirectory(dir=folder) as scratch:   # concurrent makers never collide
+  with tempfile.TemporaryDirectory(dir=folder) as scratch:  # concurrent makers never collide
     options = textworld.GameOptions()
     options.path = os.path.join(scratch, os.path.basename(path))
     options.force_recompile = True
@@ -75,11 +82,12 @@ def game_file(kind: str, difficulty: str, seed: int, cache_dir: str | None = Non
       except QuestGenerationError as e:
         error = e
     else:
-      raise RuntimeError(f"textworld could not generate a {kind}/{difficulty} game from seed "
-                         f"{seed} in {_ATTEMPTS} attempts: {error}")
+      raise RuntimeError(
+        f"textworld could not generate a {kind}/{difficulty} game from seed {seed} in {_ATTEMPTS} attempts: {error}"
+      )
     compiled = compile_game(game, options)
     json_path = os.path.splitext(compiled)[0] + ".json"
     if os.path.exists(json_path):
       shutil.move(json_path, os.path.splitext(path)[0] + ".json")
-    os.replace(compiled, path)   # atomic: readers see a whole game or none
+    os.replace(compiled, path)  # atomic: readers see a whole game or none
   return path

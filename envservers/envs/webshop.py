@@ -14,6 +14,7 @@ actions without acting.
 Options (`--env-opt webshop.NAME=VALUE`): num_products (default 1000), catalog_seed (default 0),
 or items_path (+ attributes_path) for WebShop's own product files.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,12 @@ import numpy as np
 
 from envservers.env import ServerEnv, StepOutcome, env_reward
 from envservers.envs.retrieval import import_bm25s  # bm25s without its JAX back-end
-from envservers.envs.webshop_catalog import (DEFAULT_CATALOG_SEED, DEFAULT_NUM_PRODUCTS, generate_catalog,
-                                             load_webshop_products)
+from envservers.envs.webshop_catalog import (
+  DEFAULT_CATALOG_SEED,
+  DEFAULT_NUM_PRODUCTS,
+  generate_catalog,
+  load_webshop_products,
+)
 from envservers.envs.webshop_policies import expert_actions, random_action  # noqa: F401 (their home moved)
 from envservers.registry import register_env
 
@@ -64,18 +69,23 @@ def webshop_reward(product: dict, goal: dict, options: dict[str, str]) -> dict:
   if title_score == 0.0:
     r_type = 0.0
   text = " ".join([product["name"], product.get("description", ""), *product.get("features", [])])
-  attr_hits = sum(1 for a in goal["attributes"]
-                  if any(_same_words(a, b) for b in product.get("attributes", []))
-                  or a.lower() in text.lower())
+  attr_hits = sum(
+    1
+    for a in goal["attributes"]
+    if any(_same_words(a, b) for b in product.get("attributes", [])) or a.lower() in text.lower()
+  )
   chosen = list(options.values())
-  option_hits = sum(1 for v in goal["goal_options"].values()
-                    if any(_same_words(v, c) for c in chosen))
+  option_hits = sum(1 for v in goal["goal_options"].values() if any(_same_words(v, c) for c in chosen))
   price_ok = float(product["price"] <= goal["price_upper"])
   n_att, n_opt = len(goal["attributes"]), len(goal["goal_options"])
   total = (attr_hits + option_hits + price_ok) / (n_att + n_opt + 1) * r_type
-  return {"reward": float(total), "r_type": r_type,
-          "r_att": attr_hits / n_att if n_att else 1.0,
-          "r_option": option_hits / n_opt if n_opt else 1.0, "r_price": price_ok}
+  return {
+    "reward": float(total),
+    "r_type": r_type,
+    "r_att": attr_hits / n_att if n_att else 1.0,
+    "r_option": option_hits / n_opt if n_opt else 1.0,
+    "r_price": price_ok,
+  }
 
 
 class Shop:
@@ -91,7 +101,7 @@ class Shop:
 
   def search(self, query: str) -> list[dict]:
     tokens = import_bm25s().tokenize([query], show_progress=False)
-    if not tokens.vocab:   # nothing searchable (only stop words)
+    if not tokens.vocab:  # nothing searchable (only stop words)
       return []
     k = min(MAX_RESULTS, len(self.products))
     ids, scores = self.retriever.retrieve(tokens, k=k, show_progress=False)
@@ -110,8 +120,14 @@ class WebShopEnv(ServerEnv):
   name = "webshop"
   call_timeout_s = 30.0
 
-  def __init__(self, num_products: int = DEFAULT_NUM_PRODUCTS, catalog_seed: int = DEFAULT_CATALOG_SEED, items_path: str = "",
-               attributes_path: str = "", max_steps: int = 50):
+  def __init__(
+    self,
+    num_products: int = DEFAULT_NUM_PRODUCTS,
+    catalog_seed: int = DEFAULT_CATALOG_SEED,
+    items_path: str = "",
+    attributes_path: str = "",
+    max_steps: int = 50,
+  ):
     if not isinstance(num_products, int) or num_products < 1:
       raise ValueError(f"webshop option 'num_products' must be a positive int, got {num_products!r}")
     self.catalog_key = (num_products, int(catalog_seed), str(items_path), str(attributes_path))
@@ -136,14 +152,16 @@ class WebShopEnv(ServerEnv):
       return ""
     goal = row.get("goal")
     if not isinstance(goal, dict):
-      raise ValueError("webshop row needs a 'goal' object (asin, attributes, goal_options, "
-                       f"price_upper); got {goal!r:.80}")
+      raise ValueError(
+        f"webshop row needs a 'goal' object (asin, attributes, goal_options, price_upper); got {goal!r:.80}"
+      )
     for field in ("asin", "attributes", "goal_options", "price_upper"):
       if field not in goal:
         raise ValueError(f"webshop row 'goal' lacks field {field!r}")
     if goal["asin"] not in self.shop.by_asin:
-      raise ValueError(f"webshop row 'goal.asin' {goal['asin']!r} is not in this server's catalog "
-                       f"(catalog options {self.catalog_key})")
+      raise ValueError(
+        f"webshop row 'goal.asin' {goal['asin']!r} is not in this server's catalog (catalog options {self.catalog_key})"
+      )
     self.goal = goal
     return self.render()
 
@@ -165,7 +183,7 @@ class WebShopEnv(ServerEnv):
       for values in self.item["options"].values():
         out += values
       return out + ["description", "features", "buy now"]
-    return ["back to search", "< prev"]   # description / features sub-page
+    return ["back to search", "< prev"]  # description / features sub-page
 
   def valid_actions(self) -> list[str]:
     if self.done:
@@ -176,7 +194,7 @@ class WebShopEnv(ServerEnv):
 
   def _page_results(self) -> list[dict]:
     start = (self.page_no - 1) * RESULTS_PER_PAGE
-    return self.results[start:start + RESULTS_PER_PAGE]
+    return self.results[start : start + RESULTS_PER_PAGE]
 
   def render(self) -> str:
     instruction = f"Instruction: {self.goal['instruction_text']}" if self.goal else ""
@@ -202,28 +220,28 @@ class WebShopEnv(ServerEnv):
       body = f"Description: {self.item['description']}"
     else:
       body = "Features:\n" + "\n".join(f"- {f}" for f in self.item["features"])
-    return "\n".join([x for x in (instruction, body) if x] +
-                     [f"Available actions: {', '.join(self.valid_actions())}"])
+    return "\n".join([x for x in (instruction, body) if x] + [f"Available actions: {', '.join(self.valid_actions())}"])
 
   # -- actions ----------------------------------------------------------------------------------
 
   def _bad(self, message: str) -> StepOutcome:
-    return StepOutcome(observation=f"Invalid action: {message}\n{self.render()}",
-                       info={"error": "BadAction"})
+    return StepOutcome(observation=f"Invalid action: {message}\n{self.render()}", info={"error": "BadAction"})
 
   async def step(self, action: Any) -> StepOutcome:
     if isinstance(action, dict) and action.get("query") == "valid_actions":
       return StepOutcome(observation="\n".join(self.valid_actions()), info={"query": True})
     if self.goal is None:
-      return StepOutcome(observation="Error: no episode: reset with a row that has a 'goal' first",
-                         info={"error": "NoEpisode"})
+      return StepOutcome(
+        observation="Error: no episode: reset with a row that has a 'goal' first", info={"error": "NoEpisode"}
+      )
     if self.done:
-      return StepOutcome(observation=f"The episode is over: you bought {self.outcome['asin']}; "
-                                     "no further actions are possible.", done=True,
-                         info={"error": "EpisodeOver"})
+      return StepOutcome(
+        observation=f"The episode is over: you bought {self.outcome['asin']}; no further actions are possible.",
+        done=True,
+        info={"error": "EpisodeOver"},
+      )
     if not isinstance(action, str):
-      return self._bad(f"an action is a string like search[...] or click[...], got "
-                       f"{type(action).__name__}")
+      return self._bad(f"an action is a string like search[...] or click[...], got {type(action).__name__}")
     match = _ACTION.match(action)
     if not match:
       return self._bad(f"{action!r:.80} is not search[...] or click[...]")
@@ -244,9 +262,14 @@ class WebShopEnv(ServerEnv):
     if not done and self.steps >= self.max_steps:
       done = self.done = True
       self.outcome = {"asin": "nothing (step limit)", "reward": 0.0}
-    return StepOutcome(observation=self.render() if not self.done else
-                       f"Thank you for shopping with us! Your score: {reward or 0.0:.3f}",
-                       reward=reward, done=done, info=info or {})
+    return StepOutcome(
+      observation=self.render()
+      if not self.done
+      else f"Thank you for shopping with us! Your score: {reward or 0.0:.3f}",
+      reward=reward,
+      done=done,
+      info=info or {},
+    )
 
   def _click(self, button: str) -> StepOutcome:
     if button not in self.buttons():
@@ -263,8 +286,7 @@ class WebShopEnv(ServerEnv):
       else:
         self.page = "item"
     elif self.page == "results":
-      self.item = self.shop.by_asin[next(p["asin"] for p in self._page_results()
-                                         if p["asin"].lower() == button)]
+      self.item = self.shop.by_asin[next(p["asin"] for p in self._page_results() if p["asin"].lower() == button)]
       self.page, self.options = "item", {}
     elif button in ("description", "features"):
       self.page = button
@@ -273,7 +295,7 @@ class WebShopEnv(ServerEnv):
       self.done = True
       self.outcome = {"asin": self.item["asin"], "options": dict(self.options), **parts}
       return self._outcome(parts["reward"], {"purchased": self.item["asin"], **parts})
-    else:   # an option value
+    else:  # an option value
       for name, values in self.item["options"].items():
         if button in values:
           self.options[name] = button
@@ -284,7 +306,9 @@ class WebShopEnv(ServerEnv):
   def purchase(self) -> dict:
     """WebShop's reward of the purchase (0 if nothing was bought), with its parts."""
     if not self.outcome or "r_type" not in self.outcome:
-      return {"reward": 0.0, "bought": 0.0, "r_type": 0.0, "r_att": 0.0, "r_option": 0.0,
-              "r_price": 0.0}
-    return {"reward": self.outcome["reward"], "bought": 1.0,
-            **{k: self.outcome[k] for k in ("r_type", "r_att", "r_option", "r_price")}}
+      return {"reward": 0.0, "bought": 0.0, "r_type": 0.0, "r_att": 0.0, "r_option": 0.0, "r_price": 0.0}
+    return {
+      "reward": self.outcome["reward"],
+      "bought": 1.0,
+      **{k: self.outcome[k] for k in ("r_type", "r_att", "r_option", "r_price")},
+    }

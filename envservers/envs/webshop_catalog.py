@@ -13,6 +13,7 @@ A goal (what an instruction asks for) is a dict:
 from them; `load_webshop_products(items_path, attributes_path)` reads WebShop's
 `items_shuffle.json` (+ `items_ins_v2.json`) layout.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,119 +23,259 @@ import numpy as np
 
 # top category -> sub category -> {product type: (attributes pool, option names, price range)}
 _CATALOG_SPEC = {
-    "clothing": {
-        "men": {
-            "t-shirt": (["machine washable", "cotton", "slim fit", "short sleeve", "moisture wicking",
-                         "quick dry", "regular fit"], ["size", "color"], (8, 40)),
-            "jeans": (["stretch", "slim fit", "button closure", "machine washable", "relaxed fit",
-                       "denim"], ["size", "color"], (20, 90)),
-            "hoodie": (["fleece", "machine washable", "long sleeve", "drawstring", "zip up",
-                        "pullover"], ["size", "color"], (18, 70)),
-        },
-        "women": {
-            "dress": (["machine washable", "midi length", "floral print", "sleeveless", "v neck",
-                       "pockets"], ["size", "color"], (15, 120)),
-            "leggings": (["high waist", "tummy control", "stretch", "squat proof", "pockets",
-                          "quick dry"], ["size", "color"], (10, 45)),
-            "blouse": (["long sleeve", "button down", "chiffon", "loose fit", "v neck",
-                        "machine washable"], ["size", "color"], (12, 60)),
-        },
-        "shoes": {
-            "running shoes": (["non slip", "lightweight", "breathable mesh", "rubber sole",
-                               "memory foam", "arch support"], ["size", "color"], (25, 150)),
-            "sandals": (["open toe", "ankle strap", "non slip", "rubber sole", "arch support",
-                         "waterproof"], ["size", "color"], (12, 80)),
-            "boots": (["waterproof", "lace up", "rubber sole", "faux fur lined", "steel toe",
-                       "non slip"], ["size", "color"], (35, 200)),
-        },
+  "clothing": {
+    "men": {
+      "t-shirt": (
+        ["machine washable", "cotton", "slim fit", "short sleeve", "moisture wicking", "quick dry", "regular fit"],
+        ["size", "color"],
+        (8, 40),
+      ),
+      "jeans": (
+        ["stretch", "slim fit", "button closure", "machine washable", "relaxed fit", "denim"],
+        ["size", "color"],
+        (20, 90),
+      ),
+      "hoodie": (
+        ["fleece", "machine washable", "long sleeve", "drawstring", "zip up", "pullover"],
+        ["size", "color"],
+        (18, 70),
+      ),
     },
-    "home and kitchen": {
-        "bedding": {
-            "pillow": (["memory foam", "hypoallergenic", "machine washable", "cooling gel",
-                        "down alternative", "adjustable loft"], ["size", "count"], (15, 90)),
-            "sheet set": (["deep pocket", "microfiber", "wrinkle free", "cotton", "breathable",
-                           "machine washable"], ["size", "color"], (20, 120)),
-        },
-        "kitchen": {
-            "water bottle": (["bpa free", "leak proof", "insulated", "stainless steel",
-                              "dishwasher safe", "wide mouth"], ["capacity", "color"], (8, 45)),
-            "coffee mug": (["dishwasher safe", "microwave safe", "ceramic", "insulated",
-                            "lid included", "large capacity"], ["capacity", "color"], (6, 35)),
-            "cutting board": (["bamboo", "non slip", "dishwasher safe", "juice groove",
-                               "reversible", "bpa free"], ["size", "count"], (10, 60)),
-        },
+    "women": {
+      "dress": (
+        ["machine washable", "midi length", "floral print", "sleeveless", "v neck", "pockets"],
+        ["size", "color"],
+        (15, 120),
+      ),
+      "leggings": (
+        ["high waist", "tummy control", "stretch", "squat proof", "pockets", "quick dry"],
+        ["size", "color"],
+        (10, 45),
+      ),
+      "blouse": (
+        ["long sleeve", "button down", "chiffon", "loose fit", "v neck", "machine washable"],
+        ["size", "color"],
+        (12, 60),
+      ),
     },
-    "beauty and personal care": {
-        "skin care": {
-            "face moisturizer": (["fragrance free", "paraben free", "hyaluronic acid",
-                                  "sensitive skin", "spf 30", "cruelty free"], ["scent", "size"],
-                                 (7, 65)),
-            "sunscreen": (["water resistant", "reef safe", "spf 50", "oil free", "fragrance free",
-                           "mineral based"], ["size", "count"], (6, 40)),
-        },
-        "hair care": {
-            "shampoo": (["sulfate free", "paraben free", "color safe", "natural ingredients",
-                         "anti dandruff", "cruelty free"], ["scent", "size"], (5, 45)),
-            "hair dryer": (["ionic", "lightweight", "fast drying", "low noise", "diffuser included",
-                            "foldable handle"], ["color", "style"], (20, 160)),
-        },
+    "shoes": {
+      "running shoes": (
+        ["non slip", "lightweight", "breathable mesh", "rubber sole", "memory foam", "arch support"],
+        ["size", "color"],
+        (25, 150),
+      ),
+      "sandals": (
+        ["open toe", "ankle strap", "non slip", "rubber sole", "arch support", "waterproof"],
+        ["size", "color"],
+        (12, 80),
+      ),
+      "boots": (
+        ["waterproof", "lace up", "rubber sole", "faux fur lined", "steel toe", "non slip"],
+        ["size", "color"],
+        (35, 200),
+      ),
     },
-    "electronics": {
-        "audio": {
-            "wireless earbuds": (["noise cancelling", "bluetooth", "water resistant",
-                                  "long battery life", "charging case", "touch control"],
-                                 ["color", "style"], (15, 250)),
-            "portable speaker": (["bluetooth", "waterproof", "long battery life", "high fidelity",
-                                  "built in microphone", "lightweight"], ["color", "style"],
-                                 (18, 200)),
-        },
-        "accessories": {
-            "phone case": (["shockproof", "slim fit", "wireless charging compatible",
-                            "raised edges", "clear", "kickstand"], ["color", "style"], (6, 40)),
-            "usb cable": (["fast charging", "braided", "durable", "high speed data transfer",
-                           "tangle free", "gold plated"], ["size", "count"], (5, 30)),
-        },
+  },
+  "home and kitchen": {
+    "bedding": {
+      "pillow": (
+        ["memory foam", "hypoallergenic", "machine washable", "cooling gel", "down alternative", "adjustable loft"],
+        ["size", "count"],
+        (15, 90),
+      ),
+      "sheet set": (
+        ["deep pocket", "microfiber", "wrinkle free", "cotton", "breathable", "machine washable"],
+        ["size", "color"],
+        (20, 120),
+      ),
     },
-    "grocery": {
-        "snacks": {
-            "protein bar": (["gluten free", "high protein", "low sugar", "non gmo", "keto friendly",
-                             "vegan"], ["flavor", "count"], (8, 50)),
-            "trail mix": (["gluten free", "non gmo", "resealable bag", "natural ingredients",
-                           "high protein", "no artificial colors"], ["flavor", "size"], (6, 35)),
-        },
-        "beverages": {
-            "green tea": (["organic", "caffeine free", "non gmo", "natural ingredients",
-                           "individually wrapped", "gluten free"], ["flavor", "count"], (5, 30)),
-            "coffee beans": (["whole bean", "organic", "fair trade", "dark roast", "medium roast",
-                              "single origin"], ["flavor", "size"], (9, 45)),
-        },
+    "kitchen": {
+      "water bottle": (
+        ["bpa free", "leak proof", "insulated", "stainless steel", "dishwasher safe", "wide mouth"],
+        ["capacity", "color"],
+        (8, 45),
+      ),
+      "coffee mug": (
+        ["dishwasher safe", "microwave safe", "ceramic", "insulated", "lid included", "large capacity"],
+        ["capacity", "color"],
+        (6, 35),
+      ),
+      "cutting board": (
+        ["bamboo", "non slip", "dishwasher safe", "juice groove", "reversible", "bpa free"],
+        ["size", "count"],
+        (10, 60),
+      ),
     },
+  },
+  "beauty and personal care": {
+    "skin care": {
+      "face moisturizer": (
+        ["fragrance free", "paraben free", "hyaluronic acid", "sensitive skin", "spf 30", "cruelty free"],
+        ["scent", "size"],
+        (7, 65),
+      ),
+      "sunscreen": (
+        ["water resistant", "reef safe", "spf 50", "oil free", "fragrance free", "mineral based"],
+        ["size", "count"],
+        (6, 40),
+      ),
+    },
+    "hair care": {
+      "shampoo": (
+        ["sulfate free", "paraben free", "color safe", "natural ingredients", "anti dandruff", "cruelty free"],
+        ["scent", "size"],
+        (5, 45),
+      ),
+      "hair dryer": (
+        ["ionic", "lightweight", "fast drying", "low noise", "diffuser included", "foldable handle"],
+        ["color", "style"],
+        (20, 160),
+      ),
+    },
+  },
+  "electronics": {
+    "audio": {
+      "wireless earbuds": (
+        ["noise cancelling", "bluetooth", "water resistant", "long battery life", "charging case", "touch control"],
+        ["color", "style"],
+        (15, 250),
+      ),
+      "portable speaker": (
+        ["bluetooth", "waterproof", "long battery life", "high fidelity", "built in microphone", "lightweight"],
+        ["color", "style"],
+        (18, 200),
+      ),
+    },
+    "accessories": {
+      "phone case": (
+        ["shockproof", "slim fit", "wireless charging compatible", "raised edges", "clear", "kickstand"],
+        ["color", "style"],
+        (6, 40),
+      ),
+      "usb cable": (
+        ["fast charging", "braided", "durable", "high speed data transfer", "tangle free", "gold plated"],
+        ["size", "count"],
+        (5, 30),
+      ),
+    },
+  },
+  "grocery": {
+    "snacks": {
+      "protein bar": (
+        ["gluten free", "high protein", "low sugar", "non gmo", "keto friendly", "vegan"],
+        ["flavor", "count"],
+        (8, 50),
+      ),
+      "trail mix": (
+        ["gluten free", "non gmo", "resealable bag", "natural ingredients", "high protein", "no artificial colors"],
+        ["flavor", "size"],
+        (6, 35),
+      ),
+    },
+    "beverages": {
+      "green tea": (
+        ["organic", "caffeine free", "non gmo", "natural ingredients", "individually wrapped", "gluten free"],
+        ["flavor", "count"],
+        (5, 30),
+      ),
+      "coffee beans": (
+        ["whole bean", "organic", "fair trade", "dark roast", "medium roast", "single origin"],
+        ["flavor", "size"],
+        (9, 45),
+      ),
+    },
+  },
 }
 
 _OPTION_VALUES = {
-    "size": ["x-small", "small", "medium", "large", "x-large", "xx-large", "6", "7", "8", "9", "10",
-             "11", "twin", "full", "queen", "king", "3 feet", "6 feet", "10 feet"],
-    "color": ["black", "white", "navy blue", "red", "green", "grey", "pink", "beige", "brown",
-              "purple", "yellow", "light blue"],
-    "count": ["1 count", "2 count", "4 count", "6 count", "12 count", "24 count"],
-    "capacity": ["12 ounce", "16 ounce", "20 ounce", "24 ounce", "32 ounce", "40 ounce"],
-    "scent": ["unscented", "lavender", "coconut", "citrus", "vanilla", "eucalyptus"],
-    "flavor": ["chocolate", "peanut butter", "vanilla", "mixed berry", "original", "caramel",
-               "mint", "honey"],
-    "style": ["standard", "pro", "mini", "plus", "sport", "classic"],
+  "size": [
+    "x-small",
+    "small",
+    "medium",
+    "large",
+    "x-large",
+    "xx-large",
+    "6",
+    "7",
+    "8",
+    "9",
+    "10",
+    "11",
+    "twin",
+    "full",
+    "queen",
+    "king",
+    "3 feet",
+    "6 feet",
+    "10 feet",
+  ],
+  "color": [
+    "black",
+    "white",
+    "navy blue",
+    "red",
+    "green",
+    "grey",
+    "pink",
+    "beige",
+    "brown",
+    "purple",
+    "yellow",
+    "light blue",
+  ],
+  "count": ["1 count", "2 count", "4 count", "6 count", "12 count", "24 count"],
+  "capacity": ["12 ounce", "16 ounce", "20 ounce", "24 ounce", "32 ounce", "40 ounce"],
+  "scent": ["unscented", "lavender", "coconut", "citrus", "vanilla", "eucalyptus"],
+  "flavor": ["chocolate", "peanut butter", "vanilla", "mixed berry", "original", "caramel", "mint", "honey"],
+  "style": ["standard", "pro", "mini", "plus", "sport", "classic"],
 }
 
-_BRANDS = ["Acme", "Northwind", "Brightly", "Kestrel", "Lumen", "Orchard", "Pinecrest", "Quill",
-           "Riverstone", "Solace", "Tidewater", "Verdant", "Willowby", "Zephyr", "Amberly", "Cobalt",
-           "Driftwood", "Everpeak", "Foxglove", "Granite"]
-_ADJECTIVES = ["classic", "premium", "everyday", "ultra", "essential", "comfort", "deluxe", "eco",
-               "urban", "outdoor", "modern", "vintage"]
+_BRANDS = [
+  "Acme",
+  "Northwind",
+  "Brightly",
+  "Kestrel",
+  "Lumen",
+  "Orchard",
+  "Pinecrest",
+  "Quill",
+  "Riverstone",
+  "Solace",
+  "Tidewater",
+  "Verdant",
+  "Willowby",
+  "Zephyr",
+  "Amberly",
+  "Cobalt",
+  "Driftwood",
+  "Everpeak",
+  "Foxglove",
+  "Granite",
+]
+_ADJECTIVES = [
+  "classic",
+  "premium",
+  "everyday",
+  "ultra",
+  "essential",
+  "comfort",
+  "deluxe",
+  "eco",
+  "urban",
+  "outdoor",
+  "modern",
+  "vintage",
+]
 _FIELDS = ("asin", "name", "query", "category", "attributes", "options", "price")
 
 
 def _product_types() -> list[tuple[str, str, str, tuple]]:
-  return [(top, sub, ptype, spec) for top, subs in _CATALOG_SPEC.items()
-          for sub, types in subs.items() for ptype, spec in types.items()]
+  return [
+    (top, sub, ptype, spec)
+    for top, subs in _CATALOG_SPEC.items()
+    for sub, types in subs.items()
+    for ptype, spec in types.items()
+  ]
 
 
 DEFAULT_NUM_PRODUCTS = 1000  # the env server's and the trainer-side task's catalog, one home
@@ -162,11 +303,19 @@ def generate_catalog(num_products: int = DEFAULT_NUM_PRODUCTS, seed: int = DEFAU
     name = f"{brand} {adjective} {ptype}, {attributes[0]}"
     price = round(float(rng.uniform(low, high)), 2)
     asin = "B0" + "".join(rng.choice(list("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789"), size=8))
-    products.append({
-        "asin": asin, "name": name, "query": ptype, "category": f"{top} › {sub} › {ptype}",
-        "attributes": attributes, "options": options, "price": price,
+    products.append(
+      {
+        "asin": asin,
+        "name": name,
+        "query": ptype,
+        "category": f"{top} › {sub} › {ptype}",
+        "attributes": attributes,
+        "options": options,
+        "price": price,
         "description": f"The {brand} {ptype}: {', '.join(attributes)}.",
-        "features": [f"{a.capitalize()}." for a in attributes] + [f"By {brand}."]})
+        "features": [f"{a.capitalize()}." for a in attributes] + [f"By {brand}."],
+      }
+    )
   _check_unique(products, f"generate_catalog(seed={seed})")
   return products
 
@@ -198,11 +347,17 @@ def make_goals(products: list[dict], n: int, seed: int) -> list[dict]:
     p = products[int(index)]
     k = min(len(p["attributes"]), int(rng.integers(1, 4)))
     attributes = sorted(rng.choice(p["attributes"], size=k, replace=False).tolist()) if k else []
-    goal_options = {name: values[int(rng.integers(len(values)))]
-                    for name, values in p["options"].items() if values}
+    goal_options = {name: values[int(rng.integers(len(values)))] for name, values in p["options"].items() if values}
     price_upper = float(np.ceil(p["price"] * rng.uniform(1.1, 2.0)))
-    goal = {"asin": p["asin"], "name": p["name"], "query": p["query"], "category": p["category"],
-            "attributes": attributes, "goal_options": goal_options, "price_upper": price_upper}
+    goal = {
+      "asin": p["asin"],
+      "name": p["name"],
+      "query": p["query"],
+      "category": p["category"],
+      "attributes": attributes,
+      "goal_options": goal_options,
+      "price_upper": price_upper,
+    }
     goal["instruction_text"] = instruction_text(goal)
     goals.append(goal)
   return goals
@@ -241,20 +396,24 @@ def load_webshop_products(items_path: str, attributes_path: str | None = None) -
         raise ValueError(f"{where}: field {field!r} must be a non-empty string")
     options = {}
     for name, values in (item.get("customization_options") or {}).items():
-      options[name.lower()] = [str(v["value"] if isinstance(v, dict) else v).lower()
-                               for v in values or []]
+      options[name.lower()] = [str(v["value"] if isinstance(v, dict) else v).lower() for v in values or []]
     description = item.get("full_description") or item.get("small_description") or ""
     if isinstance(description, list):
       description = " ".join(map(str, description))
     features = item.get("small_description") or []
     features = [str(x) for x in features] if isinstance(features, list) else [str(features)]
-    products.append({
-        "asin": item["asin"], "name": item["name"],
+    products.append(
+      {
+        "asin": item["asin"],
+        "name": item["name"],
         "query": str(item.get("query") or "").lower(),
         "category": str(item.get("product_category") or ""),
-        "attributes": [str(a).lower() for a in
-                       (attributes_by_asin.get(item["asin"]) or {}).get("attributes", [])],
-        "options": options, "price": _price(item.get("pricing"), where),
-        "description": str(description), "features": features})
+        "attributes": [str(a).lower() for a in (attributes_by_asin.get(item["asin"]) or {}).get("attributes", [])],
+        "options": options,
+        "price": _price(item.get("pricing"), where),
+        "description": str(description),
+        "features": features,
+      }
+    )
   _check_unique(products, items_path)
   return products

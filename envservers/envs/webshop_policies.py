@@ -1,6 +1,7 @@
 """Scripted shop policies over the page text alone (no server state): the expert that follows a goal
 and a uniformly random one. Shared by the env server's tests and the trainer-side task
 (agentfly_jax/tasks/webshop.py), which must not import the server's env."""
+
 from __future__ import annotations
 
 import re

@@ -11,6 +11,7 @@ later step meeting a new padded length may still compile: the table shows the me
 fastest measured step). Memory: the process's peak resident set (ru_maxrss of the child,
 os.wait4), which holds the model, optimizer, sampler KV cache and the step's batch arrays.
 """
+
 import json
 import os
 import subprocess
@@ -35,10 +36,16 @@ def run(chains: int) -> dict:
   if chains % _NUM_CHAINS.value:
     raise app.UsageError(f"--chains: {chains} is not a multiple of --num_chains={_NUM_CHAINS.value}")
   workdir = os.path.join(_WORKDIR.value, f"chains{chains}")
-  cmd = train_command(ROOT, _CONFIG.value, workdir, _STEPS.value,
-                      f"--config.rollout.rows_per_step={chains // _NUM_CHAINS.value}",
-                      f"--config.rollout.num_chains={_NUM_CHAINS.value}", "--config.eval.every=0",
-                      "--config.eval.num_rows=0")
+  cmd = train_command(
+    ROOT,
+    _CONFIG.value,
+    workdir,
+    _STEPS.value,
+    f"--config.rollout.rows_per_step={chains // _NUM_CHAINS.value}",
+    f"--config.rollout.num_chains={_NUM_CHAINS.value}",
+    "--config.eval.every=0",
+    "--config.eval.num_rows=0",
+  )
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   t0 = time.perf_counter()
   with open(os.path.join(_WORKDIR.value, f"chains{chains}.stderr"), "w") as err:
@@ -58,25 +65,42 @@ def summarize(chains: int, out: dict) -> dict:
     raise ValueError(f"chains {chains}: no steps after the first (use --steps >= 2)")
   mean = lambda key: sum(r[key] for r in measured) / len(measured)
   step_s = mean("time/step_s")
-  return {"chains": chains, "rows_per_step": chains // _NUM_CHAINS.value, "steps_measured": len(measured),
-          "step_s": step_s, "steps_per_s": 1 / step_s, "fastest_step_s": min(r["time/step_s"] for r in measured),
-          "chains_per_s": chains / step_s, "rollout_s": mean("time/rollout_s"), "train_s": mean("time/train_s"),
-          "prepare_s": mean("time/prepare_s"), "tokens_total_mean": mean("rollout/tokens_total_mean"),
-          "peak_rss_mib": out["peak_rss_mib"], "wall_s": out["wall_s"]}
+  return {
+    "chains": chains,
+    "rows_per_step": chains // _NUM_CHAINS.value,
+    "steps_measured": len(measured),
+    "step_s": step_s,
+    "steps_per_s": 1 / step_s,
+    "fastest_step_s": min(r["time/step_s"] for r in measured),
+    "chains_per_s": chains / step_s,
+    "rollout_s": mean("time/rollout_s"),
+    "train_s": mean("time/train_s"),
+    "prepare_s": mean("time/prepare_s"),
+    "tokens_total_mean": mean("rollout/tokens_total_mean"),
+    "peak_rss_mib": out["peak_rss_mib"],
+    "wall_s": out["wall_s"],
+  }
 
 
 def table(result: dict) -> str:
-  lines = ["# Steps/s and memory as chains per step grow (demo: lookup GRPO, tiny policy)", "",
-           f"Machine: {result['machine']}. {result['note']}".strip(), "",
-           f"{result['steps']} RL steps per size (step 1 compiles and is left out), "
-           f"{result['num_chains']} chains per row.", "",
-           "| chains/step | steps/s | step s (mean) | fastest step s | chains/s | rollout s | train s "
-           "| peak RSS MiB | chains/s vs 64 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = [
+    "# Steps/s and memory as chains per step grow (demo: lookup GRPO, tiny policy)",
+    "",
+    f"Machine: {result['machine']}. {result['note']}".strip(),
+    "",
+    f"{result['steps']} RL steps per size (step 1 compiles and is left out), {result['num_chains']} chains per row.",
+    "",
+    "| chains/step | steps/s | step s (mean) | fastest step s | chains/s | rollout s | train s "
+    "| peak RSS MiB | chains/s vs 64 |",
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   base = result["rows"][0]["chains_per_s"]
   for r in result["rows"]:
-    lines.append(f"| {r['chains']} | {r['steps_per_s']:.4f} | {r['step_s']:.1f} | {r['fastest_step_s']:.1f} "
-                 f"| {r['chains_per_s']:.1f} | {r['rollout_s']:.1f} | {r['train_s']:.1f} "
-                 f"| {r['peak_rss_mib']:,.0f} | {r['chains_per_s'] / base:.2f}x |")
+    lines.append(
+      f"| {r['chains']} | {r['steps_per_s']:.4f} | {r['step_s']:.1f} | {r['fastest_step_s']:.1f} "
+      f"| {r['chains_per_s']:.1f} | {r['rollout_s']:.1f} | {r['train_s']:.1f} "
+      f"| {r['peak_rss_mib']:,.0f} | {r['chains_per_s'] / base:.2f}x |"
+    )
   if result["not_measured"]:
     lines += ["", f"Not measured (the run was stopped first): {result['not_measured']} chains per step."]
   return "\n".join(lines + [""])
@@ -90,8 +114,15 @@ def main(argv):
     rows.append(summarize(chains, run(chains)))
     print(json.dumps(rows[-1]), flush=True)
     # after every size: a run stopped early keeps what it measured (and says what it did not)
-    result = {"machine": machine(), "note": _NOTE.value, "config": _CONFIG.value, "steps": _STEPS.value,
-              "num_chains": _NUM_CHAINS.value, "rows": rows, "not_measured": sizes[len(rows):]}
+    result = {
+      "machine": machine(),
+      "note": _NOTE.value,
+      "config": _CONFIG.value,
+      "steps": _STEPS.value,
+      "num_chains": _NUM_CHAINS.value,
+      "rows": rows,
+      "not_measured": sizes[len(rows) :],
+    }
     write_results(_OUT.value, result, table(result))
 
 

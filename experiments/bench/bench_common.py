@@ -9,6 +9,7 @@
 A worker prints one JSON object per line on stdout (anything else there is skipped) and reads
 one command per stdin line; its stderr goes to a temporary log, shown if it dies.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,25 +21,34 @@ import time
 
 EXPERIMENTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(EXPERIMENTS_DIR)
-RESULTS_DIR = os.path.join(EXPERIMENTS_DIR, "results")   # every benchmark writes its JSON + table here
+RESULTS_DIR = os.path.join(EXPERIMENTS_DIR, "results")  # every benchmark writes its JSON + table here
 
 # SmolLM2-135M's architecture (random-init benches and scaled-down A/Bs use it with fewer layers).
-SMOLLM2_135M_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                          tie_word_embeddings=True)
+SMOLLM2_135M_SHAPES = dict(
+  model_type="llama",
+  vocab_size=49152,
+  hidden_size=576,
+  intermediate_size=1536,
+  num_hidden_layers=30,
+  num_attention_heads=9,
+  num_key_value_heads=3,
+  head_dim=64,
+  rms_norm_eps=1e-5,
+  rope_theta=100000.0,
+  max_position_embeddings=8192,
+  tie_word_embeddings=True,
+)
 
 
 # "jax+NAME" engines/frameworks run JAX with these XLA_FLAGS added (A/B of XLA:CPU's GEMM backends
 # and scheduler); `xla_flags_env` builds the worker's environment.
 XLA_CPU_VARIANTS = {
-    "noynn": "--xla_cpu_experimental_ynn_fusion_type=",
-    "onednn": "--xla_cpu_experimental_ynn_fusion_type= "
-              "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
-    "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
-    "conc": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
-    "noconc": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
-    "vw512": "--xla_cpu_prefer_vector_width=512",   # LLVM codegen of fusions with 512-bit vectors (default 256)
+  "noynn": "--xla_cpu_experimental_ynn_fusion_type=",
+  "onednn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+  "xnn": "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+  "conc": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+  "noconc": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+  "vw512": "--xla_cpu_prefer_vector_width=512",  # LLVM codegen of fusions with 512-bit vectors (default 256)
 }
 
 
@@ -56,8 +66,9 @@ class WorkerProcess:
     self.label = label
     self.close_timeout_s = close_timeout_s
     self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                 text=True, bufsize=1, env=env)
+    self.proc = subprocess.Popen(
+      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1, env=env
+    )
     self.first = self._read()
 
   def _read(self) -> dict:
@@ -106,6 +117,7 @@ def measure_matmul_rate(n: int = 2048, reps: int = 5, dtype: str = "float32") ->
   """FLOP/s of an n x n `jnp.matmul` in `dtype` (jitted, best of reps)."""
   import jax
   import jax.numpy as jnp
+
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   f = jax.jit(jnp.matmul)
   f(a, a).block_until_ready()
@@ -114,4 +126,4 @@ def measure_matmul_rate(n: int = 2048, reps: int = 5, dtype: str = "float32") ->
     t = time.perf_counter()
     f(a, a).block_until_ready()
     best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return 2 * n**3 / best

@@ -16,6 +16,7 @@
    (what an agent pays). First requests of a chain (a fresh rendering) and continuations (the
    history + a tool result: the new text only) separately. Reference: the bare sampler call.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ import statistics
 import sys
 import time
 
-from bench_common import REPO_ROOT as ROOT   # this folder is on sys.path: the script's own
+from bench_common import REPO_ROOT as ROOT  # this folder is on sys.path: the script's own
 
 from absl import app, flags  # noqa: E402
 
@@ -53,18 +54,27 @@ def bench_rollout(tok, agent) -> dict:
   n = _ROWS.value * _CHAINS.value
   sampler = JaxSampler(from_pretrained(WARMSTART, "float32"), tok, max_batch_size=n, max_len=512)
   rows = lookup.make_rows(_ROWS.value, seed=7)
-  common = dict(sampler=sampler, num_chains=_CHAINS.value, max_turns=4, max_tokens_per_turn=48,
-                max_total_tokens=384, concurrency=n, seed=3,
-                sampling_params=SamplingParams(temperature=1.0,
-                                               stop_token_ids=(tok.token_to_id("<|im_end|>"),)))
-  sides = {"builtin": lambda: run_rollout(agent, rows, **common),
-           "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common)}
+  common = dict(
+    sampler=sampler,
+    num_chains=_CHAINS.value,
+    max_turns=4,
+    max_tokens_per_turn=48,
+    max_total_tokens=384,
+    concurrency=n,
+    seed=3,
+    sampling_params=SamplingParams(temperature=1.0, stop_token_ids=(tok.token_to_id("<|im_end|>"),)),
+  )
+  sides = {
+    "builtin": lambda: run_rollout(agent, rows, **common),
+    "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),
+  }
   batches = []
   run_batch = sampler.scheduler._run_batch
 
   def counting_run_batch(prompts, params_list):
     batches.append(len(prompts))
     return run_batch(prompts, params_list)
+
   sampler.scheduler._run_batch = counting_run_batch
   out = {k: {"wall_s": [], "cpu_s": [], "compiles": [], "batches": []} for k in sides}
   trajs = {}
@@ -85,12 +95,14 @@ def bench_rollout(tok, agent) -> dict:
       out[name]["batches"].append(list(batches))
   for name in sides:
     ts = trajs[name]
-    out[name].update(median_s=statistics.median(out[name]["wall_s"]), chains=len(ts),
-                     turns_mean=sum(t.num_turns for t in ts) / len(ts),
-                     tokens_generated=int(sum(t.action_mask.sum() for t in ts)),
-                     reward_mean=sum(t.reward for t in ts) / len(ts))
-  same = sum(a.token_ids.tolist() == b.token_ids.tolist()
-             for a, b in zip(trajs["builtin"], trajs["endpoint"]))
+    out[name].update(
+      median_s=statistics.median(out[name]["wall_s"]),
+      chains=len(ts),
+      turns_mean=sum(t.num_turns for t in ts) / len(ts),
+      tokens_generated=int(sum(t.action_mask.sum() for t in ts)),
+      reward_mean=sum(t.reward for t in ts) / len(ts),
+    )
+  same = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(trajs["builtin"], trajs["endpoint"]))
   out["token_identical_chains"] = same
   out["ratio"] = out["endpoint"]["median_s"] / out["builtin"]["median_s"]
   return out
@@ -110,21 +122,41 @@ def bench_overhead(tok, agent) -> dict:
   eot = tok.token_to_id("<|im_end|>")
   reply_ids = tok.encode(lookup.tool_call_text("fox")) + [eot]
   sampler = ScriptedSampler(lambda prompt: reply_ids)
-  endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=64, max_total_tokens=512,
-                          max_turns=None)
-  first = {"model": "policy", "tools": [LOOKUP_SCHEMA], "messages": [
+  endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=64, max_total_tokens=512, max_turns=None)
+  first = {
+    "model": "policy",
+    "tools": [LOOKUP_SCHEMA],
+    "messages": [
       {"role": "system", "content": lookup.SYSTEM_PROMPT},
-      {"role": "user", "content": 'Find the code of key "fox".'}]}
+      {"role": "user", "content": 'Find the code of key "fox".'},
+    ],
+  }
 
   def second_of(reply: dict) -> dict:
     message = reply["choices"][0]["message"]
-    return dict(first, messages=[*first["messages"], message, {
-        "role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "The code is amber."}])
+    return dict(
+      first,
+      messages=[
+        *first["messages"],
+        message,
+        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "The code is amber."},
+      ],
+    )
 
   n = _REQUESTS.value
   cpu = {}
-  times = {k: [] for k in ("sampler", "inprocess_first", "inprocess_next", "http_first", "http_next",
-                           "openai_sdk_first", "openai_sdk_next")}
+  times = {
+    k: []
+    for k in (
+      "sampler",
+      "inprocess_first",
+      "inprocess_next",
+      "http_first",
+      "http_next",
+      "openai_sdk_first",
+      "openai_sdk_next",
+    )
+  }
 
   async def main():
     params = SamplingParams(max_new_tokens=64, stop_token_ids=(eot,))
@@ -175,8 +207,7 @@ def bench_overhead(tok, agent) -> dict:
         cpu["openai_sdk"] = (time.process_time() - c0) / (2 * n)
 
   trio.run(main)
-  out = {k: {"p50_ms": 1e3 * _pct(v, 0.5), "p90_ms": 1e3 * _pct(v, 0.9), "n": len(v)}
-         for k, v in times.items()}
+  out = {k: {"p50_ms": 1e3 * _pct(v, 0.5), "p90_ms": 1e3 * _pct(v, 0.9), "n": len(v)} for k, v in times.items()}
   out["cpu_ms_per_request"] = {k: 1e3 * v for k, v in cpu.items()}
   return out
 
@@ -188,39 +219,52 @@ def markdown(result: dict) -> list[str]:
   extra_ms = 1e3 * (e["median_s"] - b["median_s"]) / max(1, requests)
   cpu = overhead["cpu_ms_per_request"]
   return [
-      "# The OpenAI-compatible endpoint vs the built-in agent loop", "",
-      f"Machine: {result['machine']}; {result['load']}. `experiments/bench_endpoint.py "
-      f"--reps={result['reps']} --requests={result['requests']}`.", "",
-      f"## Rollout: {b['chains']} chains of the lookup task, JAX sampler, warm-started tiny policy", "",
-      "| agent | median wall (s) | runs (s) | CPU s (median) | compilations in the runs | sampler batches (median) | turns / chain | tokens generated | reward |",
-      "|---|---|---|---|---|---|---|---|---|",
-      *[f"| {name} | {r['median_s']:.2f} | {', '.join(f'{x:.2f}' for x in r['wall_s'])} | "
-        f"{statistics.median(r['cpu_s']):.2f} | {sum(r['compiles'])} | "
-        f"{statistics.median(len(x) for x in r['batches']):g} | "
-        f"{r['turns_mean']:.2f} | {r['tokens_generated']} | {r['reward_mean']:.3f} |"
-        for name, r in (("built-in (run_rollout)", b), ("openai SDK via endpoint", e))],
-      "", f"Endpoint / built-in: **{rollout['ratio']:.2f}x** (goal <= 1.25x, not met here); chains with "
-      f"token-identical trajectories: {rollout['token_identical_chains']} / {b['chains']} (same "
-      "sampler, same request seeds). The endpoint's gathering (`gather_s`) gives the sampler the "
-      "built-in agent's batches, so the difference is the per-request cost of the HTTP path: "
-      f"{extra_ms:.1f} ms per request ({requests} requests) of wall time. The tiny policy generates "
-      "a whole 64-chain turn in ~0.1 s, so that cost dominates; with a model whose turn takes "
-      "seconds the same few ms per request are a small fraction.", "",
-      "## Overhead per request, no generation (sampler answers at once)", "",
-      "| path | first request p50 (ms) | p90 | continuation p50 (ms) | p90 | CPU ms / request (client + server) |",
-      "|---|---|---|---|---|---|",
-      f"| bare sampler call (reference) | {overhead['sampler']['p50_ms']:.3f} | "
-      f"{overhead['sampler']['p90_ms']:.3f} | | | {cpu['sampler']:.3f} |",
-      *[f"| {label} | {overhead[k + '_first']['p50_ms']:.2f} | {overhead[k + '_first']['p90_ms']:.2f} | "
-        f"{overhead[k + '_next']['p50_ms']:.2f} | {overhead[k + '_next']['p90_ms']:.2f} | {cpu[k]:.2f} |"
-        for k, label in (("inprocess", "endpoint in-process (`ChatEndpoint.complete`)"),
-                         ("http", "HTTP, raw httpx client (hypercorn + starlette)"),
-                         ("openai_sdk", "HTTP, openai SDK client"))],
-      "", "Goal: endpoint overhead p50 <= 2 ms. The endpoint's own work (validate, render, tokenize "
-      "the new text, parse the reply, record) is the in-process row; the HTTP rows add the "
-      "client's and the server's HTTP/1.1 handling (h11 on both sides, pure Python, in this one "
-      "process) and, last row, the openai SDK's request building. Wall times on this machine "
-      "are ~2-3x the CPU times (the load average above is several times the 2 cores).",
+    "# The OpenAI-compatible endpoint vs the built-in agent loop",
+    "",
+    f"Machine: {result['machine']}; {result['load']}. `experiments/bench_endpoint.py "
+    f"--reps={result['reps']} --requests={result['requests']}`.",
+    "",
+    f"## Rollout: {b['chains']} chains of the lookup task, JAX sampler, warm-started tiny policy",
+    "",
+    "| agent | median wall (s) | runs (s) | CPU s (median) | compilations in the runs | sampler batches (median) | turns / chain | tokens generated | reward |",
+    "|---|---|---|---|---|---|---|---|---|",
+    *[
+      f"| {name} | {r['median_s']:.2f} | {', '.join(f'{x:.2f}' for x in r['wall_s'])} | "
+      f"{statistics.median(r['cpu_s']):.2f} | {sum(r['compiles'])} | "
+      f"{statistics.median(len(x) for x in r['batches']):g} | "
+      f"{r['turns_mean']:.2f} | {r['tokens_generated']} | {r['reward_mean']:.3f} |"
+      for name, r in (("built-in (run_rollout)", b), ("openai SDK via endpoint", e))
+    ],
+    "",
+    f"Endpoint / built-in: **{rollout['ratio']:.2f}x** (goal <= 1.25x, not met here); chains with "
+    f"token-identical trajectories: {rollout['token_identical_chains']} / {b['chains']} (same "
+    "sampler, same request seeds). The endpoint's gathering (`gather_s`) gives the sampler the "
+    "built-in agent's batches, so the difference is the per-request cost of the HTTP path: "
+    f"{extra_ms:.1f} ms per request ({requests} requests) of wall time. The tiny policy generates "
+    "a whole 64-chain turn in ~0.1 s, so that cost dominates; with a model whose turn takes "
+    "seconds the same few ms per request are a small fraction.",
+    "",
+    "## Overhead per request, no generation (sampler answers at once)",
+    "",
+    "| path | first request p50 (ms) | p90 | continuation p50 (ms) | p90 | CPU ms / request (client + server) |",
+    "|---|---|---|---|---|---|",
+    f"| bare sampler call (reference) | {overhead['sampler']['p50_ms']:.3f} | "
+    f"{overhead['sampler']['p90_ms']:.3f} | | | {cpu['sampler']:.3f} |",
+    *[
+      f"| {label} | {overhead[k + '_first']['p50_ms']:.2f} | {overhead[k + '_first']['p90_ms']:.2f} | "
+      f"{overhead[k + '_next']['p50_ms']:.2f} | {overhead[k + '_next']['p90_ms']:.2f} | {cpu[k]:.2f} |"
+      for k, label in (
+        ("inprocess", "endpoint in-process (`ChatEndpoint.complete`)"),
+        ("http", "HTTP, raw httpx client (hypercorn + starlette)"),
+        ("openai_sdk", "HTTP, openai SDK client"),
+      )
+    ],
+    "",
+    "Goal: endpoint overhead p50 <= 2 ms. The endpoint's own work (validate, render, tokenize "
+    "the new text, parse the reply, record) is the in-process row; the HTTP rows add the "
+    "client's and the server's HTTP/1.1 handling (h11 on both sides, pure Python, in this one "
+    "process) and, last row, the openai SDK's request building. Wall times on this machine "
+    "are ~2-3x the CPU times (the load average above is several times the 2 cores).",
   ]
 
 
@@ -233,6 +277,7 @@ def main(argv):
 
   from agentfly_jax.agents import load_tokenizer
   from agentfly_jax.tasks import lookup
+
   logging.getLogger("httpx").setLevel(logging.WARNING)
   load_start = os.getloadavg()[0]
   out = os.path.join(ROOT, _OUT.value) if not os.path.isabs(_OUT.value) else _OUT.value
@@ -245,8 +290,14 @@ def main(argv):
   agent = lookup.make_agent(tok)
   overhead = bench_overhead(tok, agent)
   rollout = bench_rollout(tok, agent)
-  result = {"machine": machine(), "load": load_note(load_start), "rollout": rollout,
-            "overhead": overhead, "reps": _REPS.value, "requests": _REQUESTS.value}
+  result = {
+    "machine": machine(),
+    "load": load_note(load_start),
+    "rollout": rollout,
+    "overhead": overhead,
+    "reps": _REPS.value,
+    "requests": _REQUESTS.value,
+  }
   lines = markdown(result)
   write_results(out, result, "\n".join(lines) + "\n")
 

@@ -15,6 +15,7 @@ cancel their acquire (which must not leak what the server binds late). Checks an
 - server memory: RSS sampled every second (first, last, peak; VmHWM as the kernel's peak).
 Writes bench_envserver_load.{json,md} to --out_dir.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_chains", 1024, "chains running at once")
 flags.DEFINE_integer("cap", 16, "python_sandbox instances the server may run at once")
 flags.DEFINE_float("duration_s", 120.0, "how long chains keep starting episodes")
-flags.DEFINE_string("machine", "2-core CPU shared with other jobs",
-                    "what ran it (goes into the report)")
-flags.DEFINE_string("out_dir", RESULTS_DIR,
-                    "where bench_envserver_load.{json,md} go")
+flags.DEFINE_string("machine", "2-core CPU shared with other jobs", "what ran it (goes into the report)")
+flags.DEFINE_string("out_dir", RESULTS_DIR, "where bench_envserver_load.{json,md} go")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -72,8 +71,7 @@ async def _settled_stats(manager: EnvManager, address: str, warm: int) -> dict:
     while True:
       stats = (await manager.server_stats())[address]
       pool = stats["pools"]["python_sandbox"]
-      if pool["in_use"] == 0 and pool["chains"] == 0 and pool["starting"] == 0 \
-          and pool["live"] == pool["idle"] == warm:
+      if pool["in_use"] == 0 and pool["chains"] == 0 and pool["starting"] == 0 and pool["live"] == pool["idle"] == warm:
         return stats
       await trio.sleep(0.5)
   return stats
@@ -93,7 +91,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
     n = 0
     while time.monotonic() < deadline:
       chain_id = f"load{i}-{n}"
-      with trio.move_on_at(trio_deadline):   # stop waiting at the end (nothing may leak)
+      with trio.move_on_at(trio_deadline):  # stop waiting at the end (nothing may leak)
         env = await manager.acquire("python_sandbox", chain_id)
       if time.monotonic() >= deadline:
         await manager.release("python_sandbox", chain_id)
@@ -115,7 +113,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
     last, window_end = 0, time.monotonic() + 10
     while not done.is_set():
       memory.append(_memory_kib(server_pid)["VmRSS"])
-      if time.monotonic() >= window_end:   # a 10 s window ended: episodes in it, RSS at its end
+      if time.monotonic() >= window_end:  # a 10 s window ended: episodes in it, RSS at its end
         windows.append(episodes[0] - last)
         rss_per_window.append(memory[-1])
         last, window_end = episodes[0], window_end + 10
@@ -128,7 +126,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
   done = trio.Event()
   async with trio.open_nursery() as outer:
     outer.start_soon(monitor, done)
-    with trio.fail_after(FLAGS.duration_s + 600):   # a deadlock fails here
+    with trio.fail_after(FLAGS.duration_s + 600):  # a deadlock fails here
       async with trio.open_nursery() as chains:
         for i in range(FLAGS.num_chains):
           chains.start_soon(chain, i)
@@ -139,72 +137,87 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
   await manager.aclose()
   pool_before, pool_after = before["pools"]["python_sandbox"], after["pools"]["python_sandbox"]
   return {
-      "num_chains": FLAGS.num_chains, "cap": FLAGS.cap, "duration_s": FLAGS.duration_s,
-      "wall_s": wall, "episodes": episodes[0], "episodes_per_s": episodes[0] / wall,
-      "episodes_per_10s_window": windows, "wrong_results": wrong[0],
-      "error_observations": len(errors), "error_examples": errors[:3],
-      "max_live": max(s["live"] for s in samples), "max_in_use": max(s["in_use"] for s in samples),
-      "processes_before": processes_before, "processes_after": processes_after,
-      "instances_before": pool_before["live"], "instances_after": pool_after["live"],
-      "acquires": pool_after["acquires"] - pool_before["acquires"],
-      "releases": pool_after["releases"] - pool_before["releases"],
-      "bound_after": pool_after["chains"], "peak_live": pool_after["peak_live"],
-      "server_errors": {k: after[k] for k in ("connection_errors", "internal_errors",
-                                              "bad_frames")},
-      "pool_counters": {k: pool_after[k] for k in ("crashes", "timeouts", "start_failures",
-                                                   "exhausted")},
-      "rss_kib": {"first": memory[0], "last": memory[-1], "peak_sampled": max(memory),
-                  "second_half_peak": max(memory[len(memory) // 2:]),
-                  "VmHWM": _memory_kib(server_pid)["VmHWM"], "every_10s": rss_per_window},
-      "manager": {k: v for k, v in manager.metrics().items() if not k.startswith("envs/alloc")},
+    "num_chains": FLAGS.num_chains,
+    "cap": FLAGS.cap,
+    "duration_s": FLAGS.duration_s,
+    "wall_s": wall,
+    "episodes": episodes[0],
+    "episodes_per_s": episodes[0] / wall,
+    "episodes_per_10s_window": windows,
+    "wrong_results": wrong[0],
+    "error_observations": len(errors),
+    "error_examples": errors[:3],
+    "max_live": max(s["live"] for s in samples),
+    "max_in_use": max(s["in_use"] for s in samples),
+    "processes_before": processes_before,
+    "processes_after": processes_after,
+    "instances_before": pool_before["live"],
+    "instances_after": pool_after["live"],
+    "acquires": pool_after["acquires"] - pool_before["acquires"],
+    "releases": pool_after["releases"] - pool_before["releases"],
+    "bound_after": pool_after["chains"],
+    "peak_live": pool_after["peak_live"],
+    "server_errors": {k: after[k] for k in ("connection_errors", "internal_errors", "bad_frames")},
+    "pool_counters": {k: pool_after[k] for k in ("crashes", "timeouts", "start_failures", "exhausted")},
+    "rss_kib": {
+      "first": memory[0],
+      "last": memory[-1],
+      "peak_sampled": max(memory),
+      "second_half_peak": max(memory[len(memory) // 2 :]),
+      "VmHWM": _memory_kib(server_pid)["VmHWM"],
+      "every_10s": rss_per_window,
+    },
+    "manager": {k: v for k, v in manager.metrics().items() if not k.startswith("envs/alloc")},
   }
 
 
 def _checks(r: dict) -> dict[str, bool]:
   return {
-      "every chain finished (no deadlock)": r["wall_s"] < r["duration_s"] + 600,
-      "episodes in every 10 s window": all(n > 0 for n in r["episodes_per_10s_window"]),
-      "live <= cap at every sample": r["max_live"] <= r["cap"] and r["peak_live"] <= r["cap"],
-      "pool saturated (in_use reached cap)": r["max_in_use"] == r["cap"],
-      "acquires == releases": r["acquires"] == r["releases"] and r["bound_after"] == 0,
-      "no leaked processes": r["processes_after"] == r["processes_before"],
-      "no leaked instances": r["instances_after"] == r["instances_before"],
-      "all results right": r["wrong_results"] == 0 and r["error_observations"] == 0,
-      "no server errors": not any(r["server_errors"].values()),
+    "every chain finished (no deadlock)": r["wall_s"] < r["duration_s"] + 600,
+    "episodes in every 10 s window": all(n > 0 for n in r["episodes_per_10s_window"]),
+    "live <= cap at every sample": r["max_live"] <= r["cap"] and r["peak_live"] <= r["cap"],
+    "pool saturated (in_use reached cap)": r["max_in_use"] == r["cap"],
+    "acquires == releases": r["acquires"] == r["releases"] and r["bound_after"] == 0,
+    "no leaked processes": r["processes_after"] == r["processes_before"],
+    "no leaked instances": r["instances_after"] == r["instances_before"],
+    "all results right": r["wrong_results"] == 0 and r["error_observations"] == 0,
+    "no server errors": not any(r["server_errors"].values()),
   }
 
 
 def _markdown(r: dict) -> str:
   rss = r["rss_kib"]
   lines = [
-      "# Env-server load run", "",
-      f"Machine: {r['machine']} ({r['platform']}, {r['cpus']} CPUs). One server "
-      f"(`python_sandbox={r['cap']}:2`), {r['num_chains']} concurrent chains through one "
-      f"EnvManager for {r['duration_s']:g} s; each episode = acquire, reset, 2 dependent "
-      f"statements (result checked), release (a released sandbox is closed and replaced).", "",
-      "| measure | value |", "|---|---|",
-      f"| wall | {r['wall_s']:.1f} s |",
-      f"| episodes | {r['episodes']} ({r['episodes_per_s']:.1f}/s) |",
-      f"| episodes per 10 s window (min / max) | {min(r['episodes_per_10s_window'] or [0])} / "
-      f"{max(r['episodes_per_10s_window'] or [0])} |",
-      f"| acquires / releases | {r['acquires']} / {r['releases']} (of which "
-      f"{r['manager']['envs/abandoned_acquires']:.0f} cancelled at the end, bound late, "
-      f"released) |",
-      f"| max live / in use (cap) | {r['max_live']} / {r['max_in_use']} ({r['cap']}) |",
-      f"| server processes before / after | {r['processes_before']} / {r['processes_after']} |",
-      f"| pool instances before / after | {r['instances_before']} / {r['instances_after']} |",
-      f"| server RSS first / last / sampled peak | {rss['first'] / 1024:.1f} / "
-      f"{rss['last'] / 1024:.1f} / {rss['peak_sampled'] / 1024:.1f} MiB |",
-      f"| server RSS peak, second half / VmHWM | {rss['second_half_peak'] / 1024:.1f} / "
-      f"{rss['VmHWM'] / 1024:.1f} MiB |",
-      f"| server RSS at the end of each 10 s window | "
-      f"{' '.join(f'{k / 1024:.1f}' for k in rss['every_10s'])} MiB |",
-      f"| wrong results / error observations | {r['wrong_results']} / "
-      f"{r['error_observations']} |",
-      f"| manager back-off total | {r['manager']['envs/backoff_s']:.0f} s over "
-      f"{r['manager']['envs/acquire_retries']:.0f} retries |", "",
-      "| check | held |", "|---|---|",
-      *[f"| {name} | {'yes' if held else '**no**'} |" for name, held in r["checks"].items()],
+    "# Env-server load run",
+    "",
+    f"Machine: {r['machine']} ({r['platform']}, {r['cpus']} CPUs). One server "
+    f"(`python_sandbox={r['cap']}:2`), {r['num_chains']} concurrent chains through one "
+    f"EnvManager for {r['duration_s']:g} s; each episode = acquire, reset, 2 dependent "
+    f"statements (result checked), release (a released sandbox is closed and replaced).",
+    "",
+    "| measure | value |",
+    "|---|---|",
+    f"| wall | {r['wall_s']:.1f} s |",
+    f"| episodes | {r['episodes']} ({r['episodes_per_s']:.1f}/s) |",
+    f"| episodes per 10 s window (min / max) | {min(r['episodes_per_10s_window'] or [0])} / "
+    f"{max(r['episodes_per_10s_window'] or [0])} |",
+    f"| acquires / releases | {r['acquires']} / {r['releases']} (of which "
+    f"{r['manager']['envs/abandoned_acquires']:.0f} cancelled at the end, bound late, "
+    f"released) |",
+    f"| max live / in use (cap) | {r['max_live']} / {r['max_in_use']} ({r['cap']}) |",
+    f"| server processes before / after | {r['processes_before']} / {r['processes_after']} |",
+    f"| pool instances before / after | {r['instances_before']} / {r['instances_after']} |",
+    f"| server RSS first / last / sampled peak | {rss['first'] / 1024:.1f} / "
+    f"{rss['last'] / 1024:.1f} / {rss['peak_sampled'] / 1024:.1f} MiB |",
+    f"| server RSS peak, second half / VmHWM | {rss['second_half_peak'] / 1024:.1f} / {rss['VmHWM'] / 1024:.1f} MiB |",
+    f"| server RSS at the end of each 10 s window | {' '.join(f'{k / 1024:.1f}' for k in rss['every_10s'])} MiB |",
+    f"| wrong results / error observations | {r['wrong_results']} / {r['error_observations']} |",
+    f"| manager back-off total | {r['manager']['envs/backoff_s']:.0f} s over "
+    f"{r['manager']['envs/acquire_retries']:.0f} retries |",
+    "",
+    "| check | held |",
+    "|---|---|",
+    *[f"| {name} | {'yes' if held else '**no**'} |" for name, held in r["checks"].items()],
   ]
   return "\n".join(lines) + "\n"
 
@@ -217,9 +230,13 @@ def main(argv):
     report = trio.run(_load, server.address, server.process.pid, warm)
   finally:
     server.stop()
-  report.update(machine=FLAGS.machine, platform=platform.platform(), cpus=os.cpu_count(),
-                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                load_average_at_end=os.getloadavg()[0])
+  report.update(
+    machine=FLAGS.machine,
+    platform=platform.platform(),
+    cpus=os.cpu_count(),
+    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    load_average_at_end=os.getloadavg()[0],
+  )
   report["checks"] = _checks(report)
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   text = _markdown(report)

@@ -11,6 +11,7 @@ Starts one local env server (a subprocess on loopback) and measures, from this p
   50 ms), and the start time of a fresh sandbox instance (bwrap + interpreter).
 Writes JSON and a markdown table to --out_dir.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_noop_calls", 2000, "sequential no-op calls")
 flags.DEFINE_integer("num_chains", 1024, "concurrent chains for the I/O-bound test")
 flags.DEFINE_float("io_call_s", 0.1, "duration of each I/O-bound call")
-flags.DEFINE_integer("io_rounds", 5,
-                     "repetitions of the concurrent round (best and median reported)")
+flags.DEFINE_integer("io_rounds", 5, "repetitions of the concurrent round (best and median reported)")
 flags.DEFINE_integer("num_sandbox_calls", 300, "sequential sandbox calls")
 flags.DEFINE_integer("num_sandbox_starts", 8, "fresh sandbox instances timed")
-flags.DEFINE_string("out_dir", RESULTS_DIR,
-                    "where bench_envservers.{json,md} go")
+flags.DEFINE_string("out_dir", RESULTS_DIR, "where bench_envservers.{json,md} go")
 
 
 def _percentiles(samples_s: list[float]) -> dict[str, float]:
@@ -49,8 +48,7 @@ def _percentiles(samples_s: list[float]) -> dict[str, float]:
   def pct(p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1e3
 
-  return {"p50_ms": pct(50), "p99_ms": pct(99), "mean_ms": statistics.fmean(ordered) * 1e3,
-          "n": len(ordered)}
+  return {"p50_ms": pct(50), "p99_ms": pct(99), "mean_ms": statistics.fmean(ordered) * 1e3, "n": len(ordered)}
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -111,13 +109,17 @@ async def _bench(address: str, server_pid: int) -> dict:
     server_cpu.append(_process_cpu_s(server_pid) - server_before)
     client_cpu.append(_own_cpu_s() - client_before)
   results["concurrent_io"] = {
-      "chains": n, "call_s": FLAGS.io_call_s, "acquire_all_wall_s": acquire_wall,
-      "wall_s_best": min(walls), "wall_s_median": statistics.median(walls),
-      "wall_over_call_best": min(walls) / FLAGS.io_call_s,
-      "wall_over_call_median": statistics.median(walls) / FLAGS.io_call_s,
-      "server_cpu_us_per_call": statistics.median(server_cpu) / n * 1e6,
-      "client_cpu_us_per_call": statistics.median(client_cpu) / n * 1e6,
-      "goal": "wall <= 2x one call"}
+    "chains": n,
+    "call_s": FLAGS.io_call_s,
+    "acquire_all_wall_s": acquire_wall,
+    "wall_s_best": min(walls),
+    "wall_s_median": statistics.median(walls),
+    "wall_over_call_best": min(walls) / FLAGS.io_call_s,
+    "wall_over_call_median": statistics.median(walls) / FLAGS.io_call_s,
+    "server_cpu_us_per_call": statistics.median(server_cpu) / n * 1e6,
+    "client_cpu_us_per_call": statistics.median(client_cpu) / n * 1e6,
+    "goal": "wall <= 2x one call",
+  }
   async with trio.open_nursery() as nursery:
     for i in range(n):
       nursery.start_soon(manager.release, "sleep", f"io-{i}")
@@ -141,6 +143,7 @@ async def _bench(address: str, server_pid: int) -> dict:
 async def _trio_floor() -> dict:
   """Context for the concurrency goal: the same number of tasks each sleeping io_call_s inside a
   cancel scope, in this process, no server, no network (what trio itself costs here)."""
+
   async def one():
     with trio.move_on_after(60):
       await trio.sleep(FLAGS.io_call_s)
@@ -157,6 +160,7 @@ async def _trio_floor() -> dict:
 
 async def _sandbox_starts() -> dict:
   from envservers.envs.python_sandbox import PythonSandbox
+
   samples = []
   for _ in range(FLAGS.num_sandbox_starts):
     env = PythonSandbox()
@@ -171,30 +175,48 @@ def _markdown(report: dict) -> str:
   r = report["results"]
   io = r["concurrent_io"]
   rows = [
-      ("no-op call latency, raw client (p50 / p99)",
-       f"{r['noop_raw']['p50_ms']:.3f} / {r['noop_raw']['p99_ms']:.3f} ms", "—"),
-      ("no-op call latency, EnvManager (p50 / p99)",
-       f"{r['noop_manager']['p50_ms']:.3f} / {r['noop_manager']['p99_ms']:.3f} ms", "—"),
-      (f"{io['chains']} concurrent chains x {io['call_s'] * 1e3:.0f} ms I/O call: wall "
-       "(best / median)",
-       f"{io['wall_s_best'] * 1e3:.0f} / {io['wall_s_median'] * 1e3:.0f} ms "
-       f"({io['wall_over_call_best']:.2f}x / {io['wall_over_call_median']:.2f}x one call)",
-       "≤ 2x one call"),
-      (f"context: {io['chains']} bare trio tasks sleeping {io['call_s'] * 1e3:.0f} ms, no server "
-       "(best / median)", f"{r['trio_floor']['wall_s_best'] * 1e3:.0f} / "
-       f"{r['trio_floor']['wall_s_median'] * 1e3:.0f} ms", "—"),
-      ("CPU per concurrent call: server / client (median round)",
-       f"{io['server_cpu_us_per_call']:.0f} / {io['client_cpu_us_per_call']:.0f} µs", "—"),
-      (f"acquire {io['chains']} envs (lazy scale-up)",
-       f"{io['acquire_all_wall_s'] * 1e3:.0f} ms", "—"),
-      ("sandbox call `x += 1` (p50 / p99)",
-       f"{r['sandbox_call']['p50_ms']:.2f} / {r['sandbox_call']['p99_ms']:.2f} ms",
-       "p50 ≤ 50 ms"),
-      ("fresh sandbox start, bwrap + interpreter (p50)",
-       f"{r['sandbox_start']['p50_ms']:.0f} ms", "—"),
+    (
+      "no-op call latency, raw client (p50 / p99)",
+      f"{r['noop_raw']['p50_ms']:.3f} / {r['noop_raw']['p99_ms']:.3f} ms",
+      "—",
+    ),
+    (
+      "no-op call latency, EnvManager (p50 / p99)",
+      f"{r['noop_manager']['p50_ms']:.3f} / {r['noop_manager']['p99_ms']:.3f} ms",
+      "—",
+    ),
+    (
+      f"{io['chains']} concurrent chains x {io['call_s'] * 1e3:.0f} ms I/O call: wall (best / median)",
+      f"{io['wall_s_best'] * 1e3:.0f} / {io['wall_s_median'] * 1e3:.0f} ms "
+      f"({io['wall_over_call_best']:.2f}x / {io['wall_over_call_median']:.2f}x one call)",
+      "≤ 2x one call",
+    ),
+    (
+      f"context: {io['chains']} bare trio tasks sleeping {io['call_s'] * 1e3:.0f} ms, no server (best / median)",
+      f"{r['trio_floor']['wall_s_best'] * 1e3:.0f} / {r['trio_floor']['wall_s_median'] * 1e3:.0f} ms",
+      "—",
+    ),
+    (
+      "CPU per concurrent call: server / client (median round)",
+      f"{io['server_cpu_us_per_call']:.0f} / {io['client_cpu_us_per_call']:.0f} µs",
+      "—",
+    ),
+    (f"acquire {io['chains']} envs (lazy scale-up)", f"{io['acquire_all_wall_s'] * 1e3:.0f} ms", "—"),
+    (
+      "sandbox call `x += 1` (p50 / p99)",
+      f"{r['sandbox_call']['p50_ms']:.2f} / {r['sandbox_call']['p99_ms']:.2f} ms",
+      "p50 ≤ 50 ms",
+    ),
+    ("fresh sandbox start, bwrap + interpreter (p50)", f"{r['sandbox_start']['p50_ms']:.0f} ms", "—"),
   ]
-  lines = [f"# bench_envservers ({report['date']})", "",
-           f"Machine: {report['machine']}", "", "| measurement | result | goal |", "|---|---|---|"]
+  lines = [
+    f"# bench_envservers ({report['date']})",
+    "",
+    f"Machine: {report['machine']}",
+    "",
+    "| measurement | result | goal |",
+    "|---|---|---|",
+  ]
   lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
   return "\n".join(lines) + "\n"
 
@@ -209,12 +231,14 @@ def main(argv):
     server.stop()
   results["sandbox_start"] = trio.run(_sandbox_starts)
   results["trio_floor"] = trio.run(_trio_floor)
-  report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {cpu_name()}, {load_note(load_start)}, "
-                       f"Python {platform.python_version()}",
-            "flags": {k: FLAGS[k].value for k in ("num_noop_calls", "num_chains", "io_call_s",
-                                                  "io_rounds", "num_sandbox_calls")},
-            "results": results}
+  report = {
+    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    "machine": f"{platform.machine()}, {cpu_name()}, {load_note(load_start)}, Python {platform.python_version()}",
+    "flags": {
+      k: FLAGS[k].value for k in ("num_noop_calls", "num_chains", "io_call_s", "io_rounds", "num_sandbox_calls")
+    },
+    "results": results,
+  }
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, "bench_envservers.json"), "w") as f:
     json.dump(report, f, indent=2)

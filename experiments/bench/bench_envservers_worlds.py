@@ -12,6 +12,7 @@ EnvManager (the trainer's path):
   instances per GiB.
 Writes JSON and a markdown table to --out_dir/bench_envservers_worlds.{json,md}.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("worlds", ["webshop", "textworld", "scienceworld"], "worlds to measure")
 flags.DEFINE_integer("num_steps", 200, "sequential steps timed per world (scienceworld: / 4)")
 flags.DEFINE_integer("num_resets", 10, "warm resets timed per world")
-flags.DEFINE_string("out_dir", RESULTS_DIR,
-                    "where bench_envservers_worlds.{json,md} go")
+flags.DEFINE_string("out_dir", RESULTS_DIR, "where bench_envservers_worlds.{json,md} go")
 
 # world -> (instances for the memory measurement, a row, cheap actions cycled in the step test)
 INSTANCES = {"webshop": 8, "textworld": 4, "scienceworld": 2}
@@ -49,15 +49,19 @@ def _world_setup(world: str, cache: str) -> tuple[dict, list]:
     return {"goal": goal}, [f"search[{goal['query']}]", "click[back to search]"]
   if world == "textworld":
     from envservers.envs.textworld_games import game_file
-    return ({"game_file": game_file("treasure_hunter", "easy", 1, cache_dir=cache)},
-            ["look", "inventory"])
+
+    return ({"game_file": game_file("treasure_hunter", "easy", 1, cache_dir=cache)}, ["look", "inventory"])
   return {"task_name": "find-animal", "variation": 0}, ["look around", "inventory"]
 
 
 def _percentiles(samples_s: list[float]) -> dict[str, float]:
   ms = np.asarray(samples_s) * 1e3
-  return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-          "mean_ms": float(ms.mean()), "n": int(ms.size)}
+  return {
+    "p50_ms": float(np.percentile(ms, 50)),
+    "p99_ms": float(np.percentile(ms, 99)),
+    "mean_ms": float(ms.mean()),
+    "n": int(ms.size),
+  }
 
 
 def _tree_rss_mib(pid: int) -> float:
@@ -87,7 +91,7 @@ async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: l
   manager = EnvManager([server.address], acquire_timeout_s=900)
   rss_idle = _tree_rss_mib(server.process.pid)
   t0 = time.perf_counter()
-  env = await manager.acquire(world, "bench-0")   # starts the instance (lazy pool)
+  env = await manager.acquire(world, "bench-0")  # starts the instance (lazy pool)
   await env.reset(row)
   first_reset_s = time.perf_counter() - t0
   rss_one = _tree_rss_mib(server.process.pid)
@@ -100,12 +104,12 @@ async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: l
   n = FLAGS.num_steps // (4 if world == "scienceworld" else 1)
   for i in range(n):
     if i % 20 == 0:
-      await env.reset(row)   # stay clear of step limits / episode ends
+      await env.reset(row)  # stay clear of step limits / episode ends
     t0 = time.perf_counter()
     result = await env.step(actions[i % len(actions)])
     steps.append(time.perf_counter() - t0)
     assert "error" not in result.info, result
-  envs = [env]   # memory: hold `instances` instances, each with a loaded episode
+  envs = [env]  # memory: hold `instances` instances, each with a loaded episode
   for k in range(1, INSTANCES[world]):
     other = await manager.acquire(world, f"bench-{k}")
     await other.reset(row)
@@ -115,39 +119,59 @@ async def _bench_world(world: str, server: LocalEnvServer, row: dict, actions: l
     await manager.release(world, f"bench-{k}")
   await manager.aclose()
   per_instance = max(rss_loaded - rss_one, 0.0) / (len(envs) - 1)
-  return {"first_reset_s": first_reset_s, "reset": _percentiles(resets),
-          "step": _percentiles(steps), "instances": len(envs), "rss_idle_mib": rss_idle,
-          "rss_one_mib": rss_one, "rss_loaded_mib": rss_loaded,
-          "mib_first_instance": rss_one - rss_idle, "mib_per_instance": per_instance,
-          "instances_per_gib": 1024 / per_instance if per_instance > 0 else float("inf")}
+  return {
+    "first_reset_s": first_reset_s,
+    "reset": _percentiles(resets),
+    "step": _percentiles(steps),
+    "instances": len(envs),
+    "rss_idle_mib": rss_idle,
+    "rss_one_mib": rss_one,
+    "rss_loaded_mib": rss_loaded,
+    "mib_first_instance": rss_one - rss_idle,
+    "mib_per_instance": per_instance,
+    "instances_per_gib": 1024 / per_instance if per_instance > 0 else float("inf"),
+  }
 
 
 def _markdown(report: dict) -> str:
-  lines = [f"# bench_envservers_worlds ({report['date']})", "",
-           f"Machine: {report['machine']}, Python {report['python']}", "",
-           "| world | first reset (start + load) | warm reset p50 | step p50 / p99 | MiB first "
-           "instance | MiB each further | instances per GiB |", "|---|---|---|---|---|---|---|"]
+  lines = [
+    f"# bench_envservers_worlds ({report['date']})",
+    "",
+    f"Machine: {report['machine']}, Python {report['python']}",
+    "",
+    "| world | first reset (start + load) | warm reset p50 | step p50 / p99 | MiB first "
+    "instance | MiB each further | instances per GiB |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for world, r in report["worlds"].items():
-    lines.append(f"| {world} | {r['first_reset_s']:.2f} s | {r['reset']['p50_ms']:.1f} ms | "
-                 f"{r['step']['p50_ms']:.2f} / {r['step']['p99_ms']:.2f} ms | "
-                 f"{r['mib_first_instance']:.1f} | {r['mib_per_instance']:.1f} | "
-                 f"{r['instances_per_gib']:.1f} |")
-  lines += ["", "Memory: resident memory of the server's process tree (server, workers, JVMs). "
-            "'First instance' = with one instance loaded minus the idle server (includes what "
-            "instances share: webshop's catalog + BM25 index); 'each further' = the growth per "
-            "extra loaded instance, which gives instances per GiB. textworld and scienceworld "
-            "run a worker process per instance, scienceworld with its own JVM.", "",
-            "Latencies on a machine shared with other jobs are upper bounds; compare worlds only "
-            "within one run."]
+    lines.append(
+      f"| {world} | {r['first_reset_s']:.2f} s | {r['reset']['p50_ms']:.1f} ms | "
+      f"{r['step']['p50_ms']:.2f} / {r['step']['p99_ms']:.2f} ms | "
+      f"{r['mib_first_instance']:.1f} | {r['mib_per_instance']:.1f} | "
+      f"{r['instances_per_gib']:.1f} |"
+    )
+  lines += [
+    "",
+    "Memory: resident memory of the server's process tree (server, workers, JVMs). "
+    "'First instance' = with one instance loaded minus the idle server (includes what "
+    "instances share: webshop's catalog + BM25 index); 'each further' = the growth per "
+    "extra loaded instance, which gives instances per GiB. textworld and scienceworld "
+    "run a worker process per instance, scienceworld with its own JVM.",
+    "",
+    "Latencies on a machine shared with other jobs are upper bounds; compare worlds only within one run.",
+  ]
   return "\n".join(lines) + "\n"
 
 
 def main(argv):
   del argv
   load_start = os.getloadavg()[0]
-  report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {cpu_name()}",
-            "python": platform.python_version(), "worlds": {}}
+  report = {
+    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    "machine": f"{platform.machine()}, {cpu_name()}",
+    "python": platform.python_version(),
+    "worlds": {},
+  }
   with tempfile.TemporaryDirectory() as cache:
     for world in FLAGS.worlds:
       row, actions = _world_setup(world, cache)

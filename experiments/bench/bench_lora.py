@@ -15,6 +15,7 @@ alternate between them (this machine's speed drifts 10-30 % over minutes). Per m
     sync would pay every step.
 Writes experiments/results/bench_lora.{json,md}.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,6 +56,7 @@ class Worker:
     from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
     from agentfly_jax.sampling import JaxSampler
     from bench_common import SMOLLM2_135M_SHAPES
+
     self.jax, self.np, self.nnx = jax, np, nnx
     self.mode = mode
     cfg = ModelConfig(**{**SMOLLM2_135M_SHAPES, "num_hidden_layers": FLAGS.num_layers})
@@ -76,10 +78,15 @@ class Worker:
     shape = (m, FLAGS.micro_batch, FLAGS.seq)
     ids = rng.integers(0, cfg.vocab_size, shape).astype(np.int32)
     action = np.zeros(shape, bool)
-    action[..., FLAGS.seq // 3:] = True
-    self.batch = dict(input_ids=ids, target_ids=np.roll(ids, -1, -1), attention_mask=np.ones(shape, bool),
-                      action_mask=action, old_logprobs=np.full(shape, -10.0, np.float32),
-                      advantages=rng.normal(size=shape).astype(np.float32))
+    action[..., FLAGS.seq // 3 :] = True
+    self.batch = dict(
+      input_ids=ids,
+      target_ids=np.roll(ids, -1, -1),
+      attention_mask=np.ones(shape, bool),
+      action_mask=action,
+      old_logprobs=np.full(shape, -10.0, np.float32),
+      advantages=rng.normal(size=shape).astype(np.float32),
+    )
     self.sampler = JaxSampler(model, max_batch_size=FLAGS.decode_batch, max_len=128, pad_id=0)
 
   def train(self) -> float:
@@ -99,6 +106,7 @@ class Worker:
     """Greedy decode, adapters applied vs merged weights (LoRA only), and the merge's time."""
     from agentfly_jax.models.lora import merge_lora
     from agentfly_jax.sampling import JaxSampler, SamplingParams
+
     nnx, jax = self.nnx, self.jax
     nnx.update(self.model, self.state.params)  # the trained adapters (the step donated the first ones)
     for _, m in nnx.iter_modules(self.model):  # non-zero B, as after training
@@ -121,17 +129,22 @@ class Worker:
         s.generate(prompts, params)
         times[name].append(time.perf_counter() - t)
     tokens = FLAGS.decode_batch * FLAGS.decode_tokens
-    return {"decode_tok_s_applied": tokens / statistics.median(times["applied"]),
-            "decode_tok_s_merged": tokens / statistics.median(times["merged"]), "merge_s": merge_s}
+    return {
+      "decode_tok_s_applied": tokens / statistics.median(times["applied"]),
+      "decode_tok_s_merged": tokens / statistics.median(times["merged"]),
+      "merge_s": merge_s,
+    }
 
 
 def _nbytes(tree) -> int:
   import jax
+
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
 def serve(mode: str) -> None:
   from agentfly_jax.rl.compile_cache import enable_compile_cache
+
   enable_compile_cache("auto")
   w = Worker(mode)
   print(json.dumps({"ready": mode, "opt_bytes": w.opt_bytes, "trained_bytes": w.params_bytes}), flush=True)
@@ -156,15 +169,26 @@ def serve(mode: str) -> None:
 def run() -> dict:
   from bench_common import WorkerProcess, load_note
   from bench_machine import machine
+
   load0 = os.getloadavg()[0]
   env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-  args = [f"--num_layers={FLAGS.num_layers}", f"--batch={FLAGS.batch}", f"--seq={FLAGS.seq}",
-          f"--micro_batch={FLAGS.micro_batch}", f"--rank={FLAGS.rank}", f"--decode_batch={FLAGS.decode_batch}",
-          f"--decode_tokens={FLAGS.decode_tokens}"]
-  workers = {m: WorkerProcess([sys.executable, os.path.abspath(__file__), f"--serve={m}", *args], label=m, env=env)
-             for m in ("full", "lora")}
-  res = {m: {"opt_bytes": w.first["opt_bytes"], "trained_bytes": w.first["trained_bytes"], "train_s": [],
-             "sync_s": []} for m, w in workers.items()}
+  args = [
+    f"--num_layers={FLAGS.num_layers}",
+    f"--batch={FLAGS.batch}",
+    f"--seq={FLAGS.seq}",
+    f"--micro_batch={FLAGS.micro_batch}",
+    f"--rank={FLAGS.rank}",
+    f"--decode_batch={FLAGS.decode_batch}",
+    f"--decode_tokens={FLAGS.decode_tokens}",
+  ]
+  workers = {
+    m: WorkerProcess([sys.executable, os.path.abspath(__file__), f"--serve={m}", *args], label=m, env=env)
+    for m in ("full", "lora")
+  }
+  res = {
+    m: {"opt_bytes": w.first["opt_bytes"], "trained_bytes": w.first["trained_bytes"], "train_s": [], "sync_s": []}
+    for m, w in workers.items()
+  }
   for m, w in workers.items():  # compile
     res[m]["compile_step_s"] = w.ask("train")["s"]
     w.ask("sync")
@@ -183,59 +207,93 @@ def run() -> dict:
     r["train_s_median"] = statistics.median(r["train_s"])
     r["sync_s_median"] = statistics.median(r["sync_s"])
   ratios = {
-      "step_time": lora["train_s_median"] / full["train_s_median"],
-      "optimizer_state_bytes": lora["opt_bytes"] / full["opt_bytes"],
-      "sync_bytes": lora["sync_bytes"] / full["sync_bytes"],
-      "sync_time": lora["sync_s_median"] / full["sync_s_median"],
-      "peak_rss": lora["peak_rss_bytes"] / full["peak_rss_bytes"],
+    "step_time": lora["train_s_median"] / full["train_s_median"],
+    "optimizer_state_bytes": lora["opt_bytes"] / full["opt_bytes"],
+    "sync_bytes": lora["sync_bytes"] / full["sync_bytes"],
+    "sync_time": lora["sync_s_median"] / full["sync_s_median"],
+    "peak_rss": lora["peak_rss_bytes"] / full["peak_rss_bytes"],
   }
-  return {"machine": machine(), "load": load_note(load0),
-          "setup": {"model": f"SmolLM2-135M shapes, {FLAGS.num_layers} layers, float32, random init",
-                    "batch": FLAGS.batch, "seq": FLAGS.seq, "micro_batch": FLAGS.micro_batch,
-                    "lora": f"rank {FLAGS.rank}, alpha {2 * FLAGS.rank}, q,k,v,o,gate,up,down",
-                    "steps": FLAGS.steps},
-          "full": full, "lora": lora, "ratios_lora_over_full": ratios,
-          "goals": {"step_time": 0.6, "optimizer_state_bytes": 0.05, "sync_bytes": 0.05, "sync_time": 0.05}}
+  return {
+    "machine": machine(),
+    "load": load_note(load0),
+    "setup": {
+      "model": f"SmolLM2-135M shapes, {FLAGS.num_layers} layers, float32, random init",
+      "batch": FLAGS.batch,
+      "seq": FLAGS.seq,
+      "micro_batch": FLAGS.micro_batch,
+      "lora": f"rank {FLAGS.rank}, alpha {2 * FLAGS.rank}, q,k,v,o,gate,up,down",
+      "steps": FLAGS.steps,
+    },
+    "full": full,
+    "lora": lora,
+    "ratios_lora_over_full": ratios,
+    "goals": {"step_time": 0.6, "optimizer_state_bytes": 0.05, "sync_bytes": 0.05, "sync_time": 0.05},
+  }
 
 
 def markdown(r: dict) -> str:
   full, lora, ratio, goals = r["full"], r["lora"], r["ratios_lora_over_full"], r["goals"]
   mib = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
   rows = [
-      ("GRPO train step (median s)", f"{full['train_s_median']:.2f}", f"{lora['train_s_median']:.2f}", "step_time"),
-      ("optimizer state", mib(full["opt_bytes"]), mib(lora["opt_bytes"]), "optimizer_state_bytes"),
-      ("weight sync bytes", mib(full["sync_bytes"]), mib(lora["sync_bytes"]), "sync_bytes"),
-      ("weight sync time (median s)", f"{full['sync_s_median']:.3f}", f"{lora['sync_s_median']:.3f}", "sync_time"),
-      ("peak RSS of the worker (model, state, activations, a sampler decode copy)", mib(full["peak_rss_bytes"]), mib(lora["peak_rss_bytes"]), "peak_rss"),
+    ("GRPO train step (median s)", f"{full['train_s_median']:.2f}", f"{lora['train_s_median']:.2f}", "step_time"),
+    ("optimizer state", mib(full["opt_bytes"]), mib(lora["opt_bytes"]), "optimizer_state_bytes"),
+    ("weight sync bytes", mib(full["sync_bytes"]), mib(lora["sync_bytes"]), "sync_bytes"),
+    ("weight sync time (median s)", f"{full['sync_s_median']:.3f}", f"{lora['sync_s_median']:.3f}", "sync_time"),
+    (
+      "peak RSS of the worker (model, state, activations, a sampler decode copy)",
+      mib(full["peak_rss_bytes"]),
+      mib(lora["peak_rss_bytes"]),
+      "peak_rss",
+    ),
   ]
   s = r["setup"]
-  out = [f"# LoRA vs full fine-tune ({s['model']})", "",
-         f"Machine: {r['machine']}; {r['load']}.", "",
-         f"Batch {s['batch']} x {s['seq']} tokens (micro-batches of {s['micro_batch']}), LoRA {s['lora']}; "
-         f"{s['steps']} timed steps per mode after a compile step, the two modes' calls interleaved.", "",
-         "| measure | full fine-tune | LoRA | LoRA / full | goal |", "|---|---|---|---|---|"]
+  out = [
+    f"# LoRA vs full fine-tune ({s['model']})",
+    "",
+    f"Machine: {r['machine']}; {r['load']}.",
+    "",
+    f"Batch {s['batch']} x {s['seq']} tokens (micro-batches of {s['micro_batch']}), LoRA {s['lora']}; "
+    f"{s['steps']} timed steps per mode after a compile step, the two modes' calls interleaved.",
+    "",
+    "| measure | full fine-tune | LoRA | LoRA / full | goal |",
+    "|---|---|---|---|---|",
+  ]
   for name, a, b, key in rows:
     goal = goals.get(key)
     out.append(f"| {name} | {a} | {b} | {ratio[key]:.3f} | {'<= ' + str(goal) if goal else ''} |")
   pairs = [b / a for a, b in zip(full["train_s"], lora["train_s"])]
-  out += ["", "Step times of the interleaved calls (s): full " + ", ".join(f"{x:.1f}" for x in full["train_s"])
-          + "; LoRA " + ", ".join(f"{x:.1f}" for x in lora["train_s"]) + "; LoRA / full per pair: "
-          + ", ".join(f"{x:.2f}" for x in pairs) + f". Compile step (s): full {full['compile_step_s']:.0f}, "
-          f"LoRA {lora['compile_step_s']:.0f}."]
-  out += ["", "Decode with the adapters applied vs merged into the weights (JAX sampler, greedy, "
-          f"batch {r['setup'].get('decode_batch', '')}):", "",
-          "| decode | tokens/s |", "|---|---|",
-          f"| adapters applied (x W + (x A) B) | {lora['decode_tok_s_applied']:.1f} |",
-          f"| merged weights (W + A B) | {lora['decode_tok_s_merged']:.1f} |",
-          f"| one merge + decode copy (s), paid per sync when merging | {lora['merge_s']:.3f} |", "",
-          "Reading: LoRA still runs the whole forward pass and the activation backward (dx through "
-          "every layer); it saves the weight-gradient GEMMs (about a third of the matmul FLOPs), the "
-          "AdamW update of every param and the (tied) embedding's gradient, and adds skinny rank-r "
-          "GEMMs (about 15 % of each adapted projection's own GEMM work at r=16, forward + backward). "
-          "Counted in FLOPs that puts the step ratio near 0.7 on a CPU, above the 0.6 goal. At decode "
-          "the adapters applied and the merged weights run at the same speed within this machine's "
-          "noise, while merging costs a pass over all weights at every sync: the JAX sampler applies "
-          "them (and syncs the adapters only).", ""]
+  out += [
+    "",
+    "Step times of the interleaved calls (s): full "
+    + ", ".join(f"{x:.1f}" for x in full["train_s"])
+    + "; LoRA "
+    + ", ".join(f"{x:.1f}" for x in lora["train_s"])
+    + "; LoRA / full per pair: "
+    + ", ".join(f"{x:.2f}" for x in pairs)
+    + f". Compile step (s): full {full['compile_step_s']:.0f}, "
+    f"LoRA {lora['compile_step_s']:.0f}.",
+  ]
+  out += [
+    "",
+    "Decode with the adapters applied vs merged into the weights (JAX sampler, greedy, "
+    f"batch {r['setup'].get('decode_batch', '')}):",
+    "",
+    "| decode | tokens/s |",
+    "|---|---|",
+    f"| adapters applied (x W + (x A) B) | {lora['decode_tok_s_applied']:.1f} |",
+    f"| merged weights (W + A B) | {lora['decode_tok_s_merged']:.1f} |",
+    f"| one merge + decode copy (s), paid per sync when merging | {lora['merge_s']:.3f} |",
+    "",
+    "Reading: LoRA still runs the whole forward pass and the activation backward (dx through "
+    "every layer); it saves the weight-gradient GEMMs (about a third of the matmul FLOPs), the "
+    "AdamW update of every param and the (tied) embedding's gradient, and adds skinny rank-r "
+    "GEMMs (about 15 % of each adapted projection's own GEMM work at r=16, forward + backward). "
+    "Counted in FLOPs that puts the step ratio near 0.7 on a CPU, above the 0.6 goal. At decode "
+    "the adapters applied and the merged weights run at the same speed within this machine's "
+    "noise, while merging costs a pass over all weights at every sync: the JAX sampler applies "
+    "them (and syncs the adapters only).",
+    "",
+  ]
   return "\n".join(out)
 
 
@@ -248,9 +306,11 @@ def main(argv):
     with open(FLAGS.from_json) as f:
       result = json.load(f)
     from bench_machine import write_results
+
     write_results(FLAGS.out, result, markdown(result))
     return
   from bench_machine import write_results
+
   result = run()
   result["setup"]["decode_batch"] = FLAGS.decode_batch
   write_results(FLAGS.out, result, markdown(result))

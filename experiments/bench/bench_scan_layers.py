@@ -7,6 +7,7 @@ the step time at one depth, both layouts in the same run (interleaved timed roun
 Model: SmolLM2-135M widths (d=576, 9 heads / 3 KV heads, MLP 1536, vocab 49,152), random init,
 float32, remat full, the trainer's own step (rl/core/train_step.py) on one micro-batch of B x T.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,15 @@ flags.DEFINE_integer("repeats", 5, "Timed steps per layout (interleaved).")
 flags.DEFINE_string("out", "", "Output prefix; '' = experiments/results/bench_scan_layers.")
 FLAGS = flags.FLAGS
 
-SMOLLM2_WIDTHS = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                      num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)
+SMOLLM2_WIDTHS = dict(
+  vocab_size=49152,
+  hidden_size=576,
+  intermediate_size=1536,
+  num_attention_heads=9,
+  num_key_value_heads=3,
+  head_dim=64,
+  tie_word_embeddings=True,
+)
 
 
 def build(depth: int, scan: bool, b: int, t: int):
@@ -39,15 +47,21 @@ def build(depth: int, scan: bool, b: int, t: int):
   from agentfly_jax.models import CausalLM, tiny_config
   from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
   from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+
   cfg = tiny_config("llama", num_hidden_layers=depth, scan_layers=scan, remat="full", **SMOLLM2_WIDTHS)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
   opt = make_optimizer(lr=1e-5)
   rng = np.random.default_rng(0)
   ids = rng.integers(0, cfg.vocab_size, (1, b, t)).astype(np.int32)
   mask = np.ones((1, b, t), bool)
-  batch = dict(input_ids=ids, target_ids=np.roll(ids, -1, -1), attention_mask=mask,
-               action_mask=mask & (np.arange(t) >= t // 4), old_logprobs=np.full((1, b, t), -2.0, np.float32),
-               advantages=rng.standard_normal((1, b, t)).astype(np.float32))
+  batch = dict(
+    input_ids=ids,
+    target_ids=np.roll(ids, -1, -1),
+    attention_mask=mask,
+    action_mask=mask & (np.arange(t) >= t // 4),
+    old_logprobs=np.full((1, b, t), -2.0, np.float32),
+    advantages=rng.standard_normal((1, b, t)).astype(np.float32),
+  )
   step = jax.jit(make_train_step(graphdef, rest, opt, LossConfig()), donate_argnums=(0,))
   return step, create_train_state(params, opt), {k: jax.numpy.asarray(v) for k, v in batch.items()}
 
@@ -57,6 +71,7 @@ def main(argv):
   import jax
 
   from bench_machine import machine as machine_line
+
   b, t = (int(x) for x in FLAGS.shape.split("x"))
   compile_rows = []
   for depth in [int(d) for d in FLAGS.depths]:
@@ -80,23 +95,46 @@ def main(argv):
       states[scan], m = runs[scan][0](states[scan], runs[scan][2])
       jax.block_until_ready((states[scan], m))
       times[scan].append(time.perf_counter() - t0)
-  step_rows = [{"depth": FLAGS.step_depth, "scan_layers": scan, "shape": FLAGS.shape,
-                "median_s": statistics.median(times[scan]), "all_s": times[scan]} for scan in (False, True)]
+  step_rows = [
+    {
+      "depth": FLAGS.step_depth,
+      "scan_layers": scan,
+      "shape": FLAGS.shape,
+      "median_s": statistics.median(times[scan]),
+      "all_s": times[scan],
+    }
+    for scan in (False, True)
+  ]
   ratio = step_rows[1]["median_s"] / step_rows[0]["median_s"]
-  report = {"machine": machine_line(), "model": "SmolLM2-135M widths, random init, float32, remat full",
-            "compile": compile_rows, "step": step_rows, "scanned_over_unrolled_step_time": ratio}
+  report = {
+    "machine": machine_line(),
+    "model": "SmolLM2-135M widths, random init, float32, remat full",
+    "compile": compile_rows,
+    "step": step_rows,
+    "scanned_over_unrolled_step_time": ratio,
+  }
   out = FLAGS.out or os.path.join(RESULTS_DIR, "bench_scan_layers")
   with open(out + ".json", "w") as f:
     json.dump(report, f, indent=2)
-  lines = ["# Scanned vs unrolled decoder layers (CPU)", "", f"Machine: {report['machine']}", "",
-           f"{report['model']}; the GRPO train step on one {FLAGS.shape} micro-batch.", "",
-           "| layers | unrolled compile s | scanned compile s |", "|---|---|---|"]
+  lines = [
+    "# Scanned vs unrolled decoder layers (CPU)",
+    "",
+    f"Machine: {report['machine']}",
+    "",
+    f"{report['model']}; the GRPO train step on one {FLAGS.shape} micro-batch.",
+    "",
+    "| layers | unrolled compile s | scanned compile s |",
+    "|---|---|---|",
+  ]
   by = {(r["depth"], r["scan_layers"]): r["compile_s"] for r in compile_rows}
   for depth in [int(d) for d in FLAGS.depths]:
     lines.append(f"| {depth} | {by[depth, False]:.1f} | {by[depth, True]:.1f} |")
-  lines += ["", f"Step time at {FLAGS.step_depth} layers ({FLAGS.repeats} interleaved rounds, median): unrolled "
-            f"{step_rows[0]['median_s']:.3f} s, scanned {step_rows[1]['median_s']:.3f} s "
-            f"(scanned / unrolled = {ratio:.2f})."]
+  lines += [
+    "",
+    f"Step time at {FLAGS.step_depth} layers ({FLAGS.repeats} interleaved rounds, median): unrolled "
+    f"{step_rows[0]['median_s']:.3f} s, scanned {step_rows[1]['median_s']:.3f} s "
+    f"(scanned / unrolled = {ratio:.2f}).",
+  ]
   with open(out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))

@@ -14,6 +14,7 @@ One local env server (a subprocess on loopback), driven from this process throug
   cgroups' usage (tmpfs files included) where the server makes them.
 Writes --out.json and --out.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ from agentfly_jax.envs.local_server import LocalEnvServer
 from agentfly_jax.envs.manager import EnvManager
 from envservers.envs import memory_cgroup, swe_policies, swe_tasks
 from envservers.envs.swe import SweEnv
-from bench_common import load_note   # this folder is on sys.path: the script's own
+from bench_common import load_note  # this folder is on sys.path: the script's own
 from bench_machine import machine, write_results
 
 FLAGS = flags.FLAGS
@@ -41,8 +42,7 @@ flags.DEFINE_string("out", "experiments/results/bench_swe", "output path without
 
 
 def _pct(xs) -> dict:
-  return {"p50_ms": 1000 * float(np.percentile(xs, 50)), "p90_ms": 1000 * float(np.percentile(xs, 90)),
-          "n": len(xs)}
+  return {"p50_ms": 1000 * float(np.percentile(xs, 50)), "p90_ms": 1000 * float(np.percentile(xs, 90)), "n": len(xs)}
 
 
 def _tree(pid: int) -> list[int]:
@@ -98,14 +98,30 @@ def reference_pytest(task_id: str) -> float:
   with tempfile.TemporaryDirectory() as tmp:
     repo = os.path.join(tmp, "repo")
     subprocess.run(["cp", "-a", task.repo, repo], check=True)
-    env = dict(os.environ, PYTHONPATH=repo, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=repo, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
     tests = [os.path.join(task.hidden_tests, node) for node in task.selected_tests]
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
-                    "--rootdir", repo, "--import-mode=importlib",
-                    f"--junitxml={tmp}/junit.xml", *(tests or [task.hidden_tests])], cwd=repo,
-                   env=env, capture_output=True, check=False)
+    subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        repo,
+        "--import-mode=importlib",
+        f"--junitxml={tmp}/junit.xml",
+        *(tests or [task.hidden_tests]),
+      ],
+      cwd=repo,
+      env=env,
+      capture_output=True,
+      check=False,
+    )
     return time.perf_counter() - started
 
 
@@ -118,7 +134,7 @@ async def episode_starts(manager: EnvManager, task_ids: list[str], n: int) -> li
     await env.reset({"task_id": task_ids[i % len(task_ids)]})
     times.append(time.perf_counter() - started)
     await manager.release("swe", chain)
-    await trio.sleep(0.05)   # the pool starts the next warm sandbox meanwhile, as in training
+    await trio.sleep(0.05)  # the pool starts the next warm sandbox meanwhile, as in training
   return times
 
 
@@ -140,8 +156,7 @@ async def grading(manager: EnvManager, task_ids: list[str]) -> tuple[list[float]
   return times, rewards
 
 
-async def concurrent_episodes(manager: EnvManager, server: LocalEnvServer, task_ids: list[str],
-                              n: int) -> dict:
+async def concurrent_episodes(manager: EnvManager, server: LocalEnvServer, task_ids: list[str], n: int) -> dict:
   peak = {"pss_mib": 0.0, "rss_mib": 0.0, "processes": 0}
   peak_cgroups = [0.0]
   done = trio.Event()
@@ -173,18 +188,24 @@ async def concurrent_episodes(manager: EnvManager, server: LocalEnvServer, task_
       for i in range(n):
         chains.start_soon(chain, i)
     wall = time.perf_counter() - started
-    held = _tree_memory_mib(server.process.pid)   # every episode loaded, between commands
+    held = _tree_memory_mib(server.process.pid)  # every episode loaded, between commands
     held_cgroups = _cgroups_mib(server.process.pid)
     stats = await manager.server_stats()
-    await trio.sleep(0.5)   # one more sample with all n held
+    await trio.sleep(0.5)  # one more sample with all n held
     done.set()
   for i in range(n):
     await manager.release("swe", f"conc-{i}")
   pool = next(iter(stats.values()))["pools"]["swe"]
-  return {"episodes": n, "wall_s": wall, "peak_live": pool["peak_live"],
-          "ran_tests": sum(1 for o in outputs if " in " in o), **{f"peak_{k}": v for k, v in peak.items()},
-          **{f"held_{k}": v for k, v in held.items()}, "held_cgroups_mib": held_cgroups,
-          "peak_cgroups_mib": peak_cgroups[0] if memory_cgroup.available() else None}
+  return {
+    "episodes": n,
+    "wall_s": wall,
+    "peak_live": pool["peak_live"],
+    "ran_tests": sum(1 for o in outputs if " in " in o),
+    **{f"peak_{k}": v for k, v in peak.items()},
+    **{f"held_{k}": v for k, v in held.items()},
+    "held_cgroups_mib": held_cgroups,
+    "peak_cgroups_mib": peak_cgroups[0] if memory_cgroup.available() else None,
+  }
 
 
 async def cold_starts(n: int) -> list[float]:
@@ -206,6 +227,7 @@ def main(argv):
   cold = trio.run(cold_starts, 10)
   server = LocalEnvServer([f"swe={FLAGS.concurrent}:2"])
   try:
+
     async def run():
       manager = EnvManager([server.address])
       starts = await episode_starts(manager, task_ids, FLAGS.episodes)
@@ -213,43 +235,60 @@ def main(argv):
       conc = await concurrent_episodes(manager, server, task_ids, FLAGS.concurrent)
       await manager.aclose()
       return starts, grade_times, rewards, conc
+
     starts, grade_times, rewards, conc = trio.run(run)
   finally:
     server.stop()
   copy = reference_copy(swe_tasks.resolve_row({"task_id": task_ids[0]}).repo, FLAGS.episodes)
   host = [reference_pytest(t) for t in task_ids]
-  result.update({
-      "episode_start": _pct(starts), "cold_sandbox_start": _pct(cold), "reference_cp": _pct(copy),
-      "grading": _pct(grade_times), "reference_host_pytest": _pct(host),
-      "expert_reward_mean": float(np.mean(rewards)), "concurrent": conc,
-      "load": load_note(load_start)})
+  result.update(
+    {
+      "episode_start": _pct(starts),
+      "cold_sandbox_start": _pct(cold),
+      "reference_cp": _pct(copy),
+      "grading": _pct(grade_times),
+      "reference_host_pytest": _pct(host),
+      "expert_reward_mean": float(np.mean(rewards)),
+      "concurrent": conc,
+      "load": load_note(load_start),
+    }
+  )
   s, g = result["episode_start"], result["grading"]
-  md = [f"# swe env ({result['machine']}; {result['load']})", "",
-        "| measure | p50 | p90 | reference (same run) | ratio p50 | goal |",
-        "|---|---|---|---|---|---|",
-        f"| episode start (acquire + reset, warm pool) | {s['p50_ms']:.1f} ms | {s['p90_ms']:.1f} ms "
-        f"| cp -a to tmpfs {result['reference_cp']['p50_ms']:.1f} ms | "
-        f"{s['p50_ms'] / result['reference_cp']['p50_ms']:.1f}x | <= 100 ms |",
-        f"| cold sandbox start (bwrap + driver) | {result['cold_sandbox_start']['p50_ms']:.1f} ms | "
-        f"{result['cold_sandbox_start']['p90_ms']:.1f} ms | | | |",
-        f"| hidden-test reward (submit) | {g['p50_ms']:.0f} ms | {g['p90_ms']:.0f} ms | host pytest "
-        f"{result['reference_host_pytest']['p50_ms']:.0f} ms | "
-        f"{g['p50_ms'] / result['reference_host_pytest']['p50_ms']:.1f}x | <= 1000 ms |", "",
-        f"Expert reward on the {len(task_ids)} test tasks: {result['expert_reward_mean']:.3f}.", "",
-        f"{conc['episodes']} concurrent episodes on one server (each: repository loaded, pytest run; "
-        f"{conc['ran_tests']} ran, {conc['wall_s']:.1f} s), memory of the server's process tree "
-        f"(server + every sandbox; PSS counts shared pages once, the RSS sum counts them in "
-        f"every process):", "",
-        "| | PSS | RSS sum | processes | sandbox memory cgroups (tmpfs included) |",
-        "|---|---|---|---|---|",
-        f"| peak (while the 64 pytest runs overlap) | {conc['peak_pss_mib']:.0f} MiB | "
-        f"{conc['peak_rss_mib']:.0f} MiB | {conc['peak_processes']} | "
-        + (f"{conc['peak_cgroups_mib']:.0f} MiB" if conc["peak_cgroups_mib"] is not None else "n/a")
-        + " |",
-        f"| held (64 episodes loaded, between commands) | {conc['held_pss_mib']:.0f} MiB | "
-        f"{conc['held_rss_mib']:.0f} MiB | {conc['held_processes']} | "
-        + (f"{conc['held_cgroups_mib']:.0f} MiB" if conc["held_cgroups_mib"] is not None else "n/a")
-        + " |", "", "Goal: 64 concurrent episodes within 2 GiB.", ""]
+  md = [
+    f"# swe env ({result['machine']}; {result['load']})",
+    "",
+    "| measure | p50 | p90 | reference (same run) | ratio p50 | goal |",
+    "|---|---|---|---|---|---|",
+    f"| episode start (acquire + reset, warm pool) | {s['p50_ms']:.1f} ms | {s['p90_ms']:.1f} ms "
+    f"| cp -a to tmpfs {result['reference_cp']['p50_ms']:.1f} ms | "
+    f"{s['p50_ms'] / result['reference_cp']['p50_ms']:.1f}x | <= 100 ms |",
+    f"| cold sandbox start (bwrap + driver) | {result['cold_sandbox_start']['p50_ms']:.1f} ms | "
+    f"{result['cold_sandbox_start']['p90_ms']:.1f} ms | | | |",
+    f"| hidden-test reward (submit) | {g['p50_ms']:.0f} ms | {g['p90_ms']:.0f} ms | host pytest "
+    f"{result['reference_host_pytest']['p50_ms']:.0f} ms | "
+    f"{g['p50_ms'] / result['reference_host_pytest']['p50_ms']:.1f}x | <= 1000 ms |",
+    "",
+    f"Expert reward on the {len(task_ids)} test tasks: {result['expert_reward_mean']:.3f}.",
+    "",
+    f"{conc['episodes']} concurrent episodes on one server (each: repository loaded, pytest run; "
+    f"{conc['ran_tests']} ran, {conc['wall_s']:.1f} s), memory of the server's process tree "
+    f"(server + every sandbox; PSS counts shared pages once, the RSS sum counts them in "
+    f"every process):",
+    "",
+    "| | PSS | RSS sum | processes | sandbox memory cgroups (tmpfs included) |",
+    "|---|---|---|---|---|",
+    f"| peak (while the 64 pytest runs overlap) | {conc['peak_pss_mib']:.0f} MiB | "
+    f"{conc['peak_rss_mib']:.0f} MiB | {conc['peak_processes']} | "
+    + (f"{conc['peak_cgroups_mib']:.0f} MiB" if conc["peak_cgroups_mib"] is not None else "n/a")
+    + " |",
+    f"| held (64 episodes loaded, between commands) | {conc['held_pss_mib']:.0f} MiB | "
+    f"{conc['held_rss_mib']:.0f} MiB | {conc['held_processes']} | "
+    + (f"{conc['held_cgroups_mib']:.0f} MiB" if conc["held_cgroups_mib"] is not None else "n/a")
+    + " |",
+    "",
+    "Goal: 64 concurrent episodes within 2 GiB.",
+    "",
+  ]
   write_results(FLAGS.out, result, "\n".join(md))
 
 

@@ -29,6 +29,7 @@ train step unpacked vs packed (`rl/packing.py`): padding fraction and useful (no
 tokens/s; and the demo's end-to-end step-time budget (rollout / old + ref log-probs / train /
 sync / eval) from `Trainer.train` metrics.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,22 +42,43 @@ import time
 
 from absl import app, flags
 
-from bench_common import (REPO_ROOT, SMOLLM2_135M_SHAPES, XLA_CPU_VARIANTS, WorkerProcess, cpu_name,
-                          load_note, measure_matmul_rate, xla_flags_env)
+from bench_common import (
+  REPO_ROOT,
+  SMOLLM2_135M_SHAPES,
+  XLA_CPU_VARIANTS,
+  WorkerProcess,
+  cpu_name,
+  load_note,
+  measure_matmul_rate,
+  xla_flags_env,
+)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny | smollm2 (shipped weights) | smollm2_random "
-                  "(same shapes, random init; with --num_layers for scaled-down A/Bs)")
+flags.DEFINE_list(
+  "models",
+  ["tiny", "smollm2"],
+  "tiny | smollm2 (shipped weights) | smollm2_random "
+  "(same shapes, random init; with --num_layers for scaled-down A/Bs)",
+)
 flags.DEFINE_integer("num_layers", 0, "smollm2_random: decoder layers (0 = SmolLM2's 30)")
 flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch shapes")
 flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
 flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
-flags.DEFINE_enum("layout", "prompt", ["prompt", "agent"], "which tokens are trained on: prompt = the first "
-                  "quarter of each row is prompt, the rest action tokens; agent = a quarter prompt, then "
-                  "24-token actions between 40-token tool observations (~30 %% of the row trained on)")
-flags.DEFINE_bool("one_worker_at_a_time", False, "each framework's worker runs all its repeats alone, then exits "
-                  "(for machines without memory for all workers at once; ratios are then not interleaved)")
+flags.DEFINE_enum(
+  "layout",
+  "prompt",
+  ["prompt", "agent"],
+  "which tokens are trained on: prompt = the first "
+  "quarter of each row is prompt, the rest action tokens; agent = a quarter prompt, then "
+  "24-token actions between 40-token tool observations (~30 %% of the row trained on)",
+)
+flags.DEFINE_bool(
+  "one_worker_at_a_time",
+  False,
+  "each framework's worker runs all its repeats alone, then exits "
+  "(for machines without memory for all workers at once; ratios are then not interleaved)",
+)
 flags.DEFINE_bool("demo", False, "also: packing on the demo's real batches + the demo's step-time budget")
 flags.DEFINE_integer("demo_steps", 3, "trainer steps timed for the demo budget")
 flags.DEFINE_bool("bench", True, "run the framework comparison (off: only --demo)")
@@ -70,6 +92,7 @@ LR, WEIGHT_DECAY, CLIP, DUAL_CLIP, MAX_GRAD_NORM, VALUE_CLIP = 1e-6, 0.01, 0.2, 
 # ---------------------------------------------------------------- shared inputs
 def model_config(name: str):
   from agentfly_jax.models import ModelConfig, smollm2_folder, tiny_config
+
   if name == "tiny":
     return tiny_config("qwen2", vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
   if name == "smollm2_random":
@@ -85,6 +108,7 @@ def model_folder(name: str) -> str:
   from flax import nnx
 
   from agentfly_jax.models import CausalLM, save_pretrained, smollm2_folder
+
   if name == "smollm2":
     return smollm2_folder()
   folder = os.path.join(FLAGS.work_dir, f"{name}_{FLAGS.num_layers}")
@@ -93,7 +117,7 @@ def model_folder(name: str) -> str:
   return folder
 
 
-ACTION_TOKENS, OBSERVATION_TOKENS = 24, 40   # the agent layout's turns
+ACTION_TOKENS, OBSERVATION_TOKENS = 24, 40  # the agent layout's turns
 
 
 def make_batch(vocab: int, b: int, t: int, seed: int = 0, layout: str = "prompt") -> dict:
@@ -101,6 +125,7 @@ def make_batch(vocab: int, b: int, t: int, seed: int = 0, layout: str = "prompt"
   "prompt": every later token is an action token; "agent": ACTION_TOKENS-long actions alternate
   with OBSERVATION_TOKENS-long tool observations (not trained on) after the prompt."""
   import numpy as np
+
   rng = np.random.default_rng(seed)
   ids = rng.integers(1, vocab, (b, t)).astype(np.int32)
   lengths = np.where(rng.random(b) < 0.125, rng.integers(t // 2, t + 1, b), t)
@@ -110,17 +135,26 @@ def make_batch(vocab: int, b: int, t: int, seed: int = 0, layout: str = "prompt"
   if layout == "agent":
     action &= (pos - t // 4) % (ACTION_TOKENS + OBSERVATION_TOKENS) < ACTION_TOKENS
   f = lambda x: np.where(action, x, 0).astype(np.float32)  # noqa: E731
-  return {"token_ids": ids, "attention_mask": attn, "action_mask": action,
-          "old_logprobs": f(-rng.random((b, t)) * 2 - 9.5), "advantages": f(rng.normal(size=(b, t))),
-          "returns": f(rng.normal(size=(b, t))), "old_values": f(rng.normal(size=(b, t)) * 0.1)}
+  return {
+    "token_ids": ids,
+    "attention_mask": attn,
+    "action_mask": action,
+    "old_logprobs": f(-rng.random((b, t)) * 2 - 9.5),
+    "advantages": f(rng.normal(size=(b, t))),
+    "returns": f(rng.normal(size=(b, t))),
+    "old_values": f(rng.normal(size=(b, t)) * 0.1),
+  }
 
 
 def target_aligned(batch: dict) -> dict:
   """The [B, T] token-aligned batch as the JAX step reads it ([B, T-1], rl.batching.train_arrays'
   layout): input_ids[t] = token t predicts target_ids[t] = token t+1; masks and per-token values
   of the targets."""
-  out = {"input_ids": batch["token_ids"][:, :-1], "target_ids": batch["token_ids"][:, 1:],
-         "attention_mask": batch["attention_mask"][:, :-1]}
+  out = {
+    "input_ids": batch["token_ids"][:, :-1],
+    "target_ids": batch["token_ids"][:, 1:],
+    "attention_mask": batch["attention_mask"][:, :-1],
+  }
   for k in ("action_mask", "old_logprobs", "advantages", "returns", "old_values"):
     out[k] = batch[k][:, 1:]
   return out
@@ -128,6 +162,7 @@ def target_aligned(batch: dict) -> dict:
 
 def value_head(d: int):
   import numpy as np
+
   return (np.random.default_rng(7).normal(size=(d,)) * 0.02).astype(np.float32)
 
 
@@ -144,11 +179,18 @@ def step_flops(cfg, b: int, t: int, step: str) -> float:
 
 
 # ---------------------------------------------------------------- workers
-VARIANT_KNOBS = {"lc": ("loss", "logits_chunk"), "ac": ("model", "attention_chunk"),
-                 "remat": ("model", "remat"), "prec": ("model", "matmul_precision"), "xla": ("env", "xla"),
-                 "fuse": ("model", "fuse_projections"), "attn": ("model", "attention_impl"),
-                 "cap": ("loss", "logits_capacity"), "wgrad": ("env", "wgrad"),
-                 "scan": ("model", "scan_layers")}
+VARIANT_KNOBS = {
+  "lc": ("loss", "logits_chunk"),
+  "ac": ("model", "attention_chunk"),
+  "remat": ("model", "remat"),
+  "prec": ("model", "matmul_precision"),
+  "xla": ("env", "xla"),
+  "fuse": ("model", "fuse_projections"),
+  "attn": ("model", "attention_impl"),
+  "cap": ("loss", "logits_capacity"),
+  "wgrad": ("env", "wgrad"),
+  "scan": ("model", "scan_layers"),
+}
 
 
 def parse_variant(variant: str) -> tuple[dict, dict, str]:
@@ -164,16 +206,24 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
   for knob in ("lc0_ac0" if variant == "plain" else variant).split("_") if variant else []:
     key = next((k for k in VARIANT_KNOBS if knob.startswith(k)), None)
     if key is None:
-      raise ValueError(f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
-                       f"fuse0|1, scan0|1, attn<flash|checkpoint>, capN, wgradautodiff, "
-                       f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
+      raise ValueError(
+        f"--frameworks: unknown jax variant knob {knob!r} (plain, lcN, acN, remat0|1, prec<name>, "
+        f"fuse0|1, scan0|1, attn<flash|checkpoint>, capN, wgradautodiff, "
+        f"xla<{'|'.join(XLA_CPU_VARIANTS)}>)"
+      )
     where, field = VARIANT_KNOBS[key]
-    value = knob[len(key):]
+    value = knob[len(key) :]
     if key == "xla" and value not in XLA_CPU_VARIANTS:
       raise ValueError(f"--frameworks: unknown XLA variant {knob!r} (xla<{'|'.join(XLA_CPU_VARIANTS)}>)")
     if key == "wgrad" and value != "autodiff":
       raise ValueError(f"--frameworks: unknown knob {knob!r} (wgradautodiff)")
-    out[where][field] = value if key in ("prec", "xla", "attn", "wgrad") else int(value) / 100 if key == "cap" else (bool(int(value)) if key in ("remat", "fuse", "scan") else int(value))
+    out[where][field] = (
+      value
+      if key in ("prec", "xla", "attn", "wgrad")
+      else int(value) / 100
+      if key == "cap"
+      else (bool(int(value)) if key in ("remat", "fuse", "scan") else int(value))
+    )
   return out["model"], out["loss"], out["env"].get("xla", ""), out["env"].get("wgrad", "")
 
 
@@ -199,37 +249,43 @@ class JaxStep:
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
     from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+
     model_overrides, loss_overrides, _, wgrad = parse_variant(variant)
     if wgrad == "autodiff":  # the A/B of layers.dense's written-out backward
       from agentfly_jax.models import layers
+
       layers.dense = lambda x, k, in_out, precision: layers._dense_fwd_only(x, k, in_out, precision)
     model = from_pretrained(model_folder(name), **model_overrides)
     critic = None
     if "ppo" in FLAGS.steps:
       critic = Critic.from_causal_lm(model)
       critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
-    loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP,
-                          **loss_overrides)
+    loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP, **loss_overrides)
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
     cg, cp, cr = nnx.split(critic, nnx.Param, ...) if critic is not None else (None, None, None)
     vocab = model.config.vocab_size
-    del model, critic   # the states below own the weights (donated to each step)
+    del model, critic  # the states below own the weights (donated to each step)
     batch = target_aligned(make_batch(vocab, b, t, layout=FLAGS.layout))
     self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
     self.fns, self.states = {}, {}
     copy = lambda tree: jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, tree)  # noqa: E731
     for i, step in enumerate(FLAGS.steps):
       with_critic = step == "ppo"
-      fn = make_train_step(g, r, opt, loss_cfg, **(dict(critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt)
-                                                    if with_critic else {}))
+      fn = make_train_step(
+        g, r, opt, loss_cfg, **(dict(critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt) if with_critic else {})
+      )
       self.fns[step] = jax.jit(fn, donate_argnums=(0,))
-      self.states[step] = create_train_state(p if i == 0 else copy(p), opt,
-                                             critic_params=(cp if with_critic else None),
-                                             critic_optimizer=opt if with_critic else None)
+      self.states[step] = create_train_state(
+        p if i == 0 else copy(p),
+        opt,
+        critic_params=(cp if with_critic else None),
+        critic_optimizer=opt if with_critic else None,
+      )
 
   def run(self, step: str) -> dict:
     import jax
+
     self.states[step], m = self.fns[step](self.states[step], self.mb)
     jax.block_until_ready((self.states[step], m))
     out = {"loss": float(m["actor/pg_loss"])}
@@ -242,6 +298,7 @@ class TorchStep:
   def __init__(self, name: str, b: int, t: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
     torch.manual_seed(0)
     folder = model_folder(name)
     self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -261,6 +318,7 @@ class TorchStep:
 
   def _policy(self) -> float:
     import torch
+
     bt = self.batch
     ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
     k = self.keep
@@ -272,7 +330,7 @@ class TorchStep:
     lp = picked - lse
     with torch.no_grad():  # entropy as a metric, as the JAX step reports it
       p = torch.softmax(logits, -1)
-      _ = (lse - (p * logits).sum(-1))
+      _ = lse - (p * logits).sum(-1)
     mask = bt["action_mask"][:, 1:][:, -k:].float()
     old, adv = bt["old_logprobs"][:, 1:][:, -k:], bt["advantages"][:, 1:][:, -k:]
     ratio = torch.exp(torch.clamp(lp - old, -20.0, 20.0))
@@ -287,6 +345,7 @@ class TorchStep:
 
   def _critic(self) -> float:
     import torch
+
     bt = self.batch
     ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
     values = self.critic(input_ids=ids[:, :-1], attention_mask=am[:, :-1]).logits[..., 0].float()
@@ -316,6 +375,7 @@ def serve(spec: str) -> None:
   out = sys.__stdout__
   if framework == "torch":
     import torch
+
     torch.set_num_threads(os.cpu_count())
     runner = TorchStep(name, b, t)
   else:
@@ -344,9 +404,15 @@ class Worker(WorkerProcess):
   """Parent-side handle of a `serve` subprocess for MODEL:SHAPE:FRAMEWORK; `ready` = its READY reply."""
 
   def __init__(self, spec: str, steps: list[str]):
-    cmd = [sys.executable, os.path.abspath(__file__), f"--serve={spec}", f"--steps={','.join(steps)}",
-           f"--layout={FLAGS.layout}",
-           f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
+    cmd = [
+      sys.executable,
+      os.path.abspath(__file__),
+      f"--serve={spec}",
+      f"--steps={','.join(steps)}",
+      f"--layout={FLAGS.layout}",
+      f"--num_layers={FLAGS.num_layers}",
+      f"--work_dir={FLAGS.work_dir}",
+    ]
     super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
     self.ready = self.first
 
@@ -375,14 +441,21 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
             for fw in group:
               t0 = time.perf_counter()
               live[fw] = workers[fw, s] = Worker(f"{name}:{shape}:{fw}", [s])
-              print(f"{name} {shape} {s} {fw}: ready in {time.perf_counter() - t0:.0f} s "
-                    f"(first step {json.dumps(live[fw].ready['first'])})", flush=True)
+              print(
+                f"{name} {shape} {s} {fw}: ready in {time.perf_counter() - t0:.0f} s "
+                f"(first step {json.dumps(live[fw].ready['first'])})",
+                flush=True,
+              )
             for rep in range(FLAGS.repeats):
               for fw, w in live.items():
                 times[fw, s].append(w.ask(f"run {s}"))
-              print(f"{name} {shape} {s} repeat {rep + 1}: " + "; ".join(
-                  f"{fw} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu"
-                  for fw in live), flush=True)
+              print(
+                f"{name} {shape} {s} repeat {rep + 1}: "
+                + "; ".join(
+                  f"{fw} {times[fw, s][-1]['wall']:.2f}s wall {times[fw, s][-1]['cpu']:.2f}s cpu" for fw in live
+                ),
+                flush=True,
+              )
             mem.update({(fw, s): w.ask("mem")["peak_rss"] for fw, w in live.items()})
           finally:
             for w in live.values():
@@ -393,14 +466,29 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
         flops = step_flops(cfg, b, t, s)
         first = workers[fw, s].ready["first"][s]
         label = shape if FLAGS.layout == "prompt" else f"{shape} {FLAGS.layout}"
-        rows.append({"model": name, "shape": label, "layout": FLAGS.layout, "step": s, "framework": fw,
-                     "wall_median_s": statistics.median(wall), "wall_min_s": min(wall), "wall_all_s": wall,
-                     "cpu_median_s": statistics.median(cpu), "cpu_all_s": cpu, "compile_s": first["compile_s"],
-                     "first_loss": first["loss"], "first_vf_loss": first.get("vf_loss"),
-                     "peak_rss_bytes": mem[fw, s], "rss_after_load_bytes": workers[fw, s].ready["rss_loaded"],
-                     "model_flops": flops, "flop_per_s": flops / statistics.median(wall),
-                     "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
-                     "flop_per_s_best": flops / min(wall)})
+        rows.append(
+          {
+            "model": name,
+            "shape": label,
+            "layout": FLAGS.layout,
+            "step": s,
+            "framework": fw,
+            "wall_median_s": statistics.median(wall),
+            "wall_min_s": min(wall),
+            "wall_all_s": wall,
+            "cpu_median_s": statistics.median(cpu),
+            "cpu_all_s": cpu,
+            "compile_s": first["compile_s"],
+            "first_loss": first["loss"],
+            "first_vf_loss": first.get("vf_loss"),
+            "peak_rss_bytes": mem[fw, s],
+            "rss_after_load_bytes": workers[fw, s].ready["rss_loaded"],
+            "model_flops": flops,
+            "flop_per_s": flops / statistics.median(wall),
+            "fraction_of_matmul": flops / statistics.median(wall) / matmul_rate,
+            "flop_per_s_best": flops / min(wall),
+          }
+        )
       if on_shape is not None:
         on_shape(with_ratios(rows))
   return with_ratios(rows)
@@ -409,7 +497,11 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
 def with_ratios(rows: list[dict]) -> list[dict]:
   """Adds each row's ratios against the torch row of the same model, shape and step."""
   for r in rows:
-    ref = [o for o in rows if (o["model"], o["shape"], o["step"], o["framework"]) == (r["model"], r["shape"], r["step"], "torch")]
+    ref = [
+      o
+      for o in rows
+      if (o["model"], o["shape"], o["step"], o["framework"]) == (r["model"], r["shape"], r["step"], "torch")
+    ]
     if ref:
       o = ref[0]
       r["speedup_vs_torch_median"] = o["wall_median_s"] / r["wall_median_s"]
@@ -433,10 +525,11 @@ def demo() -> dict:
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.packing import pack_batch, padding_fraction
   from agentfly_jax.rl.trainer import Trainer
+
   root = REPO_ROOT
   c = lookup_config("grpo", os.path.join(root, "experiments", "results", "lookup_warmstart"))
   c.train.steps, c.eval.every, c.eval.num_rows, c.log.progress, c.log.tensorboard = FLAGS.demo_steps, 0, 0, False, False
-  c.checkpoint.every = 10 ** 6
+  c.checkpoint.every = 10**6
   out = {}
   with tempfile.TemporaryDirectory() as wd:
     tr = Trainer(c, wd)
@@ -445,6 +538,7 @@ def demo() -> dict:
     trajs = tr.rollout(tr._rows_at(0, c.rollout.rows_per_step), seed=1)
     from agentfly_jax.rl.batching import train_arrays
     from agentfly_jax.rl.core.train_state import create_train_state
+
     arrays = train_arrays(trajs, pad_id=tr.tokenizer.pad_token_id)
     batch, _ = tr.update.prepare(params, None, None, tr.update.put_arrays(arrays))
     batch = {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
@@ -453,6 +547,7 @@ def demo() -> dict:
     packed_rows, _ = pack_batch(batch)
     packed = to_microbatches(packed_rows, np.arange(len(packed_rows["input_ids"])), size, 1)
     from agentfly_jax.rl.core.train_step import make_train_step
+
     useful = int(batch["attention_mask"].sum())
     timing = {}
     for label, mb in (("unpacked", plain), ("packed", packed)):
@@ -467,11 +562,18 @@ def demo() -> dict:
         d["state"], m = d["fn"](d["state"], d["mb"])
         jax.block_until_ready(m)
         d["wall"].append(time.perf_counter() - t0)
-    out["packing"] = {label: {"rows": int(np.prod(d["mb"]["input_ids"].shape[:2])), "row_len": int(d["mb"]["input_ids"].shape[2]),
-                              "padding_fraction": padding_fraction(d["mb"]["attention_mask"]),
-                              "wall_median_s": statistics.median(d["wall"]), "wall_all_s": d["wall"],
-                              "useful_tok_s": useful / statistics.median(d["wall"]), "first_loss": d["loss"]}
-                      for label, d in timing.items()}
+    out["packing"] = {
+      label: {
+        "rows": int(np.prod(d["mb"]["input_ids"].shape[:2])),
+        "row_len": int(d["mb"]["input_ids"].shape[2]),
+        "padding_fraction": padding_fraction(d["mb"]["attention_mask"]),
+        "wall_median_s": statistics.median(d["wall"]),
+        "wall_all_s": d["wall"],
+        "useful_tok_s": useful / statistics.median(d["wall"]),
+        "first_loss": d["loss"],
+      }
+      for label, d in timing.items()
+    }
     out["packing"]["trajectories"] = len(trajs)
     out["packing"]["useful_tokens"] = useful
     budget = {}
@@ -483,7 +585,9 @@ def demo() -> dict:
         records = Trainer(c2, wd2).train()
       steps = [r for r in records if r.get("step", 0) > 1 and "time/step_s" in r]  # step 1 compiles
       keys = sorted({k for r in steps for k in r if k.startswith("time/")})
-      budget["packed" if packed_flag else "unpacked"] = {k: statistics.median([r[k] for r in steps if k in r]) for k in keys}
+      budget["packed" if packed_flag else "unpacked"] = {
+        k: statistics.median([r[k] for r in steps if k in r]) for k in keys
+      }
     out["budget"] = budget
   return out
 
@@ -495,20 +599,40 @@ def main(argv):
     serve(FLAGS.serve)
     return
   from bench_train_step_report import write_results  # this folder is on sys.path
+
   load_start = os.getloadavg()
   rate = measure_matmul_rate()
   print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
-  settings = {"models": FLAGS.models, "shapes": FLAGS.shapes, "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
-              "repeats": FLAGS.repeats, "num_layers": FLAGS.num_layers, "one_worker_at_a_time": FLAGS.one_worker_at_a_time,
-              "hyper": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "dual_clip": DUAL_CLIP,
-                        "max_grad_norm": MAX_GRAD_NORM, "value_clip": VALUE_CLIP, "dtype": "float32"}}
+  settings = {
+    "models": FLAGS.models,
+    "shapes": FLAGS.shapes,
+    "frameworks": FLAGS.frameworks,
+    "steps": FLAGS.steps,
+    "repeats": FLAGS.repeats,
+    "num_layers": FLAGS.num_layers,
+    "one_worker_at_a_time": FLAGS.one_worker_at_a_time,
+    "hyper": {
+      "lr": LR,
+      "weight_decay": WEIGHT_DECAY,
+      "clip": CLIP,
+      "dual_clip": DUAL_CLIP,
+      "max_grad_norm": MAX_GRAD_NORM,
+      "value_clip": VALUE_CLIP,
+      "dtype": "float32",
+    },
+  }
 
   def save(rows, demo_out, rate_end):
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_name(),
-               "matmul_flop_per_s_start": rate, "matmul_flop_per_s_end": rate_end,
-               "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-               "note": load_note(load_start[0])
-                       + ("" if rate_end else " (partial results: the run was still going)")}
+    machine = {
+      "platform": platform.platform(),
+      "cpus": os.cpu_count(),
+      "cpu": cpu_name(),
+      "matmul_flop_per_s_start": rate,
+      "matmul_flop_per_s_end": rate_end,
+      "load_avg_start": load_start,
+      "load_avg_end": os.getloadavg(),
+      "note": load_note(load_start[0]) + ("" if rate_end else " (partial results: the run was still going)"),
+    }
     write_results(FLAGS.out, machine, rows, demo_out, settings)
 
   rows = compare(rate, on_shape=lambda r: save(r, None, None)) if FLAGS.bench else []

@@ -1,4 +1,5 @@
 """Writes bench_train_step's results: `experiments/results/<stem>.json` and a markdown table."""
+
 from __future__ import annotations
 
 import json
@@ -16,55 +17,80 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
   os.makedirs(RESULTS, exist_ok=True)
   with open(os.path.join(RESULTS, f"{stem}.json"), "w") as f:
     json.dump({"machine": machine, "settings": settings, "rows": rows, "demo": demo}, f, indent=2)
-  md = [f"# Train-step benchmark: JAX vs PyTorch + transformers\n",
-        f"Machine: {machine['note']} ({machine['cpu']}); `jnp.matmul` 2048^2 float32 "
-        f"{machine['matmul_flop_per_s_start'] / 1e9:.0f} GFLOP/s at the start, "
-        f"{(machine['matmul_flop_per_s_end'] or 0) / 1e9:.0f} at the end; load average "
-        f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Wall times on a machine shared "
-        "with other jobs move by 2x between minutes: compare the per-repeat ratios (frameworks interleaved) "
-        "and the CPU seconds (all threads of the worker), not absolute numbers across runs.\n",
-        *([machine["merged"] + "\n"] if machine.get("merged") else []),
-        ("**Workers ran one at a time** (not interleaved: the machine had no memory for both at once), so "
-         "wall ratios compare different minutes; the CPU-seconds ratio is the steadier one.\n"
-         if settings.get("one_worker_at_a_time") else ""),
-        "Step: PPO-clip (0.2, dual-clip 3), token-mean, AdamW, grad-norm clip 1.0, float32, one micro-batch; "
-        "`ppo` adds the critic's clipped value step. `jax` = library defaults; `jax+plain` = [B, T, V] logits "
-        "and one masked attention square (the formulation before #18). FLOP/s = model FLOPs (6 x matmul params "
-        "x tokens + full-square attention) / median wall. Batch: a quarter of each row is prompt; shape "
-        "`BxT` = every later token trained on, `BxT agent` = 24-token actions between 40-token tool "
-        "observations (~30 % of the row trained on). `torch` computes logits only from the first "
-        "completion position on (TRL's `logits_to_keep`), `jax` only at the trained-on tokens "
-        "(`train.logits_capacity`; `jax+cap0`: at every position).\n"]
+  md = [
+    f"# Train-step benchmark: JAX vs PyTorch + transformers\n",
+    f"Machine: {machine['note']} ({machine['cpu']}); `jnp.matmul` 2048^2 float32 "
+    f"{machine['matmul_flop_per_s_start'] / 1e9:.0f} GFLOP/s at the start, "
+    f"{(machine['matmul_flop_per_s_end'] or 0) / 1e9:.0f} at the end; load average "
+    f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Wall times on a machine shared "
+    "with other jobs move by 2x between minutes: compare the per-repeat ratios (frameworks interleaved) "
+    "and the CPU seconds (all threads of the worker), not absolute numbers across runs.\n",
+    *([machine["merged"] + "\n"] if machine.get("merged") else []),
+    (
+      "**Workers ran one at a time** (not interleaved: the machine had no memory for both at once), so "
+      "wall ratios compare different minutes; the CPU-seconds ratio is the steadier one.\n"
+      if settings.get("one_worker_at_a_time")
+      else ""
+    ),
+    "Step: PPO-clip (0.2, dual-clip 3), token-mean, AdamW, grad-norm clip 1.0, float32, one micro-batch; "
+    "`ppo` adds the critic's clipped value step. `jax` = library defaults; `jax+plain` = [B, T, V] logits "
+    "and one masked attention square (the formulation before #18). FLOP/s = model FLOPs (6 x matmul params "
+    "x tokens + full-square attention) / median wall. Batch: a quarter of each row is prompt; shape "
+    "`BxT` = every later token trained on, `BxT agent` = 24-token actions between 40-token tool "
+    "observations (~30 % of the row trained on). `torch` computes logits only from the first "
+    "completion position on (TRL's `logits_to_keep`), `jax` only at the trained-on tokens "
+    "(`train.logits_capacity`; `jax+cap0`: at every position).\n",
+  ]
   if rows:
-    md += ["| model | shape | step | framework | wall median s | wall min s | cpu s | vs torch (median) | "
-           "vs torch per repeat | cpu vs torch | compile s | peak RSS GiB | RSS vs torch | GFLOP/s | % matmul | "
-           "first loss | loss rel diff |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    md += [
+      "| model | shape | step | framework | wall median s | wall min s | cpu s | vs torch (median) | "
+      "vs torch per repeat | cpu vs torch | compile s | peak RSS GiB | RSS vs torch | GFLOP/s | % matmul | "
+      "first loss | loss rel diff |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
       per = r.get("speedup_vs_torch_per_repeat")
       diff = r.get("loss_rel_diff_vs_torch")
       md.append(
-          f"| {r['model']} | {r['shape']} | {r['step']} | {r['framework']} | {r['wall_median_s']:.2f} | "
-          f"{r['wall_min_s']:.2f} | {r['cpu_median_s']:.1f} | {_x(r.get('speedup_vs_torch_median'))} | "
-          f"{' '.join(f'{x:.2f}' for x in per) if per else '-'} | {_x(r.get('cpu_speedup_vs_torch'))} | "
-          f"{r['compile_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {_x(r.get('peak_rss_vs_torch'))} | "
-          f"{r['flop_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul']:.0f}% | {r['first_loss']:.6f} | "
-          f"{'-' if diff is None else f'{diff:.1e}'} |")
+        f"| {r['model']} | {r['shape']} | {r['step']} | {r['framework']} | {r['wall_median_s']:.2f} | "
+        f"{r['wall_min_s']:.2f} | {r['cpu_median_s']:.1f} | {_x(r.get('speedup_vs_torch_median'))} | "
+        f"{' '.join(f'{x:.2f}' for x in per) if per else '-'} | {_x(r.get('cpu_speedup_vs_torch'))} | "
+        f"{r['compile_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {_x(r.get('peak_rss_vs_torch'))} | "
+        f"{r['flop_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul']:.0f}% | {r['first_loss']:.6f} | "
+        f"{'-' if diff is None else f'{diff:.1e}'} |"
+      )
   if demo:
     p = demo["packing"]
-    md += ["", f"## Demo batches: packing ({p['trajectories']} trajectories, {p['useful_tokens']} real tokens)", "",
-           "| layout | rows x T | padding | train step s (median) | useful tok/s |", "|---|---|---|---|---|"]
+    md += [
+      "",
+      f"## Demo batches: packing ({p['trajectories']} trajectories, {p['useful_tokens']} real tokens)",
+      "",
+      "| layout | rows x T | padding | train step s (median) | useful tok/s |",
+      "|---|---|---|---|---|",
+    ]
     for label in ("unpacked", "packed"):
       d = p[label]
-      md.append(f"| {label} | {d['rows']} x {d['row_len']} | {100 * d['padding_fraction']:.0f}% | "
-                f"{d['wall_median_s']:.3f} | {d['useful_tok_s']:.0f} |")
+      md.append(
+        f"| {label} | {d['rows']} x {d['row_len']} | {100 * d['padding_fraction']:.0f}% | "
+        f"{d['wall_median_s']:.3f} | {d['useful_tok_s']:.0f} |"
+      )
     cols = ["rollout", "prepare (old/ref log-probs)", "update", "sync", "eval", "step"]
-    md += ["", "## Demo step-time budget (Trainer metrics, seconds, median over the steps after the first)", "",
-           "| layout | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    md += [
+      "",
+      "## Demo step-time budget (Trainer metrics, seconds, median over the steps after the first)",
+      "",
+      "| layout | " + " | ".join(cols) + " |",
+      "|---|" + "---|" * len(cols),
+    ]
     for label, b in demo["budget"].items():
-      vals = [b.get("time/rollout_s"), b.get("time/prepare_s"),
-              None if "time/train_s" not in b else b["time/train_s"] - b.get("time/prepare_s", 0.0),
-              b.get("time/sync_s"), b.get("time/eval_s"), b.get("time/step_s")]
+      vals = [
+        b.get("time/rollout_s"),
+        b.get("time/prepare_s"),
+        None if "time/train_s" not in b else b["time/train_s"] - b.get("time/prepare_s", 0.0),
+        b.get("time/sync_s"),
+        b.get("time/eval_s"),
+        b.get("time/step_s"),
+      ]
       md.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
   with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
     f.write("\n".join(md) + "\n")
@@ -90,6 +116,7 @@ def merge(stems: list[str], out_stem: str, note: str) -> None:
 
 if __name__ == "__main__":
   import argparse
+
   parser = argparse.ArgumentParser(description="Merge bench_train_step result files into one.")
   parser.add_argument("--merge", required=True, help="comma-separated result stems, in row order")
   parser.add_argument("--out", required=True, help="stem of the merged file")

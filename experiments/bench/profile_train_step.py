@@ -18,6 +18,7 @@ step as the bench and reports:
   not a clock.
 Results: experiments/results/<out>.json + .md (machine named: this is a shared 2-core CPU).
 """
+
 from __future__ import annotations
 
 import collections
@@ -44,13 +45,37 @@ flags.DEFINE_integer("top_gemms", 10, "GEMM shapes (by FLOPs per step) timed in 
 flags.DEFINE_string("hlo_dir", "", "also write each variant's optimized HLO text here")
 
 # Instruction line of HLO text: "  [ROOT] name = shape opcode(operands), attrs"
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w\[\]{},:\s]+?)\s+"
-                    r"(?P<op>[a-z][\w\-]*)\((?P<args>.*)$")
+_INSTR = re.compile(
+  r"^\s*(?:ROOT\s+)?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[\w\[\]{},:\s]+?)\s+"
+  r"(?P<op>[a-z][\w\-]*)\((?P<args>.*)$"
+)
 _ARRAY = re.compile(r"(pred|s8|s16|s32|s64|u8|u16|u32|u64|bf16|f16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4,
-          "s64": 8, "u64": 8, "f64": 8}
-CATEGORIES = ("dot", "copy", "transpose", "reduce", "elementwise", "elementwise+transpose", "gather/scatter/slice",
-              "control", "other")
+_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "s16": 2,
+  "u16": 2,
+  "bf16": 2,
+  "f16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+}
+CATEGORIES = (
+  "dot",
+  "copy",
+  "transpose",
+  "reduce",
+  "elementwise",
+  "elementwise+transpose",
+  "gather/scatter/slice",
+  "control",
+  "other",
+)
 
 
 def _arrays(shape_text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -70,14 +95,20 @@ def parse_hlo(text: str) -> dict[str, dict]:
       continue
     arrays = _arrays(m.group("shape"))
     calls = re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=\{?([\w.\-, ]+)\}?", m.group("args"))
-    current["instrs"].append({
-        "name": m.group("name"), "op": m.group("op"), "dims": [a[1] for a in arrays],
-        "operands": re.findall(r"([\w.\-]+)", m.group("args").split(")", 1)[0]), "args": m.group("args"),
+    current["instrs"].append(
+      {
+        "name": m.group("name"),
+        "op": m.group("op"),
+        "dims": [a[1] for a in arrays],
+        "operands": re.findall(r"([\w.\-]+)", m.group("args").split(")", 1)[0]),
+        "args": m.group("args"),
         "bytes": sum(_BYTES.get(dt, 4) * _prod(d) for dt, d in arrays),
         "calls": [c.strip() for group in calls for c in group.split(",")],
         "kind": (re.search(r"kind=(k\w+)", m.group("args")) or [None, ""])[1],
         # a GEMM XLA hands to a library (YNNPACK / XNNPACK / oneDNN): kCustom fusion or custom-call
-        "library": bool(re.search(r'"kind":"__(ynn|xnn|onednn)|custom_call_target="__onednn', m.group("args")))})
+        "library": bool(re.search(r'"kind":"__(ynn|xnn|onednn)|custom_call_target="__onednn', m.group("args"))),
+      }
+    )
   return comps
 
 
@@ -101,8 +132,14 @@ def dot_signature(comps: dict, instr: dict):
   if len(dot["operands"]) < 2 or any(o not in shapes for o in dot["operands"][:2]):
     return None
   lhs, rhs = shapes[dot["operands"][0]], shapes[dot["operands"][1]]
-  sig = (lhs, rhs, _dims_attr(dot["args"], "lhs_contracting_dims"), _dims_attr(dot["args"], "rhs_contracting_dims"),
-         _dims_attr(dot["args"], "lhs_batch_dims"), _dims_attr(dot["args"], "rhs_batch_dims"))
+  sig = (
+    lhs,
+    rhs,
+    _dims_attr(dot["args"], "lhs_contracting_dims"),
+    _dims_attr(dot["args"], "rhs_contracting_dims"),
+    _dims_attr(dot["args"], "lhs_batch_dims"),
+    _dims_attr(dot["args"], "rhs_batch_dims"),
+  )
   k = _prod(lhs[d] for d in sig[2])
   return sig, 2 * _prod(dot["dims"][0]) * k
 
@@ -116,8 +153,11 @@ def gemm_einsum(sig) -> str:
   for i, j in zip(lc + lb, rc + rb):
     b[j] = a[i]
   b = [x or next(letters) for x in b]
-  out = [a[i] for i in lb] + [a[i] for i in range(len(lhs)) if i not in lc + lb] + \
-        [b[j] for j in range(len(rhs)) if j not in rc + rb]
+  out = (
+    [a[i] for i in lb]
+    + [a[i] for i in range(len(lhs)) if i not in lc + lb]
+    + [b[j] for j in range(len(rhs)) if j not in rc + rb]
+  )
   return f"{''.join(a)},{''.join(b)}->{''.join(out)}"
 
 
@@ -128,6 +168,7 @@ def time_gemms(sigs: list, reps: int = 3) -> list[dict]:
   import jax.numpy as jnp
   import numpy as np
   import torch
+
   torch.set_num_threads(os.cpu_count())
   out = []
   for sig, flops in sigs:
@@ -147,8 +188,15 @@ def time_gemms(sigs: list, reps: int = 3) -> list[dict]:
       t0 = time.perf_counter()
       torch.einsum(spec, ta, tb)
       best["torch"] = min(best["torch"], time.perf_counter() - t0)
-    out.append({"einsum": spec, "lhs": list(sig[0]), "rhs": list(sig[1]),
-                "jax_gflops": flops / best["jax"] / 1e9, "torch_gflops": flops / best["torch"] / 1e9})
+    out.append(
+      {
+        "einsum": spec,
+        "lhs": list(sig[0]),
+        "rhs": list(sig[1]),
+        "jax_gflops": flops / best["jax"] / 1e9,
+        "torch_gflops": flops / best["torch"] / 1e9,
+      }
+    )
   return out
 
 
@@ -170,8 +218,22 @@ def _fusion_category(comps: dict, name: str) -> str:
     return "gather/scatter/slice"
   if ops <= {"parameter", "transpose", "copy", "bitcast", "reshape", "broadcast", "constant"} and "transpose" in ops:
     return "transpose"
-  if ops <= {"parameter", "copy", "bitcast", "reshape", "broadcast", "slice", "concatenate", "tuple",
-             "get-tuple-element", "constant"} and "copy" in ops:
+  if (
+    ops
+    <= {
+      "parameter",
+      "copy",
+      "bitcast",
+      "reshape",
+      "broadcast",
+      "slice",
+      "concatenate",
+      "tuple",
+      "get-tuple-element",
+      "constant",
+    }
+    and "copy" in ops
+  ):
     return "copy"
   if "transpose" in ops or "copy" in ops:  # elementwise work written out in another layout
     return "elementwise+transpose"
@@ -205,11 +267,35 @@ def categorize(comps: dict, param_shapes: set) -> dict[str, dict]:
       elif op in ("while", "call", "conditional"):
         cat = "control"
       else:
-        cat = "elementwise" if op in ("add", "multiply", "subtract", "divide", "select", "exponential", "maximum",
-                                      "minimum", "negate", "compare", "convert", "broadcast", "iota", "log") else "other"
+        cat = (
+          "elementwise"
+          if op
+          in (
+            "add",
+            "multiply",
+            "subtract",
+            "divide",
+            "select",
+            "exponential",
+            "maximum",
+            "minimum",
+            "negate",
+            "compare",
+            "convert",
+            "broadcast",
+            "iota",
+            "log",
+          )
+          else "other"
+        )
       weights = bool(i["dims"]) and all(tuple(d) in param_shapes for d in i["dims"])
-      out[i["name"]] = {"category": cat, "weights": weights, "bytes": i["bytes"], "op": op,
-                        "shape": i["dims"][0] if len(i["dims"]) == 1 else i["dims"]}
+      out[i["name"]] = {
+        "category": cat,
+        "weights": weights,
+        "bytes": i["bytes"],
+        "op": op,
+        "shape": i["dims"][0] if len(i["dims"]) == 1 else i["dims"],
+      }
   return out
 
 
@@ -219,7 +305,7 @@ def hlo_counts(ops: dict) -> dict:
   for o in ops.values():
     key = f"{o['category']}/{'weights' if o['weights'] else 'activations'}"
     table[key]["count"] += 1
-    table[key]["gib"] += o["bytes"] / 2 ** 30
+    table[key]["gib"] += o["bytes"] / 2**30
   return dict(sorted(table.items()))
 
 
@@ -242,15 +328,22 @@ def trace_times(trace_dir: str, ops: dict) -> tuple[dict, list, float, dict]:
     o = ops[name]
     if o["category"] != "control":  # a while thunk's time includes its body's thunks
       by_cat[f"{o['category']}/{'weights' if o['weights'] else 'activations'}"] += sec
-  top = sorted(((n, s, c, ops[n]["category"], ops[n]["shape"]) for n, (s, c) in per_op.items()
-                if ops[n]["category"] != "control"), key=lambda r: -r[1])
-  return (dict(sorted(by_cat.items(), key=lambda kv: -kv[1])), top, sum(by_cat.values()),
-          {n: c for n, (_, c) in per_op.items()})
+  top = sorted(
+    ((n, s, c, ops[n]["category"], ops[n]["shape"]) for n, (s, c) in per_op.items() if ops[n]["category"] != "control"),
+    key=lambda r: -r[1],
+  )
+  return (
+    dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+    top,
+    sum(by_cat.values()),
+    {n: c for n, (_, c) in per_op.items()},
+  )
 
 
 def profile_variant(name: str, shape: str, framework: str) -> dict:
   import jax
   from flax import nnx
+
   b, t = (int(x) for x in shape.split("x"))
   variant = framework.split("+", 1)[1] if "+" in framework else ""
   if bench.parse_variant(variant)[2]:
@@ -262,8 +355,11 @@ def profile_variant(name: str, shape: str, framework: str) -> dict:
   compiled = fn.lower(state, runner.mb).compile()
   compile_s = time.perf_counter() - t0
   params = state.params if hasattr(state, "params") else state
-  param_shapes = {tuple(x.shape) for x in jax.tree.leaves(nnx.state(params) if isinstance(params, nnx.Module) else params)
-                  if hasattr(x, "shape") and len(x.shape) >= 2}
+  param_shapes = {
+    tuple(x.shape)
+    for x in jax.tree.leaves(nnx.state(params) if isinstance(params, nnx.Module) else params)
+    if hasattr(x, "shape") and len(x.shape) >= 2
+  }
   param_shapes |= {s[::-1] for s in param_shapes}
   text = compiled.as_text()
   if FLAGS.hlo_dir:
@@ -303,54 +399,92 @@ def profile_variant(name: str, shape: str, framework: str) -> dict:
         g["count"] += n
         g["executor"].add("library" if i["library"] else "xla")
   total_flops = sum(g["flops"] for g in gemms.values())
-  biggest = sorted(gemms.items(), key=lambda kv: -kv[1]["flops"])[:FLAGS.top_gemms]
+  biggest = sorted(gemms.items(), key=lambda kv: -kv[1]["flops"])[: FLAGS.top_gemms]
   rates = time_gemms([(sig, g["flops"] / g["count"]) for sig, g in biggest])
-  gemm_rows = [{**r, "calls_per_step": g["count"], "gflop_per_step": g["flops"] / 1e9,
-                "executor": "+".join(sorted(g["executor"]))} for (sig, g), r in zip(biggest, rates)]
-  return {"model": name, "shape": shape, "framework": framework, "step": step, "compile_s": compile_s,
-          "wall_s": walls, "loss": float(m["actor/pg_loss"]),
-          "hlo_counts": hlo_counts(ops),
-          "cost_flops": float(cost.get("flops", 0)), "cost_bytes_accessed": float(cost.get("bytes accessed", 0)),
-          "temp_gib": mem.temp_size_in_bytes / 2 ** 30 if mem else None,
-          "thunk_s_per_step": {k: v / reps for k, v in by_cat.items()}, "thunk_total_s_per_step": total / reps,
-          "gemm_gflop_per_step": total_flops / 1e9, "gemms": gemm_rows,
-          "top_ops": [{"name": n, "s_per_step": s / reps, "calls_per_step": c / reps, "category": cat, "shape": shp}
-                      for n, s, c, cat, shp in top[:FLAGS.top]]}
+  gemm_rows = [
+    {**r, "calls_per_step": g["count"], "gflop_per_step": g["flops"] / 1e9, "executor": "+".join(sorted(g["executor"]))}
+    for (sig, g), r in zip(biggest, rates)
+  ]
+  return {
+    "model": name,
+    "shape": shape,
+    "framework": framework,
+    "step": step,
+    "compile_s": compile_s,
+    "wall_s": walls,
+    "loss": float(m["actor/pg_loss"]),
+    "hlo_counts": hlo_counts(ops),
+    "cost_flops": float(cost.get("flops", 0)),
+    "cost_bytes_accessed": float(cost.get("bytes accessed", 0)),
+    "temp_gib": mem.temp_size_in_bytes / 2**30 if mem else None,
+    "thunk_s_per_step": {k: v / reps for k, v in by_cat.items()},
+    "thunk_total_s_per_step": total / reps,
+    "gemm_gflop_per_step": total_flops / 1e9,
+    "gemms": gemm_rows,
+    "top_ops": [
+      {"name": n, "s_per_step": s / reps, "calls_per_step": c / reps, "category": cat, "shape": shp}
+      for n, s, c, cat, shp in top[: FLAGS.top]
+    ],
+  }
 
 
 def write(rows: list[dict], machine: dict) -> None:
   root = RESULTS_DIR
   with open(os.path.join(root, FLAGS.profile_out + ".json"), "w") as f:
-    json.dump({"machine": machine, "flags": {"models": FLAGS.models, "shapes": FLAGS.shapes,
-                                             "frameworks": FLAGS.frameworks, "steps": FLAGS.steps,
-                                             "num_layers": FLAGS.num_layers, "repeats": FLAGS.repeats},
-               "rows": rows}, f, indent=1)
-  md = [f"# Train-step profile (compiled step, by op category)\n\nMachine: {machine['note']} ({machine['cpu']}); "
-        f"load average {machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Thunk seconds are sums "
-        f"of `jax.profiler` trace events per step (XLA:CPU runs independent thunks on both cores at once, so "
-        f"they can exceed the wall). 'weights' = results shaped like a parameter (or its transpose). GEMMs "
-        f"that XLA runs itself (executor `xla`, plain `dot` thunks, e.g. the weight gradients with a transposed "
-        f"operand) run on its thread pool after their trace event closes, so their time is missing from the "
-        f"thunk sums (`dot/weights` is mostly those); the GEMM table times every large GEMM alone instead.\n"]
+    json.dump(
+      {
+        "machine": machine,
+        "flags": {
+          "models": FLAGS.models,
+          "shapes": FLAGS.shapes,
+          "frameworks": FLAGS.frameworks,
+          "steps": FLAGS.steps,
+          "num_layers": FLAGS.num_layers,
+          "repeats": FLAGS.repeats,
+        },
+        "rows": rows,
+      },
+      f,
+      indent=1,
+    )
+  md = [
+    f"# Train-step profile (compiled step, by op category)\n\nMachine: {machine['note']} ({machine['cpu']}); "
+    f"load average {machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Thunk seconds are sums "
+    f"of `jax.profiler` trace events per step (XLA:CPU runs independent thunks on both cores at once, so "
+    f"they can exceed the wall). 'weights' = results shaped like a parameter (or its transpose). GEMMs "
+    f"that XLA runs itself (executor `xla`, plain `dot` thunks, e.g. the weight gradients with a transposed "
+    f"operand) run on its thread pool after their trace event closes, so their time is missing from the "
+    f"thunk sums (`dot/weights` is mostly those); the GEMM table times every large GEMM alone instead.\n"
+  ]
   for r in rows:
-    md.append(f"\n## {r['model']} ({FLAGS.num_layers or 'all'} layers) {r['shape']} {r['step']} step, `{r['framework']}`\n\n"
-              f"wall per step {', '.join(f'{w:.2f}' for w in r['wall_s'])} s; thunk sum {r['thunk_total_s_per_step']:.2f} s; "
-              f"compile {r['compile_s']:.0f} s; XLA temporaries {r['temp_gib']:.2f} GiB; cost analysis "
-              f"{r['cost_flops'] / 1e9:.0f} GFLOP, {r['cost_bytes_accessed'] / 2 ** 30:.1f} GiB accessed; loss {r['loss']:.6f}\n")
+    md.append(
+      f"\n## {r['model']} ({FLAGS.num_layers or 'all'} layers) {r['shape']} {r['step']} step, `{r['framework']}`\n\n"
+      f"wall per step {', '.join(f'{w:.2f}' for w in r['wall_s'])} s; thunk sum {r['thunk_total_s_per_step']:.2f} s; "
+      f"compile {r['compile_s']:.0f} s; XLA temporaries {r['temp_gib']:.2f} GiB; cost analysis "
+      f"{r['cost_flops'] / 1e9:.0f} GFLOP, {r['cost_bytes_accessed'] / 2**30:.1f} GiB accessed; loss {r['loss']:.6f}\n"
+    )
     md.append("| category | thunk s/step | % of thunk time | HLO ops | result GiB |\n|---|---|---|---|---|")
     keys = sorted(set(r["thunk_s_per_step"]) | set(r["hlo_counts"]), key=lambda k: -r["thunk_s_per_step"].get(k, 0))
     for k in keys:
       s = r["thunk_s_per_step"].get(k, 0.0)
       c = r["hlo_counts"].get(k, {"count": 0, "gib": 0.0})
-      md.append(f"| {k} | {s:.3f} | {100 * s / max(r['thunk_total_s_per_step'], 1e-12):.1f}% | {c['count']} | {c['gib']:.2f} |")
-    md.append(f"\nGEMMs: {r['gemm_gflop_per_step']:.0f} GFLOP per step. The largest, each timed alone as `jnp.einsum` "
-              "(jitted) and `torch.einsum` on the same shapes in this process (interleaved, best of 3):\n")
-    md.append("| einsum | lhs | rhs | executor in the step | calls/step | GFLOP/step | JAX GFLOP/s | torch GFLOP/s | JAX/torch |\n"
-              "|---|---|---|---|---|---|---|---|---|")
+      md.append(
+        f"| {k} | {s:.3f} | {100 * s / max(r['thunk_total_s_per_step'], 1e-12):.1f}% | {c['count']} | {c['gib']:.2f} |"
+      )
+    md.append(
+      f"\nGEMMs: {r['gemm_gflop_per_step']:.0f} GFLOP per step. The largest, each timed alone as `jnp.einsum` "
+      "(jitted) and `torch.einsum` on the same shapes in this process (interleaved, best of 3):\n"
+    )
+    md.append(
+      "| einsum | lhs | rhs | executor in the step | calls/step | GFLOP/step | JAX GFLOP/s | torch GFLOP/s | JAX/torch |\n"
+      "|---|---|---|---|---|---|---|---|---|"
+    )
     for g in r["gemms"]:
-      md.append(f"| {g['einsum']} | {g['lhs']} | {g['rhs']} | {g['executor']} | {g['calls_per_step']:.0f} | "
-                f"{g['gflop_per_step']:.1f} | {g['jax_gflops']:.1f} | {g['torch_gflops']:.1f} | "
-                f"{g['jax_gflops'] / g['torch_gflops']:.2f} |")
+      md.append(
+        f"| {g['einsum']} | {g['lhs']} | {g['rhs']} | {g['executor']} | {g['calls_per_step']:.0f} | "
+        f"{g['gflop_per_step']:.1f} | {g['jax_gflops']:.1f} | {g['torch_gflops']:.1f} | "
+        f"{g['jax_gflops'] / g['torch_gflops']:.2f} |"
+      )
     md.append("\n| top op | category | shape | s/step | calls/step |\n|---|---|---|---|---|")
     for o in r["top_ops"]:
       md.append(f"| {o['name']} | {o['category']} | {o['shape']} | {o['s_per_step']:.3f} | {o['calls_per_step']:.0f} |")
@@ -370,10 +504,18 @@ def main(argv):
           continue
         rows.append(profile_variant(name, shape, fw))
         r = rows[-1]
-        print(f"{name} {shape} {fw}: wall {r['wall_s']}, thunks {r['thunk_total_s_per_step']:.2f} s "
-              f"{json.dumps({k: round(v, 3) for k, v in r['thunk_s_per_step'].items()})}", flush=True)
-  machine = {"cpus": os.cpu_count(), "cpu": cpu_name(), "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-             "note": load_note(load_start[0])}
+        print(
+          f"{name} {shape} {fw}: wall {r['wall_s']}, thunks {r['thunk_total_s_per_step']:.2f} s "
+          f"{json.dumps({k: round(v, 3) for k, v in r['thunk_s_per_step'].items()})}",
+          flush=True,
+        )
+  machine = {
+    "cpus": os.cpu_count(),
+    "cpu": cpu_name(),
+    "load_avg_start": load_start,
+    "load_avg_end": os.getloadavg(),
+    "note": load_note(load_start[0]),
+  }
   write(rows, machine)
 
 

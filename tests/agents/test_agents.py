@@ -1,4 +1,5 @@
 """ReactAgent and CodeAgent rollouts with scripted model text; agent construction errors."""
+
 import numpy as np
 import pytest
 
@@ -17,20 +18,27 @@ def _turn_script(template, turns, eot):
   def script(prompt_ids):
     k = tok.decode(prompt_ids).count(marker) - 1
     return tok.encode(turns[min(k, len(turns) - 1)] + eot)
+
   return script
 
 
 @pytest.mark.parametrize("template, eot", [("qwen2.5", "<|im_end|>"), ("llama3", "<|eot_id|>")])
 def test_react_agent_rollout(template, eot):
-  agent = ReactAgent(tokenizer_dir(template), tools=[calculator], reward_fn=numeric_match,
-                     system_prompt="Be careful.", template_kwargs={"date_string": "01 Jan 2025"})
-  turns = ["Thought: multiply\nAction: calculator\nAction Input: 6 * 7",
-           'Thought: check\nAction: calculator\nAction Input: {"expression": "42 + 0"}',
-           "Thought: I know\nAction: search\nAction Input: {}",
-           "Thought: done\nFinal Answer: 42"]
+  agent = ReactAgent(
+    tokenizer_dir(template),
+    tools=[calculator],
+    reward_fn=numeric_match,
+    system_prompt="Be careful.",
+    template_kwargs={"date_string": "01 Jan 2025"},
+  )
+  turns = [
+    "Thought: multiply\nAction: calculator\nAction Input: 6 * 7",
+    'Thought: check\nAction: calculator\nAction Input: {"expression": "42 + 0"}',
+    "Thought: I know\nAction: search\nAction Input: {}",
+    "Thought: done\nFinal Answer: 42",
+  ]
   sampler = ScriptedSampler(_turn_script(template, turns, eot))
-  [t] = run_rollout(agent, [{"question": "What is 6*7?", "answer": "42"}], sampler=sampler,
-                    max_turns=6)
+  [t] = run_rollout(agent, [{"question": "What is 6*7?", "answer": "42"}], sampler=sampler, max_turns=6)
   assert t.finish_reason == "final_answer" and t.prediction == "42" and t.reward == 1.0
   assert [c["observation"] for c in t.tool_calls] == ["42", "42", t.tool_calls[2]["observation"]]
   assert "unknown tool 'search'" in t.tool_calls[2]["observation"]
@@ -56,6 +64,7 @@ def test_code_agent_with_a_local_code_tool():
     """
     import contextlib
     import io
+
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
       exec(code, namespace)
@@ -66,8 +75,11 @@ def test_code_agent_with_a_local_code_tool():
     return float(any(m["content"] == "Observation:\n42\n" for m in trajectory))
 
   agent = CodeAgent(tokenizer_dir("qwen2.5"), tools=[python], reward_fn=printed_42)
-  turns = ["Let me compute.\n```python\nx = 6 * 7\n```\n```python\nprint(x)\n```",
-           "```python\nprint(undefined_name)\n```", "Final Answer: 42"]
+  turns = [
+    "Let me compute.\n```python\nx = 6 * 7\n```\n```python\nprint(x)\n```",
+    "```python\nprint(undefined_name)\n```",
+    "Final Answer: 42",
+  ]
   sampler = ScriptedSampler(_turn_script("qwen2.5", turns, "<|im_end|>"))
   [t] = run_rollout(agent, [{"question": "6*7?"}], sampler=sampler, max_turns=5)
   assert t.finish_reason == "final_answer" and t.prediction == "42" and t.reward == 1.0
@@ -130,13 +142,11 @@ def test_task_env_first_observation_reaches_the_prompt():
     return f"Still in the {env.row['room']}."
 
   provider = LocalEnvProvider({"room": Room})
-  agent = ToolCallAgent(tokenizer_dir("qwen2.5"), tools=[look], task_env="room",
-                        env_provider=provider)
-  sampler = ScriptedSampler(_turn_script(
-      "qwen2.5", ['<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call>', "bye"],
-      "<|im_end|>"))
-  [t] = run_rollout(agent, [{"question": "Explore.", "room": "kitchen"}], sampler=sampler,
-                    max_turns=3)
+  agent = ToolCallAgent(tokenizer_dir("qwen2.5"), tools=[look], task_env="room", env_provider=provider)
+  sampler = ScriptedSampler(
+    _turn_script("qwen2.5", ['<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call>', "bye"], "<|im_end|>")
+  )
+  [t] = run_rollout(agent, [{"question": "Explore.", "room": "kitchen"}], sampler=sampler, max_turns=3)
   assert t.messages[0] == {"role": "user", "content": "Explore.\n\nYou are in the kitchen."}
   assert t.tool_calls[0]["observation"] == "Still in the kitchen."
   assert provider.num_created == 1 and provider.num_released == 1

@@ -3,6 +3,7 @@ the built-in agent's trajectories token for token; edited histories start new se
 requests get OpenAI-style errors naming the field and disturb no chain; 256 chains at once keep
 their own token records. (Real hypercorn server on loopback, real openai / httpx clients; the
 fast scripted sampler here, the JAX sampler in test_agents_endpoint_jax.py.)"""
+
 import json
 import os
 
@@ -39,6 +40,7 @@ def lookup_script(tok):
   def script(prompt_ids):
     reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
     return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
+
   return script
 
 
@@ -54,18 +56,19 @@ def test_openai_sdk_agent_gets_the_builtin_agents_trajectories(tok, agent):
     np.testing.assert_array_equal(b.sampler_logprobs, a.sampler_logprobs)
     assert (b.group_id, b.chain_id, b.num_turns) == (a.group_id, a.chain_id, a.num_turns) == (b.group_id, b.chain_id, 2)
     assert b.reward == a.reward == 1.0 and b.finish_reason == "agent_done"
-    assert [(c["name"], c["arguments"], c["ok"]) for c in b.tool_calls] == \
-        [(c["name"], c["arguments"], c["ok"]) for c in a.tool_calls]
+    assert [(c["name"], c["arguments"], c["ok"]) for c in b.tool_calls] == [
+      (c["name"], c["arguments"], c["ok"]) for c in a.tool_calls
+    ]
     assert_segment_is_sampler_output(b, sampler.calls)
 
 
 async def _edited_history_agent(client, row):
   """Calls the tool, then re-asks with the tool result pasted into the user message (an edited
   history: the first turn is gone)."""
-  messages = [{"role": "system", "content": lookup.SYSTEM_PROMPT},
-              {"role": "user", "content": row["question"]}]
-  first = (await client.chat.completions.create(model="policy", messages=messages,
-                                                tools=[LOOKUP_SCHEMA])).choices[0].message
+  messages = [{"role": "system", "content": lookup.SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
+  first = (
+    (await client.chat.completions.create(model="policy", messages=messages, tools=[LOOKUP_SCHEMA])).choices[0].message
+  )
   call = first.tool_calls[0]
   observation = await lookup.lookup.acall(**json.loads(call.function.arguments))
   messages[1] = {"role": "user", "content": f"{row['question']}\n<tool_response>\n{observation}\n</tool_response>"}
@@ -82,31 +85,38 @@ def test_edited_history_starts_a_new_segment_masks_cover_only_completions(tok, a
     assert t.num_turns == 1 and t.reward == 1.0  # the answer of segment 1 is right
     assert_segment_is_sampler_output(t, sampler.calls)
     # the segment is a fresh rendering of that request + exactly the sampled completion
-    assert t.token_ids[:t.prompt_length].tolist() == tok.encode(agent.render(
-        t.messages[:-1], None, add_generation_prompt=True))
-    assert not t.action_mask[:t.prompt_length].any() and t.action_mask[t.prompt_length:].all()
+    assert t.token_ids[: t.prompt_length].tolist() == tok.encode(
+      agent.render(t.messages[:-1], None, add_generation_prompt=True)
+    )
+    assert not t.action_mask[: t.prompt_length].any() and t.action_mask[t.prompt_length :].all()
 
 
 async def _two_choice_agent(client, row):
   messages = [{"role": "user", "content": row["question"]}]
-  reply = await client.chat.completions.create(model="policy", messages=messages, n=2,
-                                               tools=[LOOKUP_SCHEMA])
+  reply = await client.chat.completions.create(model="policy", messages=messages, n=2, tools=[LOOKUP_SCHEMA])
   assert len(reply.choices) == 2
   second = reply.choices[1].message  # continue the second choice: the first stays a segment
-  messages += [second.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": second.tool_calls[0].id,
-                "content": await lookup.lookup.acall(**json.loads(second.tool_calls[0].function.arguments))}]
-  return (await client.chat.completions.create(model="policy", messages=messages,
-                                               tools=[LOOKUP_SCHEMA])).choices[0].message.content
+  messages += [
+    second.model_dump(exclude_none=True),
+    {
+      "role": "tool",
+      "tool_call_id": second.tool_calls[0].id,
+      "content": await lookup.lookup.acall(**json.loads(second.tool_calls[0].function.arguments)),
+    },
+  ]
+  return (
+    (await client.chat.completions.create(model="policy", messages=messages, tools=[LOOKUP_SCHEMA]))
+    .choices[0]
+    .message.content
+  )
 
 
 def test_n_choices_fork_segments(tok, agent):
   sampler = ScriptedSampler(lookup_script(tok))
-  trajs = run_endpoint_rollout(agent, lookup.make_rows(1, seed=1), _two_choice_agent,
-                               sampler=sampler, max_n=2)
+  trajs = run_endpoint_rollout(agent, lookup.make_rows(1, seed=1), _two_choice_agent, sampler=sampler, max_n=2)
   assert [(t.segment, t.num_turns) for t in trajs] == [(0, 1), (1, 2)]
   assert trajs[0].prompt_length == trajs[1].prompt_length
-  assert trajs[0].token_ids[:trajs[0].prompt_length].tolist() == trajs[1].token_ids[:trajs[1].prompt_length].tolist()
+  assert trajs[0].token_ids[: trajs[0].prompt_length].tolist() == trajs[1].token_ids[: trajs[1].prompt_length].tolist()
   for t in trajs:
     assert_segment_is_sampler_output(t, sampler.calls)
   assert trajs[1].reward == 1.0
@@ -114,32 +124,42 @@ def test_n_choices_fork_segments(tok, agent):
 
 # --------------------------------------------------------------------------- bad requests
 def _good_body(question="Find the code of key \"fox\"."):
-  return {"model": "policy", "messages": [{"role": "user", "content": question}],
-          "tools": [LOOKUP_SCHEMA]}
+  return {"model": "policy", "messages": [{"role": "user", "content": question}], "tools": [LOOKUP_SCHEMA]}
 
 
 BAD_REQUESTS = [
-    ("malformed JSON", b'{"model": "policy", "messages": [', 400, "not valid JSON"),
-    ("unknown model", dict(_good_body(), model="gpt-9"), 404, "model: 'gpt-9' does not exist"),
-    ("unrenderable messages", dict(_good_body(), messages=[{"role": "wizard", "content": "x"}]),
-     400, "messages: the chat template cannot render them: TemplateError: Unknown message role: wizard"),
-    ("no role", dict(_good_body(), messages=[{"content": "x"}]), 400, "messages[0].role must be"),
-    ("image content", dict(_good_body(), messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages[0].content[0]"),
-    ("n over the limit", dict(_good_body(), n=3), 400, "n=3 is over this run's limit"),
-    ("max_tokens over the limit", dict(_good_body(), max_tokens=10_000), 400,
-     "max_tokens=10000 is over this run's limit"),
-    ("bad temperature", dict(_good_body(), temperature="hot"), 400, "temperature must be"),
-    ("bad tools", dict(_good_body(), tools=[{"type": "function"}]), 400, "tools[0]"),
-    ("bad tool_choice", dict(_good_body(), tool_choice="always"), 400, "tool_choice must be"),
+  ("malformed JSON", b'{"model": "policy", "messages": [', 400, "not valid JSON"),
+  ("unknown model", dict(_good_body(), model="gpt-9"), 404, "model: 'gpt-9' does not exist"),
+  (
+    "unrenderable messages",
+    dict(_good_body(), messages=[{"role": "wizard", "content": "x"}]),
+    400,
+    "messages: the chat template cannot render them: TemplateError: Unknown message role: wizard",
+  ),
+  ("no role", dict(_good_body(), messages=[{"content": "x"}]), 400, "messages[0].role must be"),
+  (
+    "image content",
+    dict(_good_body(), messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+    400,
+    "messages[0].content[0]",
+  ),
+  ("n over the limit", dict(_good_body(), n=3), 400, "n=3 is over this run's limit"),
+  (
+    "max_tokens over the limit",
+    dict(_good_body(), max_tokens=10_000),
+    400,
+    "max_tokens=10000 is over this run's limit",
+  ),
+  ("bad temperature", dict(_good_body(), temperature="hot"), 400, "temperature must be"),
+  ("bad tools", dict(_good_body(), tools=[{"type": "function"}]), 400, "tools[0]"),
+  ("bad tool_choice", dict(_good_body(), tool_choice="always"), 400, "tool_choice must be"),
 ]
 
 
 @pytest.mark.trio
 async def test_bad_requests_get_openai_errors_naming_the_field_and_disturb_no_chain(tok, agent):
   sampler = ScriptedSampler(lookup_script(tok), delay_s=0.01)
-  endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=64, max_total_tokens=512, max_n=2,
-                          max_turns=3)
+  endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=64, max_total_tokens=512, max_n=2, max_turns=3)
   good = endpoint.open_chain(0, 0)
   bad = endpoint.open_chain(1, 0)
   async with serve_endpoint(endpoint) as base_url:
@@ -152,19 +172,24 @@ async def test_bad_requests_get_openai_errors_naming_the_field_and_disturb_no_ch
 
         async def good_turn():
           results["good"] = await client.chat.completions.create(**_good_body('Find the code of key "owl".'))
+
         nursery.start_soon(good_turn)
         for label, body, status, message in BAD_REQUESTS:
           content = body if isinstance(body, bytes) else json.dumps(body).encode()
-          r = await http.post("/chat/completions", content=content,
-                              headers={"Authorization": f"Bearer {bad}", "Content-Type": "application/json"})
+          r = await http.post(
+            "/chat/completions",
+            content=content,
+            headers={"Authorization": f"Bearer {bad}", "Content-Type": "application/json"},
+          )
           assert r.status_code == status, (label, r.text)
           error = r.json()["error"]
           assert message in error["message"], (label, error)
           assert set(error) == {"message", "type", "param", "code"}
       # the SDK raises the matching exception classes
       with pytest.raises(openai.AuthenticationError, match="unknown chain key"):
-        await openai.AsyncOpenAI(base_url=base_url, api_key="sk-nope", max_retries=0,
-                                 http_client=http).chat.completions.create(**_good_body())
+        await openai.AsyncOpenAI(
+          base_url=base_url, api_key="sk-nope", max_retries=0, http_client=http
+        ).chat.completions.create(**_good_body())
       with pytest.raises(openai.NotFoundError, match="model"):
         await client.chat.completions.create(**dict(_good_body(), model="gpt-9"))
       with pytest.raises(openai.BadRequestError, match="context"):
@@ -186,16 +211,19 @@ async def test_bad_requests_get_openai_errors_naming_the_field_and_disturb_no_ch
 
 def _as_traj(seg):
   from agentfly_jax.agents import Trajectory
+
   return Trajectory(token_ids=seg.ids, action_mask=seg.mask, sampler_logprobs=seg.logps)
 
 
 # --------------------------------------------------------------------------- 256 chains
 def test_256_chains_at_once_every_request_answered_no_record_mixed_up(tok, agent):
-  rows = [{"question": f'Find the code of key "{k}". {tag}', "key": k, "answer": lookup.secret_code(k)}
-          for tag in lookup.WORDS[:4] for k in lookup.KEYS]  # 256 different prompts, 1 chain each
+  rows = [
+    {"question": f'Find the code of key "{k}". {tag}', "key": k, "answer": lookup.secret_code(k)}
+    for tag in lookup.WORDS[:4]
+    for k in lookup.KEYS
+  ]  # 256 different prompts, 1 chain each
   sampler = ScriptedSampler(lookup_script(tok), delay_s=0.05)  # concurrent turns overlap
-  trajs = run_endpoint_rollout(agent, rows, openai_lookup_agent, sampler=sampler, num_chains=1,
-                               concurrency=256)
+  trajs = run_endpoint_rollout(agent, rows, openai_lookup_agent, sampler=sampler, num_chains=1, concurrency=256)
   assert len(trajs) == 256 and len(sampler.calls) == 512
   for t in trajs:
     assert t.error is None and t.finish_reason == "agent_done" and t.reward == 1.0, t
@@ -204,8 +232,9 @@ def test_256_chains_at_once_every_request_answered_no_record_mixed_up(tok, agent
     assert t.row["question"] in text and text.count(f'"{key}"') == 2  # its own row's question
     assert f"The code is {t.row['answer']}." in text
     assert_segment_is_sampler_output(t, sampler.calls)
-    assert scripted_logprob(t.prompt_length, 0, int(t.token_ids[t.prompt_length])) == \
-        pytest.approx(float(t.sampler_logprobs[t.prompt_length]))
+    assert scripted_logprob(t.prompt_length, 0, int(t.token_ids[t.prompt_length])) == pytest.approx(
+      float(t.sampler_logprobs[t.prompt_length])
+    )
 
 
 # --------------------------------------------------------------------------- gathering a turn
@@ -230,8 +259,9 @@ def test_gather_lets_a_turns_requests_reach_the_sampler_together(tok, agent, gat
     sent.append(trio.current_time())
     return await openai_lookup_agent(client, row)
 
-  rows = [{"question": f'Find the code of key "{k}".', "key": k, "answer": lookup.secret_code(k)}
-          for k in lookup.KEYS[:16]]
+  rows = [
+    {"question": f'Find the code of key "{k}".', "key": k, "answer": lookup.secret_code(k)} for k in lookup.KEYS[:16]
+  ]
   sampler = _ArrivalSampler(lookup_script(tok))
   trajs = run_endpoint_rollout(agent, rows, late_agent, sampler=sampler, gather_s=gather_s)
   assert all(t.reward == 1.0 for t in trajs)
@@ -247,15 +277,19 @@ def _not_async(client, row):
   return "x"
 
 
-@pytest.mark.parametrize("spec, message", [
+@pytest.mark.parametrize(
+  "spec, message",
+  [
     ("agentfly_jax.tasks.lookup_agent:run", None),
     ("test_agents_endpoint:_not_async", "must be an async function run\\(client, row\\)"),
     ("agentfly_jax.tasks.lookup_agent:nope", "has no attribute 'nope'"),
     ("no_such_module_xyz:run", "does not import"),
-])
+  ],
+)
 def test_config_task_agent_is_checked_before_anything_is_built(spec, message):
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.tasks.from_config import build_task, set_custom_task
+
   config = set_custom_task(default_config(), module="agentfly_jax.tasks.lookup", agent=spec)
   if message is None:
     assert build_task(config).agent_fn is openai_lookup_agent
@@ -266,6 +300,7 @@ def test_config_task_agent_is_checked_before_anything_is_built(spec, message):
 
 def test_task_agent_fn_must_be_async():
   from agentfly_jax.tasks import Task
+
   with pytest.raises(ValueError, match="Task.agent_fn must be an async function"):
     Task(reward=lookup.code_match, rows=lookup.make_rows(2, 0), agent_fn=_not_async)
   with pytest.raises(ValueError, match="Task.reward is missing"):
@@ -277,8 +312,7 @@ async def _endless_agent(client, row):  # never stops asking: refused at max_tur
   messages = [{"role": "user", "content": row["question"]}]
   while True:
     reply = await client.chat.completions.create(model="policy", messages=messages)
-    messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "user", "content": "again"}]
+    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
 
 
 async def _crashing_agent(client, row):
@@ -291,9 +325,14 @@ async def _sleepy_agent(client, row):
   await trio.sleep(30)
 
 
-@pytest.mark.parametrize("agent_fn, finish, error, turns", [
-    (_endless_agent, "max_turns", None, 3), (_crashing_agent, "error", "RuntimeError: the agent's own bug", 1),
-    (_sleepy_agent, "timeout", None, 1)])
+@pytest.mark.parametrize(
+  "agent_fn, finish, error, turns",
+  [
+    (_endless_agent, "max_turns", None, 3),
+    (_crashing_agent, "error", "RuntimeError: the agent's own bug", 1),
+    (_sleepy_agent, "timeout", None, 1),
+  ],
+)
 def test_chain_endings_keep_the_tokens_and_name_the_reason(tok, agent, agent_fn, finish, error, turns):
   eot = tok.token_to_id("<|im_end|>")
   sampler = ScriptedSampler(lambda prompt: tok.encode(lookup.answer_text("amber")) + [eot])

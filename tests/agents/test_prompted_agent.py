@@ -1,6 +1,7 @@
 """PromptedToolCallAgent: the tool schema goes into the system prompt (for templates that ignore
 `tools`), a worked example sits between it and the question, calls parse in both formats, and the
 rollout's observation text renders as a user message."""
+
 import json
 
 import pytest
@@ -24,12 +25,17 @@ def test_schema_in_system_prompt_example_and_parse(fmt):
   [call] = agent.parse(example_call).tool_calls
   assert (call.name, call.arguments) == ("calculator", {"expression": "12 * 34"})
   # the model's raw text is the assistant content; tool output comes back as a user message
-  assert agent.assistant_message(example_call, agent.parse(example_call)) == {"role": "assistant",
-                                                                              "content": example_call}
+  assert agent.assistant_message(example_call, agent.parse(example_call)) == {
+    "role": "assistant",
+    "content": example_call,
+  }
   from agentfly_jax.tools.tool import ToolOutput
+
   [obs] = agent.observation_messages([(call, ToolOutput("408"))], ["bad call"])
-  assert obs == {"role": "user", "content": "<tool_response>\n408\n</tool_response>\n"
-                                            "<tool_response>\nError: bad call\n</tool_response>"}
+  assert obs == {
+    "role": "user",
+    "content": "<tool_response>\n408\n</tool_response>\n<tool_response>\nError: bad call\n</tool_response>",
+  }
 
 
 def test_bad_format_and_example_are_named():

@@ -1,5 +1,6 @@
 """The rollout: token-in/token-out trajectories, concurrency of tools and chains, finish reasons,
 failures isolated per chain, env binding, per-row tools."""
+
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ def _script(template, turns):
   def script(prompt_ids):
     k = tok.decode(prompt_ids).count(marker) - 1
     return tok.encode(turns[min(k, len(turns) - 1)] + eot)
+
   return script
 
 
@@ -43,22 +45,35 @@ def assert_masked_tokens_are_sampler_outputs(trajectory, sampler_calls):
 
 @pytest.mark.parametrize("template", [QWEN, "llama3"])
 def test_masked_tokens_equal_sampler_outputs_and_text_equals_hf_rendering(template):
-  turns = [hermes_call("calculator", {"expression": "(7 * 6) - 2"}) + "\n" +
-           hermes_call("calculator", {"expression": "2 ** 10"}),
-           "Two results: 40 and 1024.\n" + hermes_call("calculator", {"expression": "40 + 1024"}),
-           "The answer is 1064."]
-  agent = ToolCallAgent(tokenizer_dir(template), tools=[calculator, answer],
-                        system_prompt="Use tools.", template_kwargs={"date_string": "01 Jan 2025"})
+  turns = [
+    hermes_call("calculator", {"expression": "(7 * 6) - 2"})
+    + "\n"
+    + hermes_call("calculator", {"expression": "2 ** 10"}),
+    "Two results: 40 and 1024.\n" + hermes_call("calculator", {"expression": "40 + 1024"}),
+    "The answer is 1064.",
+  ]
+  agent = ToolCallAgent(
+    tokenizer_dir(template),
+    tools=[calculator, answer],
+    system_prompt="Use tools.",
+    template_kwargs={"date_string": "01 Jan 2025"},
+  )
   sampler = ScriptedSampler(_script(template, turns))
-  [traj] = run_rollout(agent, [{"question": "Compute (7*6)-2 and 2**10."}], sampler=sampler,
-                       num_chains=1, max_turns=5, max_total_tokens=4096)
+  [traj] = run_rollout(
+    agent,
+    [{"question": "Compute (7*6)-2 and 2**10."}],
+    sampler=sampler,
+    num_chains=1,
+    max_turns=5,
+    max_total_tokens=4096,
+  )
   assert traj.finish_reason == "no_tool_call" and traj.num_turns == 3 and traj.error is None
   assert_masked_tokens_are_sampler_outputs(traj, sampler.calls)
   # each sampler call saw exactly the trajectory prefix up to its own tokens
   for prompt, result in sampler.calls:
     n = len(prompt)
     assert list(traj.token_ids[:n]) == prompt
-    assert list(traj.token_ids[n:n + len(result.token_ids)]) == result.token_ids
+    assert list(traj.token_ids[n : n + len(result.token_ids)]) == result.token_ids
   assert [c["observation"] for c in traj.tool_calls] == ["40", "1024", "1064"]
   assert traj.prediction == "The answer is 1064."
   assert traj.prompt_length == len(sampler.calls[0][0])
@@ -68,20 +83,21 @@ def test_masked_tokens_equal_sampler_outputs_and_text_equals_hf_rendering(templa
   # after the final <|im_end|> is template text nobody appended: the chain ended.
   if template == QWEN:
     hf = transformers.AutoTokenizer.from_pretrained(tokenizer_dir(template))
-    expected = hf.apply_chat_template(traj.messages, tools=[calculator.schema, answer.schema],
-                                      tokenize=False)
+    expected = hf.apply_chat_template(traj.messages, tools=[calculator.schema, answer.schema], tokenize=False)
     assert agent_tokenizer(template).decode(traj.token_ids) + "\n" == expected
 
 
 def test_a_one_token_mask_shift_is_detected():
   agent = ToolCallAgent(tokenizer_dir(QWEN), tools=[calculator])
-  sampler = ScriptedSampler(_script(QWEN, [hermes_call("calculator", {"expression": "1+1"}),
-                                           "done"]))
+  sampler = ScriptedSampler(_script(QWEN, [hermes_call("calculator", {"expression": "1+1"}), "done"]))
   [traj] = run_rollout(agent, [{"question": "1+1?"}], sampler=sampler, max_turns=3)
   assert_masked_tokens_are_sampler_outputs(traj, sampler.calls)
   for shift in (1, -1):
-    shifted = traj.__class__(token_ids=traj.token_ids, action_mask=np.roll(traj.action_mask, shift),
-                             sampler_logprobs=np.roll(traj.sampler_logprobs, shift))
+    shifted = traj.__class__(
+      token_ids=traj.token_ids,
+      action_mask=np.roll(traj.action_mask, shift),
+      sampler_logprobs=np.roll(traj.sampler_logprobs, shift),
+    )
     with pytest.raises(AssertionError):
       assert_masked_tokens_are_sampler_outputs(shifted, sampler.calls)
 
@@ -97,8 +113,14 @@ def test_logprobs_are_the_samplers_and_seeds_differ_per_chain():
       return await super().agenerate(prompt, params)
 
   sampler = SeedRecorder(_script(QWEN, ["plain answer"]))
-  trajs = run_rollout(agent, [{"question": "a"}, {"question": "b"}], sampler=sampler,
-                      num_chains=3, sampling_params=SamplingParams(temperature=0.7), seed=5)
+  trajs = run_rollout(
+    agent,
+    [{"question": "a"}, {"question": "b"}],
+    sampler=sampler,
+    num_chains=3,
+    sampling_params=SamplingParams(temperature=0.7),
+    seed=5,
+  )
   assert [(t.group_id, t.chain_id) for t in trajs] == [(g, c) for g in range(2) for c in range(3)]
   assert len(set(seen_seeds)) == 6
   t = trajs[0]
@@ -127,6 +149,7 @@ def _sleep_tools():
     """
     time.sleep(0.5)
     return f"sync {key}"
+
   return slow_lookup, slow_sync
 
 
@@ -145,8 +168,11 @@ def test_two_half_second_tool_calls_in_one_turn_take_half_a_second():
 def test_256_chains_with_a_slow_tool_overlap():
   slow_lookup, _ = _sleep_tools()
   agent = ToolCallAgent(tokenizer_dir(QWEN), tools=[slow_lookup, answer])
-  turns = [hermes_call("slow_lookup", {"key": "x"}), hermes_call("slow_lookup", {"key": "y"}),
-           hermes_call("answer", {"answer": "done"})]
+  turns = [
+    hermes_call("slow_lookup", {"key": "x"}),
+    hermes_call("slow_lookup", {"key": "y"}),
+    hermes_call("answer", {"answer": "done"}),
+  ]
   sampler = ScriptedSampler(_script(QWEN, turns), delay_s=0.05)
   rows = [{"question": f"question {i}"} for i in range(64)]
   start = time.perf_counter()
@@ -166,11 +192,13 @@ def test_one_failing_chain_does_not_stop_the_others(caplog):
       raise RuntimeError("sampler exploded")
     return good(prompt)
 
-  rows = [{"question": "fine", "answer": "42"}, {"question": "explode", "answer": "42"},
-          {"question": "fine too", "answer": "42"}]
+  rows = [
+    {"question": "fine", "answer": "42"},
+    {"question": "explode", "answer": "42"},
+    {"question": "fine too", "answer": "42"},
+  ]
   trajs = run_rollout(agent, rows, sampler=ScriptedSampler(script), num_chains=2)
-  assert [t.finish_reason for t in trajs] == ["no_tool_call"] * 2 + ["error"] * 2 + \
-      ["no_tool_call"] * 2
+  assert [t.finish_reason for t in trajs] == ["no_tool_call"] * 2 + ["error"] * 2 + ["no_tool_call"] * 2
   assert [t.reward for t in trajs] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
   assert "sampler exploded" in trajs[2].error and trajs[2].prompt_length > 0
   assert "failed" in caplog.text
@@ -179,31 +207,42 @@ def test_one_failing_chain_does_not_stop_the_others(caplog):
 def test_finish_reasons_and_budgets():
   agent = ToolCallAgent(tokenizer_dir(QWEN), tools=[calculator, answer])
   loop_call = hermes_call("calculator", {"expression": "1+1"})
-  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, [loop_call])),
-                    max_turns=3)
+  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, [loop_call])), max_turns=3)
   assert t.finish_reason == "max_turns" and t.num_turns == 3
   assert t.messages[-1]["role"] == "tool"  # last turn's tools ran, no tokens appended after
   assert t.action_mask[-1]
-  [t] = run_rollout(agent, [{"question": "q"}],
-                    sampler=ScriptedSampler(_script(QWEN, ["word " * 200])), max_tokens_per_turn=16)
+  [t] = run_rollout(
+    agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, ["word " * 200])), max_tokens_per_turn=16
+  )
   assert t.finish_reason == "max_tokens_per_turn" and t.action_mask.sum() == 16
   prompt_len = t.prompt_length
-  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, [loop_call])),
-                    max_turns=10, max_total_tokens=prompt_len + 60)
+  [t] = run_rollout(
+    agent,
+    [{"question": "q"}],
+    sampler=ScriptedSampler(_script(QWEN, [loop_call])),
+    max_turns=10,
+    max_total_tokens=prompt_len + 60,
+  )
   assert t.finish_reason == "max_total_tokens" and len(t) <= prompt_len + 60
-  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, ["x"])),
-                    max_total_tokens=prompt_len)  # the prompt alone fills the context
+  [t] = run_rollout(
+    agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, ["x"])), max_total_tokens=prompt_len
+  )  # the prompt alone fills the context
   assert t.finish_reason == "max_total_tokens" and t.num_turns == 0 and t.prediction == ""
   assert not t.action_mask.any()
-  [t] = run_rollout(agent, [{"question": "q"}], sampler=ScriptedSampler(
-      _script(QWEN, [hermes_call("answer", {"answer": "Paris"})])))
+  [t] = run_rollout(
+    agent, [{"question": "q"}], sampler=ScriptedSampler(_script(QWEN, [hermes_call("answer", {"answer": "Paris"})]))
+  )
   assert t.finish_reason == "finish_tool" and t.prediction == "Paris"
 
 
 def test_malformed_and_unknown_calls_become_error_observations():
   agent = ToolCallAgent(tokenizer_dir(QWEN), tools=[calculator])
-  turns = ['<tool_call>{"name": "calculator", "arguments": {oops}</tool_call>' +
-           hermes_call("nope", {}) + hermes_call("calculator", {"expression": 3}), "ok"]
+  turns = [
+    '<tool_call>{"name": "calculator", "arguments": {oops}</tool_call>'
+    + hermes_call("nope", {})
+    + hermes_call("calculator", {"expression": 3}),
+    "ok",
+  ]
   sampler = ScriptedSampler(_script(QWEN, turns))
   [t] = run_rollout(agent, [{"question": "q"}], sampler=sampler, max_turns=3)
   assert t.finish_reason == "no_tool_call"
@@ -222,8 +261,7 @@ def test_per_row_tool_restriction():
   prompts = [agent.tokenizer.decode(p) for p, _ in sampler.calls]
   restricted = [p for p in prompts if '"name": "answer"' not in p.split("</tools>")[0]]
   assert restricted, "row 0's prompt must not list the answer tool"
-  assert trajs[0].finish_reason == "no_tool_call" and "unknown tool 'answer'" in \
-      trajs[0].tool_calls[0]["observation"]
+  assert trajs[0].finish_reason == "no_tool_call" and "unknown tool 'answer'" in trajs[0].tool_calls[0]["observation"]
   assert trajs[1].finish_reason == "finish_tool"
   with pytest.raises(ValueError, match="row 0.*unknown tool"):
     run_rollout(agent, [{"question": "q", "tools": ["web_search"]}], sampler=sampler)
@@ -260,14 +298,21 @@ def test_stateful_tools_and_env_reward_share_the_chains_instance():
     text = agent.tokenizer.decode(prompt)
     chain_word = "alpha" if "alpha" in text else "beta"
     k = text.count("<|im_start|>assistant") - 1
-    turns = [hermes_call("remember", {"key": "k", "value": chain_word}) +
-             hermes_call("remember", {"key": "k2", "value": "v"}),
-             hermes_call("recall", {"key": "k"}), "bye"]
+    turns = [
+      hermes_call("remember", {"key": "k", "value": chain_word}) + hermes_call("remember", {"key": "k2", "value": "v"}),
+      hermes_call("recall", {"key": "k"}),
+      "bye",
+    ]
     return agent.tokenizer.encode(turns[min(k, 2)] + EOT)
 
-  trajs = run_rollout(agent, [{"question": "alpha"}, {"question": "beta"}],
-                      sampler=ScriptedSampler(script), num_chains=2, max_turns=4,
-                      env_provider=provider)
+  trajs = run_rollout(
+    agent,
+    [{"question": "alpha"}, {"question": "beta"}],
+    sampler=ScriptedSampler(script),
+    num_chains=2,
+    max_turns=4,
+    env_provider=provider,
+  )
   for t in trajs:
     word = t.row["question"]
     assert t.tool_calls[-1]["observation"] == word  # its own instance, not another chain's
@@ -282,6 +327,7 @@ def test_async_rollout_inside_trio_and_bad_arguments():
 
   async def main():
     return await rollout(agent, [{"question": "q"}], sampler=sampler, num_chains=2)
+
   trajs = trio.run(main)
   assert len(trajs) == 2
   with pytest.raises(ValueError, match="num_chains"):
@@ -289,16 +335,19 @@ def test_async_rollout_inside_trio_and_bad_arguments():
   with pytest.raises(ValueError, match="row 1 field 'question'"):
     run_rollout(agent, [{"question": "q"}, {"prompt": "x"}], sampler=sampler)
   with pytest.raises(ValueError, match="row 0.*needs dataset field 'answer'"):
-    run_rollout(ToolCallAgent(tokenizer_dir(QWEN), tools=[], reward_fn=exact_match),
-                [{"question": "q"}], sampler=sampler)
+    run_rollout(
+      ToolCallAgent(tokenizer_dir(QWEN), tools=[], reward_fn=exact_match), [{"question": "q"}], sampler=sampler
+    )
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 599), min_size=1, max_size=30), min_size=1, max_size=4),
-       st.sampled_from([QWEN, "llama3"]))
+@given(
+  st.lists(st.lists(st.integers(0, 599), min_size=1, max_size=30), min_size=1, max_size=4),
+  st.sampled_from([QWEN, "llama3"]),
+)
 def test_arbitrary_sampler_ids_never_break_a_chain(replies, template):
   """Any ids (special tokens, broken UTF-8 bytes, half tool calls) give a finished, aligned
   trajectory, never an error."""
@@ -307,7 +356,6 @@ def test_arbitrary_sampler_ids_never_break_a_chain(replies, template):
   replies = [r + call if i % 2 else r for i, r in enumerate(replies)]  # some turns call a tool
   agent = ToolCallAgent(tokenizer_dir(template), tools=[calculator, answer])
   sampler = ScriptedSampler(replies)
-  [t] = run_rollout(agent, [{"question": "q"}], sampler=sampler, max_turns=len(replies),
-                    max_tokens_per_turn=40)
+  [t] = run_rollout(agent, [{"question": "q"}], sampler=sampler, max_turns=len(replies), max_tokens_per_turn=40)
   assert t.error is None and t.finish_reason != "error"
   assert_masked_tokens_are_sampler_outputs(t, sampler.calls)

@@ -2,6 +2,7 @@
 sampler's outputs, and the stored log-probs equal the model's own log-probs of those tokens
 recomputed by one teacher-forced forward pass over the finished trajectory (so every position
 is aligned). Also runs the example script (slow)."""
+
 import os
 import subprocess
 import sys
@@ -30,14 +31,30 @@ def test_jax_sampler_rollout_is_token_aligned_with_the_model():
   model = models.CausalLM(cfg, rngs=nnx.Rngs(3))
   # A random model rarely writes a tool call, so chains mostly end after turn 1 ("no_tool_call"
   # or the turn budget); multi-turn alignment is covered with scripted replies in test_rollout.
-  sampler = RecordingSampler(jax_sampler.JaxSampler(model, agent.tokenizer, max_batch_size=8,
-                                                    max_len=512, seed=0,
-                                                    batch_buckets=(8,), prompt_buckets=(512,),
-                                                    new_token_buckets=(32, 512)))
+  sampler = RecordingSampler(
+    jax_sampler.JaxSampler(
+      model,
+      agent.tokenizer,
+      max_batch_size=8,
+      max_len=512,
+      seed=0,
+      batch_buckets=(8,),
+      prompt_buckets=(512,),
+      new_token_buckets=(32, 512),
+    )
+  )
   rows = [{"question": "What is 2 + 3?"}, {"question": "Compute 7 * 6."}]
-  trajs = run_rollout(agent, rows, sampler=sampler, num_chains=2, max_turns=2,
-                      sampling_params=SamplingParams(temperature=1.0),
-                      max_tokens_per_turn=24, max_total_tokens=500, seed=1)
+  trajs = run_rollout(
+    agent,
+    rows,
+    sampler=sampler,
+    num_chains=2,
+    max_turns=2,
+    sampling_params=SamplingParams(temperature=1.0),
+    max_tokens_per_turn=24,
+    max_total_tokens=500,
+    seed=1,
+  )
   assert len(trajs) == 4 and all(t.error is None for t in trajs)
   by_prompt = {}  # chains of one row share their first prompt: keep every result
   for prompt, result in sampler.calls:
@@ -45,8 +62,7 @@ def test_jax_sampler_rollout_is_token_aligned_with_the_model():
   for t in trajs:
     # each model turn in the trajectory is exactly one recorded sampler result, in order
     starts = [i for i in range(1, len(t)) if t.action_mask[i] and not t.action_mask[i - 1]]
-    ends = [i for i in range(1, len(t) + 1) if t.action_mask[i - 1] and
-            (i == len(t) or not t.action_mask[i])]
+    ends = [i for i in range(1, len(t) + 1) if t.action_mask[i - 1] and (i == len(t) or not t.action_mask[i])]
     assert len(starts) == len(ends) == t.num_turns
     for s, e in zip(starts, ends):
       assert list(t.token_ids[s:e]) in by_prompt[tuple(int(x) for x in t.token_ids[:s])]
@@ -56,8 +72,7 @@ def test_jax_sampler_rollout_is_token_aligned_with_the_model():
   next_ids = batch["token_ids"][:, 1:]
   recomputed = np.take_along_axis(logp[:, :-1], next_ids[..., None], axis=-1)[..., 0]
   mask = batch["action_mask"][:, 1:]
-  np.testing.assert_allclose(batch["sampler_logprobs"][:, 1:][mask], recomputed[mask],
-                             atol=2e-3, rtol=1e-3)
+  np.testing.assert_allclose(batch["sampler_logprobs"][:, 1:][mask], recomputed[mask], atol=2e-3, rtol=1e-3)
   # the same comparison shifted by one position must fail (alignment is really checked)
   shifted = np.take_along_axis(logp[:, :-1], np.roll(next_ids, 1, axis=1)[..., None], -1)[..., 0]
   assert not np.allclose(batch["sampler_logprobs"][:, 1:][mask], shifted[mask], atol=2e-3)
@@ -66,9 +81,19 @@ def test_jax_sampler_rollout_is_token_aligned_with_the_model():
 @pytest.mark.slow
 def test_rollout_example_runs():
   root = ROOT
-  out = subprocess.run([sys.executable, os.path.join(root, "experiments", "rollout_example.py"),
-                        "--num_chains=2", "--max_turns=2", "--nocolor"],
-                       capture_output=True, text=True, timeout=600, cwd=root)
+  out = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(root, "experiments", "rollout_example.py"),
+      "--num_chains=2",
+      "--max_turns=2",
+      "--nocolor",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=root,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "⟦<tool_call>" in out.stdout and "finish finish_tool | reward 1.000" in out.stdout
   assert "== JAX sampler" in out.stdout

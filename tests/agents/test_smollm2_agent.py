@@ -9,6 +9,7 @@ SmolLM2-135M does not call the calculator on its own in any prompt format measur
 first turn's call is the task's scripted demo (through `ScriptedPolicySampler`) and SmolLM2 writes
 every turn after the tool's observation: the stream holds prompt, a call, a real calculator
 observation rendered by the template, and SmolLM2's own tokens."""
+
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ class RecordingSampler:
 
   async def agenerate(self, prompt, params):
     text = self.tokenizer.decode(list(prompt))
-    after_question = text[text.rfind("What is"):]
+    after_question = text[text.rfind("What is") :]
     engine = self.sampler if "<tool_response>" in after_question else self.first
     result = await engine.agenerate(prompt, params)
     self.calls.append((tuple(int(t) for t in prompt), [int(t) for t in result.token_ids]))
@@ -47,17 +48,28 @@ def _turns(action_mask):
 
 def _rollout_and_check(sampler, smollm2_dir):
   from transformers import AutoTokenizer
+
   tok = load_tokenizer(smollm2_dir)
   hf = AutoTokenizer.from_pretrained(smollm2_dir)
   agent = arithmetic.make_agent(tok, tool_format="hermes", fewshot=True)
   rows = arithmetic.make_rows(4, seed=2024)
   from agentfly_jax.rl.sft import ScriptedPolicySampler
-  demo = ScriptedPolicySampler(tok, lambda text, rng: arithmetic.scripted_response(text, True, rng),
-                               tok.token_to_id("<|im_end|>"))
+
+  demo = ScriptedPolicySampler(
+    tok, lambda text, rng: arithmetic.scripted_response(text, True, rng), tok.token_to_id("<|im_end|>")
+  )
   recorder = RecordingSampler(demo, sampler, tok)
-  trajs = run_rollout(agent, rows, sampler=recorder, num_chains=1, max_turns=2,
-                      sampling_params=SamplingParams(temperature=0.0, max_new_tokens=40),
-                      max_tokens_per_turn=40, max_total_tokens=512, seed=0)
+  trajs = run_rollout(
+    agent,
+    rows,
+    sampler=recorder,
+    num_chains=1,
+    max_turns=2,
+    sampling_params=SamplingParams(temperature=0.0, max_new_tokens=40),
+    max_tokens_per_turn=40,
+    max_total_tokens=512,
+    seed=0,
+  )
   by_prompt = dict(recorder.calls)
   assert len(by_prompt) == len(recorder.calls) == sum(t.num_turns for t in trajs)
   for t in trajs:
@@ -68,7 +80,7 @@ def _rollout_and_check(sampler, smollm2_dir):
       assert list(t.token_ids[start:end]) == by_prompt[tuple(int(x) for x in t.token_ids[:start])]
     # the token stream == HF's rendering of the messages (up to the last model turn)
     last = max(i for i, m in enumerate(t.messages) if m["role"] == "assistant")
-    rendered = hf.apply_chat_template(t.messages[:last + 1], tokenize=False)
+    rendered = hf.apply_chat_template(t.messages[: last + 1], tokenize=False)
     text = hf.decode(t.token_ids.tolist())
     ended = int(t.token_ids[-1]) == hf.convert_tokens_to_ids("<|im_end|>")
     assert rendered == text + ("\n" if ended else "<|im_end|>\n")
@@ -79,9 +91,9 @@ def _rollout_and_check(sampler, smollm2_dir):
 def test_smollm2_tool_rollout_jax_sampler(smollm2_dir):
   from agentfly_jax.models import from_pretrained
   from agentfly_jax.sampling import JaxSampler
+
   model = from_pretrained(smollm2_dir)
-  sampler = JaxSampler(model, load_tokenizer(smollm2_dir), max_batch_size=4, max_len=640,
-                       batch_buckets=(4,))
+  sampler = JaxSampler(model, load_tokenizer(smollm2_dir), max_batch_size=4, max_len=640, batch_buckets=(4,))
   trajs = _rollout_and_check(sampler, smollm2_dir)
   for t in trajs:  # a real calculator observation, then a SmolLM2 turn
     assert [c["ok"] for c in t.tool_calls] == [True] and t.num_turns == 2, t.messages[-2:]
@@ -93,6 +105,7 @@ def test_smollm2_tool_rollout_jax_sampler(smollm2_dir):
 def test_smollm2_tool_rollout_vllm_sampler(smollm2_dir):
   pytest.importorskip("vllm")
   from agentfly_jax.sampling import VllmSampler
+
   sampler = VllmSampler(smollm2_dir, max_model_len=640, max_num_seqs=8, max_batch_size=4, seed=0)
   try:
     trajs = _rollout_and_check(sampler, smollm2_dir)

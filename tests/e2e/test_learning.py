@@ -3,6 +3,7 @@ held-out success is ~0: it never looks the code up), and a short GRPO run on the
 task makes the greedy policy call the tool and copy the code (greedy success >= 0.8). The full
 demo (40 steps) and the curves of GRPO / PPO / RLOO / REINFORCE++ are recorded by
 experiments/record_learning_curves.py."""
+
 import os
 
 import numpy as np
@@ -10,17 +11,17 @@ import pytest
 from train_cli import ROOT
 
 
-
 @pytest.mark.slow
 def test_short_grpo_run_learns_to_use_the_tool(tmp_path):
   import importlib.util
   from agentfly_jax.rl.trainer import Trainer
+
   spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", "lookup_grpo.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   config = mod.get_config()
   config.train.steps = 12
-  config.eval.every = 12           # greedy eval at step 0 and step 12
+  config.eval.every = 12  # greedy eval at step 0 and step 12
   config.eval.num_rows = 32
   config.checkpoint.every = 100
   config.log.tensorboard = False
@@ -30,8 +31,8 @@ def test_short_grpo_run_learns_to_use_the_tool(tmp_path):
   success = [r["rollout/success_rate"] for r in records if "rollout/success_rate" in r]
   tool_use = [r["rollout/tool_calls_per_chain"] for r in records if "rollout/tool_calls_per_chain" in r]
   assert sorted(greedy) == [0, 12] and len(success) == 12
-  assert greedy[0] <= 0.5, greedy          # the warm start's greedy answer is a guess
-  assert greedy[12] >= 0.8, greedy         # after RL the greedy policy looks the code up
+  assert greedy[0] <= 0.5, greedy  # the warm start's greedy answer is a guess
+  assert greedy[12] >= 0.8, greedy  # after RL the greedy policy looks the code up
   assert np.mean(success[-3:]) >= np.mean(success[:3]) + 0.2, success
   assert np.mean(tool_use[-3:]) > np.mean(tool_use[:3]), tool_use
   assert os.path.getsize(tmp_path / "run" / "reward.png") > 1000

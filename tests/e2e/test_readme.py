@@ -1,6 +1,7 @@
 """README's "Train your own agent" section runs as written: its titled code blocks become files,
 its bash block runs in a fresh directory next to the repository's scripts, and the run trains the
 README's task."""
+
 import json
 import os
 import re
@@ -16,7 +17,7 @@ def readme_section(title: str) -> str:
   text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
   start = text.index(f"## {title}\n")
   end = text.find("\n## ", start + 1)
-  return text[start:end if end > 0 else len(text)]
+  return text[start : end if end > 0 else len(text)]
 
 
 def test_section_is_short_and_has_a_tool_a_reward_rows_and_one_command():
@@ -40,8 +41,7 @@ def test_train_your_own_agent_section_runs_as_written(tmp_path):
       commands.append(body)
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
   for command in commands:
-    out = subprocess.run(["bash", "-ec", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(["bash", "-ec", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
   run = tmp_path / "runs" / "mine"
   records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]

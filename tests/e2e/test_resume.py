@@ -2,6 +2,7 @@
 the last complete checkpoint and gives the same metrics for the following steps as an
 uninterrupted run (same seed, CPU): orbax writes a step into `<step>.orbax-checkpoint-tmp` and
 renames it when complete."""
+
 import os
 import signal
 import subprocess
@@ -10,11 +11,20 @@ import time
 import pytest
 from train_cli import ROOT, read_metrics, train_command
 
-FLAGS = ["--config.sft.steps=2", "--config.sft.rows_per_step=4",
-         "--config.train.steps=4", "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4",
-         "--config.rollout.max_tokens_per_turn=16", "--config.rollout.max_turns=2",
-         "--config.loss.entropy_coef=0.05", "--config.train.lr=0.001", "--config.train.micro_batch_size=8",
-         "--config.checkpoint.every=1", "--config.log.tensorboard=False"]
+FLAGS = [
+  "--config.sft.steps=2",
+  "--config.sft.rows_per_step=4",
+  "--config.train.steps=4",
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=4",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.rollout.max_turns=2",
+  "--config.loss.entropy_coef=0.05",
+  "--config.train.lr=0.001",
+  "--config.train.micro_batch_size=8",
+  "--config.checkpoint.every=1",
+  "--config.log.tensorboard=False",
+]
 
 
 def _cmd(workdir):
@@ -67,7 +77,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
   assert (ckpt / f"{writing}.orbax-checkpoint-tmp").is_dir() and writing not in steps_done
   assert max(steps_done) == writing - 1 >= 1, steps_done
 
-  resumed_from = max(steps_done)   # the last complete checkpoint
+  resumed_from = max(steps_done)  # the last complete checkpoint
   kept = [r for r in read_metrics(killed) if r["step"] <= resumed_from]
   subprocess.run(_cmd(killed), cwd=ROOT, check=True, capture_output=True, timeout=900)
   got = _metrics(killed)

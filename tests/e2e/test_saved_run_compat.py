@@ -6,6 +6,7 @@ code before this wave's config fields: LoRA, scanned layers, black-box agents, M
 experiments/train.py --config=configs/lookup_grpo.py --config.model.pretrained="" with a 1-layer
 32-wide policy, 1 step, 2 rows x 2 chains, kl_coef 0.01. Config fields added since are absent
 from its config.json and must take their defaults."""
+
 import json
 import shutil
 import subprocess
@@ -26,15 +27,31 @@ def old_run(tmp_path):
 
 def test_old_run_evaluates_and_resumes(old_run):
   saved = json.loads((old_run / "config.json").read_text())
-  assert "lora" not in saved["model"] and "scan_layers" not in saved["model"]   # truly older
-  ev = subprocess.run([sys.executable, f"{ROOT}/experiments/evaluate.py", f"--workdir={old_run}", "--num_rows=2"],
-                      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert "lora" not in saved["model"] and "scan_layers" not in saved["model"]  # truly older
+  ev = subprocess.run(
+    [sys.executable, f"{ROOT}/experiments/evaluate.py", f"--workdir={old_run}", "--num_rows=2"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert ev.returncode == 0, ev.stderr[-3000:]
   result = json.loads((old_run / "eval_step1.json").read_text())
   assert result["step"] == 1 and result["eval/num_chains"] == 2
-  out = subprocess.run([sys.executable, f"{ROOT}/experiments/train.py", f"--config=configs/from_run.py:{old_run}",
-                        f"--workdir={old_run}", "--config.train.steps=2", *QUIET],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+  out = subprocess.run(
+    [
+      sys.executable,
+      f"{ROOT}/experiments/train.py",
+      f"--config=configs/from_run.py:{old_run}",
+      f"--workdir={old_run}",
+      "--config.train.steps=2",
+      *QUIET,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   recs = read_metrics(old_run)
-  assert [r["step"] for r in recs] == [1, 2] and recs[1]["actor/kl_ref"] >= 0   # resumed at step 2
+  assert [r["step"] for r in recs] == [1, 2] and recs[1]["actor/kl_ref"] >= 0  # resumed at step 2

@@ -1,6 +1,7 @@
 """The swe task on the trainer side: the config builds its task (tools, rows, the agent with the
 config's tool prompt), bad rows stop before training, and a 2-step GRPO run of configs/swe_grpo.py
 through a real local env server (slow)."""
+
 from __future__ import annotations
 
 import json
@@ -12,21 +13,30 @@ import pytest
 from tests import swe_testlib
 from train_cli import ROOT, read_metrics, train_command
 
-SMALLEST = ("--config.train.steps=2", "--config.rollout.rows_per_step=1",
-            "--config.rollout.num_chains=2", "--config.rollout.max_turns=2",
-            "--config.rollout.max_tokens_per_turn=16", "--config.rollout.max_total_tokens=1024",
-            "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-            "--config.model.num_layers=1", "--config.checkpoint.every=100")
+SMALLEST = (
+  "--config.train.steps=2",
+  "--config.rollout.rows_per_step=1",
+  "--config.rollout.num_chains=2",
+  "--config.rollout.max_turns=2",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.rollout.max_total_tokens=1024",
+  "--config.model.hidden_size=64",
+  "--config.model.intermediate_size=128",
+  "--config.model.num_layers=1",
+  "--config.checkpoint.every=100",
+)
 
 
 def _config():
   from configs import swe_grpo
+
   return swe_grpo.get_config()
 
 
 def test_config_builds_the_swe_task_with_its_tool_prompt():
   from agentfly_jax.tasks.from_config import build_task
   from agentfly_jax.rl.config import validate_config
+
   config = _config()
   validate_config(config)
   task = build_task(config)
@@ -40,10 +50,15 @@ def test_config_builds_the_swe_task_with_its_tool_prompt():
 
 def test_bad_user_rows_stop_before_training(tmp_path):
   from agentfly_jax.tasks.from_config import build_task
+
   good = swe_testlib.make_task(tmp_path / "t")
   rows = tmp_path / "rows.jsonl"
-  rows.write_text(json.dumps({**good, "question": "fix it"}) + "\n" +
-                  json.dumps({**good, "question": "fix it", "repo": str(tmp_path / "gone")}) + "\n")
+  rows.write_text(
+    json.dumps({**good, "question": "fix it"})
+    + "\n"
+    + json.dumps({**good, "question": "fix it", "repo": str(tmp_path / "gone")})
+    + "\n"
+  )
   config = _config()
   config.task.train_path = str(rows)
   with pytest.raises(ValueError, match=r"rows.jsonl row 1: field 'repo': folder .*gone.* does not exist"):
@@ -55,13 +70,19 @@ def test_two_training_steps_of_swe_grpo(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("train_swe")
   env = dict(os.environ, AGENTFLY_LOCAL_ENVS="swe=2:0")
   env.pop("AGENTFLY_ENV_SERVERS", None)
-  out = subprocess.run(train_command(workdir, *SMALLEST, config="configs/swe_grpo.py"),
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+  out = subprocess.run(
+    train_command(workdir, *SMALLEST, config="configs/swe_grpo.py"),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=env,
+  )
   assert out.returncode == 0, out.stderr[-4000:]
   records = [r for r in read_metrics(workdir) if "rollout/reward_mean" in r]
   assert [r["step"] for r in records] == [1, 2]
   for record in records:
     assert record["env/swe/in_use"] >= 1 and record["env/swe/crashes"] == 0
-    assert record.get("rollout/finish/error", 0.0) == 0.0   # env reset + env reward worked
+    assert record.get("rollout/finish/error", 0.0) == 0.0  # env reset + env reward worked
     assert "rollout/reward_metric/total" in record and record["rollout/reward_metric/total"] >= 1
-    assert record["rollout/turns_mean"] >= 1   # the issue fit in the prompt: the policy acted
+    assert record["rollout/turns_mean"] >= 1  # the issue fit in the prompt: the policy acted

@@ -1,4 +1,5 @@
 """experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script."""
+
 import json
 import os
 import subprocess
@@ -6,7 +7,6 @@ import sys
 
 import pytest
 from train_cli import ROOT, load_script
-
 
 
 def _load_sweep_script():
@@ -27,13 +27,26 @@ def test_grid_and_random_points():
 @pytest.mark.slow
 def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
   sweep_dir = tmp_path / "sweep"
-  base = ("sft.steps=0;train.steps=1;rollout.rows_per_step=1;rollout.max_turns=1;"
-          "rollout.max_tokens_per_turn=8;eval.every=0;eval.num_rows=0;train.micro_batch_size=4;"
-          "log.tensorboard=False")
+  base = (
+    "sft.steps=0;train.steps=1;rollout.rows_per_step=1;rollout.max_turns=1;"
+    "rollout.max_tokens_per_turn=8;eval.every=0;eval.num_rows=0;train.micro_batch_size=4;"
+    "log.tensorboard=False"
+  )
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), "--config=configs/lookup_rloo.py",
-       f"--sweep_dir={sweep_dir}", "--grid=train.lr=1e-4,3e-4;rollout.num_chains=2,4", f"--base={base}",
-       "--parallel=2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "sweep.py"),
+      "--config=configs/lookup_rloo.py",
+      f"--sweep_dir={sweep_dir}",
+      "--grid=train.lr=1e-4,3e-4;rollout.num_chains=2,4",
+      f"--base={base}",
+      "--parallel=2",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.loads((sweep_dir / "summary.json").read_text())
   assert len(summary) == 4 and all(r["returncode"] == 0 for r in summary)

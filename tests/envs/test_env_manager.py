@@ -1,5 +1,6 @@
 """EnvManager (trainer side) against real env servers: spreading, back-off, reconnect, metrics,
 and default_provider()."""
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,7 @@ async def test_spreads_chains_and_reports_metrics(two_servers):
   envs = [await manager.acquire("echo", f"c{i}") for i in range(4)]
   assert isinstance(envs[0], Env)
   assert sorted(e.address for e in envs) == sorted([a.address] * 2 + [b.address] * 2)
-  assert await manager.acquire("echo", "c0") is envs[0]   # same chain -> same instance
+  assert await manager.acquire("echo", "c0") is envs[0]  # same chain -> same instance
   step = await envs[3].step({"n": 3})
   assert isinstance(step, StepResult) and step.observation == '{"n": 3}'
   # counter lives only on server a: the manager learns that b does not serve it.
@@ -60,7 +61,7 @@ async def test_spreads_chains_and_reports_metrics(two_servers):
   for i in range(4):
     await manager.release("echo", f"c{i}")
   await manager.release("counter", "k")
-  await manager.release("counter", "never")   # releasing nothing is fine
+  await manager.release("counter", "never")  # releasing nothing is fine
   assert manager.metrics()["envs/allocated"] == 0
   with pytest.raises(EnvUnavailable, match="no env server serves 'nope'"):
     await manager.acquire("nope", "x")
@@ -107,12 +108,12 @@ async def test_reconnects_after_server_restart():
     assert lost.info["error"] == "ConnectionLost" and "Error" in lost.observation
     impatient = EnvManager([address], down_retry_s=0.05, acquire_timeout_s=0.5)
     with pytest.raises(EnvUnavailable, match="cannot connect"):
-      await impatient.acquire("echo", "while-down")   # nothing listens: backs off, gives up
+      await impatient.acquire("echo", "while-down")  # nothing listens: backs off, gives up
   second = LocalEnvServer(["echo=2:1"], extra_args=["--port", port])
   try:
     fresh = await manager.acquire("echo", "new-chain")
     assert (await fresh.step("after")).observation == "after"
-    again = await env.step("back")   # the old chain gets a new instance, and is told so
+    again = await env.step("back")  # the old chain gets a new instance, and is told so
     assert again.observation.endswith("back") and "state is gone" in again.observation
     assert manager.metrics()["envs/reconnects"] >= 1
   finally:
@@ -132,19 +133,19 @@ async def test_chains_waiting_on_a_failing_connect_do_not_each_retry_it():
 
   with running_server("echo=8:1") as good:
     async with trio.open_nursery() as nursery:
-      listeners = await nursery.start(functools.partial(trio.serve_tcp, never_greets, 0,
-                                                        host="127.0.0.1"))
+      listeners = await nursery.start(functools.partial(trio.serve_tcp, never_greets, 0, host="127.0.0.1"))
       hung = "127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
       manager = EnvManager([hung, good.address], connect_timeout_s=0.5, down_retry_s=60)
       envs = [None] * 6
 
-      async def acquire(i):   # round-robin ties: every other chain tries the hung server first
+      async def acquire(i):  # round-robin ties: every other chain tries the hung server first
         envs[i] = await manager.acquire("echo", f"w{i}")
+
       async with trio.open_nursery() as chains:
         for i in range(6):
           chains.start_soon(acquire, i)
       assert [e.address for e in envs] == [good.address] * 6
-      assert len(accepted) == 1   # one connect attempt to the hung server, not three
+      assert len(accepted) == 1  # one connect attempt to the hung server, not three
       assert manager.metrics()["envs/servers_down"] == 1
       await manager.aclose()
       nursery.cancel_scope.cancel()
@@ -164,12 +165,12 @@ def test_step_counters_are_the_growth_since_a_mark(two_servers):
   first = manager.usage_since(start).counters
   assert first["acquires"] == 3 and first["connects"] == 2 and first["timeouts"] == 0
   mark = manager.usage_mark()
-  assert set(manager.usage_since(mark).counters.values()) == {0}   # nothing since
+  assert set(manager.usage_since(mark).counters.values()) == {0}  # nothing since
   trio.run(acquire, ["s4"])
   second = manager.usage_since(mark).counters
   assert second["acquires"] == 1 and second["connects"] == 1
-  assert manager.usage_since(start).counters["acquires"] == 4   # reading reset nothing
-  assert manager.usage_since(None).counters == manager.usage_since(start).counters   # None: since made
+  assert manager.usage_since(start).counters["acquires"] == 4  # reading reset nothing
+  assert manager.usage_since(None).counters == manager.usage_since(start).counters  # None: since made
   assert manager.usage_since(None).peaks["echo"] == 3 and manager.usage_since(mark).peaks["echo"] == 1
   assert sum(map(len, manager.usage_since(mark).waits.values())) == 1
   totals = manager.metrics()
@@ -201,28 +202,27 @@ def test_works_across_separate_trio_runs(two_servers):
   assert [trio.run(once, f"run{i}") for i in range(3)] == ["run0", "run1", "run2"]
 
 
-@pytest.mark.skipif(sandbox_unavailable_reason() is not None,
-                    reason=str(sandbox_unavailable_reason()))
+@pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason()))
 def test_default_provider_starts_a_local_server_and_stops_it_at_exit(tmp_path):
   script = tmp_path / "one_off.py"
   script.write_text(
-      "import json, os, trio\n"
-      "from agentfly_jax.envs import default_provider\n"
-      "from agentfly_jax.envs import local_server\n"
-      "async def main():\n"
-      "  provider = default_provider()\n"
-      "  env = await provider.acquire('python_sandbox', 'c0')\n"
-      "  a = (await env.step('x = 6 * 7')).observation\n"
-      "  b = (await env.step('print(x)')).observation\n"
-      "  return a, b\n"
-      "a, b = trio.run(main)\n"
-      "assert default_provider() is default_provider()\n"
-      "print(json.dumps({'obs': [a, b], 'server_pid': local_server._local_server.process.pid,\n"
-      "                  'address': default_provider().servers}))\n")
+    "import json, os, trio\n"
+    "from agentfly_jax.envs import default_provider\n"
+    "from agentfly_jax.envs import local_server\n"
+    "async def main():\n"
+    "  provider = default_provider()\n"
+    "  env = await provider.acquire('python_sandbox', 'c0')\n"
+    "  a = (await env.step('x = 6 * 7')).observation\n"
+    "  b = (await env.step('print(x)')).observation\n"
+    "  return a, b\n"
+    "a, b = trio.run(main)\n"
+    "assert default_provider() is default_provider()\n"
+    "print(json.dumps({'obs': [a, b], 'server_pid': local_server._local_server.process.pid,\n"
+    "                  'address': default_provider().servers}))\n"
+  )
   env = {k: v for k, v in os.environ.items() if k != "AGENTFLY_ENV_SERVERS"}
   env["AGENTFLY_LOCAL_ENVS"] = "python_sandbox=2:1"
-  result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=90, env=env)
+  result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90, env=env)
   assert result.returncode == 0, result.stderr
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["obs"] == ["", "42\n"]
@@ -235,6 +235,7 @@ def test_default_provider_starts_a_local_server_and_stops_it_at_exit(tmp_path):
 
 def test_default_provider_uses_configured_servers(two_servers, monkeypatch):
   from agentfly_jax.envs import local_server
+
   a, b = two_servers
   monkeypatch.setenv("AGENTFLY_ENV_SERVERS", f"{a.address}, {b.address}")
   monkeypatch.setattr(local_server, "_default", None)
@@ -258,7 +259,7 @@ async def test_oversized_action_is_an_observation(two_servers):
   env = await manager.acquire("echo", "huge")
   result = await env.step("x" * (17 * 1024 * 1024))
   assert result.info["error"] == "BadAction" and "exceeds the limit" in result.observation
-  assert (await env.step("small")).observation == "small"   # the connection is still fine
+  assert (await env.step("small")).observation == "small"  # the connection is still fine
   await manager.aclose()
 
 
@@ -277,7 +278,7 @@ async def test_concurrent_acquires_of_one_chain_share_one_instance(two_servers):
   assert all(env is got[0] for env in got)
   await manager.release("echo", "twin")
   stats = await manager.server_stats()
-  with trio.fail_after(5):   # nothing stays bound on either server
+  with trio.fail_after(5):  # nothing stays bound on either server
     while any(s["pools"]["echo"]["in_use"] for s in stats.values()):
       await trio.sleep(0.05)
       stats = await manager.server_stats()
@@ -286,6 +287,7 @@ async def test_concurrent_acquires_of_one_chain_share_one_instance(two_servers):
 
 def test_outside_trio_is_a_clear_error():
   import asyncio
+
   manager = EnvManager(["127.0.0.1:1"])
   with pytest.raises(RuntimeError, match="inside trio.run"):
     asyncio.run(manager.acquire("echo", "c"))

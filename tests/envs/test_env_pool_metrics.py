@@ -1,4 +1,5 @@
 """env/<type>/... pool metrics: summed over servers, acquire waits and peaks per type."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +11,10 @@ from agentfly_jax.envs.pool_metrics import env_pool_metrics, pool_metrics_from_s
 def test_metrics_sum_servers_and_average_waits_on_random_inputs():
   rng = np.random.default_rng(7)
   keys = ("in_use", "idle", "live", "cap", "crashes", "recycled", "timeouts", "start_failures")
-  stats = {f"10.0.0.{i}:1": {"pools": {env: {k: int(rng.integers(0, 50)) for k in keys}
-                                       for env in ("webshop", "textworld")}}
-           for i in range(3)}
+  stats = {
+    f"10.0.0.{i}:1": {"pools": {env: {k: int(rng.integers(0, 50)) for k in keys} for env in ("webshop", "textworld")}}
+    for i in range(3)
+  }
   stats["10.0.0.9:1"] = {"error": "unreachable"}
   waits = {"webshop": list(rng.uniform(0, 2, size=5)), "scienceworld": []}
   peaks = {"webshop": 7, "textworld": 3}

@@ -2,6 +2,7 @@
 servers on loopback: right / wrong / no token, replayed handshake, mutual proof, the refusal to
 listen beyond loopback without a token, the manager reading the same secret, TLS with a CA made
 in the test (trustme)."""
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,7 @@ async def _next(reader) -> dict | None:
 async def test_right_token_serves_and_counts(server):
   conn = await Connection.open(server.address, token=TOKEN)
   await conn.call("acquire", {"env": "echo", "chain_id": "a"})
-  assert (await conn.call("step", {"env": "echo", "chain_id": "a", "action": "hi"}))[
-      "observation"] == "hi"
+  assert (await conn.call("step", {"env": "echo", "chain_id": "a", "action": "hi"}))["observation"] == "hi"
   stats = await conn.call("stats")
   assert stats["auth_ok"] >= 1
   await conn.aclose()
@@ -65,9 +65,11 @@ async def test_no_token_gets_one_error_then_close(server):
   assert hello["hello"]["auth"] == auth.SCHEME and len(hello["hello"]["nonce"]) == 64
   await stream.send_all(protocol.encode_frame({"id": 5, "op": "health"}))
   reply = await _next(reader)
-  assert reply == {"id": 5, "ok": False, "error": {"type": "AuthRequired", "message": reply[
-      "error"]["message"]}} and "needs authentication" in reply["error"]["message"]
-  assert await _next(reader) is None   # closed; the request was never run
+  assert (
+    reply == {"id": 5, "ok": False, "error": {"type": "AuthRequired", "message": reply["error"]["message"]}}
+    and "needs authentication" in reply["error"]["message"]
+  )
+  assert await _next(reader) is None  # closed; the request was never run
   await stream.aclose()
   # The client library without a token: it fails at once, naming what to set.
   with pytest.raises(AuthenticationFailed, match="needs authentication: set \\$AGENTFLY_ENV_TOKEN"):
@@ -97,8 +99,9 @@ async def test_replayed_handshake_fails(server):
   stream, reader = await _raw(server.address)
   nonce = (await _next(reader))["hello"]["nonce"]
   client_nonce = auth.new_nonce()
-  recorded = protocol.encode_frame({"id": 1, "op": "auth", "args": {
-      "client_nonce": client_nonce, "mac": auth.client_mac(TOKEN, nonce, client_nonce)}})
+  recorded = protocol.encode_frame(
+    {"id": 1, "op": "auth", "args": {"client_nonce": client_nonce, "mac": auth.client_mac(TOKEN, nonce, client_nonce)}}
+  )
   await stream.send_all(recorded)
   assert (await _next(reader))["ok"] is True
   await stream.aclose()
@@ -108,7 +111,7 @@ async def test_replayed_handshake_fails(server):
   await stream.send_all(recorded + protocol.encode_frame({"id": 2, "op": "health"}))
   reply = await _next(reader)
   assert reply["ok"] is False and reply["error"]["type"] == "AuthFailed"
-  assert await _next(reader) is None   # closed; `health` never ran
+  assert await _next(reader) is None  # closed; `health` never ran
   await stream.aclose()
 
 
@@ -123,15 +126,18 @@ async def test_secret_never_on_the_wire_and_server_must_prove_it():
 
     async def fake_server():
       nonce = auth.new_nonce()
-      await server_side.send_all(protocol.encode_frame({"hello": {"auth": auth.SCHEME,
-                                                                  "nonce": nonce}}))
+      await server_side.send_all(protocol.encode_frame({"hello": {"auth": auth.SCHEME, "nonce": nonce}}))
       body = await reader.read_body()
       sent.extend(body)
       args = protocol.decode_body(body)["args"]
-      await server_side.send_all(protocol.encode_frame({"id": 0, "ok": True, "result": {
-          "server_mac": auth.server_mac(server_token, nonce, args["client_nonce"])}}))
+      await server_side.send_all(
+        protocol.encode_frame(
+          {"id": 0, "ok": True, "result": {"server_mac": auth.server_mac(server_token, nonce, args["client_nonce"])}}
+        )
+      )
 
     from envservers.client import _handshake
+
     async with trio.open_nursery() as nursery:
       nursery.start_soon(fake_server)
       if should_pass:
@@ -150,24 +156,35 @@ async def test_client_with_token_refuses_a_server_without_auth():
 
 
 def test_non_loopback_without_token_refuses_to_start(token_file, tmp_path):
-  env = {k: v for k, v in os.environ.items()
-         if k not in (auth.TOKEN_ENV, auth.TOKEN_FILE_ENV)}
+  env = {k: v for k, v in os.environ.items() if k not in (auth.TOKEN_ENV, auth.TOKEN_FILE_ENV)}
   for host in ("0.0.0.0", "::", "example.org"):
-    result = subprocess.run([sys.executable, "-m", "envservers", "--host", host, "--port", "0"],
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+      [sys.executable, "-m", "envservers", "--host", host, "--port", "0"],
+      capture_output=True,
+      text=True,
+      timeout=60,
+      env=env,
+    )
     assert result.returncode == 2, result
     assert f"refusing to listen on '{host}' without authentication" in result.stderr
     assert "AGENTFLY_ENV_TOKEN" in result.stderr
   short = tmp_path / "short"
   short.write_text("abc")
-  result = subprocess.run([sys.executable, "-m", "envservers", "--token-file", str(short)],
-                          capture_output=True, text=True, timeout=60, env=env)
+  result = subprocess.run(
+    [sys.executable, "-m", "envservers", "--token-file", str(short)],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    env=env,
+  )
   assert result.returncode == 2 and "at least 16" in result.stderr and "short" in result.stderr
   # With a token it starts on all interfaces.
   with running_server("echo=1:0", extra=("--host", "0.0.0.0", "--token-file", token_file)) as s:
+
     async def ping():
       conn = await Connection.open(f"127.0.0.1:{s.address.rsplit(':', 1)[1]}", token=TOKEN)
       return (await conn.call("health"))["status"]
+
     assert trio.run(ping) == "ok"
 
 
@@ -196,22 +213,23 @@ def test_tls_with_token(token_file, tmp_path):
   cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
   cert.private_key_pem.write_to_path(str(key_file))
   ca.cert_pem.write_to_path(str(ca_file))
-  with running_server("echo=2:1", extra=("--token-file", token_file, "--tls-cert", str(cert_file),
-                                         "--tls-key", str(key_file))) as s:
+  with running_server(
+    "echo=2:1", extra=("--token-file", token_file, "--tls-cert", str(cert_file), "--tls-key", str(key_file))
+  ) as s:
+
     async def main():
-      good = await Connection.open(s.address, token=TOKEN,
-                                   ssl_context=auth.client_ssl_context(str(ca_file)))
+      good = await Connection.open(s.address, token=TOKEN, ssl_context=auth.client_ssl_context(str(ca_file)))
       await good.call("acquire", {"env": "echo", "chain_id": "t"})
       echoed = await good.call("step", {"env": "echo", "chain_id": "t", "action": "over tls"})
       # Plain TCP to a TLS server, and TLS that does not trust this CA: both fail to connect.
       with pytest.raises(ConnectionLost):
         await Connection.open(s.address, connect_timeout_s=2, token=TOKEN, ssl_context=None)
       with pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED"):
-        await Connection.open(s.address, token=TOKEN,
-                              ssl_context=auth.client_ssl_context(None))
+        await Connection.open(s.address, token=TOKEN, ssl_context=auth.client_ssl_context(None))
       stats = await good.call("stats")
       await good.aclose()
       return echoed["observation"], stats
+
     observation, stats = trio.run(main)
   assert observation == "over tls" and stats["tls_failures"] >= 1
 
@@ -222,9 +240,10 @@ def test_manager_uses_tls_from_the_environment(token_file, tmp_path, monkeypatch
   cert = ca.issue_cert("127.0.0.1")
   cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "c.pem"))
   ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-  with running_server("echo=1:1", extra=("--token-file", token_file, "--tls-cert",
-                                         str(tmp_path / "c.pem"), "--tls-key",
-                                         str(tmp_path / "c.pem"))) as s:
+  with running_server(
+    "echo=1:1",
+    extra=("--token-file", token_file, "--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "c.pem")),
+  ) as s:
     monkeypatch.setenv(auth.TOKEN_FILE_ENV, token_file)
     monkeypatch.setenv(auth.TLS_CA_ENV, str(tmp_path / "ca.pem"))
 
@@ -242,13 +261,13 @@ def test_manager_uses_tls_from_the_environment(token_file, tmp_path, monkeypatch
 async def test_silent_connection_is_closed_after_the_handshake_timeout():
   import envservers.envs  # noqa: F401  (registers the built-in env types)
   from envservers.server import EnvServer
+
   server = EnvServer({"echo": (1, 0)}, token=TOKEN, handshake_timeout_s=0.5)
   async with trio.open_nursery() as nursery:
-    port = await nursery.start(lambda task_status: server.serve("127.0.0.1", 0,
-                                                                task_status=task_status))
+    port = await nursery.start(lambda task_status: server.serve("127.0.0.1", 0, task_status=task_status))
     stream, reader = await _raw(f"127.0.0.1:{port}")
     assert (await _next(reader))["hello"]["auth"] == auth.SCHEME
-    reply = await _next(reader)   # says nothing: one error reply, then closed
+    reply = await _next(reader)  # says nothing: one error reply, then closed
     assert reply["ok"] is False and reply["error"]["type"] == "AuthRequired"
     assert await _next(reader) is None
     assert server.counters["auth_failures"] == 1 and server.counters["auth_ok"] == 0

@@ -1,5 +1,6 @@
 """Envs that run in a process of their own (`run_in_subprocess`): crashes, kills and hangs cost
 only that instance, which is recycled; other chains are unaffected; caps count processes."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,7 @@ async def test_worker_env_round_trip(server):
   assert info["worker_pid"] in _workers(server.process.pid)
   assert (await conn.call("reset", {**args, "row": None}))["observation"] == "> ready"
   step = await conn.call("step", {**args, "action": {"k": 1}})
-  assert step["observation"] == '> {"k": 1}' and step["info"] == {"steps": 1}   # no stdout noise
+  assert step["observation"] == '> {"k": 1}' and step["info"] == {"steps": 1}  # no stdout noise
   pid = int((await conn.call("step", {**args, "action": "pid"}))["observation"])
   assert pid == info["worker_pid"]
   with pytest.raises(protocol.RemoteError, match="asked to raise"):
@@ -63,12 +64,12 @@ async def test_crash_and_kill_mid_episode_recycle_only_that_chain(server):
   before = (await conn.call("stats"))["pools"]["worker_echo"]
   results = {}
   async with trio.open_nursery() as nursery:
+
     async def victim_call():
       results["victim"] = await conn.call("step", {**victim, "action": {"sleep_s": 3}})
 
     async def bystander_calls():
-      results["bystander"] = [
-          (await conn.call("step", {**bystander, "action": i}))["observation"] for i in range(5)]
+      results["bystander"] = [(await conn.call("step", {**bystander, "action": i}))["observation"] for i in range(5)]
 
     nursery.start_soon(victim_call)
     nursery.start_soon(bystander_calls)
@@ -145,19 +146,21 @@ async def test_client_gone_mid_call_cancels_it_and_recycles_the_instance(server)
   pid = (await conn.call("acquire", args))["worker_pid"]
   before = (await conn.call("stats"))["pools"]["worker_echo"]["recycled"]
   async with trio.open_nursery() as nursery:
+
     async def doomed():
       with pytest.raises(Exception):
         await conn.call("step", {**args, "action": {"sleep_s": 4}})
+
     nursery.start_soon(doomed)
     await trio.sleep(0.3)
-    await conn.aclose()   # the client goes away mid-call
+    await conn.aclose()  # the client goes away mid-call
   other = await connect(server)
 
   async def recycled():
     stats = (await other.call("stats"))["pools"]["worker_echo"]
     return stats["recycled"] > before and pid not in _workers(server.process.pid)
 
-  with trio.fail_after(3):   # well before the 4 s call would have ended
+  with trio.fail_after(3):  # well before the 4 s call would have ended
     await wait_until(recycled, timeout_s=3)
   # A fresh chain never sees the cancelled call's late reply.
   await other.call("acquire", _args("next"))

@@ -1,4 +1,5 @@
 """Tools and rewards by name: built-ins, `module:function`, and the errors that name what is wrong."""
+
 import sys
 import textwrap
 
@@ -20,7 +21,8 @@ def test_builtins_by_name():
 
 
 def test_user_module_functions(tmp_path, monkeypatch):
-  (tmp_path / "my_reg_task.py").write_text(textwrap.dedent('''
+  (tmp_path / "my_reg_task.py").write_text(
+    textwrap.dedent('''
       from agentfly_jax import tool
       @tool
       def shout(text: str) -> str:
@@ -33,7 +35,8 @@ def test_user_module_functions(tmp_path, monkeypatch):
       def plain_reward(prediction, answer):
         return float(prediction == answer)
       NOT_A_TOOL = 3
-  '''))
+  ''')
+  )
   monkeypatch.syspath_prepend(str(tmp_path))
   t = get_tool("my_reg_task:shout")
   assert isinstance(t, Tool) and t.name == "shout"

@@ -1,6 +1,7 @@
 """The `retrieval` env (bm25s over a JSONL corpus) on a real env server, the `retrieve` tool, and
 the multi-hop acceptance: an oracle that queries each hop scores F1 >= 0.95 on the held-out
 2-hop questions; answering without retrieving scores <= 0.1."""
+
 from __future__ import annotations
 
 import json
@@ -72,16 +73,29 @@ def test_oracle_scores_high_and_no_retrieval_low_through_the_server(server):
   assert guessed.mean() <= 0.1, guessed.mean()
   # the bridge hop really is needed: the first passage does not contain the answer
   bridge = [r for r in rows if r["type"] == "2-hop-bridge"][:50]
-  first = [retrieval_env.shared_index(retrieval_env.DEFAULT_CORPUS, None).search(
-      r["hops"][0]["query"], 1)[0][0]["text"] for r in bridge]
+  first = [
+    retrieval_env.shared_index(retrieval_env.DEFAULT_CORPUS, None).search(r["hops"][0]["query"], 1)[0][0]["text"]
+    for r in bridge
+  ]
   assert sum(r["answer"][0] in text for r, text in zip(bridge, first)) <= 5
 
 
-@pytest.mark.parametrize("action, needle", [
-    ("", "empty"), ("   ", "empty"), ({"query": ""}, "empty"), ({"query": "x", "k": 0}, "k must be"),
-    ({"query": "x", "k": 500}, "k must be"), ({"query": "x", "k": "3"}, "k must be"),
-    ("{not json", "does not parse"), ({"query": 7}, "must be a string"), (None, "must be a string"),
-    ({"q": "Ostrevel"}, "unknown field"), ("x" * 5000, "too long")])
+@pytest.mark.parametrize(
+  "action, needle",
+  [
+    ("", "empty"),
+    ("   ", "empty"),
+    ({"query": ""}, "empty"),
+    ({"query": "x", "k": 0}, "k must be"),
+    ({"query": "x", "k": 500}, "k must be"),
+    ({"query": "x", "k": "3"}, "k must be"),
+    ("{not json", "does not parse"),
+    ({"query": 7}, "must be a string"),
+    (None, "must be a string"),
+    ({"q": "Ostrevel"}, "unknown field"),
+    ("x" * 5000, "too long"),
+  ],
+)
 def test_bad_actions_get_informative_observations(server, action, needle):
   manager = EnvManager([server.address])
 
@@ -89,8 +103,7 @@ def test_bad_actions_get_informative_observations(server, action, needle):
     env = await manager.acquire("retrieval", "bad")
     try:
       bad = await env.step(action)
-      good = await env.step(json.dumps({"query": multihop_qa.test_rows()[0]["hops"][0]["query"],
-                                        "k": 2}))
+      good = await env.step(json.dumps({"query": multihop_qa.test_rows()[0]["hops"][0]["query"], "k": 2}))
     finally:
       await manager.release("retrieval", "bad")
     return bad, good
@@ -112,8 +125,7 @@ def test_observation_lists_numbered_titled_passages_and_no_match_is_said():
 
 
 def test_index_is_shared_and_cached_on_disk_by_sha256(tmp_path):
-  docs = [{"id": f"d{i}", "title": f"Title {i}", "text": f"word{i} common text {i % 7}"}
-          for i in range(300)]
+  docs = [{"id": f"d{i}", "title": f"Title {i}", "text": f"word{i} common text {i % 7}"} for i in range(300)]
   corpus = tmp_path / "c.jsonl"
   _write_corpus(corpus, docs)
   cache = tmp_path / "cache"
@@ -122,55 +134,83 @@ def test_index_is_shared_and_cached_on_disk_by_sha256(tmp_path):
   assert a.index is b.index and a.index.source == "built"
   sha = retrieval_env.corpus_sha256(str(corpus))
   assert (cache / sha / "meta.json").is_file()
-  retrieval_env._indexes.clear()   # a "restart": the next construction loads the cache
+  retrieval_env._indexes.clear()  # a "restart": the next construction loads the cache
   c = retrieval_env.RetrievalEnv(corpus=str(corpus), cache_dir=str(cache))
   assert c.index.source == "cache" and c.index.sha256 == sha
-  assert [d["id"] for d, _ in c.index.search("word17 common", 3)] == \
-      [d["id"] for d, _ in a.index.search("word17 common", 3)]
+  assert [d["id"] for d, _ in c.index.search("word17 common", 3)] == [
+    d["id"] for d, _ in a.index.search("word17 common", 3)
+  ]
   assert a.index.search("word17", 1)[0][0]["id"] == "d17"
 
 
-@pytest.mark.parametrize("bad_line, needle", [
-    ("{not json", "not valid JSON"), ('["a", "b"]', "expected a JSON object"),
-    ('{"id": "x", "title": "t"}', "'text'"), ('{"id": 3, "title": "t", "text": "x"}', "'id'"),
-    ('{"id": "d0", "title": "t", "text": "dup"}', "already used on line 1")])
+@pytest.mark.parametrize(
+  "bad_line, needle",
+  [
+    ("{not json", "not valid JSON"),
+    ('["a", "b"]', "expected a JSON object"),
+    ('{"id": "x", "title": "t"}', "'text'"),
+    ('{"id": 3, "title": "t", "text": "x"}', "'id'"),
+    ('{"id": "d0", "title": "t", "text": "dup"}', "already used on line 1"),
+  ],
+)
 def test_bad_corpus_line_stops_the_server_naming_file_and_line(tmp_path, bad_line, needle):
   corpus = tmp_path / "bad.jsonl"
-  _write_corpus(corpus, [{"id": "d0", "title": "a", "text": "alpha"},
-                         {"id": "d1", "title": "b", "text": "beta"}, bad_line])
+  _write_corpus(
+    corpus, [{"id": "d0", "title": "a", "text": "alpha"}, {"id": "d1", "title": "b", "text": "beta"}, bad_line]
+  )
   result = subprocess.run(
-      [sys.executable, "-m", "envservers", "--port", "0", "--env", "retrieval=2",
-       "--env-opt", f"retrieval.corpus={corpus}", "--env-opt", f"retrieval.cache_dir={tmp_path}"],
-      capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "envservers",
+      "--port",
+      "0",
+      "--env",
+      "retrieval=2",
+      "--env-opt",
+      f"retrieval.corpus={corpus}",
+      "--env-opt",
+      f"retrieval.cache_dir={tmp_path}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert result.returncode == 2, result
   assert f"{corpus}, line 3" in result.stderr and needle in result.stderr, result.stderr
 
 
 def test_bad_options_are_refused():
-  for options, needle in [({"k": 0}, "'k'"), ({"max_k": 100}, "'max_k'"),
-                          ({"corpus": "/nonexistent.jsonl"}, "does not exist")]:
+  for options, needle in [
+    ({"k": 0}, "'k'"),
+    ({"max_k": 100}, "'max_k'"),
+    ({"corpus": "/nonexistent.jsonl"}, "does not exist"),
+  ]:
     with pytest.raises(ValueError, match=needle):
       retrieval_env.RetrievalEnv(**options)
 
 
 def test_retrieval_env_imports_no_jax(tmp_path):
-  code = ("import sys; from envservers.envs.retrieval import RetrievalEnv\n"
-          f"env = RetrievalEnv(cache_dir={str(tmp_path)!r})\n"
-          "assert env.index.search('Ostrevel city', 2)\n"
-          "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'agentfly_jax', 'numba')])")
+  code = (
+    "import sys; from envservers.envs.retrieval import RetrievalEnv\n"
+    f"env = RetrievalEnv(cache_dir={str(tmp_path)!r})\n"
+    "assert env.index.search('Ostrevel city', 2)\n"
+    "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'agentfly_jax', 'numba')])"
+  )
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert result.returncode == 0 and result.stdout.strip() == "[]", result
 
 
 def test_one_off_retrieve_call_uses_the_embedded_local_server(tmp_path):
   row = multihop_qa.test_rows()[0]
-  code = ("from agentfly_jax.tools import retrieve, get_tool\n"
-          "assert get_tool('retrieve') is retrieve\n"
-          f"print(retrieve({row['hops'][0]['query']!r}, k=2))")
+  code = (
+    "from agentfly_jax.tools import retrieve, get_tool\n"
+    "assert get_tool('retrieve') is retrieve\n"
+    f"print(retrieve({row['hops'][0]['query']!r}, k=2))"
+  )
   env = dict(os.environ, AGENTFLY_LOCAL_ENVS="retrieval=2:1", AGENTFLY_CACHE_DIR=str(tmp_path))
   env.pop("AGENTFLY_ENV_SERVERS", None)
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=180, env=env)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
   assert result.returncode == 0, result
   assert result.stdout.startswith(f"[1] {row['hops'][0]['query']}\n") and "[2] " in result.stdout
   assert get_tool("retrieve") is retrieve
@@ -179,6 +219,7 @@ def test_one_off_retrieve_call_uses_the_embedded_local_server(tmp_path):
 
 def test_scripted_demonstrations_follow_the_hops():
   import re
+
   index = retrieval_env.shared_index(retrieval_env.DEFAULT_CORPUS, None)
   rows = [r for r in multihop_qa.knowledge_base().questions["train"] if r["type"] != "1-hop"][:40]
   rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
 """The alfworld adapter: a clear error without ALFWorld's data, and a tiny game in ALFWorld's
 layout (a PDDL domain/problem/grammar written for this test, tests/data/alfworld_tiny) played
 through a real env server when TextWorld's PDDL backend (fast-downward-textworld) is installed."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,16 +32,22 @@ def test_missing_data_folder_gives_a_clear_error(tmp_path, monkeypatch):
   # The server refuses to start, naming the folder.
   env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
   env["ALFWORLD_DATA"] = str(tmp_path / "nowhere")
-  out = subprocess.run([sys.executable, "-m", "envservers", "--port", "0", "--env", "alfworld=1"],
-                       capture_output=True, text=True, timeout=120, env=env)
+  out = subprocess.run(
+    [sys.executable, "-m", "envservers", "--port", "0", "--env", "alfworld=1"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=env,
+  )
   assert out.returncode != 0 and "nowhere" in out.stderr and "json_2.1.1" in out.stderr
 
 
 def _build_data_folder(root) -> str:
   """ALFWorld's layout with one tiny game per split."""
-  game = {name: open(os.path.join(TINY, file)).read()
-          for name, file in (("pddl_domain", "domain.pddl"), ("pddl_problem", "problem.pddl"),
-                             ("grammar", "grammar.twl2"))}
+  game = {
+    name: open(os.path.join(TINY, file)).read()
+    for name, file in (("pddl_domain", "domain.pddl"), ("pddl_problem", "problem.pddl"), ("grammar", "grammar.twl2"))
+  }
   game.update(walkthrough=WALKTHROUGH, solvable=True)
   for split in ("train", "valid_seen"):
     trial = root / "json_2.1.1" / split / "pick_and_place_simple-Apple-None-Shelf-1" / "trial_0"
@@ -50,13 +57,16 @@ def _build_data_folder(root) -> str:
   return str(root)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("fast_downward") is None,
-                    reason="TextWorld's PDDL backend (fast-downward-textworld) is not installed")
+@pytest.mark.skipif(
+  importlib.util.find_spec("fast_downward") is None,
+  reason="TextWorld's PDDL backend (fast-downward-textworld) is not installed",
+)
 def test_tiny_game_in_alfworld_layout_through_a_server(tmp_path):
   data = _build_data_folder(tmp_path)
   games = list_games(data, "valid_seen")
   assert games == ["json_2.1.1/valid_seen/pick_and_place_simple-Apple-None-Shelf-1/trial_0/game.tw-pddl"]
   with running_server("alfworld=1:1", options=(f"alfworld.data_dir={data}",)) as server:
+
     async def expert(observation, env):
       if not getattr(env, "_plan", None):
         env._plan = (await env.step({"query": "walkthrough"})).observation.split("\n")

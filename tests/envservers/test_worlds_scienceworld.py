@@ -1,5 +1,6 @@
 """The scienceworld world through a real env server (one JVM, reused across chains): gold action
 sequences solve 5 tasks, a random policy scores low, bad actions, the JVM dying mid-episode."""
+
 from __future__ import annotations
 
 import signal
@@ -13,9 +14,8 @@ from agentfly_jax.tasks import scienceworld as task
 from envservers_helpers import child_pids, kill, running_server
 from worlds_helpers import play
 
-pytestmark = [pytest.mark.slow, pytest.mark.jvm]   # one JVM start (~10 s) + five task loads on a loaded CPU
-EXPERT_TASKS = ("find-animal", "find-plant", "find-non-living-thing", "find-living-thing",
-                "identify-life-stages-1")
+pytestmark = [pytest.mark.slow, pytest.mark.jvm]  # one JVM start (~10 s) + five task loads on a loaded CPU
+EXPERT_TASKS = ("find-animal", "find-plant", "find-non-living-thing", "find-living-thing", "identify-life-stages-1")
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,10 @@ def test_gold_sequences_solve_five_tasks_and_random_scores_low(sw_server):
 
   async def main():
     manager = EnvManager([sw_server.address])
-    expert_results = [await play(manager, "scienceworld", _row(t), expert, 80, "score")
-                      for t in EXPERT_TASKS]
-    random_results = [await play(manager, "scienceworld", _row(t), random_policy, 10, "score")
-                      for t in EXPERT_TASKS[:2]]
+    expert_results = [await play(manager, "scienceworld", _row(t), expert, 80, "score") for t in EXPERT_TASKS]
+    random_results = [
+      await play(manager, "scienceworld", _row(t), random_policy, 10, "score") for t in EXPERT_TASKS[:2]
+    ]
     env = await manager.acquire("scienceworld", "timing")
     timing = (await env.step({"query": "timing"})).info
     stats = (await manager.server_stats())[sw_server.address]["pools"]["scienceworld"]
@@ -54,9 +54,11 @@ def test_gold_sequences_solve_five_tasks_and_random_scores_low(sw_server):
     return expert_results, random_results, timing, stats
 
   expert_results, random_results, timing, stats = trio.run(main)
-  print(f"scienceworld: expert {[r['reward'] for r in expert_results]}, random "
-        f"{[r['reward'] for r in random_results]}; JVM start {timing['start_s']:.1f} s, last load "
-        f"{timing['load_s']:.1f} s, reset {timing['reset_s']:.2f} s")
+  print(
+    f"scienceworld: expert {[r['reward'] for r in expert_results]}, random "
+    f"{[r['reward'] for r in random_results]}; JVM start {timing['start_s']:.1f} s, last load "
+    f"{timing['load_s']:.1f} s, reset {timing['reset_s']:.2f} s"
+  )
   for name, result in zip(EXPERT_TASKS, expert_results):
     assert result["reward"] == 1.0 and result["solved"] == 1.0 and result["done"], name
     assert result["step_rewards"] == pytest.approx(1.0), name
@@ -89,8 +91,7 @@ def test_bad_actions_and_the_jvm_dying_mid_episode(sw_server):
     after = await env.step("look around")
     assert after.done and after.info["error"] == "EpisodeOver"
     await env.reset(_row("find-animal"))
-    java = [p for p in child_pids(env.info["worker_pid"])
-            if b"java" in open(f"/proc/{p}/cmdline", "rb").read()]
+    java = [p for p in child_pids(env.info["worker_pid"]) if b"java" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert java, "the worker runs no JVM child"
     kill(java[0], signal.SIGKILL)
     crashed = await env.step("look around")

@@ -1,5 +1,6 @@
 """The textworld world: seeded generated games, walkthrough expert and random policy through a
 real env server, bad commands, and a worker crash mid-episode."""
+
 from __future__ import annotations
 
 import os
@@ -15,14 +16,18 @@ from envservers.envs.textworld_games import game_file
 from envservers_helpers import kill, running_server
 from worlds_helpers import play
 
-GAMES = [("treasure_hunter", "easy", 11), ("coin_collector", "easy", 12), ("cooking", "easy", 13),
-         ("treasure_hunter", "medium", 14)]
+GAMES = [
+  ("treasure_hunter", "easy", 11),
+  ("coin_collector", "easy", 12),
+  ("cooking", "easy", 13),
+  ("treasure_hunter", "medium", 14),
+]
 
 
 @pytest.fixture(scope="module")
 def games(tmp_path_factory):
   cache = str(tmp_path_factory.mktemp("textworld_games"))
-  first = game_file(*GAMES[0], cache_dir=cache)   # one generated here, the rest by the server
+  first = game_file(*GAMES[0], cache_dir=cache)  # one generated here, the rest by the server
   return cache, first
 
 
@@ -36,8 +41,7 @@ def tw_server(games):
 def _rows(games):
   cache, first = games
   rows = [{"question": "play", "game_file": first}]
-  rows += [{"question": "play", "game_kind": k, "game_seed": s, "difficulty": d}
-           for k, d, s in GAMES[1:]]
+  rows += [{"question": "play", "game_kind": k, "game_seed": s, "difficulty": d} for k, d, s in GAMES[1:]]
   return rows
 
 
@@ -82,8 +86,7 @@ def test_walkthrough_solves_every_game_random_scores_low(games, tw_server):
   expert_results, random_results, stats = trio.run(main)
   expert_rewards = [r["reward"] for r in expert_results]
   random_rewards = [r["reward"] for r in random_results]
-  print(f"textworld: expert {expert_rewards}, random {random_rewards} "
-        f"(mean {np.mean(random_rewards):.3f})")
+  print(f"textworld: expert {expert_rewards}, random {random_rewards} (mean {np.mean(random_rewards):.3f})")
   assert expert_rewards == [1.0] * len(GAMES)
   assert all(r["won"] == 1.0 and r["done"] for r in expert_results)
   assert all(r["step_rewards"] == pytest.approx(1.0) for r in expert_results)

@@ -2,6 +2,7 @@
 a function, outside `if TYPE_CHECKING:` blocks): no module import cycle, and imports between
 sub-packages run one way, down the data flow of ../shared/docs/DESIGN.md. `envservers` imports
 nothing of `agentfly_jax` and no JAX."""
+
 import ast
 import collections
 import os
@@ -11,19 +12,19 @@ from train_cli import ROOT
 
 # Lower layers first; a module may import its own sub-package and any sub-package of a lower layer.
 LAYERS = [
-    ["envservers"],
-    ["agentfly_jax.xla_defaults"],
-    ["agentfly_jax.envs"],
-    ["agentfly_jax.tools"],
-    ["agentfly_jax.rewards"],
-    ["agentfly_jax.data", "agentfly_jax.metrics"],
-    ["agentfly_jax.models"],
-    ["agentfly_jax.sampling", "agentfly_jax.checkpoint"],   # checkpoint converts layer layouts (models)
-    ["agentfly_jax.rl.core"],  # pure device math (losses, advantages, train step, prepare): no host loop
-    ["agentfly_jax.agents"],
-    ["agentfly_jax.tasks"],
-    ["agentfly_jax.rl"],
-    ["agentfly_jax"],  # the top-level package re-exports the decorators
+  ["envservers"],
+  ["agentfly_jax.xla_defaults"],
+  ["agentfly_jax.envs"],
+  ["agentfly_jax.tools"],
+  ["agentfly_jax.rewards"],
+  ["agentfly_jax.data", "agentfly_jax.metrics"],
+  ["agentfly_jax.models"],
+  ["agentfly_jax.sampling", "agentfly_jax.checkpoint"],  # checkpoint converts layer layouts (models)
+  ["agentfly_jax.rl.core"],  # pure device math (losses, advantages, train step, prepare): no host loop
+  ["agentfly_jax.agents"],
+  ["agentfly_jax.tasks"],
+  ["agentfly_jax.rl"],
+  ["agentfly_jax"],  # the top-level package re-exports the decorators
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -199,16 +200,24 @@ def test_rl_core_is_device_math_only():
   threads, checkpoint IO, progress bars, the env servers)."""
   mods, edges, external = _graph()
   host = ("trio", "asyncio", "threading", "concurrent", "orbax", "tqdm", "envservers", "subprocess")
-  bad = [f"{mods[src]}:{line}: imports {dst}" for src in mods if _layer(src) == "agentfly_jax.rl.core"
-         for dst, line in {**edges.get(src, {}), **external.get(src, {})}.items() if dst.split(".")[0] in host]
+  bad = [
+    f"{mods[src]}:{line}: imports {dst}"
+    for src in mods
+    if _layer(src) == "agentfly_jax.rl.core"
+    for dst, line in {**edges.get(src, {}), **external.get(src, {})}.items()
+    if dst.split(".")[0] in host
+  ]
   assert [m for m in mods if _layer(m) == "agentfly_jax.rl.core"], "agentfly_jax/rl/core is missing"
   assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("source,expected", [
+@pytest.mark.parametrize(
+  "source,expected",
+  [
     ("import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from x.y import Z\n", ["os", "typing"]),
     ("def f():\n  from x.y import Z\n", ["x.y"]),
-])
+  ],
+)
 def test_import_reader(tmp_path, source, expected):
   path = tmp_path / "m.py"
   path.write_text(source)

@@ -4,6 +4,7 @@ attention: logits and parameter gradients of a random loss through the model, wi
 with packed segments; the flash op against `layers.attend` on its own (values and q/k/v
 gradients, GQA, uneven blocks, left/right padding, segments); the config rejects a bad chunk or
 implementation."""
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -16,8 +17,17 @@ B, T, V = 3, 13, 64
 
 
 def _model(chunk, impl="flash"):
-  cfg = tiny_config("qwen3", vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, attention_chunk=chunk, attention_impl=impl)
+  cfg = tiny_config(
+    "qwen3",
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    attention_chunk=chunk,
+    attention_impl=impl,
+  )
   return CausalLM(cfg, rngs=nnx.Rngs(0))
 
 
@@ -38,8 +48,11 @@ def test_chunked_attention_matches_one_square(packed, impl, chunk):
   rng = np.random.default_rng(int(packed))
   ids = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
   attn = jnp.asarray(np.arange(T)[None] < np.array([T, 9, 5])[:, None])
-  seg = jnp.asarray(np.where(np.asarray(attn), 1 + (np.arange(T)[None] >= np.array([6, 4, 2])[:, None]), 0),
-                    jnp.int32) if packed else None
+  seg = (
+    jnp.asarray(np.where(np.asarray(attn), 1 + (np.arange(T)[None] >= np.array([6, 4, 2])[:, None]), 0), jnp.int32)
+    if packed
+    else None
+  )
   weights = jnp.asarray(rng.normal(size=(B, T, V)), jnp.float32)
   v0, l0, g0 = _loss_and_grads(0, ids, attn, seg, weights)
   v1, l1, g1 = _loss_and_grads(chunk, ids, attn, seg, weights, impl)
@@ -64,34 +77,42 @@ def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
   upstream gradient is zero there and their outputs are not compared."""
   from agentfly_jax.models import layers
   from agentfly_jax.models.flash_attention import flash_causal_attention
+
   b, t, h, hd = 3, 24, 6, 8
   rng = np.random.default_rng(chunk * 10 + kvh)
   q = jnp.asarray(rng.normal(size=(b, t, h, hd)), jnp.float32)
   k = jnp.asarray(rng.normal(size=(b * kvh, t, hd)) * 2, jnp.float32)
   v = jnp.asarray(rng.normal(size=(b * kvh, t, hd)), jnp.float32)
   m = np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, t, t)).copy()
-  m[0, :, 17:] = False                   # right padding
-  m[1, :, :4] = False                    # left padding
-  m[2, 10:, :10] = False                 # second packed segment starts at 10
+  m[0, :, 17:] = False  # right padding
+  m[1, :, :4] = False  # left padding
+  m[2, 10:, :10] = False  # second packed segment starts at 10
   mask = jnp.asarray(m)
-  seen = m.any(-1)                       # [b, t] rows with at least one allowed key
+  seen = m.any(-1)  # [b, t] rows with at least one allowed key
   d_out = jnp.asarray(rng.normal(size=(b, t, h * hd)) * seen[..., None], jnp.float32)
 
   def run(fn):
     def loss(q, k, v):
       out = fn(q, k, v)
       return (out * d_out).sum(), out
+
     (val, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     return val, out, grads
 
-  ref = run(lambda q, k, v: layers.attend(q, k, v, mask, num_kv_heads=kvh, keys_transposed=False,
-                                           dtype=jnp.float32, precision="highest"))
-  got = run(lambda q, k, v: flash_causal_attention(q, k, v, mask, num_kv_heads=kvh, chunk=chunk,
-                                                   dtype=jnp.float32, precision="highest"))
+  ref = run(
+    lambda q, k, v: layers.attend(
+      q, k, v, mask, num_kv_heads=kvh, keys_transposed=False, dtype=jnp.float32, precision="highest"
+    )
+  )
+  got = run(
+    lambda q, k, v: flash_causal_attention(
+      q, k, v, mask, num_kv_heads=kvh, chunk=chunk, dtype=jnp.float32, precision="highest"
+    )
+  )
   np.testing.assert_allclose(np.asarray(got[1])[seen], np.asarray(ref[1])[seen], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(float(got[0]), float(ref[0]), rtol=1e-5)
   for name, a, r in zip("qkv", got[2], ref[2]):
-    assert float(jnp.abs(r).max()) > 1e-3, name   # the comparison is not of zeros
+    assert float(jnp.abs(r).max()) > 1e-3, name  # the comparison is not of zeros
     np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-4, atol=1e-5, err_msg=f"d{name}")
   if chunk >= t:  # one block: every row, the padded ones included, equals attend
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(ref[1]), rtol=1e-5, atol=1e-5)
@@ -100,6 +121,7 @@ def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
 def test_flash_attention_bfloat16_tracks_float32():
   """The bf16 compute path (GPU recipe) stays within bf16 rounding of the float32 result."""
   from agentfly_jax.models.flash_attention import flash_causal_attention
+
   b, t, h, kvh, hd = 2, 32, 4, 2, 16
   rng = np.random.default_rng(7)
   q = jnp.asarray(rng.normal(size=(b, t, h, hd)), jnp.float32)
@@ -108,8 +130,19 @@ def test_flash_attention_bfloat16_tracks_float32():
   mask = jnp.asarray(np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, t, t)))
 
   def grads(dtype):
-    f = lambda q, k, v: flash_causal_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), mask,  # noqa: E731
-                                               num_kv_heads=kvh, chunk=8, dtype=dtype).astype(jnp.float32).sum()
+    f = lambda q, k, v: (
+      flash_causal_attention(
+        q.astype(dtype),
+        k.astype(dtype),
+        v.astype(dtype),
+        mask,  # noqa: E731
+        num_kv_heads=kvh,
+        chunk=8,
+        dtype=dtype,
+      )
+      .astype(jnp.float32)
+      .sum()
+    )
     return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
 
   for a, r in zip(grads(jnp.bfloat16), grads(jnp.float32)):
@@ -121,6 +154,7 @@ def test_attention_impl_must_be_known():
   with pytest.raises(ValueError, match="attention_impl"):
     tiny_config("llama", attention_impl="pallas")
   from agentfly_jax.rl.config import default_config, validate_config
+
   c = default_config()
   c.model.attention_impl = "sdpa"
   with pytest.raises(ValueError, match="model.attention_impl"):

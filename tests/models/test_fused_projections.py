@@ -3,6 +3,7 @@ concatenated kernels) equal the separate projections: logits and every parameter
 random loss (Qwen2: q/k/v biases), and the cached decode path in both kernel layouts (the row
 threshold that keeps decode unfused is lowered here so every path fuses); the
 parameter tree (names, shapes) is the same, so checkpoints and HF/vLLM weight maps carry over."""
+
 import numpy as np
 import pytest
 import jax
@@ -17,8 +18,16 @@ B, T, V = 2, 11, 64
 
 
 def _model(fuse):
-  cfg = tiny_config("qwen2", vocab_size=V, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, fuse_projections=fuse)
+  cfg = tiny_config(
+    "qwen2",
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    fuse_projections=fuse,
+  )
   return CausalLM(cfg, rngs=nnx.Rngs(0))
 
 
@@ -70,7 +79,9 @@ def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
   for model in (plain, fused):
     set_kernel_layout(model, "out_in")
     cache = model.init_cache(B, 8)
-    logits, cache = model(ids[:, :5], cache=cache, cache_index=0, attention_mask=jnp.arange(8)[None] < 5 * jnp.ones((B, 1)))
+    logits, cache = model(
+      ids[:, :5], cache=cache, cache_index=0, attention_mask=jnp.arange(8)[None] < 5 * jnp.ones((B, 1))
+    )
     step, _ = model(ids[:, 5:], cache=cache, cache_index=5, attention_mask=jnp.arange(8)[None] < 6 * jnp.ones((B, 1)))
     outs.append((logits, step))
   for a, b in zip(outs[0], outs[1]):
@@ -82,12 +93,17 @@ def test_dense_custom_vjp_equals_autodiff_of_dot_general(in_out):
   """layers.dense (its weight gradient written as one 2-D token-contracting GEMM) against
   jax.grad of the plain dot_general, both kernel layouts, [B, T, in] input, random values."""
   from agentfly_jax.models.layers import dense
+
   rng = np.random.default_rng(int(in_out))
   x = jnp.asarray(rng.normal(size=(3, 7, 12)), jnp.float32)
   k = jnp.asarray(rng.normal(size=(12, 20) if in_out else (20, 12)), jnp.float32)
   g = jnp.asarray(rng.normal(size=(3, 7, 20)), jnp.float32)
-  plain = lambda x, k: jax.lax.dot_general(x, k, (((2,), (0 if in_out else 1,)), ((), ())),  # noqa: E731
-                                           precision="highest")
+  plain = lambda x, k: jax.lax.dot_general(
+    x,
+    k,
+    (((2,), (0 if in_out else 1,)), ((), ())),  # noqa: E731
+    precision="highest",
+  )
   ours = lambda x, k: dense(x, k, in_out, "highest")  # noqa: E731
   np.testing.assert_allclose(np.asarray(ours(x, k)), np.asarray(plain(x, k)), rtol=1e-6, atol=1e-6)
   ga = jax.grad(lambda x, k: (ours(x, k) * g).sum(), argnums=(0, 1))(x, k)

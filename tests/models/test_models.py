@@ -1,4 +1,5 @@
 """Models without torch: KV-cache decoding vs the full forward pass, remat, configs, bad folders."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,18 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from agentfly_jax.models import (CausalLM, Critic, KVCache, ModelConfig, from_pretrained, make_mesh,
-                                 partition_specs, save_pretrained, shard_model, tiny_config)
+from agentfly_jax.models import (
+  CausalLM,
+  Critic,
+  KVCache,
+  ModelConfig,
+  from_pretrained,
+  make_mesh,
+  partition_specs,
+  save_pretrained,
+  shard_model,
+  tiny_config,
+)
 from agentfly_jax.models.layers import apply_rope, rope_inv_freq, rope_tables
 
 
@@ -20,8 +31,8 @@ def _left_padded(rng, vocab, lengths, total):
   ids = np.zeros((len(lengths), total), np.int32)
   mask = np.zeros((len(lengths), total), bool)
   for b, n in enumerate(lengths):
-    ids[b, total - n:] = rng.integers(0, vocab, n)
-    mask[b, total - n:] = True
+    ids[b, total - n :] = rng.integers(0, vocab, n)
+    mask[b, total - n :] = True
   return ids, mask
 
 
@@ -49,7 +60,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
   full = np.asarray(_forward(model, jnp.asarray(full_ids), jnp.asarray(full_mask), jnp.asarray(positions)))
 
   kv_mask = np.zeros((3, max_len), bool)
-  kv_mask[:, :prompt_len + new] = full_mask
+  kv_mask[:, : prompt_len + new] = full_mask
   cache = model.init_cache(3, max_len)
   assert isinstance(cache, KVCache)
   kvh, hd = cfg.num_key_value_heads, cfg.head_dim
@@ -58,18 +69,30 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
   assert (cache.batch_size, cache.max_len) == (3, max_len)
   # Prefill in two chunks (0..4, 4..8), then one token at a time.
   for start, stop in ((0, 4), (4, prompt_len)):
-    logits, cache = _cached_step(model, jnp.asarray(full_ids[:, start:stop]), jnp.asarray(positions[:, start:stop]),
-                                 jnp.asarray(kv_mask), cache, jnp.int32(start))
+    logits, cache = _cached_step(
+      model,
+      jnp.asarray(full_ids[:, start:stop]),
+      jnp.asarray(positions[:, start:stop]),
+      jnp.asarray(kv_mask),
+      cache,
+      jnp.int32(start),
+    )
     real = full_mask[:, start:stop]
     np.testing.assert_allclose(np.asarray(logits)[real], full[:, start:stop][real], rtol=1e-5, atol=1e-5)
   for j in range(prompt_len, prompt_len + new):
-    logits, cache = _cached_step(model, jnp.asarray(full_ids[:, j:j + 1]), jnp.asarray(positions[:, j:j + 1]),
-                                 jnp.asarray(kv_mask), cache, jnp.int32(j))
+    logits, cache = _cached_step(
+      model,
+      jnp.asarray(full_ids[:, j : j + 1]),
+      jnp.asarray(positions[:, j : j + 1]),
+      jnp.asarray(kv_mask),
+      cache,
+      jnp.int32(j),
+    )
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, j], rtol=1e-5, atol=1e-5)
   # Slots past the written ones are untouched.
   for layer_kv in (cache.keys(0), cache.values(0)):
-    assert not np.any(np.asarray(layer_kv)[:, :, prompt_len + new:])
-    assert np.all(np.any(np.asarray(layer_kv)[:, :, :prompt_len + new] != 0, axis=-1))  # all written
+    assert not np.any(np.asarray(layer_kv)[:, :, prompt_len + new :])
+    assert np.all(np.any(np.asarray(layer_kv)[:, :, : prompt_len + new] != 0, axis=-1))  # all written
   # The cached keys are the model's own (rotated) keys: recompute layer 0's keys for the prompt.
   layer0 = model.model.layers[0]
   cos, sin = rope_tables(jnp.asarray(positions), rope_inv_freq(cfg))
@@ -78,7 +101,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(model_type):
   if layer0.self_attn.k_norm is not None:
     k0 = layer0.self_attn.k_norm(k0)
   k0 = apply_rope(k0, cos, sin).transpose(0, 2, 1, 3)
-  np.testing.assert_allclose(np.asarray(cache.keys(0))[:, :, :prompt_len + new], np.asarray(k0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(cache.keys(0))[:, :, : prompt_len + new], np.asarray(k0), rtol=1e-5, atol=1e-5)
 
 
 def test_kv_mask_excludes_pad_slots():
@@ -89,8 +112,11 @@ def test_kv_mask_excludes_pad_slots():
   kv_mask = jnp.asarray(np.r_[[[False] * 2 + [True] * 6] * 2])
   pos = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
   clean = model.init_cache(2, 8)
-  dirty = KVCache(k=tuple(jnp.full_like(k, 7.0) for k in clean.k), v=tuple(jnp.full_like(v, -3.0) for v in clean.v),
-                  num_kv_heads=clean.num_kv_heads)
+  dirty = KVCache(
+    k=tuple(jnp.full_like(k, 7.0) for k in clean.k),
+    v=tuple(jnp.full_like(v, -3.0) for v in clean.v),
+    num_kv_heads=clean.num_kv_heads,
+  )
   a, _ = _cached_step(model, ids, pos, kv_mask, clean, jnp.int32(2))
   b, _ = _cached_step(model, ids, pos, kv_mask, dirty, jnp.int32(2))
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
@@ -122,8 +148,13 @@ def test_remat_same_logits_and_grads():
 
 
 def test_llama3_rope_scaling_against_float64_formula():
-  rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 256}
+  rs = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+  }
   cfg = tiny_config("llama", head_dim=64, rope_theta=500000.0, rope_scaling=rs)
   ours = np.asarray(rope_inv_freq(cfg), np.float64)
   base = 1.0 / (500000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64))
@@ -142,9 +173,19 @@ def test_llama3_rope_scaling_against_float64_formula():
 
 
 def test_config_hf_dict_round_trip_and_errors():
-  cfg = tiny_config("llama", vocab_size=50, tie_word_embeddings=False, attention_bias=True,
-                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+  cfg = tiny_config(
+    "llama",
+    vocab_size=50,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    rope_scaling={
+      "rope_type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64,
+    },
+  )
   again = ModelConfig.from_hf_dict(json.loads(json.dumps(cfg.to_hf_dict())))
   assert again == cfg and hash(again) == hash(cfg)
   with pytest.raises(ValueError, match="num_key_value_heads"):
@@ -170,6 +211,7 @@ def test_input_errors_name_the_argument():
 
 
 # ---- malformed checkpoint folders -------------------------------------------------------------
+
 
 @pytest.fixture()
 def saved(tmp_path):
@@ -219,8 +261,10 @@ def test_unknown_architecture_is_named(saved):
 
 
 def test_index_naming_missing_shard(saved):
-  json.dump({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}},
-            open(os.path.join(saved, "model.safetensors.index.json"), "w"))
+  json.dump(
+    {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}},
+    open(os.path.join(saved, "model.safetensors.index.json"), "w"),
+  )
   with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors"):
     from_pretrained(saved)
 
@@ -244,7 +288,9 @@ def test_from_pretrained_onto_mesh_and_shard_model(saved):
   for (path, var), (_, spec) in zip(nnx.to_flat_state(nnx.state(placed, nnx.Param)), nnx.to_flat_state(specs)):
     assert var[...].sharding.spec == spec, path
   ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
-  np.testing.assert_array_equal(np.asarray(_forward(placed, ids, None, None)), np.asarray(_forward(ref, ids, None, None)))
+  np.testing.assert_array_equal(
+    np.asarray(_forward(placed, ids, None, None)), np.asarray(_forward(ref, ids, None, None))
+  )
   shard_model(ref, mesh)
   critic = Critic.from_causal_lm(ref)
   assert nnx.jit(lambda c, x: c(x))(critic, ids).shape == (1, 4)
@@ -268,13 +314,27 @@ def test_streaming_load_peak_host_memory_is_about_one_copy(tmp_path):
   """Loading ~100 MB of weights raises peak RSS by about one copy (< 1.35x), not two."""
   import subprocess
   import sys
-  cfg = tiny_config("llama", vocab_size=24000, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
-                    num_key_value_heads=4, head_dim=64, tie_word_embeddings=False)
+
+  cfg = tiny_config(
+    "llama",
+    vocab_size=24000,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    tie_word_embeddings=False,
+  )
   folder = save_pretrained(CausalLM(cfg, rngs=nnx.Rngs(0)), tmp_path / "big")
   weights = os.path.getsize(os.path.join(folder, "model.safetensors"))
   assert weights > 90e6
-  proc = subprocess.run([sys.executable, "-c", _PEAK_RSS_SCRIPT, folder], capture_output=True, text=True,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-c", _PEAK_RSS_SCRIPT, folder],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   peak = int(proc.stdout.split("PEAK_KB")[1]) * 1024
   assert peak < 1.35 * weights, (peak / 1e6, weights / 1e6)
@@ -283,18 +343,36 @@ def test_streaming_load_peak_host_memory_is_about_one_copy(tmp_path):
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_linear_matches_nnx_linear_and_both_kernel_layouts_agree(use_bias):
   from agentfly_jax.models import Linear, set_kernel_layout
+
   init = nnx.initializers.normal(0.5)
-  ours = Linear(12, 7, use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32,
-                precision="highest", kernel_init=init, rngs=nnx.Rngs(3))
-  ref = nnx.Linear(12, 7, use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32,
-                   precision="highest", kernel_init=init, rngs=nnx.Rngs(3))
+  ours = Linear(
+    12,
+    7,
+    use_bias=use_bias,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision="highest",
+    kernel_init=init,
+    rngs=nnx.Rngs(3),
+  )
+  ref = nnx.Linear(
+    12,
+    7,
+    use_bias=use_bias,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision="highest",
+    kernel_init=init,
+    rngs=nnx.Rngs(3),
+  )
   # Same init stream and names as nnx.Linear: random inits and checkpoints carry over.
   np.testing.assert_array_equal(np.asarray(ours.kernel[...]), np.asarray(ref.kernel[...]))
   if use_bias:
     ref.bias.set_value(jax.random.normal(jax.random.key(5), (7,)))
     ours.bias.set_value(ref.bias[...])
-  assert [p for p, _ in nnx.to_flat_state(nnx.state(ours, nnx.Param))] == \
-         [p for p, _ in nnx.to_flat_state(nnx.state(ref, nnx.Param))]
+  assert [p for p, _ in nnx.to_flat_state(nnx.state(ours, nnx.Param))] == [
+    p for p, _ in nnx.to_flat_state(nnx.state(ref, nnx.Param))
+  ]
   x = jax.random.normal(jax.random.key(int(use_bias)), (2, 5, 12))
   want = np.asarray(x, np.float64) @ np.asarray(ref.kernel[...], np.float64)
   if use_bias:

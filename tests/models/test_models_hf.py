@@ -4,6 +4,7 @@ The reference is HF's own Qwen2/Qwen3/Llama model, random-initialised (all weigh
 scales and biases, perturbed so that every name/transpose mapping matters), saved with HF's
 `save_pretrained` and loaded by ours.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,26 +21,31 @@ transformers = pytest.importorskip("transformers")
 from agentfly_jax.models import CausalLM, Critic, from_pretrained, save_pretrained, to_hf_state_dict  # noqa: E402
 
 _HF_CONFIGS = {
-    "qwen2": transformers.Qwen2Config,
-    "qwen3": transformers.Qwen3Config,
-    "llama": transformers.LlamaConfig,
+  "qwen2": transformers.Qwen2Config,
+  "qwen3": transformers.Qwen3Config,
+  "llama": transformers.LlamaConfig,
 }
 _HF_LM = {
-    "qwen2": transformers.Qwen2ForCausalLM,
-    "qwen3": transformers.Qwen3ForCausalLM,
-    "llama": transformers.LlamaForCausalLM,
+  "qwen2": transformers.Qwen2ForCausalLM,
+  "qwen3": transformers.Qwen3ForCausalLM,
+  "llama": transformers.LlamaForCausalLM,
 }
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 64,
+}
 
 # (id, model_type, tie, extra HF config kwargs)
 VARIANTS = [
-    ("qwen2-tied", "qwen2", True, {}),
-    ("qwen2-untied", "qwen2", False, {}),
-    ("qwen3-tied", "qwen3", True, {}),
-    ("qwen3-untied-bias", "qwen3", False, {"attention_bias": True}),
-    ("llama-untied-llama3rope", "llama", False, {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
-    ("llama-tied-mha-bias", "llama", True, {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True}),
+  ("qwen2-tied", "qwen2", True, {}),
+  ("qwen2-untied", "qwen2", False, {}),
+  ("qwen3-tied", "qwen3", True, {}),
+  ("qwen3-untied-bias", "qwen3", False, {"attention_bias": True}),
+  ("llama-untied-llama3rope", "llama", False, {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
+  ("llama-tied-mha-bias", "llama", True, {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True}),
 ]
 
 
@@ -49,9 +55,19 @@ def rel_err(ours, ref) -> float:
 
 
 def hf_config(model_type, tie, **extra):
-  kwargs = dict(vocab_size=211, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                rms_norm_eps=1e-6, tie_word_embeddings=tie, rope_theta=10000.0)
+  kwargs = dict(
+    vocab_size=211,
+    hidden_size=128,
+    intermediate_size=192,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=tie,
+    rope_theta=10000.0,
+  )
   kwargs.update(extra)
   cfg = _HF_CONFIGS[model_type](**kwargs)
   cfg._attn_implementation = "eager"
@@ -87,9 +103,11 @@ def hf_folder(request, tmp_path_factory):
 
 def hf_logits(hf, ids, mask=None, positions=None):
   with torch.no_grad():
-    out = hf(input_ids=torch.as_tensor(np.asarray(ids), dtype=torch.long),
-             attention_mask=None if mask is None else torch.as_tensor(np.asarray(mask), dtype=torch.long),
-             position_ids=None if positions is None else torch.as_tensor(np.asarray(positions), dtype=torch.long))
+    out = hf(
+      input_ids=torch.as_tensor(np.asarray(ids), dtype=torch.long),
+      attention_mask=None if mask is None else torch.as_tensor(np.asarray(mask), dtype=torch.long),
+      position_ids=None if positions is None else torch.as_tensor(np.asarray(positions), dtype=torch.long),
+    )
   return out.logits.float().numpy()
 
 
@@ -97,8 +115,8 @@ def left_padded_batch(rng, vocab, lengths, total):
   ids = np.zeros((len(lengths), total), np.int32)
   mask = np.zeros((len(lengths), total), bool)
   for b, n in enumerate(lengths):
-    ids[b, total - n:] = rng.integers(0, vocab, n)
-    mask[b, total - n:] = True
+    ids[b, total - n :] = rng.integers(0, vocab, n)
+    mask[b, total - n :] = True
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
   return ids, mask, positions
 
@@ -169,6 +187,7 @@ def test_round_trip_ours_to_hf(hf_folder, tmp_path):
 def test_sharded_save_loads_in_hf_and_ours(tmp_path):
   from flax import nnx
   from agentfly_jax.models import tiny_config
+
   model = CausalLM(tiny_config("qwen2", vocab_size=300, tie_word_embeddings=False), rngs=nnx.Rngs(5))
   out = save_pretrained(model, tmp_path / "sharded", max_shard_size=200_000)
   files = sorted(os.listdir(out))
@@ -190,11 +209,13 @@ def test_critic_matches_hf_token_classification(model_type, tmp_path):
   loading that folder back as a critic gives the same values."""
   from flax import nnx
   from agentfly_jax.models import tiny_config
+
   critic = Critic(tiny_config(model_type, vocab_size=128), rngs=nnx.Rngs(7))
   critic.score.bias[...] = jnp.asarray([0.3])
   out = save_pretrained(critic, tmp_path / "critic")
-  hf_cls = getattr(transformers, {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[model_type]
-                   + "ForTokenClassification")
+  hf_cls = getattr(
+    transformers, {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[model_type] + "ForTokenClassification"
+  )
   hf = hf_cls.from_pretrained(out).eval()
   ids = np.random.default_rng(8).integers(0, 128, (2, 10)).astype(np.int32)
   with torch.no_grad():
@@ -215,9 +236,12 @@ def test_critic_from_causal_lm_folder_warm_starts_trunk(hf_folder):
   h_lm, _ = lm.hidden_states(ids)
   np.testing.assert_array_equal(np.asarray(h_critic), np.asarray(h_lm))
   values = critic(ids)
-  np.testing.assert_allclose(np.asarray(values),
-                             np.asarray(h_lm @ critic.score.kernel[...] + critic.score.bias[...])[..., 0], rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(values),
+    np.asarray(h_lm @ critic.score.kernel[...] + critic.score.bias[...])[..., 0],
+    rtol=1e-5,
+    atol=1e-6,
+  )
   with torch.no_grad():
     hs = hf(input_ids=torch.as_tensor(np.asarray(ids), dtype=torch.long), output_hidden_states=True).hidden_states[-1]
   assert rel_err(h_lm, hs.numpy()) <= 1e-4

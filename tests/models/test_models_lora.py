@@ -1,5 +1,6 @@
 """LoRA adapters inside layers.Linear (models/lora.py): exactness at zero B, gradients against
 autodiff of the merged weights, a train step that moves only adapters, validation errors."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +10,7 @@ from flax import nnx
 
 from agentfly_jax.models import CausalLM, set_kernel_layout, tiny_config
 from agentfly_jax.models.layers import Linear
-from agentfly_jax.models.lora import (LoRAConfig, apply_lora, base_params, merge_lora, params_sha256,
-                                      target_paths)
+from agentfly_jax.models.lora import LoRAConfig, apply_lora, base_params, merge_lora, params_sha256, target_paths
 from agentfly_jax.models.sharding import make_mesh, partition_specs
 
 # 2 x 160 = 320 rows >= layers.FUSE_MIN_ROWS: the fused q/k/v and gate/up path runs
@@ -28,8 +28,12 @@ def _model(targets=("q", "k", "v", "o", "gate", "up", "down"), rank=4, *, fuse=T
 
 def _randomize_b(model, seed=2):
   """Fresh random (non-zero) B's, so the adapters change the output."""
-  for i, (_, m) in enumerate(sorted(((p, m) for p, m in nnx.iter_modules(model) if isinstance(m, Linear)
-                                     and m.lora_b is not None), key=lambda pm: str(pm[0]))):
+  for i, (_, m) in enumerate(
+    sorted(
+      ((p, m) for p, m in nnx.iter_modules(model) if isinstance(m, Linear) and m.lora_b is not None),
+      key=lambda pm: str(pm[0]),
+    )
+  ):
     m.lora_b[...] = 0.05 * jax.random.normal(jax.random.key(seed + i), m.lora_b.shape)
 
 
@@ -50,8 +54,9 @@ def test_adapters_are_lora_params_with_axes_and_float32():
   assert q.lora_a.dtype == jnp.float32 and float(jnp.abs(q.lora_a[...]).max()) > 0
   assert not np.any(np.asarray(q.lora_b[...]))
   specs = partition_specs(m, make_mesh(1, 1))  # every param (adapters too) has a rule
-  assert len(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))) == \
-      len(jax.tree.leaves(nnx.state(m, nnx.Param)))
+  assert len(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))) == len(
+    jax.tree.leaves(nnx.state(m, nnx.Param))
+  )
   assert q.lora_a.get_metadata()["out_sharding"] == ("embed", "lora_rank")
   assert q.lora_b.get_metadata()["out_sharding"] == ("lora_rank", "q_heads")
 
@@ -108,6 +113,7 @@ def test_gradients_equal_autodiff_of_merged_weights():
 def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
   from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
   from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+
   m = _model(rank=4)
   graphdef, adapters, rest = nnx.split(m, nnx.LoRAParam, ...)
   base_before = jax.tree.map(np.array, base_params(m))
@@ -122,9 +128,14 @@ def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
   ids = rng.integers(0, 256, (1, 4, 24)).astype(np.int32)
   mask = np.ones((1, 4, 24), bool)
   mask[..., :8] = False
-  batch = dict(input_ids=ids, target_ids=np.roll(ids, -1, -1), attention_mask=np.ones_like(mask),
-               action_mask=mask, old_logprobs=np.full((1, 4, 24), -5.0, np.float32),
-               advantages=rng.normal(size=(1, 4, 24)).astype(np.float32))
+  batch = dict(
+    input_ids=ids,
+    target_ids=np.roll(ids, -1, -1),
+    attention_mask=np.ones_like(mask),
+    action_mask=mask,
+    old_logprobs=np.full((1, 4, 24), -5.0, np.float32),
+    advantages=rng.normal(size=(1, 4, 24)).astype(np.float32),
+  )
   step = jax.jit(make_train_step(graphdef, rest, opt, LossConfig(logits_capacity=())))
   new_state, metrics = step(state, batch)
   assert float(metrics["actor/grad_norm"]) > 0
@@ -148,11 +159,13 @@ def test_path_pattern_targets_and_validation_errors():
   with pytest.raises(ValueError, match=r"model.lora.targets: '\(' is neither"):
     LoRAConfig(targets="q,(")
   with pytest.raises(ValueError, match="critic.lora.targets: 'qproj' matches no projection"):
-    apply_lora(CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0)), LoRAConfig(targets="q,qproj", field="critic.lora"),
-               rngs=nnx.Rngs(0))
+    apply_lora(
+      CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0)),
+      LoRAConfig(targets="q,qproj", field="critic.lora"),
+      rngs=nnx.Rngs(0),
+    )
   with pytest.raises(ValueError, match=r"model.lora.targets: 'layers\\\\.7\\\\.' matches no projection"):
-    apply_lora(CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0)), LoRAConfig(targets=r"layers\.7\."),
-               rngs=nnx.Rngs(0))
+    apply_lora(CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0)), LoRAConfig(targets=r"layers\.7\."), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="already has LoRA adapters"):
     apply_lora(m, LoRAConfig(rank=2, targets="q"), rngs=nnx.Rngs(0))
 
@@ -162,19 +175,29 @@ def test_adapters_on_scanned_layers_equal_unrolled_in_logits_and_adapter_gradien
   like the kernels; a scanned model holding the unrolled model's stacked weights and adapters
   (random B) gives the same logits and the same adapter gradients, stacked."""
   from agentfly_jax.models.layer_stack import stack_layers
-  cfg = tiny_config("qwen2", num_hidden_layers=3, vocab_size=120, hidden_size=64, intermediate_size=96,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+  cfg = tiny_config(
+    "qwen2",
+    num_hidden_layers=3,
+    vocab_size=120,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+  )
   lcfg = LoRAConfig(rank=4, alpha=8.0)
   unrolled = apply_lora(CausalLM(cfg, rngs=nnx.Rngs(0)), lcfg, rngs=nnx.Rngs(1))
   for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(unrolled, nnx.LoRAParam))):
-    if var.shape[-2] == 4:   # lora_b [rank, out]: random, so the adapters change the output
+    if var.shape[-2] == 4:  # lora_b [rank, out]: random, so the adapters change the output
       var.set_value(0.1 * jax.random.normal(jax.random.key(i), var.shape))
-  abstract = nnx.eval_shape(lambda: apply_lora(CausalLM(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0)), lcfg,
-                                               rngs=nnx.Rngs(1)))
+  abstract = nnx.eval_shape(
+    lambda: apply_lora(CausalLM(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0)), lcfg, rngs=nnx.Rngs(1))
+  )
   graphdef, _ = nnx.split(abstract)
   scanned = nnx.merge(graphdef, stack_layers(nnx.state(unrolled)))
   adapters = dict(nnx.to_flat_state(nnx.state(scanned, nnx.LoRAParam)))
-  assert adapters and all(v.shape[0] == 3 for v in adapters.values())   # [L, ...]
+  assert adapters and all(v.shape[0] == 3 for v in adapters.values())  # [L, ...]
   ids = jax.random.randint(jax.random.key(5), (2, 9), 0, 120, jnp.int32)
 
   def loss_and_grads(model):

@@ -1,6 +1,7 @@
 """PEFT interop of our LoRA adapters (models/lora_io.py), with HF transformers + peft (torch)
 as the reference: exported adapters load in peft with the same logits, peft's adapters load
 here with the same logits, and the merged HF folder equals the adapted model."""
+
 import json
 import os
 
@@ -77,8 +78,9 @@ def test_export_of_some_layers_uses_a_path_pattern_peft_understands(base_folder,
 def test_peft_made_adapter_loads_here_with_same_logits(base_folder, tmp_path):
   hf = transformers.AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32).eval()
   torch.manual_seed(0)
-  cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "up_proj", "down_proj"],
-                        init_lora_weights=False)  # random A and B
+  cfg = peft.LoraConfig(
+    r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "up_proj", "down_proj"], init_lora_weights=False
+  )  # random A and B
   pm = peft.get_peft_model(hf, cfg).eval()
   ref = _hf_logits(pm, _ids(2))
   pm.save_pretrained(tmp_path / "peft")

@@ -2,6 +2,7 @@
 loop (`tied_to_iteration`, so XLA keeps no bfloat16 copy of the whole stack) and the embedding rows
 are gathered from the float32 table (`embed_lookup`); both exact, and the scanned mixed-precision
 model equals the unrolled one."""
+
 from __future__ import annotations
 
 import jax
@@ -16,8 +17,11 @@ from agentfly_jax.models.layer_stack import stack_layers
 
 def test_tied_to_iteration_is_exact_in_values_and_gradients():
   rng = np.random.default_rng(0)
-  state = {"w": jnp.asarray(rng.normal(size=(5, 3)) * 1e3, jnp.float32),
-           "b": jnp.asarray(rng.normal(size=(3,)), jnp.bfloat16), "ids": jnp.arange(4, dtype=jnp.int32)}
+  state = {
+    "w": jnp.asarray(rng.normal(size=(5, 3)) * 1e3, jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(3,)), jnp.bfloat16),
+    "ids": jnp.arange(4, dtype=jnp.int32),
+  }
   for index in (0, 7):
     tied = tied_to_iteration(state, jnp.int32(index), jnp.bfloat16)
     np.testing.assert_array_equal(tied["w"], state["w"])
@@ -25,7 +29,8 @@ def test_tied_to_iteration_is_exact_in_values_and_gradients():
     assert tied["b"] is state["b"] and tied["ids"] is state["ids"]  # compute dtype / ints: untouched
   cot = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
   grad = jax.grad(lambda w, i: jnp.sum(tied_to_iteration({"w": w}, i, jnp.bfloat16)["w"] * cot))(
-      state["w"], jnp.int32(3))
+    state["w"], jnp.int32(3)
+  )
   np.testing.assert_array_equal(grad, cot)
 
 
@@ -56,9 +61,21 @@ def _rel_err(got, want) -> float:
 
 
 def test_scanned_mixed_precision_equals_unrolled(monkeypatch):
-  cfg = tiny_config("qwen2", vocab_size=211, num_hidden_layers=3, hidden_size=64, intermediate_size=96,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
-                    tie_word_embeddings=False, dtype="bfloat16", param_dtype="float32", remat="full")
+  cfg = tiny_config(
+    "qwen2",
+    vocab_size=211,
+    num_hidden_layers=3,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+    dtype="bfloat16",
+    param_dtype="float32",
+    remat="full",
+  )
   unrolled = CausalLM(cfg, rngs=nnx.Rngs(4))
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: CausalLM(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))))
   scanned = nnx.merge(graphdef, stack_layers(nnx.state(unrolled)))
@@ -69,6 +86,7 @@ def test_scanned_mixed_precision_equals_unrolled(monkeypatch):
     def loss(m):
       logits = m(ids)
       return jnp.mean(logits.astype(jnp.float32) * weights), logits
+
     return nnx.jit(lambda m: nnx.grad(loss, has_aux=True)(m))(model)
 
   g_unrolled, logits_unrolled = logits_and_grads(unrolled)
@@ -86,6 +104,7 @@ def test_scanned_mixed_precision_equals_unrolled(monkeypatch):
     assert _rel_err(g[...], want[path][...]) < tol, "/".join(map(str, path))
   # the tie itself changes nothing: the same scanned program without it gives the same bits
   from agentfly_jax.models import causal_lm
+
   monkeypatch.setattr(causal_lm, "tied_to_iteration", lambda state, index, dtype: state)
   g_untied, logits_untied = logits_and_grads(scanned)
   np.testing.assert_array_equal(np.asarray(logits_untied, np.float32), np.asarray(logits_scanned, np.float32))

@@ -1,6 +1,7 @@
 """Scanned decoder layers (`ModelConfig.scan_layers`): equal to the unrolled model in logits, every
 gradient, the KV-cache decode and greedy sampling, for each family; HF import/export and
 checkpoints carry over between the layouts (models/layer_stack.py)."""
+
 from __future__ import annotations
 
 import jax
@@ -17,13 +18,19 @@ from agentfly_jax.models.hf_io import to_hf_state_dict
 from agentfly_jax.models.layer_stack import stack_layers, tree_layout, unstack_layers
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 64,
+}
 FAMILIES = {
-    "qwen2_biases_tied": dict(model_type="qwen2", tie_word_embeddings=True),
-    "qwen3_qk_norm_untied": dict(model_type="qwen3", tie_word_embeddings=False),
-    "llama3_rope_scaling_untied": dict(model_type="llama", tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE,
-                                       attention_bias=True, mlp_bias=True),
+  "qwen2_biases_tied": dict(model_type="qwen2", tie_word_embeddings=True),
+  "qwen3_qk_norm_untied": dict(model_type="qwen3", tie_word_embeddings=False),
+  "llama3_rope_scaling_untied": dict(
+    model_type="llama", tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE, attention_bias=True, mlp_bias=True
+  ),
 }
 
 
@@ -31,10 +38,19 @@ def _pair(family: str, seed: int, **overrides):
   """(unrolled model, scanned model with the same weights) of a random config of `family`."""
   rng = np.random.default_rng(seed)
   kw = dict(FAMILIES[family])
-  cfg = tiny_config(kw.pop("model_type"), vocab_size=int(rng.integers(100, 300)),
-                    num_hidden_layers=int(rng.integers(2, 5)), hidden_size=64, intermediate_size=96,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
-                    **kw, **overrides)
+  cfg = tiny_config(
+    kw.pop("model_type"),
+    vocab_size=int(rng.integers(100, 300)),
+    num_hidden_layers=int(rng.integers(2, 5)),
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    initializer_range=0.2,
+    **kw,
+    **overrides,
+  )
   unrolled = CausalLM(cfg, rngs=nnx.Rngs(seed))
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: CausalLM(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))))
   scanned = nnx.merge(graphdef, stack_layers(nnx.state(unrolled)))
@@ -61,6 +77,7 @@ def test_scanned_equals_unrolled_logits_and_gradients(family):
     def loss(m):
       logits = m(ids, attention_mask=mask)
       return jnp.mean(logits * weights), logits
+
     return nnx.grad(loss, has_aux=True)(model)
 
   g_unrolled, logits_unrolled = logits_and_grads(unrolled)
@@ -153,8 +170,9 @@ def test_hf_round_trip_with_scan_layers(tmp_path, critic):
   save_pretrained(scanned, tmp_path / "hf")
   loaded = from_pretrained(tmp_path / "hf", critic=critic, scan_layers=True)
   assert loaded.config.scan_layers
-  for (pa, a), (pb, b) in zip(nnx.to_flat_state(nnx.state(loaded, nnx.Param)),
-                              nnx.to_flat_state(nnx.state(scanned, nnx.Param))):
+  for (pa, a), (pb, b) in zip(
+    nnx.to_flat_state(nnx.state(loaded, nnx.Param)), nnx.to_flat_state(nnx.state(scanned, nnx.Param))
+  ):
     assert pa == pb
     np.testing.assert_array_equal(a[...], b[...], err_msg="/".join(map(str, pa)))
   ids = _ids(unrolled, 2, 5, 0)
@@ -193,12 +211,21 @@ def test_remat_layers_run_inside_prepare_lax_map(scan):
   """prepare runs the model under lax.map on a model merged outside it: the remat policy must not
   be an nnx transform of those (outer-trace) variables."""
   from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
+
   cfg = tiny_config("qwen2", vocab_size=64, num_hidden_layers=2, remat="full", scan_layers=scan)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
   ids = jax.random.randint(jax.random.key(0), (4, 8), 0, 64, jnp.int32)
   ones = jnp.ones((4, 8), bool)
-  arrays = dict(input_ids=ids, target_ids=jnp.roll(ids, -1, 1), attention_mask=ones, action_mask=ones,
-                sampler_logprobs=jnp.full((4, 8), -1.0), rewards=jnp.arange(4.0), group_ids=jnp.zeros((4,), jnp.int32))
-  batch, _ = jax.eval_shape(make_prepare(graphdef, rest, PrepareConfig(estimator="grpo", chunk=2)),
-                            params, None, None, arrays)
+  arrays = dict(
+    input_ids=ids,
+    target_ids=jnp.roll(ids, -1, 1),
+    attention_mask=ones,
+    action_mask=ones,
+    sampler_logprobs=jnp.full((4, 8), -1.0),
+    rewards=jnp.arange(4.0),
+    group_ids=jnp.zeros((4,), jnp.int32),
+  )
+  batch, _ = jax.eval_shape(
+    make_prepare(graphdef, rest, PrepareConfig(estimator="grpo", chunk=2)), params, None, None, arrays
+  )
   assert batch["old_logprobs"].shape == (4, 8)

@@ -8,9 +8,18 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from agentfly_jax.models import (DEFAULT_RULES, CausalLM, Critic, make_mesh, param_with_axes,
-                                 partition_specs, set_kernel_layout, shard_model, spec_for_axes,
-                                 tiny_config)
+from agentfly_jax.models import (
+  DEFAULT_RULES,
+  CausalLM,
+  Critic,
+  make_mesh,
+  param_with_axes,
+  partition_specs,
+  set_kernel_layout,
+  shard_model,
+  spec_for_axes,
+  tiny_config,
+)
 
 
 class FakeMesh:
@@ -40,10 +49,10 @@ def _old_spec(names, shape, mesh) -> P:
 
 
 MODELS = [  # (family, tied, overrides): every kind of param the models have (biases everywhere)
-    ("qwen2", True, {}),
-    ("qwen3", False, {"attention_bias": True}),
-    ("llama", True, {"mlp_bias": True, "attention_bias": True}),
-    ("qwen2", False, {"vocab_size": 250, "intermediate_size": 250}),  # dims the mesh does not divide
+  ("qwen2", True, {}),
+  ("qwen3", False, {"attention_bias": True}),
+  ("llama", True, {"mlp_bias": True, "attention_bias": True}),
+  ("qwen2", False, {"vocab_size": 250, "intermediate_size": 250}),  # dims the mesh does not divide
 ]
 
 
@@ -69,6 +78,7 @@ def test_rules_from_config_and_dims_the_mesh_does_not_divide():
   assert spec_for_axes(("vocab", "embed"), (256, 128), None, FakeMesh) == P("tp", "fsdp")
   assert spec_for_axes(("embed", "vocab"), (128, 250), None, FakeMesh) == P("fsdp", None)
   from agentfly_jax.rl.config import default_config
+
   rules = default_config().mesh.rules
   rules.mlp = "fsdp"  # as --config.mesh.rules.mlp=fsdp
   # a mesh axis is used once per param: embed (fsdp) first, so mlp stays whole
@@ -113,6 +123,7 @@ def test_unknown_or_missing_logical_names_are_clear_errors():
   with pytest.raises(ValueError, match="logical axes .* do not fit"):
     param_with_axes(jnp.ones((2, 2)), ("embed",))
   from agentfly_jax.rl.config import default_config, validate_config
+
   c = default_config()
   c.mesh.rules.mlp = "fsdp"
   validate_config(c)
@@ -150,6 +161,7 @@ def test_a_config_saved_before_the_rules_existed_still_validates():
   import ml_collections
 
   from agentfly_jax.rl.config import default_config, resolved_remat, validate_config
+
   saved = json.loads(default_config().to_json())
   del saved["mesh"]["rules"], saved["train"]["remat"]  # an older run's config.json
   old = ml_collections.ConfigDict(saved)

@@ -1,6 +1,7 @@
 """Selectable remat policy per decoder layer (models/remat.py, config.train.remat): every policy
 gives the loss and gradients of no remat on random inputs; the policy reaches the compiled
 program; bad names are clear errors."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +34,7 @@ def _loss_fn(cfg, remat, ids, targets, weights):
   def loss(params):
     logp = jax.nn.log_softmax(nnx.merge(graphdef, params)(ids))
     return -jnp.sum(jnp.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights) / jnp.sum(weights)
+
   return loss
 
 
@@ -81,6 +83,7 @@ def test_names_and_errors():
   with pytest.raises(ValueError, match="ModelConfig.remat: unknown remat policy"):
     tiny_config("qwen2", remat="save_only_these_names")
   from agentfly_jax.rl.config import default_config, resolved_remat, validate_config
+
   c = default_config()
   assert resolved_remat(c) is False
   c.model.remat = True

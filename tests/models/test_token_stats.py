@@ -2,6 +2,7 @@
 against float64 numpy, gradients (hidden and weight, both weight layouts) against jax.grad of
 the plain [N, V] formulation, on random inputs; and the train step's loss/grads with and
 without chunking agree."""
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -25,8 +26,15 @@ def test_chunked_logprobs_entropy_values_and_grads_match_plain(vocab_major, temp
   h = rng.normal(size=(B, T, D)).astype(np.float32)
   w = (rng.normal(size=(V, D) if vocab_major else (D, V)) * 0.5).astype(np.float32)
   tgt = rng.integers(0, V, (B, T)).astype(np.int32)
-  lp, ent = chunked_logprobs_entropy(jnp.asarray(h), jnp.asarray(w), jnp.asarray(tgt), temperature=temperature,
-                                     chunk=chunk, vocab_major=vocab_major, precision="highest")
+  lp, ent = chunked_logprobs_entropy(
+    jnp.asarray(h),
+    jnp.asarray(w),
+    jnp.asarray(tgt),
+    temperature=temperature,
+    chunk=chunk,
+    vocab_major=vocab_major,
+    precision="highest",
+  )
   logits = (h.astype(np.float64) @ (w.T if vocab_major else w).astype(np.float64)) / temperature
   logz = logits - logits.max(-1, keepdims=True)
   logp = logz - np.log(np.exp(logz).sum(-1, keepdims=True))
@@ -34,13 +42,19 @@ def test_chunked_logprobs_entropy_values_and_grads_match_plain(vocab_major, temp
   np.testing.assert_allclose(ent, -(np.exp(logp) * logp).sum(-1), rtol=1e-5, atol=1e-5)
 
   a, b = rng.normal(size=(B, T)).astype(np.float32), rng.normal(size=(B, T)).astype(np.float32)
+
   def objective(fn):
     def f(h, w):
       lp, ent = fn(h, w)
       return (lp * a).sum() + (ent * b).sum()
+
     return jax.jit(jax.grad(f, argnums=(0, 1)))
-  got = objective(lambda h, w: chunked_logprobs_entropy(h, w, jnp.asarray(tgt), temperature=temperature, chunk=chunk,
-                                                        vocab_major=vocab_major, precision="highest"))(h, w)
+
+  got = objective(
+    lambda h, w: chunked_logprobs_entropy(
+      h, w, jnp.asarray(tgt), temperature=temperature, chunk=chunk, vocab_major=vocab_major, precision="highest"
+    )
+  )(h, w)
   want = objective(lambda h, w: _plain(h, w, jnp.asarray(tgt), temperature, vocab_major))(h, w)
   for g, e in zip(got, want):
     assert np.abs(e).max() > 1e-3
@@ -55,14 +69,16 @@ def test_chunked_logprobs_entropy_rejects_bad_arguments():
     chunked_logprobs_entropy(h, w, jnp.zeros((2, 3), jnp.int32), temperature=0.0)
 
 
-@pytest.mark.parametrize("counts, width", [((16, 5, 0, 11), 16), ((7, 8, 3, 0), 8), ((16, 17, 3, 0), 32),
-                                           ((33, 2, 0, 1), 40)])
+@pytest.mark.parametrize(
+  "counts, width", [((16, 5, 0, 11), 16), ((7, 8, 3, 0), 8), ((16, 17, 3, 0), 32), ((33, 2, 0, 1), 40)]
+)
 def test_at_loss_positions_equals_the_masked_full_computation(counts, width):
   """Log-probs/entropy only at loss positions, gathered per row into the smallest slot count of
   capacity (0.2, 0.4, 0.8) x L = 40 (8, 16 or 32 slots) that holds every row's, else all 40,
   equal the full [B, L] computation masked: values, and gradients in hidden and weight. Which
   route ran is read off a shape-dependent term the test adds (the width fn was called with)."""
   from agentfly_jax.models.token_stats import at_loss_positions, loss_slots
+
   capacity = (0.8, 0.2, 0.4)  # any order
   rng = np.random.default_rng(sum(counts))
   B, L, D, V = 4, 40, 16, 50
@@ -83,6 +99,7 @@ def test_at_loss_positions_equals_the_masked_full_computation(counts, width):
     def f(hh, ww):
       lp, ent = route(hh, ww)
       return (lp * a).sum() + (ent * b).sum(), (lp, ent)
+
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(h, w)
 
   def full(hh, ww):
@@ -91,7 +108,8 @@ def test_at_loss_positions_equals_the_masked_full_computation(counts, width):
 
   (v0, (lp0, ent0)), g0 = objective(full)
   (v1, (lp1, ent1)), g1 = objective(
-      lambda hh, ww: at_loss_positions(lambda x, t: stats(x, t, ww), hh, tgt, mask, capacity))
+    lambda hh, ww: at_loss_positions(lambda x, t: stats(x, t, ww), hh, tgt, mask, capacity)
+  )
   np.testing.assert_allclose(np.asarray(lp1), np.asarray(lp0), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(ent1), np.asarray(ent0), rtol=1e-5, atol=1e-5)
   assert not np.asarray(lp1)[~np.asarray(mask)].any()
@@ -100,13 +118,17 @@ def test_at_loss_positions_equals_the_masked_full_computation(counts, width):
     assert float(jnp.abs(y).max()) > 1e-3
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
-  probe = jax.jit(lambda hh: at_loss_positions(lambda x, t: (x.sum(-1), jnp.full(t.shape, float(t.shape[1]))),
-                                               hh, tgt, mask, capacity)[1])(h)
+  probe = jax.jit(
+    lambda hh: at_loss_positions(
+      lambda x, t: (x.sum(-1), jnp.full(t.shape, float(t.shape[1]))), hh, tgt, mask, capacity
+    )[1]
+  )(h)
   assert set(np.unique(np.asarray(probe)[np.asarray(mask)])) == {float(width)}
 
 
 def test_capacity_fractions_name_a_bad_value():
   from agentfly_jax.models.token_stats import capacity_fractions
+
   assert capacity_fractions((0.75, 0.25, 1.0, 0)) == (0.25, 0.75)
   assert capacity_fractions(0.5) == (0.5,)
   with pytest.raises(ValueError, match="1.5"):

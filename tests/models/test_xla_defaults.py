@@ -1,6 +1,7 @@
 """The library's default XLA flags (agentfly_jax/xla_defaults.py): added when absent, a user's own
 value kept, opt-out honoured, and the flag really reaches XLA: the PPO train step compiles to
 fewer temporaries with the default than with XLA's own scheduler."""
+
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ def test_added_when_absent_and_a_users_value_is_kept(monkeypatch):
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   assert apply_default_xla_flags(env) == list(DEFAULT_XLA_FLAGS)
   assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8", *DEFAULT_XLA_FLAGS]
-  assert apply_default_xla_flags(env) == []             # idempotent
+  assert apply_default_xla_flags(env) == []  # idempotent
   mine = {"XLA_FLAGS": f"{FLAG}=true"}
   assert apply_default_xla_flags(mine) == [] and mine["XLA_FLAGS"] == f"{FLAG}=true"
   empty = {}
@@ -60,13 +61,12 @@ def _temp_bytes(xla_flags: str | None) -> int:
   env["JAX_PLATFORMS"] = "cpu"
   if xla_flags is not None:
     env["XLA_FLAGS"] = xla_flags
-  out = subprocess.run([sys.executable, "-c", _PROGRAM], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120)
+  out = subprocess.run([sys.executable, "-c", _PROGRAM], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   return int(out.stdout.split()[-1])
 
 
 def test_the_default_reaches_xla():
-  default = _temp_bytes(None)                   # the library's default added at import
-  xla_own = _temp_bytes(f"{FLAG}=true")         # XLA's own scheduler, the user's choice kept
-  assert default < 0.75 * xla_own, (default, xla_own)   # measured: 29 vs 71 MB
+  default = _temp_bytes(None)  # the library's default added at import
+  xla_own = _temp_bytes(f"{FLAG}=true")  # XLA's own scheduler, the user's choice kept
+  assert default < 0.75 * xla_own, (default, xla_own)  # measured: 29 vs 71 MB

@@ -2,6 +2,7 @@
 collectives), each rolling out its share of the global batch, train the demo for 2 steps; both
 end with identical params, equal to a 1-process run over the same global batch; only process 0
 writes metrics."""
+
 import os
 import socket
 import subprocess
@@ -21,8 +22,11 @@ def _free_port() -> int:
 
 
 def _env(**extra):
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTFLY_COORD", "AGENTFLY_NUM_P",
-                                                                  "AGENTFLY_PROCESS", "XLA_FLAGS"))}
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("AGENTFLY_COORD", "AGENTFLY_NUM_P", "AGENTFLY_PROCESS", "XLA_FLAGS"))
+  }
   env.update(JAX_PLATFORMS="cpu", **extra)
   return env
 
@@ -35,13 +39,27 @@ def _load(path):
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, CHECK, str(tmp_path / "multi"), str(tmp_path / "out_multi"), "2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(AGENTFLY_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                     AGENTFLY_NUM_PROCESSES="2", AGENTFLY_PROCESS_ID=str(i)))
-           for i in range(2)]
-  single = subprocess.run([sys.executable, CHECK, str(tmp_path / "single"), str(tmp_path / "out_single")],
-                          cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=1500)
+  procs = [
+    subprocess.Popen(
+      [sys.executable, CHECK, str(tmp_path / "multi"), str(tmp_path / "out_multi"), "2"],
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      env=_env(
+        AGENTFLY_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", AGENTFLY_NUM_PROCESSES="2", AGENTFLY_PROCESS_ID=str(i)
+      ),
+    )
+    for i in range(2)
+  ]
+  single = subprocess.run(
+    [sys.executable, CHECK, str(tmp_path / "single"), str(tmp_path / "out_single")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    env=_env(),
+    timeout=1500,
+  )
   outs = [p.communicate(timeout=1500)[0] for p in procs]
   for i, (p, out) in enumerate(zip(procs, outs)):
     assert p.returncode == 0 and f"OK process {i} of 2" in out, out[-4000:]
@@ -59,8 +77,14 @@ def test_two_processes_match_one_process(tmp_path):
   multi, one = read_metrics(tmp_path / "multi"), read_metrics(tmp_path / "single")
   assert [r["step"] for r in multi] == [1, 2] == [r["step"] for r in one]  # one writer
   for a, b in zip(one, multi):
-    for k in ("rollout/reward_mean", "rollout/tokens_total_mean", "actor/pg_loss", "actor/grad_norm",
-              "actor/kl_ref", "adv/abs_mean"):
+    for k in (
+      "rollout/reward_mean",
+      "rollout/tokens_total_mean",
+      "actor/pg_loss",
+      "actor/grad_norm",
+      "actor/kl_ref",
+      "adv/abs_mean",
+    ):
       assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), k
   assert one[-1]["actor/kl_ref"] > 0  # the policy moved
   assert sorted(int(p) for p in os.listdir(tmp_path / "multi" / "checkpoints") if p.isdigit())[-1] == 2

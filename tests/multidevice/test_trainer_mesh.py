@@ -2,13 +2,21 @@
 (fsdp=2, tp=4) mesh of 8 CPU devices gives the same metrics as on one device, for a
 critic-free policy algorithm (GRPO) and PPO with its critic (tests/mesh_trainer_check.py, run in
 the session's one 8-device child process: tests/eight_device_checks.py)."""
+
 import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", [pytest.param("grpo", marks=pytest.mark.eight_devices("trainer_mesh_grpo")),
-                                  pytest.param("ppo", marks=pytest.mark.eight_devices("trainer_mesh_ppo"))])
+@pytest.mark.parametrize(
+  "algo",
+  [
+    pytest.param("grpo", marks=pytest.mark.eight_devices("trainer_mesh_grpo")),
+    pytest.param("ppo", marks=pytest.mark.eight_devices("trainer_mesh_ppo")),
+  ],
+)
 def test_trainer_on_2x4_mesh_matches_one_device(algo, eight_device_check):
   """tests/mesh_trainer_check.py's check(algo), in the session's 8-device child process."""
   assert eight_device_check["ok"], eight_device_check["output"]
-  assert f"{algo}: " in eight_device_check["output"] and "metrics equal on 1x1 and 2x4 mesh" in eight_device_check["output"]
+  assert (
+    f"{algo}: " in eight_device_check["output"] and "metrics equal on 1x1 and 2x4 mesh" in eight_device_check["output"]
+  )

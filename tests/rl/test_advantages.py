@@ -1,4 +1,5 @@
 """Advantage estimators vs. hand-derived float64 numpy references (loops over rows and tokens)."""
+
 import functools
 
 import jax
@@ -92,7 +93,7 @@ def random_groups(rng, b):
   """Random group ids (arbitrary, some negative), sizes 1..5 incl. singletons, shuffled."""
   ids, g = [], 0
   while len(ids) < b:
-    ids += [int(rng.integers(-10**6, 10**6)) + g] * int(rng.integers(1, 6))
+    ids += [int(rng.integers(-(10**6), 10**6)) + g] * int(rng.integers(1, 6))
     g += 1
   ids = np.array(ids[:b], np.int32)
   rng.shuffle(ids)
@@ -107,8 +108,7 @@ def random_mask(rng, b, t, p=0.6):
 
 @jax.jit
 def outcome_estimators(scores, gids):
-  return (A.grpo(scores, gids), A.drgrpo(scores, gids), A.grpo(scores, gids, norm_by_std=False),
-          A.rloo(scores, gids))
+  return (A.grpo(scores, gids), A.drgrpo(scores, gids), A.grpo(scores, gids, norm_by_std=False), A.rloo(scores, gids))
 
 
 def test_grpo_drgrpo_rloo_match_reference_on_random_groups():
@@ -119,8 +119,7 @@ def test_grpo_drgrpo_rloo_match_reference_on_random_groups():
     grpo, drgrpo, grpo_mean_only, rloo = outcome_estimators(scores, gids)
     np.testing.assert_allclose(grpo, ref_grpo(scores, gids), atol=1e-4)
     np.testing.assert_allclose(drgrpo, ref_grpo(scores, gids, norm_by_std=False), atol=ATOL)
-    np.testing.assert_allclose(grpo_mean_only, ref_grpo(scores, gids, norm_by_std=False),
-                               atol=ATOL)
+    np.testing.assert_allclose(grpo_mean_only, ref_grpo(scores, gids, norm_by_std=False), atol=ATOL)
     np.testing.assert_allclose(rloo, ref_rloo(scores, gids), atol=ATOL)
 
 
@@ -150,8 +149,7 @@ def test_broadcast_and_scores_to_token_rewards():
   rng = np.random.default_rng(3)
   adv = rng.normal(size=5)
   mask = random_mask(rng, 5, 9)
-  np.testing.assert_allclose(jax.jit(A.broadcast_to_tokens)(adv, mask), adv[:, None] * mask,
-                             atol=1e-6)
+  np.testing.assert_allclose(jax.jit(A.broadcast_to_tokens)(adv, mask), adv[:, None] * mask, atol=1e-6)
   r = np.asarray(jax.jit(A.scores_to_token_rewards)(adv, mask))
   for b in range(5):
     pos = np.flatnonzero(mask[b])
@@ -229,8 +227,7 @@ def test_multi_turn_gae_bootstraps_from_next_turn():
   a2 = d2 + g * lam * a6
   a1 = d1 + g * lam * a2
   np.testing.assert_allclose(adv[[1, 2, 6, 7]], [a1, a2, a6, a7], rtol=1e-5)
-  np.testing.assert_allclose(ret[[1, 2, 6, 7]], np.array([a1, a2, a6, a7]) + vals[0, [1, 2, 6, 7]],
-                             rtol=1e-5)
+  np.testing.assert_allclose(ret[[1, 2, 6, 7]], np.array([a1, a2, a6, a7]) + vals[0, [1, 2, 6, 7]], rtol=1e-5)
   assert np.all(adv[~mask[0]] == 0) and np.all(ret[~mask[0]] == 0)
 
 
@@ -254,10 +251,10 @@ def test_gae_with_zero_values_and_lambda_one_gives_the_discounted_returns():
   rng = np.random.default_rng(8)
   r = rng.normal(size=(5, 9))
   mask = random_mask(rng, 5, 9)
+
   @jax.jit
   def both(r, mask):
-    return (A.gae(r, jnp.zeros_like(r), mask, gamma=0.8, lam=1.0)[1],
-            A.discounted_returns(r, mask, gamma=0.8))
+    return (A.gae(r, jnp.zeros_like(r), mask, gamma=0.8, lam=1.0)[1], A.discounted_returns(r, mask, gamma=0.8))
 
   gae_returns, returns = both(r, mask)
   np.testing.assert_allclose(gae_returns, returns, atol=1e-5)
@@ -275,8 +272,7 @@ def test_reinforce_pp_baseline_matches_reference():
 
 
 def test_registry_and_uniform_compute():
-  assert set(A.names()) >= {"grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-                            "gae"}
+  assert set(A.names()) >= {"grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"}
   assert A.get("grpo") is A.grpo and A.get("gae") is A.gae
   rng = np.random.default_rng(10)
   b, t = 8, 7
@@ -285,8 +281,10 @@ def test_registry_and_uniform_compute():
 
   @jax.jit
   def every_estimator(mask, scores, gids, vals):
-    return {name: A.compute(name, mask=mask, scores=scores, group_ids=gids, values=vals,
-                            gamma=0.9, lam=0.95) for name in A.names()}
+    return {
+      name: A.compute(name, mask=mask, scores=scores, group_ids=gids, values=vals, gamma=0.9, lam=0.95)
+      for name in A.names()
+    }
 
   out = every_estimator(mask, scores, gids, vals)
   for name, (adv, ret) in out.items():

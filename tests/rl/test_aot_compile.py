@@ -1,5 +1,6 @@
 """experiments/aot_compile.py: a run's programs compiled for a TPU topology on this CPU (jax[tpu]'s
 libtpu compiles, nothing runs); bad input stops before compiling with a message naming it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,20 @@ import sys
 import pytest
 
 from train_cli import ROOT  # noqa: E402
+
 SCRIPT = os.path.join(ROOT, "experiments", "aot_compile.py")
-TINY = ["--config.model.scan_layers=True", "--config.train.remat=full", "--seq_len=64",
-        "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.rollout.max_batch_size=8",
-        "--config.rollout.max_total_tokens=64", "--config.rollout.max_tokens_per_turn=16",
-        "--config.train.micro_batch_size=4", "--config.sft.rows_per_step=4"]
+TINY = [
+  "--config.model.scan_layers=True",
+  "--config.train.remat=full",
+  "--seq_len=64",
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=4",
+  "--config.rollout.max_batch_size=8",
+  "--config.rollout.max_total_tokens=64",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.train.micro_batch_size=4",
+  "--config.sft.rows_per_step=4",
+]
 
 pytest.importorskip("libtpu", reason="jax[tpu] (libtpu) is needed for TPU compile-only")
 
@@ -23,12 +33,14 @@ pytest.importorskip("libtpu", reason="jax[tpu] (libtpu) is needed for TPU compil
 def aot(*args, timeout=1500):
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("JAX_PLATFORMS", None)  # the TPU plugin must load (it finds no TPU and compiles only)
-  return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True,
-                        timeout=timeout, cwd=ROOT)
+  return subprocess.run(
+    [sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+  )
 
 
 def lookup_config(**mesh):
   import importlib.util
+
   spec = importlib.util.spec_from_file_location("lookup_grpo", os.path.join(ROOT, "configs", "lookup_grpo.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
@@ -44,15 +56,19 @@ def test_malformed_topology_exits_1_before_compiling():
   assert "compiled in" not in proc.stdout
 
 
-@pytest.mark.parametrize("topology, mesh, model, needle", [
+@pytest.mark.parametrize(
+  "topology, mesh, model, needle",
+  [
     ("v5x:2x2", {}, "", "--topology='v5x:2x2' is unknown or malformed"),
     ("v5e:2x2x", {}, "", "--topology='v5e:2x2x' is unknown or malformed"),
     ("v5e:2x2", {"fsdp": 3}, "", "mesh fsdp=3 x tp=1 = 3 chips does not divide the 4 chips of v5e:2x2"),
     ("v5p:2x2x2", {"fsdp": 2, "tp": 2}, "", "mesh fsdp=2 x tp=2 = 4 chips does not divide the 8 chips"),
     ("v5e:2x2", {"fsdp": 4}, "gpt2-xl", "--model='gpt2-xl' is neither a preset"),
-])
+  ],
+)
 def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
   from agentfly_jax.rl import aot
+
   with pytest.raises(aot.BadInput) as e:
     aot.run(lookup_config(**mesh), topology, model)
   assert needle in str(e.value)
@@ -60,6 +76,7 @@ def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
 
 def test_unsupported_hf_model_type_is_named(tmp_path):
   from agentfly_jax.rl import aot
+
   path = tmp_path / "config.json"
   path.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
   with pytest.raises(aot.BadInput, match=f"{path}: unknown architecture .model_type='gpt2'"):
@@ -78,7 +95,7 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   rows = {r["program"]: r for r in report["rows"]}
   assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
   for name, row in rows.items():
-    assert row["fits"] and row["hbm_bytes"] == 16 * 1024 ** 3, name
+    assert row["fits"] and row["hbm_bytes"] == 16 * 1024**3, name
     assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
     assert row["argument_bytes"] > 0 and row["compile_s"] > 0, name
   for name in ("prepare", "train_step", "sft_step", "sampler"):
@@ -92,8 +109,15 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
 @pytest.mark.slow
 def test_ppo_step_with_critic_that_cannot_fit_names_program_and_gib(tmp_path):
   out = tmp_path / "ppo"
-  proc = aot("--config=configs/lookup_ppo.py", "--topology=v5e:2x2", "--config.mesh.fsdp=4", f"--out={out}",
-             "--programs=train_step", "--hbm_gib=0.001", *TINY)
+  proc = aot(
+    "--config=configs/lookup_ppo.py",
+    "--topology=v5e:2x2",
+    "--config.mesh.fsdp=4",
+    f"--out={out}",
+    "--programs=train_step",
+    "--hbm_gib=0.001",
+    *TINY,
+  )
   assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "DOES NOT FIT: program train_step needs" in proc.stderr and "GiB over the 0 GiB of HBM" in proc.stderr
   assert "would fit:" in proc.stderr
@@ -108,6 +132,7 @@ def test_tpu_configs_validate():
 
   from agentfly_jax.models.presets import PRESETS
   from agentfly_jax.rl.config import validate_config
+
   folder = os.path.join(ROOT, "configs", "tpu")
   names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
   assert "qwen25_7b_grpo.py" in names
@@ -124,6 +149,7 @@ def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
   import jax
 
   from agentfly_jax.rl import distributed
+
   calls = []
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
   assert distributed.initialize("auto") is True
@@ -132,8 +158,16 @@ def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
 
 def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp():
   from agentfly_jax.rl import memory_plan as mp
-  shape = mp.ModelShape(num_params=7_615_616_512, num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
-                        head_dim=128, vocab_size=152064)
+
+  shape = mp.ModelShape(
+    num_params=7_615_616_512,
+    num_layers=28,
+    hidden_size=3584,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    vocab_size=152064,
+  )
   sizes = mp.RunSizes(micro_batch=8, seq_len=2048, attention_chunk=512, remat=True, critic=True)
   whole = mp.jax_memory_parts(shape, sizes)
   chip = mp.per_chip_jax_parts(shape, sizes, fsdp=4, tp=2)
@@ -146,8 +180,9 @@ def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp(
   assert "grad accumulator" not in chip
   # scanned layers: the compute-dtype copy is two gathered layers + the split embedding casts, not all
   layer = 233_057_792
-  scanned = mp.per_chip_jax_parts(dataclasses.replace(shape, layer_params=layer),
-                                  dataclasses.replace(sizes, scan_layers=True), fsdp=4, tp=2)
+  scanned = mp.per_chip_jax_parts(
+    dataclasses.replace(shape, layer_params=layer), dataclasses.replace(sizes, scan_layers=True), fsdp=4, tp=2
+  )
   assert chip["compute copy"] == int(7_615_616_512 * 2 / 8)
   assert scanned["compute copy"] == int(2 * layer * 2 + (7_615_616_512 - 28 * layer) * 2 / 8)
 
@@ -159,13 +194,19 @@ def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
   from agentfly_jax.rl import aot
-  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
-         "(19.03G) exceeds available HBM (15.75G).")
+
+  msg = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+    "(19.03G) exceeds available HBM (15.75G)."
+  )
   row = aot.oom_row("train_step", msg, argument_bytes=3 * aot.GIB, seconds=1.5)
   assert row["xla_refused"] and row["temp_bytes"] == int(19.03 * aot.GIB)
   assert row["peak_bytes"] == 3 * aot.GIB + int(19.03 * aot.GIB) and row["flops"] is None
   assert aot.oom_row("train_step", "INVALID_ARGUMENT: something else", 0, 0.0) is None
   mesh = jax.sharding.Mesh(jax.devices()[:1], ("fsdp",))
-  args = ({"w": jax.ShapeDtypeStruct((8, 6), jnp.float32, sharding=NamedSharding(mesh, P("fsdp")))},
-          jax.ShapeDtypeStruct((5,), jnp.bfloat16), 3)
+  args = (
+    {"w": jax.ShapeDtypeStruct((8, 6), jnp.float32, sharding=NamedSharding(mesh, P("fsdp")))},
+    jax.ShapeDtypeStruct((5,), jnp.bfloat16),
+    3,
+  )
   assert aot.per_device_bytes(args) == 8 * 6 * 4 + 5 * 2

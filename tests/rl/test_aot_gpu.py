@@ -1,6 +1,7 @@
 """rl/aot_gpu.py + rl/aot.py's GPU topologies (`h100:8`): a deviceless compile for abstract NVIDIA
 GPUs on this CPU. The topology names are checked everywhere; the compiles need the CUDA PJRT plugin
 and a CUDA toolkit (`pip install -e .[aot-gpu]`) and are skipped without them (CI has neither)."""
+
 from __future__ import annotations
 
 import json
@@ -13,27 +14,41 @@ import pytest
 from agentfly_jax.rl import aot, aot_gpu
 from train_cli import ROOT  # noqa: E402
 
-needs_plugin = pytest.mark.skipif(not aot_gpu.plugin_available(),
-                                  reason="the CUDA PJRT plugin (pip install -e .[aot-gpu]) is not installed")
+needs_plugin = pytest.mark.skipif(
+  not aot_gpu.plugin_available(), reason="the CUDA PJRT plugin (pip install -e .[aot-gpu]) is not installed"
+)
 H100_BYTES = aot_gpu.GPUS["h100"].memory_bytes
-TINY = ["--config.model.scan_layers=True", "--config.train.remat=full", "--seq_len=64",
-        "--config.rollout.rows_per_step=2", "--config.rollout.num_chains=4", "--config.rollout.max_batch_size=8",
-        "--config.rollout.max_total_tokens=64", "--config.rollout.max_tokens_per_turn=16",
-        "--config.train.micro_batch_size=4", "--config.sft.rows_per_step=4"]
+TINY = [
+  "--config.model.scan_layers=True",
+  "--config.train.remat=full",
+  "--seq_len=64",
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=4",
+  "--config.rollout.max_batch_size=8",
+  "--config.rollout.max_total_tokens=64",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.train.micro_batch_size=4",
+  "--config.sft.rows_per_step=4",
+]
 
 
-@pytest.mark.parametrize("name, expected", [("h100:1", ("h100", 1)), ("h100:8", ("h100", 8)),
-                                            ("h200:16", ("h200", 16)), ("v5p:2x2x2", ("v5p", 8))])
+@pytest.mark.parametrize(
+  "name, expected",
+  [("h100:1", ("h100", 1)), ("h100:8", ("h100", 8)), ("h200:16", ("h200", 16)), ("v5p:2x2x2", ("v5p", 8))],
+)
 def test_topology_names(name, expected):
   assert aot.parse_topology(name) == expected
 
 
-@pytest.mark.parametrize("name, needle", [
+@pytest.mark.parametrize(
+  "name, needle",
+  [
     ("h100:12", "--topology='h100:12': 12 GPUs do not fill hosts of 8"),
     ("h100:0", "--topology='h100:0': needs at least one GPU"),
     ("a100:8", "--topology='a100:8' is unknown or malformed"),
     ("h100:2x2", "--topology='h100:2x2' is unknown or malformed"),
-])
+  ],
+)
 def test_bad_gpu_topology_is_named(name, needle):
   with pytest.raises(aot.BadInput) as e:
     aot.parse_topology(name)
@@ -76,6 +91,7 @@ def test_sharded_matmul_compiles_for_h100_with_per_device_bytes():
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
   mesh = Mesh(np.array(aot_gpu.gpu_devices("h100", 4)), ("x",))
   x = jax.ShapeDtypeStruct((4096, 1024), jnp.float32, sharding=NamedSharding(mesh, P("x")))
   w = jax.ShapeDtypeStruct((1024, 768), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
@@ -90,10 +106,22 @@ def test_sharded_matmul_compiles_for_h100_with_per_device_bytes():
 @pytest.mark.slow
 def test_grpo_programs_compile_for_h100x2(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "aot_compile.py"),
-                         "--config=configs/lookup_grpo.py", "--topology=h100:2", "--config.mesh.fsdp=2",
-                         f"--out={tmp_path / 'grpo'}", *TINY], env=env, capture_output=True, text=True,
-                        timeout=900, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "aot_compile.py"),
+      "--config=configs/lookup_grpo.py",
+      "--topology=h100:2",
+      "--config.mesh.fsdp=2",
+      f"--out={tmp_path / 'grpo'}",
+      *TINY,
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   report = json.loads((tmp_path / "grpo.json").read_text())
   assert report["topology"] == "h100:2" and report["chips"] == 2 and report["mesh"]["fsdp"] == 2

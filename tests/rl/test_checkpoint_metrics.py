@@ -1,5 +1,6 @@
 """Orbax checkpoints round-trip a training-state pytree + metadata; keep-last-N holds;
 metric writers produce what readers and plots consume."""
+
 import json
 import os
 
@@ -15,10 +16,17 @@ from agentfly_jax.metrics import JsonlWriter, plot_curves, read_jsonl, truncate_
 
 def _state(seed):
   rng = np.random.default_rng(seed)
-  params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32), "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+  params = {
+    "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+  }
   opt = optax.adamw(1e-3)
-  return {"params": params, "opt_state": opt.init(params), "step": jnp.asarray(seed, jnp.int32),
-          "rng": jax.random.key_data(jax.random.key(seed))}
+  return {
+    "params": params,
+    "opt_state": opt.init(params),
+    "step": jnp.asarray(seed, jnp.int32),
+    "rng": jax.random.key_data(jax.random.key(seed)),
+  }
 
 
 def test_roundtrip_and_keep_last(tmp_path):

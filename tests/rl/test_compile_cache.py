@@ -1,6 +1,7 @@
 """The persistent compilation cache (rl/compile_cache.py): which folder a setting names, a second
 process loads the program the first compiled (counted by JAX's own cache-hit events), and a
 folder that cannot be used is a config error naming it."""
+
 import os
 import subprocess
 import sys
@@ -39,13 +40,13 @@ print(f"folder={folder} hits={hits} misses={misses}")
 
 def _run(setting: str, env: dict) -> tuple[float, dict]:
   """(the program's value, {"folder": ..., "hits": n, "misses": n}) of one process."""
-  out = subprocess.run([sys.executable, "-c", _PROGRAM, setting], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-c", _PROGRAM, setting], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   value, summary = out.stdout.strip().splitlines()[-2:]
   fields = dict(part.split("=", 1) for part in summary.split())
-  return float(value), {"folder": fields["folder"], "hits": int(fields["hits"]),
-                        "misses": int(fields["misses"])}
+  return float(value), {"folder": fields["folder"], "hits": int(fields["hits"]), "misses": int(fields["misses"])}
 
 
 def test_settings_name_the_folder(tmp_path, monkeypatch):
@@ -54,7 +55,7 @@ def test_settings_name_the_folder(tmp_path, monkeypatch):
   monkeypatch.setenv(ENV_VAR, "off")
   assert resolve_compile_cache("auto") is None
   monkeypatch.delenv(ENV_VAR)
-  monkeypatch.setenv("AGENTFLY_CACHE_DIR", str(tmp_path / "root"))   # the project's cache root
+  monkeypatch.setenv("AGENTFLY_CACHE_DIR", str(tmp_path / "root"))  # the project's cache root
   assert resolve_compile_cache("auto") == str(tmp_path / "root" / "xla")
   monkeypatch.delenv("AGENTFLY_CACHE_DIR")
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -73,10 +74,10 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
   first_value, first = _run(str(folder), env)
   assert first["folder"] == str(folder) and first["hits"] == 0 and first["misses"] >= 1, first
   assert len(list(folder.iterdir())) >= first["misses"], "the first process wrote no cache entries"
-  second_value, second = _run(str(folder), env)   # every program (the jit and the RNG's) loaded
+  second_value, second = _run(str(folder), env)  # every program (the jit and the RNG's) loaded
   assert second == {"folder": str(folder), "hits": first["misses"], "misses": 0}, (first, second)
   assert second_value == first_value
-  _, off = _run("off", env)   # off: nothing read or written
+  _, off = _run("off", env)  # off: nothing read or written
   assert off == {"folder": "None", "hits": 0, "misses": 0}, off
 
 
@@ -84,12 +85,13 @@ def test_an_unusable_folder_is_a_config_error_unless_auto(tmp_path, monkeypatch)
   import jax
 
   from agentfly_jax.rl.compile_cache import enable_compile_cache
+
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")
   before = jax.config.jax_compilation_cache_dir
-  with pytest.raises(ValueError, match="a_file"):   # named explicitly: an error naming it
+  with pytest.raises(ValueError, match="a_file"):  # named explicitly: an error naming it
     enable_compile_cache(str(blocker / "cache"))
   monkeypatch.setenv(ENV_VAR, str(blocker / "cache"))
-  with pytest.warns(UserWarning, match="compile cache off.*a_file"):   # auto: a warning, no cache
+  with pytest.warns(UserWarning, match="compile cache off.*a_file"):  # auto: a warning, no cache
     assert enable_compile_cache("auto") is None
-  assert jax.config.jax_compilation_cache_dir == before   # the session's cache untouched
+  assert jax.config.jax_compilation_cache_dir == before  # the session's cache untouched

@@ -1,5 +1,6 @@
 """Decoupled PPO (AReaL) vs a float64 numpy reference: value and gradient per token, the
 truncated behaviour weight, and equality with plain PPO when behaviour == proximal."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,9 +19,17 @@ def test_decoupled_ppo_matches_reference(cap):
   fn = L.get_policy_loss("decoupled_ppo")
 
   def mean_loss(x):
-    s, d, m = fn(x, jnp.asarray(prox), jnp.asarray(adv), jnp.asarray(mask),
-                 behaviour_logprobs=jnp.asarray(behav), behaviour_cap=cap, clip_low=0.2, clip_high=0.28,
-                 dual_clip=3.0)
+    s, d, m = fn(
+      x,
+      jnp.asarray(prox),
+      jnp.asarray(adv),
+      jnp.asarray(mask),
+      behaviour_logprobs=jnp.asarray(behav),
+      behaviour_cap=cap,
+      clip_low=0.2,
+      clip_high=0.28,
+      dual_clip=3.0,
+    )
     return s / d, m
 
   (value, metrics), grad = jax.value_and_grad(mean_loss, has_aux=True)(jnp.asarray(lp, jnp.float32))

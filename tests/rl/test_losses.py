@@ -1,4 +1,5 @@
 """Losses vs. hand-derived float64 numpy references; gradients vs. analytic values."""
+
 import functools
 
 import jax
@@ -91,9 +92,11 @@ def test_micro_batch_accumulation_equals_full_batch(mode):
   vals, old_vals, rets = rng.normal(size=(3, b, t))
   parts = np.split(rng.permutation(b), b // micro)
 
-  for fn, args in ((L.policy_loss, (lp, old, adv, mask)),
-                   (L.gspo_policy_loss, (lp, old, adv, mask)),
-                   (L.value_loss, (vals, old_vals, rets, mask))):
+  for fn, args in (
+    (L.policy_loss, (lp, old, adv, mask)),
+    (L.gspo_policy_loss, (lp, old, adv, mask)),
+    (L.value_loss, (vals, old_vals, rets, mask)),
+  ):
     args = tuple(jnp.asarray(x, jnp.float32) for x in args)
 
     @jax.jit
@@ -105,15 +108,15 @@ def test_micro_batch_accumulation_equals_full_batch(mode):
     outs = [sum_and_grad(*[x[p] for x in args]) for p in parts]
     total_d = sum(d for _, d, _ in outs)
     np.testing.assert_allclose(float(total_d), float(full_d), rtol=1e-6)
-    np.testing.assert_allclose(float(sum(s for s, _, _ in outs) / total_d),
-                               float(full_s / full_d), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+      float(sum(s for s, _, _ in outs) / total_d), float(full_s / full_d), rtol=1e-5, atol=1e-7
+    )
     acc_g = np.zeros((b, t))
     for p, (_, _, g) in zip(parts, outs):
       acc_g[p] += np.asarray(g) / float(total_d)
     np.testing.assert_allclose(acc_g, np.asarray(full_g) / float(full_d), rtol=1e-4, atol=1e-7)
     assert np.abs(acc_g).max() > 0
-  np.testing.assert_allclose(sum(float(L.denominator(mask[p], mode)) for p in parts),
-                             float(L.denominator(mask, mode)))
+  np.testing.assert_allclose(sum(float(L.denominator(mask[p], mode)) for p in parts), float(L.denominator(mask, mode)))
 
 
 # --------------------------------------------------------------------------- PPO
@@ -137,10 +140,8 @@ def test_ppo_value_gradient_and_metrics_match_reference(cl, ch, c):
   np.testing.assert_allclose(g, grad * mask / mask.sum(), rtol=1e-4, atol=1e-7)
   r = np.exp(np.clip(lp - old, -20, 20))
   mm = mask.astype(bool)
-  np.testing.assert_allclose(float(m["clipfrac_high"]),
-                             np.mean(((adv > 0) & (r > 1 + ch))[mm]), atol=1e-6)
-  np.testing.assert_allclose(float(m["clipfrac_low"]),
-                             np.mean(((adv < 0) & (r < 1 - cl))[mm]), atol=1e-6)
+  np.testing.assert_allclose(float(m["clipfrac_high"]), np.mean(((adv > 0) & (r > 1 + ch))[mm]), atol=1e-6)
+  np.testing.assert_allclose(float(m["clipfrac_low"]), np.mean(((adv < 0) & (r < 1 - cl))[mm]), atol=1e-6)
   dual = (adv < 0) & (r > c) if c is not None else np.zeros_like(mm)
   np.testing.assert_allclose(float(m["dual_clip_frac"]), np.mean(dual[mm]), atol=1e-6)
   if c is not None:
@@ -148,8 +149,9 @@ def test_ppo_value_gradient_and_metrics_match_reference(cl, ch, c):
   np.testing.assert_allclose(float(m["ratio_mean"]), np.mean(r[mm]), rtol=1e-5)
   k3 = np.exp(np.clip(old - lp, -20, 20)) - np.clip(old - lp, -20, 20) - 1
   np.testing.assert_allclose(float(m["approx_kl"]), np.mean(np.clip(k3, -10, 10)[mm]), rtol=1e-5)
-  np.testing.assert_allclose(float(m["ppo_kl"]), np.mean(np.clip(old - lp, -20, 20)[mm]), rtol=1e-5,
-                             atol=1e-6)  # on the clamped log-ratio, as verl
+  np.testing.assert_allclose(
+    float(m["ppo_kl"]), np.mean(np.clip(old - lp, -20, 20)[mm]), rtol=1e-5, atol=1e-6
+  )  # on the clamped log-ratio, as verl
 
 
 def test_ppo_clamp_and_dual_clip_hand_values():
@@ -157,8 +159,7 @@ def test_ppo_clamp_and_dual_clip_hand_values():
   lp = np.array([[25.0, -25.0, np.log(5.0), np.log(5.0)]])
   adv = np.array([[-1.0, 2.0, -1.0, 1.0]])
   f = jax.jit(L.policy_loss)
-  per_token = [f(lp[:, k:k + 1], old[:, k:k + 1], adv[:, k:k + 1], np.ones((1, 1)))[0]
-               for k in range(4)]
+  per_token = [f(lp[:, k : k + 1], old[:, k : k + 1], adv[:, k : k + 1], np.ones((1, 1)))[0] for k in range(4)]
   # e^25 -> clamped to e^20 -> dual-clip caps at 3; e^-25 -> e^-20 (unclipped branch, A > 0);
   # ratio 5, A < 0 -> 3 (dual); ratio 5, A > 0 -> -1.2 (clip-high)
   np.testing.assert_allclose(np.array(per_token), [3.0, -2 * np.exp(-20.0), 3.0, -1.2], rtol=1e-5)
@@ -168,12 +169,12 @@ def test_ppo_importance_weights_scale_the_loss_and_get_no_gradient():
   rng = np.random.default_rng(30)
   lp, old, adv, mask = random_inputs(rng, 4, 6)
   w = rng.random((4, 6)) * 2
-  ref = np.array([[ref_ppo_token(lp[i, j], old[i, j], adv[i, j], 0.2, 0.2, 3.0)[0]
-                   for j in range(6)] for i in range(4)])
+  ref = np.array(
+    [[ref_ppo_token(lp[i, j], old[i, j], adv[i, j], 0.2, 0.2, 3.0)[0] for j in range(6)] for i in range(4)]
+  )
   f = jax.jit(functools.partial(L.policy_loss, agg="seq-mean-token-mean"))
   s, d, _ = f(lp, old, adv, mask, is_weights=w)
-  np.testing.assert_allclose(float(s / d), ref_aggregate(ref * w, mask, "seq-mean-token-mean"),
-                             rtol=1e-5)
+  np.testing.assert_allclose(float(s / d), ref_aggregate(ref * w, mask, "seq-mean-token-mean"), rtol=1e-5)
   gw = jax.jit(jax.grad(lambda x: f(lp, old, adv, mask, is_weights=x)[0]))(jnp.asarray(w))
   assert np.all(np.asarray(gw) == 0)
 
@@ -199,8 +200,7 @@ def test_gspo_matches_verl_definition_value_and_gradient():
       unclipped = (a > 0 and s_i < 1 + ch) or (a < 0 and s_i > 1 - cl)
       per_token[i, j] = -a * (s_i if unclipped else np.clip(s_i, 1 - cl, 1 + ch))
       grad[i, j] = (-a * s_i if unclipped else 0.0) * mask[i, j] / n / len(rows)
-  np.testing.assert_allclose(float(s / d), ref_aggregate(per_token, mask, "seq-mean-token-mean"),
-                             rtol=1e-5)
+  np.testing.assert_allclose(float(s / d), ref_aggregate(per_token, mask, "seq-mean-token-mean"), rtol=1e-5)
   assert 0 < float(m["clipfrac"]) < 1  # both branches occur in this draw
   g = jax.jit(jax.grad(lambda x: loss_mean(f, x, old, adv, mask)))(jnp.asarray(lp, jnp.float32))
   np.testing.assert_allclose(g, grad, rtol=1e-4, atol=1e-7)
@@ -237,8 +237,9 @@ def test_kl_values_and_gradients(kind):
   if kind.endswith("+"):
     grad = d  # straight-through: gradient of k2 whatever the forward estimator
   else:
-    grad = {"k1": np.ones_like(d), "k2": d,
-            "k3": np.where((np.abs(d) <= 20) & (np.abs(k3) < 10), 1 - np.exp(nd), 0.0)}[base]
+    grad = {"k1": np.ones_like(d), "k2": d, "k3": np.where((np.abs(d) <= 20) & (np.abs(k3) < 10), 1 - np.exp(nd), 0.0)}[
+      base
+    ]
   f = jax.jit(functools.partial(L.kl_penalty, kind=kind))
   np.testing.assert_allclose(f(lp, ref), value, rtol=1e-5, atol=1e-6)
   g = jax.grad(lambda x: f(x, ref).sum())(jnp.asarray(lp, jnp.float32))
@@ -249,8 +250,10 @@ def test_kl_values_and_gradients(kind):
     lp64 = lp[1:].astype(np.float64)
     with jax.enable_x64(True):
       ref64 = jnp.asarray(ref[1:])
-      fd = (np.asarray(L.kl_penalty(jnp.asarray(lp64 + eps), ref64, kind))
-            - np.asarray(L.kl_penalty(jnp.asarray(lp64 - eps), ref64, kind))) / (2 * eps)
+      fd = (
+        np.asarray(L.kl_penalty(jnp.asarray(lp64 + eps), ref64, kind))
+        - np.asarray(L.kl_penalty(jnp.asarray(lp64 - eps), ref64, kind))
+      ) / (2 * eps)
     np.testing.assert_allclose(fd, grad[1:], rtol=1e-4, atol=1e-6)
 
 
@@ -261,8 +264,7 @@ def test_kl_loss_aggregates_the_penalty():
   s, d, m = f(lp, ref, mask)
   nd = np.clip(ref - lp, -20, 20)
   k3 = np.clip(np.exp(nd) - nd - 1, -10, 10)
-  np.testing.assert_allclose(float(s / d), ref_aggregate(k3, mask, "seq-mean-token-mean"),
-                             rtol=1e-5)
+  np.testing.assert_allclose(float(s / d), ref_aggregate(k3, mask, "seq-mean-token-mean"), rtol=1e-5)
   np.testing.assert_allclose(float(m["kl"]), k3[mask].mean(), rtol=1e-5)
 
 
@@ -317,15 +319,14 @@ def test_token_logprobs_and_entropy_match_numpy(temperature):
   logits = rng.normal(size=(3, 5, 11)) * 3
   targets = rng.integers(0, 11, size=(3, 5))
   z = logits / temperature
-  logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(
-      -1, keepdims=True)
+  logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
   expect = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
   f = jax.jit(functools.partial(L.token_logprobs, temperature=temperature))
   np.testing.assert_allclose(f(logits, targets), expect, atol=1e-5)
   ent = -(np.exp(logp) * logp).sum(-1)
   np.testing.assert_allclose(
-      jax.jit(functools.partial(L.entropy_from_logits, temperature=temperature))(logits), ent,
-      atol=1e-5)
+    jax.jit(functools.partial(L.entropy_from_logits, temperature=temperature))(logits), ent, atol=1e-5
+  )
   # d logp[target] / d logits = (onehot - softmax) / temperature
   g = jax.grad(lambda x: f(x, targets).sum())(jnp.asarray(logits, jnp.float32))
   onehot = np.eye(11)[targets]

@@ -2,6 +2,7 @@
 same train step (loss, updated params) for every aggregation mode and for GSPO and the critic;
 the packer keeps every token, rejects bad input, and the model's attention never crosses a
 segment (a changed token in one segment leaves the others' logits unchanged)."""
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,16 @@ N, T, V = 9, 24, 64
 
 
 def _cfg():
-  return tiny_config("llama", vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+  return tiny_config(
+    "llama",
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=False,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +44,17 @@ def batch():
   tokens = rng.integers(1, V, (N, T + 1)).astype(np.int32)
   ids, targets = np.where(attn, tokens[:, :-1], 0), np.where(attn, tokens[:, 1:], 0)
   f = lambda x: np.where(action, x, 0).astype(np.float32)  # noqa: E731
-  return {"input_ids": ids, "target_ids": targets, "attention_mask": attn, "action_mask": action,
-          "old_logprobs": f(-rng.random((N, T)) * 3), "advantages": f(rng.normal(size=(N, T))),
-          "ref_logprobs": f(-rng.random((N, T)) * 3), "returns": f(rng.normal(size=(N, T))),
-          "old_values": f(rng.normal(size=(N, T)) * 0.1)}
+  return {
+    "input_ids": ids,
+    "target_ids": targets,
+    "attention_mask": attn,
+    "action_mask": action,
+    "old_logprobs": f(-rng.random((N, T)) * 3),
+    "advantages": f(rng.normal(size=(N, T))),
+    "ref_logprobs": f(-rng.random((N, T)) * 3),
+    "returns": f(rng.normal(size=(N, T))),
+    "old_values": f(rng.normal(size=(N, T)) * 0.1),
+  }
 
 
 def test_pack_keeps_every_token_and_fewer_rows(batch):
@@ -68,9 +84,16 @@ def test_pack_rejects_bad_input(batch):
 def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   model = CausalLM(_cfg(), rngs=nnx.Rngs(0))
   packed, layout = pack_batch(batch)
-  lp = lambda b: np.asarray(policy_logprobs(  # noqa: E731
-      model, jnp.asarray(b["input_ids"]), jnp.asarray(b["target_ids"]), jnp.asarray(b["attention_mask"]),
-      segment_ids=b.get("segment_ids"), positions=b.get("positions"))[0])
+  lp = lambda b: np.asarray(
+    policy_logprobs(  # noqa: E731
+      model,
+      jnp.asarray(b["input_ids"]),
+      jnp.asarray(b["target_ids"]),
+      jnp.asarray(b["attention_mask"]),
+      segment_ids=b.get("segment_ids"),
+      positions=b.get("positions"),
+    )[0]
+  )
   want = lp(batch)
   got = unpack(lp(packed), layout, T)
   am = batch["attention_mask"]
@@ -89,16 +112,27 @@ def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   np.testing.assert_allclose(after[row, rest], lp(packed)[row, rest], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("policy,agg", [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm"),
-                                        ("decoupled_ppo", "seq-mean-token-mean")])
+@pytest.mark.parametrize(
+  "policy,agg",
+  [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm"), ("decoupled_ppo", "seq-mean-token-mean")],
+)
 def test_packed_train_step_equals_unpacked(batch, policy, agg):
-  cfg = LossConfig(policy_loss=policy, agg=agg, kl_coef=0.05, entropy_coef=0.01, logits_chunk=16,
-                   clip_low=3e-4 if policy == "gspo" else 0.2, clip_high=4e-4 if policy == "gspo" else 0.28,
-                   behaviour_cap=1.5)
+  cfg = LossConfig(
+    policy_loss=policy,
+    agg=agg,
+    kl_coef=0.05,
+    entropy_coef=0.01,
+    logits_chunk=16,
+    clip_low=3e-4 if policy == "gspo" else 0.2,
+    clip_high=4e-4 if policy == "gspo" else 0.28,
+    behaviour_cap=1.5,
+  )
   if policy == "decoupled_ppo":  # the sampler's log-probs: some behaviour weights past the cap
     noise = np.random.default_rng(1).normal(size=batch["old_logprobs"].shape) * 0.5
-    batch = {**batch, "behaviour_logprobs": np.where(batch["action_mask"], batch["old_logprobs"] + noise, 0)
-             .astype(np.float32)}
+    batch = {
+      **batch,
+      "behaviour_logprobs": np.where(batch["action_mask"], batch["old_logprobs"] + noise, 0).astype(np.float32),
+    }
   packed, layout = pack_batch(batch)
   results = []
   for b in (batch, packed):

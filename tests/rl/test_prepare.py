@@ -1,6 +1,7 @@
 """The one jitted prepare: trainer/reference log-probs and critic values equal an independent
 per-trajectory forward on the unshifted tokens (float64 log-softmax in numpy), advantages equal
 the estimator on those values, and the shift of `train_arrays` is the next token."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +15,9 @@ from agentfly_jax.rl.batching import overlong_penalty, pad_rows, train_arrays
 from agentfly_jax.rl.core.prepare import PrepareConfig, chunked_rows, make_prepare
 
 V = 64
-CFG = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-           num_key_value_heads=1, head_dim=16)
+CFG = dict(
+  vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16
+)
 
 
 def _trajs(rng, groups=3, chains=3):
@@ -27,8 +29,16 @@ def _trajs(rng, groups=3, chains=3):
       prompt = int(rng.integers(3, 6))
       mask[prompt:] = rng.random(n - prompt) < 0.7
       lp = np.where(mask, -rng.random(n) * 2, 0).astype(np.float32)
-      out.append(Trajectory(token_ids=rng.integers(0, V, n).astype(np.int32), action_mask=mask,
-                            sampler_logprobs=lp, reward=float(rng.random() < 0.5), group_id=g, chain_id=c))
+      out.append(
+        Trajectory(
+          token_ids=rng.integers(0, V, n).astype(np.int32),
+          action_mask=mask,
+          sampler_logprobs=lp,
+          reward=float(rng.random() < 0.5),
+          group_id=g,
+          chain_id=c,
+        )
+      )
   return out
 
 
@@ -36,7 +46,7 @@ def _split(model):
   return nnx.split(model, nnx.Param, ...)
 
 
-REF_LEN = 32   # every trajectory's forward at one shape: one compile, not one per length
+REF_LEN = 32  # every trajectory's forward at one shape: one compile, not one per length
 
 
 @nnx.jit
@@ -73,8 +83,16 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk
   cg = cp = cr = None
   if critic is not None:
     cg, cp, cr = _split(critic)
-  cfg = PrepareConfig(estimator=estimator, chunk=chunk, logits_chunk=logits_chunk, temperature=0.7, tis_cap=1.5,
-                      overlong_max_tokens=20, overlong_buffer=8, overlong_factor=0.5)
+  cfg = PrepareConfig(
+    estimator=estimator,
+    chunk=chunk,
+    logits_chunk=logits_chunk,
+    temperature=0.7,
+    tis_cap=1.5,
+    overlong_max_tokens=20,
+    overlong_buffer=8,
+    overlong_factor=0.5,
+  )
   prepare = make_prepare(g, r, cfg, critic_graphdef=cg, critic_rest=cr)
   arrays = pad_rows(train_arrays(trajs, pad_id=0, multiple=16), 4)  # 9 rows + 3 inert ones
   batch, metrics = jax.device_get(prepare(p, _split(ref)[1], cp, arrays))
@@ -110,8 +128,9 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk
       values[i, :L] = _trajectory_forward(critic, t.token_ids[:-1])
     values = np.where(mask, values, 0)
     np.testing.assert_allclose(batch["old_values"][:n], values, rtol=1e-4, atol=1e-4)
-  adv, ret = adv_lib.compute(estimator, mask=mask, scores=arrays["rewards"][:n] + pen,
-                             group_ids=arrays["group_ids"][:n], values=values)
+  adv, ret = adv_lib.compute(
+    estimator, mask=mask, scores=arrays["rewards"][:n] + pen, group_ids=arrays["group_ids"][:n], values=values
+  )
   np.testing.assert_allclose(batch["advantages"][:n], np.asarray(adv), rtol=1e-4, atol=1e-4)
   assert not batch["advantages"][n:].any()  # inert padding rows
   if critic is not None:

@@ -1,19 +1,32 @@
 """DAPO knobs and trajectory -> array helpers: dynamic sampling drops zero-variance groups,
 the overlong penalty counts generated tokens, micro-batch padding rows are fully masked."""
+
 import numpy as np
 
 from agentfly_jax.agents.trajectory import Trajectory
-from agentfly_jax.rl.batching import (drop_zero_variance_groups, micro_batch_layout, overlong_penalty,
-                                      rollout_metrics, to_microbatches)
+from agentfly_jax.rl.batching import (
+  drop_zero_variance_groups,
+  micro_batch_layout,
+  overlong_penalty,
+  rollout_metrics,
+  to_microbatches,
+)
 
 
 def _traj(group, reward, n_gen=3, calls=()):
   ids = np.arange(8)
   mask = np.zeros(8, bool)
-  mask[8 - n_gen:] = True
-  return Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=np.where(mask, -0.5, 0),
-                    reward=reward, group_id=group, finish_reason="no_tool_call", num_turns=1,
-                    tool_calls=[{"name": c, "ok": c != "bad"} for c in calls])
+  mask[8 - n_gen :] = True
+  return Trajectory(
+    token_ids=ids,
+    action_mask=mask,
+    sampler_logprobs=np.where(mask, -0.5, 0),
+    reward=reward,
+    group_id=group,
+    finish_reason="no_tool_call",
+    num_turns=1,
+    tool_calls=[{"name": c, "ok": c != "bad"} for c in calls],
+  )
 
 
 def test_dynamic_sampling_keeps_only_groups_with_reward_variance():
@@ -30,8 +43,11 @@ def test_overlong_penalty_is_linear_in_tokens_past_the_buffer_start():
 
 def test_microbatches_pad_with_masked_rows_and_keep_order():
   rng = np.random.default_rng(0)
-  batch = {"token_ids": rng.integers(0, 9, (5, 4)), "action_mask": rng.random((5, 4)) < 0.7,
-           "advantages": rng.normal(size=(5, 4))}
+  batch = {
+    "token_ids": rng.integers(0, 9, (5, 4)),
+    "action_mask": rng.random((5, 4)) < 0.7,
+    "advantages": rng.normal(size=(5, 4)),
+  }
   rows = np.array([4, 0, 2])
   mb = to_microbatches(batch, rows, micro_batch_size=2, num_micro=3)
   assert mb["token_ids"].shape == (3, 2, 4)
@@ -72,8 +88,10 @@ def test_rollout_metrics_panels_turns_tools_errors_envs():
   for g in range(12):
     t = _traj(g, float(rng.random()))
     t.num_turns = int(rng.integers(1, 6))
-    t.tool_calls = [{"name": str(rng.choice(["search", "python", "answer"])), "ok": bool(rng.random() < 0.7)}
-                    for _ in range(int(rng.integers(0, 4)))]
+    t.tool_calls = [
+      {"name": str(rng.choice(["search", "python", "answer"])), "ok": bool(rng.random() < 0.7)}
+      for _ in range(int(rng.integers(0, 4)))
+    ]
     t.env_names = list(rng.choice(["python_sandbox", "redis"], size=int(rng.integers(0, 3)), replace=False))
     trajs.append(t)
   m = rollout_metrics(trajs)

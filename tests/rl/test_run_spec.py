@@ -1,5 +1,6 @@
 """The run config parsed once into frozen typed sections (rl/spec.py): every bad field is named
 with what is allowed; names come from the registries; `migrate` brings old saved configs up."""
+
 import dataclasses
 import json
 import os
@@ -29,7 +30,9 @@ def _with(field, value):
   return c
 
 
-@pytest.mark.parametrize("field, value, allowed", [
+@pytest.mark.parametrize(
+  "field, value, allowed",
+  [
     ("model.family", "gpt2", "('qwen2', 'qwen3', 'llama')"),
     ("model.hidden_size", 0, "integer >= 1"),
     ("model.dtype", "float8", "'float32', 'bfloat16' or 'float16'"),
@@ -59,7 +62,8 @@ def _with(field, value):
     ("train.logits_capacity", 0.5, "a list"),
     ("mesh.rules", "tp", "a mapping"),
     ("seed", "zero", "an integer"),
-])
+  ],
+)
 def test_each_bad_field_is_named_with_what_is_allowed(field, value, allowed):
   with pytest.raises(ValueError) as e:
     RunSpec.from_config(_with(field, value))
@@ -85,11 +89,11 @@ def test_sections_are_frozen_typed_and_round_trip():
   with pytest.raises(dataclasses.FrozenInstanceError):
     spec.loss.clip_low = 0.1
   assert isinstance(spec.train.lr, float) and isinstance(spec.train.logits_capacity, tuple)
-  with pytest.raises(TypeError):   # the rules mapping is read-only too
+  with pytest.raises(TypeError):  # the rules mapping is read-only too
     spec.mesh.rules["mlp"] = "fsdp"
   assert spec.to_dict() == default_config().to_dict()
   assert as_spec(spec) is spec
-  c = _with("train.lr", 3)   # an int where a float goes (a saved JSON): taken as the number
+  c = _with("train.lr", 3)  # an int where a float goes (a saved JSON): taken as the number
   assert RunSpec.from_config(c).train.lr == 3.0 and isinstance(RunSpec.from_config(c).train.lr, float)
 
 
@@ -110,8 +114,7 @@ def test_algorithm_resolution_and_overrides():
 
 def test_registered_names_are_accepted_without_an_edit():
   loss_name, est_name, sampler_name = "test_only_loss", "test_only_estimator", "test_only_sampler"
-  for field, name in (("loss.policy_loss", loss_name), ("loss.estimator", est_name),
-                      ("rollout.sampler", sampler_name)):
+  for field, name in (("loss.policy_loss", loss_name), ("loss.estimator", est_name), ("rollout.sampler", sampler_name)):
     with pytest.raises(ValueError, match=f"config.{field}='{name}'"):
       RunSpec.from_config(_with(field, name))
   losses.register_policy_loss(loss_name, losses.policy_loss)
@@ -141,7 +144,7 @@ def test_loss_and_prepare_configs_come_from_the_sections():
   spec = RunSpec.from_config(c)
   lc = loss_config(spec)
   assert (lc.clip_high, lc.kl_coef, lc.agg, lc.temperature) == (0.35, 0.01, "seq-mean-token-mean", 1.0)
-  assert lc.logits_capacity == (0.5, 0.75) and loss_config(c) == lc   # a config is parsed the same
+  assert lc.logits_capacity == (0.5, 0.75) and loss_config(c) == lc  # a config is parsed the same
   assert loss_config(spec, decoupled=True).policy_loss == "decoupled_ppo"
   pc = prepare_config(spec, lc, "grpo", 4)
   assert (pc.gamma, pc.tis_cap, pc.overlong_buffer, pc.logits_capacity, pc.chunk) == (0.9, 2.0, 8, (0.5, 0.75), 4)
@@ -151,15 +154,15 @@ def test_loss_and_prepare_configs_come_from_the_sections():
 def test_migrate_fills_what_old_versions_ran_with_and_keeps_what_they_saved():
   with open(os.path.join(SAVED_RUN, "config.json")) as f:
     saved = json.load(f)
-  older = json.loads(json.dumps(saved))   # a version before these fields existed
+  older = json.loads(json.dumps(saved))  # a version before these fields existed
   del older["train"]["logits_capacity"], older["mesh"]["sampler_devices"], older["model"]["attention_impl"]
   del older["mesh"]["rules"]["mlp"]
   older["model"].pop("lora", None)
-  older["task"] = {"name": "mine", "module": "my_task"}   # a user task before `agent` / `mcp_servers`
+  older["task"] = {"name": "mine", "module": "my_task"}  # a user task before `agent` / `mcp_servers`
   m = migrate(older)
-  assert m.train.logits_capacity == ()              # log-probs at every position, as that version did
+  assert m.train.logits_capacity == ()  # log-probs at every position, as that version did
   assert m.mesh.sampler_devices == 0 and m.model.attention_impl == "flash" and m.model.lora.rank == 0
-  assert m.mesh.rules.mlp == "tp" and m.mesh.rules.act_batch == "fsdp"   # rules merged key by key
+  assert m.mesh.rules.mlp == "tp" and m.mesh.rules.act_batch == "fsdp"  # rules merged key by key
   assert m.model.hidden_size == saved["model"]["hidden_size"] == 32 and m.name == "old_run"
   spec = RunSpec.from_config(older, custom_task=True)
   assert spec.task.module == "my_task" and spec.task.agent == "" and spec.task_name == "mine"

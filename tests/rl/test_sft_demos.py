@@ -1,5 +1,6 @@
 """The SFT warm start's demonstrations: a real rollout with the scripted policy, and the loss mask
 that leaves `learn=False` pieces (the lookup demo's guessed word) out of the loss."""
+
 import os
 
 import numpy as np
@@ -13,15 +14,23 @@ from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tasks import lookup
 from train_cli import ROOT
 
-WARMSTART = os.path.join(ROOT,
-                         "experiments", "results", "lookup_warmstart")
+WARMSTART = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
 
 
 def _rollout(tok, demo, rows, eot):
   agent = lookup.make_agent(tok)
   params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_token_ids=(eot,))
-  return run_rollout(agent, rows, sampler=demo, num_chains=1, max_turns=3, sampling_params=params,
-                     max_tokens_per_turn=32, max_total_tokens=256, seed=5)
+  return run_rollout(
+    agent,
+    rows,
+    sampler=demo,
+    num_chains=1,
+    max_turns=3,
+    sampling_params=params,
+    max_tokens_per_turn=32,
+    max_total_tokens=256,
+    seed=5,
+  )
 
 
 def test_guessed_word_is_generated_but_not_learned():
@@ -31,8 +40,9 @@ def test_guessed_word_is_generated_but_not_learned():
   # the same question several times: identical prompts get different demos (tool / guess)
   rows = [{"question": f'Find the code of key "{key}".', "key": key, "answer": lookup.secret_code(key)}] * 6
   rows += lookup.make_rows(10, seed=1)
-  demo = ScriptedPolicySampler(tok, lambda text, rng: lookup.scripted_response(text, rng.random() < 0.5, rng),
-                               eot, seed=0)
+  demo = ScriptedPolicySampler(
+    tok, lambda text, rng: lookup.scripted_response(text, rng.random() < 0.5, rng), eot, seed=0
+  )
   trajs = _rollout(tok, demo, rows, eot)
   arr = pad_batch(trajs, max_len=128, pad_id=tok.pad_token_id)
   loss_masks = sft_loss_mask(trajs, demo, 127)  # target-aligned: position t is token t + 1

@@ -1,5 +1,6 @@
 """The step's stages (rl/stages.py) return what they make: the weight sync its bytes (from the
 sampler's SyncStats, or counted when the sampler does not say), the row stream its rows."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,14 +23,24 @@ class _SilentSampler:
 
 
 def test_sync_reports_the_bytes_the_push_moved():
-  model = CausalLM(tiny_config("qwen2", vocab_size=64, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                                num_attention_heads=1, num_key_value_heads=1), rngs=nnx.Rngs(0))
+  model = CausalLM(
+    tiny_config(
+      "qwen2",
+      vocab_size=64,
+      num_hidden_layers=1,
+      hidden_size=32,
+      intermediate_size=64,
+      num_attention_heads=1,
+      num_key_value_heads=1,
+    ),
+    rngs=nnx.Rngs(0),
+  )
   params = nnx.state(model, nnx.Param)
   nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   jax_weights = stages.SamplerWeights(JaxSampler(model, max_batch_size=2, max_len=32, pad_id=0, kernel_layout="in_out"))
   new = jax.tree.map(lambda x: x + 1.0, params)
-  assert stages.sync(jax_weights, new) == {"sync/bytes": float(nbytes)}   # the sampler's own count
-  assert stages.sync(jax_weights, new) == {"sync/bytes": 0.0}              # it already holds them
+  assert stages.sync(jax_weights, new) == {"sync/bytes": float(nbytes)}  # the sampler's own count
+  assert stages.sync(jax_weights, new) == {"sync/bytes": 0.0}  # it already holds them
   assert jax_weights.loaded is new
   silent = _SilentSampler()
   weights = stages.SamplerWeights(silent)
@@ -41,31 +52,39 @@ def test_sync_reports_the_bytes_the_push_moved():
 def test_rows_at_is_a_reshuffled_endless_stream():
   rows = [{"question": f"q{i}"} for i in range(5)]
   first = stages.rows_at(rows, 3, 0, 5)
-  assert sorted(r["question"] for r in first) == [f"q{i}" for i in range(5)]   # one epoch: each row once
+  assert sorted(r["question"] for r in first) == [f"q{i}" for i in range(5)]  # one epoch: each row once
   assert stages.rows_at(rows, 3, 2, 6) == first[2:] + stages.rows_at(rows, 3, 5, 3)
   assert stages.rows_at(rows, 3, 0, 5) == first and stages.rows_at(rows, 4, 0, 5) != first
-  assert stages.rows_at(rows, 3, 5, 5) != first   # the next epoch is shuffled anew
+  assert stages.rows_at(rows, 3, 5, 5) != first  # the next epoch is shuffled anew
 
 
 def _traj(group, reward, n_gen):
   ids = np.arange(8)
   mask = np.zeros(8, bool)
-  mask[8 - n_gen:] = True
-  return Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=np.where(mask, -0.5, 0),
-                    reward=reward, group_id=group, finish_reason="no_tool_call", num_turns=1, tool_calls=[])
+  mask[8 - n_gen :] = True
+  return Trajectory(
+    token_ids=ids,
+    action_mask=mask,
+    sampler_logprobs=np.where(mask, -0.5, 0),
+    reward=reward,
+    group_id=group,
+    finish_reason="no_tool_call",
+    num_turns=1,
+    tool_calls=[],
+  )
 
 
 def test_prepare_returns_the_arrays_that_train_and_the_rollout_metrics():
   trajs = [_traj(0, 1.0, 3), _traj(0, 1.0, 2), _traj(1, 0.0, 4), _traj(1, 1.0, 1)]
   arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=True)
   assert metrics["dapo/groups_dropped"] == 1 and metrics["rollout/reward_mean"] == 0.75
-  assert metrics["rollout/num_chains"] == 4          # measured before the drop
+  assert metrics["rollout/num_chains"] == 4  # measured before the drop
   np.testing.assert_array_equal(arrays["group_ids"], [1, 1])
   np.testing.assert_array_equal(arrays["action_mask"].sum(axis=1), [4, 1])
   arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
   assert len(arrays["group_ids"]) == 4 and "dapo/groups_dropped" not in metrics
   arrays, metrics = stages.prepare(trajs[:2], pad_id=0, dynamic_sampling=True)
-  assert arrays is None and metrics["dapo/groups_dropped"] == 1   # nothing left to train
+  assert arrays is None and metrics["dapo/groups_dropped"] == 1  # nothing left to train
 
 
 def test_update_with_nothing_to_train_keeps_the_state():

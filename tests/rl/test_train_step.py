@@ -1,5 +1,6 @@
 """The jitted train step: micro-batch accumulation equals the full batch exactly, the update
 equals an independent gradient of the global-mean loss, PPO's critic trains, SFT lowers NLL."""
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -11,15 +12,26 @@ from agentfly_jax.models import CausalLM, Critic, make_mesh, partition_specs, ti
 from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.core.train_state import create_train_state
-from agentfly_jax.rl.core.train_step import (LossConfig, batch_sharding, jit_step, make_sft_step,
-                                        make_train_step, policy_logprobs, state_shardings)
+from agentfly_jax.rl.core.train_step import (
+  LossConfig,
+  batch_sharding,
+  jit_step,
+  make_sft_step,
+  make_train_step,
+  policy_logprobs,
+  state_shardings,
+)
 
 B, T, V = 8, 24, 64
 
 
 def _model(seed=0):
-  return CausalLM(tiny_config("qwen2", vocab_size=V, hidden_size=64, intermediate_size=128,
-                              num_attention_heads=2, num_key_value_heads=1), rngs=nnx.Rngs(seed))
+  return CausalLM(
+    tiny_config(
+      "qwen2", vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1
+    ),
+    rngs=nnx.Rngs(seed),
+  )
 
 
 def _batch(rng):
@@ -33,8 +45,15 @@ def _batch(rng):
   old = np.where(action, -rng.random((B, T)) * 3, 0).astype(np.float32)
   adv = np.where(action, rng.normal(size=(B, T)), 0).astype(np.float32)
   ref = np.where(action, -rng.random((B, T)) * 3, 0).astype(np.float32)
-  return {"input_ids": ids[:, :-1], "target_ids": ids[:, 1:], "attention_mask": attn,
-          "action_mask": action, "old_logprobs": old, "advantages": adv, "ref_logprobs": ref}
+  return {
+    "input_ids": ids[:, :-1],
+    "target_ids": ids[:, 1:],
+    "attention_mask": attn,
+    "action_mask": action,
+    "old_logprobs": old,
+    "advantages": adv,
+    "ref_logprobs": ref,
+  }
 
 
 def _run(cfg, batch, micro, seed=0, steps=1, lr=0.1):
@@ -49,8 +68,7 @@ def _run(cfg, batch, micro, seed=0, steps=1, lr=0.1):
   return state, metrics, (graphdef, params, rest)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                 "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   rng = np.random.default_rng(abs(hash(agg)) % 2**31)
   batch = _batch(rng)
@@ -63,11 +81,13 @@ def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   # Independent reference: grad of the global-mean loss over the whole batch, one call.
   def mean_loss(p):
     model = nnx.merge(graphdef, p, rest)
-    lp, logits = policy_logprobs(model, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["target_ids"]),
-                                 jnp.asarray(batch["attention_mask"]))
+    lp, logits = policy_logprobs(
+      model, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["target_ids"]), jnp.asarray(batch["attention_mask"])
+    )
     mask = jnp.asarray(batch["action_mask"])
-    s, d, _ = losses.policy_loss(lp, jnp.asarray(batch["old_logprobs"]),
-                                 jnp.asarray(batch["advantages"]), mask, clip_high=0.28, agg=agg)
+    s, d, _ = losses.policy_loss(
+      lp, jnp.asarray(batch["old_logprobs"]), jnp.asarray(batch["advantages"]), mask, clip_high=0.28, agg=agg
+    )
     kl = losses.kl_penalty(lp, jnp.asarray(batch["ref_logprobs"]), kind="k3")
     ks, _ = losses.aggregate(kl, mask, agg)
     es, _ = losses.aggregate(losses.entropy_from_logits(logits), mask, agg)
@@ -109,14 +129,24 @@ def test_ppo_critic_learns_returns():
   batch = _batch(rng)
   returns = np.where(batch["action_mask"], rng.normal(size=(B, T)), 0).astype(np.float32)
   batch.update(returns=returns, old_values=np.zeros((B, T), np.float32))
-  model, critic = _model(0), Critic(tiny_config("qwen2", vocab_size=V, hidden_size=64, intermediate_size=128,
-                                                num_attention_heads=2, num_key_value_heads=1), rngs=nnx.Rngs(1))
+  model, critic = (
+    _model(0),
+    Critic(
+      tiny_config(
+        "qwen2", vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1
+      ),
+      rngs=nnx.Rngs(1),
+    ),
+  )
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   cg, cp, cr = nnx.split(critic, nnx.Param, ...)
   opt, copt = optax.sgd(0.0), optax.adam(3e-3)
   state = create_train_state(params, opt, critic_params=cp, critic_optimizer=copt)
-  step = jax.jit(make_train_step(graphdef, rest, opt, LossConfig(value_clip=100.0), critic_graphdef=cg,
-                                 critic_rest=cr, critic_optimizer=copt))
+  step = jax.jit(
+    make_train_step(
+      graphdef, rest, opt, LossConfig(value_clip=100.0), critic_graphdef=cg, critic_rest=cr, critic_optimizer=copt
+    )
+  )
   mb = to_microbatches(batch, np.arange(B), 4)
   first = None
   for _ in range(40):
@@ -133,8 +163,9 @@ def test_sft_step_lowers_masked_nll():
   opt = optax.adam(3e-3)
   state = create_train_state(params, opt)
   step = jax.jit(make_sft_step(graphdef, rest, opt))
-  mb = to_microbatches({k: batch[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")},
-                       np.arange(B), 4)
+  mb = to_microbatches(
+    {k: batch[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}, np.arange(B), 4
+  )
   state, m0 = step(state, mb)
   for _ in range(30):
     state, m = step(state, mb)
@@ -144,9 +175,12 @@ def test_sft_step_lowers_masked_nll():
 def test_sft_step_chunked_at_action_tokens_equals_plain_logits():
   """The SFT step's default route (chunked log-probs, only at action tokens) gives the update of
   the plain [B, L, V] logits route, on a random batch, with micro-batches."""
-  batch = {k: v for k, v in _batch(np.random.default_rng(12)).items()
-           if k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
-  batch["action_mask"] = batch["action_mask"] & (np.arange(T)[None] % 3 == 0)   # sparse: the compact route
+  batch = {
+    k: v
+    for k, v in _batch(np.random.default_rng(12)).items()
+    if k in ("input_ids", "target_ids", "attention_mask", "action_mask")
+  }
+  batch["action_mask"] = batch["action_mask"] & (np.arange(T)[None] % 3 == 0)  # sparse: the compact route
   mb = to_microbatches(batch, np.arange(B), 4)
   out = []
   for chunk in (0, 256):
@@ -157,8 +191,11 @@ def test_sft_step_chunked_at_action_tokens_equals_plain_logits():
   (plain, m0), (chunked, m1) = out
   np.testing.assert_allclose(float(m1["sft/nll"]), float(m0["sft/nll"]), rtol=1e-5)
   moved = 0.0
-  for a, b, p0 in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(plain.params),
-                      jax.tree.leaves(nnx.split(_model(0), nnx.Param, ...)[1])):
+  for a, b, p0 in zip(
+    jax.tree.leaves(chunked.params),
+    jax.tree.leaves(plain.params),
+    jax.tree.leaves(nnx.split(_model(0), nnx.Param, ...)[1]),
+  ):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
     moved = max(moved, float(jnp.abs(b - p0).max()))
   assert moved > 1e-3

@@ -1,5 +1,6 @@
 """config.model.lora: validation naming the field, the SmolLM2 LoRA config, what trains (policy
 adapters; the critic's adapters + value head), and the JAX sampler's adapter-only sync."""
+
 import importlib.util
 import os
 
@@ -60,6 +61,7 @@ def test_trainable_filter_policy_and_critic():
 
 def test_jax_sampler_syncs_adapters_only_and_decodes_with_them():
   from agentfly_jax.sampling import JaxSampler, SamplingParams
+
   model = apply_lora(CausalLM(tiny_config("llama"), rngs=nnx.Rngs(0)), LoRAConfig(rank=4), rngs=nnx.Rngs(1))
   sampler = JaxSampler(model, max_batch_size=2, max_len=64, kernel_layout="out_in", pad_id=0)
   prompts = [[5, 6, 7, 8], [9, 10, 11]]
@@ -80,6 +82,7 @@ def test_jax_sampler_syncs_adapters_only_and_decodes_with_them():
   np.testing.assert_array_equal(np.argmax(ref, -1), np.asarray(got[0].token_ids))
   assert [r.token_ids for r in got] != [r.token_ids for r in before]
   with pytest.raises(ValueError, match="the adapters do not match the sampler's model's"):
-    other = apply_lora(CausalLM(tiny_config("llama"), rngs=nnx.Rngs(0)), LoRAConfig(rank=4, targets="q"),
-                       rngs=nnx.Rngs(1))
+    other = apply_lora(
+      CausalLM(tiny_config("llama"), rngs=nnx.Rngs(0)), LoRAConfig(rank=4, targets="q"), rngs=nnx.Rngs(1)
+    )
     sampler.update_weights(nnx.state(other, nnx.LoRAParam))

@@ -1,6 +1,7 @@
 """JaxSampler: greedy == argmax of the full forward pass, log-probs == log-softmax at the sampling
 temperature (float64 numpy reference), seeds, stop ids, buckets without recompiles, errors,
 update_weights, sharded params."""
+
 import os
 import sys
 
@@ -11,9 +12,7 @@ import pytest
 from flax import nnx
 
 from agentfly_jax.sampling import JaxSampler, SamplingParams
-from sampler_testing import (PROMPTS, full_logits, log_softmax64, make_model, reference_greedy,
-                             truncated_log_softmax64)
-
+from sampler_testing import PROMPTS, full_logits, log_softmax64, make_model, reference_greedy, truncated_log_softmax64
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +93,14 @@ def test_stop_ids_and_per_request_max_new_tokens(model, sampler):
   greedy = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10))
   stop_tok = greedy[0].token_ids[3]
   first = greedy[0].token_ids.index(stop_tok)
-  per_request = [SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop_tok, 95)),
-                 SamplingParams(temperature=0.0, max_new_tokens=2),
-                 SamplingParams(temperature=0.0, max_new_tokens=10),
-                 SamplingParams(temperature=0.0, max_new_tokens=1)]
+  per_request = [
+    SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop_tok, 95)),
+    SamplingParams(temperature=0.0, max_new_tokens=2),
+    SamplingParams(temperature=0.0, max_new_tokens=10),
+    SamplingParams(temperature=0.0, max_new_tokens=1),
+  ]
   out = sampler.generate(PROMPTS, per_request)
-  assert out[0].token_ids == greedy[0].token_ids[:first + 1] and out[0].finish_reason == "stop"
+  assert out[0].token_ids == greedy[0].token_ids[: first + 1] and out[0].finish_reason == "stop"
   assert len(out[0].logprobs) == first + 1
   assert out[1].token_ids == greedy[1].token_ids[:2] and out[1].finish_reason == "length"
   assert out[2].token_ids == greedy[2].token_ids
@@ -115,13 +116,14 @@ def test_context_limit_caps_new_tokens(model):
 
 def test_no_recompile_within_buckets():
   model = make_model(vocab_size=72)  # an architecture no other test compiles
-  s = JaxSampler(model, max_batch_size=8, max_len=64, prompt_buckets=(8, 16, 64),
-                 new_token_buckets=(8, 64))
+  s = JaxSampler(model, max_batch_size=8, max_len=64, prompt_buckets=(8, 16, 64), new_token_buckets=(8, 64))
   s.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_new_tokens=5))
   assert s.trace_count == 1
   # different prompt lengths, batch size 2 -> same buckets (batch 2, prompt 8, new 8)
-  s.generate([[1, 2, 3, 4, 5, 6, 7], [9]], SamplingParams(temperature=0.5, top_p=0.9, max_new_tokens=8,
-                                                          stop_token_ids=(3,), seed=1))
+  s.generate(
+    [[1, 2, 3, 4, 5, 6, 7], [9]],
+    SamplingParams(temperature=0.5, top_p=0.9, max_new_tokens=8, stop_token_ids=(3,), seed=1),
+  )
   assert s.trace_count == 1
   s.generate([[1] * 12, [2]], SamplingParams(max_new_tokens=5))  # prompt bucket 16: one compile
   assert s.trace_count == 2
@@ -134,7 +136,9 @@ def test_more_prompts_than_max_batch_size_are_chunked(model):
   assert [r.token_ids for r in out] == [reference_greedy(model, p, 4) for p in prompts]
 
 
-@pytest.mark.parametrize("prompts, params, match", [
+@pytest.mark.parametrize(
+  "prompts, params, match",
+  [
     ([[1, 2], []], SamplingParams(), r"request 1: prompt is empty"),
     ([[1] * 64], SamplingParams(), r"request 0: prompt has 64 tokens .* max_len=64"),
     ([[1, 2], [3, 500]], SamplingParams(), r"request 1: prompt token id 500 at position 1 is outside"),
@@ -145,7 +149,8 @@ def test_more_prompts_than_max_batch_size_are_chunked(model):
     ([[1]], {"temperature": 1.0}, r"params must be a SamplingParams"),
     ([[1], [2]], [SamplingParams(), {"top_p": 2}], r"request 1: sampling params must be a SamplingParams"),
     ([[1], [2]], [SamplingParams()], r"got 1 SamplingParams for 2 prompts"),
-])
+  ],
+)
 def test_bad_requests_get_clear_errors(sampler, prompts, params, match):
   with pytest.raises(ValueError, match=match):
     sampler.generate(prompts, params)
@@ -192,8 +197,10 @@ def test_kernel_layouts_give_the_same_results(model_type, tie):
   assert decode[q_path][...].shape == kernels_before[q_path].shape[::-1]
   for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     assert value[...] is kernels_before[path]
-  for params in (SamplingParams(temperature=0.0, max_new_tokens=8),
-                 SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)):
+  for params in (
+    SamplingParams(temperature=0.0, max_new_tokens=8),
+    SamplingParams(temperature=1.0, max_new_tokens=8, seed=3),
+  ):
     for a, b in zip(plain.generate(PROMPTS, params), fast.generate(PROMPTS, params)):
       assert a.token_ids == b.token_ids
       np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
@@ -208,8 +215,6 @@ def test_update_weights_rejects_a_different_model(sampler):
   tied = make_model(tie=True)
   with pytest.raises(ValueError, match=r"update_weights: params do not match"):
     sampler.update_weights(nnx.state(tied, nnx.Param))
-
-
 
 
 @pytest.mark.eight_devices("sampler_sharding")

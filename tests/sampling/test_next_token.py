@@ -1,4 +1,5 @@
 """The two-level inverse-CDF draw: right frequencies, never a zero-probability token."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,9 +34,11 @@ def test_frequencies_match_the_probabilities(vocab):
 def test_unnormalised_rows_and_mass_only_at_the_edges():
   vocab = 2 * DRAW_BLOCK + 3
   probs = np.zeros((3, vocab), np.float32)
-  probs[0, -1] = 5.0                       # all mass on the last token (in the padded last block)
-  probs[1, 0] = 1e-30; probs[1, -1] = 2.0  # a tiny mass first, the rest last
-  probs[2, DRAW_BLOCK - 1] = 0.25; probs[2, DRAW_BLOCK] = 0.25  # straddles a block boundary
+  probs[0, -1] = 5.0  # all mass on the last token (in the padded last block)
+  probs[1, 0] = 1e-30
+  probs[1, -1] = 2.0  # a tiny mass first, the rest last
+  probs[2, DRAW_BLOCK - 1] = 0.25
+  probs[2, DRAW_BLOCK] = 0.25  # straddles a block boundary
   keys = jax.random.split(jax.random.key(0), 3 * 500).reshape(500, 3)
   tokens = np.stack([np.asarray(_draw(jnp.asarray(probs), k)) for k in keys[:50]])
   assert np.all(tokens[:, 0] == vocab - 1)
@@ -49,10 +52,16 @@ def test_sample_next_tokens_draws_from_log_softmax_at_temperature():
   logits = rng.normal(size=vocab).astype(np.float32) * 2
   n = 20_000
   tokens, logprobs = jax.jit(sample_next_tokens)(
-      jnp.broadcast_to(jnp.asarray(logits), (n, vocab)), jnp.full((n,), t), jnp.zeros((n,), jnp.int32),
-      jnp.ones((n,)), jax.random.split(jax.random.key(1), n))
+    jnp.broadcast_to(jnp.asarray(logits), (n, vocab)),
+    jnp.full((n,), t),
+    jnp.zeros((n,), jnp.int32),
+    jnp.ones((n,)),
+    jax.random.split(jax.random.key(1), n),
+  )
   expected = jax.nn.softmax(jnp.asarray(logits) / t)
   freq = np.bincount(np.asarray(tokens), minlength=vocab) / n
   sigma = np.sqrt(expected * (1 - expected) / n)
   assert np.all(np.abs(freq - expected) <= 5 * sigma + 1e-4)
-  np.testing.assert_allclose(np.asarray(logprobs), np.log(np.asarray(expected))[np.asarray(tokens)], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(logprobs), np.log(np.asarray(expected))[np.asarray(tokens)], rtol=1e-5, atol=1e-5
+  )

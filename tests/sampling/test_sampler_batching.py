@@ -1,4 +1,5 @@
 """Concurrent trio requests are gathered into batches; each caller gets its own result."""
+
 import threading
 import time
 

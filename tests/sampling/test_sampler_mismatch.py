@@ -1,4 +1,5 @@
 """logprob_mismatch_metrics against float64 numpy formulas on fresh random inputs."""
+
 import jax
 import numpy as np
 import pytest
@@ -9,9 +10,17 @@ from agentfly_jax.sampling import logprob_mismatch_metrics
 def _reference(s, t, m):
   d = (t - s)[m]
   r = np.exp(d)
-  return {"mean_abs_diff": np.abs(d).mean(), "max_abs_diff": np.abs(d).max(), "mean_diff": d.mean(),
-          "kl_k1": -d.mean(), "kl_k3": (r - 1 - d).mean(), "ratio_mean": r.mean(), "ratio_max": r.max(),
-          "ratio_min": r.min(), "num_tokens": float(m.sum())}
+  return {
+    "mean_abs_diff": np.abs(d).mean(),
+    "max_abs_diff": np.abs(d).max(),
+    "mean_diff": d.mean(),
+    "kl_k1": -d.mean(),
+    "kl_k3": (r - 1 - d).mean(),
+    "ratio_mean": r.mean(),
+    "ratio_max": r.max(),
+    "ratio_min": r.min(),
+    "num_tokens": float(m.sum()),
+  }
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

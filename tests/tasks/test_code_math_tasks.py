@@ -1,5 +1,6 @@
 """The code task's pass-rate reward in the real bubblewrap sandbox (correct, wrong, hostile and
 syntax-error submissions), and the generated math and code task sets."""
+
 from __future__ import annotations
 
 import inspect
@@ -61,23 +62,28 @@ def solve(i, key):
 '''
 
 SUBMISSIONS = {
-    "correct": (f"def solve(i, key):\n  return '{SECRET}-' + str(i)\n", 1.0, None),
-    "half": (f"def solve(i, key):\n  return '{SECRET}-' + str(i) if i % 2 else 'no'\n", 0.5, None),
-    "wrong": ("def solve(i, key):\n  return key\n", 0.0, None),
-    "syntax_error": ("def solve(i, key)\n  return key\n", 0.0, "SyntaxError"),
-    "missing_function": ("def other():\n  pass\n", 0.0, "KeyError"),
-    "infinite_loop": ("def solve(i, key):\n  while True:\n    try:\n      pass\n"
-                      "    except BaseException:\n      pass\n", 0.0, "Timeout"),
-    "crash": ("import os\ndef solve(i, key):\n  os._exit(3)\n", 0.0, "exit status 3"),
-    "segfault": ("import ctypes\ndef solve(i, key):\n  return ctypes.string_at(0)\n", 0.0,
-                 "exit status -11"),
-    "fork_bomb": ("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n",
-                  0.0, "Timeout"),
-    "fake_report": ("import json, os\ndef solve(i, key):\n"
-                    "  for fd in range(1, 64):\n"
-                    "    try:\n      os.write(fd, b'{\"passed\": 4, \"total\": 4}\\n')\n"
-                    "    except OSError:\n      pass\n  return None\n", 0.0, None),
-    "reads_hidden_tests": (_READ_EVERYTHING, 0.0, None),
+  "correct": (f"def solve(i, key):\n  return '{SECRET}-' + str(i)\n", 1.0, None),
+  "half": (f"def solve(i, key):\n  return '{SECRET}-' + str(i) if i % 2 else 'no'\n", 0.5, None),
+  "wrong": ("def solve(i, key):\n  return key\n", 0.0, None),
+  "syntax_error": ("def solve(i, key)\n  return key\n", 0.0, "SyntaxError"),
+  "missing_function": ("def other():\n  pass\n", 0.0, "KeyError"),
+  "infinite_loop": (
+    "def solve(i, key):\n  while True:\n    try:\n      pass\n    except BaseException:\n      pass\n",
+    0.0,
+    "Timeout",
+  ),
+  "crash": ("import os\ndef solve(i, key):\n  os._exit(3)\n", 0.0, "exit status 3"),
+  "segfault": ("import ctypes\ndef solve(i, key):\n  return ctypes.string_at(0)\n", 0.0, "exit status -11"),
+  "fork_bomb": ("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n", 0.0, "Timeout"),
+  "fake_report": (
+    "import json, os\ndef solve(i, key):\n"
+    "  for fd in range(1, 64):\n"
+    "    try:\n      os.write(fd, b'{\"passed\": 4, \"total\": 4}\\n')\n"
+    "    except OSError:\n      pass\n  return None\n",
+    0.0,
+    None,
+  ),
+  "reads_hidden_tests": (_READ_EVERYTHING, 0.0, None),
 }
 
 
@@ -97,7 +103,7 @@ def test_code_reward_on_correct_wrong_hostile_and_broken_submissions(sandbox_ser
   async def one(name, code):
     env = await manager.acquire("python_sandbox", name)
     try:
-      await env.step("import os; os.environ['TAMPER'] = '1'")   # earlier tool calls: reset away
+      await env.step("import os; os.environ['TAMPER'] = '1'")  # earlier tool calls: reset away
       start = time.monotonic()
       reports[name] = await run_hidden_tests(code, "solve", TESTS, env, timeout_s=6.0)
       reports[name]["seconds"] = time.monotonic() - start
@@ -114,12 +120,14 @@ def test_code_reward_on_correct_wrong_hostile_and_broken_submissions(sandbox_ser
     report = reports[name]
     assert report["reward"] == expected, (name, report)
     assert report["total"] == len(TESTS)
-    assert report["seconds"] < 40, (name, report)   # bounded: never hangs the step
+    assert report["seconds"] < 40, (name, report)  # bounded: never hangs the step
     if error:
       assert error in (report["error"] or ""), (name, report)
   assert SECRET not in reports["reads_hidden_tests"]["stderr"]
-  assert "PermissionError" in reports["reads_hidden_tests"]["stderr"] or \
-      "FileNotFoundError" in reports["reads_hidden_tests"]["stderr"]
+  assert (
+    "PermissionError" in reports["reads_hidden_tests"]["stderr"]
+    or "FileNotFoundError" in reports["reads_hidden_tests"]["stderr"]
+  )
 
 
 def test_code_pass_rate_as_a_rollout_reward_and_on_task_rows(sandbox_server):
@@ -173,7 +181,8 @@ def test_math_task_rows_are_computed_right_and_split():
   assert all(math_calc.is_test_question(r["question"]) for r in test)
   assert math_calc.make_rows(50, seed=3) == math_calc.make_rows(50, seed=3)
   import re
-  for row in train:   # independent recomputation of a few kinds from the question text
+
+  for row in train:  # independent recomputation of a few kinds from the question text
     nums = [int(x.replace(",", "")) for x in re.findall(r"\d[\d,]*", row["question"])]
     if row["kind"] == "product":
       assert int(row["answer"]) == nums[0] * nums[1]
@@ -181,6 +190,7 @@ def test_math_task_rows_are_computed_right_and_split():
       assert int(row["answer"]) == pow(nums[0], nums[1], nums[2])
     elif row["kind"] == "binomial":
       from math import comb
+
       assert int(row["answer"]) == comb(nums[1], nums[0])
     elif row["kind"] == "volume":
       assert float(row["answer"]) == pytest.approx(nums[0] * nums[1] * nums[2] / 1000)

@@ -1,4 +1,5 @@
 """Dataset rows (clear errors naming file/row/field), the tiny tokenizer builder, pad_batch."""
+
 import json
 
 import numpy as np
@@ -19,7 +20,9 @@ def test_load_rows_json_and_jsonl(tmp_path):
   assert load_rows(jl) == rows
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(
+  "content, message",
+  [
     ('[{"question": "a"}, {"answer": "b"}]', "row 1 has no field 'question'"),
     ('[{"question": ""}]', "row 0 field 'question' must be a non-empty string"),
     ('[{"question": 3}]', "row 0 field 'question' must be a non-empty string"),
@@ -28,7 +31,8 @@ def test_load_rows_json_and_jsonl(tmp_path):
     ('{"question": "a"}', "expected a JSON list of rows"),
     ('[]', "the list of rows is empty"),
     ('[{"question": "a"},', "not valid JSON"),
-])
+  ],
+)
 def test_malformed_files_name_file_row_and_field(tmp_path, content, message):
   path = tmp_path / "bad.json"
   path.write_text(content)
@@ -42,14 +46,18 @@ def test_missing_file(tmp_path):
     load_rows(tmp_path / "nope.json")
 
 
-@pytest.mark.parametrize("template, specials", [
+@pytest.mark.parametrize(
+  "template, specials",
+  [
     ("qwen2.5", ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]),
     ("llama3", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
-])
+  ],
+)
 def test_tiny_tokenizer_loads_in_hf(tmp_path, template, specials):
   texts = ["the quick brown fox jumps over the lazy dog"] * 20
-  folder = build_tiny_tokenizer(tmp_path / "tok", texts, vocab_size=400, template=template,
-                                extra_special_tokens=["<extra>"])
+  folder = build_tiny_tokenizer(
+    tmp_path / "tok", texts, vocab_size=400, template=template, extra_special_tokens=["<extra>"]
+  )
   hf = transformers.AutoTokenizer.from_pretrained(folder)
   assert len(hf) <= 400 and hf.chat_template
   for s in specials + ["<extra>"]:
@@ -70,9 +78,14 @@ def test_tiny_tokenizer_bad_arguments(tmp_path):
 
 def _random_trajectory(rng, group_id, length):
   mask = rng.random(length) < 0.5
-  return Trajectory(token_ids=rng.integers(1, 500, length), action_mask=mask,
-                    sampler_logprobs=np.where(mask, -rng.random(length), 0.0),
-                    reward=float(rng.normal()), group_id=group_id, chain_id=0)
+  return Trajectory(
+    token_ids=rng.integers(1, 500, length),
+    action_mask=mask,
+    sampler_logprobs=np.where(mask, -rng.random(length), 0.0),
+    reward=float(rng.normal()),
+    group_id=group_id,
+    chain_id=0,
+  )
 
 
 def test_pad_batch_right_pads_against_a_loop_reference():
@@ -113,15 +126,16 @@ def test_pad_batch_and_trajectory_errors():
 def test_mask_segments_and_format_trajectory():
   from agent_testlib import agent_tokenizer
   from agentfly_jax.agents import format_trajectory, mask_segments
+
   tok = agent_tokenizer("qwen2.5")
   prompt, reply, obs = tok.encode("Hi<|im_end|>"), tok.encode("Hello<|im_end|>"), tok.encode("\nok")
   ids = prompt + reply + obs
   mask = [False] * len(prompt) + [True] * len(reply) + [False] * len(obs)
-  t = Trajectory(token_ids=ids, action_mask=mask, sampler_logprobs=np.zeros(len(ids)),
-                 finish_reason="no_tool_call", num_turns=1)
+  t = Trajectory(
+    token_ids=ids, action_mask=mask, sampler_logprobs=np.zeros(len(ids)), finish_reason="no_tool_call", num_turns=1
+  )
   n = len(prompt)
-  assert mask_segments(t.action_mask) == [(0, n, False), (n, n + len(reply), True),
-                                          (n + len(reply), len(ids), False)]
+  assert mask_segments(t.action_mask) == [(0, n, False), (n, n + len(reply), True), (n + len(reply), len(ids), False)]
   assert mask_segments(np.zeros(0, bool)) == []
   text = format_trajectory(t, tok, color=False)
   assert text.splitlines()[0].startswith("group 0 chain 0 | ")

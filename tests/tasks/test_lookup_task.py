@@ -1,4 +1,5 @@
 """The demo task: the tool, the reward, the data and the demonstration policy agree."""
+
 import numpy as np
 
 from agentfly_jax.tasks import Task, get_task
@@ -28,6 +29,7 @@ def test_rows_tool_reward_and_demo_policy():
 def test_task_registry_and_user_task_errors():
   assert get_task("lookup") is lookup
   import pytest
+
   with pytest.raises(ValueError, match="unknown task 'nope'"):
     get_task("nope")
   with pytest.raises(ValueError, match=r"Task.rows\[1\]"):

@@ -1,5 +1,6 @@
 """The generated multi-hop knowledge base: size, determinism, the shipped corpus, the split by
 question entity, and that every gold answer can be read back from the passages."""
+
 from __future__ import annotations
 
 import collections
@@ -31,8 +32,7 @@ def test_size_types_and_unique_titles(kb):
     assert set(types) == {"1-hop", "2-hop-bridge", "2-hop-comparison"}, types
     assert min(types.values()) >= 100
   for row in kb.questions["train"][:200]:
-    assert isinstance(row["question"], str) and row["answer"] and all(
-        isinstance(a, str) for a in row["answer"])
+    assert isinstance(row["question"], str) and row["answer"] and all(isinstance(a, str) for a in row["answer"])
 
 
 def test_deterministic_and_the_shipped_corpus_is_the_generated_one(kb):
@@ -51,6 +51,7 @@ def test_split_by_question_entity(kb):
       if r["type"] == "2-hop-comparison":
         names.add(r["hops"][1]["query"])
     return names
+
   assert not entities(kb.questions["train"]) & entities(kb.questions["test"])
 
 
@@ -64,7 +65,7 @@ def test_every_answer_is_stated_in_its_supporting_passages(kb):
     else:
       stated = re.compile(rf"\b{re.escape(row['answer'][0])}\b")
       assert stated.search(texts[-1]), row
-      if row["type"] == "2-hop-bridge":   # the bridge is needed: hop 1 does not state it
+      if row["type"] == "2-hop-bridge":  # the bridge is needed: hop 1 does not state it
         assert not stated.search(texts[0]), row
 
 
@@ -79,9 +80,12 @@ def test_parse_passage_reads_back_every_relation(kb):
 
 
 def test_generator_script_writes_corpus_and_rows(tmp_path):
-  result = subprocess.run([sys.executable, "experiments/make_multihop_kb.py",
-                           f"--out_dir={tmp_path}", "--scale=0.2", "--seed=3"],
-                          capture_output=True, text=True, timeout=120)
+  result = subprocess.run(
+    [sys.executable, "experiments/make_multihop_kb.py", f"--out_dir={tmp_path}", "--scale=0.2", "--seed=3"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert result.returncode == 0, result
   corpus = load_corpus(str(tmp_path / "corpus.jsonl"))
   expected = multihop_kb.generate_kb(seed=3, scale=0.2)

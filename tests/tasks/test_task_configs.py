@@ -1,5 +1,6 @@
 """configs/search_grpo.py and configs/math_grpo.py: any algorithm by flag, valid, and a 2-step
 training run of each (random-init tiny policy; real env server for retrieve / code_interpreter)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,10 +15,15 @@ import subprocess
 
 from train_cli import ROOT, read_metrics, train_command
 
-SMALL = ("--config.train.steps=2", "--config.rollout.rows_per_step=2",
-         "--config.rollout.num_chains=2", "--config.rollout.max_tokens_per_turn=24",
-         "--config.rollout.max_turns=2", "--config.rollout.max_total_tokens=768",
-         "--noresume")
+SMALL = (
+  "--config.train.steps=2",
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=2",
+  "--config.rollout.max_tokens_per_turn=24",
+  "--config.rollout.max_turns=2",
+  "--config.rollout.max_total_tokens=768",
+  "--noresume",
+)
 
 
 def _load(name):
@@ -27,9 +33,13 @@ def _load(name):
   return module
 
 
-@pytest.mark.parametrize("name, task, tools, reward", [
+@pytest.mark.parametrize(
+  "name, task, tools, reward",
+  [
     ("search_grpo", "multihop_qa", ["retrieve", "answer"], "f1"),
-    ("math_grpo", "math_calc", ["code_interpreter", "answer"], "math_equal")])
+    ("math_grpo", "math_calc", ["code_interpreter", "answer"], "math_equal"),
+  ],
+)
 def test_configs_name_their_task_and_take_any_algorithm(name, task, tools, reward):
   module = _load(name)
   config = module.get_config()
@@ -50,8 +60,9 @@ def test_configs_name_their_task_and_take_any_algorithm(name, task, tools, rewar
 @pytest.mark.parametrize("name", ["search_grpo", "math_grpo"])
 def test_two_step_training_run(tmp_path, name):
   workdir = tmp_path / name
-  out = subprocess.run(train_command(workdir, *SMALL, config=f"configs/{name}.py"), cwd=ROOT,
-                       capture_output=True, text=True, timeout=880)
+  out = subprocess.run(
+    train_command(workdir, *SMALL, config=f"configs/{name}.py"), cwd=ROOT, capture_output=True, text=True, timeout=880
+  )
   assert out.returncode == 0, out.stderr[-4000:]
   records = read_metrics(workdir)
   steps = [r for r in records if "rollout/reward_mean" in r]

@@ -1,5 +1,6 @@
 """Every task becomes one typed contract (tasks/contract.TaskSpec): built-in task modules, user
 modules written the old way (UPPERCASE globals) and `Task` objects alike."""
+
 import textwrap
 
 import numpy as np
@@ -46,11 +47,13 @@ def old_style_module(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   yield "old_style_task"
   import sys
+
   sys.modules.pop("old_style_task", None)
 
 
 def test_a_builtin_module_becomes_the_contract():
   from agentfly_jax.tasks import lookup
+
   spec = task_spec(get_task("lookup"), "lookup")
   assert isinstance(spec, TaskSpec) and spec.name == "lookup" and spec.source is lookup
   assert spec.tools == lookup.TOOLS and spec.reward is lookup.REWARD and spec.system_prompt == lookup.SYSTEM_PROMPT
@@ -92,6 +95,7 @@ def test_an_old_style_user_module_still_loads(old_style_module):
   assert len(rows) == 20 and {r["question"] for r in rows} <= {f"shout w{i}" for i in range(6)}
   # the module given directly is read the same way (the one reader of its globals)
   import importlib
+
   direct = task_spec(importlib.import_module(old_style_module))
   assert direct.tools == spec.tools and direct.reward is spec.reward and direct.name == old_style_module
   assert direct.rows == spec.rows and direct.eval_rows == tuple(spec.eval_rows)
@@ -99,9 +103,16 @@ def test_an_old_style_user_module_still_loads(old_style_module):
 
 def test_a_task_object_becomes_the_contract():
   from agentfly_jax.tasks import lookup
+
   rows = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
-  task = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows, eval_rows=rows[:2],
-              system_prompt="Find codes.", corpus=["extra text"])
+  task = Task(
+    tools=[lookup.lookup],
+    reward=lookup.code_match,
+    rows=rows,
+    eval_rows=rows[:2],
+    system_prompt="Find codes.",
+    corpus=["extra text"],
+  )
   spec = task_spec(task)
   assert spec.tools == (lookup.lookup,) and spec.reward is lookup.code_match and spec.source is task
   assert spec.make_rows(7, seed=0) == task.make_rows(7, seed=0)

@@ -1,4 +1,5 @@
 """@reward: arguments by parameter name, float or dict results, async, clear errors."""
+
 import math
 
 import numpy as np
@@ -29,8 +30,7 @@ def test_fields_by_parameter_name_and_float_result():
 def test_dict_result_metrics_trajectory_row_and_kwargs():
   @reward(name="shaped")
   def shaped(prediction, trajectory, row, **fields):
-    return {"reward": np.float32(0.25), "turns": len(trajectory), "n_fields": len(fields),
-            "has_row": "question" in row}
+    return {"reward": np.float32(0.25), "turns": len(trajectory), "n_fields": len(fields), "has_row": "question" in row}
 
   out = compute(shaped, row={"question": "q", "answer": "4", "extra": 1})
   assert out == {"reward": 0.25, "turns": 2, "n_fields": 3, "has_row": True}
@@ -76,7 +76,9 @@ def test_missing_field_and_bad_results_name_the_reward():
 def test_builtin_rewards():
   assert compute(exact_match, prediction=" Paris. ", row={"answer": "paris"}) == {"reward": 1.0}
   assert compute(exact_match, prediction=None, row={"answer": "paris"}) == {"reward": 0.0}
-  assert compute(numeric_match, prediction="so 1,024.0 total", row={"answer": "1024"}) == \
-      {"reward": 1.0, "has_number": 1.0}
+  assert compute(numeric_match, prediction="so 1,024.0 total", row={"answer": "1024"}) == {
+    "reward": 1.0,
+    "has_number": 1.0,
+  }
   assert compute(numeric_match, prediction="none", row={"answer": "3"})["reward"] == 0.0
   assert last_number("a -3.5e2 b") == -350.0 and last_number("x") is None

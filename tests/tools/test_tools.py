@@ -1,5 +1,6 @@
 """@tool: schema from signature + docstring, sync/async, direct calls, truncation, errors as
 observations, finish tools, stateful binding; the built-in calculator and code_interpreter."""
+
 import ast
 import random
 import time
@@ -9,13 +10,27 @@ import pytest
 import trio
 
 from agentfly_jax import tool
-from agentfly_jax.tools import (LocalEnvProvider, LocalMemoryEnv, Tool, answer, calculator,
-                                code_interpreter, evaluate_arithmetic, set_env_provider)
+from agentfly_jax.tools import (
+  LocalEnvProvider,
+  LocalMemoryEnv,
+  Tool,
+  answer,
+  calculator,
+  code_interpreter,
+  evaluate_arithmetic,
+  set_env_provider,
+)
 
 
 @tool
-def get_weather(city: str, days: int = 1, unit: Literal["C", "F"] = "C",
-                tags: Optional[list[str]] = None, ratio: float = 0.5, verbose: bool = False) -> str:
+def get_weather(
+  city: str,
+  days: int = 1,
+  unit: Literal["C", "F"] = "C",
+  tags: Optional[list[str]] = None,
+  ratio: float = 0.5,
+  verbose: bool = False,
+) -> str:
   """Weather forecast for a city.
 
   Looks the forecast up in a table.
@@ -51,8 +66,7 @@ def test_schema_from_signature_and_google_docstring():
   assert props["city"] == {"type": "string", "description": "the city name, possibly with a country."}
   assert props["days"] == {"type": "integer", "description": "how many days ahead."}
   assert props["unit"] == {"type": "string", "enum": ["C", "F"], "description": "temperature unit."}
-  assert props["tags"] == {"type": "array", "items": {"type": "string"}, "nullable": True,
-                           "description": "labels."}
+  assert props["tags"] == {"type": "array", "items": {"type": "string"}, "nullable": True, "description": "labels."}
   assert props["ratio"]["type"] == "number" and props["verbose"]["type"] == "boolean"
   assert fn["parameters"]["required"] == ["city"]
   assert fetch_page.name == "fetch" and fetch_page.schema["function"]["description"] == "Fetches a page."
@@ -68,16 +82,20 @@ def test_direct_calls_sync_and_awaited():
 
   async def main():
     return await get_weather.acall(city="Bergen"), await fetch_page.acall(url="u")
+
   weather, page = trio.run(main)
   assert weather == "Bergen: sunny for 1 day(s) in C"
   assert page.startswith("x" * 20) and "[truncated: 81 more characters]" in page
 
   async def awaited_call_inside_trio():
     return await get_weather(city="Oslo")  # inside trio a direct call is awaitable
+
   assert trio.run(awaited_call_inside_trio) == "Oslo: sunny for 1 day(s) in C"
 
 
-@pytest.mark.parametrize("arguments, message", [
+@pytest.mark.parametrize(
+  "arguments, message",
+  [
     ({}, "missing required argument(s) 'city'"),
     ({"city": "Oslo", "country": "NO"}, "unknown argument(s) 'country'"),
     ({"city": 3}, "argument 'city' must be of type string"),
@@ -85,7 +103,8 @@ def test_direct_calls_sync_and_awaited():
     ({"city": "Oslo", "days": True}, "argument 'days' must be of type integer"),
     ({"city": "Oslo", "unit": "K"}, "argument 'unit' must be of type string"),
     ({"city": "Oslo", "tags": [1]}, "argument 'tags' must be of type array"),
-])
+  ],
+)
 def test_bad_arguments_become_error_observations(arguments, message):
   out = trio.run(get_weather.run, arguments)
   assert not out.ok and out.observation.startswith("Error: ") and message in out.observation
@@ -200,10 +219,19 @@ def test_calculator_matches_python_arithmetic_on_random_expressions():
   assert calculator(expression="sqrt(16) + pi * 0") == "4"
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os').system('echo hi')", "open('/etc/passwd')", "x + 1", "(1).__class__",
-    "[1, 2]", "9 ** 9 ** 9", "lambda: 1", "'a' * 3",
-])
+@pytest.mark.parametrize(
+  "expression",
+  [
+    "__import__('os').system('echo hi')",
+    "open('/etc/passwd')",
+    "x + 1",
+    "(1).__class__",
+    "[1, 2]",
+    "9 ** 9 ** 9",
+    "lambda: 1",
+    "'a' * 3",
+  ],
+)
 def test_calculator_rejects_everything_but_arithmetic(expression):
   assert calculator(expression=expression).startswith("Error: tool 'calculator' raised")
 

@@ -1,5 +1,6 @@
 """Per-tool limits: a concurrency cap and a call rate, never exceeded under many chains (counted
 inside the tool itself), and the waits, calls and errors in the trainer's metrics."""
+
 import time
 
 import pytest
@@ -40,6 +41,7 @@ def _capped_tool(probe, **limits):
     if x < 0:
       raise ValueError("negative")
     return f"ok {x}"
+
   return capped
 
 
@@ -51,6 +53,7 @@ def _one_call_script(arguments_of):
     if "<tool_response>" in text:
       return tok.encode("done" + EOT)
     return tok.encode(hermes_call("capped", arguments_of(text)) + EOT)
+
   return script
 
 
@@ -107,15 +110,15 @@ def test_env_bound_tool_takes_the_same_limits():
   provider = LocalEnvProvider({"memory": LocalMemoryEnv})
   agent = ToolCallAgent(tokenizer_dir(), tools=[remember], env_provider=provider)
   rows = [{"question": f"q {i}"} for i in range(8)]
-  trajs = run_rollout(agent, rows, sampler=ScriptedSampler(_one_call_script(lambda _: {"x": 3})),
-                      max_turns=2)
+  trajs = run_rollout(agent, rows, sampler=ScriptedSampler(_one_call_script(lambda _: {"x": 3})), max_turns=2)
   assert all(t.tool_calls[0]["ok"] for t in trajs), [t.tool_calls for t in trajs]
   assert probe.peak == 1
   assert tool_metrics([remember])["tools/capped/calls"] == 8
 
 
-@pytest.mark.parametrize("bad", [dict(max_concurrency=0), dict(max_concurrency=1.5),
-                                 dict(rate=(0, 1.0)), dict(rate=(5, 0)), dict(rate=5)])
+@pytest.mark.parametrize(
+  "bad", [dict(max_concurrency=0), dict(max_concurrency=1.5), dict(rate=(0, 1.0)), dict(rate=(5, 0)), dict(rate=5)]
+)
 def test_bad_limits_name_the_argument(bad):
   name = next(iter(bad))
   with pytest.raises(ValueError, match=f"'t'.*{name}"):

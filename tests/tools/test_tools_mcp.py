@@ -1,6 +1,7 @@
 """MCP servers' tools as Tools: an MCP server written here with the SDK (MCPServer, mcp 2.x) over
 stdio and streamable HTTP; its schemas, results and errors; a hung server times out; killing the
 server mid-rollout gives error observations and the rollout finishes; config.task.mcp_servers."""
+
 import os
 import signal
 import socket
@@ -70,8 +71,9 @@ def _env(tmp_path):
 
 @pytest.mark.slow  # ~10 s: a server start and a 3 s hung call
 def test_stdio_server_tools_schemas_results_errors_and_a_hung_call(server_file, tmp_path):
-  tools = tools_from_mcp(command=[sys.executable, str(server_file), str(tmp_path / "pid")],
-                         env=_env(tmp_path), call_timeout_s=3.0)
+  tools = tools_from_mcp(
+    command=[sys.executable, str(server_file), str(tmp_path / "pid")], env=_env(tmp_path), call_timeout_s=3.0
+  )
   fetch, broken, hang = tools
   try:
     assert [t.name for t in tools] == ["fetch_code", "broken", "hang"]
@@ -98,14 +100,15 @@ def _kill_when(path_calls, path_pid, at_least):
         os.kill(int(open(path_pid).read()), signal.SIGKILL)
         return
       await trio.sleep(0.02)
+
   return killer
 
 
-def test_killing_the_server_mid_rollout_gives_error_observations_and_the_rollout_finishes(
-    server_file, tmp_path):
+def test_killing_the_server_mid_rollout_gives_error_observations_and_the_rollout_finishes(server_file, tmp_path):
   calls_log, pid_file = tmp_path / "calls.log", tmp_path / "pid"
-  tools = tools_from_mcp(command=[sys.executable, str(server_file), str(pid_file)],
-                         env=_env(tmp_path), call_timeout_s=5.0, max_concurrency=4)
+  tools = tools_from_mcp(
+    command=[sys.executable, str(server_file), str(pid_file)], env=_env(tmp_path), call_timeout_s=5.0, max_concurrency=4
+  )
   tok = agent_tokenizer()
 
   def script(prompt_ids):
@@ -122,8 +125,10 @@ def test_killing_the_server_mid_rollout_gives_error_observations_and_the_rollout
       nursery.start_soon(_kill_when(calls_log, pid_file, 8))
 
       async def run():
-        results["trajs"] = await rollout(agent, [{"question": f"q {i}"} for i in range(8)],
-                                         sampler=ScriptedSampler(script, delay_s=0.02), max_turns=5)
+        results["trajs"] = await rollout(
+          agent, [{"question": f"q {i}"} for i in range(8)], sampler=ScriptedSampler(script, delay_s=0.02), max_turns=5
+        )
+
       nursery.start_soon(run)
 
   t0 = time.monotonic()
@@ -154,9 +159,14 @@ def _free_port():
 def test_streamable_http_server_and_config_task_mcp_servers(server_file, tmp_path):
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.tasks.from_config import build_task, set_custom_task
+
   port = _free_port()
-  proc = subprocess.Popen([sys.executable, str(server_file), str(tmp_path / "pid"), str(port)],
-                          env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [sys.executable, str(server_file), str(tmp_path / "pid"), str(port)],
+    env=_env(tmp_path),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
     deadline = time.monotonic() + 60
     while True:  # until the server listens
@@ -167,8 +177,11 @@ def test_streamable_http_server_and_config_task_mcp_servers(server_file, tmp_pat
         assert time.monotonic() < deadline and proc.poll() is None, "the MCP server did not start"
         time.sleep(0.1)
     url = f"http://127.0.0.1:{port}/mcp"
-    config = set_custom_task(default_config(), module="agentfly_jax.tasks.lookup",
-                             mcp_servers=f"{url}; {sys.executable} {server_file} {tmp_path / 'pid2'}")
+    config = set_custom_task(
+      default_config(),
+      module="agentfly_jax.tasks.lookup",
+      mcp_servers=f"{url}; {sys.executable} {server_file} {tmp_path / 'pid2'}",
+    )
     with pytest.raises(ValueError, match="config.task.mcp_servers=.*tool names clash"):
       build_task(config)
     config.task.mcp_servers = url

@@ -1,6 +1,7 @@
 """`web_search` against a real HTTP JSON backend on loopback (requests counted on the server) and a
 real redis-server: the second identical query never reaches the backend; redis killed mid-run
 gives one warning and the LRU takes over."""
+
 from __future__ import annotations
 
 import http.server
@@ -36,8 +37,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self.send_error(self.server.fail_with)
       return
     n = body["num_results"]
-    results = [{"title": f"{body['query']} #{i}", "url": f"http://example.test/{i}",
-                "snippet": f"about {body['query']}", "rank": i} for i in range(n)]
+    results = [
+      {
+        "title": f"{body['query']} #{i}",
+        "url": f"http://example.test/{i}",
+        "snippet": f"about {body['query']}",
+        "rank": i,
+      }
+      for i in range(n)
+    ]
     data = json.dumps({"results": results}).encode()
     self.send_response(200)
     self.send_header("Content-Type", "application/json")
@@ -76,9 +84,11 @@ def redis_server():
   if binary is None:
     pytest.skip("redis-server is not installed (.ci/setup installs it)")
   port = _free_port()
-  process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
+  process = subprocess.Popen(
+    [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
+  )
   import redis
+
   client = redis.Redis(port=port)
   deadline = time.monotonic() + 20
   while True:
@@ -101,13 +111,13 @@ def test_lru_cache_keeps_repeats_off_the_backend(backend):
   assert web_search("blue whales", num_results=3) == first
   assert len(backend.requests) == 1
   assert backend.requests[0] == {"query": "blue whales", "num_results": 3, "auth": "Bearer k-123"}
-  web_search("blue whales", num_results=2)   # another request: reaches the backend
+  web_search("blue whales", num_results=2)  # another request: reaches the backend
   assert len(backend.requests) == 2
   cache = web.default_cache()
   cache.maxsize = 2
   web_search("a")
   web_search("b")
-  web_search("blue whales", num_results=3)   # evicted by a and b: asked again
+  web_search("blue whales", num_results=3)  # evicted by a and b: asked again
   assert len(backend.requests) == 5
 
 
@@ -118,7 +128,7 @@ def test_redis_cache_is_shared_and_redis_death_falls_back_to_lru(backend, redis_
   answer = web_search("red pandas")
   assert web_search("red pandas") == answer and len(backend.requests) == 1
   assert any(k.startswith(b"agentfly:web_search:") for k in client.keys())
-  web.reset_default_cache()   # a fresh process-wide cache (empty LRU): redis answers
+  web.reset_default_cache()  # a fresh process-wide cache (empty LRU): redis answers
   assert web_search("red pandas") == answer and len(backend.requests) == 1
   assert web.default_cache().hits["redis"] == 1
 
@@ -126,9 +136,9 @@ def test_redis_cache_is_shared_and_redis_death_falls_back_to_lru(backend, redis_
   process.wait()
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    other = web_search("snow leopards")      # redis gone: backend answers, one warning
-    again = web_search("snow leopards")      # the LRU answers
-    web_search("red pandas")                 # still in the LRU
+    other = web_search("snow leopards")  # redis gone: backend answers, one warning
+    again = web_search("snow leopards")  # the LRU answers
+    web_search("red pandas")  # still in the LRU
   assert other == again and "snow leopards #0" in other
   assert len(backend.requests) == 2
   redis_warnings = [w for w in caught if "redis" in str(w.message)]

@@ -5,6 +5,7 @@ batching) calls into it; nothing here imports the host loop (tests/house/test_im
 
     from agentfly_jax.rl.core import advantages, losses, train_step
 """
+
 from agentfly_jax.rl.core import advantages, losses
 
 __all__ = ["advantages", "losses"]

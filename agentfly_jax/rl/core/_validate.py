@@ -4,6 +4,7 @@ Shapes and names are static under `jax.jit`, so these checks run at trace time a
 ValueError that names the function and the argument. Shape checks go through chex so the
 public boundary is asserted the same way as the rest of the project.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -47,8 +48,7 @@ def check_rank(fn: str, name: str, x: jnp.ndarray, rank: int, dims: str) -> None
   try:
     chex.assert_rank(x, rank)
   except AssertionError as e:
-    raise ValueError(
-        f"{fn}: argument `{name}` must be {dims} (rank {rank}), got shape {tuple(x.shape)}") from e
+    raise ValueError(f"{fn}: argument `{name}` must be {dims} (rank {rank}), got shape {tuple(x.shape)}") from e
 
 
 def check_shape(fn: str, name: str, x: jnp.ndarray, shape: tuple[int, ...], like: str) -> None:
@@ -57,8 +57,8 @@ def check_shape(fn: str, name: str, x: jnp.ndarray, shape: tuple[int, ...], like
     chex.assert_shape(x, shape)
   except AssertionError as e:
     raise ValueError(
-        f"{fn}: argument `{name}` must have the shape of `{like}` {tuple(shape)}, "
-        f"got {tuple(x.shape)}") from e
+      f"{fn}: argument `{name}` must have the shape of `{like}` {tuple(shape)}, got {tuple(x.shape)}"
+    ) from e
 
 
 def check_choice(fn: str, name: str, value: Any, choices: Iterable[str]) -> None:

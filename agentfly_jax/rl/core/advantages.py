@@ -15,6 +15,7 @@ Conventions (all estimators):
 Estimators are registered by name (`get(name)`, `names()`); `compute(name, ...)` calls any of
 them with one keyword signature and always returns token-level `(advantages, returns)`.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -67,8 +68,7 @@ def _check_tokens(fn: str, x_name: str, x, mask) -> tuple[Array, Array]:
   return x, mask
 
 
-def grpo(scores: Array, group_ids: Array, *, norm_by_std: bool = True,
-         eps: float = 1e-6) -> Array:
+def grpo(scores: Array, group_ids: Array, *, norm_by_std: bool = True, eps: float = 1e-6) -> Array:
   """GRPO outcome advantage (verl `compute_grpo_outcome_advantage`).
 
   A_i = (s_i - mean_g) / (std_g + eps), std Bessel-corrected (torch.std); with
@@ -214,8 +214,7 @@ def discounted_returns(token_rewards: Array, mask: Array, *, gamma: float = 1.0)
   return out.T
 
 
-def reinforce_pp(token_rewards: Array, mask: Array, *, gamma: float = 1.0,
-                 whiten: bool = True) -> Array:
+def reinforce_pp(token_rewards: Array, mask: Array, *, gamma: float = 1.0, whiten: bool = True) -> Array:
   """REINFORCE++: `discounted_returns` (no reset at observation tokens), masked-whitened over
   the batch (verl `compute_reinforce_plus_plus_outcome_advantage`, minus its reset).
 
@@ -229,8 +228,7 @@ def reinforce_pp(token_rewards: Array, mask: Array, *, gamma: float = 1.0,
   return masked_whiten(returns, mask) if whiten else returns
 
 
-def reinforce_pp_baseline(scores: Array, group_ids: Array, mask: Array, *,
-                          eps: float = 1e-6) -> Array:
+def reinforce_pp_baseline(scores: Array, group_ids: Array, mask: Array, *, eps: float = 1e-6) -> Array:
   """REINFORCE++ with a group-mean baseline: (s_i - mean_g) on every action token, then
   masked-whitened over the batch. A singleton group uses baseline 0 (verl).
 
@@ -246,8 +244,9 @@ def reinforce_pp_baseline(scores: Array, group_ids: Array, mask: Array, *,
   return masked_whiten(broadcast_to_tokens(adv, mask), mask, eps=eps)
 
 
-def gae(token_rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = True) -> tuple[Array, Array]:
+def gae(
+  token_rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+) -> tuple[Array, Array]:
   """Generalised advantage estimation over action tokens only (verl
   `compute_gae_advantage_return`, which also skips observation tokens).
 
@@ -276,13 +275,11 @@ def gae(token_rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0,
     v_next, a_next, pending = carry
     r_t, v_t, act = xs
     adv = r_t + pending + gamma * v_next - v_t + gamma * lam * a_next
-    carry = (jnp.where(act, v_t, v_next), jnp.where(act, adv, a_next),
-             jnp.where(act, 0.0, pending + r_t))
+    carry = (jnp.where(act, v_t, v_next), jnp.where(act, adv, a_next), jnp.where(act, 0.0, pending + r_t))
     return carry, (jnp.where(act, adv, 0.0), jnp.where(act, adv + v_t, 0.0))
 
   zeros = jnp.zeros(r.shape[:1], r.dtype)
-  _, (adv, ret) = jax.lax.scan(step, (zeros, zeros, zeros), (r.T, values.T, active.T),
-                               reverse=True)
+  _, (adv, ret) = jax.lax.scan(step, (zeros, zeros, zeros), (r.T, values.T, active.T), reverse=True)
   adv, ret = adv.T, ret.T
   if whiten:
     adv = masked_whiten(adv, mask)
@@ -335,6 +332,7 @@ def _outcome(fn, name):
     adv = fn(_need(name, "scores", scores), _need(name, "group_ids", group_ids), **kw)
     adv = broadcast_to_tokens(adv, mask)
     return adv, adv
+
   return to_tokens
 
 
@@ -345,9 +343,12 @@ def _rpp_tokens(*, mask, scores, token_rewards, gamma, **_):
 
 
 def _rppb_tokens(*, mask, scores, group_ids, eps, **_):
-  adv = reinforce_pp_baseline(_need("reinforce_pp_baseline", "scores", scores),
-                              _need("reinforce_pp_baseline", "group_ids", group_ids), mask,
-                              eps=eps)
+  adv = reinforce_pp_baseline(
+    _need("reinforce_pp_baseline", "scores", scores),
+    _need("reinforce_pp_baseline", "group_ids", group_ids),
+    mask,
+    eps=eps,
+  )
   return adv, adv
 
 
@@ -364,10 +365,18 @@ register("reinforce_pp_baseline", reinforce_pp_baseline, _rppb_tokens)
 register("gae", gae, _gae_tokens)
 
 
-def compute(name: str, *, mask: Array, scores: Array | None = None,
-            group_ids: Array | None = None, token_rewards: Array | None = None,
-            values: Array | None = None, gamma: float = 1.0, lam: float = 1.0,
-            eps: float = 1e-6) -> tuple[Array, Array]:
+def compute(
+  name: str,
+  *,
+  mask: Array,
+  scores: Array | None = None,
+  group_ids: Array | None = None,
+  token_rewards: Array | None = None,
+  values: Array | None = None,
+  gamma: float = 1.0,
+  lam: float = 1.0,
+  eps: float = 1e-6,
+) -> tuple[Array, Array]:
   """Run estimator `name` with one signature; returns token-level (advantages, returns).
 
   Outcome estimators (grpo, drgrpo, rloo, reinforce_pp_baseline) need `scores` + `group_ids`
@@ -381,6 +390,13 @@ def compute(name: str, *, mask: Array, scores: Array | None = None,
     (advantages float[B, T], returns float[B, T]), 0 at masked positions.
   """
   get(name)
-  return _TO_TOKENS[name](mask=mask, scores=scores, group_ids=group_ids,
-                          token_rewards=token_rewards, values=values, gamma=gamma, lam=lam,
-                          eps=eps)
+  return _TO_TOKENS[name](
+    mask=mask,
+    scores=scores,
+    group_ids=group_ids,
+    token_rewards=token_rewards,
+    values=values,
+    gamma=gamma,
+    lam=lam,
+    eps=eps,
+  )

@@ -17,6 +17,7 @@ rows with n_b > 0 (all-masked rows never count):
                           Dr.GRPO's length-constant loss (TRL's `dr_grpo` divides by B * C).
 Definitions follow verl's `core_algos.py`; string arguments (agg, kind) are static under jit.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -27,8 +28,7 @@ import jax.numpy as jnp
 from agentfly_jax.rl.core import _validate as v
 
 Array = jnp.ndarray
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-             "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3", "k1+", "k2+", "k3+")
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| clamp in PPO, as verl
 GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's log sequence ratio, as verl
@@ -67,8 +67,14 @@ def per_token_of_sequence(values: Array, shape: tuple, segment_ids: Array | None
   return values[:, None] * jnp.ones(shape, values.dtype) if seq is None else values[seq]
 
 
-def aggregate(per_token: Array, mask: Array, mode: str = "token-mean", *,
-              norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array]:
+def aggregate(
+  per_token: Array,
+  mask: Array,
+  mode: str = "token-mean",
+  *,
+  norm_len: int | None = None,
+  segment_ids: Array | None = None,
+) -> tuple[Array, Array]:
   """Reduce a per-token loss to (loss_sum, denom); the mean is loss_sum / denom.
 
   Args:
@@ -150,8 +156,15 @@ def kl_penalty(logprobs: Array, ref_logprobs: Array, kind: str = "k3") -> Array:
   return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(fwd)
 
 
-def kl_loss(logprobs: Array, ref_logprobs: Array, mask: Array, *, kind: str = "k3",
-            agg: str = "token-mean", norm_len: int | None = None) -> tuple[Array, Array, dict]:
+def kl_loss(
+  logprobs: Array,
+  ref_logprobs: Array,
+  mask: Array,
+  *,
+  kind: str = "k3",
+  agg: str = "token-mean",
+  norm_len: int | None = None,
+) -> tuple[Array, Array, dict]:
   """KL-to-reference loss term: `aggregate(kl_penalty(logprobs, ref_logprobs, kind), mask, agg)`.
 
   Args:
@@ -195,8 +208,22 @@ def _check_clips(fn, clip_low, clip_high, dual_clip):
     raise ValueError(f"{fn}: dual_clip must be > 1 (or None / 0 to disable), got {dual_clip!r}")
 
 
-def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, *, clip_low,
-                       clip_high, dual_clip, is_weights, agg, norm_len, segment_ids=None):
+def _clipped_surrogate(
+  ratio,
+  adv,
+  mask,
+  token_log_ratio,
+  logprobs,
+  old_logprobs,
+  *,
+  clip_low,
+  clip_high,
+  dual_clip,
+  is_weights,
+  agg,
+  norm_len,
+  segment_ids=None,
+):
   """The clipped objective shared by PPO and GSPO; all arrays float[B, T]."""
   loss_unclipped = -adv * ratio
   loss_clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -211,22 +238,32 @@ def _clipped_surrogate(ratio, adv, mask, token_log_ratio, logprobs, old_logprobs
     loss = loss * is_weights
   loss_sum, denom = aggregate(loss, mask, agg, norm_len=norm_len, segment_ids=segment_ids)
   metrics = {
-      "clipfrac": _mean(clipped, mask),
-      "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
-      "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
-      "dual_clip_frac": _mean(dual_active, mask),
-      "ppo_kl": _mean(-token_log_ratio, mask),
-      "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-      "ratio_mean": _mean(ratio, mask),
-      "n_tokens": jax.lax.stop_gradient(mask.sum()),
+    "clipfrac": _mean(clipped, mask),
+    "clipfrac_high": _mean(clipped & (ratio > 1.0), mask),
+    "clipfrac_low": _mean(clipped & (ratio < 1.0), mask),
+    "dual_clip_frac": _mean(dual_active, mask),
+    "ppo_kl": _mean(-token_log_ratio, mask),
+    "approx_kl": _mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+    "ratio_mean": _mean(ratio, mask),
+    "n_tokens": jax.lax.stop_gradient(mask.sum()),
   }
   return loss_sum, denom, metrics
 
 
-def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
-                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
-                agg: str = "token-mean", is_weights: Array | None = None,
-                norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
+def policy_loss(
+  logprobs: Array,
+  old_logprobs: Array,
+  advantages: Array,
+  mask: Array,
+  *,
+  clip_low: float = 0.2,
+  clip_high: float = 0.2,
+  dual_clip: float | None = 3.0,
+  agg: str = "token-mean",
+  is_weights: Array | None = None,
+  norm_len: int | None = None,
+  segment_ids: Array | None = None,
+) -> tuple[Array, Array, dict]:
   """PPO clipped surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`).
 
   ratio = exp(clamp(logprobs - old_logprobs, -20, 20));
@@ -247,20 +284,41 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
   """
   fn = "policy_loss"
   logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
-      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
+    fn, logprobs, old_logprobs, advantages, mask, is_weights, agg
+  )
   _check_clips(fn, clip_low, clip_high, dual_clip)
   log_ratio = jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
   return _clipped_surrogate(
-      jnp.exp(log_ratio), adv, mask, log_ratio, logprobs, old_logprobs, clip_low=clip_low,
-      clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
-      norm_len=norm_len, segment_ids=segment_ids)
+    jnp.exp(log_ratio),
+    adv,
+    mask,
+    log_ratio,
+    logprobs,
+    old_logprobs,
+    clip_low=clip_low,
+    clip_high=clip_high,
+    dual_clip=dual_clip,
+    is_weights=is_weights,
+    agg=agg,
+    norm_len=norm_len,
+    segment_ids=segment_ids,
+  )
 
 
-def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
-                     clip_low: float = 3e-4, clip_high: float = 4e-4,
-                     dual_clip: float | None = None, agg: str = "seq-mean-token-mean",
-                     is_weights: Array | None = None,
-                     norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
+def gspo_policy_loss(
+  logprobs: Array,
+  old_logprobs: Array,
+  advantages: Array,
+  mask: Array,
+  *,
+  clip_low: float = 3e-4,
+  clip_high: float = 4e-4,
+  dual_clip: float | None = None,
+  agg: str = "seq-mean-token-mean",
+  is_weights: Array | None = None,
+  norm_len: int | None = None,
+  segment_ids: Array | None = None,
+) -> tuple[Array, Array, dict]:
   """GSPO (arXiv 2507.18071) with verl's `compute_policy_loss_gspo` definition.
 
   Sequence log-ratio: s_b = sum_t m*(logprobs - old_logprobs) / max(n_b, 1) (geometric mean of
@@ -276,26 +334,51 @@ def gspo_policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, ma
   """
   fn = "gspo_policy_loss"
   logprobs, old_logprobs, adv, mask, is_weights = _check_policy(
-      fn, logprobs, old_logprobs, advantages, mask, is_weights, agg)
+    fn, logprobs, old_logprobs, advantages, mask, is_weights, agg
+  )
   _check_clips(fn, clip_low, clip_high, dual_clip)
   token_log_ratio = jnp.where(mask > 0, logprobs - old_logprobs, 0.0)
   n_tok = sequence_sums(mask.astype(logprobs.dtype), segment_ids)
   seq_log_ratio = sequence_sums(token_log_ratio * mask, segment_ids) / jnp.maximum(n_tok, 1.0)
-  log_ratio = (logprobs - jax.lax.stop_gradient(logprobs)
-               + jax.lax.stop_gradient(per_token_of_sequence(seq_log_ratio, logprobs.shape, segment_ids)))
+  log_ratio = (
+    logprobs
+    - jax.lax.stop_gradient(logprobs)
+    + jax.lax.stop_gradient(per_token_of_sequence(seq_log_ratio, logprobs.shape, segment_ids))
+  )
   ratio = jnp.exp(jnp.minimum(log_ratio, GSPO_LOG_RATIO_MAX))
   return _clipped_surrogate(
-      ratio, adv, mask, token_log_ratio, logprobs, old_logprobs, clip_low=clip_low,
-      clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights, agg=agg,
-      norm_len=norm_len, segment_ids=segment_ids)
+    ratio,
+    adv,
+    mask,
+    token_log_ratio,
+    logprobs,
+    old_logprobs,
+    clip_low=clip_low,
+    clip_high=clip_high,
+    dual_clip=dual_clip,
+    is_weights=is_weights,
+    agg=agg,
+    norm_len=norm_len,
+    segment_ids=segment_ids,
+  )
 
 
-def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array, *,
-                       behaviour_logprobs: Array, behaviour_cap: float = 2.0,
-                       clip_low: float = 0.2, clip_high: float = 0.2,
-                       dual_clip: float | None = 3.0, agg: str = "token-mean",
-                       is_weights: Array | None = None, norm_len: int | None = None,
-                       segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
+def decoupled_ppo_loss(
+  logprobs: Array,
+  old_logprobs: Array,
+  advantages: Array,
+  mask: Array,
+  *,
+  behaviour_logprobs: Array,
+  behaviour_cap: float = 2.0,
+  clip_low: float = 0.2,
+  clip_high: float = 0.2,
+  dual_clip: float | None = 3.0,
+  agg: str = "token-mean",
+  is_weights: Array | None = None,
+  norm_len: int | None = None,
+  segment_ids: Array | None = None,
+) -> tuple[Array, Array, dict]:
   """Decoupled PPO for off-policy (asynchronous) rollouts, as in AReaL (arXiv 2505.24298).
 
   Three policies: the behaviour policy that sampled the tokens (`behaviour_logprobs`, from the
@@ -315,21 +398,35 @@ def decoupled_ppo_loss(logprobs: Array, old_logprobs: Array, advantages: Array, 
   v.check_shape(fn, "behaviour_logprobs", behaviour_logprobs, jnp.shape(logprobs), "logprobs")
   if isinstance(behaviour_cap, (int, float)) and not behaviour_cap > 0:
     raise ValueError(f"{fn}: behaviour_cap must be > 0, got {behaviour_cap!r}")
-  raw = jnp.exp(jnp.clip(jnp.asarray(old_logprobs, jnp.float32) - behaviour_logprobs,
-                         -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+  raw = jnp.exp(
+    jnp.clip(jnp.asarray(old_logprobs, jnp.float32) - behaviour_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  )
   w = jax.lax.stop_gradient(jnp.minimum(raw, behaviour_cap))
   weights = w if is_weights is None else w * is_weights
   loss_sum, denom, metrics = policy_loss(
-      logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-      dual_clip=dual_clip, agg=agg, is_weights=weights, norm_len=norm_len, segment_ids=segment_ids)
+    logprobs,
+    old_logprobs,
+    advantages,
+    mask,
+    clip_low=clip_low,
+    clip_high=clip_high,
+    dual_clip=dual_clip,
+    agg=agg,
+    is_weights=weights,
+    norm_len=norm_len,
+    segment_ids=segment_ids,
+  )
   mask_f = jnp.asarray(mask, jnp.float32)
   metrics["behaviour_weight_mean"] = _mean(w, mask_f)
   metrics["behaviour_capped_frac"] = _mean(raw > behaviour_cap, mask_f)
   return loss_sum, denom, metrics
 
 
-_POLICY_LOSSES: dict[str, Callable] = {"ppo": policy_loss, "gspo": gspo_policy_loss,
-                                       "decoupled_ppo": decoupled_ppo_loss}
+_POLICY_LOSSES: dict[str, Callable] = {
+  "ppo": policy_loss,
+  "gspo": gspo_policy_loss,
+  "decoupled_ppo": decoupled_ppo_loss,
+}
 
 
 def register_policy_loss(name: str, fn: Callable) -> None:
@@ -351,9 +448,17 @@ def get_policy_loss(name: str) -> Callable:
 
 
 # --------------------------------------------------------------------------- value loss
-def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
-               clip: float | None = 0.5, agg: str = "token-mean",
-               norm_len: int | None = None, segment_ids: Array | None = None) -> tuple[Array, Array, dict]:
+def value_loss(
+  values: Array,
+  old_values: Array,
+  returns: Array,
+  mask: Array,
+  *,
+  clip: float | None = 0.5,
+  agg: str = "token-mean",
+  norm_len: int | None = None,
+  segment_ids: Array | None = None,
+) -> tuple[Array, Array, dict]:
   """Clipped value loss (verl `compute_value_loss`):
   l = 0.5 * max((V - R)^2, (old + clip(V - old, -clip, clip) - R)^2); `clip=None`: 0.5 (V - R)^2.
 
@@ -385,10 +490,10 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     clipped = (jnp.abs(values - old_values) > clip) & (loss_clipped > loss_unclipped)
   loss_sum, denom = aggregate(0.5 * loss, mask, agg, norm_len=norm_len, segment_ids=segment_ids)
   metrics = {
-      "vf_clipfrac": _mean(clipped, mask),
-      "value_mean": _mean(values, mask),
-      "returns_mean": _mean(returns, mask),
-      "n_tokens": jax.lax.stop_gradient(mask.sum()),
+    "vf_clipfrac": _mean(clipped, mask),
+    "value_mean": _mean(values, mask),
+    "returns_mean": _mean(returns, mask),
+    "n_tokens": jax.lax.stop_gradient(mask.sum()),
   }
   return loss_sum, denom, metrics
 

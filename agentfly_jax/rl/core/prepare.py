@@ -11,6 +11,7 @@ passes run over fixed chunks of `chunk` rows (`lax.map`), so memory stays that o
 log-probs of a chunk come from its hidden states `logits_chunk` tokens at a time, so no
 [chunk, L, V] logits array exists either.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,15 +29,15 @@ from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entro
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-  estimator: str                    # advantage estimator name (rl/core/advantages.py)
-  chunk: int = 16                   # rows per forward pass
-  logits_chunk: int = 256           # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
+  estimator: str  # advantage estimator name (rl/core/advantages.py)
+  chunk: int = 16  # rows per forward pass
+  logits_chunk: int = 256  # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
   logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens (LossConfig.logits_capacity)
-  temperature: float = 1.0          # the sampler's temperature (log-probs of logits / T)
+  temperature: float = 1.0  # the sampler's temperature (log-probs of logits / T)
   gamma: float = 1.0
   lam: float = 1.0
-  tis_cap: float = 0.0              # > 0: is_weights = min(exp(old - sampler), tis_cap)
-  overlong_max_tokens: int = 0      # DAPO soft overlong penalty (buffer 0 = off)
+  tis_cap: float = 0.0  # > 0: is_weights = min(exp(old - sampler), tis_cap)
+  overlong_max_tokens: int = 0  # DAPO soft overlong penalty (buffer 0 = off)
   overlong_buffer: int = 0
   overlong_factor: float = 1.0
   behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
@@ -62,8 +63,7 @@ def _masked_mean(x, mask):
   return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None,
-                 rules=None):
+def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None, rules=None):
   """Builds the jitted `prepare(params, ref_params, critic_params, arrays, frozen=None) -> (batch, metrics)`.
 
   `frozen` = (rest, critic_rest) as call-time arguments (LoRA's frozen base: see
@@ -82,7 +82,8 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   def logprobs(params, a, rest):
     model = nnx.merge(graphdef, params, rest)
     fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
-        model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity)[0]
+      model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity
+    )[0]
     lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"], a["action_mask"])
     return jnp.where(a["action_mask"], lp, 0.0)
 
@@ -96,8 +97,7 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
     batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
     old = logprobs(params, arrays, p_rest)
     batch["old_logprobs"] = old
-    metrics = {f"mismatch/{k}": v for k, v in
-               logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
+    metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
     if cfg.behaviour_logprobs:
       batch["behaviour_logprobs"] = arrays["sampler_logprobs"]
     if ref_params is not None:
@@ -107,19 +107,32 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
       batch["is_weights"] = jnp.where(mask, jnp.minimum(w, cfg.tis_cap), 0.0)
     scores = arrays["rewards"].astype(jnp.float32)
     if cfg.overlong_buffer > 0:
-      pen = overlong_penalty(mask.sum(1), max_tokens=cfg.overlong_max_tokens,
-                             buffer=cfg.overlong_buffer, factor=cfg.overlong_factor)
+      pen = overlong_penalty(
+        mask.sum(1), max_tokens=cfg.overlong_max_tokens, buffer=cfg.overlong_buffer, factor=cfg.overlong_factor
+      )
       real = arrays["group_ids"] >= 0  # rows of `pad_rows` are not trajectories
       metrics["dapo/overlong_penalty_mean"] = jnp.sum(jnp.where(real, pen, 0.0)) / jnp.maximum(real.sum(), 1)
       scores = scores + pen
     values = None
     if critic_params is not None:
       critic = nnx.merge(critic_graphdef, critic_params, c_rest)
-      values = chunked_rows(lambda ids, am, act: critic_values(critic, ids, am, act), cfg.chunk,
-                            arrays["input_ids"], arrays["attention_mask"], mask)
+      values = chunked_rows(
+        lambda ids, am, act: critic_values(critic, ids, am, act),
+        cfg.chunk,
+        arrays["input_ids"],
+        arrays["attention_mask"],
+        mask,
+      )
       batch["old_values"] = values
-    adv, ret = adv_lib.compute(cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"],
-                               values=values, gamma=cfg.gamma, lam=cfg.lam)
+    adv, ret = adv_lib.compute(
+      cfg.estimator,
+      mask=mask,
+      scores=scores,
+      group_ids=arrays["group_ids"],
+      values=values,
+      gamma=cfg.gamma,
+      lam=cfg.lam,
+    )
     batch["advantages"] = adv.astype(jnp.float32)
     if critic_params is not None:
       batch["returns"] = ret.astype(jnp.float32)

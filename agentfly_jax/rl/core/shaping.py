@@ -1,4 +1,5 @@
 """Reward shaping applied inside the jitted prepare pass (works on numpy and jnp arrays alike)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ Models are Flax NNX modules; for jit we split them once into a static `graphdef`
 the state) and an `nnx.State` of params (inside it). `TrainState` carries policy params and
 optimizer state, optionally the critic's (PPO), the step and an RNG key.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,17 +21,26 @@ LR_SCHEDULES = ("constant", "cosine", "linear")  # make_optimizer's (config.trai
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array                 # int32[]
-  params: Any                     # nnx.State of the policy's nnx.Param variables
-  opt_state: Any                  # optax state of the policy optimizer
-  critic_params: Any = None       # nnx.State of the critic (PPO) or None
+  step: jax.Array  # int32[]
+  params: Any  # nnx.State of the policy's nnx.Param variables
+  opt_state: Any  # optax state of the policy optimizer
+  critic_params: Any = None  # nnx.State of the critic (PPO) or None
   critic_opt_state: Any = None
-  rng: jax.Array | None = None    # uint32[2] key data
+  rng: jax.Array | None = None  # uint32[2] key data
 
 
-def make_optimizer(*, lr: float, warmup_steps: int = 0, total_steps: int = 0, schedule: str = "constant",
-                   weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                   max_grad_norm: float = 1.0) -> optax.GradientTransformation:
+def make_optimizer(
+  *,
+  lr: float,
+  warmup_steps: int = 0,
+  total_steps: int = 0,
+  schedule: str = "constant",
+  weight_decay: float = 0.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  max_grad_norm: float = 1.0,
+) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and a warmup + (constant | cosine | linear) schedule."""
   if lr <= 0:
     raise ValueError(f"optimizer lr must be > 0, got {lr}")
@@ -57,13 +67,12 @@ def split_params(model: nnx.Module):
   return graphdef, params, rest
 
 
-def create_train_state(params, optimizer, *, critic_params=None, critic_optimizer=None,
-                       seed: int = 0) -> TrainState:
+def create_train_state(params, optimizer, *, critic_params=None, critic_optimizer=None, seed: int = 0) -> TrainState:
   return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=optimizer.init(params),
-      critic_params=critic_params,
-      critic_opt_state=None if critic_params is None else critic_optimizer.init(critic_params),
-      rng=jax.random.key_data(jax.random.key(seed)),
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    critic_params=critic_params,
+    critic_opt_state=None if critic_params is None else critic_optimizer.init(critic_params),
+    rng=jax.random.key_data(jax.random.key(seed)),
   )

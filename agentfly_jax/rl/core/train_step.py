@@ -16,6 +16,7 @@ target_ids[t] = token t+1 of the trajectory from input_ids[:t+1]; the shift is d
   segments).
 The jitted step has explicit in/out shardings on the (fsdp, tp) mesh and donates the state.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,20 +36,20 @@ from agentfly_jax.rl.core.train_state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  policy_loss: str = "ppo"          # registered name in losses: "ppo" | "gspo"
+  policy_loss: str = "ppo"  # registered name in losses: "ppo" | "gspo"
   clip_low: float = 0.2
-  clip_high: float = 0.2            # > clip_low = DAPO clip-higher
+  clip_high: float = 0.2  # > clip_low = DAPO clip-higher
   dual_clip: float = 3.0
-  agg: str = "token-mean"           # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-  kl_coef: float = 0.0              # KL(policy || reference) penalty in the loss
+  agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  kl_coef: float = 0.0  # KL(policy || reference) penalty in the loss
   kl_kind: str = "k3"
   entropy_coef: float = 0.0
   value_clip: float = 0.5
-  temperature: float = 1.0          # logits / temperature, the sampler's temperature
-  logits_chunk: int = 256           # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
+  temperature: float = 1.0  # logits / temperature, the sampler's temperature
+  logits_chunk: int = 256  # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
   logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens, in the smallest of these
-                                    # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
-  behaviour_cap: float = 2.0        # decoupled_ppo: cap of the behaviour importance weight
+  # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
+  behaviour_cap: float = 2.0  # decoupled_ppo: cap of the behaviour importance weight
 
 
 def _packing(segment_ids, positions) -> dict:
@@ -61,8 +62,9 @@ def _packing(segment_ids, positions) -> dict:
   return out
 
 
-def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: float = 1.0, segment_ids=None,
-                    positions=None):
+def policy_logprobs(
+  model, input_ids, target_ids, attention_mask, temperature: float = 1.0, segment_ids=None, positions=None
+):
   """Trainer log-probs of each target token given its prefix.
 
   input_ids, target_ids int32[B, L], attention_mask bool[B, L] (of the inputs); segment_ids /
@@ -73,17 +75,27 @@ def policy_logprobs(model, input_ids, target_ids, attention_mask, temperature: f
   return lp, logits
 
 
-def policy_logprobs_entropy(model, input_ids, target_ids, attention_mask, temperature: float = 1.0,
-                            chunk: int = 256, segment_ids=None, positions=None, loss_mask=None,
-                            capacity=()):
+def policy_logprobs_entropy(
+  model,
+  input_ids,
+  target_ids,
+  attention_mask,
+  temperature: float = 1.0,
+  chunk: int = 256,
+  segment_ids=None,
+  positions=None,
+  loss_mask=None,
+  capacity=(),
+):
   """(log-probs, entropies of the predicting softmax) f32[B, L] of each target token; args as
   `policy_logprobs`. `chunk` > 0: chunked over tokens, no [B, L, V] logits
   (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and `capacity` (fractions
   of L) only at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits."""
   if chunk:
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
-    return model.token_logprobs_entropy(hidden, target_ids, temperature=temperature, chunk=chunk,
-                                        loss_mask=loss_mask, capacity=capacity)
+    return model.token_logprobs_entropy(
+      hidden, target_ids, temperature=temperature, chunk=chunk, loss_mask=loss_mask, capacity=capacity
+    )
   lp, logits = policy_logprobs(model, input_ids, target_ids, attention_mask, temperature, segment_ids, positions)
   return lp, losses.entropy_from_logits(logits.astype(jnp.float32) / temperature)
 
@@ -101,18 +113,36 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   model = nnx.merge(graphdef, params, rest)
   seg = mb.get("segment_ids")
   mask = mb["action_mask"]
-  lp, entropy = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
-                                        cfg.temperature, cfg.logits_chunk, seg, mb.get("positions"),
-                                        loss_mask=mask, capacity=cfg.logits_capacity)
+  lp, entropy = policy_logprobs_entropy(
+    model,
+    mb["input_ids"],
+    mb["target_ids"],
+    mb["attention_mask"],
+    cfg.temperature,
+    cfg.logits_chunk,
+    seg,
+    mb.get("positions"),
+    loss_mask=mask,
+    capacity=cfg.logits_capacity,
+  )
   packed = {} if seg is None else {"segment_ids": seg}
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
   extra = {}
   if "behaviour_logprobs" in mb:  # decoupled PPO (asynchronous rollout)
     extra = dict(behaviour_logprobs=mb["behaviour_logprobs"], behaviour_cap=cfg.behaviour_cap)
   pg_sum, denom, pg_metrics = loss_fn(
-      lp, mb["old_logprobs"], mb["advantages"], mask,
-      clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
-      is_weights=mb.get("is_weights"), **extra, **packed)
+    lp,
+    mb["old_logprobs"],
+    mb["advantages"],
+    mask,
+    clip_low=cfg.clip_low,
+    clip_high=cfg.clip_high,
+    dual_clip=cfg.dual_clip,
+    agg=cfg.agg,
+    is_weights=mb.get("is_weights"),
+    **extra,
+    **packed,
+  )
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)
@@ -132,12 +162,19 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
 
 def _critic_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   critic = nnx.merge(graphdef, params, rest)
-  values = critic(mb["input_ids"], attention_mask=mb["attention_mask"],
-                  **_packing(mb.get("segment_ids"), mb.get("positions")))
+  values = critic(
+    mb["input_ids"], attention_mask=mb["attention_mask"], **_packing(mb.get("segment_ids"), mb.get("positions"))
+  )
   mask = mb["action_mask"]
   vf_sum, denom, vf_metrics = losses.value_loss(
-      values.astype(jnp.float32), mb["old_values"], mb["returns"], mask,
-      clip=cfg.value_clip, agg=cfg.agg, segment_ids=mb.get("segment_ids"))
+    values.astype(jnp.float32),
+    mb["old_values"],
+    mb["returns"],
+    mask,
+    clip=cfg.value_clip,
+    agg=cfg.agg,
+    segment_ids=mb.get("segment_ids"),
+  )
   metrics = {f"critic/{k}": v for k, v in vf_metrics.items()}
   metrics["critic/vf_loss"] = vf_sum / jnp.maximum(denom, 1e-8)
   return vf_sum, (denom, metrics)
@@ -164,9 +201,18 @@ def accumulate_gradients(micro_loss: Callable, params, batch: dict):
   return grads, denom, metrics
 
 
-def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTransformation,
-                    cfg: LossConfig, *, critic_graphdef=None, critic_rest=None,
-                    critic_optimizer: optax.GradientTransformation | None = None, mesh=None, rules=None):
+def make_train_step(
+  policy_graphdef,
+  policy_rest,
+  optimizer: optax.GradientTransformation,
+  cfg: LossConfig,
+  *,
+  critic_graphdef=None,
+  critic_rest=None,
+  critic_optimizer: optax.GradientTransformation | None = None,
+  mesh=None,
+  rules=None,
+):
   """Builds the pure `train_step(state, batch, frozen=None) -> (state, metrics)` (not yet jitted).
   On a multi-device `mesh` its activations are constrained by `rules` (models/sharding.py
   `activation_sharding`).
@@ -199,15 +245,24 @@ def make_train_step(policy_graphdef, policy_rest, optimizer: optax.GradientTrans
       c_updates, c_opt = critic_optimizer.update(c_grads, state.critic_opt_state, state.critic_params)
       metrics.update(c_metrics)
       metrics["critic/grad_norm"] = optax.global_norm(c_grads)
-      new_state = new_state.replace(critic_params=optax.apply_updates(state.critic_params, c_updates),
-                                    critic_opt_state=c_opt)
+      new_state = new_state.replace(
+        critic_params=optax.apply_updates(state.critic_params, c_updates), critic_opt_state=c_opt
+      )
     return new_state, metrics
 
   return train_step
 
 
-def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, logits_chunk: int = 256,
-                  logits_capacity=DEFAULT_CAPACITY, mesh=None, rules=None):
+def make_sft_step(
+  graphdef,
+  rest,
+  optimizer: optax.GradientTransformation,
+  *,
+  logits_chunk: int = 256,
+  logits_capacity=DEFAULT_CAPACITY,
+  mesh=None,
+  rules=None,
+):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
   attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked
@@ -218,8 +273,15 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, lo
   def micro_loss(params, mb, rest):
     model = nnx.merge(graphdef, params, rest)
     mask = mb["action_mask"]
-    lp, _ = policy_logprobs_entropy(model, mb["input_ids"], mb["target_ids"], mb["attention_mask"],
-                                    chunk=logits_chunk, loss_mask=mask, capacity=logits_capacity)
+    lp, _ = policy_logprobs_entropy(
+      model,
+      mb["input_ids"],
+      mb["target_ids"],
+      mb["attention_mask"],
+      chunk=logits_chunk,
+      loss_mask=mask,
+      capacity=logits_capacity,
+    )
     mask = mask.astype(jnp.float32)
     nll_sum = -jnp.sum(lp * mask)
     denom = jnp.sum(mask)
@@ -234,16 +296,25 @@ def make_sft_step(graphdef, rest, optimizer: optax.GradientTransformation, *, lo
     grads, _, metrics = accumulate_gradients(lambda p, mb: micro_loss(p, mb, frozen_rest), state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics["sft/grad_norm"] = optax.global_norm(grads)
-    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         opt_state=opt_state), metrics
+    return state.replace(
+      step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
+    ), metrics
 
   return sft_step
 
 
 # ----------------------------------------------------------------------------- sharding + jit
 
-def state_shardings(state: Any, mesh: jax.sharding.Mesh, param_specs=None, critic_specs=None, *,
-                    optimizer: optax.GradientTransformation, critic_optimizer=None):
+
+def state_shardings(
+  state: Any,
+  mesh: jax.sharding.Mesh,
+  param_specs=None,
+  critic_specs=None,
+  *,
+  optimizer: optax.GradientTransformation,
+  critic_optimizer=None,
+):
   """NamedShardings for every leaf of a TrainState (arrays or `jax.eval_shape` structs): params
   follow their partition specs (None: replicated); every copy of the params inside the optimizer
   state (moments) gets the params' shardings, found by optax from `optimizer.init`
@@ -253,23 +324,27 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, param_specs=None, criti
   def from_specs(tree, specs):
     if specs is None:
       return jax.tree.map(lambda _: replicated, tree)
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
   def opt_shardings(opt, opt_state, p_shard):
-    return optax.tree_map_params(opt, lambda _, sh: sh, opt_state, p_shard,
-                                 transform_non_params=lambda _: replicated,
-                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return optax.tree_map_params(
+      opt,
+      lambda _, sh: sh,
+      opt_state,
+      p_shard,
+      transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
 
   p_sh = from_specs(state.params, param_specs)
   c_sh = None if state.critic_params is None else from_specs(state.critic_params, critic_specs)
   return state.replace(
-      step=replicated,
-      params=p_sh,
-      opt_state=opt_shardings(optimizer, state.opt_state, p_sh),
-      critic_params=c_sh,
-      critic_opt_state=None if c_sh is None else opt_shardings(critic_optimizer, state.critic_opt_state, c_sh),
-      rng=None if state.rng is None else replicated,
+    step=replicated,
+    params=p_sh,
+    opt_state=opt_shardings(optimizer, state.opt_state, p_sh),
+    critic_params=c_sh,
+    critic_opt_state=None if c_sh is None else opt_shardings(critic_optimizer, state.critic_opt_state, c_sh),
+    rng=None if state.rng is None else replicated,
   )
 
 
@@ -283,8 +358,8 @@ def jit_step(step_fn, state_sh, batch_sh, frozen=None):
   argument, e.g. (rest, critic_rest) under LoRA) it takes that argument with the shardings its
   arrays have, never donated (the sampler may share them)."""
   if frozen is None:
-    return jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
-                   donate_argnums=(0,))
+    return jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=(0,))
   frozen_sh = jax.tree.map(lambda x: x.sharding, frozen)
-  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh, frozen_sh), out_shardings=(state_sh, None),
-                 donate_argnums=(0,))
+  return jax.jit(
+    step_fn, in_shardings=(state_sh, batch_sh, frozen_sh), out_shardings=(state_sh, None), donate_argnums=(0,)
+  )
