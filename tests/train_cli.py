@@ -49,3 +49,18 @@ def load_script(relative_path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+# experiments/aot_compile.py flags of a tiny run (scanned, remat) that compiles in seconds
+AOT_TINY_FLAGS = [
+  "--config.model.scan_layers=True",
+  "--config.train.remat=full",
+  "--seq_len=64",
+  "--config.rollout.rows_per_step=2",
+  "--config.rollout.num_chains=4",
+  "--config.rollout.max_batch_size=8",
+  "--config.rollout.max_total_tokens=64",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.train.micro_batch_size=4",
+  "--config.sft.rows_per_step=4",
+]

@@ -11,21 +11,10 @@ import sys
 
 import pytest
 
-from train_cli import ROOT  # noqa: E402
+from train_cli import AOT_TINY_FLAGS, ROOT  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "experiments", "aot_compile.py")
-TINY = [
-  "--config.model.scan_layers=True",
-  "--config.train.remat=full",
-  "--seq_len=64",
-  "--config.rollout.rows_per_step=2",
-  "--config.rollout.num_chains=4",
-  "--config.rollout.max_batch_size=8",
-  "--config.rollout.max_total_tokens=64",
-  "--config.rollout.max_tokens_per_turn=16",
-  "--config.train.micro_batch_size=4",
-  "--config.sft.rows_per_step=4",
-]
+TINY = AOT_TINY_FLAGS
 
 pytest.importorskip("libtpu", reason="jax[tpu] (libtpu) is needed for TPU compile-only")
 

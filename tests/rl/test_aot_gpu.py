@@ -12,24 +12,13 @@ import sys
 import pytest
 
 from agentfly_jax.rl import aot, aot_gpu
-from train_cli import ROOT  # noqa: E402
+from train_cli import AOT_TINY_FLAGS, ROOT  # noqa: E402
 
 needs_plugin = pytest.mark.skipif(
   not aot_gpu.plugin_available(), reason="the CUDA PJRT plugin (pip install -e .[aot-gpu]) is not installed"
 )
 H100_BYTES = aot_gpu.GPUS["h100"].memory_bytes
-TINY = [
-  "--config.model.scan_layers=True",
-  "--config.train.remat=full",
-  "--seq_len=64",
-  "--config.rollout.rows_per_step=2",
-  "--config.rollout.num_chains=4",
-  "--config.rollout.max_batch_size=8",
-  "--config.rollout.max_total_tokens=64",
-  "--config.rollout.max_tokens_per_turn=16",
-  "--config.train.micro_batch_size=4",
-  "--config.sft.rows_per_step=4",
-]
+TINY = AOT_TINY_FLAGS
 
 
 @pytest.mark.parametrize(
