@@ -18,21 +18,11 @@ Export the result for HF: `agentfly_jax.models.export_peft(model, folder)` or a 
 with `save_merged` (see WORKSPACE.md).
 """
 
-import importlib.util
-import os
-
-
-def _full_fine_tune():
-  """configs/smollm2_arithmetic_sft_grpo.py's config (loaded by path: configs/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_arithmetic_sft_grpo.py")
-  spec = importlib.util.spec_from_file_location("smollm2_arithmetic_sft_grpo", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from agentfly_jax.rl.config import config_beside
 
 
 def get_config():
-  c = _full_fine_tune()
+  c = config_beside(__file__, "smollm2_arithmetic_sft_grpo.py")
   c.name = "smollm2_arithmetic_lora"
   c.model.lora.rank = 16
   c.model.lora.alpha = 32.0

@@ -17,21 +17,11 @@ one line of the system prompt, no worked example: SFT teaches the format, and ev
 step costs ~2.3x less than with the ~330-token hermes prompt + example of `arithmetic`).
 """
 
-import importlib.util
-import os
-
-
-def _base():
-  """configs/smollm2_arithmetic_grpo.py's config (loaded by path: configs/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_arithmetic_grpo.py")
-  spec = importlib.util.spec_from_file_location("smollm2_arithmetic_grpo", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from agentfly_jax.rl.config import config_beside
 
 
 def get_config():
-  c = _base()
+  c = config_beside(__file__, "smollm2_arithmetic_grpo.py")
   c.name = "smollm2_arithmetic_sft_grpo"
   c.task = "arithmetic_brief"  # the tool in one line, no worked example: ~106 prompt tokens, not ~330
   c.rollout.max_tokens_per_turn = 40

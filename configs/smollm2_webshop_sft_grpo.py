@@ -16,21 +16,11 @@ actions and RL has reward variance to learn picking the options from.
 Results: experiments/results/smollm2_webshop/ (experiments/report_sft_rl_run.py).
 """
 
-import importlib.util
-import os
-
-
-def _arithmetic_lora():
-  """configs/smollm2_arithmetic_lora.py's config (loaded by path: configs/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_arithmetic_lora.py")
-  spec = importlib.util.spec_from_file_location("smollm2_arithmetic_lora", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from agentfly_jax.rl.config import config_beside
 
 
 def get_config():
-  c = _arithmetic_lora()
+  c = config_beside(__file__, "smollm2_arithmetic_lora.py")
   c.name = "smollm2_webshop_sft_grpo"
   c.task = "webshop_brief"
   c.rollout.max_turns = 6  # search, product, 2 options, buy, done

@@ -13,6 +13,21 @@ import ml_collections
 from agentfly_jax.rl.spec import ALGORITHMS, RunSpec, as_spec, migrate  # noqa: F401 (re-exported)
 
 
+def config_beside(config_file: str, name: str) -> ml_collections.ConfigDict:
+  """`get_config()` of the config file `name` in the folder of `config_file` (a config building on
+  another: configs/ is not a package). `config_beside(__file__, "smollm2_arithmetic_lora.py")`."""
+  import importlib.util
+  import os
+
+  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), name)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config_beside: no config file {path}")
+  spec = importlib.util.spec_from_file_location(os.path.splitext(name)[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
 def default_config() -> ml_collections.ConfigDict:
   """Every field at its default (the defaults live in rl/spec.py's sections, once)."""
   return ml_collections.ConfigDict(RunSpec().to_dict())
