@@ -63,6 +63,91 @@ def _masked_mean(x, mask):
   return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
+def action_logprobs(graphdef, params, rest, arrays: dict, cfg: PrepareConfig):
+  """f32[B, L] log-probs (at temperature `cfg.temperature`) of the target tokens under the model
+  (graphdef, params, rest), `cfg.chunk` rows per forward pass; 0 off the action tokens."""
+  model = nnx.merge(graphdef, params, rest)
+  fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
+    model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity
+  )[0]
+  lp = chunked_rows(
+    fn, cfg.chunk, arrays["input_ids"], arrays["target_ids"], arrays["attention_mask"], arrays["action_mask"]
+  )
+  return jnp.where(arrays["action_mask"], lp, 0.0)
+
+
+def truncated_is_weights(old_logprobs, sampler_logprobs, mask, cap: float):
+  """f32[B, L] truncated importance weights min(exp(old - sampler), cap) of the trainer's [B, L]
+  log-probs against the sampler's (the log-ratio clipped to +-20); 0 off the `mask`ed tokens."""
+  w = jnp.exp(jnp.clip(old_logprobs - sampler_logprobs, -20, 20))
+  return jnp.where(mask, jnp.minimum(w, cap), 0.0)
+
+
+def overlong_shaped_scores(scores, mask, group_ids, cfg: PrepareConfig):
+  """(f32[B] scores + DAPO's soft overlong penalty of each row's action-token count (bool[B, L]
+  `mask`), the penalty's mean f32[] over the real rows (group_ids int32[B] >= 0))."""
+  pen = overlong_penalty(
+    mask.sum(1), max_tokens=cfg.overlong_max_tokens, buffer=cfg.overlong_buffer, factor=cfg.overlong_factor
+  )
+  real = group_ids >= 0  # rows of `pad_rows` are not trajectories
+  return scores + pen, jnp.sum(jnp.where(real, pen, 0.0)) / jnp.maximum(real.sum(), 1)
+
+
+def chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays: dict, chunk: int):
+  """f32[B, L] the critic's values at each position, `chunk` rows per forward pass."""
+  critic = nnx.merge(critic_graphdef, critic_params, critic_rest)
+  return chunked_rows(
+    lambda ids, am, act: critic_values(critic, ids, am, act),
+    chunk,
+    arrays["input_ids"],
+    arrays["attention_mask"],
+    arrays["action_mask"],
+  )
+
+
+def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays: dict) -> tuple[dict, dict]:
+  """(the batch's token arrays + old / behaviour / reference log-probs and truncated IS weights as
+  on, the mismatch/* metrics of the sampler's log-probs against the trainer's)."""
+  from agentfly_jax.sampling.mismatch import logprob_mismatch_metrics
+
+  mask = arrays["action_mask"]
+  batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
+  old = action_logprobs(graphdef, params, rest, arrays, cfg)
+  batch["old_logprobs"] = old
+  metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
+  if cfg.behaviour_logprobs:
+    batch["behaviour_logprobs"] = arrays["sampler_logprobs"]
+  if ref_params is not None:  # LoRA: the same base (rest), the reference's adapters
+    batch["ref_logprobs"] = action_logprobs(graphdef, ref_params, rest, arrays, cfg)
+  if cfg.tis_cap > 0:
+    batch["is_weights"] = truncated_is_weights(old, arrays["sampler_logprobs"], mask, cfg.tis_cap)
+  return batch, metrics
+
+
+def prepare_batch(
+  graphdef, rest, cfg: PrepareConfig, params, ref_params, critic_params, arrays: dict, *, critic_graphdef, critic_rest
+) -> tuple[dict, dict]:
+  """(batch, metrics) of `make_prepare`'s program, unjitted (see there for the arrays)."""
+  mask = arrays["action_mask"]
+  batch, metrics = _policy_batch(graphdef, rest, cfg, params, ref_params, arrays)
+  scores = arrays["rewards"].astype(jnp.float32)
+  if cfg.overlong_buffer > 0:
+    scores, metrics["dapo/overlong_penalty_mean"] = overlong_shaped_scores(scores, mask, arrays["group_ids"], cfg)
+  values = None
+  if critic_params is not None:
+    values = chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays, cfg.chunk)
+    batch["old_values"] = values
+  adv, ret = adv_lib.compute(
+    cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"], values=values, gamma=cfg.gamma, lam=cfg.lam
+  )
+  batch["advantages"] = adv.astype(jnp.float32)
+  if critic_params is not None:
+    batch["returns"] = ret.astype(jnp.float32)
+  metrics["adv/mean"] = _masked_mean(adv, mask)
+  metrics["adv/abs_mean"] = _masked_mean(jnp.abs(adv), mask)
+  return batch, metrics
+
+
 def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None, rules=None):
   """Builds the jitted `prepare(params, ref_params, critic_params, arrays, frozen=None) -> (batch, metrics)`.
 
@@ -77,67 +162,20 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   action_mask, old_logprobs, advantages; + ref_logprobs, is_weights, old_values, returns when on.
   metrics: f32[] scalars: mismatch/*, adv/mean, adv/abs_mean, dapo/overlong_penalty_mean.
   """
-  from agentfly_jax.sampling.mismatch import logprob_mismatch_metrics
-
-  def logprobs(params, a, rest):
-    model = nnx.merge(graphdef, params, rest)
-    fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
-      model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity
-    )[0]
-    lp = chunked_rows(fn, cfg.chunk, a["input_ids"], a["target_ids"], a["attention_mask"], a["action_mask"])
-    return jnp.where(a["action_mask"], lp, 0.0)
 
   def prepare(params, ref_params, critic_params, arrays, frozen=None):
-    with activation_sharding(mesh, rules):
-      return _prepare(params, ref_params, critic_params, arrays, frozen)
-
-  def _prepare(params, ref_params, critic_params, arrays, frozen):
     p_rest, c_rest = (rest, critic_rest) if frozen is None else frozen
-    mask = arrays["action_mask"]
-    batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
-    old = logprobs(params, arrays, p_rest)
-    batch["old_logprobs"] = old
-    metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
-    if cfg.behaviour_logprobs:
-      batch["behaviour_logprobs"] = arrays["sampler_logprobs"]
-    if ref_params is not None:
-      batch["ref_logprobs"] = logprobs(ref_params, arrays, p_rest)  # LoRA: the same base, the reference's adapters
-    if cfg.tis_cap > 0:
-      w = jnp.exp(jnp.clip(old - arrays["sampler_logprobs"], -20, 20))
-      batch["is_weights"] = jnp.where(mask, jnp.minimum(w, cfg.tis_cap), 0.0)
-    scores = arrays["rewards"].astype(jnp.float32)
-    if cfg.overlong_buffer > 0:
-      pen = overlong_penalty(
-        mask.sum(1), max_tokens=cfg.overlong_max_tokens, buffer=cfg.overlong_buffer, factor=cfg.overlong_factor
+    with activation_sharding(mesh, rules):
+      return prepare_batch(
+        graphdef,
+        p_rest,
+        cfg,
+        params,
+        ref_params,
+        critic_params,
+        arrays,
+        critic_graphdef=critic_graphdef,
+        critic_rest=c_rest,
       )
-      real = arrays["group_ids"] >= 0  # rows of `pad_rows` are not trajectories
-      metrics["dapo/overlong_penalty_mean"] = jnp.sum(jnp.where(real, pen, 0.0)) / jnp.maximum(real.sum(), 1)
-      scores = scores + pen
-    values = None
-    if critic_params is not None:
-      critic = nnx.merge(critic_graphdef, critic_params, c_rest)
-      values = chunked_rows(
-        lambda ids, am, act: critic_values(critic, ids, am, act),
-        cfg.chunk,
-        arrays["input_ids"],
-        arrays["attention_mask"],
-        mask,
-      )
-      batch["old_values"] = values
-    adv, ret = adv_lib.compute(
-      cfg.estimator,
-      mask=mask,
-      scores=scores,
-      group_ids=arrays["group_ids"],
-      values=values,
-      gamma=cfg.gamma,
-      lam=cfg.lam,
-    )
-    batch["advantages"] = adv.astype(jnp.float32)
-    if critic_params is not None:
-      batch["returns"] = ret.astype(jnp.float32)
-    metrics["adv/mean"] = _masked_mean(adv, mask)
-    metrics["adv/abs_mean"] = _masked_mean(jnp.abs(adv), mask)
-    return batch, metrics
 
   return jax.jit(prepare)
