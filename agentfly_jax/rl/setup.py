@@ -198,44 +198,41 @@ def _split(spec, model, mesh, *, critic: bool = False) -> ModelHalves:
   return ModelHalves(graphdef, params, rest, partition_specs(params, mesh, spec.mesh.rules))
 
 
-def build_run(spec, workdir: str, task=None) -> RunParts:
-  """Every part of a run from its RunSpec (`task`: a Task / TaskSpec given in Python instead of
-  `spec.task`); the tokenizer of a random-init model is trained into `workdir/tokenizer`."""
-  from agentfly_jax.agents import load_tokenizer
-  from agentfly_jax.envs.provider import DeferredEnvProvider
+def _policy_models(spec, vocab_size: int, mesh, sampler_mesh):
+  """(the policy model sharded on `mesh`, the sampler's model): on several processes each runs
+  its own sampler on its local devices (a second, unsharded copy); with a sampler sub-mesh, a
+  second copy placed on it (weight syncs copy across); else the policy itself."""
   from agentfly_jax.models import shard_model
-  from agentfly_jax.sampling.registry import SamplerRequest, build_sampler
-  from agentfly_jax.tasks.from_config import build_task
-
-  spec = as_spec(spec)
-  task = build_task(spec, task)
-  tok_dir = build_tokenizer_dir(spec, task, workdir)
-  tokenizer = load_tokenizer(tok_dir)
-  end_of_turn = _end_of_turn_id(tokenizer, tok_dir)
 
   rules = spec.mesh.rules
-  mesh, sampler_mesh = training_and_sampler_meshes(spec)
-  model = build_model(spec, tokenizer.vocab_size)
-  # On several processes each runs its own sampler on its local devices: a second, unsharded
-  # copy; with a sampler sub-mesh, a second copy placed on it (weight syncs copy across).
+  model = build_model(spec, vocab_size)
   sampler_model = model
   if jax.process_count() > 1 or sampler_mesh is not None:
-    sampler_model = build_model(spec, tokenizer.vocab_size)
+    sampler_model = build_model(spec, vocab_size)
   if sampler_mesh is not None:
     shard_model(sampler_model, sampler_mesh, rules)
   shard_model(model, mesh, rules)
-  policy = _split(spec, model, mesh)
-  lora_cfg = spec.model.lora.lora_config()
-  identity = None if lora_cfg is None else base_identity(spec, model)
+  return model, sampler_model
 
-  critic = None
-  if spec.algorithm.critic:
-    critic_model = build_model(spec, tokenizer.vocab_size, critic=True)
-    shard_model(critic_model, mesh, rules)
-    critic = _split(spec, critic_model, mesh, critic=True)
+
+def _critic_halves(spec, vocab_size: int, mesh) -> ModelHalves | None:
+  """PPO's critic, sharded on `mesh` and split (None when the algorithm has no critic)."""
+  from agentfly_jax.models import shard_model
+
+  if not spec.algorithm.critic:
+    return None
+  critic_model = build_model(spec, vocab_size, critic=True)
+  shard_model(critic_model, mesh, spec.mesh.rules)
+  return _split(spec, critic_model, mesh, critic=True)
+
+
+def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir: str, mesh, sampler_mesh, lora_cfg):
+  """The rollout sampler `spec.rollout.sampler` names (sampling/registry.py), built on the
+  sampler's model (and `model`, the policy, for samplers that read it)."""
+  from agentfly_jax.sampling.registry import SamplerRequest, build_sampler
 
   r = spec.rollout
-  built = build_sampler(
+  return build_sampler(
     r.sampler,
     SamplerRequest(
       model=sampler_model,
@@ -248,13 +245,33 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
       max_len=r.max_len,
       dtype=r.vllm_dtype or spec.model.dtype,
       mesh=(sampler_mesh or mesh) if jax.process_count() == 1 else None,
-      rules=rules,
+      rules=spec.mesh.rules,
       pretrained=spec.model.pretrained,
       lora=lora_cfg,
       engine={"gpu_memory_utilization": spec.gpu.vllm_mem_fraction} if spec.gpu.vllm_mem_fraction else {},
     ),
   )
 
+
+def build_run(spec, workdir: str, task=None) -> RunParts:
+  """Every part of a run from its RunSpec (`task`: a Task / TaskSpec given in Python instead of
+  `spec.task`); the tokenizer of a random-init model is trained into `workdir/tokenizer`."""
+  from agentfly_jax.agents import load_tokenizer
+  from agentfly_jax.envs.provider import DeferredEnvProvider
+  from agentfly_jax.tasks.from_config import build_task
+
+  spec = as_spec(spec)
+  task = build_task(spec, task)
+  tok_dir = build_tokenizer_dir(spec, task, workdir)
+  tokenizer = load_tokenizer(tok_dir)
+  end_of_turn = _end_of_turn_id(tokenizer, tok_dir)
+  mesh, sampler_mesh = training_and_sampler_meshes(spec)
+  model, sampler_model = _policy_models(spec, tokenizer.vocab_size, mesh, sampler_mesh)
+  policy = _split(spec, model, mesh)
+  lora_cfg = spec.model.lora.lora_config()
+  identity = None if lora_cfg is None else base_identity(spec, model)
+  critic = _critic_halves(spec, tokenizer.vocab_size, mesh)
+  built = _build_sampler(spec, sampler_model, model, tokenizer, tok_dir, workdir, mesh, sampler_mesh, lora_cfg)
   agent = task.make_agent(tokenizer)
   train_rows = task.make_rows(2000, seed=spec.seed)
   eval_rows = task.make_eval_rows(spec.eval.num_rows, spec.seed) if spec.eval.num_rows else []

@@ -359,47 +359,19 @@ class Trainer:
     return LoopState(state, loop.ref_params, loop.data_position + spec.rollout.rows_per_step, tools_seen), metrics
 
   def train(self) -> list[dict]:
+    """Runs (or resumes) the run to `train.steps`; returns the metrics records (process 0; []
+    on the others). Leaves the final TrainState in `self.state`."""
     spec = self.spec
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
         json.dump({"name": spec.task_name, "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
-    producer = None
     loop.tools_seen = tool_counts(self.agent.tools.values())  # tool counts start with the run's own rollouts
-    if self.asynchronous:  # the sampler gets a copy: the train step donates loop.state.params
-      from agentfly_jax.rl.async_rollout import RolloutProducer
-
-      self.weights.load(jax.tree.map(jnp.copy, loop.state.params))
-      pos0 = loop.data_position
-      producer = RolloutProducer(
-        lambda s: self._rollout_step(pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
-        self.weights,
-        first_step=start + 1,
-        last_step=spec.train.steps,
-        max_staleness=spec.rollout.max_staleness,
-        start_version=start,
-      ).start()
-    else:
-      self.weights.load(loop.state.params)
+    producer = self._start_sampling(loop, start)
     primary = distributed.is_primary()
     writer = self._writer(jsonl_path) if primary else None
-    bar = _progress(spec.train.steps, spec.algo, spec.log.progress and primary, initial=start)
-    t_loop, trainer_wait = time.perf_counter(), 0.0
-    for step in range(start + 1, spec.train.steps + 1):
-      loop, metrics = self._run_step(loop, step, producer)
-      if producer is not None:
-        trainer_wait += metrics["time/rollout_s"]
-        wall = time.perf_counter() - t_loop
-        metrics["async/trainer_idle_frac"] = trainer_wait / wall
-        metrics["async/sampler_idle_frac"] = producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s)
-      if writer is not None:
-        writer.write(step, metrics)
-      if step % spec.checkpoint.every == 0 or step == spec.train.steps:
-        self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
-      bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", success=f"{metrics['rollout/success_rate']:.2f}")
-      bar.update(1)
-    bar.close()
+    loop = self._steps(loop, start, producer, writer)
     if producer is not None:
       producer.close()
     self.checkpointer.wait()
@@ -408,7 +380,52 @@ class Trainer:
     if not primary:
       return []
     writer.close()
-    records = read_jsonl(jsonl_path)
+    return self._plot(read_jsonl(jsonl_path))
+
+  def _start_sampling(self, loop: LoopState, start: int):
+    """Loads the sampler with the loop's params; async: starts and returns the rollout producer
+    (its steps after `start`, from the loop's data position), else None."""
+    spec = self.spec
+    if not self.asynchronous:
+      self.weights.load(loop.state.params)
+      return None
+    from agentfly_jax.rl.async_rollout import RolloutProducer
+
+    self.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params
+    pos0 = loop.data_position
+    return RolloutProducer(
+      lambda s: self._rollout_step(pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
+      self.weights,
+      first_step=start + 1,
+      last_step=spec.train.steps,
+      max_staleness=spec.rollout.max_staleness,
+      start_version=start,
+    ).start()
+
+  def _steps(self, loop: LoopState, start: int, producer, writer) -> LoopState:
+    """Steps start+1 .. train.steps: each step's metrics written (`writer`: process 0's, else
+    None), checkpoints every `checkpoint.every` and at the end, the progress bar advanced."""
+    spec = self.spec
+    primary = writer is not None
+    bar = _progress(spec.train.steps, spec.algo, spec.log.progress and primary, initial=start)
+    t_loop, trainer_wait = time.perf_counter(), 0.0
+    for step in range(start + 1, spec.train.steps + 1):
+      loop, metrics = self._run_step(loop, step, producer)
+      if producer is not None:
+        trainer_wait += metrics["time/rollout_s"]
+        metrics.update(_async_idle_metrics(producer, trainer_wait, time.perf_counter() - t_loop))
+      if writer is not None:
+        writer.write(step, metrics)
+      if step % spec.checkpoint.every == 0 or step == spec.train.steps:
+        self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
+      bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", success=f"{metrics['rollout/success_rate']:.2f}")
+      bar.update(1)
+    bar.close()
+    return loop
+
+  def _plot(self, records: list[dict]) -> list[dict]:
+    """Plots the reward / success curves of `records` to workdir/reward.png; returns them."""
+    spec = self.spec
     plot_curves(
       records,
       ["rollout/reward_mean", "rollout/success_rate", "eval/success_rate"],
@@ -440,6 +457,15 @@ def _warm_start_critic(critic_params, policy_params):
     if path in flat_p and flat_p[path].shape == var.shape:
       flat_c[path] = flat_p[path]
   return nnx.from_flat_state(flat_c)
+
+
+def _async_idle_metrics(producer, trainer_wait_s: float, wall_s: float) -> dict:
+  """async/trainer_idle_frac (the trainer's wait for batches over the loop's wall time so far) and
+  async/sampler_idle_frac (the producer's idle over its idle + busy time)."""
+  return {
+    "async/trainer_idle_frac": trainer_wait_s / wall_s,
+    "async/sampler_idle_frac": producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s),
+  }
 
 
 def _append(path, step, metrics):
