@@ -13,8 +13,9 @@ Frameworks: `jax` (the library's defaults), `jax+plain` (the same step with the 
 formulation: [B, T, V] logits and one masked [B, H, T, T] attention square, for the A/B),
 `jax+KNOBS` (A/B variants, see `parse_variant`: e.g. `jax+ac256`, `jax+lc1024`, `jax+remat1`),
 `torch` (transformers' model, eager, its default attention; logits only from the first completion
-position on, TRL's `logits_to_keep`). `--layout=agent`: actions between tool observations, so
-~30 % of each row is trained on (the JAX step's log-probs then run at those tokens only).
+position on, TRL's `logits_to_keep`; torch_reference_step.py, with the worker loop both run in).
+`--layout=agent`: actions between tool observations, so ~30 % of each row is trained on (the JAX
+step's log-probs then run at those tokens only).
 
 Method: each (model, shape, framework) runs in its own worker process (so peak RSS is that
 shape's), built and compiled once; the parent then times `repeats` rounds in which the
@@ -35,9 +36,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
-import sys
 import time
 
 from absl import app, flags
@@ -46,11 +45,22 @@ from bench_common import (
   REPO_ROOT,
   SMOLLM2_135M_SHAPES,
   XLA_CPU_VARIANTS,
-  WorkerProcess,
   cpu_name,
   load_note,
   measure_matmul_rate,
   xla_flags_env,
+)
+from torch_reference_step import (  # the PyTorch reference step, the worker loop and its handle
+  CLIP,
+  DUAL_CLIP,
+  LR,
+  MAX_GRAD_NORM,
+  VALUE_CLIP,
+  WEIGHT_DECAY,
+  TorchStep,
+  Worker,
+  serve_steps,
+  value_head,
 )
 
 FLAGS = flags.FLAGS
@@ -85,8 +95,6 @@ flags.DEFINE_bool("bench", True, "run the framework comparison (off: only --demo
 flags.DEFINE_string("out", "bench_train_step", "result file stem in experiments/results/")
 flags.DEFINE_string("work_dir", "/dev/shm/bench_train_step", "scratch folder for random models' HF files")
 flags.DEFINE_string("serve", "", "internal: run as the MODEL:SHAPE:FRAMEWORK worker")
-
-LR, WEIGHT_DECAY, CLIP, DUAL_CLIP, MAX_GRAD_NORM, VALUE_CLIP = 1e-6, 0.01, 0.2, 3.0, 1.0, 0.5
 
 
 # ---------------------------------------------------------------- shared inputs
@@ -158,12 +166,6 @@ def target_aligned(batch: dict) -> dict:
   for k in ("action_mask", "old_logprobs", "advantages", "returns", "old_values"):
     out[k] = batch[k][:, 1:]
   return out
-
-
-def value_head(d: int):
-  import numpy as np
-
-  return (np.random.default_rng(7).normal(size=(d,)) * 0.02).astype(np.float32)
 
 
 def step_flops(cfg, b: int, t: int, step: str) -> float:
@@ -294,127 +296,28 @@ class JaxStep:
     return out
 
 
-class TorchStep:
-  def __init__(self, name: str, b: int, t: int):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-
-    torch.manual_seed(0)
-    folder = model_folder(name)
-    self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
-    if "ppo" in FLAGS.steps:
-      self.critic = AutoModelForTokenClassification.from_pretrained(folder, num_labels=1, dtype=torch.float32).eval()
-      with torch.no_grad():
-        self.critic.score.weight.copy_(torch.from_numpy(value_head(self.model.config.hidden_size))[None])
-        if self.critic.score.bias is not None:
-          self.critic.score.bias.zero_()
-      self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
-    batch = make_batch(self.model.config.vocab_size, b, t, layout=FLAGS.layout)
-    self.batch = {k: torch.from_numpy(v) for k, v in batch.items()}
-    # TRL's logits_to_keep: logits only from the first position that predicts a completion
-    # token on (the prompt's own next-token predictions are never trained on).
-    self.keep = t - t // 4
-
-  def _policy(self) -> float:
-    import torch
-
-    bt = self.batch
-    ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
-    k = self.keep
-    logits = self.model(input_ids=ids[:, :-1], attention_mask=am[:, :-1], logits_to_keep=k).logits.float()
-    target = ids[:, 1:][:, -k:]
-    # TRL's selective_log_softmax for float32: gather minus a per-row logsumexp (loop saves memory)
-    picked = torch.gather(logits, -1, target[..., None])[..., 0]
-    lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-    lp = picked - lse
-    with torch.no_grad():  # entropy as a metric, as the JAX step reports it
-      p = torch.softmax(logits, -1)
-      _ = lse - (p * logits).sum(-1)
-    mask = bt["action_mask"][:, 1:][:, -k:].float()
-    old, adv = bt["old_logprobs"][:, 1:][:, -k:], bt["advantages"][:, 1:][:, -k:]
-    ratio = torch.exp(torch.clamp(lp - old, -20.0, 20.0))
-    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
-    loss = torch.where(adv < 0, torch.minimum(loss, -adv * DUAL_CLIP), loss)
-    loss = (loss * mask).sum() / mask.sum().clamp(min=1e-8)
-    self.opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
-    self.opt.step()
-    return float(loss)
-
-  def _critic(self) -> float:
-    import torch
-
-    bt = self.batch
-    ids, am = bt["token_ids"].long(), bt["attention_mask"].long()
-    values = self.critic(input_ids=ids[:, :-1], attention_mask=am[:, :-1]).logits[..., 0].float()
-    mask = bt["action_mask"][:, 1:].float()
-    old, ret = bt["old_values"][:, 1:], bt["returns"][:, 1:]
-    clipped = old + torch.clamp(values - old, -VALUE_CLIP, VALUE_CLIP)
-    loss = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2)
-    loss = (loss * mask).sum() / mask.sum().clamp(min=1e-8)
-    self.critic_opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), MAX_GRAD_NORM)
-    self.critic_opt.step()
-    return float(loss)
-
-  def run(self, step: str) -> dict:
-    out = {"loss": self._policy()}
-    if step == "ppo":
-      out["vf_loss"] = self._critic()
-    return out
-
-
 def serve(spec: str) -> None:
-  """Worker loop: builds, runs each step once (compile), prints READY, then answers
-  "run STEP" with {"wall", "cpu", ...} JSON lines; "mem" -> peak RSS."""
+  """Worker process for MODEL:SHAPE:FRAMEWORK: builds that framework's step, then serves it
+  (torch_reference_step.serve_steps)."""
   name, shape, framework = spec.split(":")
   b, t = (int(x) for x in shape.split("x"))
-  out = sys.__stdout__
   if framework == "torch":
     import torch
 
     torch.set_num_threads(os.cpu_count())
-    runner = TorchStep(name, b, t)
+    runner = TorchStep(
+      model_folder(name), b, t, make_batch=make_batch, critic="ppo" in FLAGS.steps, layout=FLAGS.layout
+    )
   else:
     runner = JaxStep(name, b, t, framework.split("+", 1)[1] if "+" in framework else "")
-  rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  first = {}
-  for step in FLAGS.steps:
-    t0 = time.perf_counter()
-    first[step] = {**runner.run(step), "compile_s": time.perf_counter() - t0}
-  print(json.dumps({"ready": True, "first": first, "rss_loaded": rss_loaded}), file=out, flush=True)
-  for line in sys.stdin:
-    cmd = line.split()
-    if not cmd or cmd[0] == "quit":
-      break
-    if cmd[0] == "mem":
-      reply = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    else:
-      c0, t0 = os.times(), time.perf_counter()
-      reply = runner.run(cmd[1])
-      c1 = os.times()
-      reply.update(wall=time.perf_counter() - t0, cpu=(c1.user - c0.user) + (c1.system - c0.system))
-    print(json.dumps(reply), file=out, flush=True)
+  serve_steps(runner, FLAGS.steps)
 
 
-class Worker(WorkerProcess):
-  """Parent-side handle of a `serve` subprocess for MODEL:SHAPE:FRAMEWORK; `ready` = its READY reply."""
-
-  def __init__(self, spec: str, steps: list[str]):
-    cmd = [
-      sys.executable,
-      os.path.abspath(__file__),
-      f"--serve={spec}",
-      f"--steps={','.join(steps)}",
-      f"--layout={FLAGS.layout}",
-      f"--num_layers={FLAGS.num_layers}",
-      f"--work_dir={FLAGS.work_dir}",
-    ]
-    super().__init__(cmd, label=spec, env=worker_env(spec.rsplit(":", 1)[1]))
-    self.ready = self.first
+def start_worker(spec: str, steps: list[str]) -> Worker:
+  """A worker process of this script for MODEL:SHAPE:FRAMEWORK timing `steps` (this run's
+  layout, layers and work folder; a `jax+...xla<name>` framework's XLA flags)."""
+  flags_ = [f"--layout={FLAGS.layout}", f"--num_layers={FLAGS.num_layers}", f"--work_dir={FLAGS.work_dir}"]
+  return Worker(os.path.abspath(__file__), spec, steps, flags_, env=worker_env(spec.rsplit(":", 1)[1]))
 
 
 # ---------------------------------------------------------------- the comparison
@@ -440,7 +343,7 @@ def compare(matmul_rate: float, on_shape=None) -> list[dict]:
           try:
             for fw in group:
               t0 = time.perf_counter()
-              live[fw] = workers[fw, s] = Worker(f"{name}:{shape}:{fw}", [s])
+              live[fw] = workers[fw, s] = start_worker(f"{name}:{shape}:{fw}", [s])
               print(
                 f"{name} {shape} {s} {fw}: ready in {time.perf_counter() - t0:.0f} s "
                 f"(first step {json.dumps(live[fw].ready['first'])})",
