@@ -1,0 +1,486 @@
+"""A run's programs as abstract values, compiled and measured (the compile half of rl/aot.py).
+
+    run = abstract_run(config, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
+    rows = compile_rows(run, ("prepare", "train_step"), chips)   # one row per program, bytes a chip
+
+Every array is a `jax.ShapeDtypeStruct` carrying its sharding on the topology's devices; nothing
+is allocated and nothing runs. A program XLA refuses for lack of HBM is a row that does not fit
+(`oom_row`), not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+GIB = 1024**3
+
+
+# ---------------------------------------------------------------- abstract values
+def with_shardings(tree, shardings):
+  """Abstract ShapeDtypeStructs of `tree` carrying `shardings` (a prefix tree of Shardings)."""
+  import jax
+
+  def leaf(sh, sub):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), sub)
+
+  return jax.tree.map(leaf, shardings, tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
+def named(mesh, specs):
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def abstract_model(cls, cfg, mesh, rules):
+  """(graphdef, abstract params with their shardings, rest, partition specs) of `cls(cfg)`."""
+  from flax import nnx
+
+  from agentfly_jax.models import partition_specs
+
+  graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+  specs = partition_specs(params, mesh, rules)
+  return graphdef, with_shardings(params, named(mesh, specs)), rest, specs
+
+
+def _sds(shape, dtype, sharding):
+  import jax
+
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractRun:
+  """What a run's programs take, as abstract values on a topology's meshes: the model config, the
+  meshes, the policy's halves (params abstract, with shardings), the critic's params (PPO; else
+  None), the loss, the `PolicyUpdate` the trainer would build, its abstract TrainState, the
+  sampler's params (on the sampler sub-mesh when there is one), and the parameter counts."""
+
+  config: Any  # the run's ml_collections config
+  cfg: Any  # models.ModelConfig
+  mesh: Any
+  sampler_mesh: Any
+  rules: Any
+  seq_len: int  # tokens per training row
+  critic: bool
+  graphdef: Any
+  params: Any
+  rest: Any
+  specs: Any
+  critic_params: Any
+  loss_cfg: Any
+  update: Any  # rl.update.PolicyUpdate
+  state: Any
+  sampler_params: Any
+  num_params: int
+  layer_params: int  # params of one decoder layer
+
+  @property
+  def fsdp(self) -> int:
+    return self.mesh.shape["fsdp"]
+
+
+def _parameter_counts(params, num_layers: int) -> tuple[int, int]:
+  """(all params, one decoder layer's: the stacked layers' per-layer size, else all / layers)."""
+  import numpy as np
+  from flax import nnx
+
+  from agentfly_jax.models.layer_stack import is_stacked_path
+
+  flat = [v for _, v in nnx.to_flat_state(params)]
+  num_params = sum(int(np.prod(v.shape)) for v in flat)
+  layer_params = (
+    sum(int(np.prod(v.shape[1:])) for path, v in nnx.to_flat_state(params) if is_stacked_path(path))
+    or num_params // num_layers
+  )
+  return num_params, layer_params
+
+
+def _abstract_update(config, cfg, mesh, rules, critic: bool) -> dict:
+  """The policy (+ critic) abstract halves, the loss, the abstract TrainState and the
+  `PolicyUpdate` the trainer builds from them, as AbstractRun's fields."""
+  import jax
+
+  from agentfly_jax.models import CausalLM, Critic
+  from agentfly_jax.rl import programs as run_programs
+  from agentfly_jax.rl.config import ALGORITHMS
+  from agentfly_jax.rl.core.train_state import create_train_state
+  from agentfly_jax.rl.update import ModelParts, PolicyUpdate
+
+  graphdef, params, rest, specs = abstract_model(CausalLM, cfg, mesh, rules)
+  critic_graphdef = critic_params = critic_rest = critic_specs = None
+  if critic:
+    critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules)
+  loss_cfg = run_programs.loss_config(config)
+  optimizer, critic_optimizer = run_programs.policy_optimizers(config)
+  state_sh = run_programs.train_state_sharding(
+    params, critic_params, optimizer, critic_optimizer, mesh, specs, critic_specs
+  )
+  state = with_shardings(
+    jax.eval_shape(
+      lambda p, cp: create_train_state(p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer),
+      params,
+      critic_params,
+    ),
+    state_sh,
+  )
+  update = PolicyUpdate(
+    ModelParts(graphdef, rest, optimizer, critic_graphdef, critic_rest, critic_optimizer),
+    config,
+    loss_cfg,
+    ALGORITHMS[config.algo]["estimator"],
+    mesh,
+    state_sh,
+  )
+  return dict(
+    graphdef=graphdef,
+    params=params,
+    rest=rest,
+    specs=specs,
+    critic_params=critic_params,
+    loss_cfg=loss_cfg,
+    update=update,
+    state=state,
+  )
+
+
+def abstract_run(config, cfg, devices, seq_len: int) -> AbstractRun:
+  """The run's abstract values on `devices` (its training mesh and sampler sub-mesh as the
+  trainer makes them), rows of `seq_len` tokens."""
+  from agentfly_jax.models import CausalLM
+  from agentfly_jax.rl.config import ALGORITHMS
+  from agentfly_jax.rl.setup import training_and_sampler_meshes
+
+  mesh, sampler_mesh = training_and_sampler_meshes(config, devices)
+  rules = config.mesh.get("rules")
+  critic = ALGORITHMS[config.algo]["critic"]
+  parts = _abstract_update(config, cfg, mesh, rules, critic)
+  num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers)
+  sampler_params = parts["params"]
+  if sampler_mesh is not None:
+    sampler_params = abstract_model(CausalLM, cfg, sampler_mesh, rules)[1]
+  return AbstractRun(
+    config=config,
+    cfg=cfg,
+    mesh=mesh,
+    sampler_mesh=sampler_mesh,
+    rules=rules,
+    seq_len=seq_len,
+    critic=critic,
+    sampler_params=sampler_params,
+    num_params=num_params,
+    layer_params=layer_params,
+    **parts,
+  )
+
+
+# ---------------------------------------------------------------- compile + measure
+_XLA_OOM = re.compile(
+  r"memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
+  r"\(([\d.]+)([KMGT])\)"
+)
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes one device holds of the abstract arrays in `tree` (ShapeDtypeStructs with shardings)."""
+  import jax
+  import numpy as np
+
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = getattr(leaf, "shape", None)
+    if shape is None or not hasattr(leaf, "dtype"):
+      continue
+    sharding = getattr(leaf, "sharding", None)
+    local = sharding.shard_shape(tuple(shape)) if sharding is not None else tuple(shape)
+    total += int(np.prod(local, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def oom_row(name: str, message: str, argument_bytes: int, seconds: float) -> dict | None:
+  """The row of a program XLA refused to compile for lack of HBM ("memory required for HLO
+  temporaries (19.03G) exceeds available HBM (15.75G)"): its temporaries as XLA counted them +
+  the arguments, not fitting; None when `message` is another error."""
+  m = _XLA_OOM.search(message)
+  if m is None:
+    return None
+  unit = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024 * GIB}
+  temps = int(float(m.group(1)) * unit[m.group(2)])
+  row = {
+    "program": name,
+    "compile_s": round(seconds, 2),
+    "argument_bytes": int(argument_bytes),
+    "output_bytes": 0,
+    "alias_bytes": 0,
+    "temp_bytes": temps,
+    "flops": None,
+    "xla_refused": True,
+    "peak_bytes": int(argument_bytes) + temps,
+  }
+  print(
+    f"  {name}: XLA refused to compile: temporaries {temps / GIB:.2f} GiB + arguments "
+    f"{argument_bytes / GIB:.2f} GiB a chip > {m.group(3)}{m.group(4)} of HBM",
+    flush=True,
+  )
+  return row
+
+
+def compile_program(name: str, jitted, *args, **kwargs) -> dict:
+  t0 = time.perf_counter()
+  lowered = jitted.lower(*args, **kwargs)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 -- XLA's own out-of-memory is a result (does not fit), others raise
+    row = oom_row(name, str(e), per_device_bytes(args), time.perf_counter() - t0)
+    if row is None:
+      raise
+    return row
+  seconds = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  row = {
+    "program": name,
+    "compile_s": round(seconds, 2),
+    "argument_bytes": int(mem.argument_size_in_bytes),
+    "output_bytes": int(mem.output_size_in_bytes),
+    "alias_bytes": int(mem.alias_size_in_bytes),
+    "temp_bytes": int(mem.temp_size_in_bytes),
+    "flops": None if cost is None else float(cost.get("flops", 0.0)),
+  }  # None: a deviceless GPU
+  row["peak_bytes"] = row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+  print(
+    f"  {name}: compiled in {seconds:.1f} s, peak {row['peak_bytes'] / GIB:.2f} GiB a chip "
+    f"(temp {row['temp_bytes'] / GIB:.2f}), "
+    + ("no XLA FLOPs (GPU)" if row["flops"] is None else f"{row['flops'] / 1e12:.3f} TFLOP a chip"),
+    flush=True,
+  )
+  return row
+
+
+def model_flops(cfg, tokens: int, seq_len: int, *, backward: bool, remat: bool, critic: bool) -> float:
+  """Model FLOPs of `tokens` tokens (rows of `seq_len`): 2 (forward) or 6 (+ backward) x the matmul
+  params x tokens + causal attention, + one more forward of the layers with remat "full", + the
+  critic's trunk (PPO). XLA's cost_analysis counts a loop body once (the scanned layers, the
+  micro-batch accumulation), so this is the step's count."""
+  d, q = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+  kv = cfg.num_key_value_heads * cfg.head_dim
+  layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size
+  attn = 2 * 2 * q * seq_len / 2  # q k^T and p v, causal half, per token per layer (forward)
+  per_token_fwd = cfg.num_hidden_layers * (2 * layer + attn)
+  total = (3 if backward else 1) * (per_token_fwd + 2 * cfg.vocab_size * d) * tokens
+  if backward and remat:
+    total += per_token_fwd * tokens
+  if critic:
+    total += (3 if backward else 1) * per_token_fwd * tokens + (per_token_fwd * tokens if backward and remat else 0)
+  return float(total)
+
+
+def train_step_floor(
+  cfg, num_params: int, layer_params: int, micro_rows: int, seq_len: int, chips: int, fsdp: int, critic: bool
+) -> int:
+  """Hand-computed floor of a train step a chip: sharded params + grads + Adam moments (all in
+  param dtype / float32), one layer's weights gathered in the compute dtype, and with remat the
+  inputs of every layer of one micro-batch (its rows split over fsdp); x2 with a critic."""
+  import numpy as np
+
+  pb, cb = np.dtype(cfg.params_dtype).itemsize, np.dtype(cfg.compute_dtype).itemsize
+  state = num_params * (2 * pb + 8) / chips
+  gathered = layer_params * cb
+  acts = cfg.num_hidden_layers * -(-micro_rows // fsdp) * seq_len * cfg.hidden_size * cb
+  return int((state + gathered + acts) * (2 if critic else 1))
+
+
+def _remat_on(cfg) -> bool:
+  return cfg.remat not in (False, "none", "")
+
+
+# ---------------------------------------------------------------- one function per program
+def rollout_arrays(run: AbstractRun) -> tuple[int, dict]:
+  """(rows, the rollout's padded arrays as `prepare` takes them): rows_per_step x num_chains rows
+  rounded up to a multiple of fsdp, [rows, seq_len] (rewards, group_ids: [rows]), split over fsdp."""
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  r, seq_len = run.config.rollout, run.seq_len
+  rows_sh = NamedSharding(run.mesh, P("fsdp"))
+  n_rows = -(-r.rows_per_step * r.num_chains // run.fsdp) * run.fsdp
+  arrays = {
+    "input_ids": _sds((n_rows, seq_len), jnp.int32, rows_sh),
+    "target_ids": _sds((n_rows, seq_len), jnp.int32, rows_sh),
+    "attention_mask": _sds((n_rows, seq_len), jnp.bool_, rows_sh),
+    "action_mask": _sds((n_rows, seq_len), jnp.bool_, rows_sh),
+    "sampler_logprobs": _sds((n_rows, seq_len), jnp.float32, rows_sh),
+    "rewards": _sds((n_rows,), jnp.float32, rows_sh),
+    "group_ids": _sds((n_rows,), jnp.int32, rows_sh),
+  }
+  return n_rows, arrays
+
+
+def _reference_params(run: AbstractRun):
+  """The KL reference's params (the policy's shapes) when the loss has a KL term, else None."""
+  return run.params if run.config.loss.kl_coef > 0 else None
+
+
+def compile_prepare(run: AbstractRun, chips: int) -> dict:
+  """The `prepare` row: old (+ reference) log-probs, values, advantages over the rollout batch."""
+  n_rows, arrays = rollout_arrays(run)
+  ref = _reference_params(run)
+  row = compile_program("prepare", run.update.prepare, run.params, ref, run.critic_params, arrays)
+  row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows"
+  row["model_flops"] = (
+    model_flops(run.cfg, n_rows * run.seq_len, run.seq_len, backward=False, remat=False, critic=run.critic)
+    * (2 if ref is not None else 1)
+    / chips
+  )
+  return row
+
+
+def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) -> int:
+  """rl/memory_plan.py's estimate of the train step's bytes a chip (its `per_chip_jax_parts` total)."""
+  from agentfly_jax.rl import memory_plan
+
+  cfg = run.cfg
+  shape = memory_plan.ModelShape(
+    num_params=run.num_params,
+    num_layers=cfg.num_hidden_layers,
+    hidden_size=cfg.hidden_size,
+    num_heads=cfg.num_attention_heads,
+    num_kv_heads=cfg.num_key_value_heads,
+    head_dim=cfg.head_dim,
+    vocab_size=cfg.vocab_size,
+    layer_params=run.layer_params,
+  )
+  sizes = memory_plan.RunSizes(
+    scan_layers=cfg.scan_layers,
+    micro_batch=micro_rows,
+    seq_len=run.seq_len,
+    logits_chunk=run.config.train.logits_chunk,
+    attention_chunk=cfg.attention_chunk,
+    remat=_remat_on(cfg),
+    compute_dtype=cfg.dtype,
+    param_dtype=cfg.param_dtype,
+    reference_copy=False,
+    critic=run.critic,
+  )
+  return memory_plan.per_chip_jax_parts(shape, sizes, fsdp=run.fsdp, tp=run.mesh.shape["tp"], micro_batches=num_micro)[
+    "total"
+  ]
+
+
+def compile_train_step(run: AbstractRun, chips: int) -> dict:
+  """The `train_step` row: the policy step (+ the critic's) on one minibatch of micro-batches
+  [num_micro, micro_rows, seq_len] of what `prepare` makes (+ segment_ids, positions when packed)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  _, arrays = rollout_arrays(run)
+  update, seq_len = run.update, run.seq_len
+  batch_out, _ = jax.eval_shape(update.prepare, run.params, _reference_params(run), run.critic_params, arrays)
+  micro_rows, num_micro = update.minibatch_layout()
+  packed = run.config.train.get("pack_sequences", False)
+  keys = tuple(batch_out) + (("segment_ids", "positions") if packed else ())
+  dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
+  batch_sh = NamedSharding(run.mesh, P(None, "fsdp"))
+  batch = {k: _sds((num_micro, micro_rows, seq_len), dtypes[k], batch_sh) for k in keys}
+  # the models' non-trained state goes in as the step's third argument (LoRA: the frozen base)
+  row = compile_program("train_step", update.step_program(keys), run.state, batch, update.frozen)
+  row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}"
+  tokens = num_micro * micro_rows * seq_len
+  row["model_flops"] = (
+    model_flops(run.cfg, tokens, seq_len, backward=True, remat=_remat_on(run.cfg), critic=run.critic) / chips
+  )
+  row["floor_bytes"] = train_step_floor(
+    run.cfg, run.num_params, run.layer_params, micro_rows, seq_len, chips, run.fsdp, run.critic
+  )
+  row["memory_plan_bytes"] = train_step_memory_plan(run, micro_rows, num_micro)
+  return row
+
+
+def compile_sft_step(run: AbstractRun, chips: int) -> dict:
+  """The `sft_step` row: the SFT warm-start step on [num_micro, micro_rows, seq_len] micro-batches."""
+  import jax
+  import jax.numpy as jnp
+
+  from agentfly_jax.rl import programs as run_programs
+  from agentfly_jax.rl.batching import micro_batch_layout
+  from agentfly_jax.rl.core.train_state import create_train_state
+
+  c, params = run.config, run.params
+  sft_opt = run_programs.sft_optimizer(c)
+  sft_sh = run_programs.train_state_sharding(params, None, sft_opt, None, run.mesh, run.specs, None)
+  sft_state = with_shardings(jax.eval_shape(lambda p: create_train_state(p, sft_opt), params), sft_sh)
+  step, sft_batch_sh = run_programs.sft_step_program(
+    run.graphdef, run.rest, sft_opt, run.loss_cfg, run.mesh, run.rules, sft_sh, frozen=run.rest
+  )
+  micro_rows, num_micro = micro_batch_layout(c.sft.rows_per_step, c.train.micro_batch_size, run.fsdp)
+  sft_batch = {
+    k: _sds((num_micro, micro_rows, run.seq_len), jnp.int32 if k.endswith("ids") else jnp.bool_, sh)
+    for k, sh in sft_batch_sh.items()
+  }
+  return compile_program("sft_step", step, sft_state, sft_batch, run.rest)
+
+
+def compile_sampler(run: AbstractRun, chips: int) -> dict:
+  """The `sampler` row: the JAX sampler's prefill + decode loop at the rollout batch, replicated
+  on the sampler sub-mesh (else the training mesh)."""
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from agentfly_jax.models.sharding import resolve_rules
+  from agentfly_jax.sampling.jax_sampler import _generate_rows
+
+  r = run.config.rollout
+  smesh = run.sampler_mesh or run.mesh
+  rep = NamedSharding(smesh, P())
+  b, p_len, n_new = r.max_batch_size, r.max_total_tokens, r.max_tokens_per_turn
+  activation = None if smesh.size <= 1 else (smesh, tuple(sorted(resolve_rules(run.rules).items())))
+  args = (
+    _sds((b, p_len), jnp.int32, rep),
+    _sds((b,), jnp.int32, rep),
+    _sds((b,), jnp.float32, rep),
+    _sds((b,), jnp.int32, rep),
+    _sds((b,), jnp.float32, rep),
+    _sds((b,), jnp.int32, rep),
+    _sds((b, 8), jnp.int32, rep),
+    _sds((b,), jnp.uint32, rep),
+  )
+  row = compile_program(
+    "sampler",
+    _generate_rows,
+    run.graphdef,
+    run.sampler_params,
+    run.rest,
+    *args,
+    num_new_bucket=n_new,
+    activation=activation,
+  )
+  row["micro_batch"] = f"{b} rows, prompt {p_len} + {n_new} new"
+  return row
+
+
+def compile_weight_sync(run: AbstractRun, chips: int) -> dict:
+  """The `weight_sync` row: the copy of the params from the trainer's shardings to the sampler's."""
+  import jax
+
+  target = jax.tree.map(lambda x: x.sharding, run.sampler_params)
+  return compile_program("weight_sync", jax.jit(lambda x: x, out_shardings=target), run.params)
+
+
+COMPILERS = {
+  "prepare": compile_prepare,
+  "train_step": compile_train_step,
+  "sft_step": compile_sft_step,
+  "sampler": compile_sampler,
+  "weight_sync": compile_weight_sync,
+}
+
+
+def compile_rows(run: AbstractRun, programs, chips: int) -> list[dict]:
+  """One row per program in `programs`, compiled in COMPILERS' order (the report's)."""
+  return [compile_one(run, chips) for name, compile_one in COMPILERS.items() if name in programs]
