@@ -26,28 +26,87 @@ from agentfly_jax.rl.compile_cache import enable_compile_cache  # noqa: E402
 
 enable_compile_cache("auto")
 
+# One folder per test session, shared by this process and pytest-xdist's workers (they inherit the
+# variable): what one session computes once for all of them (the 8-device checks' results).
+if "AGENTFLY_TEST_SESSION_DIR" not in os.environ:
+  _session_dir = tempfile.mkdtemp(prefix="agentfly-test-session-")
+  os.environ["AGENTFLY_TEST_SESSION_DIR"] = _session_dir
+  atexit.register(shutil.rmtree, _session_dir, ignore_errors=True)
+
 
 def pytest_collection_modifyitems(items):
   """tests/multidevice/* (several processes) and every `eight_devices` check get the
-  `multidevice` marker, so `-m "not multidevice"` skips them all."""
+  `multidevice` marker, so `-m "not multidevice"` skips them all.
+
+  The files are ordered for `-n N` (pytest-xdist `--dist loadfile`, which sends whole files in
+  this order): the first file with an 8-device check (its worker runs the one 8-device child
+  process), then files with slow tests, most first, then the rest, and last the other files with
+  8-device checks (they read the child's results, written by then). Long units start first and
+  short ones fill in at the end. A file's own order is kept."""
   for item in items:
     if "multidevice" in item.path.parts or item.get_closest_marker("eight_devices"):
       item.add_marker(pytest.mark.multidevice)
+  file_of = {item: item.nodeid.split("::")[0] for item in items}
+  first_seen, slow_tests, eight_device_files = {}, {}, []
+  for i, item in enumerate(items):
+    f = file_of[item]
+    first_seen.setdefault(f, i)
+    slow_tests[f] = slow_tests.get(f, 0) + bool(item.get_closest_marker("slow"))
+    if item.get_closest_marker("eight_devices") and f not in eight_device_files:
+      eight_device_files.append(f)
+
+  def file_rank(f):
+    if eight_device_files and f == eight_device_files[0]:
+      return (0, 0, first_seen[f])
+    if f in eight_device_files:
+      return (3, 0, first_seen[f])
+    return (1 if slow_tests[f] else 2, -slow_tests[f], first_seen[f])
+
+  items.sort(key=lambda item: file_rank(file_of[item]))
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per core, at most one per 6 GiB of memory (a worker may hold a vLLM
+  engine and a training run's programs), at most 4."""
+  cores = len(os.sched_getaffinity(0))
+  try:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+  except (ValueError, OSError):
+    mem_gib = 6 * cores
+  return max(1, min(cores, int(mem_gib // 6), 4))
 
 
 @pytest.fixture(scope="session")
 def _eight_device_results(request):
   """{check name: result} of every `eight_devices(NAME)` check the session selected, run together
-  in ONE child process with 8 forced CPU devices (tests/eight_device_checks.py), on first use."""
+  in ONE child process with 8 forced CPU devices (tests/eight_device_checks.py), on first use; with
+  pytest-xdist, the first worker to ask runs it and the others read its results (a file lock)."""
+  import fcntl
   import json
-  import subprocess
-  import sys
 
   names = []
   for item in request.session.items:
     marker = item.get_closest_marker("eight_devices")
     if marker and marker.args[0] not in names:
       names.append(marker.args[0])
+  session_dir = os.environ["AGENTFLY_TEST_SESSION_DIR"]
+  path = os.path.join(session_dir, "eight_device_results.json")
+  with open(path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(path):
+      results = _run_eight_device_checks(names)
+      with open(path + ".tmp", "w") as f:
+        json.dump(results, f)
+      os.replace(path + ".tmp", path)
+    with open(path) as f:
+      return json.load(f)
+
+
+def _run_eight_device_checks(names: list) -> dict:
+  import json
+  import subprocess
+  import sys
+
   tests_dir = os.path.dirname(os.path.abspath(__file__))
   env = dict(
     os.environ,
