@@ -24,10 +24,10 @@ EXPECTED = {
   "q_proj/bias": P("tp"),
   "k_proj/bias": P("tp"),
   "v_proj/bias": P("tp"),
-  "o_proj/kernel": P("tp", "fsdp"),
+  "o_proj/kernel": P(("tp", "fsdp"), None),
   "gate_proj/kernel": P("fsdp", "tp"),
   "up_proj/kernel": P("fsdp", "tp"),
-  "down_proj/kernel": P("tp", "fsdp"),
+  "down_proj/kernel": P(("tp", "fsdp"), None),
   "lm_head/kernel": P("fsdp", "tp"),
   "score/kernel": P("fsdp", None),
   "score/bias": P(None),
@@ -54,7 +54,10 @@ def check_param_shardings(model, mesh, label):
     assert got == want_t, (label, path, got, want_t)
     assert arr.sharding.mesh.shape == mesh.shape, (label, path)
     shard_shape = arr.addressable_shards[0].data.shape
-    expect_shape = tuple(d // (mesh.shape[a] if a else 1) for d, a in zip(arr.shape, want_t))
+    split = lambda a: (
+      1 if a is None else mesh.shape[a] if isinstance(a, str) else int(np.prod([mesh.shape[x] for x in a]))
+    )  # noqa: E731
+    expect_shape = tuple(d // split(a) for d, a in zip(arr.shape, want_t))
     assert shard_shape == expect_shape, (label, path, shard_shape, expect_shape)
     n_split += shard_shape != arr.shape
   assert n_split > 10, (label, n_split)

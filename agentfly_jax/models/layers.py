@@ -308,7 +308,7 @@ class Attention(nnx.Module):
     self.k_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
     self.v_proj = linear(cfg, d, self.num_kv_heads * hd, cfg.qkv_bias, rngs, axes=("embed", "kv_heads"))
     self.o_proj = linear(
-      cfg, self.num_heads * hd, d, cfg.o_bias, rngs, axes=("q_heads", "embed"), bias_axis="embed_vector"
+      cfg, self.num_heads * hd, d, cfg.o_bias, rngs, axes=("q_heads_in", "embed_out"), bias_axis="embed_vector"
     )
     if cfg.qk_norm:
       norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype, axis="head_dim")
@@ -433,7 +433,7 @@ class MLP(nnx.Module):
     self.fuse_projections = cfg.fuse_projections
     self.gate_proj = linear(cfg, d, i, cfg.mlp_bias, rngs, axes=("embed", "mlp"))
     self.up_proj = linear(cfg, d, i, cfg.mlp_bias, rngs, axes=("embed", "mlp"))
-    self.down_proj = linear(cfg, i, d, cfg.mlp_bias, rngs, axes=("mlp", "embed"), bias_axis="embed_vector")
+    self.down_proj = linear(cfg, i, d, cfg.mlp_bias, rngs, axes=("mlp_in", "embed_out"), bias_axis="embed_vector")
 
   def __call__(self, x):
     gate, up = project(x, (self.gate_proj, self.up_proj), self.fuse_projections)

@@ -135,7 +135,7 @@ def test_scanned_params_carry_the_layers_axis():
   _, scanned = _pair("qwen2_biases_tied", seed=1)
   specs = dict(nnx.to_flat_state(partition_specs(scanned)))
   assert specs[("model", "layers", "self_attn", "q_proj", "kernel")] == P(None, "fsdp", "tp")
-  assert specs[("model", "layers", "mlp", "down_proj", "kernel")] == P(None, "tp", "fsdp")
+  assert specs[("model", "layers", "mlp", "down_proj", "kernel")] == P(None, ("tp", "fsdp"), None)
   assert specs[("model", "layers", "input_layernorm", "scale")] == P(None, None)
   assert specs[("model", "embed_tokens", "embedding")] == P("tp", "fsdp")
 

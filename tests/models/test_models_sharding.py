@@ -20,6 +20,7 @@ from agentfly_jax.models import (
   spec_for_axes,
   tiny_config,
 )
+from agentfly_jax.models.sharding import logical_axes
 
 
 class FakeMesh:
@@ -36,8 +37,8 @@ def _path_rule(names) -> tuple:
     return (None,)
   if owner in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"):
     return ("fsdp", "tp") if leaf == "kernel" else ("tp",)
-  if owner in ("o_proj", "down_proj"):
-    return ("tp", "fsdp") if leaf == "kernel" else (None,)
+  if owner in ("o_proj", "down_proj"):  # FSDP on the first dim beside tp: the last dim (D) stays whole
+    return (("tp", "fsdp"), None) if leaf == "kernel" else (None,)
   if owner == "score":
     return ("fsdp", None) if leaf == "kernel" else (None,)
   raise KeyError("/".join(names))
@@ -45,6 +46,11 @@ def _path_rule(names) -> tuple:
 
 def _old_spec(names, shape, mesh) -> P:
   rule = _path_rule(names)
+  if rule[0] == ("tp", "fsdp"):  # row-parallel kernels: tp x fsdp on the first dim when it divides,
+    tp, fsdp = mesh.shape["tp"], mesh.shape["fsdp"]  # else what of it does, and fsdp on the last dim
+    if shape[0] % (tp * fsdp) == 0:
+      return P(("tp", "fsdp"), None)
+    return P("tp" if shape[0] % tp == 0 else None, "fsdp" if shape[1] % fsdp == 0 else None)
   return P(*(ax if ax is None or dim % mesh.shape[ax] == 0 else None for ax, dim in zip(rule, shape)))
 
 
@@ -86,7 +92,11 @@ def test_rules_from_config_and_dims_the_mesh_does_not_divide():
   assert spec_for_axes(("mlp", "q_heads"), (256, 128), rules, FakeMesh) == P("fsdp", "tp")
   both = {**DEFAULT_RULES, "vocab": ("fsdp", "tp")}
   assert spec_for_axes(("vocab", "embed"), (256, 128), both, FakeMesh) == P(("fsdp", "tp"), None)
-  assert spec_for_axes(("vocab", "embed"), (260, 128), both, FakeMesh) == P(None, "fsdp")
+  # 8 does not divide 260, fsdp (2) does: the dim keeps that prefix of its rule, and embed (fsdp) stays whole
+  assert spec_for_axes(("vocab", "embed"), (260, 128), both, FakeMesh) == P("fsdp", None)
+  assert spec_for_axes(("vocab", "embed"), (255, 128), both, FakeMesh) == P(None, "fsdp")
+  tp_first = {**DEFAULT_RULES, "vocab": ("tp", "fsdp")}
+  assert spec_for_axes(("vocab", "embed"), (260, 128), tp_first, FakeMesh) == P("tp", "fsdp")
 
 
 class Router(nnx.Module):
@@ -135,11 +145,19 @@ def test_unknown_or_missing_logical_names_are_clear_errors():
 def test_decode_layout_copy_keeps_its_names():
   model = CausalLM(tiny_config("qwen3", vocab_size=256, tie_word_embeddings=False), rngs=nnx.Rngs(0))
   before = partition_specs(model, FakeMesh)
+  names_before = {path: logical_axes(var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   set_kernel_layout(model, "out_in")
   after = dict(nnx.to_flat_state(partition_specs(model, FakeMesh)))
+  params_after = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   for path, spec in nnx.to_flat_state(before):
-    want = P(*tuple(spec)[::-1]) if path[-1] == "kernel" else spec
-    assert after[path] == want, path
+    if path[-1] != "kernel":
+      assert after[path] == spec, path
+      continue
+    names = logical_axes(params_after[path])
+    assert names == names_before[path][::-1], path
+    assert after[path] == spec_for_axes(names, params_after[path].shape, None, FakeMesh), path
+    if path[-2] not in ("o_proj", "down_proj"):  # no mesh axis shared between the dims' rules
+      assert after[path] == P(*tuple(spec)[::-1]), path
 
 
 @pytest.mark.eight_devices("sharding")
