@@ -15,8 +15,10 @@ estimates are deliberately simple upper-ish bounds:
   + a compute-dtype copy when it differs + a frozen reference copy (KL) + the critic's params,
   gradients and moments (PPO) + the activations of one micro-batch (per layer 34*s*h + 5*a*s^2
   bytes per row in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept,
-  plus one layer's full set) + the float32 logits of one chunk of tokens (x3: logits,
-  log-softmax, gradient), times `JAX_HEADROOM`. With `attention_chunk` the s^2 scores are not kept
+  plus one layer's full set) + the float32 logits of one chunk of tokens (the log-softmax and its
+  gradient are fused into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip
+  x 256 tokens x 151,936, are 0.5 GiB under a count of three; experiments/results/aot_tpu.md),
+  times `JAX_HEADROOM`. With `attention_chunk` the s^2 scores are not kept
   (only one chunk's, transiently).
 - vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
   + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
@@ -134,7 +136,7 @@ def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
   else:
     parts["activations"] = m.num_layers * full_layer + transient
   chunk = min(r.logits_chunk, s) if r.logits_chunk else s
-  parts["logits"] = 3 * b * chunk * m.vocab_size * 4
+  parts["logits"] = b * chunk * m.vocab_size * 4
   return parts
 
 
