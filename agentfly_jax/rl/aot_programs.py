@@ -465,11 +465,33 @@ def compile_sampler(run: AbstractRun, chips: int) -> dict:
 
 
 def compile_weight_sync(run: AbstractRun, chips: int) -> dict:
-  """The `weight_sync` row: the copy of the params from the trainer's shardings to the sampler's."""
+  """The `weight_sync` row: the copy of the params from the trainer's shardings to the sampler's.
+  On one mesh it is a compiled resharding program; with the sampler on its own devices
+  (config.mesh.sampler_devices) the run moves them with `jax.device_put` (rl/stages.py
+  SamplerWeights), a transfer and no XLA program: the row gives what a trainer chip sends and a
+  sampler chip receives."""
   import jax
 
   target = jax.tree.map(lambda x: x.sharding, run.sampler_params)
-  return compile_program("weight_sync", jax.jit(lambda x: x, out_shardings=target), run.params)
+  if run.sampler_mesh is None or not set(run.sampler_mesh.devices.flat) - set(run.mesh.devices.flat):
+    return compile_program("weight_sync", jax.jit(lambda x: x, out_shardings=target), run.params)
+  sent, received = per_device_bytes(run.params), per_device_bytes(run.sampler_params)
+  print(
+    f"  weight_sync: a device_put between the trainer's and the sampler's devices (no program): "
+    f"{sent / GIB:.2f} GiB sent a trainer chip, {received / GIB:.2f} GiB received a sampler chip",
+    flush=True,
+  )
+  return {
+    "program": "weight_sync",
+    "compile_s": 0.0,
+    "argument_bytes": sent,
+    "output_bytes": received,
+    "alias_bytes": 0,
+    "temp_bytes": 0,
+    "flops": 0.0,
+    "transfer": True,
+    "peak_bytes": max(sent, received),  # on different chips
+  }
 
 
 COMPILERS = {

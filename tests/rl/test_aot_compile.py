@@ -95,6 +95,30 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   assert "| train_step |" in (tmp_path / "grpo.md").read_text()
 
 
+def test_weight_sync_to_a_sampler_on_its_own_chips_is_a_transfer_row(tmp_path):
+  """fsdp 2 for the trainer, the other 2 chips for the sampler: the sync is a device_put across
+  disjoint devices (no XLA program can span them): what a trainer chip sends, a sampler chip receives."""
+  out = tmp_path / "sync"
+  proc = aot(
+    "--config=configs/lookup_grpo.py",
+    "--topology=v5e:2x2",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.sampler_devices=2",
+    "--programs=weight_sync",
+    f"--out={out}",
+    *TINY,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = json.loads((tmp_path / "sync.json").read_text())
+  (row,) = report["rows"]
+  assert row["program"] == "weight_sync" and row["transfer"] and row["fits"], row
+  params_bytes = 4 * report["num_params"]  # float32 params: split over 2 trainer chips, and over 2 sampler chips
+  assert params_bytes / 2 <= row["argument_bytes"] < params_bytes, row
+  assert params_bytes / 2 <= row["output_bytes"] < params_bytes, row
+  assert row["peak_bytes"] == max(row["argument_bytes"], row["output_bytes"])
+  assert "a device_put between the trainer's and the sampler's devices" in proc.stdout
+
+
 @pytest.mark.slow
 def test_ppo_step_with_critic_that_cannot_fit_names_program_and_gib(tmp_path):
   out = tmp_path / "ppo"
