@@ -18,5 +18,7 @@ def get_config():
   c = config_beside(__file__, "smollm2_multihop_sft_grpo.py")
   c.name = "smollm2_multihop_2hop_sft_grpo"
   c.task = "multihop_qa_brief_2hop"
+  # at 0.4 (the mixed rows' value) 1 of 16 chains retrieved at T=1 after SFT, then 0: no reward, no gradient
+  c.sft.tool_use_prob = 0.7
   c.train.steps = 16
   return c
