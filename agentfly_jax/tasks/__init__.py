@@ -19,6 +19,7 @@ _TASKS = {
   "arithmetic_brief": "agentfly_jax.tasks.arithmetic_brief",
   "swe": "agentfly_jax.tasks.swe",
   "multihop_qa_brief": "agentfly_jax.tasks.multihop_qa_brief",
+  "multihop_qa_brief_2hop": "agentfly_jax.tasks.multihop_qa_brief_2hop",
   "webshop_brief": "agentfly_jax.tasks.webshop_brief",
 }
 

@@ -13,10 +13,16 @@ negative advantage would otherwise push down the answer call that ends the retri
 (measured: a run whose guesses were `answer` calls went to retrieve-loops without answering).
 So SFT teaches the call format, the copying of names from passages and the answer call, and
 leaves the decision to retrieve partly off for RL (configs/smollm2_multihop_sft_grpo.py).
+
+`make_two_hop_rows` draws the training rows of the 2-hop kinds only (task `multihop_qa_brief_2hop`,
+tasks/multihop_qa_brief_2hop.py): the held-out split is 2-hop only, and on the mixed rows GRPO's
+sampled reward came from the 1-hop questions (38 % of them), where one retrieval then an answer
+is right (measured: the policy settled on that shortcut; experiments/results/smollm2_multihop/).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -25,7 +31,9 @@ from agentfly_jax.tasks.multihop_qa import (
   REWARD,
   SYSTEM_PROMPT,
   TOOLS,
+  _sample,
   _train_rows_by_question,  # noqa: F401
+  knowledge_base,
   make_eval_rows,
   make_rows,
   no_retrieval_answer,
@@ -37,6 +45,18 @@ from agentfly_jax.tasks.multihop_qa import (
 TOOL_FORMAT = "brief"
 RETRIEVE_K = 1
 GUESS_PREFIX = "Answer: "
+TWO_HOP_TYPES = ("2-hop-bridge", "2-hop-comparison")
+
+
+@functools.lru_cache(maxsize=1)
+def _two_hop_train_rows() -> tuple[dict, ...]:
+  return tuple(r for r in knowledge_base().questions["train"] if r["type"] in TWO_HOP_TYPES)
+
+
+def make_two_hop_rows(n: int, seed: int) -> list[dict]:
+  """n training rows of the 2-hop kinds (`TWO_HOP_TYPES`) only, drawn with `seed` (the training
+  split's 1-hop questions left out; the entities are still the training split's)."""
+  return _sample(_two_hop_train_rows(), n, seed)
 
 
 def _retrieve(query: str) -> str:

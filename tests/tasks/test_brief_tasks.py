@@ -12,7 +12,8 @@ from agentfly_jax.agents import load_tokenizer, run_rollout
 from agentfly_jax.agents.trajectory import pad_batch
 from agentfly_jax.rl.sft import ScriptedPolicySampler, sft_loss_mask
 from agentfly_jax.sampling.protocol import SamplingParams
-from agentfly_jax.tasks import get_task, multihop_qa, multihop_qa_brief, webshop_brief
+from agentfly_jax.tasks import get_task, multihop_qa, multihop_qa_brief, multihop_qa_brief_2hop, webshop_brief
+from agentfly_jax.tasks.contract import task_spec
 from envservers.envs.webshop import Shop, WebShopEnv, webshop_reward
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,6 +44,22 @@ def _demo_rollout(tok, task, rows, use_tool, max_turns, max_total_tokens=1024):
 def test_tasks_are_registered():
   assert get_task("multihop_qa_brief") is multihop_qa_brief
   assert get_task("webshop_brief") is webshop_brief
+  assert get_task("multihop_qa_brief_2hop") is multihop_qa_brief_2hop
+
+
+def test_two_hop_task_trains_on_two_hop_rows_only_and_is_otherwise_the_brief_task():
+  train = multihop_qa.knowledge_base().questions["train"]
+  two_hop_questions = {r["question"] for r in train if len(r["hops"]) == 2}
+  assert 0 < len(two_hop_questions) < len({r["question"] for r in train})  # the split has 1-hop rows too
+  spec, brief = task_spec(multihop_qa_brief_2hop), task_spec(multihop_qa_brief)
+  rows = spec.make_rows(400, seed=5)
+  assert all(r["question"] in two_hop_questions for r in rows)
+  assert {r["type"] for r in rows} == set(multihop_qa_brief.TWO_HOP_TYPES)
+  assert rows == spec.make_rows(400, seed=5) and rows != spec.make_rows(400, seed=6)
+  assert {r["type"] for r in brief.make_rows(400, seed=5)} >= {"1-hop"}
+  assert spec.make_eval_rows(24, 0) == brief.make_eval_rows(24, 0)
+  assert (spec.tools, spec.reward, spec.system_prompt) == (brief.tools, brief.reward, brief.system_prompt)
+  assert spec.scripted_response is brief.scripted_response and spec.agent_factory is brief.agent_factory
 
 
 def test_multihop_demo_retrieves_each_hop_and_answers_right(tok):
@@ -154,6 +171,7 @@ def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
   "name, task, tools",
   [
     ("smollm2_multihop_sft_grpo", multihop_qa_brief, ["retrieve", "answer"]),
+    ("smollm2_multihop_2hop_sft_grpo", multihop_qa_brief_2hop, ["retrieve", "answer"]),
     ("smollm2_webshop_sft_grpo", webshop_brief, ["shop"]),
   ],
 )
