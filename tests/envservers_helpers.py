@@ -95,6 +95,15 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
     os.kill(pid, sig)
 
 
+async def process_ended(pid: int) -> bool:
+  """True once `pid` is gone or a zombie (killed, not yet reaped by its parent): a kill has landed."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+  except OSError:
+    return True
+
+
 async def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05):
   with trio.fail_after(timeout_s):
     while True:

@@ -18,6 +18,7 @@ jax_sampler = pytest.importorskip("agentfly_jax.sampling.jax_sampler")
 models = pytest.importorskip("agentfly_jax.models")
 
 
+@pytest.mark.slow
 def test_jax_sampler_rollout_is_token_aligned_with_the_model():
   import jax
   from flax import nnx

@@ -88,6 +88,7 @@ def _rollout_and_check(sampler, smollm2_dir):
   return trajs
 
 
+@pytest.mark.slow
 def test_smollm2_tool_rollout_jax_sampler(smollm2_dir):
   from agentfly_jax.models import from_pretrained
   from agentfly_jax.sampling import JaxSampler

@@ -12,7 +12,14 @@ import trio
 from agentfly_jax.envs.manager import EnvManager
 from envservers.envs.swe import SweEnv, parse_lines
 from tests import swe_testlib
-from envservers_helpers import kill, running_server, sandbox_unavailable_reason, server_stats
+from envservers_helpers import (
+  kill,
+  process_ended,
+  running_server,
+  sandbox_unavailable_reason,
+  server_stats,
+  wait_until,
+)
 
 pytestmark = [
   pytest.mark.timeout(300),
@@ -228,8 +235,10 @@ def test_a_crashed_sandbox_is_an_error_observation_and_is_recycled(server, task_
       env = await _episode(manager, "crash", task_row)
       before = (await server_stats(server.address))["pools"]["swe"]["recycled"]
       kill(env.info["worker_pid"])
+      # the step must come after the death (a step racing the SIGKILL can still be answered)
+      await wait_until(lambda: process_ended(env.info["worker_pid"]), timeout_s=10)
       out = await env.step({"action": "bash", "command": "echo hi"})
-      assert out.info["error"] == "EnvCrashed" and "died" in out.observation, out
+      assert out.info.get("error") == "EnvCrashed" and "died" in out.observation, out
       after = (await server_stats(server.address))["pools"]["swe"]
       assert after["recycled"] == before + 1 and after["crashes"] >= 1
       out = await env.step({"action": "bash", "command": "echo hi"})  # a fresh, empty sandbox

@@ -42,6 +42,7 @@ def _loss_and_grads(chunk, ids, attn, seg, weights, impl="flash"):
   return value, logits, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,chunk", [("flash", 4), ("flash", 64), ("checkpoint", 4)])
 @pytest.mark.parametrize("packed", [False, True])
 def test_chunked_attention_matches_one_square(packed, impl, chunk):
@@ -118,6 +119,7 @@ def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(ref[1]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_flash_attention_bfloat16_tracks_float32():
   """The bf16 compute path (GPU recipe) stays within bf16 rounding of the float32 result."""
   from agentfly_jax.models.flash_attention import flash_causal_attention

@@ -57,6 +57,7 @@ def test_fused_projections_match_separate_values_and_grads(monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
   monkeypatch.setattr(layers, "FUSE_MIN_ROWS", 1)
   plain, fused = _model(False), _model(True)

@@ -77,6 +77,7 @@ def test_merged_model_equals_adapted_and_decode_layout(fuse):
   np.testing.assert_allclose(np.asarray(decode(_ids(3))), np.asarray(out), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradients_equal_autodiff_of_merged_weights():
   m = _model(targets=("q", "v", "o", "up", "down"), fuse=True)
   _randomize_b(m)
@@ -170,6 +171,7 @@ def test_path_pattern_targets_and_validation_errors():
     apply_lora(m, LoRAConfig(rank=2, targets="q"), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_adapters_on_scanned_layers_equal_unrolled_in_logits_and_adapter_gradients():
   """The agreed layout: adapters live in `Linear`, so under `scan_layers` they stack to [L, ...]
   like the kernels; a scanned model holding the unrolled model's stacked weights and adapters

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from agentfly_jax.models import CausalLM, tiny_config
@@ -60,6 +61,7 @@ def _rel_err(got, want) -> float:
   return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+@pytest.mark.slow
 def test_scanned_mixed_precision_equals_unrolled(monkeypatch):
   cfg = tiny_config(
     "qwen2",

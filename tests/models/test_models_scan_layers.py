@@ -65,6 +65,7 @@ def _ids(model, b, t, seed):
   return jax.random.randint(jax.random.key(seed), (b, t), 0, model.config.vocab_size, jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_scanned_equals_unrolled_logits_and_gradients(family):
   unrolled, scanned = _pair(family, seed=len(family), remat="full")
@@ -179,6 +180,7 @@ def test_hf_round_trip_with_scan_layers(tmp_path, critic):
   np.testing.assert_allclose(from_pretrained(tmp_path / "hf", critic=critic)(ids), unrolled(ids), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved_layout", ["unrolled", "scanned"])
 def test_checkpoint_of_either_layout_restores_into_the_other(tmp_path, saved_layout):
   unrolled, scanned = _pair("qwen3_qk_norm_untied", seed=5)

@@ -160,6 +160,7 @@ def test_decode_layout_copy_keeps_its_names():
       assert after[path] == P(*tuple(spec)[::-1]), path
 
 
+@pytest.mark.slow
 @pytest.mark.eight_devices("sharding")
 def test_forward_on_8_fake_devices_matches_single_device(eight_device_check):
   """tests/sharding_check.py, in the session's 8-device child process."""

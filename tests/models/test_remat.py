@@ -38,6 +38,7 @@ def _loss_fn(cfg, remat, ids, targets, weights):
   return loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"])
 def test_policy_gives_the_loss_and_grads_of_no_remat(problem, policy):
   cfg, params, ids, targets, weights, (l0, g0) = problem

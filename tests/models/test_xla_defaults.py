@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agentfly_jax import xla_defaults
 from agentfly_jax.xla_defaults import DEFAULT_XLA_FLAGS, apply_default_xla_flags
 from train_cli import ROOT
@@ -66,6 +68,7 @@ def _temp_bytes(xla_flags: str | None) -> int:
   return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_the_default_reaches_xla():
   default = _temp_bytes(None)  # the library's default added at import
   xla_own = _temp_bytes(f"{FLAG}=true")  # XLA's own scheduler, the user's choice kept

@@ -67,6 +67,7 @@ def test_settings_name_the_folder(tmp_path, monkeypatch):
   assert resolve_compile_cache("rel/cache") == str(tmp_path / "rel" / "cache")
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
   env["JAX_PLATFORMS"] = "cpu"

@@ -81,6 +81,7 @@ def test_pack_rejects_bad_input(batch):
     pack_batch(dict(batch, x=np.zeros(N)))
 
 
+@pytest.mark.slow
 def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   model = CausalLM(_cfg(), rngs=nnx.Rngs(0))
   packed, layout = pack_batch(batch)
@@ -112,6 +113,7 @@ def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   np.testing.assert_allclose(after[row, rest], lp(packed)[row, rest], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "policy,agg",
   [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm"), ("decoupled_ppo", "seq-mean-token-mean")],

@@ -70,6 +70,7 @@ def _ref_logprobs(model, traj, temperature):
   return logits[np.arange(len(traj.token_ids) - 1), traj.token_ids[1:]] - logz
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator,chunk,logits_chunk", [("grpo", 4, 0), ("gae", 3, 5)])
 def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk):
   """logits_chunk 0: plain [chunk, L, V] logits; 5: the chunked log-prob scan (5 does not divide

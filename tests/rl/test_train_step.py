@@ -68,6 +68,7 @@ def _run(cfg, batch, micro, seed=0, steps=1, lr=0.1):
   return state, metrics, (graphdef, params, rest)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   rng = np.random.default_rng(abs(hash(agg)) % 2**31)
@@ -101,6 +102,7 @@ def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   assert abs(float(m_full["actor/pg_loss"]) - float(m_micro["actor/pg_loss"])) < 1.0  # averaged per micro
 
 
+@pytest.mark.slow
 def test_sharded_jit_with_donation_matches_plain_jit():
   rng = np.random.default_rng(7)
   batch = _batch(rng)
@@ -201,6 +203,7 @@ def test_sft_step_chunked_at_action_tokens_equals_plain_logits():
   assert moved > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.eight_devices("train_step")
 def test_train_step_on_8_fake_devices_matches_one_device(eight_device_check):
   """tests/multidevice_train_check.py, in the session's 8-device child process."""

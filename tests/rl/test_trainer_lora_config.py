@@ -59,6 +59,7 @@ def test_trainable_filter_policy_and_critic():
   assert trainable_filter(default_config()) is nnx.Param
 
 
+@pytest.mark.slow
 def test_jax_sampler_syncs_adapters_only_and_decodes_with_them():
   from agentfly_jax.sampling import JaxSampler, SamplingParams
 

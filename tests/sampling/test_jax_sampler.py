@@ -217,6 +217,7 @@ def test_update_weights_rejects_a_different_model(sampler):
     sampler.update_weights(nnx.state(tied, nnx.Param))
 
 
+@pytest.mark.slow
 @pytest.mark.eight_devices("sampler_sharding")
 def test_sharded_params_on_an_8_device_mesh(eight_device_check):
   assert eight_device_check["ok"] and "SHARDED_OK" in eight_device_check["output"], eight_device_check["output"]

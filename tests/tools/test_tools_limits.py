@@ -67,6 +67,7 @@ def _max_starts_in_window(starts, seconds):
   return best
 
 
+@pytest.mark.slow
 def test_cap_and_rate_hold_under_64_chains_and_waits_show_in_metrics():
   probe = _Probe()
   capped = _capped_tool(probe)
