@@ -473,7 +473,7 @@ def compile_weight_sync(run: AbstractRun, chips: int) -> dict:
   import jax
 
   target = jax.tree.map(lambda x: x.sharding, run.sampler_params)
-  if run.sampler_mesh is None or not set(run.sampler_mesh.devices.flat) - set(run.mesh.devices.flat):
+  if run.sampler_mesh is None or set(run.sampler_mesh.devices.flat) == set(run.mesh.devices.flat):
     return compile_program("weight_sync", jax.jit(lambda x: x, out_shardings=target), run.params)
   sent, received = per_device_bytes(run.params), per_device_bytes(run.sampler_params)
   print(
