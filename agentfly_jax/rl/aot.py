@@ -177,6 +177,7 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
     "num_hidden_layers": cfg.num_hidden_layers,
     "scan_layers": cfg.scan_layers,
     "remat": str(cfg.remat),
+    "attention_impl": cfg.attention_impl,
     "dtype": cfg.dtype,
     "param_dtype": cfg.param_dtype,
     "mesh": {
@@ -270,6 +271,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     r["topology"],
     r["scan_layers"],
     r["remat"],  # noqa: E731
+    r.get("attention_impl", "flash"),
     tuple(sorted(x["program"] for x in r["rows"])),
   )
   reports = [r for r in reports if key(r) != key(report)] + [report]
@@ -302,6 +304,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
+    layout += ", pallas attention" if r.get("attention_impl") == "pallas" else ""
     for row in r["rows"]:
       plan = row.get("memory_plan_bytes")
       ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"
