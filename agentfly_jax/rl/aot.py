@@ -159,6 +159,11 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
   except ValueError as e:
     raise BadInput(str(e)) from None
   check_mesh(config, chips, topology)
+  if config.model.get("attention_impl") == "pallas" and aot_gpu.is_gpu(parse_topology(topology)[0]):
+    raise BadInput(
+      f"model.attention_impl='pallas' is the TPU kernel and --topology={topology!r} is a GPU: "
+      "add --config.model.attention_impl=flash"
+    )
   return model_config(config, *load_hf_config(model, config))
 
 
@@ -256,6 +261,30 @@ def write_report(report: dict, out: str) -> None:
     f.write("\n".join(lines) + "\n")
 
 
+def _table_header(gpu: bool) -> list[str]:
+  """The collected table's title, legend and column header (GPU or TPU topologies)."""
+  return [
+    f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)",
+    "",
+    "Compiled on a shared 2-core CPU with "
+    + (
+      "jax 0.10.2 + jax-cuda12-plugin (deviceless, no GPU; XLA TFLOP not reported for GPU)"
+      if gpu
+      else "jax[tpu] 0.10.2 / libtpu"
+    )
+    + " (experiments/aot_compile.py; "
+    "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
+    "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
+    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
+    "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
+    "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
+    "",
+    "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
+    "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+
+
 def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
   reports; one with the same label, topology, layout and programs is replaced) and rewrites
@@ -280,27 +309,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     json.dump(reports, f, indent=2)
   g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
   tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
-  gpu = all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports)
-  lines = [
-    f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)",
-    "",
-    "Compiled on a shared 2-core CPU with "
-    + (
-      "jax 0.10.2 + jax-cuda12-plugin (deviceless, no GPU; XLA TFLOP not reported for GPU)"
-      if gpu
-      else "jax[tpu] 0.10.2 / libtpu"
-    )
-    + " (experiments/aot_compile.py; "
-    "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
-    "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
-    "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
-    "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
-    "",
-    "| model | topology | mesh | layers | remat | program | shape | compile s | peak GiB | HBM GiB | fits | "
-    "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
+  lines = _table_header(all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports))
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"

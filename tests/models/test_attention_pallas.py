@@ -96,3 +96,17 @@ def test_block_sizes_name_a_length_off_the_lanes():
 def test_unknown_attention_impl_is_named():
   with pytest.raises(ValueError, match="attention_impl 'splash'"):
     tiny_config("qwen2", attention_impl="splash")
+
+
+def test_a_run_with_pallas_attention_off_tpu_is_refused_naming_the_backend():
+  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.rl.setup import check_backend
+  from agentfly_jax.rl.spec import as_spec
+
+  config = default_config()
+  config.model.attention_impl = "pallas"
+  with pytest.raises(ValueError, match="backend is 'cpu': use --config.model.attention_impl=flash"):
+    check_backend(as_spec(config), "cpu")
+  check_backend(as_spec(config), "tpu")  # the TPU backend runs it
+  config.model.attention_impl = "flash"
+  check_backend(as_spec(config), "cpu")

@@ -232,3 +232,12 @@ def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
     3,
   )
   assert aot.per_device_bytes(args) == 8 * 6 * 4 + 5 * 2
+
+
+def test_pallas_attention_for_a_gpu_topology_is_named_before_compiling():
+  from agentfly_jax.rl import aot
+
+  config = lookup_config(fsdp=8)
+  config.model.attention_impl = "pallas"
+  with pytest.raises(aot.BadInput, match="attention_impl='pallas' is the TPU kernel and --topology='h100:8' is a GPU"):
+    aot.run(config, "h100:8")
