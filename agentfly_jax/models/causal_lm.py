@@ -26,6 +26,7 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
+from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
@@ -192,7 +193,10 @@ class _Base(nnx.Module):
         chex.assert_shape(attention_mask, (b, t))
       if segment_ids is not None:
         chex.assert_shape(segment_ids, (b, t))
-      mask = build_attention_mask(b, t, attention_mask=attention_mask, segment_ids=segment_ids)
+      if cfg.attention_impl == "pallas":  # the kernel masks by segment ids (causal within a segment)
+        mask = segment_ids_for(attention_mask, segment_ids, (b, t))
+      else:
+        mask = build_attention_mask(b, t, attention_mask=attention_mask, segment_ids=segment_ids)
       if positions is None:
         if segment_ids is not None:
           positions = segment_positions(segment_ids)

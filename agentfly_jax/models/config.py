@@ -33,7 +33,7 @@ def dtype_name(dtype: Any) -> str:
   return name
 
 
-ATTENTION_IMPLS = ("flash", "checkpoint")
+ATTENTION_IMPLS = ("flash", "checkpoint", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,8 @@ class ModelConfig:
   to the block's end (causal), with no [B, H, T, T] kept for the backward pass; 0: one masked
   square, differentiated by XLA; default 512), attention_impl ("flash": `flash_attention.py`, a
   custom VJP from the saved per-row softmax statistics, at every length; "checkpoint": blocks
-  under jax.checkpoint when T > chunk. SmolLM2-135M policy step, 2-core CPU, T=2048: flash 23.7 s
+  under jax.checkpoint when T > chunk; "pallas": TPU only, jax.experimental's Pallas flash-attention
+  kernel (`pallas_attention.py`), `attention_chunk` unused. SmolLM2-135M policy step, 2-core CPU, T=2048: flash 23.7 s
   vs checkpoint 30.0 s, chunk 128 23.3 s at 1.8x the compile time; T=256: all within 1 %),
   fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels when a
   call has >= layers.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay

@@ -17,6 +17,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
+from agentfly_jax.models.pallas_attention import pallas_causal_attention
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain, logical_axes, param_with_axes
 
 
@@ -318,7 +319,8 @@ class Attention(nnx.Module):
       self.q_norm = self.k_norm = None
 
   def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
-    """x [B, T, D]; cos/sin [B, T, hd]; mask bool[B, T, S] (True = may attend).
+    """x [B, T, D]; cos/sin [B, T, hd]; mask bool[B, T, S] (True = may attend), or with
+    attention_impl "pallas" and no `kv` int32[B, T] segment ids (pallas_attention.segment_ids_for).
 
     Without `kv`, S == T. With `kv` = (k [B*KVH, hd, S], v [B*KVH, S, hd]) (one layer of a
     KVCache, S = cache length), the new keys/values are written at slots
@@ -333,6 +335,9 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv is None and self.attention_impl == "pallas":  # mask: int32[B, T] segment ids (causal_lm)
+      out = constrain(pallas_causal_attention(q, k, v, mask), ("act_batch", "act_length", "act_heads"))
+      return self.o_proj(out), None
     if kv is None:
       # [B*KVH, S, hd] keys and values (S == T), contracted as they are.
       kvh, hd = self.num_kv_heads, self.head_dim

@@ -241,6 +241,17 @@ def activation_sharding(mesh: Mesh | None, rules: Mapping | None = None):
     _ACTIVE.value = previous
 
 
+def active_mesh_specs(*arrays: tuple) -> tuple | None:
+  """(mesh, [PartitionSpec per (logical axes, shape) pair]) under the active
+  `activation_sharding`, by its rules; None outside one (for code that must split work by hand,
+  e.g. a kernel under `shard_map`)."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return None
+  mesh, rules = active
+  return mesh, [spec_for_axes(tuple(axes), tuple(shape), rules, mesh, where="an activation") for axes, shape in arrays]
+
+
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
   """`x` with its sharding constrained to the logical `axes` (one name or None per dim) under the
   active `activation_sharding`; `x` unchanged outside one."""

@@ -159,6 +159,11 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
   except ValueError as e:
     raise BadInput(str(e)) from None
   check_mesh(config, chips, topology)
+  if config.model.get("attention_impl") == "pallas" and aot_gpu.is_gpu(parse_topology(topology)[0]):
+    raise BadInput(
+      f"model.attention_impl='pallas' is the TPU kernel and --topology={topology!r} is a GPU: "
+      "add --config.model.attention_impl=flash"
+    )
   return model_config(config, *load_hf_config(model, config))
 
 
@@ -177,6 +182,7 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
     "num_hidden_layers": cfg.num_hidden_layers,
     "scan_layers": cfg.scan_layers,
     "remat": str(cfg.remat),
+    "attention_impl": cfg.attention_impl,
     "dtype": cfg.dtype,
     "param_dtype": cfg.param_dtype,
     "mesh": {
@@ -255,31 +261,9 @@ def write_report(report: dict, out: str) -> None:
     f.write("\n".join(lines) + "\n")
 
 
-def append_to_table(report: dict, prefix: str, label: str = "") -> None:
-  """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
-  reports; one with the same label, topology, layout and programs is replaced) and rewrites
-  `<prefix>.md` with one row per (report, program)."""
-  path = prefix + ".json"
-  reports = []
-  if os.path.isfile(path):
-    with open(path) as f:
-      reports = json.load(f)
-  report = dict(report, label=label or report["model"])
-  key = lambda r: (
-    r["label"],
-    r["topology"],
-    r["scan_layers"],
-    r["remat"],  # noqa: E731
-    tuple(sorted(x["program"] for x in r["rows"])),
-  )
-  reports = [r for r in reports if key(r) != key(report)] + [report]
-  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(reports, f, indent=2)
-  g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
-  tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
-  gpu = all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports)
-  lines = [
+def _table_header(gpu: bool) -> list[str]:
+  """The collected table's title, legend and column header (GPU or TPU topologies)."""
+  return [
     f"# Programs of a run compiled for {'GPU' if gpu else 'TPU'} topologies (XLA, per chip)",
     "",
     "Compiled on a shared 2-core CPU with "
@@ -299,9 +283,37 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     "XLA TFLOP/chip | model TFLOP/chip | floor GiB | memory_plan GiB | memory_plan / XLA |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
+
+
+def append_to_table(report: dict, prefix: str, label: str = "") -> None:
+  """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
+  reports; one with the same label, topology, layout and programs is replaced) and rewrites
+  `<prefix>.md` with one row per (report, program)."""
+  path = prefix + ".json"
+  reports = []
+  if os.path.isfile(path):
+    with open(path) as f:
+      reports = json.load(f)
+  report = dict(report, label=label or report["model"])
+  key = lambda r: (
+    r["label"],
+    r["topology"],
+    r["scan_layers"],
+    r["remat"],  # noqa: E731
+    r.get("attention_impl", "flash"),
+    tuple(sorted(x["program"] for x in r["rows"])),
+  )
+  reports = [r for r in reports if key(r) != key(report)] + [report]
+  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(reports, f, indent=2)
+  g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
+  tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
+  lines = _table_header(all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports))
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
+    layout += ", pallas attention" if r.get("attention_impl") == "pallas" else ""
     for row in r["rows"]:
       plan = row.get("memory_plan_bytes")
       ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"

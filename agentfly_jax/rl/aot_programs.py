@@ -361,6 +361,7 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     seq_len=run.seq_len,
     logits_chunk=run.config.train.logits_chunk,
     attention_chunk=cfg.attention_chunk,
+    fused_attention=cfg.attention_impl == "pallas",
     remat=_remat_on(cfg),
     compute_dtype=cfg.dtype,
     param_dtype=cfg.param_dtype,

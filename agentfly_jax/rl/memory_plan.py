@@ -65,6 +65,7 @@ class RunSizes:
   seq_len: int
   logits_chunk: int = 256
   attention_chunk: int = 0
+  fused_attention: bool = False  # a fused kernel (attention_impl "pallas"): no scores in HBM at all
   remat: bool = False
   compute_dtype: str = "bfloat16"
   param_dtype: str = "float32"
@@ -126,7 +127,9 @@ def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
     parts["critic"] = p * (2 * pb + 8)
   b, s, h, a = r.micro_batch, r.seq_len, m.hidden_size, m.num_heads
   scores = 5 * a * s * s  # softmax inputs / outputs / dropout mask per row, kept for the backward pass
-  if r.attention_chunk:  # chunked attention keeps none of them: one chunk's at a time, transient
+  if r.fused_attention:  # the kernel's score blocks live in the chip's on-core memory only
+    scores, transient = 0, 0
+  elif r.attention_chunk:  # chunked attention keeps none of them: one chunk's at a time, transient
     scores, transient = 0, 5 * a * s * min(r.attention_chunk, s) * b * cb // 2
   else:
     transient = 0
@@ -230,6 +233,7 @@ def run_sizes_from_config(config) -> RunSizes:
     seq_len=seq,
     logits_chunk=c.train.logits_chunk,
     attention_chunk=c.model.attention_chunk,
+    fused_attention=c.model.get("attention_impl", "flash") == "pallas",
     remat=bool(resolved_remat(c)),
     compute_dtype=c.model.dtype,
     param_dtype=c.model.param_dtype,

@@ -253,6 +253,18 @@ def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir:
   )
 
 
+def check_backend(spec, backend: str | None = None) -> None:
+  """ValueError when the run asks for what this backend cannot run (`backend`: jax's default):
+  attention_impl "pallas" is a TPU kernel (experiments/aot_compile.py compiles it for TPU
+  topologies from any host)."""
+  backend = backend or jax.default_backend()
+  if spec.model.attention_impl == "pallas" and backend != "tpu":
+    raise ValueError(
+      f"model.attention_impl='pallas' is the TPU Pallas kernel, and this run's JAX backend is {backend!r}: "
+      "use --config.model.attention_impl=flash here"
+    )
+
+
 def build_run(spec, workdir: str, task=None) -> RunParts:
   """Every part of a run from its RunSpec (`task`: a Task / TaskSpec given in Python instead of
   `spec.task`); the tokenizer of a random-init model is trained into `workdir/tokenizer`."""
@@ -261,6 +273,7 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   from agentfly_jax.tasks.from_config import build_task
 
   spec = as_spec(spec)
+  check_backend(spec)
   task = build_task(spec, task)
   tok_dir = build_tokenizer_dir(spec, task, workdir)
   tokenizer = load_tokenizer(tok_dir)

@@ -163,9 +163,7 @@ class ModelSection(Section):
   tie_word_embeddings: bool = True
   remat: bool = False  # legacy bool (True = "full"); train.remat wins when set
   attention_chunk: int = 512  # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
-  attention_impl: str = (
-    "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under jax.checkpoint)
-  )
+  attention_impl: str = "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under  # jax.checkpoint) | "pallas" (TPU only: jax.experimental's Pallas flash kernel; models/pallas_attention.py)
   dtype: str = "float32"  # compute dtype (bfloat16 on GPU)
   param_dtype: str = "float32"  # master params, hence gradients and AdamW moments (keep float32)
   scan_layers: bool = False  # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)

@@ -154,7 +154,7 @@ def test_flash_attention_bfloat16_tracks_float32():
 
 def test_attention_impl_must_be_known():
   with pytest.raises(ValueError, match="attention_impl"):
-    tiny_config("llama", attention_impl="pallas")
+    tiny_config("llama", attention_impl="splash")
   from agentfly_jax.rl.config import default_config, validate_config
 
   c = default_config()

@@ -77,10 +77,19 @@ def test_unsupported_hf_model_type_is_named(tmp_path):
 @pytest.mark.slow
 def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   out = tmp_path / "grpo"
-  proc = aot("--config=configs/lookup_grpo.py", "--topology=v5e:2x2", "--config.mesh.fsdp=4", f"--out={out}", *TINY)
+  # attention_impl "pallas" as in configs/tpu/: the Pallas flash kernel under shard_map, compiled by libtpu
+  proc = aot(
+    "--config=configs/lookup_grpo.py",
+    "--topology=v5e:2x2",
+    "--config.mesh.fsdp=4",
+    "--config.model.attention_impl=pallas",
+    f"--out={out}",
+    *TINY,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   report = json.loads((tmp_path / "grpo.json").read_text())
   assert report["chips"] == 4 and report["mesh"]["fsdp"] == 4 and report["scan_layers"]
+  assert report["attention_impl"] == "pallas"
   rows = {r["program"]: r for r in report["rows"]}
   assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
   for name, row in rows.items():
@@ -223,3 +232,12 @@ def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
     3,
   )
   assert aot.per_device_bytes(args) == 8 * 6 * 4 + 5 * 2
+
+
+def test_pallas_attention_for_a_gpu_topology_is_named_before_compiling():
+  from agentfly_jax.rl import aot
+
+  config = lookup_config(fsdp=8)
+  config.model.attention_impl = "pallas"
+  with pytest.raises(aot.BadInput, match="attention_impl='pallas' is the TPU kernel and --topology='h100:8' is a GPU"):
+    aot.run(config, "h100:8")
