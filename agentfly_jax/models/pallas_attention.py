@@ -87,11 +87,13 @@ def pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.A
   kvh = k.shape[2]
   if h % kvh:
     raise ValueError(f"pallas attention: {h} query heads are not a multiple of {kvh} kv heads")
-  g = h // kvh
   pad = -t % LANES  # the kernel's blocks are multiples of LANES: pad T up, in a segment of its own
-  q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, H, T + pad, hd]
-  k = jnp.repeat(jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3), g, axis=1).astype(q.dtype)
-  v = jnp.repeat(jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3), g, axis=1).astype(q.dtype)
+
+  def heads_first(x, repeats=1):  # [B, T, N, hd] -> [B, N * repeats, T + pad, hd] in q's dtype
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    return jnp.repeat(x, repeats, axis=1).astype(q.dtype)
+
+  q, k, v = heads_first(q), heads_first(k, h // kvh), heads_first(v, h // kvh)
   seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=PAD_SEGMENT)
   fn = lambda q, k, v, s: _kernel(q, k, v, s, sm_scale=1.0 / math.sqrt(hd), blocks=block_sizes(t + pad))
   active = active_mesh_specs((("act_batch", "act_heads", None, None), q.shape), (("act_batch", None), seg.shape))

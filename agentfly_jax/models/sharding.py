@@ -255,9 +255,8 @@ def active_mesh_specs(*arrays: tuple) -> tuple | None:
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
   """`x` with its sharding constrained to the logical `axes` (one name or None per dim) under the
   active `activation_sharding`; `x` unchanged outside one."""
-  active = getattr(_ACTIVE, "value", None)
+  active = active_mesh_specs((axes, x.shape))
   if active is None:
     return x
-  mesh, rules = active
-  spec = spec_for_axes(tuple(axes), tuple(x.shape), rules, mesh, where="an activation")
+  mesh, (spec,) = active
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -117,7 +117,7 @@ def tpu_grpo_config(
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   c.model.scan_layers = True
-  c.model.attention_chunk = 512  # unused by "pallas"; kept for a run on another platform
+  c.model.attention_chunk = 512  # unused by "pallas"; read when attention_impl is set back to "flash" (GPU rows)
   c.model.attention_impl = "pallas"  # the TPU kernel: no [T, T] scores in HBM, one custom call to compile
   c.train.remat = "full"
   c.mesh.fsdp, c.mesh.tp = fsdp, 1

@@ -2,8 +2,8 @@
 from the softmax statistics, "checkpoint": blocks under jax.checkpoint) equals the one-square
 attention: logits and parameter gradients of a random loss through the model, with padding and
 with packed segments; the flash op against `layers.attend` on its own (values and q/k/v
-gradients, GQA, uneven blocks, left/right padding, segments); the config rejects a bad chunk or
-implementation."""
+gradients, GQA, uneven blocks, left/right padding, segments); attention_impl "pallas" (the TPU
+kernel, interpreted) equals it too; the config rejects a bad chunk or implementation."""
 
 import numpy as np
 import jax
@@ -16,14 +16,14 @@ from agentfly_jax.models import CausalLM, tiny_config
 B, T, V = 3, 13, 64
 
 
-def _model(chunk, impl="flash"):
+def _model(chunk, impl="flash", kvh=2):
   cfg = tiny_config(
     "qwen3",
     vocab_size=V,
     hidden_size=64,
     intermediate_size=128,
     num_attention_heads=4,
-    num_key_value_heads=2,
+    num_key_value_heads=kvh,
     head_dim=16,
     attention_chunk=chunk,
     attention_impl=impl,
@@ -31,15 +31,21 @@ def _model(chunk, impl="flash"):
   return CausalLM(cfg, rngs=nnx.Rngs(0))
 
 
-def _loss_and_grads(chunk, ids, attn, seg, weights, impl="flash"):
-  graphdef, params = nnx.split(_model(chunk, impl))
+def _loss_and_grads(chunk, ids, attn, seg, weights, impl="flash", kvh=2):
+  graphdef, params = nnx.split(_model(chunk, impl, kvh))
 
   def loss(p):
     logits = nnx.merge(graphdef, p)(ids, attention_mask=attn, segment_ids=seg)
     return (jnp.where(attn[..., None], logits, 0.0) * weights).sum(), logits
 
-  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-  return value, logits, grads
+  if impl != "pallas":
+    (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return value, logits, grads
+  from jax.experimental.pallas import tpu as pltpu
+
+  with pltpu.force_tpu_interpret_mode():  # the TPU kernel, interpreted on this CPU
+    (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return value, logits, grads
 
 
 @pytest.mark.slow
@@ -62,6 +68,37 @@ def test_chunked_attention_matches_one_square(packed, impl, chunk):
   np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+
+
+def _pallas_inputs(seed, b, t, packed):
+  """Right padding (rows 2+), left padding (row 1), a full row (row 0); two segments when packed."""
+  rng = np.random.default_rng(seed)
+  ids = jnp.asarray(rng.integers(0, V, (b, t)), jnp.int32)
+  lengths = rng.integers(t // 3, t, b)
+  lengths[0] = t
+  real = np.arange(t)[None] < lengths[:, None]
+  real[1] = real[1][::-1]
+  seg = None
+  if packed:
+    cut = rng.integers(2, t - 2, b)
+    seg = jnp.asarray(np.where(real, 1 + (np.arange(t)[None] >= cut[:, None]), 0), jnp.int32)
+  return ids, jnp.asarray(real), seg, jnp.asarray(rng.normal(size=(b, t, V)), jnp.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packed,kvh,t", [(False, 2, 128), (True, 1, 100)])
+def test_pallas_attention_matches_one_square(packed, kvh, t):
+  """attention_impl "pallas" (models/pallas_attention.py, Pallas' TPU interpret mode here): logits
+  and every parameter gradient equal the one-square model's; T=100 is padded to the kernel's 128
+  inside (a segment of its own, sliced off after)."""
+  ids, attn, seg, weights = _pallas_inputs(7 + kvh, 3, t, packed)
+  v0, l0, g0 = _loss_and_grads(0, ids, attn, seg, weights, "flash", kvh)
+  v1, l1, g1 = _loss_and_grads(0, ids, attn, seg, weights, "pallas", kvh)
+  m = np.asarray(attn)
+  np.testing.assert_allclose(np.asarray(l1)[m], np.asarray(l0)[m], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(float(v1), float(v0), rtol=1e-4)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree.leaves(g0)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-4, err_msg=str(path))
 
 
 def test_attention_chunk_must_be_non_negative():
