@@ -288,7 +288,7 @@ def _table_header(gpu: bool) -> list[str]:
 
 def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
-  reports; one with the same label, topology, layout and programs is replaced) and rewrites
+  reports; one with the same label, topology, layout, mesh and programs is replaced) and rewrites
   `<prefix>.md` with one row per (report, program)."""
   path = prefix + ".json"
   reports = []
@@ -302,6 +302,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     r["scan_layers"],
     r["remat"],  # noqa: E731
     r.get("attention_impl", "flash"),
+    (r["mesh"]["fsdp"], r["mesh"]["tp"]),
     tuple(sorted(x["program"] for x in r["rows"])),
   )
   reports = [r for r in reports if key(r) != key(report)] + [report]
