@@ -53,16 +53,33 @@ flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip in GiB; 0 = the generation's (H
 flags.DEFINE_string(
   "table", "", "Also add this report to a collected table <table>.{json,md} (e.g. experiments/results/aot_tpu)."
 )
+flags.DEFINE_string(
+  "replan",
+  "",
+  "Only re-estimate the memory_plan column of a collected table <replan>.{json,md} with today's "
+  "rl/memory_plan.py (no compile; e.g. experiments/results/aot_tpu).",
+)
 flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
 
-from agentfly_jax.rl.aot import PROGRAMS, BadInput, append_to_table, fit_advice, run, write_report  # noqa: E402
+from agentfly_jax.rl.aot import (  # noqa: E402
+  PROGRAMS,
+  BadInput,
+  append_to_table,
+  fit_advice,
+  replan_table,
+  run,
+  write_report,
+)
 
 GIB = 1024**3
 
 
 def main(argv):
   del argv
+  if FLAGS.replan:
+    print(f"aot_compile: re-estimated {replan_table(FLAGS.replan)} rows of {FLAGS.replan}.md", flush=True)
+    return
   config = FLAGS.config
   if config is None:
     raise app.UsageError("--config is required")

@@ -275,7 +275,8 @@ def _table_header(gpu: bool) -> list[str]:
     + " (experiments/aot_compile.py; "
     "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
     "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py per_chip_jax_parts. XLA TFLOP: "
+    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py's estimate (per_chip_jax_parts, "
+    "no margin; its parts are in the JSON). XLA TFLOP: "
     "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
     "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
     "",
@@ -287,7 +288,7 @@ def _table_header(gpu: bool) -> list[str]:
 
 def append_to_table(report: dict, prefix: str, label: str = "") -> None:
   """Adds `report` (labelled, e.g. the preset name) to the collected table `<prefix>.json` (a list of
-  reports; one with the same label, topology, layout and programs is replaced) and rewrites
+  reports; one with the same label, topology, layout, mesh and programs is replaced) and rewrites
   `<prefix>.md` with one row per (report, program)."""
   path = prefix + ".json"
   reports = []
@@ -301,11 +302,37 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     r["scan_layers"],
     r["remat"],  # noqa: E731
     r.get("attention_impl", "flash"),
+    (r["mesh"]["fsdp"], r["mesh"]["tp"]),
     tuple(sorted(x["program"] for x in r["rows"])),
   )
   reports = [r for r in reports if key(r) != key(report)] + [report]
+  _write_table(reports, prefix)
+
+
+def replan_table(prefix: str) -> int:
+  """Re-estimates every train-step row of the collected table `<prefix>.json` with today's
+  rl/memory_plan.py (from the ModelShape / RunSizes / mesh each row recorded, no compile) and
+  rewrites `<prefix>.{json,md}`; returns the number of rows re-estimated. A row without recorded
+  inputs (compiled before they were) keeps its estimate."""
+  from agentfly_jax.rl.aot_programs import estimate_from_inputs
+
+  with open(prefix + ".json") as f:
+    reports = json.load(f)
+  n = 0
+  for r in reports:
+    for row in r["rows"]:
+      if "memory_plan_inputs" in row:
+        plan = estimate_from_inputs(row["memory_plan_inputs"])
+        row["memory_plan_bytes"], row["memory_plan_parts"] = plan["total"], plan["parts"]
+        n += 1
+  _write_table(reports, prefix)
+  return n
+
+
+def _write_table(reports: list[dict], prefix: str) -> None:
+  """`<prefix>.json` (the reports) and `<prefix>.md` (one row per report and program)."""
   os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-  with open(path, "w") as f:
+  with open(prefix + ".json", "w") as f:
     json.dump(reports, f, indent=2)
   g = lambda b: "" if b is None else f"{b / GIB:.2f}"  # noqa: E731
   tf = lambda f: "" if f is None else f"{f / 1e12:.2f}"  # noqa: E731
@@ -317,6 +344,8 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     for row in r["rows"]:
       plan = row.get("memory_plan_bytes")
       ratio = "" if plan is None else f"{plan / row['peak_bytes']:.2f}"
+      if ratio and row.get("xla_refused"):  # XLA stops before scheduling: its count is not a compiled program's
+        ratio = f"({ratio}: XLA's count before it refused)"
       mf = "" if row.get("model_flops") is None else f"{row['model_flops'] / 1e12:.1f}"
       lines.append(
         f"| {r['label']} | {r['topology']} | {mesh} | {layout} | {r['remat']} | {row['program']} | "

@@ -85,19 +85,19 @@ class AbstractRun:
 
 
 def _parameter_counts(params, num_layers: int) -> tuple[int, int]:
-  """(all params, one decoder layer's: the stacked layers' per-layer size, else all / layers)."""
+  """(all params, one decoder layer's: the stacked layers' per-layer size, else layer 0's)."""
   import numpy as np
   from flax import nnx
 
-  from agentfly_jax.models.layer_stack import is_stacked_path
+  from agentfly_jax.models.layer_stack import is_stacked_path, is_unrolled_path
 
-  flat = [v for _, v in nnx.to_flat_state(params)]
-  num_params = sum(int(np.prod(v.shape)) for v in flat)
-  layer_params = (
-    sum(int(np.prod(v.shape[1:])) for path, v in nnx.to_flat_state(params) if is_stacked_path(path))
-    or num_params // num_layers
+  flat = list(nnx.to_flat_state(params))
+  num_params = sum(int(np.prod(v.shape)) for _, v in flat)
+  stacked = sum(int(np.prod(v.shape[1:])) for path, v in flat if is_stacked_path(path))
+  first = sum(
+    int(np.prod(v.shape)) for path, v in flat if is_unrolled_path(path) and path[path.index("layers") + 1] == 0
   )
-  return num_params, layer_params
+  return num_params, stacked or first or num_params // num_layers
 
 
 def _abstract_update(config, cfg, mesh, rules, critic: bool) -> dict:
@@ -340,8 +340,12 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
   return row
 
 
-def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) -> int:
-  """rl/memory_plan.py's estimate of the train step's bytes a chip (its `per_chip_jax_parts` total)."""
+def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) -> dict:
+  """rl/memory_plan.py's estimate of the train step a chip: {"parts": bytes by part, "total",
+  "inputs": the ModelShape / RunSizes / mesh it came from, so a table can be re-estimated
+  (`aot.replan_table`) without compiling again}."""
+  import dataclasses
+
   from agentfly_jax.rl import memory_plan
 
   cfg = run.cfg
@@ -354,10 +358,13 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     head_dim=cfg.head_dim,
     vocab_size=cfg.vocab_size,
     layer_params=run.layer_params,
+    tied_embeddings=cfg.tie_word_embeddings,
   )
+  platform = run.mesh.devices.flat[0].platform
   sizes = memory_plan.RunSizes(
     scan_layers=cfg.scan_layers,
     micro_batch=micro_rows,
+    micro_batches=num_micro,
     seq_len=run.seq_len,
     logits_chunk=run.config.train.logits_chunk,
     attention_chunk=cfg.attention_chunk,
@@ -367,10 +374,25 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     param_dtype=cfg.param_dtype,
     reference_copy=False,
     critic=run.critic,
+    backend="tpu" if platform == "tpu" else "gpu",
   )
-  return memory_plan.per_chip_jax_parts(shape, sizes, fsdp=run.fsdp, tp=run.mesh.shape["tp"], micro_batches=num_micro)[
-    "total"
-  ]
+  inputs = {
+    "model": dataclasses.asdict(shape),
+    "run": dataclasses.asdict(sizes),
+    "fsdp": run.fsdp,
+    "tp": run.mesh.shape["tp"],
+  }
+  return estimate_from_inputs(inputs)
+
+
+def estimate_from_inputs(inputs: dict) -> dict:
+  """`train_step_memory_plan`'s result from its recorded "inputs" (with today's memory_plan)."""
+  from agentfly_jax.rl import memory_plan
+
+  shape, sizes = memory_plan.ModelShape(**inputs["model"]), memory_plan.RunSizes(**inputs["run"])
+  parts = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=inputs["fsdp"], tp=inputs["tp"])
+  total = parts.pop("total")
+  return {"parts": parts, "total": total, "inputs": inputs}
 
 
 def compile_train_step(run: AbstractRun, chips: int) -> dict:
@@ -399,7 +421,12 @@ def compile_train_step(run: AbstractRun, chips: int) -> dict:
   row["floor_bytes"] = train_step_floor(
     run.cfg, run.num_params, run.layer_params, micro_rows, seq_len, chips, run.fsdp, run.critic
   )
-  row["memory_plan_bytes"] = train_step_memory_plan(run, micro_rows, num_micro)
+  plan = train_step_memory_plan(run, micro_rows, num_micro)
+  row["memory_plan_bytes"], row["memory_plan_parts"], row["memory_plan_inputs"] = (
+    plan["total"],
+    plan["parts"],
+    plan["inputs"],
+  )
   return row
 
 

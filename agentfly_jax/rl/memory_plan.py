@@ -12,14 +12,19 @@ the flags to change) when either share is too small, before anything is allocate
 estimates are deliberately simple upper-ish bounds:
 
 - JAX (training): params in `param_dtype` + gradients (same dtype) + AdamW moments (2 x float32)
-  + a compute-dtype copy when it differs + a frozen reference copy (KL) + the critic's params,
-  gradients and moments (PPO) + the activations of one micro-batch (per layer 34*s*h + 5*a*s^2
-  bytes per row in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept,
-  plus one layer's full set) + the float32 logits of one chunk of tokens (the log-softmax and its
-  gradient are fused into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip
-  x 256 tokens x 151,936, are 0.5 GiB under a count of three; experiments/results/aot_tpu.md),
-  times `JAX_HEADROOM`. With `attention_chunk` the s^2 scores are not kept
-  (only one chunk's, transiently).
+  + a compute-dtype copy when it differs + a frozen reference copy (KL) + the critic's params and
+  moments (PPO; its step runs after the policy's in the same program and reuses the policy step's
+  gradient buffers: Qwen2.5-0.5B PPO on v5e:2x2 has the GRPO step's temporaries) + one decoder layer's gradients whole (the backward pass makes them
+  before they are reduced into the stacked / split gradients) + with several micro-batches the
+  gradient accumulator (`ACCUMULATOR_BUFFERS` params-sized buffers, by backend) + the activations of
+  one micro-batch (per layer 34*s*h + 5*a*s^2 bytes per row in 16-bit, Korthikanti et al. 2022; with
+  remat only each layer's input is kept, plus one layer's full set) + the float32 logits of one chunk
+  of tokens (the log-softmax and its gradient are fused into that buffer: XLA's temporaries for
+  Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x 151,936, are 0.5 GiB under a count of three;
+  experiments/results/aot_tpu.md). With `attention_chunk` the s^2 scores are not kept (only one
+  chunk's, transiently). That sum is the estimate (`per_chip_jax_parts` 'total', set beside XLA's
+  per-chip numbers in experiments/results/aot_{tpu,gpu}.md); the split check asks for it times
+  `JAX_HEADROOM`, a margin for what the estimate misses.
 - vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
   + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
 """
@@ -30,7 +35,18 @@ import dataclasses
 
 GIB = 1024**3
 MAX_TOTAL_FRACTION = 0.95  # JAX + vLLM; the rest is the CUDA context, cuBLAS / NCCL workspaces
-JAX_HEADROOM = 1.15  # XLA temporaries and fragmentation on top of the estimate
+JAX_HEADROOM = 1.15  # the split check's margin on top of the estimate (fragmentation, what it misses)
+# params-sized buffers XLA keeps beside the gradients while it accumulates micro-batches on a mesh
+# (the running sum, the summed gradients divided by the token count, the micro-batch's gradients in
+# the compute dtype), measured per backend: TPU 2 (the temporaries are 3.0-3.2x the split float32
+# params on the scanned 8- to 32-chip rows of experiments/results/aot_tpu.md), GPU 1.5 (2.4-2.6x on
+# aot_gpu.md); unrolled layers keep more (the per-layer gradients are not written into one stacked
+# buffer: TPU 4.0-4.3x on the 0.5B and 7B); XLA:GPU with unrolled layers adds each layer's gradients
+# into the split sum as they come (no buffer beyond the gradients: Qwen2.5-0.5B / 1.5B / 7B, Llama-3.1-8B
+# on h100:8) but, with tied embeddings, holds the table's gradient whole (its two uses summed before
+# the split) beside the gathered table; so does one device with unrolled layers (Qwen2.5-0.5B on h100:1)
+ACCUMULATOR_BUFFERS = {"tpu": 2.0, "gpu": 1.5}
+UNROLLED_ACCUMULATOR_BUFFERS = {"tpu": 3.0, "gpu": 0.0}
 VLLM_OVERHEAD_BYTES = 1 * GIB  # vLLM beyond weights + KV: prefill activations, sampler, CUDA graphs
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -51,14 +67,17 @@ class ModelShape:
   head_dim: int
   vocab_size: int
   layer_params: int = 0  # params of one decoder layer (0: num_params / num_layers); scanned layers need it
+  tied_embeddings: bool = False  # the output projection is the embedding table
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSizes:
   """The run's sizes and numerics.
 
-  micro_batch: rows per micro-batch; seq_len: tokens per training row; logits_chunk: tokens per
-  log-prob chunk (0 = the whole row); max_num_seqs / max_model_len: vLLM's batch and context.
+  micro_batch: rows per micro-batch; micro_batches: micro-batches accumulated into one update;
+  seq_len: tokens per training row; logits_chunk: tokens per log-prob chunk (0 = the whole row);
+  max_num_seqs / max_model_len: vLLM's batch and context; backend: "gpu" or "tpu" (XLA's buffers for
+  the gradient accumulation differ, `ACCUMULATOR_BUFFERS`).
   """
 
   micro_batch: int
@@ -75,6 +94,12 @@ class RunSizes:
   max_num_seqs: int = 64
   max_model_len: int = 2048
   scan_layers: bool = False  # per-layer compute-dtype casts inside the layer loop (models/causal_lm.py)
+  micro_batches: int = 1
+  backend: str = "gpu"
+
+  def __post_init__(self):
+    if self.backend not in ACCUMULATOR_BUFFERS:
+      raise ValueError(f"memory plan: unknown backend {self.backend!r}; known: {sorted(ACCUMULATOR_BUFFERS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +149,9 @@ def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
   if r.reference_copy:
     parts["reference"] = p * pb
   if r.critic:
-    parts["critic"] = p * (2 * pb + 8)
+    parts["critic"] = p * (pb + 8)
+  parts.update(accumulator_parts(m, r, sharded=False))
+  parts["layer grads"] = (m.layer_params or p // m.num_layers) * pb
   b, s, h, a = r.micro_batch, r.seq_len, m.hidden_size, m.num_heads
   scores = 5 * a * s * s  # softmax inputs / outputs / dropout mask per row, kept for the backward pass
   if r.fused_attention:  # the kernel's score blocks live in the chip's on-core memory only
@@ -140,6 +167,20 @@ def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
     parts["activations"] = m.num_layers * full_layer + transient
   chunk = min(r.logits_chunk, s) if r.logits_chunk else s
   parts["logits"] = b * chunk * m.vocab_size * 4
+  return parts
+
+
+def accumulator_parts(m: ModelShape, r: RunSizes, *, sharded: bool) -> dict:
+  """The buffers XLA keeps for accumulating micro-batches (bytes, whole, before any split):
+  "grad accumulator" (`ACCUMULATOR_BUFFERS` params-sized buffers) and, for unrolled layers on a GPU
+  mesh with tied embeddings, "embedding grads" (the table's gradient whole + the gathered table);
+  {} without accumulation or with unrolled layers on one device."""
+  if r.micro_batches <= 1 or (not r.scan_layers and not sharded):
+    return {}
+  buffers = (ACCUMULATOR_BUFFERS if r.scan_layers else UNROLLED_ACCUMULATOR_BUFFERS)[r.backend]
+  parts = {"grad accumulator": buffers * m.num_params * _bytes(r.param_dtype)} if buffers else {}
+  if not r.scan_layers and r.backend == "gpu" and m.tied_embeddings:
+    parts["embedding grads"] = m.vocab_size * m.hidden_size * (_bytes(r.param_dtype) + _bytes(r.compute_dtype))
   return parts
 
 
@@ -220,16 +261,22 @@ def model_shape_from_config(config) -> ModelShape:
     num_kv_heads=cfg.num_key_value_heads,
     head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads,
     vocab_size=cfg.vocab_size,
+    tied_embeddings=cfg.tie_word_embeddings,
   )
 
 
 def run_sizes_from_config(config) -> RunSizes:
+  """The run's sizes on one GPU: its micro-batch layout as the trainer makes it (rl/update.py)."""
+  from agentfly_jax.rl.batching import micro_batch_layout
   from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
 
   c, r = config, config.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
+  per_minibatch = -(-r.rows_per_step * r.num_chains // c.train.minibatches)
+  micro_batch, micro_batches = micro_batch_layout(per_minibatch, c.train.micro_batch_size)
   return RunSizes(
-    micro_batch=c.train.micro_batch_size,
+    micro_batch=micro_batch,
+    micro_batches=micro_batches,
     seq_len=seq,
     logits_chunk=c.train.logits_chunk,
     attention_chunk=c.model.attention_chunk,
@@ -242,6 +289,7 @@ def run_sizes_from_config(config) -> RunSizes:
     vllm_dtype=c.rollout.vllm_dtype or c.model.dtype,
     max_num_seqs=r.max_batch_size,
     max_model_len=seq,
+    scan_layers=bool(c.model.get("scan_layers", False)),
   )
 
 
@@ -286,29 +334,25 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
   )
 
 
-_STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic")
+_STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic", "grad accumulator")
+_GATHERED_PARTS = ("layer grads", "embedding grads")  # whole over fsdp, split over tp
 
 
-def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, micro_batches: int = 1) -> dict:
-  """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the state (params, grads, Adam,
-  reference, critic) split over every chip, activations and logits over fsdp (the micro-batch's
-  rows are split over it), with `micro_batches` > 1 the gradient accumulator beside each
-  micro-batch's gradients (rl/core/train_step.py `accumulate_gradients`: two more params-sized
-  buffers, and the critic's, as XLA measured), and 'total' = their sum x JAX_HEADROOM
-  (experiments/aot_compile.py sets it
+def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1) -> dict:
+  """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the params-sized parts (state,
+  reference, critic, gradient accumulator) split over every chip, activations and logits over fsdp
+  (the micro-batch's rows are split over it), one layer's (and the embedding's) gradients over tp
+  only (they are gathered over fsdp), and 'total' = their sum, the estimate (experiments/aot_compile.py sets it
   beside XLA's per-chip numbers)."""
   chips = fsdp * tp
-  parts = {k: v / (chips if k in _STATE_PARTS else fsdp) for k, v in jax_memory_parts(m, r).items()}
+  whole = {**jax_memory_parts(m, r), **accumulator_parts(m, r, sharded=chips > 1)}
+  parts = {k: v / (chips if k in _STATE_PARTS else tp if k in _GATHERED_PARTS else fsdp) for k, v in whole.items()}
   if r.scan_layers and "compute copy" in parts:
     # scanned layers cast each layer's weights inside the loop: a chip holds the gathered
     # compute-dtype weights of the layer it runs and of the next (prefetched), not a cast of all
     # of them; the embedding / output projection casts stay split over the chips
     layer = m.layer_params or m.num_params // m.num_layers
     cb = _bytes(r.compute_dtype)
-    parts["compute copy"] = 2 * layer * cb + (m.num_params - m.num_layers * layer) * cb / chips
-  if micro_batches > 1:
-    # the running sum beside each micro-batch's gradients, and the summed gradients divided by
-    # the token count (XLA keeps both: Qwen2.5-7B on v5p:2x2x2 8x8x2048 vs 1x8x2048, aot_tpu.md)
-    parts["grad accumulator"] = 2 * m.num_params * _bytes(r.param_dtype) * (2 if r.critic else 1) / chips
-  parts["total"] = sum(parts.values()) * JAX_HEADROOM
+    parts["compute copy"] = 2 * layer * cb / tp + (m.num_params - m.num_layers * layer) * cb / chips
+  parts["total"] = sum(parts.values())
   return {k: int(v) for k, v in parts.items()}
