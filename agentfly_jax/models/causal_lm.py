@@ -175,11 +175,22 @@ class _Base(nnx.Module):
     )
 
   def hidden_states(
-    self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None, segment_ids=None
+    self,
+    input_ids,
+    *,
+    positions=None,
+    attention_mask=None,
+    cache=None,
+    cache_index=None,
+    segment_ids=None,
+    from_empty_cache: bool = False,
   ):
     """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
 
-    Args: see `CausalLM.__call__`.
+    Args: see `CausalLM.__call__`; `from_empty_cache` (static): `cache` holds nothing yet and
+    input_ids fill its slots [0, T) (a prefill): they attend among themselves as without a cache
+    (the Pallas kernel / flash blocks, no [B, H, T, S] scores over the whole cache); the result
+    equals the plain cached call at cache_index 0.
     """
     chex.assert_rank(input_ids, 2)
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
@@ -216,13 +227,28 @@ class _Base(nnx.Module):
         )
       if cache.batch_size != b:
         raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size {b}")
-      cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
-      chex.assert_rank(cache_index, 0)
       if attention_mask is not None:
         chex.assert_shape(attention_mask, (b, cache.max_len))
-      mask = build_attention_mask(b, t, attention_mask=attention_mask, cache_len=cache.max_len, cache_index=cache_index)
+      if from_empty_cache:
+        if cache_index is not None:
+          raise ValueError("from_empty_cache writes slots [0, T): give no cache_index")
+        if t > cache.max_len:
+          raise ValueError(f"{t} tokens do not fit a cache of {cache.max_len} slots")
+        prompt_mask = None if attention_mask is None else attention_mask[:, :t]
+        if cfg.attention_impl == "pallas":
+          mask = segment_ids_for(prompt_mask, None, (b, t))
+        else:
+          mask = build_attention_mask(b, t, attention_mask=prompt_mask)
+        start = 0
+      else:
+        cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
+        chex.assert_rank(cache_index, 0)
+        mask = build_attention_mask(
+          b, t, attention_mask=attention_mask, cache_len=cache.max_len, cache_index=cache_index
+        )
+        start = cache_index
       if positions is None:
-        positions = jnp.broadcast_to(cache_index + jnp.arange(t, dtype=jnp.int32), (b, t))
+        positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)

@@ -324,7 +324,10 @@ class Attention(nnx.Module):
 
     Without `kv`, S == T. With `kv` = (k [B*KVH, hd, S], v [B*KVH, S, hd]) (one layer of a
     KVCache, S = cache length), the new keys/values are written at slots
-    [cache_index, cache_index + T) before attending.
+    [cache_index, cache_index + T) before attending. With `kv` and `cache_index=None` (a prefill
+    into an empty cache): `mask` is the no-cache one (S == T); the queries attend among themselves
+    as without a cache (the Pallas kernel / flash blocks: no [T, S] scores over the cache) and the
+    keys/values are written at slots [0, T).
     Returns (out [B, T, D], (k, v) or None).
     """
     b, t, _ = x.shape
@@ -335,28 +338,40 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if kv is None and self.attention_impl == "pallas":  # mask: int32[B, T] segment ids (causal_lm)
-      out = constrain(pallas_causal_attention(q, k, v, mask), ("act_batch", "act_length", "act_heads"))
-      return self.o_proj(out), None
-    if kv is None:
-      # [B*KVH, S, hd] keys and values (S == T), contracted as they are.
-      kvh, hd = self.num_kv_heads, self.head_dim
-      k = k.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
-      v = v.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
-      out = constrain(self._attend(q, k, v, mask, keys_transposed=False), ("act_batch", "act_length", "act_heads"))
-      return self.o_proj(out), None
+    if kv is None or cache_index is None:  # training / scoring, or a prefill into an empty cache
+      out = constrain(self._attend_within(q, k, v, mask), ("act_batch", "act_length", "act_heads"))
+      return self.o_proj(out), None if kv is None else self._write_cache(kv, k, v, 0)
     # Cache layouts (see KVCache): keys [B*KVH, hd, S], values [B*KVH, S, hd], so both attention
     # products are plain 3-D batched matmuls (q @ K, probs @ V) straight on the updated caches.
     # (With [B, KVH, S, hd] XLA's CPU backend transposed or copied every layer's cache at every
     # decode step, and ran the two-batch-dim products ~2x slower.)
+    k, v = self._write_cache(kv, k, v, cache_index)
+    out = self._attend(q, k.astype(self.dtype), v.astype(self.dtype), mask, keys_transposed=True)
+    return self.o_proj(out), (k, v)
+
+  def _attend_within(self, q, k, v, mask):
+    """Attention of q [B, T, H, hd] over the same T keys / values [B, T, KVH, hd] (no cache):
+    the Pallas kernel (mask: int32[B, T] segment ids) or `_attend` (mask: bool[B, T, T])."""
+    if self.attention_impl == "pallas":
+      return pallas_causal_attention(q, k, v, mask)
+    b, t = q.shape[:2]
+    kvh, hd = self.num_kv_heads, self.head_dim
+    # [B*KVH, S, hd] keys and values (S == T), contracted as they are.
+    k = k.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
+    v = v.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
+    return self._attend(q, k, v, mask, keys_transposed=False)
+
+  def _write_cache(self, kv, k, v, cache_index):
+    """One layer's (k [B*KVH, hd, S], v [B*KVH, S, hd]) cache with k / v [B, T, KVH, hd] written
+    at slots [cache_index, cache_index + T)."""
     k_cache, v_cache = kv
+    b, t = k.shape[:2]
     kvh, hd = self.num_kv_heads, self.head_dim
     k_new = k.transpose(0, 2, 3, 1).reshape(b * kvh, hd, t).astype(k_cache.dtype)
     v_new = v.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd).astype(v_cache.dtype)
     k = jax.lax.dynamic_update_slice(k_cache, k_new, (0, 0, cache_index))
     v = jax.lax.dynamic_update_slice(v_cache, v_new, (0, cache_index, 0))
-    out = self._attend(q, k.astype(self.dtype), v.astype(self.dtype), mask, keys_transposed=True)
-    return self.o_proj(out), (k, v)
+    return k, v
 
   def _attend(self, q, k, v, mask, *, keys_transposed: bool):
     """Masked softmax attention; see `attend`. Without a cache and with `attention_chunk` > 0,

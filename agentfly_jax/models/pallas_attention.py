@@ -1,4 +1,5 @@
-"""Causal self-attention (no KV cache) through the TPU Pallas flash-attention kernel of
+"""Causal self-attention (no KV cache, or a prefill into an empty one: `CausalLM.hidden_states(...,
+from_empty_cache=True)`, the JAX sampler's prefill) through the TPU Pallas flash-attention kernel of
 `jax.experimental.pallas.ops.tpu.flash_attention` (`attention_impl="pallas"`, TPU only).
 
     seg = segment_ids_for(attention_mask, segment_ids)       # int32[B, T], -1 = padding

@@ -379,9 +379,10 @@ def _generate_rows_body(
   kv_mask = jnp.arange(p_len + n_new)[None, :] >= pad[:, None]  # bool[B, P + N]
   positions = jnp.maximum(jnp.arange(p_len)[None, :] - pad[:, None], 0).astype(jnp.int32)
   if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
-    # Only the last prompt position's logits are needed: skip the lm_head on the others.
+    # Only the last prompt position's logits are needed: skip the lm_head on the others. The
+    # prompt attends among itself (no [B, H, P, P + N] scores over the empty cache slots).
     hidden, cache = model.hidden_states(
-      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0)
+      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, from_empty_cache=True
     )
     last_logits = model.logits_from_hidden(hidden[:, -1, :])
   else:
