@@ -14,16 +14,17 @@ estimates are deliberately simple upper-ish bounds:
 - JAX (training): params in `param_dtype` + gradients (same dtype) + AdamW moments (2 x float32)
   + a compute-dtype copy when it differs + a frozen reference copy (KL) + the critic's params and
   moments (PPO; its step runs after the policy's in the same program and reuses the policy step's
-  gradient buffers: Qwen2.5-0.5B PPO on v5e:2x2 has the GRPO step's temporaries) + one decoder layer's gradients whole (the backward pass makes them
-  before they are reduced into the stacked / split gradients) + with several micro-batches the
-  gradient accumulator (`ACCUMULATOR_BUFFERS` params-sized buffers, by backend) + the activations of
-  one micro-batch (per layer 34*s*h + 5*a*s^2 bytes per row in 16-bit, Korthikanti et al. 2022; with
-  remat only each layer's input is kept, plus one layer's full set) + the float32 logits of one chunk
-  of tokens (the log-softmax and its gradient are fused into that buffer: XLA's temporaries for
-  Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x 151,936, are 0.5 GiB under a count of three;
-  experiments/results/aot_tpu.md). With `attention_chunk` the s^2 scores are not kept (only one
-  chunk's, transiently). That sum is the estimate (`per_chip_jax_parts` 'total', set beside XLA's
-  per-chip numbers in experiments/results/aot_{tpu,gpu}.md); the split check asks for it times
+  gradient buffers: Qwen2.5-0.5B PPO on v5e:2x2 has the GRPO step's temporaries) + one decoder
+  layer's gradients whole (the backward pass makes them before they are reduced into the stacked /
+  split gradients) + with several micro-batches the gradient accumulator (`accumulator_parts`, by
+  backend and layout) + the activations of one micro-batch (per layer 34*s*h + 5*a*s^2 bytes per row
+  in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept, plus one layer's
+  full set) + the float32 logits of one chunk of tokens (the log-softmax and its gradient are fused
+  into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x
+  151,936, are 0.5 GiB under a count of three; experiments/results/aot_tpu.md). With
+  `attention_chunk` the s^2 scores are not kept (only one chunk's, transiently). That sum is the
+  estimate (`per_chip_jax_parts` 'total', set beside XLA's per-chip numbers in
+  experiments/results/aot_{tpu,gpu}.md, all within 15 %); the split check asks for it times
   `JAX_HEADROOM`, a margin for what the estimate misses.
 - vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
   + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
@@ -44,7 +45,8 @@ JAX_HEADROOM = 1.15  # the split check's margin on top of the estimate (fragment
 # buffer: TPU 4.0-4.3x on the 0.5B and 7B); XLA:GPU with unrolled layers adds each layer's gradients
 # into the split sum as they come (no buffer beyond the gradients: Qwen2.5-0.5B / 1.5B / 7B, Llama-3.1-8B
 # on h100:8) but, with tied embeddings, holds the table's gradient whole (its two uses summed before
-# the split) beside the gathered table; so does one device with unrolled layers (Qwen2.5-0.5B on h100:1)
+# the split) beside the gathered table; one device with unrolled layers keeps nothing beyond the
+# gradients either (Qwen2.5-0.5B on h100:1)
 ACCUMULATOR_BUFFERS = {"tpu": 2.0, "gpu": 1.5}
 UNROLLED_ACCUMULATOR_BUFFERS = {"tpu": 3.0, "gpu": 0.0}
 VLLM_OVERHEAD_BYTES = 1 * GIB  # vLLM beyond weights + KV: prefill activations, sampler, CUDA graphs
