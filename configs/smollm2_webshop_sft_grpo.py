@@ -13,9 +13,12 @@ hit, click the instruction's option values, buy): that plan succeeds on ~40 % of
 The recipe of configs/smollm2_arithmetic_lora.py: the demos pick the options in a fraction
 `sft.tool_use_prob` of the episodes (the rest buy at once: never reward 1.0), so SFT teaches the
 actions and RL has reward variance to learn picking the options from.
-Not learning yet: four attempts (experiments/results/smollm2_webshop/attempts/README.md) end with greedy
-success 0.0 after SFT and after RL: the SFT'd policy never picks the right option values (r_option <= 0.04
-even when every demo picks them), so no sampled chain reaches reward 1.0.
+Not learning yet: six attempts (experiments/results/smollm2_webshop/attempts/README.md), none with an RL rise.
+With SFT at lr 5e-4 (a-d) greedy success is 0.0 after SFT and after RL: the SFT'd policy never picks the right
+option values, so no sampled chain reaches reward 1.0. Stronger SFT teaches the copy (every demo picking
+options, `sft.lr=1e-3`): 20 steps give greedy r_option 0.23 / success 0.0 and 1 sampled success in 80 RL
+chains (f), 40 steps r_option 0.60 / success 0.375, already the demo plan's ~40 % ceiling (e); the sweet spot
+between them is not measured yet.
 """
 
 from agentfly_jax.rl.config import config_beside
