@@ -116,6 +116,15 @@ def micro_batch_layout(num_rows: int, max_micro_batch_size: int, multiple: int =
   return -(-size // multiple) * multiple, num_micro
 
 
+def minibatch_layout(rollout, train, fsdp: int = 1) -> tuple[int, int]:
+  """(rows per micro-batch, micro-batches per minibatch) of a run's train steps: the step's
+  `rollout.rows_per_step x rollout.num_chains` rows in `train.minibatches` minibatches, each in
+  micro-batches of at most `train.micro_batch_size` rows, a multiple of `fsdp` (`micro_batch_layout`:
+  no padding up to the cap). `rollout` / `train`: the run spec's or config's sections."""
+  per_minibatch = -(-rollout.rows_per_step * rollout.num_chains // train.minibatches)
+  return micro_batch_layout(per_minibatch, train.micro_batch_size, fsdp)
+
+
 def microbatch_index(rows: np.ndarray, micro_batch_size: int, num_micro: int | None = None):
   """Row indices [M, mb] selecting `rows` in order, padded with row 0 (or rows[0]), and a
   validity mask [M, mb] (False on padding). With `num_micro` given, mb = `micro_batch_size` and

@@ -142,8 +142,9 @@ def _bytes(dtype: str) -> int:
   return _DTYPE_BYTES[dtype]
 
 
-def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
-  """Bytes per item of the training side (see the module docstring)."""
+def jax_memory_parts(m: ModelShape, r: RunSizes, *, sharded: bool = False) -> dict:
+  """Bytes per item of the training side (see the module docstring), whole (before any split);
+  `sharded`: the params are split over a mesh (`accumulator_parts`)."""
   p, pb, cb = m.num_params, _bytes(r.param_dtype), _bytes(r.compute_dtype)
   parts = {"params": p * pb, "grads": p * pb, "adam": 2 * p * 4}
   if r.compute_dtype != r.param_dtype:
@@ -152,7 +153,7 @@ def jax_memory_parts(m: ModelShape, r: RunSizes) -> dict:
     parts["reference"] = p * pb
   if r.critic:
     parts["critic"] = p * (pb + 8)
-  parts.update(accumulator_parts(m, r, sharded=False))
+  parts.update(accumulator_parts(m, r, sharded=sharded))
   parts["layer grads"] = (m.layer_params or p // m.num_layers) * pb
   b, s, h, a = r.micro_batch, r.seq_len, m.hidden_size, m.num_heads
   scores = 5 * a * s * s  # softmax inputs / outputs / dropout mask per row, kept for the backward pass
@@ -269,13 +270,12 @@ def model_shape_from_config(config) -> ModelShape:
 
 def run_sizes_from_config(config) -> RunSizes:
   """The run's sizes on one GPU: its micro-batch layout as the trainer makes it (rl/update.py)."""
-  from agentfly_jax.rl.batching import micro_batch_layout
+  from agentfly_jax.rl.batching import minibatch_layout
   from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
 
   c, r = config, config.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
-  per_minibatch = -(-r.rows_per_step * r.num_chains // c.train.minibatches)
-  micro_batch, micro_batches = micro_batch_layout(per_minibatch, c.train.micro_batch_size)
+  micro_batch, micro_batches = minibatch_layout(r, c.train)
   return RunSizes(
     micro_batch=micro_batch,
     micro_batches=micro_batches,
@@ -347,7 +347,7 @@ def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1) ->
   only (they are gathered over fsdp), and 'total' = their sum, the estimate (experiments/aot_compile.py sets it
   beside XLA's per-chip numbers)."""
   chips = fsdp * tp
-  whole = {**jax_memory_parts(m, r), **accumulator_parts(m, r, sharded=chips > 1)}
+  whole = jax_memory_parts(m, r, sharded=chips > 1)
   parts = {k: v / (chips if k in _STATE_PARTS else tp if k in _GATHERED_PARTS else fsdp) for k, v in whole.items()}
   if r.scan_layers and "compute copy" in parts:
     # scanned layers cast each layer's weights inside the loop: a chip holds the gathered

@@ -20,7 +20,13 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from agentfly_jax.rl.batching import micro_batch_layout, microbatch_index, pad_rows, take_microbatches
+from agentfly_jax.rl.batching import (
+  micro_batch_layout,
+  microbatch_index,
+  minibatch_layout,
+  pad_rows,
+  take_microbatches,
+)
 from agentfly_jax.rl.packing import pack_index, take_packed
 from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
 from agentfly_jax.rl.spec import as_spec
@@ -134,9 +140,7 @@ class PolicyUpdate:
 
   def minibatch_layout(self) -> tuple[int, int]:
     """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
-    r, t = self.spec.rollout, self.spec.train
-    per_mini = -(-r.rows_per_step * r.num_chains // t.minibatches)
-    return micro_batch_layout(per_mini, t.micro_batch_size, self.mesh.shape["fsdp"])  # no padding up to the cap
+    return minibatch_layout(self.spec.rollout, self.spec.train, self.mesh.shape["fsdp"])
 
   def step_program(self, keys) -> Any:
     """The jitted train step for micro-batches holding `keys` (built once per key set)."""

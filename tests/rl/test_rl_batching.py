@@ -66,6 +66,14 @@ def test_micro_batch_layout_never_pads_a_small_batch_up_to_the_cap():
       size, num = micro_batch_layout(n, cap)
       assert size <= cap and size * num >= n and size * num - n < num, (n, cap, size, num)
       assert num == -(-n // cap)  # no more micro-batches (sequential steps) than the cap needs
+  # a run's train-step layout (the trainer's and memory_plan's): 4 x 6 rows in 2 minibatches of 12
+  from types import SimpleNamespace as NS
+
+  from agentfly_jax.rl.batching import minibatch_layout
+
+  rollout, train = NS(rows_per_step=4, num_chains=6), NS(minibatches=2, micro_batch_size=5)
+  assert minibatch_layout(rollout, train) == (4, 3)
+  assert minibatch_layout(rollout, train, fsdp=4) == (4, 3) and minibatch_layout(rollout, train, fsdp=8) == (8, 3)
   rng = np.random.default_rng(1)
   batch = {"token_ids": rng.integers(0, 9, (8, 4)), "action_mask": np.ones((8, 4), bool)}
   mb = to_microbatches(batch, np.arange(8), micro_batch_size=16)
