@@ -152,10 +152,13 @@ def run_sft(
   seed: int,
   rollout: Callable,
   progress: bool = False,
+  after_step: Callable[[int, object], None] | None = None,
 ) -> tuple[object, list[float]]:
   """The warm start phase of `sft` (rl/spec.SftSection): scripted demonstrations of `task`
   (its `scripted_response`) rolled out by the real agent through `rollout(rows, sampler=,
-  num_chains=, seed=)`, SFT steps on them from `params`. Returns (params, per-step NLL)."""
+  num_chains=, seed=)`, SFT steps on them from `params`. `after_step(steps_done, params)` is
+  called after each step (the lr is constant and step i's demos depend on i only, so the params
+  after k steps are those of a k-step SFT). Returns (params, per-step NLL)."""
   state = runner.new_state(params)
   p_tool = sft.tool_use_prob
   demo = ScriptedPolicySampler(
@@ -171,5 +174,7 @@ def run_sft(
     state, m = runner.step(state, trajs, demo)
     nll.append(m["sft/nll"])
     bar.update(1)
+    if after_step is not None:
+      after_step(i + 1, state.params)
   bar.close()
   return state.params, [float(x) for x in jax.device_get(nll)]

@@ -400,6 +400,7 @@ class EvalSection(Section):
   NAME: ClassVar[str] = "eval"
   every: int = 10
   num_rows: int = 64
+  before_sft: bool = True  # also evaluate the model before its SFT warm start (step 0's eval_pre_sft/*)
 
   def check(self):
     self.at_least("every", 0)

@@ -174,24 +174,32 @@ class Trainer:
       micro_batch_size=self.spec.train.micro_batch_size,
     )
 
-  def _sft_cache_key(self) -> str:
+  def sft_cache_path(self, steps: int | None = None) -> str:
+    """The `sft.cache_dir` folder of this run's SFT params (of an SFT of `steps` steps, default
+    the config's): keyed by the task, seed, model and sft config and the rollout limits that
+    shape the demos (so RL's chains, rows and temperature can change and reuse it)."""
+    import hashlib
+
     c = self.config
-    return json.dumps(
+    sft = {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}
+    if steps is not None:
+      sft["steps"] = int(steps)
+    key = json.dumps(
       {
         "task": self.spec.task_name,
         "task_content": self.task_fingerprint,
         "seed": c.seed,
         "model": c.model.to_dict(),
-        "rollout": c.rollout.to_dict(),
-        "sft": {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"},
+        "rollout": {k: c.rollout[k] for k in ("max_turns", "max_tokens_per_turn", "max_total_tokens")},
+        "sft": sft,
       },
       sort_keys=True,
     )
+    return os.path.join(os.path.abspath(self.spec.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
 
   def _sft_cached(self) -> tuple[Any, dict]:
     """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
     task/model/sft config saved them (then no metrics: nothing was trained)."""
-    import hashlib
     from agentfly_jax.rl.programs import sft_optimizer
     from agentfly_jax.rl.sft import run_sft
 
@@ -213,16 +221,14 @@ class Trainer:
 
     if not spec.sft.cache_dir:
       return train()
-    key = self._sft_cache_key()
-    path = os.path.join(os.path.abspath(spec.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
-    cache = Checkpointer(path, max_to_keep=1, async_save=False)
+    cache = Checkpointer(self.sft_cache_path(), max_to_keep=1, async_save=False)
     target = {"params": self.init_params}
     if cache.latest_step() is not None:
       restored, _ = cache.restore(None, target)
       cache.close()
       return restored["params"], {}
     params, metrics = train()
-    cache.save(0, {"params": params}, {"config": key})
+    cache.save(0, {"params": params}, {"sft_steps": spec.sft.steps})
     cache.close()
     return params, metrics
 
@@ -247,7 +253,7 @@ class Trainer:
     params, critic_params = self.init_params, self.init_critic_params
     pre_sft = {}  # step 0's record: greedy eval before the SFT warm start, its NLL and time
     if start is None and spec.sft.steps > 0:
-      if spec.eval.every:
+      if spec.eval.every and spec.eval.before_sft:
         pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in self.evaluate(params, seed=spec.seed).items()}
       t_sft = time.perf_counter()
       params, sft_metrics = self._sft_cached()

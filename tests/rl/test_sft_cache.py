@@ -1,0 +1,65 @@
+"""The SFT warm start's cache (`sft.cache_dir`) and its per-step hook: the params after k steps of
+a longer SFT are a k-step SFT's (constant lr, step i's demos depend on i only), so
+experiments/sft_probe.py can cache several step counts from one SFT under the keys runs read."""
+
+import copy
+import importlib.util
+import os
+
+import jax
+import numpy as np
+import pytest
+from train_cli import ROOT
+
+
+def _config(tmp_path, steps: int):
+  spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", "lookup_grpo.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.sft.steps, c.sft.rows_per_step, c.sft.tool_use_prob, c.sft.lr = steps, 4, 0.5, 1e-3
+  c.sft.cache_dir = str(tmp_path / "sft_cache")
+  c.log.tensorboard = c.log.progress = False
+  return c
+
+
+@pytest.mark.slow
+def test_k_steps_of_a_longer_sft_are_a_k_step_sft_and_cached_under_its_key(tmp_path):
+  from agentfly_jax.rl.programs import sft_optimizer
+  from agentfly_jax.rl.sft import run_sft
+  from agentfly_jax.rl.trainer import Trainer
+
+  long_run = Trainer(_config(tmp_path, 3), str(tmp_path / "run3"))
+  seen = {}
+  run_sft(
+    long_run.sft_runner(sft_optimizer(long_run.spec)),
+    long_run.init_params,
+    task=long_run.task,
+    tokenizer=long_run.tokenizer,
+    end_of_turn_id=long_run.end_of_turn_id,
+    sft=long_run.spec.sft,
+    seed=long_run.spec.seed,
+    rollout=long_run.rollout,
+    after_step=lambda k, params: seen.__setitem__(k, jax.device_get(copy.deepcopy(params))),
+  )
+  assert sorted(seen) == [1, 2, 3]
+  short_run = Trainer(_config(tmp_path, 2), str(tmp_path / "run2"))
+  assert long_run.sft_cache_path(steps=2) == short_run.sft_cache_path() != long_run.sft_cache_path()
+  params, metrics = short_run._sft_cached()  # trains 2 steps and caches them
+  assert metrics and os.path.isdir(short_run.sft_cache_path())
+  flat = lambda tree: [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]  # noqa: E731
+  for got, want in zip(flat(seen[2]), flat(params), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  moved = [np.abs(a - b).max() for a, b in zip(flat(seen[3]), flat(seen[2]))]
+  assert max(moved) > 1e-4  # the third step trained: the hook saw each step's own params
+  key = short_run.sft_cache_path()
+  c = short_run.config
+  c.rollout.temperature, c.rollout.num_chains, c.rollout.rows_per_step = 0.7, 8, 3  # RL's, not the demos'
+  assert short_run.sft_cache_path() == key
+  c.rollout.max_turns += 1  # the demos' limit: another SFT
+  assert short_run.sft_cache_path() != key
+  c.rollout.max_turns -= 1
+  cached, none = short_run._sft_cached()  # read back, nothing trained
+  assert none == {}
+  for got, want in zip(flat(cached), flat(params), strict=True):
+    np.testing.assert_array_equal(got, want)
