@@ -410,7 +410,7 @@ class EvalSection(Section):
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection(Section):
   NAME: ClassVar[str] = "checkpoint"
-  every: int = 10
+  every: int = 10  # 0: the last step only (and step 0)
   keep: int = 3
 
   def check(self):

@@ -422,7 +422,7 @@ class Trainer:
         metrics.update(_async_idle_metrics(producer, trainer_wait, time.perf_counter() - t_loop))
       if writer is not None:
         writer.write(step, metrics)
-      if step % spec.checkpoint.every == 0 or step == spec.train.steps:
+      if (spec.checkpoint.every and step % spec.checkpoint.every == 0) or step == spec.train.steps:
         self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
       bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", success=f"{metrics['rollout/success_rate']:.2f}")
       bar.update(1)

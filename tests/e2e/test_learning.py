@@ -23,7 +23,7 @@ def test_short_grpo_run_learns_to_use_the_tool(tmp_path):
   config.train.steps = 12
   config.eval.every = 12  # greedy eval at step 0 and step 12
   config.eval.num_rows = 32
-  config.checkpoint.every = 100
+  config.checkpoint.every = 0  # the last step only
   config.log.tensorboard = False
   config.log.progress = False
   records = Trainer(config, str(tmp_path / "run")).train()
@@ -36,3 +36,4 @@ def test_short_grpo_run_learns_to_use_the_tool(tmp_path):
   assert np.mean(success[-3:]) >= np.mean(success[:3]) + 0.2, success
   assert np.mean(tool_use[-3:]) > np.mean(tool_use[:3]), tool_use
   assert os.path.getsize(tmp_path / "run" / "reward.png") > 1000
+  assert sorted(int(d) for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit())[-1] == 12
