@@ -31,11 +31,8 @@ _OUT = flags.DEFINE_string("out", "runs/sft_probe.json", "JSON of the probe's me
 
 def main(argv):
   del argv
-  from agentfly_jax.checkpoint import Checkpointer
   from agentfly_jax.rl.compile_cache import enable_compile_cache
   from agentfly_jax.rl.config import validate_config
-  from agentfly_jax.rl.programs import sft_optimizer
-  from agentfly_jax.rl.sft import run_sft
   from agentfly_jax.rl.trainer import Trainer
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task
 
@@ -49,7 +46,8 @@ def main(argv):
   absolutize_paths(config)
   task = build_task(config)
   enable_compile_cache(spec.train.compile_cache)
-  trainer = Trainer(config, tempfile.mkdtemp(prefix="sft_probe_"), task=task)
+  workdir = tempfile.TemporaryDirectory(prefix="sft_probe_")  # the trainer's run folder: unused here
+  trainer = Trainer(config, workdir.name, task=task)
   val_rows = trainer.task.make_rows(_VAL_ROWS.value, seed=_VAL_SEED.value)
   record = {"config": config.to_dict(), "at": at, "val_seed": _VAL_SEED.value, "evals": [], "step_s": []}
   t_last = time.perf_counter()
@@ -58,13 +56,10 @@ def main(argv):
     nonlocal t_last
     import jax
 
-    jax.block_until_ready(params)
+    jax.block_until_ready(params)  # true step times (JAX dispatches ahead of the computation)
     record["step_s"].append(time.perf_counter() - t_last)
     if done in at:
-      path = trainer.sft_cache_path(steps=done)
-      cache = Checkpointer(path, max_to_keep=1, async_save=False)
-      cache.save(0, {"params": params}, {"sft_steps": done})
-      cache.close()
+      path = trainer.save_sft_cache(params, steps=done)
       t_eval = time.perf_counter()
       metrics = trainer.evaluate(params, rows=val_rows, seed=spec.seed)
       entry = {"sft_steps": done, "eval_s": time.perf_counter() - t_eval, "cache": path, **metrics}
@@ -73,23 +68,11 @@ def main(argv):
       _write(record)
     t_last = time.perf_counter()
 
-  with config.unlocked():
-    config.sft.steps = at[-1]
-  _, nll = run_sft(
-    trainer.sft_runner(sft_optimizer(spec)),
-    trainer.init_params,
-    task=trainer.task,
-    tokenizer=trainer.tokenizer,
-    end_of_turn_id=trainer.end_of_turn_id,
-    sft=validate_config(config).sft,
-    seed=spec.seed,
-    rollout=trainer.rollout,
-    progress=True,
-    after_step=after_step,
-  )
+  _, nll = trainer.run_sft(steps=at[-1], after_step=after_step)
   record["nll"] = nll
   _write(record)
   print(f"wrote {_OUT.value}")
+  workdir.cleanup()
 
 
 def _write(record: dict) -> None:

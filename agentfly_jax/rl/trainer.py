@@ -197,40 +197,51 @@ class Trainer:
     )
     return os.path.join(os.path.abspath(self.spec.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
 
-  def _sft_cached(self) -> tuple[Any, dict]:
-    """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
-    task/model/sft config saved them (then no metrics: nothing was trained)."""
+  def run_sft(self, *, steps: int | None = None, after_step=None) -> tuple[Any, list[float]]:
+    """The SFT warm start from the initial params (`steps` steps, default the config's;
+    `after_step(steps_done, params)` as in rl/sft.run_sft). Returns (params, per-step NLL)."""
     from agentfly_jax.rl.programs import sft_optimizer
     from agentfly_jax.rl.sft import run_sft
 
     spec = self.spec
+    sft = spec.sft if steps is None else dataclasses.replace(spec.sft, steps=int(steps))
+    return run_sft(
+      self.sft_runner(sft_optimizer(spec)),
+      self.init_params,
+      task=self.task,
+      tokenizer=self.tokenizer,
+      end_of_turn_id=self.end_of_turn_id,
+      sft=sft,
+      seed=spec.seed,
+      rollout=self.rollout,
+      progress=spec.log.progress,
+      after_step=after_step,
+    )
 
-    def train():
-      params, nll = run_sft(
-        self.sft_runner(sft_optimizer(spec)),
-        self.init_params,
-        task=self.task,
-        tokenizer=self.tokenizer,
-        end_of_turn_id=self.end_of_turn_id,
-        sft=spec.sft,
-        seed=spec.seed,
-        rollout=self.rollout,
-        progress=spec.log.progress,
-      )
-      return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
-
-    if not spec.sft.cache_dir:
-      return train()
-    cache = Checkpointer(self.sft_cache_path(), max_to_keep=1, async_save=False)
-    target = {"params": self.init_params}
-    if cache.latest_step() is not None:
-      restored, _ = cache.restore(None, target)
-      cache.close()
-      return restored["params"], {}
-    params, metrics = train()
-    cache.save(0, {"params": params}, {"sft_steps": spec.sft.steps})
+  def save_sft_cache(self, params, steps: int | None = None) -> str:
+    """Writes SFT params (of `steps` steps, default the config's) to `sft_cache_path(steps)`."""
+    steps = self.spec.sft.steps if steps is None else int(steps)
+    path = self.sft_cache_path(steps)
+    cache = Checkpointer(path, max_to_keep=1, async_save=False)
+    cache.save(0, {"params": params}, {"sft_steps": steps})
     cache.close()
-    return params, metrics
+    return path
+
+  def _sft_cached(self) -> tuple[Any, dict]:
+    """(SFT params, their sft/* metrics), from `sft.cache_dir` when a run with the same
+    task/model/sft config saved them (then no metrics: nothing was trained)."""
+    cache_dir = self.spec.sft.cache_dir
+    if cache_dir:
+      cache = Checkpointer(self.sft_cache_path(), max_to_keep=1, async_save=False)
+      found = cache.latest_step() is not None
+      restored = cache.restore(None, {"params": self.init_params})[0]["params"] if found else None
+      cache.close()
+      if found:
+        return restored, {}
+    params, nll = self.run_sft()
+    if cache_dir:
+      self.save_sft_cache(params)
+    return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}
 
   # ------------------------------------------------------------------ evaluation
   def evaluate(self, params, rows=None, *, seed=0) -> dict:

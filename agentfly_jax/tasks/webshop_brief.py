@@ -121,8 +121,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
     return _act(f"search[{' '.join(x for x in (goal['type'], goal['attributes']) if x)}]")
   if "[Buy Now]" in page:
     selected = set(re.findall(r"\[([^\]]+)\] \(selected\)", page))
-    looking = bool(selected) or (use_tool if len(clicked) <= 1 else True)
-    if looking:
+    if selected or use_tool or len(clicked) > 1:  # past the first hit: it went back to look
       wanted = list(goal["options"].values())
       if not selected and len(clicked) < LOOK_PAST and any(f"[{v}]" not in page for v in wanted):
         return _act("click[< prev]")

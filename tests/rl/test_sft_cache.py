@@ -25,23 +25,11 @@ def _config(tmp_path, steps: int):
 
 @pytest.mark.slow
 def test_k_steps_of_a_longer_sft_are_a_k_step_sft_and_cached_under_its_key(tmp_path):
-  from agentfly_jax.rl.programs import sft_optimizer
-  from agentfly_jax.rl.sft import run_sft
   from agentfly_jax.rl.trainer import Trainer
 
   long_run = Trainer(_config(tmp_path, 3), str(tmp_path / "run3"))
   seen = {}
-  run_sft(
-    long_run.sft_runner(sft_optimizer(long_run.spec)),
-    long_run.init_params,
-    task=long_run.task,
-    tokenizer=long_run.tokenizer,
-    end_of_turn_id=long_run.end_of_turn_id,
-    sft=long_run.spec.sft,
-    seed=long_run.spec.seed,
-    rollout=long_run.rollout,
-    after_step=lambda k, params: seen.__setitem__(k, jax.device_get(copy.deepcopy(params))),
-  )
+  long_run.run_sft(after_step=lambda k, params: seen.__setitem__(k, jax.device_get(copy.deepcopy(params))))
   assert sorted(seen) == [1, 2, 3]
   short_run = Trainer(_config(tmp_path, 2), str(tmp_path / "run2"))
   assert long_run.sft_cache_path(steps=2) == short_run.sft_cache_path() != long_run.sft_cache_path()
