@@ -461,7 +461,7 @@ def compile_sampler(run: AbstractRun, chips: int) -> dict:
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from agentfly_jax.models.sharding import resolve_rules
-  from agentfly_jax.sampling.jax_sampler import _generate_rows
+  from agentfly_jax.sampling.decode import generate_rows as _generate_rows
 
   r = run.config.rollout
   smesh = run.sampler_mesh or run.mesh

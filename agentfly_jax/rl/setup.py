@@ -249,6 +249,7 @@ def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir:
       pretrained=spec.model.pretrained,
       lora=lora_cfg,
       engine={"gpu_memory_utilization": spec.gpu.vllm_mem_fraction} if spec.gpu.vllm_mem_fraction else {},
+      prefix_cache_tokens=r.prefix_cache_tokens,
     ),
   )
 

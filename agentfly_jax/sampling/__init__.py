@@ -11,6 +11,7 @@ _LAZY = {
   "JaxSampler": "agentfly_jax.sampling.jax_sampler",
   "VllmSampler": "agentfly_jax.sampling.vllm_sampler",
   "BatchingScheduler": "agentfly_jax.sampling.batching",
+  "PrefixStore": "agentfly_jax.sampling.prefix_cache",
   "logprob_mismatch_metrics": "agentfly_jax.sampling.mismatch",
   "sample_next_tokens": "agentfly_jax.sampling.next_token",
 }

@@ -1,4 +1,4 @@
-"""The JAX sampler: batched left-padded prefill + KV-cache decode, all inside one jit.
+"""The JAX sampler: batched left-padded prefill + KV-cache decode, each batch one jitted call.
 
     sampler = JaxSampler(model, max_batch_size=32, max_len=2048)
     results = sampler.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.8, max_new_tokens=64))
@@ -22,11 +22,15 @@ kernel stored [out, in] (`kernel_layout="auto"`; see `models.layers.Linear`): XL
 decode batch sizes run faster on it. That costs one extra copy of the Linear weights and one
 transpose pass per `update_weights`. On GPU / TPU (and with `kernel_layout="in_out"`) the sampler
 keeps a reference to the given params instead, no copy.
+
+Multi-turn prefix cache (`prefix_cache_tokens` > 0): each finished row's computed keys / values
+are kept on the host (sampling/prefix_cache.py); a later prompt that starts with a kept one (a
+chain's next turn: last prompt + reply + observation) prefills only its new tokens
+(`decode.generate_rows_from_cache`). The jitted programs live in sampling/decode.py.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any, Sequence
 
@@ -36,9 +40,10 @@ import numpy as np
 from flax import nnx
 
 from agentfly_jax.models.layers import KERNEL_LAYOUTS, set_kernel_layout
-from agentfly_jax.models.sharding import activation_sharding, resolve_rules
+from agentfly_jax.models.sharding import resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
-from agentfly_jax.sampling.next_token import sample_next_tokens
+from agentfly_jax.sampling.decode import TRACES, generate_rows, generate_rows_from_cache
+from agentfly_jax.sampling.prefix_cache import PrefixStore, cached_batch, computed_rows
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
 from agentfly_jax.sampling.requests import per_request_params, pick_bucket, power_of_two_buckets, validate_request
 
@@ -61,6 +66,9 @@ class JaxSampler:
       given params) or "out_in" (decode from a copy with transposed Linear kernels).
     mesh / sharding_rules: the mesh the model's params live on; on several devices the decode's
       activations are constrained by the rules' act_* names (models/sharding.py).
+    prefix_cache_tokens: 0 (off), or how many tokens of computed keys / values to keep on the host
+      across calls (sampling/prefix_cache.py): a prompt that starts with a stored one (a chain's
+      next turn) prefills only its new tokens. Cleared by `update_weights`.
   """
 
   def __init__(
@@ -79,6 +87,7 @@ class JaxSampler:
     kernel_layout: str = "auto",
     mesh=None,
     sharding_rules=None,
+    prefix_cache_tokens: int = 0,
   ):
     if max_batch_size < 1 or max_len < 2:
       raise ValueError(f"JaxSampler: need max_batch_size >= 1 and max_len >= 2, got {max_batch_size}, {max_len}")
@@ -108,6 +117,10 @@ class JaxSampler:
       None if mesh is None or mesh.size <= 1 else (mesh, tuple(sorted(resolve_rules(sharding_rules).items())))
     )
     self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+    self._stacked_cache = bool(getattr(config, "scan_layers", False))
+    if prefix_cache_tokens < 0:
+      raise ValueError(f"JaxSampler: prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens}")
+    self.prefix_store = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
     self._decode = self._decode_copy(self._params)  # (graphdef, params), replaced as one
     self._seed_rng = np.random.default_rng(seed)
     self._seed_lock = threading.Lock()
@@ -149,6 +162,8 @@ class JaxSampler:
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params, nnx.Param)
+    if self.prefix_store is not None:
+      self.prefix_store.clear()  # the stored keys / values are the old weights'
     if _only_adapters(params):
       self._update_adapters(params)
       return SyncStats(bytes=_nbytes(params))
@@ -235,61 +250,151 @@ class JaxSampler:
       return [p.seed % 2**32 if p.seed is not None else int(self._seed_rng.integers(0, 2**32)) for p in params_list]
 
   def _generate_chunk(self, prompts: list, params_list: list) -> list[SampleResult]:
-    n = len(prompts)
+    seeds = self._row_seeds(params_list)  # drawn for the whole chunk first: the same with or without the store
+    store = self.prefix_store
+    if store is None:
+      return self._generate_plain(prompts, params_list, seeds, keep=False)
+    epoch = store.epoch
+    hits = [store.lookup(p) for p in prompts]
+    results: list = [None] * len(prompts)
+    misses = [i for i, h in enumerate(hits) if h is None]
+    hit_rows = [i for i, h in enumerate(hits) if h is not None]
+    for rows, cached in ((misses, False), (hit_rows, True)):
+      if not rows:
+        continue
+      pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+      if cached:
+        out = self._generate_cached(pick(prompts), pick(params_list), pick(seeds), pick(hits), epoch)
+      else:
+        out = self._generate_plain(pick(prompts), pick(params_list), pick(seeds), keep=True, epoch=epoch)
+      for i, result in zip(rows, out):
+        results[i] = result
+    return results
+
+  def _row_arrays(self, prompts: list, params_list: list, seeds: list, b: int) -> tuple[dict, int]:
+    """The per-row sampling arrays of a batch of `b` rows (rows past len(prompts): padding, done
+    from the start), and the new-token bucket."""
     lens = [len(p) for p in prompts]
     max_new = [min(p.max_new_tokens, self.max_len - l) for p, l in zip(params_list, lens)]
-    b = pick_bucket(n, self.batch_buckets, "batch size")
-    p_len = pick_bucket(max(lens), self.prompt_buckets, "prompt length")
-    n_new = pick_bucket(max(max_new), self.new_token_buckets, "max new tokens")
     n_stop = pick_bucket(
       max(1, max(len(p.stop_token_ids) for p in params_list)), (8, 64, 512, 1 << 30), "number of stop ids"
     )
+    rows = dict(
+      temperature=np.zeros((b,), np.float32),
+      top_k=np.zeros((b,), np.int32),
+      top_p=np.ones((b,), np.float32),
+      max_new=np.zeros((b,), np.int32),  # 0 = a padding row: done from the start
+      stop_ids=np.full((b, n_stop), -1, np.int32),
+      seeds=np.zeros((b,), np.uint32),
+    )
+    rows["seeds"][: len(seeds)] = seeds
+    for i, params in enumerate(params_list):
+      rows["stop_ids"][i, : len(params.stop_token_ids)] = params.stop_token_ids
+      rows["temperature"][i], rows["top_k"][i], rows["top_p"][i] = params.temperature, params.top_k, params.top_p
+      rows["max_new"][i] = max_new[i]
+    return rows, pick_bucket(max(max_new), self.new_token_buckets, "max new tokens")
+
+  def _generate_plain(
+    self, prompts: list, params_list: list, seeds: list, *, keep: bool, epoch: int = 0
+  ) -> list[SampleResult]:
+    """Prefills the whole (left-padded) prompts; `keep`: store the rows' computed prefixes."""
+    n = len(prompts)
+    lens = [len(p) for p in prompts]
+    b = pick_bucket(n, self.batch_buckets, "batch size")
+    p_len = pick_bucket(max(lens), self.prompt_buckets, "prompt length")
+    rows, n_new = self._row_arrays(prompts, params_list, seeds, b)
     ids = np.full((b, p_len), self.pad_id, np.int32)
     prompt_lens = np.ones((b,), np.int32)
-    stop_ids = np.full((b, n_stop), -1, np.int32)
-    temperature = np.zeros((b,), np.float32)
-    top_k = np.zeros((b,), np.int32)
-    top_p = np.ones((b,), np.float32)
-    row_max_new = np.zeros((b,), np.int32)  # 0 = a padding row: done from the start
-    seeds = np.zeros((b,), np.uint32)
-    seeds[:n] = self._row_seeds(params_list)
-    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+    for i, prompt in enumerate(prompts):
       ids[i, p_len - lens[i] :] = prompt
       prompt_lens[i] = lens[i]
-      stop_ids[i, : len(params.stop_token_ids)] = params.stop_token_ids
-      temperature[i], top_k[i], top_p[i] = params.temperature, params.top_k, params.top_p
-      row_max_new[i] = max_new[i]
-    traces_before = _TRACES[0]
+    traces_before = TRACES[0]
     decode_graphdef, decode_params = self._decode
-    tokens, logprobs, num_new, stopped = jax.device_get(
-      _generate_rows(
-        decode_graphdef,
-        decode_params,
-        self._rest,
-        ids,
-        prompt_lens,
-        temperature,
-        top_k,
-        top_p,
-        row_max_new,
-        stop_ids,
-        seeds,
-        num_new_bucket=n_new,
-        activation=self.activation,
-      )
+    out = generate_rows(
+      decode_graphdef,
+      decode_params,
+      self._rest,
+      ids,
+      prompt_lens,
+      rows["temperature"],
+      rows["top_k"],
+      rows["top_p"],
+      rows["max_new"],
+      rows["stop_ids"],
+      rows["seeds"],
+      num_new_bucket=n_new,
+      activation=self.activation,
+      return_cache=keep,
     )
-    self.trace_count += _TRACES[0] - traces_before
-    return [
-      SampleResult(
-        token_ids=tokens[i, : num_new[i]].tolist(),
-        logprobs=logprobs[i, : num_new[i]].tolist(),
-        finish_reason="stop" if stopped[i] else "length",
-      )
-      for i in range(n)
-    ]
+    tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
+    self.trace_count += TRACES[0] - traces_before
+    results = _results(tokens, logprobs, num_new, stopped, n)
+    if keep:
+      self.prefix_store.stats.prefilled_tokens += sum(lens)
+      kv_mask = np.arange(p_len + n_new)[None, :] >= (p_len - prompt_lens)[:, None]
+      self._keep(out[4], kv_mask, prompts, results, p_len, epoch)
+    return results
+
+  def _generate_cached(self, prompts: list, params_list: list, seeds: list, hits: list, epoch: int) -> list[SampleResult]:
+    """Prefills only what follows each row's stored prefix (see sampling/prefix_cache.py)."""
+    n = len(prompts)
+    lens = [len(p) for p in prompts]
+    p_len = pick_bucket(max(lens), self.prompt_buckets, "prompt length")
+    u_len = pick_bucket(max(l - h.length for l, h in zip(lens, hits)), self.prompt_buckets, "suffix length")
+    if u_len >= p_len:  # no room for a prefix at this bucket: prefill whole
+      return self._generate_plain(prompts, params_list, seeds, keep=True, epoch=epoch)
+    b = pick_bucket(n, self.batch_buckets, "batch size")
+    rows, n_new = self._row_arrays(prompts, params_list, seeds, b)
+    batch = cached_batch(
+      hits, prompts, batch=b, prompt_slots=p_len, suffix_slots=u_len, new_slots=n_new, pad_id=self.pad_id
+    )
+    prompt_lens = np.ones((b,), np.int32)
+    prompt_lens[:n] = lens
+    self.prefix_store.stats.prefilled_tokens += int(sum(l - min(h.length, p_len - u_len) for l, h in zip(lens, hits)))
+    traces_before = TRACES[0]
+    decode_graphdef, decode_params = self._decode
+    out = generate_rows_from_cache(
+      decode_graphdef,
+      decode_params,
+      self._rest,
+      batch.kv_cache(self._stacked_cache),
+      batch.kv_mask,
+      batch.suffix_ids,
+      batch.suffix_positions,
+      prompt_lens,
+      rows["temperature"],
+      rows["top_k"],
+      rows["top_p"],
+      rows["max_new"],
+      rows["stop_ids"],
+      rows["seeds"],
+      num_new_bucket=n_new,
+      activation=self.activation,
+    )
+    tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
+    self.trace_count += TRACES[0] - traces_before
+    results = _results(tokens, logprobs, num_new, stopped, n)
+    self._keep(out[4], batch.kv_mask, prompts, results, p_len, epoch)
+    return results
+
+  def _keep(self, cache, kv_mask, prompts: list, results: list, p_len: int, epoch: int) -> None:
+    """Stores each row's computed prefix (prompt + fed new tokens) in the prefix store (unless
+    the weights changed since the batch started: `epoch`)."""
+    if epoch != self.prefix_store.epoch:
+      return
+    for tokens, k, v in computed_rows(cache, kv_mask, prompts, [r.token_ids for r in results], p_len):
+      self.prefix_store.insert(tokens, k, v, epoch=epoch)
 
 
-_TRACES = [0]  # how many times _generate_rows was traced (each trace is one compilation)
+def _results(tokens, logprobs, num_new, stopped, n: int) -> list[SampleResult]:
+  return [
+    SampleResult(
+      token_ids=tokens[i, : num_new[i]].tolist(),
+      logprobs=logprobs[i, : num_new[i]].tolist(),
+      finish_reason="stop" if stopped[i] else "length",
+    )
+    for i in range(n)
+  ]
 
 
 def _only_adapters(params) -> bool:
@@ -302,138 +407,3 @@ def _only_adapters(params) -> bool:
 
 def _nbytes(tree) -> int:
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("num_new_bucket", "activation"))
-def _generate_rows(
-  graphdef,
-  params,
-  rest,
-  prompt_ids,
-  prompt_lens,
-  temperature,
-  top_k,
-  top_p,
-  max_new,
-  stop_ids,
-  seeds,
-  *,
-  num_new_bucket: int,
-  activation=None,
-):
-  """See `_generate_rows_body`; `activation` (static): None or (mesh, rules as sorted items) for
-  `activation_sharding`."""
-  mesh, rules = activation or (None, None)
-  with activation_sharding(mesh, None if rules is None else dict(rules)):
-    return _generate_rows_body(
-      graphdef,
-      params,
-      rest,
-      prompt_ids,
-      prompt_lens,
-      temperature,
-      top_k,
-      top_p,
-      max_new,
-      stop_ids,
-      seeds,
-      num_new_bucket=num_new_bucket,
-    )
-
-
-def _generate_rows_body(
-  graphdef,
-  params,
-  rest,
-  prompt_ids,
-  prompt_lens,
-  temperature,
-  top_k,
-  top_p,
-  max_new,
-  stop_ids,
-  seeds,
-  *,
-  num_new_bucket: int,
-):
-  """Prefill + decode for one padded batch.
-
-  Jitted at module level with the model's graphdef static, so every sampler of one architecture
-  shares the compiled code.
-
-  Args:
-    graphdef: the model's nnx GraphDef (static); params / rest: its nnx.Param state and the rest.
-    prompt_ids: int32[B, P] left-padded; prompt_lens int32[B].
-    temperature float32[B], top_k int32[B], top_p float32[B], max_new int32[B] (0 = padding
-    row), stop_ids int32[B, S] (-1 = none), seeds uint32[B].
-    num_new_bucket: static N, the most new tokens any row may take.
-  Returns:
-    tokens int32[B, N], logprobs float32[B, N], num_new int32[B], stopped bool[B].
-  """
-  _TRACES[0] += 1
-  model = nnx.merge(graphdef, params, rest)
-  batch, p_len = prompt_ids.shape
-  n_new = num_new_bucket
-  cache = model.init_cache(batch, p_len + n_new)
-  pad = p_len - prompt_lens
-  kv_mask = jnp.arange(p_len + n_new)[None, :] >= pad[:, None]  # bool[B, P + N]
-  positions = jnp.maximum(jnp.arange(p_len)[None, :] - pad[:, None], 0).astype(jnp.int32)
-  if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
-    # Only the last prompt position's logits are needed: skip the lm_head on the others. The
-    # prompt attends among itself (no [B, H, P, P + N] scores over the empty cache slots).
-    hidden, cache = model.hidden_states(
-      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, from_empty_cache=True
-    )
-    last_logits = model.logits_from_hidden(hidden[:, -1, :])
-  else:
-    logits, cache = model(
-      prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0)
-    )
-    last_logits = logits[:, -1, :]
-  row_keys = jax.vmap(jax.random.key)(seeds)
-
-  def sample_step(step, logits, out_tokens, out_logprobs, done, num_new, stopped):
-    """Samples token `step` for the live rows and records it."""
-    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-    tokens, logprobs = sample_next_tokens(logits, temperature, top_k, top_p, keys)
-    live = ~done
-    out_tokens = out_tokens.at[:, step].set(jnp.where(live, tokens, 0))
-    out_logprobs = out_logprobs.at[:, step].set(jnp.where(live, logprobs, 0.0))
-    num_new = num_new + live.astype(jnp.int32)
-    hit_stop = live & jnp.any(tokens[:, None] == stop_ids, axis=-1)
-    stopped = stopped | hit_stop
-    done = done | hit_stop | (num_new >= max_new)
-    return tokens, out_tokens, out_logprobs, done, num_new, stopped
-
-  # Token 0 comes from the prefill logits; each loop step feeds the previous token through the
-  # model and samples the next, so no forward pass is wasted after the last token.
-  first = sample_step(
-    0,
-    last_logits.astype(jnp.float32),
-    jnp.zeros((batch, n_new), jnp.int32),
-    jnp.zeros((batch, n_new), jnp.float32),
-    max_new <= 0,
-    jnp.zeros((batch,), jnp.int32),
-    jnp.zeros((batch,), bool),
-  )
-
-  def cond(carry):
-    step, done = carry[0], carry[5]  # carry: step, cache, prev tokens, out tokens, logprobs, done, ...
-    return (step < n_new) & ~jnp.all(done)
-
-  def body(carry):
-    step, cache, prev_tokens, *record = carry
-    step_model = nnx.merge(graphdef, params, rest)
-    logits, cache = step_model(
-      prev_tokens[:, None],
-      positions=(prompt_lens + step - 1)[:, None],
-      attention_mask=kv_mask,
-      cache=cache,
-      cache_index=p_len + step - 1,
-    )
-    tokens, *record = sample_step(step, logits[:, -1, :].astype(jnp.float32), *record)
-    return (step + 1, cache, tokens, *record)
-
-  init = (jnp.int32(1), cache, *first)
-  _, _, _, out_tokens, out_logprobs, _, num_new, stopped = jax.lax.while_loop(cond, body, init)
-  return out_tokens, out_logprobs, num_new, stopped

@@ -42,6 +42,7 @@ class SamplerRequest:
   pretrained: str = ""
   lora: Any = None
   engine: dict = dataclasses.field(default_factory=dict)
+  prefix_cache_tokens: int = 0  # the JAX sampler's multi-turn prefix cache (0 = off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,7 @@ def build_jax_sampler(r: SamplerRequest) -> SamplerBuild:
       seed=r.seed,
       mesh=r.mesh,
       sharding_rules=r.rules,
+      prefix_cache_tokens=r.prefix_cache_tokens,
     )
   )
 
