@@ -13,6 +13,7 @@ between calls: the counters a step reports are differences of snapshots taken ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from typing import Any, Callable
@@ -132,6 +133,24 @@ class SamplerWeights:
     if stats is None:  # a sampler that does not say: the bytes of what it was given
       stats = SyncStats(bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(local))))
     return stats
+
+
+def prefix_cache_mark(sampler):
+  """A snapshot of the sampler's prefix-cache counters (None: it has no prefix cache)."""
+  store = getattr(sampler, "prefix_store", None)
+  return None if store is None else dataclasses.replace(store.stats)
+
+
+def prefix_cache_metrics(sampler, mark) -> dict[str, float]:
+  """The prefix cache's work since `mark` (prefix_cache_mark): sampler/prefilled_tokens, the
+  prompt tokens whose keys / values were computed, and sampler/prefix_reused_frac, the share of
+  prompt tokens reused from earlier calls ({} without a prefix cache)."""
+  store = getattr(sampler, "prefix_store", None)
+  if store is None or mark is None:
+    return {}
+  prefilled = store.stats.prefilled_tokens - mark.prefilled_tokens
+  reused = store.stats.reused_tokens - mark.reused_tokens
+  return {"sampler/prefilled_tokens": float(prefilled), "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1)}
 
 
 def sync(weights: SamplerWeights, params) -> dict[str, float]:

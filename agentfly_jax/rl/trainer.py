@@ -332,25 +332,26 @@ class Trainer:
     spec = self.spec
     t0 = time.perf_counter()
     tools = self.agent.tools.values()
-    async_metrics = {}
     if producer is None:
       env_mark = env_usage_mark(self.env_provider)  # the step reports only its own acquires ...
       tools_before = tool_counts(tools)  # ... and its own tool calls (not the last eval's)
+      prefix_mark = stages.prefix_cache_mark(self.sampler)
       trajs = self._rollout_step(loop.data_position, step)
+      rollout_metrics = stages.prefix_cache_metrics(self.sampler, prefix_mark)  # sampler/prefix_*
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
 
       env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
       batch = producer.get(step)
       trajs = batch.trajectories
-      async_metrics = staleness_metrics(batch, step, spec.rollout.max_staleness)
+      rollout_metrics = staleness_metrics(batch, step, spec.rollout.max_staleness)
     t_rollout = time.perf_counter()
     tools_seen = tool_counts(tools)
     arrays, metrics = stages.prepare(
       trajs, pad_id=self.tokenizer.pad_token_id, dynamic_sampling=spec.dapo.dynamic_sampling
     )
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
-    metrics.update(async_metrics)
+    metrics.update(rollout_metrics)
     state, update_metrics = stages.update(self.update, loop.state, loop.ref_params, arrays, step)
     metrics.update(update_metrics)
     t_train = time.perf_counter()

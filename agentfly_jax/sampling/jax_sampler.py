@@ -350,7 +350,9 @@ class JaxSampler:
     )
     prompt_lens = np.ones((b,), np.int32)
     prompt_lens[:n] = lens
-    self.prefix_store.stats.prefilled_tokens += int(sum(l - min(h.length, p_len - u_len) for l, h in zip(lens, hits)))
+    reused = int(sum(min(h.length, p_len - u_len) for h in hits))
+    self.prefix_store.stats.reused_tokens += reused
+    self.prefix_store.stats.prefilled_tokens += sum(lens) - reused
     traces_before = TRACES[0]
     decode_graphdef, decode_params = self._decode
     out = generate_rows_from_cache(

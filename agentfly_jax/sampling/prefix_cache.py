@@ -24,6 +24,7 @@ vLLM's prefix caching.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -55,8 +56,9 @@ class PrefixHit:
 
 @dataclasses.dataclass
 class PrefixStats:
-  """Counts since the sampler was built: prompts looked up, those that hit, prompt tokens whose
-  keys / values were reused, prompt tokens prefilled (hit or not), entries dropped for memory."""
+  """Counts since the sampler was built: prompts looked up, those that found a stored prefix,
+  prompt tokens whose keys / values were reused and prompt tokens prefilled (the two add up to
+  every prompt token generated from), entries dropped for memory."""
 
   lookups: int = 0
   hits: int = 0
@@ -81,6 +83,7 @@ class PrefixStore:
     self.stats = PrefixStats()
     self.epoch = 0  # bumped by clear(): an insert computed before it is dropped
     self._clock = 0
+    self._lock = threading.Lock()  # clear() may come from another thread (async weight sync)
 
   @property
   def tokens(self) -> int:
@@ -88,8 +91,9 @@ class PrefixStore:
 
   def clear(self) -> None:
     """Forget every entry (the weights changed)."""
-    self.epoch += 1
-    self.entries = []
+    with self._lock:
+      self.epoch += 1
+      self.entries = []
 
   def lookup(self, prompt: Sequence[int]) -> PrefixHit | None:
     """The stored entry sharing the longest common prefix with `prompt` (at least `min_hit`
@@ -97,7 +101,7 @@ class PrefixStore:
     self.stats.lookups += 1
     prompt = np.asarray(prompt, np.int32)
     best, best_len = None, 0
-    for entry in self.entries:
+    for entry in list(self.entries):
       m = min(len(entry), len(prompt) - 1)
       same = entry.tokens[:m] == prompt[:m]
       n = m if same.all() else int(np.argmin(same))  # the common prefix (a shared system prompt counts)
@@ -108,17 +112,19 @@ class PrefixStore:
     self._clock += 1
     best.last_used = self._clock
     self.stats.hits += 1
-    self.stats.reused_tokens += best_len
     return PrefixHit(best, best_len)
 
   def insert(self, tokens: np.ndarray, k: np.ndarray, v: np.ndarray, *, epoch: int | None = None) -> None:
     """Stores a row's computed prefix; drops the entries it extends, then the least recently used
     ones while over `max_tokens` (an entry longer than `max_tokens` is not stored). `epoch`: the
     store's epoch when the batch started; a batch that ran across a clear() stores nothing."""
-    if epoch is not None and epoch != self.epoch:
-      return
     if len(tokens) < self.min_hit or len(tokens) > self.max_tokens:
       return
+    with self._lock:
+      if epoch is None or epoch == self.epoch:
+        self._insert(tokens, k, v)
+
+  def _insert(self, tokens: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
     self._clock += 1
     self.entries = [
       e for e in self.entries if not (len(e) <= len(tokens) and np.array_equal(e.tokens, tokens[: len(e)]))

@@ -1,6 +1,6 @@
-"""LoRA GRPO through experiments/train.py (the tiny lookup policy): 2 steps on the JAX sampler,
-checkpoints of adapters + the base's identity, adapter-only syncs, and a resumed run that
-continues exactly like an uninterrupted one."""
+"""LoRA GRPO through experiments/train.py (the tiny lookup policy): 2 steps on the JAX sampler
+(its multi-turn prefix cache on), checkpoints of adapters + the base's identity, adapter-only
+syncs, and a resumed run that continues exactly like an uninterrupted one."""
 
 import json
 import os
@@ -22,6 +22,7 @@ LORA = [
   "--config.train.lr=0.001",
   "--config.checkpoint.every=1",
   "--config.log.tensorboard=False",
+  "--config.rollout.prefix_cache_tokens=4096",  # the JAX sampler's prefix cache on
 ]
 
 
@@ -43,6 +44,10 @@ def test_lora_grpo_jax_sampler_checkpoints_and_resume(tmp_path):
   for r in full:
     assert np.isfinite(r["actor/pg_loss"]) and np.isfinite(r["actor/kl_ref"])
     assert r["actor/grad_norm"] > 0
+    # the cache's counters reach the metrics (its reuse: tests/sampling/test_prefix_cache.py; this
+    # policy's ~30-token prompts are under PrefixStore.min_hit), the log-probs stay the trainer's
+    assert r["sampler/prefilled_tokens"] > 0 and 0 <= r["sampler/prefix_reused_frac"] < 1
+    assert r["mismatch/max_abs_diff"] < 1e-3, r
   # tiny lookup policy: 2 layers x 7 projections x (A, B), rank 4 -> the adapters' bytes
   with open(tmp_path / "full" / "config.json") as f:
     cfg = json.load(f)

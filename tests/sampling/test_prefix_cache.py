@@ -54,6 +54,7 @@ def test_greedy_turns_reuse_the_prefix_and_equal_a_full_prefill(model):
       assert res.token_ids == reference_greedy(model, prompt, 10)
       _check_against_full_forward(model, prompt, res, 0.0)
     prefilled = stats.prefilled_tokens - before.prefilled_tokens
+    assert prefilled + stats.reused_tokens - before.reused_tokens == sum(map(len, prompts))
     if turn == 0:
       assert stats.hits == 0 and prefilled == sum(map(len, prompts))
     else:
