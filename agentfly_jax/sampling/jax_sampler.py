@@ -348,6 +348,9 @@ class JaxSampler:
     batch = cached_batch(
       hits, prompts, batch=b, prompt_slots=p_len, suffix_slots=u_len, new_slots=n_new, pad_id=self.pad_id
     )
+    cache = batch.kv_cache(self._stacked_cache)
+    kv_mask, suffix_ids, suffix_positions = batch.kv_mask, batch.suffix_ids, batch.suffix_positions
+    del batch  # its host k / v: the device cache is the one copy the programme reads (donated)
     prompt_lens = np.ones((b,), np.int32)
     prompt_lens[:n] = lens
     reused = int(sum(min(h.length, p_len - u_len) for h in hits))
@@ -359,10 +362,10 @@ class JaxSampler:
       decode_graphdef,
       decode_params,
       self._rest,
-      batch.kv_cache(self._stacked_cache),
-      batch.kv_mask,
-      batch.suffix_ids,
-      batch.suffix_positions,
+      cache,
+      kv_mask,
+      suffix_ids,
+      suffix_positions,
       prompt_lens,
       rows["temperature"],
       rows["top_k"],
@@ -376,7 +379,7 @@ class JaxSampler:
     tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
     self.trace_count += TRACES[0] - traces_before
     results = _results(tokens, logprobs, num_new, stopped, n)
-    self._keep(out[4], batch.kv_mask, prompts, results, p_len, epoch)
+    self._keep(out[4], kv_mask, prompts, results, p_len, epoch)
     return results
 
   def _keep(self, cache, kv_mask, prompts: list, results: list, p_len: int, epoch: int) -> None:

@@ -151,11 +151,16 @@ class CachedBatch:
   suffix_positions: np.ndarray
 
   def kv_cache(self, stacked: bool) -> KVCache:
-    """As the model's KVCache (per-layer tuples unless `stacked`)."""
+    """The model's KVCache (per-layer tuples unless `stacked`) as device arrays, copied from
+    these host arrays (drop the CachedBatch after: its k / v are the largest host copy)."""
+    import jax
+
     kvh = self.k.shape[1] // self.kv_mask.shape[0]
     if stacked:
-      return KVCache(k=self.k, v=self.v, num_kv_heads=kvh)
-    return KVCache(k=tuple(self.k), v=tuple(self.v), num_kv_heads=kvh)
+      return KVCache(k=jax.device_put(self.k), v=jax.device_put(self.v), num_kv_heads=kvh)
+    return KVCache(
+      k=tuple(jax.device_put(x) for x in self.k), v=tuple(jax.device_put(x) for x in self.v), num_kv_heads=kvh
+    )
 
 
 def cached_batch(
@@ -200,9 +205,10 @@ def computed_rows(
   cache: KVCache, kv_mask: np.ndarray, prompts: Sequence[Sequence[int]], new_tokens: Sequence[Sequence[int]], p_len: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
   """(tokens, k, v) per row of a finished batch: the prompt and the new tokens that were fed
-  (all but the last), with their keys / values gathered from the cache's valid slots."""
-  k_all = np.asarray(cache.k) if cache.stacked else np.stack([np.asarray(x) for x in cache.k])
-  v_all = np.asarray(cache.v) if cache.stacked else np.stack([np.asarray(x) for x in cache.v])
+  (all but the last), with their keys / values gathered from the cache's valid slots (row by
+  row and layer by layer: no host copy of the whole cache)."""
+  layers_k = [np.asarray(x) for x in (cache.k if not cache.stacked else [cache.k[i] for i in range(cache.k.shape[0])])]
+  layers_v = [np.asarray(x) for x in (cache.v if not cache.stacked else [cache.v[i] for i in range(cache.v.shape[0])])]
   kvh = cache.num_kv_heads
   out = []
   for i, (prompt, new) in enumerate(zip(prompts, new_tokens)):
@@ -212,5 +218,7 @@ def computed_rows(
       raise AssertionError(f"computed_rows: row {i} has {len(slots)} valid slots for {len(prompt) + fed} tokens")
     rows = slice(i * kvh, (i + 1) * kvh)
     tokens = np.concatenate([np.asarray(prompt, np.int32), np.asarray(new[:fed], np.int32)])
-    out.append((tokens, k_all[:, rows][..., slots], v_all[:, rows][:, :, slots, :]))
+    k = np.stack([layer[rows][..., slots] for layer in layers_k])
+    v = np.stack([layer[rows][:, slots, :] for layer in layers_v])
+    out.append((tokens, k, v))
   return out
