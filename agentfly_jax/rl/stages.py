@@ -153,6 +153,14 @@ def prefix_cache_metrics(sampler, mark) -> dict[str, float]:
   return {"sampler/prefilled_tokens": float(prefilled), "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1)}
 
 
+def release_prefix_cache(sampler) -> None:
+  """Frees the sampler's stored keys / values (a synchronous step's update is about to change the
+  weights they belong to, and the update needs the memory)."""
+  store = getattr(sampler, "prefix_store", None)
+  if store is not None:
+    store.clear()
+
+
 def sync(weights: SamplerWeights, params) -> dict[str, float]:
   """Pushes `params` to the sampler: {"sync/bytes": bytes moved} (LoRA: the adapters; vLLM
   without LoRA support: merged weights; 0 when it already held them)."""

@@ -338,6 +338,7 @@ class Trainer:
       prefix_mark = stages.prefix_cache_mark(self.sampler)
       trajs = self._rollout_step(loop.data_position, step)
       rollout_metrics = stages.prefix_cache_metrics(self.sampler, prefix_mark)  # sampler/prefix_*
+      stages.release_prefix_cache(self.sampler)  # stale after this step's update; frees memory for it
     else:
       from agentfly_jax.rl.async_rollout import staleness_metrics
 
