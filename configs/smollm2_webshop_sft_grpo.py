@@ -18,11 +18,16 @@ experiments/sft_probe.py, which also fills `sft.cache_dir`, so this run starts f
   PYTHONPATH=$PWD .venv/bin/python experiments/sft_probe.py --config=configs/smollm2_webshop_sft_grpo.py \
       --at=14,22,30 --val_rows=16 --out=runs/sft_probe_webshop.json
 
-Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): seven attempts in
-experiments/results/smollm2_webshop/attempts/README.md. The latest (g, this config): 0.292 after SFT
--> 0.333 after 6 GRPO steps (85 min with the SFT); the policy is near-deterministic after SFT
-(entropy ~0.02), so groups of 4 chains rarely differ in success. Earlier (a-f, first hit only):
-weak SFT never copied the option values; 40 steps reached that plan's ~40 % ceiling after SFT alone.
+Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): nine attempts in
+experiments/results/smollm2_webshop/attempts/README.md. The best (g, this config's RL settings):
+0.292 after SFT -> 0.333 after 6 GRPO steps (85 min with the SFT); the policy is near-deterministic after
+SFT (entropy ~0.02), so groups of 4 chains rarely differ in success. Wider, hotter groups (h, i: 2 x 8
+chains at T=1.2) explore more but fell to 0.208 after 4 steps. Earlier (a-f, first hit only): weak SFT
+never copied the option values; 40 steps reached that plan's ~40 % ceiling after SFT alone.
+
+The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
+the new page); micro-batches of 2 keep the update's peak under the 24 GiB here (with 4, 16 chains were
+OOM-killed).
 """
 
 from agentfly_jax.rl.config import config_beside
@@ -41,10 +46,14 @@ def get_config():
   c.sft.tool_use_prob = 1.0
   c.sft.cache_dir = "runs/sft_cache"
   c.train.lr = 1e-4  # as configs/smollm2_multihop_sft_grpo.py (2e-4 collapsed the retrieval policy)
-  c.rollout.rows_per_step = 3  # x 4 chains: 12 chains a step (~1,000 tokens each, ~7 min a step here)
+  c.rollout.rows_per_step = (
+    3  # x 4 chains: 12 chains a step (~1,000 tokens each; ~7 min a step here without the prefix cache)
+  )
   c.train.steps = 6
   c.eval.every = 6
   c.eval.num_rows = 24
   c.eval.before_sft = False  # 0.0 in every attempt (the base never calls the tool right); saves ~6 min
   c.checkpoint.every = 2
+  c.rollout.prefix_cache_tokens = 16384  # ~0.75 GiB of keys / values at most (46 KB a token)
+  c.train.micro_batch_size = 2
   return c

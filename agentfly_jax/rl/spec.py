@@ -231,26 +231,18 @@ class RolloutSection(Section):
   mode: str = "sync"  # sync | async (rollout overlaps the update; rl/async_rollout.py)
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
-  # JAX sampler: tokens of computed keys / values kept across calls (0 = off), so a chain's next
-  # turn prefills only its new tokens (sampling/prefix_cache.py; SmolLM2-135M: 46 KB a token)
-  prefix_cache_tokens: int = 0
+  prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
 
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
-    for name in (
-      "rows_per_step",
-      "num_chains",
-      "max_turns",
-      "max_tokens_per_turn",
-      "max_total_tokens",
-      "concurrency",
-      "max_batch_size",
-    ):
+    for name in ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens"):
+      self.at_least(name, 1)
+    for name in ("concurrency", "max_batch_size"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
-    self.at_least("max_staleness", 0)
-    self.at_least("prefix_cache_tokens", 0)
+    for name in ("max_staleness", "prefix_cache_tokens"):
+      self.at_least(name, 0)
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
     self.need("vllm_dtype", self.vllm_dtype in ("",) + DTYPES, "must be 'float32', 'bfloat16' or 'float16'")

@@ -150,7 +150,10 @@ def prefix_cache_metrics(sampler, mark) -> dict[str, float]:
     return {}
   prefilled = store.stats.prefilled_tokens - mark.prefilled_tokens
   reused = store.stats.reused_tokens - mark.reused_tokens
-  return {"sampler/prefilled_tokens": float(prefilled), "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1)}
+  return {
+    "sampler/prefilled_tokens": float(prefilled),
+    "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1),
+  }
 
 
 def release_prefix_cache(sampler) -> None:

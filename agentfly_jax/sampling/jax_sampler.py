@@ -35,7 +35,6 @@ import threading
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -262,11 +261,11 @@ class JaxSampler:
     for rows, cached in ((misses, False), (hit_rows, True)):
       if not rows:
         continue
-      pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+      sub = [[xs[i] for i in rows] for xs in (prompts, params_list, seeds, hits)]
       if cached:
-        out = self._generate_cached(pick(prompts), pick(params_list), pick(seeds), pick(hits), epoch)
+        out = self._generate_cached(*sub, epoch)
       else:
-        out = self._generate_plain(pick(prompts), pick(params_list), pick(seeds), keep=True, epoch=epoch)
+        out = self._generate_plain(*sub[:3], keep=True, epoch=epoch)
       for i, result in zip(rows, out):
         results[i] = result
     return results
@@ -335,7 +334,9 @@ class JaxSampler:
       self._keep(out[4], kv_mask, prompts, results, p_len, epoch)
     return results
 
-  def _generate_cached(self, prompts: list, params_list: list, seeds: list, hits: list, epoch: int) -> list[SampleResult]:
+  def _generate_cached(
+    self, prompts: list, params_list: list, seeds: list, hits: list, epoch: int
+  ) -> list[SampleResult]:
     """Prefills only what follows each row's stored prefix (see sampling/prefix_cache.py)."""
     n = len(prompts)
     lens = [len(p) for p in prompts]

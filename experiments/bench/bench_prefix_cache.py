@@ -20,8 +20,8 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import RESULTS_DIR, SMOLLM2_135M_SHAPES  # noqa: E402
-from bench_machine import machine, write_results  # noqa: E402
+from bench_common import RESULTS_DIR, SMOLLM2_135M_SHAPES
+from bench_machine import machine, write_results
 
 _CHAINS = flags.DEFINE_integer("chains", 16, "Chains (rows per generate call).")
 _TURNS = flags.DEFINE_integer("turns", 6, "Turns per chain.")

@@ -10,14 +10,14 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from sampler_testing import full_logits, log_softmax64, make_model, reference_greedy
 
 from agentfly_jax.models import CausalLM, tiny_config
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 from agentfly_jax.sampling.prefix_cache import PrefixStore
-from sampler_testing import full_logits, log_softmax64, make_model, reference_greedy
 
 MAX_LEN = 256
-BUCKETS = dict(batch_buckets=(4,), prompt_buckets=(16, 32, 64, 128, 256), new_token_buckets=(16,))
+BUCKETS = {"batch_buckets": (4,), "prompt_buckets": (16, 32, 64, 128, 256), "new_token_buckets": (16,)}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,7 @@ def test_greedy_turns_reuse_the_prefix_and_equal_a_full_prefill(model):
   sampler = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
   params = SamplingParams(temperature=0.0, max_new_tokens=10)
   prompts = _chains(rng)
+  last_prompts, last_results = [], []
   for turn in range(3):
     before = dataclasses.replace(sampler.prefix_store.stats)
     results = sampler.generate(prompts, params)
