@@ -104,7 +104,7 @@ def main(_):
     f"| off | {off:.1f} | {prompt_tokens} | 1.00 |\n"
     f"| on | {on:.1f} | {result['prefilled_tokens_per_rollout_on']} | {off / on:.2f} |\n\n"
     "Greedy replies are equal with and without it (checked). Command: "
-    f"`python experiments/bench/bench_prefix_cache.py --chains={_CHAINS.value} --turns={_TURNS.value}`\n"
+    f"`python experiments/bench/bench_prefix_cache.py --chains={_CHAINS.value} --turns={_TURNS.value} --repeats={_REPEATS.value}`\n"
   )
   write_results(_OUT.value, result, md)
 
