@@ -10,7 +10,7 @@ Builds the run's abstract policy (and critic for PPO), train state and batches w
 `nnx.eval_shape` / `jax.eval_shape` on the meshes of the topology's devices
 (`jax.experimental.topologies.get_topology_desc`, needs `jax[tpu]`: libtpu compiles, nothing
 runs), then lowers and compiles the programs the trainer builds, with the trainer's own builders
-(rl/programs.py, rl/update.py `PolicyUpdate`, sampling/jax_sampler.py):
+(rl/programs.py, rl/update.py `PolicyUpdate`, sampling/decode.py):
   prepare      old (+ reference) log-probs, values, advantages over the rollout batch
   train_step   the policy step (+ the critic's for PPO) on one minibatch of micro-batches
   sft_step     the SFT warm-start step

@@ -7,7 +7,7 @@ programs are built and compiled in rl/aot_programs.py).
     fit_advice(report, row)                                   # what would fit, for a row that does not
 
 Bad input raises `BadInput` (before anything is compiled); the programs are built with the
-trainer's own builders (rl/programs.py, rl/update.py, sampling/jax_sampler.py).
+trainer's own builders (rl/programs.py, rl/update.py, sampling/decode.py).
 """
 
 from __future__ import annotations

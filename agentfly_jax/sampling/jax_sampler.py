@@ -270,28 +270,35 @@ class JaxSampler:
         results[i] = result
     return results
 
-  def _row_arrays(self, prompts: list, params_list: list, seeds: list, b: int) -> tuple[dict, int]:
-    """The per-row sampling arrays of a batch of `b` rows (rows past len(prompts): padding, done
-    from the start), and the new-token bucket."""
+  def _row_arrays(self, prompts: list, params_list: list, seeds: list, b: int) -> tuple[tuple, int]:
+    """The per-row sampling arrays of a batch of `b` rows in the programs' argument order
+    (temperature, top_k, top_p, max_new, stop_ids, seeds; rows past len(prompts): padding, done
+    from the start: max_new 0), and the new-token bucket."""
     lens = [len(p) for p in prompts]
     max_new = [min(p.max_new_tokens, self.max_len - l) for p, l in zip(params_list, lens)]
     n_stop = pick_bucket(
       max(1, max(len(p.stop_token_ids) for p in params_list)), (8, 64, 512, 1 << 30), "number of stop ids"
     )
-    rows = dict(
-      temperature=np.zeros((b,), np.float32),
-      top_k=np.zeros((b,), np.int32),
-      top_p=np.ones((b,), np.float32),
-      max_new=np.zeros((b,), np.int32),  # 0 = a padding row: done from the start
-      stop_ids=np.full((b, n_stop), -1, np.int32),
-      seeds=np.zeros((b,), np.uint32),
-    )
-    rows["seeds"][: len(seeds)] = seeds
+    temperature, top_p = np.zeros((b,), np.float32), np.ones((b,), np.float32)
+    top_k, row_max_new = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+    stop_ids, row_seeds = np.full((b, n_stop), -1, np.int32), np.zeros((b,), np.uint32)
+    row_seeds[: len(seeds)] = seeds
     for i, params in enumerate(params_list):
-      rows["stop_ids"][i, : len(params.stop_token_ids)] = params.stop_token_ids
-      rows["temperature"][i], rows["top_k"][i], rows["top_p"][i] = params.temperature, params.top_k, params.top_p
-      rows["max_new"][i] = max_new[i]
+      stop_ids[i, : len(params.stop_token_ids)] = params.stop_token_ids
+      temperature[i], top_k[i], top_p[i], row_max_new[i] = params.temperature, params.top_k, params.top_p, max_new[i]
+    rows = (temperature, top_k, top_p, row_max_new, stop_ids, row_seeds)
     return rows, pick_bucket(max(max_new), self.new_token_buckets, "max new tokens")
+
+  def _run(self, program, *args, n: int, n_new: int, **kwargs) -> tuple[list[SampleResult], tuple]:
+    """Runs a decode.py program on the decode params; (the first `n` rows' results, its outputs)."""
+    traces_before = TRACES[0]
+    decode_graphdef, decode_params = self._decode
+    out = program(
+      decode_graphdef, decode_params, self._rest, *args, num_new_bucket=n_new, activation=self.activation, **kwargs
+    )
+    tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
+    self.trace_count += TRACES[0] - traces_before
+    return _results(tokens, logprobs, num_new, stopped, n), out
 
   def _generate_plain(
     self, prompts: list, params_list: list, seeds: list, *, keep: bool, epoch: int = 0
@@ -307,27 +314,7 @@ class JaxSampler:
     for i, prompt in enumerate(prompts):
       ids[i, p_len - lens[i] :] = prompt
       prompt_lens[i] = lens[i]
-    traces_before = TRACES[0]
-    decode_graphdef, decode_params = self._decode
-    out = generate_rows(
-      decode_graphdef,
-      decode_params,
-      self._rest,
-      ids,
-      prompt_lens,
-      rows["temperature"],
-      rows["top_k"],
-      rows["top_p"],
-      rows["max_new"],
-      rows["stop_ids"],
-      rows["seeds"],
-      num_new_bucket=n_new,
-      activation=self.activation,
-      return_cache=keep,
-    )
-    tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
-    self.trace_count += TRACES[0] - traces_before
-    results = _results(tokens, logprobs, num_new, stopped, n)
+    results, out = self._run(generate_rows, ids, prompt_lens, *rows, n=n, n_new=n_new, return_cache=keep)
     if keep:
       self.prefix_store.stats.prefilled_tokens += sum(lens)
       kv_mask = np.arange(p_len + n_new)[None, :] >= (p_len - prompt_lens)[:, None]
@@ -357,29 +344,9 @@ class JaxSampler:
     reused = int(sum(min(h.length, p_len - u_len) for h in hits))
     self.prefix_store.stats.reused_tokens += reused
     self.prefix_store.stats.prefilled_tokens += sum(lens) - reused
-    traces_before = TRACES[0]
-    decode_graphdef, decode_params = self._decode
-    out = generate_rows_from_cache(
-      decode_graphdef,
-      decode_params,
-      self._rest,
-      cache,
-      kv_mask,
-      suffix_ids,
-      suffix_positions,
-      prompt_lens,
-      rows["temperature"],
-      rows["top_k"],
-      rows["top_p"],
-      rows["max_new"],
-      rows["stop_ids"],
-      rows["seeds"],
-      num_new_bucket=n_new,
-      activation=self.activation,
+    results, out = self._run(
+      generate_rows_from_cache, cache, kv_mask, suffix_ids, suffix_positions, prompt_lens, *rows, n=n, n_new=n_new
     )
-    tokens, logprobs, num_new, stopped = jax.device_get(out[:4])
-    self.trace_count += TRACES[0] - traces_before
-    results = _results(tokens, logprobs, num_new, stopped, n)
     self._keep(out[4], kv_mask, prompts, results, p_len, epoch)
     return results
 

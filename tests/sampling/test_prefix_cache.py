@@ -20,6 +20,13 @@ MAX_LEN = 256
 BUCKETS = {"batch_buckets": (4,), "prompt_buckets": (16, 32, 64, 128, 256), "new_token_buckets": (16,)}
 
 
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+
+def _cached_sampler(model):
+  return JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
+
+
 @pytest.fixture(scope="module")
 def model():
   return make_model("qwen2", seed=3)
@@ -43,7 +50,7 @@ def _check_against_full_forward(model, prompt, res, temperature):
 
 def test_greedy_turns_reuse_the_prefix_and_equal_a_full_prefill(model):
   rng = np.random.default_rng(0)
-  sampler = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
+  sampler = _cached_sampler(model)
   params = SamplingParams(temperature=0.0, max_new_tokens=10)
   prompts = _chains(rng)
   last_prompts, last_results = [], []
@@ -71,7 +78,7 @@ def test_greedy_turns_reuse_the_prefix_and_equal_a_full_prefill(model):
 @pytest.mark.parametrize("temperature", [0.8, 1.3])
 def test_sampled_turns_equal_a_sampler_without_the_cache(model, temperature):
   rng = np.random.default_rng(1)
-  cached = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
+  cached = _cached_sampler(model)
   plain = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, **BUCKETS)
   prompts = _chains(rng)
   for turn in range(3):
@@ -87,8 +94,7 @@ def test_sampled_turns_equal_a_sampler_without_the_cache(model, temperature):
 
 def test_hits_and_misses_in_one_call_keep_their_order(model):
   rng = np.random.default_rng(2)
-  sampler = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
-  params = SamplingParams(temperature=0.0, max_new_tokens=8)
+  sampler, params = _cached_sampler(model), GREEDY
   first = _chains(rng, n=2, first=(44, 60))
   replies = sampler.generate(first, params)
   fresh = rng.integers(1, 90, size=50).tolist()
@@ -101,8 +107,7 @@ def test_hits_and_misses_in_one_call_keep_their_order(model):
 
 def test_update_weights_forgets_the_old_weights_keys(model):
   rng = np.random.default_rng(3)
-  sampler = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
-  params = SamplingParams(temperature=0.0, max_new_tokens=8)
+  sampler, params = _cached_sampler(model), GREEDY
   prompts = _chains(rng, n=2, first=(40, 48))
   replies = sampler.generate(prompts, params)
   other = make_model("qwen2", seed=4)
@@ -120,8 +125,7 @@ def test_scanned_layers_use_the_stacked_cache():
   model = CausalLM(cfg, rngs=nnx.Rngs(5))
   nnx.update(model, jax.tree.map(lambda x: x * 6.0, nnx.state(model, nnx.Param)))
   rng = np.random.default_rng(4)
-  sampler = JaxSampler(model, max_batch_size=4, max_len=MAX_LEN, prefix_cache_tokens=4096, **BUCKETS)
-  params = SamplingParams(temperature=0.0, max_new_tokens=8)
+  sampler, params = _cached_sampler(model), GREEDY
   prompts = _chains(rng, n=2, first=(40, 36))
   replies = sampler.generate(prompts, params)
   nxt = [_next_turn(rng, p, r.token_ids) for p, r in zip(prompts, replies)]
