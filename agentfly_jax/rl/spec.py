@@ -288,6 +288,7 @@ class TrainSection(Section):
   compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/compile_cache.py): auto
   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
+  skip_zero_adv_rows: bool = False  # rows with all-0 advantages skip the train steps (rl/update.py)
 
   def check(self):
     self.at_least("steps", 0)
@@ -336,20 +337,19 @@ class LossSection(Section):
   lam: float = 1.0
   tis_cap: float = 0.0  # >0: truncated importance weights exp(old - sampler) capped
   behaviour_cap: float = 2.0  # async, max_staleness > 0: decoupled PPO's behaviour weight cap
+  neg_adv_weight: float = 1.0  # negative advantages x this (0: learn only from above-mean chains)
+  score_metric: str = ""  # "" = advantages from the reward; else from this reward metric (e.g. "success")
 
   def check(self):
     known = losses.policy_loss_names()
-    self.need("policy_loss", self.policy_loss in ("",) + known, f"unknown policy loss; registered: {list(known)}")
+    self.need("policy_loss", self.policy_loss in ("", *known), f"unknown policy loss; registered: {list(known)}")
     known = tuple(advantages.names())
     self.need("estimator", self.estimator in ("",) + known, f"unknown advantage estimator; registered: {list(known)}")
     self.need("agg", self.agg in ("",) + losses.AGG_MODES, f"unknown aggregation; known: {losses.AGG_MODES}")
     self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
-    self.need(
-      "clip_low",
-      0 <= self.clip_low < 1 and self.clip_high >= 0,
-      "clip ranges must satisfy 0 <= clip_low < 1, clip_high >= 0",
-    )
+    self.need("neg_adv_weight", self.neg_adv_weight >= 0, "must be >= 0 (1 = plain advantages)")
+    self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0, "needs 0 <= clip_low < 1, clip_high >= 0")
     self.need("dual_clip", not self.dual_clip or self.dual_clip > 1, "dual-clip constant must be > 1 (or 0 to disable)")
 
 
@@ -490,6 +490,8 @@ class RunSpec:
       fail("loss.estimator", "gae", f"GAE needs a critic's values; algo={self.algo!r} has none (use algo='ppo')")
     if self.rollout.num_chains < 2 and algo.estimator in GROUP_ESTIMATORS:
       fail("rollout.num_chains", self.rollout.num_chains, f"{self.algo} needs >= 2 chains per group")
+    if self.train.skip_zero_adv_rows and (self.loss.kl_coef or self.loss.entropy_coef or algo.critic):
+      fail("train.skip_zero_adv_rows", True, "a row with no advantage still trains a KL, entropy or critic term")
 
   def _check_task(self):
     if isinstance(self.task, str):

@@ -86,10 +86,30 @@ def rollout(
   return distributed.gather_objects(trajs)
 
 
-def prepare(trajs: list, *, pad_id: int, dynamic_sampling: bool) -> tuple[dict | None, dict]:
+def scored(trajs: list, metric: str) -> list:
+  """The trajectories with `reward` replaced by their reward metric `metric` (`loss.score_metric`:
+  advantages from e.g. the success indicator while the shaped reward is logged); "" = as they are.
+  A trajectory without that metric: ValueError naming it and the metrics it has."""
+  if not metric:
+    return trajs
+  out = []
+  for t in trajs:
+    value = (t.reward_metrics or {}).get(metric)
+    if not isinstance(value, (int, float)):
+      raise ValueError(
+        f"config.loss.score_metric={metric!r}: trajectory (group {t.group_id}, chain {t.chain_id}) has no number "
+        f"under that name; its reward metrics: {sorted(t.reward_metrics or {})}"
+      )
+    out.append(dataclasses.replace(t, reward=float(value)))
+  return out
+
+
+def prepare(trajs: list, *, pad_id: int, dynamic_sampling: bool, score_metric: str = "") -> tuple[dict | None, dict]:
   """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
-  sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped)."""
+  sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). Rewards
+  are the trajectories' rewards, or their reward metric `score_metric` (`scored`)."""
   metrics: dict[str, Any] = rollout_metrics(trajs)
+  trajs = scored(trajs, score_metric)
   if dynamic_sampling:
     trajs, dropped = drop_zero_variance_groups(trajs)
     metrics["dapo/groups_dropped"] = dropped

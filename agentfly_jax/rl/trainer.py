@@ -349,7 +349,10 @@ class Trainer:
     t_rollout = time.perf_counter()
     tools_seen = tool_counts(tools)
     arrays, metrics = stages.prepare(
-      trajs, pad_id=self.tokenizer.pad_token_id, dynamic_sampling=spec.dapo.dynamic_sampling
+      trajs,
+      pad_id=self.tokenizer.pad_token_id,
+      dynamic_sampling=spec.dapo.dynamic_sampling,
+      score_metric=spec.loss.score_metric,
     )
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
     metrics.update(rollout_metrics)

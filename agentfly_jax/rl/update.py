@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -96,7 +97,27 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
     overlong_buffer=spec.dapo.overlong_buffer,
     overlong_factor=spec.dapo.overlong_penalty,
     behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo",
+    neg_adv_weight=spec.loss.neg_adv_weight,
   )
+
+
+def trained_rows(advantages, num_rows: int) -> np.ndarray:
+  """bool[num_rows]: the rows with a nonzero advantage at some token (`advantages`: [B, L] on
+  device; one small device->host fetch). The others add nothing to a policy loss without KL /
+  entropy / critic terms, so `train.skip_zero_adv_rows` leaves them out of the train steps."""
+  nonzero = jnp.any(advantages != 0, axis=1)  # [B] global, rows split over fsdp
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(nonzero, tiled=True))[:num_rows]
+  return np.asarray(jax.device_get(nonzero))[:num_rows]
+
+
+def few_sizes(n: int) -> int:
+  """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is >= n >= 1: a
+  varying count rounded to few distinct values (few compiles), padding by under 1.5x."""
+  p = 1 << max(0, (n - 1).bit_length() - 1)  # the power of 2 just under (or at) n
+  return next(m for m in (p, 3 * p // 2, 2 * p) if m >= n and m >= 1)
 
 
 class PolicyUpdate:
@@ -177,11 +198,13 @@ class PolicyUpdate:
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())
     step_fn, take = self._jitted(keys)
     host_mask = np.asarray(arrays["attention_mask"], bool)
-    metrics = [prep_metrics]
+    training = trained_rows(batch["advantages"], num_rows) if train.skip_zero_adv_rows else np.ones(num_rows, bool)
+    metrics = [prep_metrics, {"train/rows_trained": np.float32(training.sum())}]
     pad = []
     for _ in range(train.epochs):
       perm = rng.permutation(num_rows)
       for rows in np.array_split(perm, train.minibatches):
+        rows = rows[training[rows]]
         if len(rows) == 0:
           continue
         source = batch
@@ -190,8 +213,8 @@ class PolicyUpdate:
           source = self._pack(batch, {k: put_global(v, self._replicated) for k, v in index.items()})
           rows, num_micro_here = np.arange(layout.num_rows), -(-layout.num_rows // micro_size)
           real = int(index["valid"].sum())
-        else:
-          num_micro_here = num_micro
+        else:  # skipped rows: fewer micro-batches (one compile per count: 1, 2, 3, 4, 6, 8, 12, ...)
+          num_micro_here = num_micro if training.all() else min(num_micro, few_sizes(-(-len(rows) // micro_size)))
           real = int(host_mask[rows].sum())
         pad.append(1.0 - real / (micro_size * max(num_micro_here, -(-len(rows) // micro_size)) * host_mask.shape[1]))
         idx, valid = microbatch_index(rows, micro_size, num_micro_here)

@@ -41,6 +41,7 @@ class PrepareConfig:
   overlong_buffer: int = 0
   overlong_factor: float = 1.0
   behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
+  neg_adv_weight: float = 1.0  # negative advantages x this (0: only above-baseline tokens train)
 
 
 def chunked_rows(fn, chunk: int, *arrays):
@@ -140,6 +141,8 @@ def prepare_batch(
   adv, ret = adv_lib.compute(
     cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"], values=values, gamma=cfg.gamma, lam=cfg.lam
   )
+  if cfg.neg_adv_weight != 1.0:
+    adv = jnp.where(adv < 0, adv * cfg.neg_adv_weight, adv)
   batch["advantages"] = adv.astype(jnp.float32)
   if critic_params is not None:
     batch["returns"] = ret.astype(jnp.float32)
@@ -159,7 +162,7 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
   be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
-  action_mask, old_logprobs, advantages; + ref_logprobs, is_weights, old_values, returns when on.
+  action_mask, old_logprobs, advantages (negative ones x `cfg.neg_adv_weight`); + ref_logprobs, is_weights, old_values, returns when on.
   metrics: f32[] scalars: mismatch/*, adv/mean, adv/abs_mean, dapo/overlong_penalty_mean.
   """
 

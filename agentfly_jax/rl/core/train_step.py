@@ -184,7 +184,7 @@ def accumulate_gradients(micro_loss: Callable, params, batch: dict):
   """Sums grads of per-micro-batch loss sums over the leading axis; returns (grads / denom, denom, metrics).
 
   micro_loss(params, mb) -> (loss_sum, (denom, metrics)); batch: dict of [M, mb, ...] arrays.
-  Metrics are averaged over micro-batches.
+  Metrics are averaged over the micro-batches that hold a trained token (padding ones skipped).
   """
   grad_fn = jax.grad(micro_loss, has_aux=True)
 
@@ -192,12 +192,13 @@ def accumulate_gradients(micro_loss: Callable, params, batch: dict):
     g_acc, d_acc = carry
     grads, (denom, metrics) = grad_fn(params, mb)
     g_acc = jax.tree.map(jnp.add, g_acc, grads)
-    return (g_acc, d_acc + denom), metrics
+    return (g_acc, d_acc + denom), (metrics, denom > 0)
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  (g_sum, denom), metrics = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), batch)
+  (g_sum, denom), (metrics, filled) = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), batch)
   grads = jax.tree.map(lambda g: jnp.where(denom > 0, g / jnp.maximum(denom, 1e-8), 0.0), g_sum)
-  metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+  w = filled.astype(jnp.float32) / jnp.maximum(filled.sum(), 1)  # all-padding micro-batches measure nothing
+  metrics = jax.tree.map(lambda m: jnp.tensordot(w, m.astype(jnp.float32), axes=1), metrics)
   return grads, denom, metrics
 
 
