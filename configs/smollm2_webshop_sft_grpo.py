@@ -18,12 +18,17 @@ experiments/sft_probe.py, which also fills `sft.cache_dir`, so this run starts f
   PYTHONPATH=$PWD .venv/bin/python experiments/sft_probe.py --config=configs/smollm2_webshop_sft_grpo.py \
       --at=14,22,30 --val_rows=16 --out=runs/sft_probe_webshop.json
 
-Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): nine attempts in
+Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): twelve attempts in
 experiments/results/smollm2_webshop/attempts/README.md. The best (g, this config's RL settings):
 0.292 after SFT -> 0.333 after 6 GRPO steps (85 min with the SFT); the policy is near-deterministic after
 SFT (entropy ~0.02), so groups of 4 chains rarely differ in success. Wider, hotter groups (h, i: 2 x 8
 chains at T=1.2) explore more but fell to 0.208 after 4 steps. Earlier (a-f, first hit only): weak SFT
 never copied the option values; 40 steps reached that plan's ~40 % ceiling after SFT alone.
+
+Learning only from the better chains (j-l: `loss.neg_adv_weight=0`, `train.skip_zero_adv_rows`, Dr. GRPO, and
+in k / l `loss.score_metric="success"`) made a step cheap (only the rows that learn train) but did not rise:
+0.292 -> 0.292 after 6 steps at lr 3e-4 (j); at lr 1e-3 one update on one chain broke the policy (k: RL starts
+Adam afresh, and its first step moves every adapter weight by the full lr, whatever the gradient's size).
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
 the new page); micro-batches of 2 keep the update's peak under the 24 GiB here (with 4, 16 chains were
