@@ -162,7 +162,8 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
   be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
-  action_mask, old_logprobs, advantages (negative ones x `cfg.neg_adv_weight`); + ref_logprobs, is_weights, old_values, returns when on.
+  action_mask, old_logprobs, advantages (negative ones x `cfg.neg_adv_weight`); + ref_logprobs,
+  is_weights, old_values, returns when on.
   metrics: f32[] scalars: mismatch/*, adv/mean, adv/abs_mean, dapo/overlong_penalty_mean.
   """
 
