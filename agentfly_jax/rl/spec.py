@@ -236,9 +236,8 @@ class RolloutSection(Section):
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
-    for name in ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens"):
-      self.at_least(name, 1)
-    for name in ("concurrency", "max_batch_size"):
+    sizes = ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens")
+    for name in (*sizes, "concurrency", "max_batch_size"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
     for name in ("max_staleness", "prefix_cache_tokens"):
