@@ -11,10 +11,11 @@ shown: `brief_page`); on its page, if an asked option value is not among the but
 shows, buy. On this catalog the first hit lacks an asked value for ~59 % of instructions: buying
 it succeeds (reward 1.0) for ~38 %; looking past it to the second hit for ~52 % of the training
 instructions (16 of the 24 held-out ones), to the fifth ~74 % (measured with the env's own search
-and reward, no model), at ~1.4x the tokens for two hits. The demo's decision is whether to look at
-the options at all (`use_tool`, read at the first product page; a page with an option selected
-goes on picking): without them WebShop's reward is at most (attributes + price) / (attributes +
-options + 1), never 1.0.
+and reward, no model), at ~1.4x the tokens for two hits. The demo's decision is whether to look
+past a first hit that lacks an asked value (`use_tool`, drawn at that page: `sft.tool_use_prob`);
+it always picks the asked values a page shows, so a demo that does not look past buys the first
+hit with what it offers (the ~38 % plan). With `tool_use_prob` < 1 the SFT'd policy is left unsure
+at that one decision, and RL has a contrast to learn from there.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def _act(action: str) -> str:
 
 def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:
   """The demonstration's next shop action for the conversation so far (`prompt_text`); `use_tool`
-  (look at the options: pick the instruction's values, and go back past a hit whose page lacks
-  one) is read on the first product page only."""
+  (go back past a first hit whose page lacks an asked value) is read on that page only; the asked
+  values a page shows are always picked."""
   del rng
   m = _INSTRUCTION.search(prompt_text)
   if m is None:
@@ -121,13 +122,13 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
     return _act(f"search[{' '.join(x for x in (goal['type'], goal['attributes']) if x)}]")
   if "[Buy Now]" in page:
     selected = set(re.findall(r"\[([^\]]+)\] \(selected\)", page))
-    if selected or use_tool or len(clicked) > 1:  # past the first hit: it went back to look
-      wanted = list(goal["options"].values())
-      if not selected and len(clicked) < LOOK_PAST and any(f"[{v}]" not in page for v in wanted):
-        return _act("click[< prev]")
-      for value in wanted:
-        if value not in selected and f"[{value}]" in page:
-          return _act(f"click[{value}]")
+    wanted = list(goal["options"].values())
+    lacking = any(f"[{v}]" not in page for v in wanted)
+    if use_tool and not selected and len(clicked) < LOOK_PAST and lacking:
+      return _act("click[< prev]")
+    for value in wanted:
+      if value not in selected and f"[{value}]" in page:
+        return _act(f"click[{value}]")
     return _act("click[buy now]")
   results = [r for r in _RESULT.findall(page) if r not in clicked]
   if results:

@@ -5,6 +5,8 @@ tasks' own rewards; the SFT loss mask of those multi-turn demos; and the shop's 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -136,37 +138,37 @@ def test_brief_page_keeps_the_buttons_and_drops_the_repeats():
   assert "[Buy Now]" in brief_item
 
 
-def _plan_reward(shop: Shop, goal: dict, pick_options: bool) -> float:
+def _plan_reward(shop: Shop, goal: dict, look_past: bool) -> float:
   """Reference: the demo's plan scored by the WebShop reward directly (no server, no agent): the
   first of the top `LOOK_PAST` hits whose page shows every asked option value (else the last one
-  looked at), its asked values picked; without options, the top hit bought as it is."""
+  looked at; without looking past, the top hit), with the asked values its page shows picked."""
   parsed = webshop_brief.parse_instruction(goal["instruction_text"])
   query = " ".join(x for x in (parsed["type"], parsed["attributes"]) if x)
-  hits = shop.search(query)[: webshop_brief.LOOK_PAST if pick_options else 1]
+  hits = shop.search(query)[: webshop_brief.LOOK_PAST if look_past else 1]
   shows_all = [p for p in hits if all(v in sum(p["options"].values(), []) for v in goal["goal_options"].values())]
   product = shows_all[0] if shows_all else hits[-1]
-  options = {}
-  if pick_options:
-    options = {name: v for name, v in goal["goal_options"].items() if v in sum(product["options"].values(), [])}
+  options = {name: v for name, v in goal["goal_options"].items() if v in sum(product["options"].values(), [])}
   return webshop_reward(product, goal, options)["reward"]
 
 
-@pytest.mark.parametrize("pick_options", [True, False])
-def test_webshop_demo_through_the_server_scores_as_its_plan(tok, pick_options):
+@pytest.mark.parametrize("look_past", [True, False])
+def test_webshop_demo_through_the_server_scores_as_its_plan(tok, look_past):
   rows = webshop_brief.make_eval_rows(10, seed=0)
-  trajs, _ = _demo_rollout(tok, webshop_brief, rows, pick_options, max_turns=8, max_total_tokens=1536)
+  trajs, _ = _demo_rollout(tok, webshop_brief, rows, look_past, max_turns=8, max_total_tokens=1536)
   shop = Shop(webshop_brief.catalog())
-  expected = [_plan_reward(shop, r["goal"], pick_options) for r in rows]
+  expected = [_plan_reward(shop, r["goal"], look_past) for r in rows]
   got = [t.reward for t in trajs]
   np.testing.assert_allclose(got, expected, atol=1e-6)
   successes = sum(g >= 1.0 - 1e-9 for g in got)
   assert [t.reward_metrics["success"] for t in trajs] == [float(g >= 1.0 - 1e-9) for g in expected]
-  if pick_options:
-    assert 1 <= successes < len(rows)
-    backs = [tok.decode(list(t.token_ids)).count("click[< prev]") for t in trajs]
+  assert 1 <= successes < len(rows)
+  backs = [tok.decode(list(t.token_ids)).count("click[< prev]") for t in trajs]
+  if look_past:
     assert 1 <= sum(backs) and max(backs) <= webshop_brief.LOOK_PAST - 1  # it looked past a hit, and no further
   else:
-    assert successes == 0
+    assert sum(backs) == 0
+  picks = [len(re.findall(r"click\[(?!B0|< prev|buy now)", tok.decode(list(t.token_ids)))) for t in trajs]
+  assert sum(picks) >= 1  # option values picked either way
   for t in trajs:
     assert t.finish_reason == "no_tool_call" and t.prediction.strip() == "Done."
     assert tok.decode(list(t.token_ids)).count(t.row["question"]) == 1  # the first page's copy dropped
