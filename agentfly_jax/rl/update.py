@@ -29,7 +29,7 @@ from agentfly_jax.rl.batching import (
   take_microbatches,
 )
 from agentfly_jax.rl.packing import pack_index, take_packed
-from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
+from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare
 from agentfly_jax.rl.spec import as_spec
 from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
 
@@ -101,18 +101,6 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   )
 
 
-def trained_rows(advantages, num_rows: int) -> np.ndarray:
-  """bool[num_rows]: the rows with a nonzero advantage at some token (`advantages`: [B, L] on
-  device; one small device->host fetch). The others add nothing to a policy loss without KL /
-  entropy / critic terms, so `train.skip_zero_adv_rows` leaves them out of the train steps."""
-  nonzero = jnp.any(advantages != 0, axis=1)  # [B] global, rows split over fsdp
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(nonzero, tiled=True))[:num_rows]
-  return np.asarray(jax.device_get(nonzero))[:num_rows]
-
-
 def few_sizes(n: int) -> int:
   """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is >= n >= 1: a
   varying count rounded to few distinct values (few compiles), padding by under 1.5x."""
@@ -131,10 +119,11 @@ class PolicyUpdate:
     self.prepare_chunk = micro_batch_layout(
       spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, mesh.shape["fsdp"]
     )[0]
+    prep_cfg = prepare_config(spec, loss_cfg, estimator, self.prepare_chunk)
     self.prepare = make_prepare(
       parts.graphdef,
       parts.rest,
-      prepare_config(spec, loss_cfg, estimator, self.prepare_chunk),
+      prep_cfg,
       critic_graphdef=parts.critic_graphdef,
       critic_rest=parts.critic_rest,
       mesh=mesh,
@@ -159,6 +148,13 @@ class PolicyUpdate:
     self._takes: dict[tuple, Any] = {}
     self._pack = jax.jit(take_packed)
 
+    # skip_zero_adv_rows' first phase: advantages alone (no forward pass), on every process
+    def advantages_and_metrics(a):
+      adv, _, metrics = batch_advantages(prep_cfg, a)
+      return adv, metrics
+
+    self._advantages = jax.jit(advantages_and_metrics, out_shardings=self._replicated)
+
   def minibatch_layout(self) -> tuple[int, int]:
     """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
     return minibatch_layout(self.spec.rollout, self.spec.train, self.mesh.shape["fsdp"])
@@ -181,12 +177,37 @@ class PolicyUpdate:
     arrays = pad_rows(arrays, self.mesh.shape["fsdp"])
     return {k: put_global(v, self._rows) for k, v in arrays.items()}
 
+  def learning_rows(self, arrays: dict) -> tuple[dict | None, dict]:
+    """`train.skip_zero_adv_rows`' first phase: (the rows of `arrays` with a nonzero advantage at
+    some token, their advantages (of the whole batch's groups) added and inert rows padded up to
+    one of few sizes (1, 2, 3, 4, 6, 8, ... x the fsdp axis: few prepare compiles), or None when
+    no row has one; the advantage metrics of the whole batch). Log-probs are then computed for
+    these rows only."""
+    num_rows = len(arrays["group_ids"])
+    keys = ("action_mask", "rewards", "group_ids")
+    adv, metrics = self._advantages(self.put_arrays({k: arrays[k] for k in keys}))
+    adv = np.asarray(jax.device_get(adv))[:num_rows]  # replicated: whole on every process
+    keep = np.flatnonzero(np.any(adv != 0, axis=1))
+    if len(keep) == 0:
+      return None, metrics
+    fsdp = self.mesh.shape["fsdp"]
+    rows = {k: np.asarray(v)[keep] for k, v in arrays.items()}
+    rows["advantages"] = adv[keep]
+    return pad_rows(rows, few_sizes(-(-len(keep) // fsdp)) * fsdp), metrics
+
   def __call__(self, state, ref_params, arrays: dict, step: int):
     """arrays: `rl.batching.train_arrays` of the step's trajectories (host numpy).
     Returns (new state, UpdateMetrics: device metric dicts, prepare time, padding)."""
     train = self.spec.train
-    num_rows = len(arrays["group_ids"])
     t0 = time.perf_counter()
+    skip = train.skip_zero_adv_rows
+    adv_metrics = {}
+    if skip:
+      arrays, adv_metrics = self.learning_rows(arrays)
+      if arrays is None:  # no row learns: the state as it was
+        rows_trained = {"train/rows_trained": np.float32(0)}
+        return state, UpdateMetrics([adv_metrics, rows_trained], time.perf_counter() - t0, None)
+    num_rows = len(arrays["group_ids"])
     batch, prep_metrics = self.prepare(
       state.params, ref_params, state.critic_params, self.put_arrays(arrays), self.frozen
     )
@@ -198,8 +219,8 @@ class PolicyUpdate:
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())
     step_fn, take = self._jitted(keys)
     host_mask = np.asarray(arrays["attention_mask"], bool)
-    training = trained_rows(batch["advantages"], num_rows) if train.skip_zero_adv_rows else np.ones(num_rows, bool)
-    metrics = [prep_metrics, {"train/rows_trained": np.float32(training.sum())}]
+    training = np.asarray(arrays["group_ids"]) >= 0 if skip else np.ones(num_rows, bool)
+    metrics = [{**prep_metrics, **adv_metrics}, {"train/rows_trained": np.float32(training.sum())}]
     pad = []
     for _ in range(train.epochs):
       perm = rng.permutation(num_rows)
@@ -214,7 +235,7 @@ class PolicyUpdate:
           rows, num_micro_here = np.arange(layout.num_rows), -(-layout.num_rows // micro_size)
           real = int(index["valid"].sum())
         else:  # skipped rows: fewer micro-batches (one compile per count: 1, 2, 3, 4, 6, 8, 12, ...)
-          num_micro_here = num_micro if training.all() else min(num_micro, few_sizes(-(-len(rows) // micro_size)))
+          num_micro_here = min(num_micro, few_sizes(-(-len(rows) // micro_size))) if skip else num_micro
           real = int(host_mask[rows].sum())
         pad.append(1.0 - real / (micro_size * max(num_micro_here, -(-len(rows) // micro_size)) * host_mask.shape[1]))
         idx, valid = microbatch_index(rows, micro_size, num_micro_here)

@@ -99,6 +99,24 @@ def test_skipped_rows_train_as_if_absent_and_cost_nothing(trainer):
   assert got["plain"]["actor/loss_denom"] == pytest.approx(1.5 * got["skip"]["actor/loss_denom"], rel=1e-6)
   # 8 rows in 4 micro-batches of 2, not the layout's 6: no slot computed for the skipped rows
   assert got["skip"]["train/padding_fraction"] < got["plain"]["train/padding_fraction"] + 1e-9
+  # log-probs only for the rows that train (their mismatch metrics are the absent batch's); the
+  # advantages' metrics are the whole batch's
+  mismatch = [k for k in got["plain"] if k.startswith("mismatch/")]
+  assert mismatch and all(got["skip"][k] == pytest.approx(got["absent"][k], rel=1e-5, abs=1e-7) for k in mismatch)
+  assert any(got["plain"][k] != pytest.approx(got["absent"][k], rel=1e-3) for k in mismatch)
+  assert got["skip"]["adv/abs_mean"] == pytest.approx(got["plain"]["adv/abs_mean"], rel=1e-6)
+
+
+def test_a_batch_with_no_advantage_leaves_the_state_as_it_was(trainer):
+  rng = np.random.default_rng(11)
+  arrays = train_arrays(_trajs(rng, [[0.3] * 4, [1.0] * 4]), pad_id=0)
+  state = trainer.new_state(trainer.init_params)
+  before = jax.device_get(jax.tree.leaves(state.params))
+  new, m = _update(trainer, skip_zero_adv_rows=True)(state, None, arrays, step=1)
+  got = m.fetch()
+  assert got["train/rows_trained"] == 0 and "actor/pg_loss" not in got and got["adv/abs_mean"] == 0
+  for a, b in zip(before, jax.device_get(jax.tree.leaves(new.params))):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_skipping_needs_a_loss_without_terms_on_every_row(tmp_path):

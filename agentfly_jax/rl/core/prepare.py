@@ -125,30 +125,41 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
   return batch, metrics
 
 
-def prepare_batch(
-  graphdef, rest, cfg: PrepareConfig, params, ref_params, critic_params, arrays: dict, *, critic_graphdef, critic_rest
-) -> tuple[dict, dict]:
-  """(batch, metrics) of `make_prepare`'s program, unjitted (see there for the arrays)."""
+def batch_advantages(cfg: PrepareConfig, arrays: dict, values=None) -> tuple:
+  """(advantages f32[B, L] (negative ones x `cfg.neg_adv_weight`), returns [B, L], metrics) of the
+  scores (rewards + DAPO's overlong penalty) by `cfg.estimator`; `values` f32[B, L] for a critic's
+  estimators. No forward pass: the first phase of `train.skip_zero_adv_rows`."""
   mask = arrays["action_mask"]
-  batch, metrics = _policy_batch(graphdef, rest, cfg, params, ref_params, arrays)
+  metrics = {}
   scores = arrays["rewards"].astype(jnp.float32)
   if cfg.overlong_buffer > 0:
     scores, metrics["dapo/overlong_penalty_mean"] = overlong_shaped_scores(scores, mask, arrays["group_ids"], cfg)
-  values = None
-  if critic_params is not None:
-    values = chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays, cfg.chunk)
-    batch["old_values"] = values
   adv, ret = adv_lib.compute(
     cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"], values=values, gamma=cfg.gamma, lam=cfg.lam
   )
   if cfg.neg_adv_weight != 1.0:
     adv = jnp.where(adv < 0, adv * cfg.neg_adv_weight, adv)
-  batch["advantages"] = adv.astype(jnp.float32)
-  if critic_params is not None:
-    batch["returns"] = ret.astype(jnp.float32)
   metrics["adv/mean"] = _masked_mean(adv, mask)
   metrics["adv/abs_mean"] = _masked_mean(jnp.abs(adv), mask)
-  return batch, metrics
+  return adv.astype(jnp.float32), ret, metrics
+
+
+def prepare_batch(
+  graphdef, rest, cfg: PrepareConfig, params, ref_params, critic_params, arrays: dict, *, critic_graphdef, critic_rest
+) -> tuple[dict, dict]:
+  """(batch, metrics) of `make_prepare`'s program, unjitted (see there for the arrays)."""
+  batch, metrics = _policy_batch(graphdef, rest, cfg, params, ref_params, arrays)
+  if "advantages" in arrays:  # computed beforehand over the whole batch (`batch_advantages`)
+    batch["advantages"] = arrays["advantages"].astype(jnp.float32)
+    return batch, metrics
+  values = None
+  if critic_params is not None:
+    values = chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays, cfg.chunk)
+    batch["old_values"] = values
+  batch["advantages"], ret, adv_metrics = batch_advantages(cfg, arrays, values)
+  if critic_params is not None:
+    batch["returns"] = ret.astype(jnp.float32)
+  return batch, {**metrics, **adv_metrics}
 
 
 def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, critic_rest=None, mesh=None, rules=None):
@@ -159,8 +170,9 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   activations are constrained by `rules` (models/sharding.py `activation_sharding`).
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
-  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]. ref_params / critic_params may
-  be None (no KL reference / no critic).
+  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]; optional advantages f32[B, L]
+  (then used as they are: `batch_advantages` of a larger batch these rows were taken from).
+  ref_params / critic_params may be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
   action_mask, old_logprobs, advantages (negative ones x `cfg.neg_adv_weight`); + ref_logprobs,
   is_weights, old_values, returns when on.
