@@ -36,8 +36,9 @@ demos at a first hit lacking an asked value go back, the rest buy it with what i
 again with `train.skip_zero_adv_rows` and 11 steps (n): 0.083 -> 0.125 (+0.042), r_option +0.10 in both.
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
-the new page); micro-batches of 2 keep the update's peak under the 24 GiB here (with 4, 16 chains were
-OOM-killed).
+the new page); micro-batches of 2 keep the update's peak lower (with 4, 16 chains were OOM-killed), and
+at 16 chains the RL steps need a process of their own: m's single SFT + RL process was OOM-killed in step 7,
+n's RL process (resumed from the `--config.train.steps=0` run's step-0 checkpoint) stayed under 18.4 GiB.
 """
 
 from agentfly_jax.rl.config import config_beside
