@@ -45,7 +45,7 @@ from typing import Any
 import trio
 
 from agentfly_jax.agents.endpoint_records import ChainRecord, message_key, template_message
-from agentfly_jax.agents.rollout import _request_seed
+from agentfly_jax.agents.rollout import _request_seed, check_shared_turns, shared_chain_id
 from agentfly_jax.sampling.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ class ChatEndpoint:
     max_turns: most requests per chain (None: no limit).
     max_n: most choices per request.
     seed: base seed; request k of chain (g, c) gets the seed the built-in rollout gives turn k.
+    shared_turns: a group's chains send their first `shared_turns` requests with the same seeds
+      (as the built-in rollout's `shared_turns`; a deterministic agent then shares its opening).
     fixed_temperature: use `sampling_params.temperature` whatever the request asks (training:
       the loss assumes the run's temperature); False honours the request's `temperature`.
     gather_s: hold requests while other open chains may still send theirs, so that a turn's
@@ -127,7 +129,9 @@ class ChatEndpoint:
     seed: int | None = 0,
     fixed_temperature: bool = False,
     gather_s: float = 0.0,
+    shared_turns: int = 0,
   ):
+    check_shared_turns("ChatEndpoint", shared_turns, seed)
     for name, value in [
       ("max_tokens_per_turn", max_tokens_per_turn),
       ("max_total_tokens", max_total_tokens),
@@ -138,7 +142,7 @@ class ChatEndpoint:
     self.agent, self.sampler, self.model_name = agent, sampler, model_name
     self.sampling_params = sampling_params or SamplingParams()
     self.max_tokens_per_turn, self.max_total_tokens = max_tokens_per_turn, max_total_tokens
-    self.max_turns, self.max_n, self.seed = max_turns, max_n, seed
+    self.max_turns, self.max_n, self.seed, self.shared_turns = max_turns, max_n, seed, shared_turns
     self.fixed_temperature = fixed_temperature
     self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
     self.chains: dict[str, ChainRecord] = {}
@@ -322,7 +326,8 @@ class ChatEndpoint:
     results: list[Any] = [None] * request.n
 
     async def sample(i):
-      seed = _request_seed(self.seed, chain.group_id, chain.chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
+      chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
+      seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
       results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), self._params(request, budget, seed))
 
     await self._gather()

@@ -127,6 +127,7 @@ async def endpoint_rollout(
   model_name: str = "policy",
   gather_s: float = 0.05,
   env_provider=None,
+  shared_turns: int = 0,
 ) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
@@ -174,6 +175,7 @@ async def endpoint_rollout(
     seed=seed,
     fixed_temperature=True,
     gather_s=gather_s,
+    shared_turns=shared_turns,
   )
   limiter = trio.CapacityLimiter(concurrency)
   thread_limiter = trio.CapacityLimiter(tool_threads)

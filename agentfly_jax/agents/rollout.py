@@ -86,6 +86,13 @@ class _Config:
   provider_getter: Any
   run_id: str
   thread_limiter: trio.CapacityLimiter
+  shared_turns: int = 0
+
+
+def shared_chain_id(chain_id: int, turn: int, shared_turns: int) -> int:
+  """The chain id a turn's request seed is drawn for: chain 0's for the first `shared_turns`
+  turns (every chain of a group samples them with the same seeds), the chain's own after."""
+  return chain_id if turn >= shared_turns else 0
 
 
 def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int, fallback: int | None) -> int | None:
@@ -211,7 +218,13 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
       cfg.sampling_params,
       max_new_tokens=budget,
       stop_token_ids=stop_ids,
-      seed=_request_seed(cfg.seed, chain.group_id, chain.chain_id, turn, cfg.sampling_params.seed),
+      seed=_request_seed(
+        cfg.seed,
+        chain.group_id,
+        shared_chain_id(chain.chain_id, turn, cfg.shared_turns),
+        turn,
+        cfg.sampling_params.seed,
+      ),
     )
     result = await cfg.sampler.agenerate(list(chain.ids), params)
     generated = [int(t) for t in result.token_ids]
@@ -271,6 +284,14 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg:
   return chain.trajectory(reward, metrics, error)
 
 
+def check_shared_turns(caller: str, shared_turns, seed) -> None:
+  """`shared_turns` must be an int >= 0, and > 0 only with a base `seed` (shared seeds)."""
+  if not isinstance(shared_turns, int) or isinstance(shared_turns, bool) or shared_turns < 0:
+    raise ValueError(f"{caller}: shared_turns must be an int >= 0, got {shared_turns!r}")
+  if shared_turns and seed is None:
+    raise ValueError(f"{caller}: shared_turns={shared_turns} needs a base seed (the chains share seeds), got seed=None")
+
+
 def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
   """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
   fields the reward needs. Raises ValueError naming the row index and field."""
@@ -304,6 +325,7 @@ async def rollout(
   seed: int | None = 0,
   tool_threads: int = 128,
   group_offset: int = 0,
+  shared_turns: int = 0,
 ) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
@@ -327,6 +349,10 @@ async def rollout(
     tool_threads: worker threads for synchronous tool and reward functions.
     group_offset: added to every group id (and so to the request seeds): a process rolling out
       rows k.. of a larger batch gets the trajectories a single rollout of the batch would.
+    shared_turns: the chains of a group draw their first `shared_turns` turns with the same
+      seeds (chain 0's): with a deterministic environment and sampler they share that opening
+      and branch after it, so the group's reward spread comes from the later turns (e.g. the
+      decision on a page the opening reaches); needs `seed`. 0 = every chain its own.
   """
   for name, value in [
     ("num_chains", num_chains),
@@ -338,6 +364,7 @@ async def rollout(
   ]:
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"rollout: {name} must be an int >= 1, got {value!r}")
+  check_shared_turns("rollout", shared_turns, seed)
   validate_rows(agent, rows)
   sampling_params = sampling_params or SamplingParams()
 
@@ -354,6 +381,7 @@ async def rollout(
     provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
     run_id=uuid.uuid4().hex[:10],
     thread_limiter=trio.CapacityLimiter(tool_threads),
+    shared_turns=shared_turns,
   )
   limiter = trio.CapacityLimiter(concurrency)
   results: list[Trajectory | None] = [None] * (len(rows) * num_chains)

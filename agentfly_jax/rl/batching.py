@@ -73,6 +73,9 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   m[f"{prefix}/envs_per_chain"] = sum(envs.values()) / max(1, len(trajs))
   for name, count in envs.items():
     m[f"{prefix}/envs/{name}"] = count
+  branch = group_branch_turns(trajs)
+  if branch:  # groups of >= 2 chains: the turn where their chains first differ
+    m[f"{prefix}/group_branch_turn_mean"] = float(np.mean(branch))
   for reason, count in collections.Counter(t.finish_reason for t in trajs).items():
     m[f"{prefix}/finish/{reason}"] = count / max(1, len(trajs))
   extra = collections.defaultdict(list)
@@ -83,6 +86,30 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   for k, vs in extra.items():
     m[f"{prefix}/reward_metric/{k}"] = float(np.mean(vs))
   return m
+
+
+def model_turns(traj) -> list[tuple[int, ...]]:
+  """A trajectory's model turns: each maximal run of `action_mask` True, as a tuple of ids."""
+  mask = np.asarray(traj.action_mask, bool)
+  ids = np.asarray(traj.token_ids)
+  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+  return [tuple(int(t) for t in ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def group_branch_turns(trajs: Sequence) -> list[int]:
+  """For each group of >= 2 chains, the first model turn (0-based) at which its chains' tokens
+  differ (a group whose chains never differ: its shortest chain's number of turns). With
+  `rollout.shared_turns=K` and a deterministic environment every group branches at >= K."""
+  groups = collections.defaultdict(list)
+  for t in trajs:
+    groups[t.group_id].append(model_turns(t))
+  out = []
+  for chains in groups.values():
+    if len(chains) < 2:
+      continue
+    shortest = min(len(c) for c in chains)
+    out.append(next((k for k in range(shortest) if len({c[k] for c in chains}) > 1), shortest))
+  return out
 
 
 def drop_zero_variance_groups(trajs: Sequence) -> tuple[list, int]:

@@ -232,6 +232,7 @@ class RolloutSection(Section):
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
   prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
+  shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
 
   def check(self):
     names = sampler_names()
@@ -240,7 +241,7 @@ class RolloutSection(Section):
     for name in (*sizes, "concurrency", "max_batch_size"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
-    for name in ("max_staleness", "prefix_cache_tokens"):
+    for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
       self.at_least(name, 0)
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")

@@ -82,6 +82,7 @@ def rollout(
     seed=seed,
     group_offset=distributed.share_offset(len(rows)),
     env_provider=env_provider,
+    shared_turns=r.shared_turns,
   )
   return distributed.gather_objects(trajs)
 

@@ -43,6 +43,7 @@ def _with(field, value):
     ("rollout.temperature", -0.5, ">= 0"),
     ("rollout.max_staleness", 1.5, "an integer"),
     ("rollout.prefix_cache_tokens", -1, "integer >= 0"),
+    ("rollout.shared_turns", -2, "integer >= 0"),
     ("train.schedule", "step", "('constant', 'cosine', 'linear')"),
     ("train.remat", "dots", "known:"),
     ("train.micro_batch_size", 0, "integer >= 1"),
