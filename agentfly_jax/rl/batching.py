@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from agentfly_jax.agents.display import mask_segments
 from agentfly_jax.rl.core.shaping import overlong_penalty  # noqa: F401 (its home is core: prepare jits it)
 
 
@@ -90,10 +91,8 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
 
 def model_turns(traj) -> list[tuple[int, ...]]:
   """A trajectory's model turns: each maximal run of `action_mask` True, as a tuple of ids."""
-  mask = np.asarray(traj.action_mask, bool)
-  ids = np.asarray(traj.token_ids)
-  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-  return [tuple(int(t) for t in ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+  ids = np.asarray(traj.token_ids).tolist()
+  return [tuple(ids[a:b]) for a, b, is_model in mask_segments(traj.action_mask) if is_model]
 
 
 def group_branch_turns(trajs: Sequence) -> list[int]:

@@ -28,7 +28,7 @@ class SeededSampler(ScriptedSampler):
   each turn draws one of 50 calculator calls from the seed; turn 3 answers in plain text."""
 
   def __init__(self, tok):
-    self.tok, self.seeds = tok, []
+    self.tok = tok
     super().__init__(self._reply)
 
   def _reply(self, prompt_ids):
@@ -40,7 +40,6 @@ class SeededSampler(ScriptedSampler):
 
   async def agenerate(self, prompt, params):
     self._seed = params.seed
-    self.seeds.append(params.seed)
     return self._sample(prompt, params)
 
 
