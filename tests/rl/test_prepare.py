@@ -95,10 +95,11 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk
     overlong_factor=0.5,
   )
   prepare = make_prepare(g, r, cfg, critic_graphdef=cg, critic_rest=cr)
-  arrays = pad_rows(train_arrays(trajs, pad_id=0, multiple=16), 4)  # 9 rows + 3 inert ones
+  # REF_LEN columns whatever the drawn lengths (< 30 tokens), so the width check below holds on every seed
+  arrays = pad_rows(train_arrays(trajs, pad_id=0, length=REF_LEN), 4)  # 9 rows + 3 inert ones
   batch, metrics = jax.device_get(prepare(p, _split(ref)[1], cp, arrays))
   n = len(trajs)
-  assert batch["old_logprobs"].shape == arrays["input_ids"].shape and arrays["input_ids"].shape[1] == 32
+  assert batch["old_logprobs"].shape == arrays["input_ids"].shape and arrays["input_ids"].shape[1] == REF_LEN
 
   mask = arrays["action_mask"][:n]
   deltas = []
