@@ -128,6 +128,7 @@ async def endpoint_rollout(
   gather_s: float = 0.05,
   env_provider=None,
   shared_turns: int = 0,
+  branch_temperature: float | None = None,
 ) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
@@ -176,6 +177,7 @@ async def endpoint_rollout(
     fixed_temperature=True,
     gather_s=gather_s,
     shared_turns=shared_turns,
+    branch_temperature=branch_temperature,
   )
   limiter = trio.CapacityLimiter(concurrency)
   thread_limiter = trio.CapacityLimiter(tool_threads)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import uuid
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -87,12 +88,20 @@ class _Config:
   run_id: str
   thread_limiter: trio.CapacityLimiter
   shared_turns: int = 0
+  branch_temperature: float | None = None
 
 
 def shared_chain_id(chain_id: int, turn: int, shared_turns: int) -> int:
   """The chain id a turn's request seed is drawn for: chain 0's for the first `shared_turns`
   turns (every chain of a group samples them with the same seeds), the chain's own after."""
   return chain_id if turn >= shared_turns else 0
+
+
+def turn_temperature(base: float, turn: int, shared_turns: int, branch_temperature: float | None) -> float:
+  """A turn's sampling temperature: `branch_temperature` for turn `shared_turns` (the first a
+  group's chains draw with their own seeds: where they branch), `base` for every other turn and
+  whenever `branch_temperature` is None."""
+  return base if branch_temperature is None or turn != shared_turns else float(branch_temperature)
 
 
 def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int, fallback: int | None) -> int | None:
@@ -216,6 +225,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
     budget = min(cfg.max_tokens_per_turn, room)
     params = dataclasses.replace(
       cfg.sampling_params,
+      temperature=turn_temperature(cfg.sampling_params.temperature, turn, cfg.shared_turns, cfg.branch_temperature),
       max_new_tokens=budget,
       stop_token_ids=stop_ids,
       seed=_request_seed(
@@ -292,6 +302,15 @@ def check_shared_turns(caller: str, shared_turns, seed) -> None:
     raise ValueError(f"{caller}: shared_turns={shared_turns} needs a base seed (the chains share seeds), got seed=None")
 
 
+def check_branch_temperature(caller: str, branch_temperature) -> None:
+  """`branch_temperature` must be None or a finite number > 0 (greedy would not branch)."""
+  if branch_temperature is None:
+    return
+  ok = isinstance(branch_temperature, (int, float)) and not isinstance(branch_temperature, bool)
+  if not ok or not math.isfinite(branch_temperature) or branch_temperature <= 0:
+    raise ValueError(f"{caller}: branch_temperature must be None or a finite number > 0, got {branch_temperature!r}")
+
+
 def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
   """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
   fields the reward needs. Raises ValueError naming the row index and field."""
@@ -326,6 +345,7 @@ async def rollout(
   tool_threads: int = 128,
   group_offset: int = 0,
   shared_turns: int = 0,
+  branch_temperature: float | None = None,
 ) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
@@ -353,6 +373,11 @@ async def rollout(
       seeds (chain 0's): with a deterministic environment and sampler they share that opening
       and branch after it, so the group's reward spread comes from the later turns (e.g. the
       decision on a page the opening reaches); needs `seed`. 0 = every chain its own.
+    branch_temperature: the temperature of turn `shared_turns` alone (the branch: e.g. hotter,
+      so that a near-deterministic policy's chains contrast the decision made there while the
+      other turns keep `sampling_params.temperature`); None = that temperature at every turn.
+      The sampler's log-probs of that turn are at this temperature (the loss's importance
+      correction, `loss.tis_cap`, sees the difference).
   """
   for name, value in [
     ("num_chains", num_chains),
@@ -365,6 +390,7 @@ async def rollout(
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"rollout: {name} must be an int >= 1, got {value!r}")
   check_shared_turns("rollout", shared_turns, seed)
+  check_branch_temperature("rollout", branch_temperature)
   validate_rows(agent, rows)
   sampling_params = sampling_params or SamplingParams()
 
@@ -382,6 +408,7 @@ async def rollout(
     run_id=uuid.uuid4().hex[:10],
     thread_limiter=trio.CapacityLimiter(tool_threads),
     shared_turns=shared_turns,
+    branch_temperature=branch_temperature,
   )
   limiter = trio.CapacityLimiter(concurrency)
   results: list[Trajectory | None] = [None] * (len(rows) * num_chains)

@@ -233,6 +233,7 @@ class RolloutSection(Section):
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
   prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
+  branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
 
   def check(self):
     names = sampler_names()
@@ -244,6 +245,7 @@ class RolloutSection(Section):
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
       self.at_least(name, 0)
     self.need("temperature", self.temperature >= 0, "must be >= 0")
+    self.need("branch_temperature", 0 <= self.branch_temperature < float("inf"), "must be >= 0 (0 = off)")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
     self.need("vllm_dtype", self.vllm_dtype in ("",) + DTYPES, "must be 'float32', 'bfloat16' or 'float16'")
 

@@ -50,7 +50,8 @@ def rollout(
   seed: int = 0,
 ) -> list:
   """Trajectories of `rows` (group_id = row index) under `rollout_spec` (rl/spec.RolloutSection;
-  `num_chains` / `temperature` override it). On several processes each rolls out its share of
+  `num_chains` / `temperature` override it; an overridden temperature, as the greedy eval's, holds at
+  every turn: no `branch_temperature`). On several processes each rolls out its share of
   the rows with its own sampler and all get the whole list back. `agent_fn`: a black-box agent
   run through the OpenAI-compatible endpoint instead of the built-in loop."""
   from agentfly_jax.agents.rollout import run_rollout
@@ -83,6 +84,7 @@ def rollout(
     group_offset=distributed.share_offset(len(rows)),
     env_provider=env_provider,
     shared_turns=r.shared_turns,
+    branch_temperature=(r.branch_temperature or None) if temperature is None else None,  # not in evals
   )
   return distributed.gather_objects(trajs)
 

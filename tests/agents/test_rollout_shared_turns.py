@@ -124,3 +124,92 @@ def test_endpoint_agents_share_their_first_requests_seeds():
   assert len(set(seen[a, 0])) == len(set(seen[b, 0])) == 1 and seen[a, 0] != seen[b, 0]  # one seed a group
   assert len(seen[a, 0]) == len(seen[b, 0]) == 3
   assert len(set(seen[a, 1] + seen[b, 1])) == 6  # each chain's own seed after the shared request
+
+
+class TemperatureRecorder(SeededSampler):
+  """SeededSampler that records each request's (turn, temperature)."""
+
+  def __init__(self, tok):
+    super().__init__(tok)
+    self.temperatures = []
+
+  async def agenerate(self, prompt, params):
+    turn = self.tok.decode(prompt).count("<|im_start|>assistant") - 1
+    self.temperatures.append((turn, params.temperature))
+    return await super().agenerate(prompt, params)
+
+
+def test_branch_temperature_samples_the_branch_turn_alone_hotter(agent):
+  sampler = TemperatureRecorder(agent.tokenizer)
+  rows = [{"question": f"q{i}"} for i in range(2)]
+  kw = dict(sampler=sampler, num_chains=3, max_turns=5, seed=5, concurrency=1)
+  run_rollout(
+    agent, rows, sampling_params=SamplingParams(temperature=0.7), shared_turns=2, branch_temperature=1.6, **kw
+  )
+  by_turn = collections.defaultdict(set)
+  for turn, t in sampler.temperatures:
+    by_turn[turn].add(t)
+  assert dict(by_turn) == {0: {0.7}, 1: {0.7}, 2: {1.6}, 3: {0.7}}  # 2 x 3 chains, 4 model turns each
+  assert len(sampler.temperatures) == 24
+  sampler.temperatures.clear()  # without a branch temperature every turn keeps the base one
+  run_rollout(agent, rows, sampling_params=SamplingParams(temperature=0.7), shared_turns=2, **kw)
+  assert {t for _, t in sampler.temperatures} == {0.7}
+  for bad in (0, -1.0, float("nan"), True):
+    with pytest.raises(
+      ValueError, match=f"rollout: branch_temperature must be None or a finite number > 0, got {bad!r}"
+    ):
+      run_rollout(agent, rows, shared_turns=2, branch_temperature=bad, **kw)
+
+
+def test_run_rollouts_branch_hot_and_greedy_evals_stay_greedy(agent):
+  from agentfly_jax.rl import stages
+  from agentfly_jax.rl.spec import RolloutSection
+
+  spec = RolloutSection(
+    num_chains=2,
+    max_turns=5,
+    max_tokens_per_turn=64,
+    max_total_tokens=2048,
+    temperature=0.9,
+    shared_turns=1,
+    branch_temperature=1.5,
+  )
+  sampler = TemperatureRecorder(agent.tokenizer)
+  kw = dict(sampler=sampler, rollout_spec=spec, end_of_turn_id=agent.tokenizer.token_to_id(EOT), env_provider=None)
+  stages.rollout(agent, [{"question": "q"}], **kw)
+  assert sorted(set(sampler.temperatures)) == [(0, 0.9), (1, 1.5), (2, 0.9), (3, 0.9)]
+  sampler.temperatures.clear()
+  stages.rollout(agent, [{"question": "q"}], temperature=0.0, num_chains=1, **kw)  # the greedy eval's call
+  assert {t for _, t in sampler.temperatures} == {0.0}
+
+
+def test_endpoint_branch_request_is_sampled_at_the_branch_temperature():
+  tok = ToolCallAgent(WARMSTART, tools=[]).tokenizer
+  agent = lookup.make_agent(tok)
+  eot = tok.token_to_id("<|im_end|>")
+  temperatures = collections.defaultdict(set)
+
+  class Recorder(ScriptedSampler):
+    async def agenerate(self, prompt, params):
+      temperatures[tok.decode(prompt).count("<|im_start|>assistant") - 1].add(params.temperature)
+      return await super().agenerate(prompt, params)
+
+  def script(prompt_ids):
+    reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
+    return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
+
+  rows = lookup.make_rows(2, seed=3)
+  run_endpoint_rollout(
+    agent,
+    rows,
+    openai_lookup_agent,
+    sampler=Recorder(script),
+    num_chains=2,
+    seed=4,
+    sampling_params=SamplingParams(temperature=0.8),
+    shared_turns=1,
+    branch_temperature=1.3,
+  )
+  assert dict(temperatures) == {0: {0.8}, 1: {1.3}}
+  with pytest.raises(ValueError, match="ChatEndpoint: branch_temperature must be None or a finite number > 0, got 0"):
+    ChatEndpoint(agent, Recorder(script), branch_temperature=0)
