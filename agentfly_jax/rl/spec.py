@@ -291,6 +291,7 @@ class TrainSection(Section):
   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
   skip_zero_adv_rows: bool = False  # rows with all-0 advantages skip the train steps (rl/update.py)
+  skip_keeps_batch_mean: bool = False  # the skipped rows still count in the loss's mean: the unskipped step
 
   def check(self):
     self.at_least("steps", 0)

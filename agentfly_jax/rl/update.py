@@ -27,6 +27,7 @@ from agentfly_jax.rl.batching import (
   pad_rows,
   take_microbatches,
 )
+from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.packing import pack_index, take_packed
 from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare
 from agentfly_jax.rl.spec import as_spec
@@ -114,6 +115,12 @@ class PolicyUpdate:
   def __init__(self, parts: ModelParts, spec, loss_cfg, estimator: str, mesh, state_sharding):
     spec = as_spec(spec)
     self.spec, self.mesh, self.state_sharding = spec, mesh, state_sharding
+    self.loss_agg = loss_cfg.agg
+    if spec.train.skip_keeps_batch_mean and spec.train.pack_sequences:
+      raise ValueError(
+        "config.train.skip_keeps_batch_mean=True: not with train.pack_sequences (a packed row holds several "
+        "trajectories, so a row's share of the skipped rows' denominator has no place); set one of them False"
+      )
     rules = spec.mesh.rules
     self.prepare_chunk = micro_batch_layout(
       spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, mesh.shape["fsdp"]
@@ -181,7 +188,9 @@ class PolicyUpdate:
     some token, their advantages (of the whole batch's groups) added and inert rows padded up to
     one of few sizes (1, 2, 3, 4, 6, 8, ... x the fsdp axis: few prepare compiles), or None when
     no row has one; the advantage metrics of the whole batch). Log-probs are then computed for
-    these rows only."""
+    these rows only. With `train.skip_keeps_batch_mean` each kept row also carries its share of
+    the skipped rows' denominator (`skipped_denom`), so the step's loss is the whole batch's mean
+    and the update the unskipped one (with `train.minibatches=1` exactly)."""
     num_rows = len(arrays["group_ids"])
     keys = ("action_mask", "rewards", "group_ids")
     adv, metrics = self._advantages(self.put_arrays({k: arrays[k] for k in keys}))
@@ -192,6 +201,11 @@ class PolicyUpdate:
     fsdp = self.mesh.shape["fsdp"]
     rows = {k: np.asarray(v)[keep] for k, v in arrays.items()}
     rows["advantages"] = adv[keep]
+    if self.spec.train.skip_keeps_batch_mean:  # the skipped rows' share of the loss's denominator, spread
+      skipped = np.setdiff1d(np.arange(num_rows), keep)  # over the rows that train (exact with 1 minibatch)
+      mask = np.asarray(arrays["action_mask"])[skipped]
+      extra = float(losses.denominator(mask, self.loss_agg, norm_len=mask.shape[1])) if len(skipped) else 0.0
+      rows["skipped_denom"] = np.full(len(keep), extra / len(keep), np.float32)
     return pad_rows(rows, few_sizes(-(-len(keep) // fsdp)) * fsdp), metrics
 
   def __call__(self, state, ref_params, arrays: dict, step: int):

@@ -152,3 +152,47 @@ def test_score_metric_replaces_the_reward_for_advantages_and_names_a_missing_one
     stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="success")
   with pytest.raises(ValueError, match=r"group 0, chain 0\).*'note', 'success'"):
     stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="note")
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_skipping_with_the_batch_mean_is_the_unskipped_step(trainer, agg):
+  """`train.skip_keeps_batch_mean`: the tied groups' rows still skip the forward and backward, but
+  count in the loss's denominator, so loss, gradient and update equal the unskipped step's (the
+  plain skip's gradient is larger by the denominators' ratio)."""
+  rng = np.random.default_rng([5, len(agg)])
+  rewards = [[0.5, 0.5, 0.5, 0.5], list(rng.random(4).round(3)), [0.2, 0.2, 0.2, 0.2], list(rng.random(4).round(3))]
+  arrays = train_arrays(_trajs(rng, rewards), pad_id=0, length=48)
+  loss_cfg = dataclasses.replace(trainer.loss_cfg, agg=agg)
+  spec = trainer.spec
+  init = jax.device_get(jax.tree.leaves(trainer.init_params))
+  got, delta = {}, {}
+  variants = {
+    "plain": {},
+    "keep": {"skip_zero_adv_rows": True, "skip_keeps_batch_mean": True},
+    "absent": {"skip_zero_adv_rows": True},
+  }
+  for name, train in variants.items():
+    s = dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
+    parts = ModelParts(trainer.graphdef, trainer.rest, trainer.optimizer)
+    upd = PolicyUpdate(parts, s, loss_cfg, s.algorithm.estimator, trainer.mesh, trainer.state_sharding)
+    new, m = upd(trainer.new_state(trainer.init_params), None, arrays, step=1)
+    got[name] = m.fetch()
+    delta[name] = np.concatenate([(a - b).ravel() for a, b in zip(jax.device_get(jax.tree.leaves(new.params)), init)])
+  assert got["keep"]["train/rows_trained"] == 8 and got["plain"]["train/rows_trained"] == 16
+  for k in ("actor/grad_norm", "actor/loss_denom"):  # (actor/pg_loss: a mean of per-micro-batch ratios)
+    assert got["keep"][k] == pytest.approx(got["plain"][k], rel=1e-5, abs=1e-7), k
+  ratio = got["plain"]["actor/loss_denom"] / got["absent"]["actor/loss_denom"]
+  assert ratio > 1.5  # the tied rows' share of the denominator
+  assert got["absent"]["actor/grad_norm"] == pytest.approx(ratio * got["plain"]["actor/grad_norm"], rel=1e-4)
+  # the update (Adam's first step, ~lr * sign(gradient)) equals the unskipped one up to float rounding
+  assert np.abs(delta["plain"]).max() > 0
+  assert np.linalg.norm(delta["keep"] - delta["plain"]) < 1e-2 * np.linalg.norm(delta["plain"])
+
+
+def test_the_batch_mean_skip_refuses_packed_rows(trainer):
+  spec = trainer.spec
+  train = dict(skip_zero_adv_rows=True, skip_keeps_batch_mean=True, pack_sequences=True)
+  s = dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
+  parts = ModelParts(trainer.graphdef, trainer.rest, trainer.optimizer)
+  with pytest.raises(ValueError, match=r"config\.train\.skip_keeps_batch_mean=True: not with train\.pack_sequences"):
+    PolicyUpdate(parts, s, trainer.loss_cfg, s.algorithm.estimator, trainer.mesh, trainer.state_sharding)

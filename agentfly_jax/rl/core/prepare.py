@@ -113,6 +113,8 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
 
   mask = arrays["action_mask"]
   batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
+  if "skipped_denom" in arrays:  # train.skip_keeps_batch_mean: passed through to the train step
+    batch["skipped_denom"] = arrays["skipped_denom"].astype(jnp.float32)
   old = action_logprobs(graphdef, params, rest, arrays, cfg)
   batch["old_logprobs"] = old
   metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
