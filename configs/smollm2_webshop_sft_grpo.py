@@ -18,7 +18,7 @@ experiments/sft_probe.py, which also fills `sft.cache_dir`, so this run starts f
   PYTHONPATH=$PWD .venv/bin/python experiments/sft_probe.py --config=configs/smollm2_webshop_sft_grpo.py \
       --at=14,22,30 --val_rows=16 --out=runs/sft_probe_webshop.json
 
-Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): sixteen attempts in
+Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): nineteen attempts in
 experiments/results/smollm2_webshop/attempts/README.md. The best (g, this config's RL settings):
 0.292 after SFT -> 0.333 after 6 GRPO steps (85 min with the SFT); the policy is near-deterministic after
 SFT (entropy ~0.02), so groups of 4 chains rarely differ in success. Wider, hotter groups (h, i: 2 x 8
@@ -35,8 +35,10 @@ demos at a first hit lacking an asked value go back, the rest buy it with what i
 1.5e-4, 10 steps): greedy success 0.042 after SFT -> 0.167 (+0.125), from a weaker start than g's; run
 again with `train.skip_zero_adv_rows` and 11 steps (n): 0.083 -> 0.125 (+0.042), r_option +0.10 in both; with the
 groups branched on the first product page (o: `rollout.shared_turns=2`, 12 steps) +0.042 again, and the branch turn
-showed the chains already shared the opening and mostly the decision too; at lr 3e-4 (p) the chains overshot into
-browsing to the turn cap and success fell (-0.042).
+showed the chains already shared the opening; at lr 3e-4 (p) the chains overshot into browsing to the turn cap and
+success fell (-0.042). With the tied groups kept in the loss's mean (q: `train.skip_keeps_batch_mean`, the unskipped
+update at the skip's cost) +0.083 (0.083 -> 0.167) and r_option +0.125, the largest; the SFT policy's look-past decision
+is a coin, not a comparison of page and instruction (experiments/shop_decision_probe.py); at lr 2e-4 (r) +0.0.
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
 the new page); micro-batches of 2 keep the update's peak lower (with 4, 16 chains were OOM-killed), and
