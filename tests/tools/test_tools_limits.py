@@ -62,7 +62,7 @@ def _max_starts_in_window(starts, seconds):
   best, lo = 0, 0
   for hi, t in enumerate(starts):
     # 50 ms for the scheduling between the gate's clock read and the tool's: on a loaded machine (the
-    # suite's workers on 2 cores) one start's wake-up can lag another's by tens of ms (CI: 6 starts
+    # suite's workers on 2 cores) one start's wake-up can lag another's by tens of ms (a suite run here: 6 starts
     # in a gate-side second); a limiter over its rate, e.g. 6 or 10 a second, still shows here
     while t - starts[lo] >= seconds - 0.05:
       lo += 1
