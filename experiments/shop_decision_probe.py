@@ -74,7 +74,7 @@ def main(_):
       text = tok.decode(prompt)
       page = text.split("<tool_response>")[-1]
       goal = wb.parse_instruction(wb._INSTRUCTION.search(text).group(0))
-      lacking = "[Buy Now]" in page and any(f"[{v}]" not in page for v in goal["options"].values())
+      lacking = wb.lacks_asked_value(page, goal)
       ids = np.array([prompt + back], np.int32)
       L = ids.shape[1]
       Lp = ((L + 63) // 64) * 64

@@ -99,6 +99,12 @@ def parse_instruction(text: str) -> dict | None:
   }
 
 
+def lacks_asked_value(page: str, goal: dict) -> bool:
+  """True when `page` is a product page (it has [Buy Now]) that does not show every option value
+  `goal` (`parse_instruction`) asks for: the page the look-past demos go back from."""
+  return "[Buy Now]" in page and any(f"[{v}]" not in page for v in goal["options"].values())
+
+
 def _act(action: str) -> str:
   return tool_call_text("shop", action=action)
 
@@ -123,8 +129,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   if "[Buy Now]" in page:
     selected = set(re.findall(r"\[([^\]]+)\] \(selected\)", page))
     wanted = list(goal["options"].values())
-    lacking = any(f"[{v}]" not in page for v in wanted)
-    if use_tool and not selected and len(clicked) < LOOK_PAST and lacking:
+    if use_tool and not selected and len(clicked) < LOOK_PAST and lacks_asked_value(page, goal):
       return _act("click[< prev]")
     for value in wanted:
       if value not in selected and f"[{value}]" in page:
