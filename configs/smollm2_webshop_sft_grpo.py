@@ -18,7 +18,7 @@ experiments/sft_probe.py, which also fills `sft.cache_dir`, so this run starts f
   PYTHONPATH=$PWD .venv/bin/python experiments/sft_probe.py --config=configs/smollm2_webshop_sft_grpo.py \
       --at=14,22,30 --val_rows=16 --out=runs/sft_probe_webshop.json
 
-Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): nineteen attempts in
+Not at the goal yet (greedy held-out success after RL >= after SFT + 0.15): twenty attempts in
 experiments/results/smollm2_webshop/attempts/README.md. The best (g, this config's RL settings):
 0.292 after SFT -> 0.333 after 6 GRPO steps (85 min with the SFT); the policy is near-deterministic after
 SFT (entropy ~0.02), so groups of 4 chains rarely differ in success. Wider, hotter groups (h, i: 2 x 8
@@ -39,6 +39,8 @@ showed the chains already shared the opening; at lr 3e-4 (p) the chains overshot
 success fell (-0.042). With the tied groups kept in the loss's mean (q: `train.skip_keeps_batch_mean`, the unskipped
 update at the skip's cost) +0.083 (0.083 -> 0.167) and r_option +0.125, the largest; the SFT policy's look-past decision
 is a coin, not a comparison of page and instruction (experiments/shop_decision_probe.py); at lr 2e-4 (r) +0.0.
+Demos that always look past with a shorter SFT (s: 22 steps, q's RL) fell 0.292 -> 0.125: the chains learned to
+buy sooner and to keep clicking after the purchase, which then did not end the episode (it does now: `env_done`).
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
 the new page); micro-batches of 2 keep the update's peak lower (with 4, 16 chains were OOM-killed), and
