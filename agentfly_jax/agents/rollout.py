@@ -9,6 +9,7 @@ returned ids verbatim (action_mask True, log-probs stored) -> decode them only t
 calls -> run this turn's calls concurrently -> append the observation tokens, built by
 tokenizing only the new template text -> repeat. A chain stops with a `finish_reason`:
   "finish_tool"          a finish tool (e.g. `answer`) ran successfully; its output is the prediction
+  "env_done"             a tool's environment step said the episode is over (`StepResult.done`)
   "final_answer"         the model wrote `Final Answer:` (ReAct / Code agents)
   "no_tool_call"         the model answered without calling a tool
   "max_turns"            `max_turns` model turns were generated
@@ -257,6 +258,9 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
     if finished:
       return chain.finish("finish_tool", finished[0].observation)
     new_messages = agent.observation_messages(list(zip(parsed.tool_calls, outputs)), parsed.errors)
+    if any(out.episode_done and out.ok for out in outputs):
+      chain.messages += new_messages  # the last observation, for transcripts; no tokens follow it
+      return chain.finish("env_done")
     if turn == cfg.max_turns - 1:
       chain.messages += new_messages
       return chain.finish("max_turns")

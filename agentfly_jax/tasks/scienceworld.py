@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
@@ -28,13 +29,13 @@ SIMPLIFICATION = "easy"  # ScienceWorld's common simplification set for agents
 
 
 @tool(name="act", env=ENV)
-async def act(command: str, env) -> str:
+async def act(command: str, env) -> StepResult:
   """Sends one command to the simulator.
 
   Args:
     command: e.g. "look around", "open door to kitchen", "focus on water".
   """
-  return (await env.step(command)).observation
+  return await env.step(command)  # a StepResult: its `done` (the game over) ends the chain
 
 
 @tool(name="valid_actions", env=ENV)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
@@ -23,13 +24,13 @@ SYSTEM_PROMPT = (
 
 
 @tool(name="act", env=ENV)
-async def act(command: str, env) -> str:
+async def act(command: str, env) -> StepResult:
   """Sends one command to the game.
 
   Args:
     command: e.g. "go east" or "take coin".
   """
-  return (await env.step(command)).observation
+  return await env.step(command)  # a StepResult: its `done` (the game over) ends the chain
 
 
 @tool(name="admissible_commands", env=ENV)

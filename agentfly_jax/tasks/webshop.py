@@ -13,6 +13,7 @@ import functools
 
 import numpy as np
 
+from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
@@ -28,13 +29,13 @@ SYSTEM_PROMPT = (
 
 
 @tool(name="shop", env=ENV)
-async def shop(action: str, env) -> str:
+async def shop(action: str, env) -> StepResult:
   """Acts in the web shop.
 
   Args:
     action: search[query] or click[button], e.g. click[buy now].
   """
-  return (await env.step(action)).observation
+  return await env.step(action)  # a StepResult: its `done` (a purchase) ends the chain
 
 
 @tool(name="valid_actions", env=ENV)

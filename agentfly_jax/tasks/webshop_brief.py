@@ -20,10 +20,12 @@ at that one decision, and RL has a contrast to learn from there.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 
+from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.webshop import (
   ENV,
@@ -60,13 +62,14 @@ def brief_page(observation: str) -> str:
 
 
 @tool(name="shop", env=ENV)
-async def shop(action: str, env) -> str:
+async def shop(action: str, env) -> StepResult:
   """Acts in the web shop.
 
   Args:
     action: search[query] or click[button], e.g. click[buy now].
   """
-  return brief_page((await env.step(action)).observation)
+  step = await env.step(action)  # a StepResult: its `done` (a purchase) ends the chain
+  return dataclasses.replace(step, observation=brief_page(step.observation))
 
 
 @reward(name="webshop_purchase", env=ENV)
@@ -122,7 +125,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   pages = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", conversation, flags=re.S)
   page = pages[-1] if pages else conversation  # the first page comes with the question
   clicked = re.findall(r"click\[(B0\w+)\]", conversation)  # the hits visited, in order
-  if page.startswith("Thank you for shopping"):
+  if page.startswith("Thank you for shopping"):  # a driver that does not end the chain at the purchase
     return "Done."
   if "search[<your query>]" in page:
     return _act(f"search[{' '.join(x for x in (goal['type'], goal['attributes']) if x)}]")

@@ -20,7 +20,8 @@ model reads, never an exception: the function raising, an unknown argument, a mi
 a wrong type, a timeout. Output longer than `max_length` characters is cut with a visible marker.
 
 A finish tool (`@tool(finish=True)`, e.g. `answer`) ends the chain; its output is the chain's
-prediction. A stateful tool (`@tool(stateful=True, env="python_sandbox")`) takes a parameter
+prediction. A tool that returns its environment's `StepResult` (not only the observation) ends the
+chain when the step says `done` (the shop's purchase, a text game's end, a SWE submission). A stateful tool (`@tool(stateful=True, env="python_sandbox")`) takes a parameter
 named `env` and receives the chain's environment instance (the same instance for every call of
 the chain); called directly it gets a fresh environment of its own.
 
@@ -58,6 +59,7 @@ class ToolOutput:
   ok: bool = True
   error: str | None = None
   finished: bool = False
+  episode_done: bool = False  # the tool returned its environment's step result with done=True
 
 
 def to_observation_text(value: Any) -> str:
@@ -76,6 +78,12 @@ def to_observation_text(value: Any) -> str:
     except (TypeError, ValueError):
       pass
   return str(value)
+
+
+def _says_done(value: Any) -> bool:
+  """True when a tool returned an environment step result (an object with a str `observation`)
+  whose `done` is True: the episode is over (a purchase, a game won or lost, a submission)."""
+  return isinstance(getattr(value, "observation", None), str) and getattr(value, "done", False) is True
 
 
 def truncate(text: str, max_length: int | None) -> str:
@@ -190,7 +198,12 @@ class Tool:
     except Exception as e:  # the model reads the error and may retry
       error = f"tool '{self.name}' raised {type(e).__name__}: {e}"
       return ToolOutput(truncate(f"Error: {error}", self.max_length), ok=False, error=error)
-    return ToolOutput(truncate(to_observation_text(value), self.max_length), ok=True, finished=self.is_finish)
+    return ToolOutput(
+      truncate(to_observation_text(value), self.max_length),
+      ok=True,
+      finished=self.is_finish,
+      episode_done=_says_done(value),
+    )
 
   def _arguments(self, args: tuple, kwargs: dict) -> dict:
     """Positional + keyword arguments of a direct call as one dict (positional ones bound to the

@@ -359,3 +359,56 @@ def test_arbitrary_sampler_ids_never_break_a_chain(replies, template):
   [t] = run_rollout(agent, [{"question": "q"}], sampler=sampler, max_turns=len(replies), max_tokens_per_turn=40)
   assert t.error is None and t.finish_reason != "error"
   assert_masked_tokens_are_sampler_outputs(t, sampler.calls)
+
+
+def test_an_environment_step_that_says_done_ends_the_chain():
+  """A tool that returns its env's StepResult ends the chain when the step is `done` (finish
+  reason "env_done", no tokens after the last observation); the same result read as its
+  observation string, or a step that is not done, lets the chain go on."""
+  from agentfly_jax.envs.base import StepResult
+
+  class GameEnv:
+    def __init__(self):
+      self.moves = 0
+
+    async def reset(self, row=None):
+      self.moves = 0
+      return ""
+
+    async def step(self, action):
+      self.moves += 1
+      return StepResult(observation=f"move {self.moves}", done=self.moves >= 2)
+
+    async def compute_reward(self, name, **kwargs):
+      return {"reward": float(self.moves)}
+
+    async def close(self):
+      pass
+
+  @tool(env="game")
+  async def move(env) -> StepResult:
+    """Makes a move."""
+    return await env.step("move")
+
+  @tool(env="game", name="move_text")
+  async def move_text(env) -> str:
+    """Makes a move (the observation only)."""
+    return (await env.step("move")).observation
+
+  @reward(env="game")
+  async def moves_made(env, prediction):
+    return await env.compute_reward("moves")
+
+  for fn, reason, turns in [(move, "env_done", 2), (move_text, "max_turns", 4)]:
+    agent = ToolCallAgent(tokenizer_dir(QWEN), tools=[fn], reward_fn=moves_made)
+    call = hermes_call(fn.name, {})
+    [t] = run_rollout(
+      agent,
+      [{"question": "play"}],
+      sampler=ScriptedSampler(_script(QWEN, [call] * 4)),
+      max_turns=4,
+      env_provider=LocalEnvProvider({"game": GameEnv}),
+    )
+    assert t.finish_reason == reason and t.num_turns == turns and t.reward == float(turns)
+    assert t.messages[-1]["role"] == "tool" and t.messages[-1]["content"] == f"move {turns}"
+    assert t.action_mask[-1]  # the chain's last token is the model's: no observation tokens after it
