@@ -83,7 +83,7 @@ def to_observation_text(value: Any) -> str:
 def _says_done(value: Any) -> bool:
   """True when a tool returned an environment step result (an object with a str `observation`)
   whose `done` is True: the episode is over (a purchase, a game won or lost, a submission)."""
-  return isinstance(getattr(value, "observation", None), str) and getattr(value, "done", False) is True
+  return isinstance(getattr(value, "observation", None), str) and bool(getattr(value, "done", False))
 
 
 def truncate(text: str, max_length: int | None) -> str:
