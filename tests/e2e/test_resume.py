@@ -88,6 +88,10 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
   for step in range(resumed_from + 1, 5):
     assert set(got[step]) == set(expected[step])
     for key, value in expected[step].items():
-      assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+      # mismatch/* measure float rounding between the sampler's and the trainer's log-probs
+      # (~1e-6): CPU XLA's threading may round them differently in another process, so they
+      # match to the noise level they measure; every training metric matches to 1e-6.
+      tol = 2e-5 if key.startswith("mismatch/") else 1e-6
+      assert got[step][key] == pytest.approx(value, rel=1e-5, abs=tol), (step, key)
   # the run did learn something (otherwise equality would be trivial)
   assert expected[4]["actor/grad_norm"] > 0
