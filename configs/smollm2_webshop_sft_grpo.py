@@ -41,6 +41,8 @@ update at the skip's cost) +0.083 (0.083 -> 0.167) and r_option +0.125, the larg
 is a coin, not a comparison of page and instruction (experiments/shop_decision_probe.py); at lr 2e-4 (r) +0.0.
 Demos that always look past with a shorter SFT (s: 22 steps, q's RL) fell 0.292 -> 0.125: the chains learned to
 buy sooner and to keep clicking after the purchase, which then did not end the episode (it does now: `env_done`).
+q's recipe with `env_done` (t): steps 2-3x cheaper (21 in the 90 min), but by step 9 the policy collapsed to one option
+click and a purchase (entropy 0.024 -> 0.004), 0.125 -> 0.0.
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
 the new page); micro-batches of 2 keep the update's peak lower (with 4, 16 chains were OOM-killed), and
