@@ -43,6 +43,9 @@ Demos that always look past with a shorter SFT (s: 22 steps, q's RL) fell 0.292 
 buy sooner and to keep clicking after the purchase, which then did not end the episode (it does now: `env_done`).
 q's recipe with `env_done` (t): steps 2-3x cheaper (21 in the 90 min), but by step 9 the policy collapsed to one option
 click and a purchase (entropy 0.024 -> 0.004), 0.125 -> 0.0.
+The same with `--config.loss.agg=token-mean` (u; no per-chain length normalisation, so short chains' tokens no
+longer weigh more): 0.125 -> 0.292 (+0.167) after 6 RL steps, 61 min with the SFT; the sampled chains grew longer
+instead (38 % at the turn cap by step 6), so stop near 6 steps. Commands in the attempts README, section u.
 
 The sampler's multi-turn prefix cache (attempt i) cuts a step's rollout ~2.5x (each turn prefills only
 the new page); micro-batches of 2 keep the update's peak lower (with 4, 16 chains were OOM-killed), and
