@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import trio
 
+from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
@@ -59,9 +60,10 @@ class _ChainEnvs:
       if env_name not in self._envs:
         if self._provider is None:
           self._provider = self._provider_getter()
-        env = await self._provider.acquire(env_name, self._key)
-        self._envs[env_name] = env
-        self.first_observations[env_name] = await env.reset(self._row)
+        with ENV_CLOCK:
+          env = await self._provider.acquire(env_name, self._key)
+          self._envs[env_name] = env
+          self.first_observations[env_name] = await env.reset(self._row)
       return self._envs[env_name]
 
   def names(self) -> list[str]:
@@ -130,13 +132,14 @@ async def _run_turn_tools(cfg, envs, agent: Agent, parsed, tool_map) -> list[Too
   async def run_one(i, the_tool, arguments):
     outputs[i] = await _run_tool(cfg, envs, the_tool, arguments)
 
-  async with trio.open_nursery() as nursery:
-    for i, call in enumerate(parsed.tool_calls):
-      the_tool, arguments, error = agent.resolve(call, tool_map)
-      if error is not None:
-        outputs[i] = ToolOutput(f"Error: {error}", ok=False, error=error)
-      else:
-        nursery.start_soon(run_one, i, the_tool, arguments)
+  with ENV_CLOCK:
+    async with trio.open_nursery() as nursery:
+      for i, call in enumerate(parsed.tool_calls):
+        the_tool, arguments, error = agent.resolve(call, tool_map)
+        if error is not None:
+          outputs[i] = ToolOutput(f"Error: {error}", ok=False, error=error)
+        else:
+          nursery.start_soon(run_one, i, the_tool, arguments)
   return outputs
 
 
@@ -237,7 +240,8 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
         cfg.sampling_params.seed,
       ),
     )
-    result = await cfg.sampler.agenerate(list(chain.ids), params)
+    with SAMPLER_CLOCK:
+      result = await cfg.sampler.agenerate(list(chain.ids), params)
     generated = [int(t) for t in result.token_ids]
     chain.add_model_tokens(generated, result.logprobs)
     ended = generated[-1] in stop_ids
@@ -283,9 +287,10 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg:
       chain.prediction = ""
     if agent.reward_fn is not None:
       env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
-      metrics = await agent.reward_fn.compute(
-        chain.prediction, chain.messages, row, env, thread_limiter=cfg.thread_limiter
-      )
+      with ENV_CLOCK:
+        metrics = await agent.reward_fn.compute(
+          chain.prediction, chain.messages, row, env, thread_limiter=cfg.thread_limiter
+        )
       reward = float(metrics.pop("reward"))
   except Exception as e:  # one chain's failure never stops the others
     log.warning("rollout chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)

@@ -41,7 +41,7 @@ from agentfly_jax.metrics import (
   read_jsonl,
   truncate_jsonl,
 )
-from agentfly_jax.rl import distributed, stages
+from agentfly_jax.rl import distributed, stages, throughput
 from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
@@ -101,6 +101,7 @@ class Trainer:
     self.loss_cfg = loss_config(spec, decoupled=self.decoupled)  # decoupled: clip against the proximal policy (AReaL)
     self.optimizer, self.critic_optimizer = policy_optimizers(spec)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=spec.checkpoint.keep)
+    self.meter = throughput.StepMeter(jax.device_count())  # tokens/s + time split per step (rl/throughput.py)
     self.states = TrainStates(
       self.init_params,
       self.init_critic_params,
@@ -354,6 +355,7 @@ class Trainer:
       dynamic_sampling=spec.dapo.dynamic_sampling,
       score_metric=spec.loss.score_metric,
     )
+    metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
     metrics.update(rollout_metrics)
     state, update_metrics = stages.update(self.update, loop.state, loop.ref_params, arrays, step)
@@ -378,6 +380,7 @@ class Trainer:
     if producer is None:
       metrics.update(sync_metrics)
     metrics.update(env_pool_metrics(self.env_provider, env_mark))  # env/<type>/in_use, ...
+    metrics.update(self.meter.step_metrics(trajs, arrays, metrics))  # throughput/*, time/split/*, tok/s
     return LoopState(state, loop.ref_params, loop.data_position + spec.rollout.rows_per_step, tools_seen), metrics
 
   def train(self) -> list[dict]:
@@ -431,6 +434,7 @@ class Trainer:
     primary = writer is not None
     bar = _progress(spec.train.steps, spec.algo, spec.log.progress and primary, initial=start)
     t_loop, trainer_wait = time.perf_counter(), 0.0
+    self.meter.reset()  # the first step's sampler / env busy time starts here
     for step in range(start + 1, spec.train.steps + 1):
       loop, metrics = self._run_step(loop, step, producer)
       if producer is not None:
@@ -440,7 +444,11 @@ class Trainer:
         writer.write(step, metrics)
       if (spec.checkpoint.every and step % spec.checkpoint.every == 0) or step == spec.train.steps:
         self.checkpointer.save(step, loop.state, self._meta(loop.data_position))
-      bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", success=f"{metrics['rollout/success_rate']:.2f}")
+      bar.set_postfix(
+        reward=f"{metrics['rollout/reward_mean']:.2f}",
+        success=f"{metrics['rollout/success_rate']:.2f}",
+        **throughput.postfix(metrics),
+      )
       bar.update(1)
     bar.close()
     return loop
@@ -459,6 +467,7 @@ class Trainer:
         "eval/success_rate": "success, greedy eval (held-out)",
       },
     )
+    throughput.plot_throughput(records, os.path.join(self.workdir, "throughput.png"), title=f"{spec.name}: throughput")
     return records
 
   def _writer(self, jsonl_path: str):

@@ -25,6 +25,20 @@ def _config(steps, mode="sync", max_staleness=0):
   return c
 
 
+def _assert_throughput_consistent(records):
+  """Every step reports its tokens and time split (rl/throughput.py): the sampled tokens are the
+  trajectories' action tokens, the trainer's parts fit in the step's wall."""
+  for r in records:
+    assert r["throughput/sampled_tokens"] == pytest.approx(r["rollout/tokens_generated_mean"] * r["rollout/num_chains"])
+    assert 0 < r["throughput/trained_tokens"] <= r["throughput/sampled_tokens"]
+    parts = sum(r[f"time/split/{p}_s"] for p in ("rollout_wait", "prepare", "train", "sync", "eval"))
+    assert parts <= r["time/step_s"] + 1e-6
+    assert r["time/split/sampler_s"] >= 0 and 0 <= r["time/trainer_idle_frac"] <= 1
+    assert r["time/sampled_tok_per_s_per_device"] > 0
+  # (async: a step's span may hold no sampler work, the producer having run ahead)
+  assert sum(r["time/split/sampler_s"] for r in records) > 0
+
+
 def _train(config, workdir):
   from agentfly_jax.rl.trainer import Trainer
 
@@ -46,6 +60,7 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
         assert b[k] == v, (a["step"], k, v, b[k])
     assert b["async/staleness"] == 0 and b["async/staleness_hist/0"] == 1.0
   assert sync[-1]["actor/grad_norm"] > 0
+  _assert_throughput_consistent(sync)
 
   trainer, async2 = _train(_config(4, "async", 2), tmp_path / "async2")
   stale = [r["async/staleness"] for r in async2]
@@ -55,3 +70,5 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
   assert all("actor/behaviour_weight_mean" in r for r in async2)  # decoupled PPO
   assert all(0 <= r["async/sampler_idle_frac"] <= 1 and 0 <= r["async/trainer_idle_frac"] <= 1 for r in async2)
   assert trainer.loss_cfg.policy_loss == "decoupled_ppo"
+  _assert_throughput_consistent(async2)
+  assert os.path.exists(os.path.join(trainer.workdir, "throughput.png"))
