@@ -156,6 +156,7 @@ class _ChainBuilder:
     self.messages: list[dict] = []
     self.tool_records: list[dict] = []
     self.env_names: list[str] = []
+    self.turn_rewards: list[float] = []  # one per model turn: its tool calls' env step rewards
     self.num_turns = 0
     self.prompt_length = 0
     self.prediction: str | None = None
@@ -176,6 +177,7 @@ class _ChainBuilder:
     self.mask += [True] * len(ids)
     self.logps += [float(x) for x in logprobs]
     self.num_turns += 1
+    self.turn_rewards.append(0.0)
 
   def add_observation(self, ids: Sequence[int]) -> None:
     """Non-model ids (prompt, tool observations, template text): never trained on."""
@@ -206,6 +208,7 @@ class _ChainBuilder:
       prediction=self.prediction,
       error=error,
       env_names=list(self.env_names),
+      turn_rewards=list(self.turn_rewards),
     )
 
 
@@ -254,6 +257,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
     if not parsed.tool_calls and not parsed.errors:
       return chain.finish("final_answer" if parsed.final_answer is not None else "no_tool_call")
     outputs = await _run_turn_tools(cfg, envs, agent, parsed, tool_map)
+    chain.turn_rewards[-1] += sum(out.reward for out in outputs if out.ok and out.reward is not None)
     for call, out in zip(parsed.tool_calls, outputs):
       chain.tool_records.append(
         {"turn": turn, "name": call.name, "arguments": call.arguments, "observation": out.observation, "ok": out.ok}

@@ -42,6 +42,10 @@ class Trajectory:
     segment: 0, or for a chain served through the OpenAI-compatible endpoint whose agent edited
       its history, which of the chain's token sequences this is (agents/endpoint_records.py;
       all segments of a chain share its group_id, chain_id and reward).
+    turn_rewards: one reward per model turn, aligned to the assistant turns (the sum of the rewards
+      of the environment `StepResult`s the turn's tool calls returned; 0 for a turn without one);
+      empty when not recorded. The chain's outcome is `reward`, not part of these
+      (rl/core/turn_advantages.py adds it to the last turn).
   """
 
   token_ids: np.ndarray
@@ -62,6 +66,7 @@ class Trajectory:
   env_names: list[str] = dataclasses.field(default_factory=list)
   policy_versions: list[int] = dataclasses.field(default_factory=list)
   segment: int = 0
+  turn_rewards: list[float] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)

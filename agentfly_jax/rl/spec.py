@@ -40,7 +40,7 @@ ALGORITHMS = {
   "gspo": dict(estimator="grpo", policy_loss="gspo", critic=False, agg="seq-mean-token-mean"),
   "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
 }
-GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")  # need >= 2 chains per row
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline", "gigpo")  # need >= 2 chains per row
 
 
 def fail(field: str, value: Any, why: str):
@@ -489,8 +489,8 @@ class RunSpec:
         f"vLLM places itself: set its gpu_memory_utilization instead)",
       )
     algo = self.algorithm
-    if self.loss.estimator == "gae" and not algo.critic:
-      fail("loss.estimator", "gae", f"GAE needs a critic's values; algo={self.algo!r} has none (use algo='ppo')")
+    if self.loss.estimator in ("gae", "turn_gae") and not algo.critic:
+      fail("loss.estimator", self.loss.estimator, f"GAE needs a critic; algo={self.algo!r} has none (use algo='ppo')")
     if self.rollout.num_chains < 2 and algo.estimator in GROUP_ESTIMATORS:
       fail("rollout.num_chains", self.rollout.num_chains, f"{self.algo} needs >= 2 chains per group")
     if self.train.skip_zero_adv_rows and (self.loss.kl_coef or self.loss.entropy_coef or algo.critic):

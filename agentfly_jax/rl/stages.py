@@ -107,16 +107,26 @@ def scored(trajs: list, metric: str) -> list:
   return out
 
 
-def prepare(trajs: list, *, pad_id: int, dynamic_sampling: bool, score_metric: str = "") -> tuple[dict | None, dict]:
+def prepare(
+  trajs: list, *, pad_id: int, dynamic_sampling: bool, score_metric: str = "", turn_level: bool = False
+) -> tuple[dict | None, dict]:
   """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
   sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). Rewards
-  are the trajectories' rewards, or their reward metric `score_metric` (`scored`)."""
+  are the trajectories' rewards, or their reward metric `score_metric` (`scored`). `turn_level`:
+  + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators)."""
   metrics: dict[str, Any] = rollout_metrics(trajs)
   trajs = scored(trajs, score_metric)
   if dynamic_sampling:
     trajs, dropped = drop_zero_variance_groups(trajs)
     metrics["dapo/groups_dropped"] = dropped
-  return (train_arrays(trajs, pad_id=pad_id) if trajs else None), metrics
+  if not trajs:
+    return None, metrics
+  arrays = train_arrays(trajs, pad_id=pad_id)
+  if turn_level:
+    from agentfly_jax.rl.turn_rewards import turn_arrays
+
+    arrays.update(turn_arrays(trajs))
+  return arrays, metrics
 
 
 def update(policy_update, state, ref_params, arrays: dict | None, step: int) -> tuple[Any, dict]:

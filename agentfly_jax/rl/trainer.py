@@ -47,6 +47,7 @@ from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
 from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.stages import SamplerWeights
+from agentfly_jax.rl.turn_rewards import needs_turn_arrays
 from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 from agentfly_jax.tasks.from_config import task_fingerprint
 from agentfly_jax.tools.limits import tool_counts, tool_metrics
@@ -354,6 +355,7 @@ class Trainer:
       pad_id=self.tokenizer.pad_token_id,
       dynamic_sampling=spec.dapo.dynamic_sampling,
       score_metric=spec.loss.score_metric,
+      turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
     )
     metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s

@@ -192,7 +192,7 @@ class PolicyUpdate:
     the skipped rows' denominator (`skipped_denom`), so the step's loss is the whole batch's mean
     and the update the unskipped one (with `train.minibatches=1` exactly)."""
     num_rows = len(arrays["group_ids"])
-    keys = ("action_mask", "rewards", "group_ids")
+    keys = ("action_mask", "rewards", "group_ids", *(k for k in ("turn_rewards", "anchor_ids") if k in arrays))
     adv, metrics = self._advantages(self.put_arrays({k: arrays[k] for k in keys}))
     adv = np.asarray(jax.device_get(adv))[:num_rows]  # replicated: whole on every process
     keep = np.flatnonzero(np.any(adv != 0, axis=1))

@@ -60,6 +60,7 @@ class ToolOutput:
   error: str | None = None
   finished: bool = False
   episode_done: bool = False  # the tool returned its environment's step result with done=True
+  reward: float | None = None  # the reward of the environment step result the tool returned, if any
 
 
 def to_observation_text(value: Any) -> str:
@@ -84,6 +85,13 @@ def _says_done(value: Any) -> bool:
   """True when a tool returned an environment step result (an object with a str `observation`)
   whose `done` is True: the episode is over (a purchase, a game won or lost, a submission)."""
   return isinstance(getattr(value, "observation", None), str) and bool(getattr(value, "done", False))
+
+
+def _step_reward(value: Any) -> float | None:
+  """The numeric `reward` of an environment step result a tool returned (an object with a str
+  `observation`), else None."""
+  reward = getattr(value, "reward", None) if isinstance(getattr(value, "observation", None), str) else None
+  return float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
 
 
 def truncate(text: str, max_length: int | None) -> str:
@@ -203,6 +211,7 @@ class Tool:
       ok=True,
       finished=self.is_finish,
       episode_done=_says_done(value),
+      reward=_step_reward(value),
     )
 
   def _arguments(self, args: tuple, kwargs: dict) -> dict:

@@ -7,5 +7,6 @@ batching) calls into it; nothing here imports the host loop (tests/house/test_im
 """
 
 from agentfly_jax.rl.core import advantages, losses
+from agentfly_jax.rl.core import turn_advantages  # noqa: F401 (registers the turn-level estimators turn_gae, gigpo)
 
 __all__ = ["advantages", "losses"]

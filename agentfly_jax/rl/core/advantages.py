@@ -376,12 +376,16 @@ def compute(
   gamma: float = 1.0,
   lam: float = 1.0,
   eps: float = 1e-6,
+  turn_rewards: Array | None = None,
+  anchor_ids: Array | None = None,
 ) -> tuple[Array, Array]:
   """Run estimator `name` with one signature; returns token-level (advantages, returns).
 
   Outcome estimators (grpo, drgrpo, rloo, reinforce_pp_baseline) need `scores` + `group_ids`
   and return their advantage as `returns` too (verl's convention). reinforce_pp and gae take
   `token_rewards`, or `scores` placed on each row's last action token; gae needs `values`.
+  Turn-level estimators (turn_gae, gigpo: rl/core/turn_advantages.py) take `turn_rewards`
+  float[B, K] (+ `scores` added to each row's last turn); gigpo also `anchor_ids` int[B, K].
 
   Args:
     mask: bool/float[B, T]; scores: float[B]; group_ids: int[B]; token_rewards, values:
@@ -399,4 +403,6 @@ def compute(
     gamma=gamma,
     lam=lam,
     eps=eps,
+    turn_rewards=turn_rewards,
+    anchor_ids=anchor_ids,
   )

@@ -137,7 +137,15 @@ def batch_advantages(cfg: PrepareConfig, arrays: dict, values=None) -> tuple:
   if cfg.overlong_buffer > 0:
     scores, metrics["dapo/overlong_penalty_mean"] = overlong_shaped_scores(scores, mask, arrays["group_ids"], cfg)
   adv, ret = adv_lib.compute(
-    cfg.estimator, mask=mask, scores=scores, group_ids=arrays["group_ids"], values=values, gamma=cfg.gamma, lam=cfg.lam
+    cfg.estimator,
+    mask=mask,
+    scores=scores,
+    group_ids=arrays["group_ids"],
+    values=values,
+    gamma=cfg.gamma,
+    lam=cfg.lam,
+    turn_rewards=arrays.get("turn_rewards"),  # turn-level estimators (rl/turn_rewards.py)
+    anchor_ids=arrays.get("anchor_ids"),
   )
   if cfg.neg_adv_weight != 1.0:
     adv = jnp.where(adv < 0, adv * cfg.neg_adv_weight, adv)
