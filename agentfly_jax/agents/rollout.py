@@ -157,6 +157,7 @@ class _ChainBuilder:
     self.tool_records: list[dict] = []
     self.env_names: list[str] = []
     self.turn_rewards: list[float] = []  # one per model turn: its tool calls' env step rewards
+    self.versions: list = []  # one per model turn: the sampler result's `policy_version` (partial rollouts)
     self.num_turns = 0
     self.prompt_length = 0
     self.prediction: str | None = None
@@ -169,8 +170,9 @@ class _ChainBuilder:
     self.add_observation(ids)
     self.prompt_length = len(self.ids)
 
-  def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
-    """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id)."""
+  def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float], version=None) -> None:
+    """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id) and the
+    policy version that wrote them (None: not known)."""
     if not ids or len(logprobs) != len(ids):
       raise ValueError(f"sampler returned {len(ids)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
     self.ids += [int(t) for t in ids]
@@ -178,6 +180,7 @@ class _ChainBuilder:
     self.logps += [float(x) for x in logprobs]
     self.num_turns += 1
     self.turn_rewards.append(0.0)
+    self.versions.append(version)
 
   def add_observation(self, ids: Sequence[int]) -> None:
     """Non-model ids (prompt, tool observations, template text): never trained on."""
@@ -209,6 +212,7 @@ class _ChainBuilder:
       error=error,
       env_names=list(self.env_names),
       turn_rewards=list(self.turn_rewards),
+      policy_versions=[int(v) for v in self.versions] if self.versions and None not in self.versions else [],
     )
 
 
@@ -246,7 +250,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
     with SAMPLER_CLOCK:
       result = await cfg.sampler.agenerate(list(chain.ids), params)
     generated = [int(t) for t in result.token_ids]
-    chain.add_model_tokens(generated, result.logprobs)
+    chain.add_model_tokens(generated, result.logprobs, getattr(result, "policy_version", None))
     ended = generated[-1] in stop_ids
     text = tok.decode(generated[:-1] if ended else generated)
     parsed = agent.parse(text)

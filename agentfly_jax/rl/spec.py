@@ -230,6 +230,7 @@ class RolloutSection(Section):
   max_batch_size: int = 64  # sampler batch cap
   mode: str = "sync"  # sync | async (rollout overlaps the update; rl/async_rollout.py)
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
+  partial: bool = False  # async: chains span policy versions, groups carry over steps (rl/partial_rollout.py)
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
   prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
@@ -241,7 +242,7 @@ class RolloutSection(Section):
     sizes = ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens")
     for name in (*sizes, "concurrency", "max_batch_size"):
       self.at_least(name, 1)
-    self.need("mode", self.mode in ("sync", "async"), "must be 'sync' or 'async'")
+    self.need("mode", self.mode in ("sync", "async")[self.partial :], "must be 'sync' or 'async' (partial: 'async')")
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
       self.at_least(name, 0)
     self.need("temperature", self.temperature >= 0, "must be >= 0")
@@ -566,8 +567,7 @@ def _plain(x):
   return x
 
 
-# What runs saved before a field existed did without it, where that differs from today's default
-# (a missing field otherwise gets the default, which is what those versions did).
+# What runs saved before a field existed did without it, where it differs from today's default (else: the default).
 _OLD_BEHAVIOUR = {
   ("train", "logits_capacity"): (),  # before 2026-11: log-probs at every position
 }

@@ -41,7 +41,7 @@ from agentfly_jax.metrics import (
   read_jsonl,
   truncate_jsonl,
 )
-from agentfly_jax.rl import distributed, stages, throughput
+from agentfly_jax.rl import distributed, partial_rollout, stages, throughput
 from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
@@ -347,7 +347,7 @@ class Trainer:
       env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
       batch = producer.get(step)
       trajs = batch.trajectories
-      rollout_metrics = staleness_metrics(batch, step, spec.rollout.max_staleness)
+      rollout_metrics = partial_rollout.batch_metrics(producer, batch, step, spec, staleness_metrics)  # async/*
     t_rollout = time.perf_counter()
     tools_seen = tool_counts(tools)
     arrays, metrics = stages.prepare(
@@ -357,6 +357,7 @@ class Trainer:
       score_metric=spec.loss.score_metric,
       turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
     )
+    arrays = partial_rollout.after_prepare(arrays, trajs, step, spec, metrics)  # partial: stale turns leave the loss
     metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
     metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
     metrics.update(rollout_metrics)
@@ -416,6 +417,8 @@ class Trainer:
     if not self.asynchronous:
       self.weights.load(loop.state.params)
       return None
+    if spec.rollout.partial:  # chains span policy versions; groups carry over steps
+      return partial_rollout.start_producer(self, loop, start)
     from agentfly_jax.rl.async_rollout import RolloutProducer
 
     self.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params

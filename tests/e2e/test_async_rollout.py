@@ -72,3 +72,17 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
   assert trainer.loss_cfg.policy_loss == "decoupled_ppo"
   _assert_throughput_consistent(async2)
   assert os.path.exists(os.path.join(trainer.workdir, "throughput.png"))
+
+
+@pytest.mark.slow
+def test_partial_rollouts_train_with_per_turn_versions(tmp_path):
+  config = _config(4, "async", 2)
+  config.rollout.partial = True
+  trainer, records = _train(config, tmp_path / "partial")
+  assert [r["step"] for r in records] == [1, 2, 3, 4]
+  for r in records:
+    assert r["async/staleness_hist/over"] + sum(r[f"async/staleness_hist/{k}"] for k in range(3)) == pytest.approx(1)
+    assert r["async/stale_tokens_masked"] >= 0 and "actor/behaviour_weight_mean" in r
+  assert records[-1]["async/weight_loads"] >= 1  # published versions are loaded mid-stream
+  assert trainer.loss_cfg.policy_loss == "decoupled_ppo"
+  _assert_throughput_consistent(records)
