@@ -19,6 +19,8 @@ behaviour term is per token. Staleness per token segment: a request is sampled o
 such that (the next step to consume - 1) - v <= max_staleness; a turn that is older than that when its
 group is finally consumed at step s ((s - 1) - v > max_staleness) is left out of the loss
 (`mask_stale_segments`: its tokens stay as context; the Trajectory keeps its action mask).
+On a resume the stream restarts at the checkpoint's data position (R rows per step done); chains in
+flight at the save are not kept.
 """
 
 from __future__ import annotations
@@ -264,6 +266,17 @@ def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str)
   return drop_zero_variance_groups(scored(trajs, score_metric))[0]
 
 
+def check_partial(rollout_spec, agent_fn=None) -> None:
+  """What partial rollouts do not (yet) run with: ValueError naming the setting. The stream runs the
+  built-in chains only: no endpoint agent (task.agent_fn), no shared opening turns."""
+  if agent_fn is not None:
+    raise ValueError("config.rollout.partial=True: not with an endpoint agent (task.agent_fn); use partial=False")
+  if rollout_spec.shared_turns or rollout_spec.branch_temperature:
+    raise ValueError(
+      "config.rollout.partial=True: not with rollout.shared_turns / rollout.branch_temperature (set them 0)"
+    )
+
+
 def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
   """The partial producer of `trainer`'s run (rl/trainer.Trainer: its agent, sampler weights, spec,
   rows), rows from the loop's data position, versions from step `start`."""
@@ -271,6 +284,7 @@ def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
   from agentfly_jax.sampling.protocol import SamplingParams
 
   spec, r = trainer.spec, trainer.spec.rollout
+  check_partial(r, getattr(trainer.task, "agent_fn", None))
   pos0 = loop.data_position
   params = SamplingParams(
     temperature=r.temperature,

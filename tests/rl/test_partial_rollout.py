@@ -7,13 +7,14 @@ import collections
 import time
 
 import numpy as np
+import pytest
 import trio
 
 from agent_testlib import hermes_call, tokenizer_dir
 from agentfly_jax.agents import ToolCallAgent
 from agentfly_jax.agents.stream_rollout import stream_groups
 from agentfly_jax.agents.trajectory import Trajectory
-from agentfly_jax.rl.partial_rollout import PartialRolloutProducer, mask_stale_segments
+from agentfly_jax.rl.partial_rollout import PartialRolloutProducer, check_partial, mask_stale_segments
 from agentfly_jax.rl.stages import SamplerWeights
 from agentfly_jax.sampling import SamplingParams
 from agentfly_jax.sampling.scripted import ScriptedSampler
@@ -141,3 +142,13 @@ def test_mask_stale_segments_hand_worked():
   assert t.action_mask.sum() == 6  # and the Trajectory keeps its contract
   same, m0 = mask_stale_segments(arrays, [t], step=4, max_staleness=3)
   assert m0["async/stale_tokens_masked"] == 0 and same["action_mask"].sum() == 6
+
+
+def test_partial_refuses_what_it_does_not_run():
+  from agentfly_jax.rl.spec import RolloutSection
+
+  check_partial(RolloutSection(mode="async", partial=True))
+  with pytest.raises(ValueError, match="endpoint agent"):
+    check_partial(RolloutSection(mode="async", partial=True), agent_fn=lambda client, row: "")
+  with pytest.raises(ValueError, match="shared_turns"):
+    check_partial(RolloutSection(mode="async", partial=True, shared_turns=1))
