@@ -21,9 +21,11 @@ re-tokenising the text the agent saw. `GET /v1/models` lists the one model.
 
 Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`, the
 message naming the field) and leave every chain's record as it was: malformed JSON (400), an
-unknown model (404), a message list the template cannot render (400), `n` / `max_tokens` over
-the run's limits (400), a prompt over the context (400), more requests than `max_turns` (400),
-an unknown chain key (401).
+unknown model (404), a message list the template cannot render (400), `n` over the run's limit
+(400), a prompt over the context (400), more requests than `max_turns` (400), an unknown chain key
+(401). `max_tokens` / `max_completion_tokens` above the run's per-turn limit is clamped to it (the
+choice's `finish_reason` is "length" where the completion was cut; `ChainRecord.clamped_requests`
+counts them, the step metric `rollout/clamped_max_tokens`), so an agent's own setting never breaks it.
 
 Served under trio by hypercorn's trio worker (`serve_endpoint`): the app runs in the same trio
 loop as the rollout, so a request awaits `sampler.agenerate` directly and concurrent chains are
@@ -105,7 +107,7 @@ class ChatEndpoint:
     sampler: anything with `async agenerate(prompt_ids, params) -> SampleResult`.
     model_name: the one model id served.
     sampling_params: temperature / top-p / top-k defaults (and extra stop ids).
-    max_tokens_per_turn: most tokens one completion may generate (`max_tokens` above: 400).
+    max_tokens_per_turn: most tokens one completion may generate (`max_tokens` above: clamped).
     max_total_tokens: most tokens of a segment's context (prompt + completion).
     max_turns: most requests per chain (None: no limit).
     max_n: most choices per request.
@@ -272,12 +274,7 @@ class ChatEndpoint:
     if max_tokens is not None:
       if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise EndpointError(400, f"{field} must be an integer >= 1, got {max_tokens!r}", field)
-      if max_tokens > self.max_tokens_per_turn:
-        raise EndpointError(
-          400,
-          f"{field}={max_tokens} is over this run's limit of {self.max_tokens_per_turn} tokens per completion",
-          field,
-        )
+      max_tokens = min(max_tokens, self.max_tokens_per_turn)  # clamped (counted in `complete`), never a 400
     n = body.get("n", 1) if body.get("n") is not None else 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise EndpointError(400, f"n must be an integer >= 1, got {n!r}", "n")
@@ -334,6 +331,9 @@ class ChatEndpoint:
     budget = min(request.max_tokens or self.max_tokens_per_turn, room)
     turn = chain.num_requests
     chain.num_requests += 1
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(asked, int) and asked > self.max_tokens_per_turn:
+      chain.clamped_requests += 1
     chain.note_tool_results(body["messages"])
     results: list[Any] = [None] * request.n
 

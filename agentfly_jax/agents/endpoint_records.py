@@ -144,6 +144,7 @@ class ChainRecord:
     self.tool_calls: dict[str, dict] = {}  # call id -> {"turn", "name", "arguments", ...}
     self.last_text: str | None = None  # the last completion's text (a fallback prediction)
     self.limit_hit: str | None = None  # "max_turns" / "max_total_tokens" once refused for it
+    self.clamped_requests = 0  # requests whose max_tokens was clamped to the run's per-turn limit
 
   def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
     """The prompt ids of a request (template-form `messages`): continues the segment whose
@@ -223,7 +224,14 @@ class ChainRecord:
           record["ok"] = not text.lstrip().startswith("Error")
 
   def trajectories(
-    self, *, reward: float, metrics: dict, finish_reason: str, prediction: str | None, error: str | None = None
+    self,
+    *,
+    reward: float,
+    metrics: dict,
+    finish_reason: str,
+    prediction: str | None,
+    error: str | None = None,
+    error_frame: str | None = None,
   ) -> list[Trajectory]:
     """One Trajectory per segment (the chain's reward on each); [] if the chain made no request."""
     calls = sorted(self.tool_calls.values(), key=lambda c: c["turn"])
@@ -244,7 +252,9 @@ class ChainRecord:
         row=self.row,
         prediction=prediction,
         error=error,
+        error_frame=error_frame,
         segment=i,
+        clamped_requests=self.clamped_requests if i == len(self.segments) - 1 else 0,
       )
       for i, s in enumerate(self.segments)
     ]

@@ -25,7 +25,6 @@ its history gets one trajectory per token segment (`Trajectory.segment`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import ssl
@@ -33,10 +32,12 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import trio
 
+from agentfly_jax.agents.agent_loops import agent_style, call_agent
 from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
 from agentfly_jax.agents.rollout import validate_rows
-from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.tools.trio_host import TrioHost
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[Any, dict], Awaitable[Any]]
@@ -46,6 +47,7 @@ async def _run_chain(
   endpoint: ChatEndpoint,
   agent,
   agent_fn: AgentFn,
+  style: str,
   row: dict,
   group_id: int,
   chain_id: int,
@@ -53,17 +55,23 @@ async def _run_chain(
   base_url: str,
   chain_timeout_s: float | None,
   thread_limiter: trio.CapacityLimiter,
+  host: TrioHost,
 ) -> list[Trajectory]:
-  import openai
-
   key = endpoint.open_chain(group_id, chain_id, row)
-  answer, finish, error = None, "agent_done", None
-  http = _chain_http_client(ssl_context)
-  client = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+  answer, finish, error, frame = None, "agent_done", None, None
   try:
-    with trio.move_on_after(chain_timeout_s) if chain_timeout_s else contextlib.nullcontext() as scope:
-      answer = await agent_fn(client, row)
-    if scope is not None and scope.cancelled_caught:
+    answer, timed_out = await call_agent(
+      style,
+      agent_fn,
+      row,
+      base_url=base_url,
+      api_key=key,
+      ssl_context=ssl_context,
+      timeout_s=chain_timeout_s,
+      thread_limiter=thread_limiter,
+      host=host,
+    )
+    if timed_out:
       finish = "timeout"
   except Exception as e:  # the agent's failure is its chain's, never the rollout's
     limit = endpoint.chains[key].limit_hit
@@ -71,14 +79,18 @@ async def _run_chain(
       finish = limit
     else:
       log.warning("endpoint chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
-      finish, error = "error", f"{type(e).__name__}: {e}"
-  finally:
-    with trio.CancelScope(shield=True):
-      await http.aclose()
+      finish, error, frame = "error", f"{type(e).__name__}: {e}", last_frame(e)
   record = endpoint.close_chain(key)
   if not record.segments:
     log.warning("endpoint chain (group %d, chain %d) made no request (%s)", group_id, chain_id, error or finish)
-    return []
+    if error is None:
+      return []
+    # a failed chain stays visible (finish "error", no tokens: it trains nothing; rl/chain_failures.py)
+    return [
+      Trajectory(
+        [], [], [], group_id=group_id, chain_id=chain_id, finish_reason="error", row=row, error=error, error_frame=frame
+      )
+    ]
   prediction = str(answer) if answer is not None else (record.last_text or "")
   reward, metrics = 0.0, {}
   if agent.reward_fn is not None and error is None:
@@ -89,21 +101,9 @@ async def _run_chain(
       reward = float(metrics.pop("reward"))
     except Exception as e:
       log.warning("reward of endpoint chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
-      finish, error, metrics = "error", f"{type(e).__name__}: {e}", {}
-  return record.trajectories(reward=reward, metrics=metrics, finish_reason=finish, prediction=prediction, error=error)
-
-
-def _chain_http_client(ssl_context):
-  """A chain's own HTTP client: one keep-alive connection to the endpoint (a pool shared by all
-  chains costs O(connections) per request in httpcore), no proxies from the environment (the
-  endpoint is on loopback), no timeout (a turn takes as long as the sampler needs)."""
-  import httpx
-
-  return httpx.AsyncClient(
-    verify=ssl_context,
-    trust_env=False,
-    timeout=httpx.Timeout(None),
-    limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
+      finish, error, frame, metrics = "error", f"{type(e).__name__}: {e}", last_frame(e), {}
+  return record.trajectories(
+    reward=reward, metrics=metrics, finish_reason=finish, prediction=prediction, error=error, error_frame=frame
   )
 
 
@@ -155,9 +155,8 @@ async def endpoint_rollout(
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"endpoint_rollout: {name} must be an int >= 1, got {value!r}")
   if not callable(agent_fn):
-    raise TypeError(
-      f"endpoint_rollout: agent_fn must be an async function (client, row), got {type(agent_fn).__name__}"
-    )
+    raise TypeError(f"endpoint_rollout: agent_fn must be a function (client, row), got {type(agent_fn).__name__}")
+  style = agent_style(agent_fn)
   if agent.reward_fn is not None and agent.reward_fn.env_name:
     raise ValueError(
       f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
@@ -184,14 +183,26 @@ async def endpoint_rollout(
   results: list[list[Trajectory]] = [[] for _ in range(len(rows) * num_chains)]
   ssl_context = ssl.create_default_context()  # built once: the chains' clients share it
   async with serve_endpoint(endpoint) as base_url:
-
-    async def chain(index, row, group_id, chain_id):
-      async with limiter:
-        results[index] = await _run_chain(
-          endpoint, agent, agent_fn, row, group_id, chain_id, ssl_context, base_url, chain_timeout_s, thread_limiter
-        )
-
     async with trio.open_nursery() as nursery:
+      host = TrioHost(nursery)  # asyncio agents' Tool.acall calls run here (tools/trio_host.py)
+
+      async def chain(index, row, group_id, chain_id):
+        async with limiter:
+          results[index] = await _run_chain(
+            endpoint,
+            agent,
+            agent_fn,
+            style,
+            row,
+            group_id,
+            chain_id,
+            ssl_context,
+            base_url,
+            chain_timeout_s,
+            thread_limiter,
+            host,
+          )
+
       for g, row in enumerate(rows):
         for c in range(num_chains):
           nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)

@@ -33,7 +33,7 @@ import numpy as np
 import trio
 
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
-from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
 
@@ -193,7 +193,7 @@ class _ChainBuilder:
     if prediction is not None:
       self.prediction = prediction
 
-  def trajectory(self, reward: float, metrics: dict, error: str | None = None) -> Trajectory:
+  def trajectory(self, reward: float, metrics: dict, error: str | None = None, frame: str | None = None) -> Trajectory:
     return Trajectory(
       token_ids=self.ids,
       action_mask=self.mask,
@@ -210,6 +210,7 @@ class _ChainBuilder:
       row=self.row,
       prediction=self.prediction,
       error=error,
+      error_frame=frame,
       env_names=list(self.env_names),
       turn_rewards=list(self.turn_rewards),
       policy_versions=[int(v) for v in self.versions] if self.versions and None not in self.versions else [],
@@ -288,7 +289,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
 async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg: _Config) -> Trajectory:
   chain = _ChainBuilder(group_id, chain_id, row)
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
-  reward, metrics, error = 0.0, {}, None
+  reward, metrics, error, frame = 0.0, {}, None, None
   try:
     await _play_turns(agent, chain, envs, cfg)
     if chain.prediction is None:  # no model turn at all (the prompt filled the context)
@@ -303,12 +304,12 @@ async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg:
   except Exception as e:  # one chain's failure never stops the others
     log.warning("rollout chain (group %d, chain %d) failed", group_id, chain_id, exc_info=True)
     chain.finish("error")
-    reward, metrics, error = 0.0, {}, f"{type(e).__name__}: {e}"
+    reward, metrics, error, frame = 0.0, {}, f"{type(e).__name__}: {e}", last_frame(e)
   finally:
     chain.env_names = envs.names()
     with trio.CancelScope(shield=True):
       await envs.release_all()
-  return chain.trajectory(reward, metrics, error)
+  return chain.trajectory(reward, metrics, error, frame)
 
 
 def check_shared_turns(caller: str, shared_turns, seed) -> None:

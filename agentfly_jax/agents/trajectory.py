@@ -36,6 +36,7 @@ class Trajectory:
       `Final Answer:` text, else the last assistant message's text ("" if there was no turn;
       None only if the chain failed before its end).
     error: the exception text when `finish_reason == "error"`, else None.
+    error_frame: where it was raised: the last frame of its traceback, "file.py:12 in function".
     env_names: the environments (by name) the chain acquired, in order.
     policy_versions: the trainer's policy version that wrote each turn (asynchronous
       training; empty when not recorded).
@@ -46,6 +47,8 @@ class Trajectory:
       of the environment `StepResult`s the turn's tool calls returned; 0 for a turn without one);
       empty when not recorded. The chain's outcome is `reward`, not part of these
       (rl/core/turn_advantages.py adds it to the last turn).
+    clamped_requests: requests through the endpoint whose `max_tokens` was above the run's
+      per-turn limit and was clamped to it (counted on a chain's last segment).
   """
 
   token_ids: np.ndarray
@@ -63,10 +66,12 @@ class Trajectory:
   row: dict = dataclasses.field(default_factory=dict)
   prediction: str | None = None
   error: str | None = None
+  error_frame: str | None = None
   env_names: list[str] = dataclasses.field(default_factory=list)
   policy_versions: list[int] = dataclasses.field(default_factory=list)
   segment: int = 0
   turn_rewards: list[float] = dataclasses.field(default_factory=list)
+  clamped_requests: int = 0
 
   def __post_init__(self):
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)
@@ -143,3 +148,15 @@ def pad_batch(trajectories: Sequence[Trajectory], max_len: int | None = None, pa
     "rewards": np.asarray([t.reward for t in trajectories], dtype=np.float32),
     "group_ids": np.asarray([t.group_id for t in trajectories], dtype=np.int32),
   }
+
+
+def last_frame(e: BaseException) -> str | None:
+  """Where `e` was raised: its traceback's last frame as "file.py:12 in function" (None: no traceback)."""
+  import os
+  import traceback
+
+  frames = traceback.extract_tb(e.__traceback__)
+  if not frames:
+    return None
+  f = frames[-1]
+  return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"

@@ -77,6 +77,9 @@ def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: 
   branch = group_branch_turns(trajs)
   if branch:  # groups of >= 2 chains: the turn where their chains first differ
     m[f"{prefix}/group_branch_turn_mean"] = float(np.mean(branch))
+  clamped = sum(getattr(t, "clamped_requests", 0) for t in trajs)
+  if clamped:  # endpoint requests whose max_tokens was clamped to the run's per-turn limit
+    m[f"{prefix}/clamped_max_tokens"] = clamped
   for reason, count in collections.Counter(t.finish_reason for t in trajs).items():
     m[f"{prefix}/finish/{reason}"] = count / max(1, len(trajs))
   extra = collections.defaultdict(list)

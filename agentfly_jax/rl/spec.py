@@ -3,12 +3,11 @@
     spec = RunSpec.from_config(config)        # config: an ml_collections.ConfigDict (configs/*.py + flags)
     spec.loss.clip_high, spec.rollout.num_chains, spec.algorithm.estimator
 
-Config files in `configs/` and absl flags stay the user's interface (`default_config()` is built
-from these dataclasses, so every default is written here, once). `from_config` first brings a
-config saved by an older version up to date (`migrate`), then builds each section; a
-section's constructor raises ValueError("config.<section>.<field>=<value>: why") for the first
-bad field. Names that a registry holds (policy losses, advantage estimators, samplers) are
-checked against the registry, so a newly registered one is accepted without an edit here.
+Config files in `configs/` and absl flags stay the user's interface (`default_config()` is built from these dataclasses,
+so every default is written here, once). `from_config` first brings a config saved by an older version up to date
+(`migrate`), then builds each section; a section's constructor raises ValueError("config.<section>.<field>=<value>:
+why") for the first bad field. Names that a registry holds (policy losses, advantage estimators, samplers) are checked
+against the registry, so a newly registered one is accepted without an edit here.
 """
 
 from __future__ import annotations
@@ -235,12 +234,14 @@ class RolloutSection(Section):
   prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
+  max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
+  error_patience: int = 3  # that many such steps in a row stop the run (all chains failed: at once); rl/chain_failures
 
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
     sizes = ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens")
-    for name in (*sizes, "concurrency", "max_batch_size"):
+    for name in (*sizes, "concurrency", "max_batch_size", "error_patience"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async")[self.partial :], "must be 'sync' or 'async' (partial: 'async')")
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
@@ -575,9 +576,8 @@ _OLD_BEHAVIOUR = {
 
 def migrate(config) -> ml_collections.ConfigDict:
   """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to
-  today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`,
-  else today's default); what it has is kept. Nested free mappings (mesh.rules) are merged key by
-  key. A current config comes back equal."""
+  today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`, else today's default);
+  what it has is kept. Nested free mappings (mesh.rules) are merged key by key. A current config comes back equal."""
   saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
   merged = RunSpec().to_dict()
   for (section, key), value in _OLD_BEHAVIOUR.items():

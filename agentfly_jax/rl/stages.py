@@ -115,6 +115,7 @@ def prepare(
   are the trajectories' rewards, or their reward metric `score_metric` (`scored`). `turn_level`:
   + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators)."""
   metrics: dict[str, Any] = rollout_metrics(trajs)
+  trajs = [t for t in trajs if len(t.token_ids)]  # a chain that failed before any request: counted, not trained
   trajs = scored(trajs, score_metric)
   if dynamic_sampling:
     trajs, dropped = drop_zero_variance_groups(trajs)

@@ -42,6 +42,7 @@ from agentfly_jax.metrics import (
   truncate_jsonl,
 )
 from agentfly_jax.rl import distributed, partial_rollout, stages, throughput
+from agentfly_jax.rl.chain_failures import ChainFailureGuard
 from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
@@ -103,6 +104,7 @@ class Trainer:
     self.optimizer, self.critic_optimizer = policy_optimizers(spec)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), max_to_keep=spec.checkpoint.keep)
     self.meter = throughput.StepMeter(jax.device_count())  # tokens/s + time split per step (rl/throughput.py)
+    self.chain_guard = ChainFailureGuard(spec.rollout.max_error_share, spec.rollout.error_patience, "config.rollout.")
     self.states = TrainStates(
       self.init_params,
       self.init_critic_params,
@@ -349,6 +351,7 @@ class Trainer:
       trajs = batch.trajectories
       rollout_metrics = partial_rollout.batch_metrics(producer, batch, step, spec, staleness_metrics)  # async/*
     t_rollout = time.perf_counter()
+    self.chain_guard.check(step, trajs)  # every chain failed, or too many for too long: ChainsFailedError
     tools_seen = tool_counts(tools)
     arrays, metrics = stages.prepare(
       trajs,
@@ -452,6 +455,7 @@ class Trainer:
       bar.set_postfix(
         reward=f"{metrics['rollout/reward_mean']:.2f}",
         success=f"{metrics['rollout/success_rate']:.2f}",
+        **({"error": f"{metrics['rollout/finish/error']:.2f}"} if metrics.get("rollout/finish/error") else {}),
         **throughput.postfix(metrics),
       )
       bar.update(1)

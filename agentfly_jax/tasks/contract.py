@@ -230,6 +230,9 @@ class Task:
       `openai.AsyncOpenAI`; agents/endpoint_rollout.py) instead of the built-in agent loop; the
       agent (agent_factory / ToolCallAgent) then gives the chat template, the tool-call parser
       and the reward.
+    agent_cmd: optional outside harness instead of `agent_fn`: a command (string or word list) run
+      once per chain with `OPENAI_BASE_URL` / `OPENAI_API_KEY` / `AGENTFLY_ROW` in its environment,
+      its stdout the answer (agents/harness.py).
   """
 
   tools: Sequence[Any] = ()
@@ -241,10 +244,17 @@ class Task:
   scripted_response: Callable | None = None
   agent_factory: Callable | None = None
   agent_fn: Callable | None = None
+  agent_cmd: str | Sequence[str] | None = None
 
   def __post_init__(self):
     if self.reward is None:
       raise ValueError("Task.reward is missing: give a @reward function (or a plain function)")
+    if self.agent_cmd:
+      from agentfly_jax.agents.harness import command_agent
+
+      if self.agent_fn is not None:
+        raise ValueError("Task.agent_cmd and Task.agent_fn are both given: give one agent")
+      self.agent_fn = command_agent(self.agent_cmd, where="Task.agent_cmd")
     if self.agent_fn is not None:
       check_agent_fn(self.agent_fn, "Task.agent_fn")
     if not self.rows:
@@ -273,14 +283,23 @@ class Task:
 
 
 def check_agent_fn(fn: Any, where: str) -> None:
-  """`fn` must be `async def run(client, row)`; ValueError naming `where` otherwise."""
+  """`fn` must be `[async] def run(client, row)` (trio, asyncio or synchronous: agents/agent_loops.py);
+  ValueError naming `where` otherwise."""
   import inspect
 
-  if not inspect.iscoroutinefunction(fn):
+  from agentfly_jax.agents.agent_loops import agent_style
+
+  if not callable(fn) or inspect.isclass(fn):
     raise ValueError(
-      f"{where} must be an async function run(client, row) -> answer, got {type(fn).__name__} {fn!r:.80}"
+      f"{where} must be a function [async] def run(client, row) -> answer, got {type(fn).__name__} {fn!r:.80}"
     )
   try:
     inspect.signature(fn).bind(None, {})
   except TypeError as e:
     raise ValueError(f"{where} {getattr(fn, '__name__', fn)!r} must take (client, row): {e}") from None
+  except ValueError:  # no signature (a builtin): let it run
+    pass
+  try:
+    agent_style(fn)
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None

@@ -56,6 +56,7 @@ class UserTaskSection:
     agent: 'module:function', a black-box agent `async def run(client, row) -> answer` trained
       through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
       built-in agent loop.
+    agent_cmd: an outside harness command run per chain against the endpoint (agents/harness.py).
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
   """
@@ -69,6 +70,7 @@ class UserTaskSection:
   system_prompt: str = ""
   demo_policy: str = ""
   agent: str = ""
+  agent_cmd: str = ""
   mcp_servers: str = ""
 
   def __post_init__(self):
@@ -326,7 +328,20 @@ def _custom_task(config):
     scripted_response=demo,
     agent_factory=agent_factory,
     agent_fn=_resolve_agent_fn(t.agent),
+    agent_cmd=_resolve_agent_cmd(t),
   )
+
+
+def _resolve_agent_cmd(t) -> str | None:
+  """config.task.agent_cmd, checked (its program exists); None if ""."""
+  if not t.agent_cmd:
+    return None
+  from agentfly_jax.agents.harness import command_words
+
+  if t.agent:
+    raise ValueError(f"config.task.agent_cmd={t.agent_cmd!r} and config.task.agent={t.agent!r}: give one agent")
+  command_words(t.agent_cmd, "config.task.agent_cmd")
+  return t.agent_cmd
 
 
 def _resolve_agent_fn(spec: str):
@@ -407,5 +422,7 @@ def task_fingerprint(task, train_rows=None) -> str:
   agent_fn = task.agent_fn
   if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were
     content["agent_fn"] = _source(agent_fn)
+    if getattr(agent_fn, "command", None):  # an outside harness: its command
+      content["agent_cmd"] = list(agent_fn.command)
   text = json.dumps(content, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -41,11 +41,13 @@ import typing
 import uuid
 from typing import Any, Callable
 
+import sniffio
 import trio
 
 from agentfly_jax.envs.provider import get_env_provider, set_env_provider  # noqa: F401 (re-exported)
 from agentfly_jax.tools.limits import ToolLimits
 from agentfly_jax.tools.schema import check_arguments, function_schema
+from agentfly_jax.tools.trio_host import call_from_asyncio
 
 DEFAULT_MAX_LENGTH = 4096
 ENV_PARAM = "env"
@@ -230,7 +232,10 @@ class Tool:
 
   async def acall(self, *args, **kwargs) -> str:
     """Direct call outside a rollout, awaited inside trio; returns the observation text (an
-    error observation if something went wrong). Stateful tools get a fresh environment."""
+    error observation if something went wrong). Stateful tools get a fresh environment. Awaited
+    in asyncio (an asyncio agent's chain): run in the hosting trio run (tools/trio_host.py)."""
+    if sniffio.current_async_library() == "asyncio":
+      return await call_from_asyncio(self.acall, *args, **kwargs)
     arguments = self._arguments(args, kwargs)
     if not self.stateful:
       return (await self.run(arguments)).observation
