@@ -8,8 +8,10 @@
 
 The alternative chain runner to `rollout.rollout`, yielding the same `Trajectory` objects: one
 endpoint (`endpoint.ChatEndpoint`, served by hypercorn in this trio run on a free loopback port)
-for all chains; each chain gets its own API key and its own `openai.AsyncOpenAI` (with its own keep-alive
-connection) and runs `agent_fn(client, row)` concurrently with the others. The
+for all chains; each chain gets its own API key and its own client (with its own keep-alive
+connection) and runs `agent_fn(client, row)` concurrently with the others: an asyncio agent in the
+process's asyncio loop thread, a trio agent in this trio loop, a synchronous one in a thread
+(agents/agent_loops.py); an outside harness is an agent_fn too (agents/harness.py). The
 trajectory is built from the ids the endpoint recorded for the chain (`endpoint_records`); the
 reward is the agent's `reward_fn` of the returned answer (`str(answer)`; if the agent returned
 None, the last completion's text). `agent` gives the chat template, the tool-call parser and the
@@ -19,7 +21,9 @@ keeps its limits and counters).
 Finish reasons: "agent_done" (agent_fn returned), "max_turns" / "max_total_tokens" (a request
 past `max_turns` requests or over the context was refused and the agent gave up: scored on the
 last completion's text, like the built-in rollout), "timeout" (`chain_timeout_s`), "error" (agent_fn raised; reward 0, the
-tokens it got are kept). A chain that made no request gives no trajectory. An agent that edits
+tokens it got are kept; `error_frame` says where it was raised). A chain that made no request gives no
+trajectory, unless it failed: then one with no tokens, finish "error" (it trains nothing, and a run
+whose chains all fail stops: rl/chain_failures.py). An agent that edits
 its history gets one trajectory per token segment (`Trajectory.segment`).
 """
 
@@ -135,7 +139,8 @@ async def endpoint_rollout(
   group_offset + row index. Arguments as `rollout.rollout`, and:
 
   Args:
-    agent_fn: `async def run(client: openai.AsyncOpenAI, row: dict) -> answer`.
+    agent_fn: `[async] def run(client, row) -> answer` (an `openai.AsyncOpenAI`, or an `openai.OpenAI`
+      for a synchronous function).
     max_turns: requests per chain (more get an error reply).
     max_n: most choices (`n`) per request.
     chain_timeout_s: wall-clock limit per chain (None: none).

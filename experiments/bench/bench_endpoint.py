@@ -8,7 +8,9 @@
    openai-SDK agent through the endpoint (`run_endpoint_rollout`): same sampler object, same
    sampling params and request seeds, so the same turns (the table says how many chains came
    out token-identical). After one warm-up each (compilation), `--reps` timed runs, interleaved;
-   the ratio is endpoint / built-in of the medians.
+   the ratio is endpoint / built-in of the medians. The endpoint agent (a plain asyncio agent) runs in
+   the asyncio loop thread (agents/agent_loops.py); `endpoint_trio` runs the same agent forced into the
+   rollout's trio loop (`agent_loop = "trio"`): asyncio / trio is the cost of the loop thread.
 2. Endpoint overhead per request with no generation (a sampler that answers at once with a fixed
    reply), sequential requests, p50 / p90 in ms: the endpoint's own work in-process
    (`ChatEndpoint.complete`: parse, render, tokenize, parse the reply, record), over HTTP with a
@@ -64,9 +66,15 @@ def bench_rollout(tok, agent) -> dict:
     seed=3,
     sampling_params=SamplingParams(temperature=1.0, stop_token_ids=(tok.token_to_id("<|im_end|>"),)),
   )
+
+  async def trio_agent(client, row):  # the same agent, forced into the rollout's trio loop
+    return await openai_agent(client, row)
+
+  trio_agent.agent_loop = "trio"
   sides = {
     "builtin": lambda: run_rollout(agent, rows, **common),
-    "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),
+    "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),  # asyncio loop thread
+    "endpoint_trio": lambda: run_endpoint_rollout(agent, rows, trio_agent, **common),
   }
   batches = []
   run_batch = sampler.scheduler._run_batch
@@ -105,6 +113,7 @@ def bench_rollout(tok, agent) -> dict:
   same = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(trajs["builtin"], trajs["endpoint"]))
   out["token_identical_chains"] = same
   out["ratio"] = out["endpoint"]["median_s"] / out["builtin"]["median_s"]
+  out["ratio_asyncio_vs_trio"] = out["endpoint"]["median_s"] / out["endpoint_trio"]["median_s"]
   return out
 
 
@@ -233,9 +242,18 @@ def markdown(result: dict) -> list[str]:
       f"{statistics.median(r['cpu_s']):.2f} | {sum(r['compiles'])} | "
       f"{statistics.median(len(x) for x in r['batches']):g} | "
       f"{r['turns_mean']:.2f} | {r['tokens_generated']} | {r['reward_mean']:.3f} |"
-      for name, r in (("built-in (run_rollout)", b), ("openai SDK via endpoint", e))
+      for name, r in (
+        ("built-in (run_rollout)", b),
+        ("openai SDK via endpoint, asyncio agent (its loop thread)", e),
+        *((("same agent forced into trio", rollout["endpoint_trio"]),) if "endpoint_trio" in rollout else ()),
+      )
     ],
     "",
+    *(
+      [f"asyncio agent / the same agent in trio: **{rollout['ratio_asyncio_vs_trio']:.2f}x** (goal <= 1.1x).", ""]
+      if "ratio_asyncio_vs_trio" in rollout
+      else []
+    ),
     f"Endpoint / built-in: **{rollout['ratio']:.2f}x** (goal <= 1.25x, not met here); chains with "
     f"token-identical trajectories: {rollout['token_identical_chains']} / {b['chains']} (same "
     "sampler, same request seeds). The endpoint's gathering (`gather_s`) gives the sampler the "

@@ -44,7 +44,14 @@ def test_jax_sampler_through_the_endpoint_records_exactly_the_sampled_ids():
 
 
 @pytest.mark.slow
-def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path):
+@pytest.mark.parametrize(
+  "agent",
+  [
+    "agentfly_jax.tasks.lookup_agent:run",  # the openai SDK alone (an asyncio agent)
+    "agentfly_jax.tasks.lookup_agents_sdk:run",  # the OpenAI Agents SDK: Agent + function_tool + Runner.run
+  ],
+)
+def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path, agent):
   import subprocess
 
   out = subprocess.run(
@@ -52,6 +59,7 @@ def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path):
       tmp_path / "run",
       "--config.train.steps=2",
       "--config.rollout.rows_per_step=4",
+      f"--config.task.agent={agent}",
       config="configs/lookup_endpoint_grpo.py",
     ),
     cwd=ROOT,
@@ -64,7 +72,8 @@ def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path):
   steps = [r for r in records if r.get("step", 0) >= 1]
   assert [r["step"] for r in steps] == [1, 2]
   for r in steps:
-    assert r["rollout/num_chains"] == 32  # 4 rows x 8 chains and r["rollout/finish/agent_done"] == 1.0
+    assert r["rollout/num_chains"] == 32  # 4 rows x 8 chains
+    assert r["rollout/finish/agent_done"] == 1.0  # every chain ended by the agent itself
     assert np.isfinite(r["actor/pg_loss"]) and r["actor/grad_norm"] > 0
     # the trainer's own log-probs of the recorded ids equal the sampler's: no id is shifted,
     # re-tokenised or missing (a one-token shift gives differences of whole nats)
@@ -72,3 +81,29 @@ def test_openai_sdk_agent_trains_two_grpo_steps_through_train_py(tmp_path):
     # the agent's own lookup calls are counted per tool
     assert r["tools/lookup/calls"] > 0 and r["tools/lookup/errors"] == 0
   assert os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.slow
+def test_a_run_whose_chains_all_fail_stops_naming_the_error(tmp_path):
+  import subprocess
+
+  (tmp_path / "broken_agent.py").write_text(
+    "async def run(client, row):  # a bug before the first request\n  raise KeyError(\"no field 'prompt' in the row\")\n"
+  )
+  out = subprocess.run(
+    train_command(
+      tmp_path / "run",
+      "--config.train.steps=3",
+      "--config.rollout.rows_per_step=2",
+      "--config.task.agent=broken_agent:run",
+      config="configs/lookup_endpoint_grpo.py",
+    ),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])},
+  )
+  assert out.returncode != 0
+  assert "ChainsFailedError: step 1: every chain failed (16 of 16 finish=error)" in out.stderr, out.stderr[-3000:]
+  assert "KeyError: \"no field 'prompt' in the row\"\n  at broken_agent.py:2 in run" in out.stderr
