@@ -179,3 +179,17 @@ def test_bad_agent_loop_override_is_named():
   run.agent_loop = "gevent"
   with pytest.raises(ValueError, match="Task.agent_fn: agent 'run': agent_loop must be 'trio' or 'asyncio'"):
     Task(reward=lookup.code_match, rows=lookup.make_rows(1, 0), agent_fn=run)
+
+
+def test_config_task_agent_cmd_is_checked_and_becomes_the_agent(tmp_path):
+  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.tasks.from_config import build_task, set_custom_task
+
+  def build(**fields):
+    return build_task(set_custom_task(default_config(), module="agentfly_jax.tasks.lookup", **fields))
+
+  with pytest.raises(ValueError, match="config.task.agent_cmd='no-such-harness-xyz': program 'no-such-harness-xyz'"):
+    build(agent_cmd="no-such-harness-xyz")
+  with pytest.raises(ValueError, match="config.task.agent_cmd=.* and config.task.agent=.*: give one agent"):
+    build(agent_cmd=f"{sys.executable} {HARNESS}", agent="agentfly_jax.tasks.lookup_agent:run")
+  assert build(agent_cmd=f"{sys.executable} {HARNESS}").agent_fn.command == [sys.executable, HARNESS]
