@@ -19,9 +19,11 @@ Why a loop in a thread and not trio-asyncio: it needs no new package, leaves the
 sampler exactly as they were (the asyncio agents' HTTP requests reach the endpoint over loopback as
 any client's do), and the agents' own Python work runs beside the trio loop instead of inside it.
 Measured (experiments/bench/bench_endpoint.py, results/bench_endpoint.md; 2-core CPU shared with other
-jobs): 64 chains of the lookup agent on the JAX sampler, the asyncio agent in the loop thread vs the same
-agent forced into trio: median rollout wall 0.85 s vs 1.06 s (0.80x; CPU 0.46 vs 0.61 s): the agents'
-HTTP client work leaves the trio loop, which then only serves the endpoint and the sampler.
+jobs, load 8-11): 64 chains of the lookup agent on the JAX sampler, the asyncio agent in the loop thread vs
+the same agent forced into trio, three runs of 5-9 interleaved reps: 0.80x, 1.22x (~1.0x over the runs that
+compiled nothing) and 1.29x of the median rollout wall (CPU 0.46 vs 0.61 s, 0.44 vs 0.40, 0.56 vs 0.41):
+within the machine's noise to +30 %; the two threads share the GIL, so the loop thread buys no parallelism
+here, only compatibility.
 """
 
 from __future__ import annotations

@@ -113,7 +113,10 @@ def bench_rollout(tok, agent) -> dict:
   same = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(trajs["builtin"], trajs["endpoint"]))
   out["token_identical_chains"] = same
   out["ratio"] = out["endpoint"]["median_s"] / out["builtin"]["median_s"]
-  out["ratio_asyncio_vs_trio"] = out["endpoint"]["median_s"] / out["endpoint_trio"]["median_s"]
+  for name in sides:  # a run that compiled (a new sampler batch shape) is a compile time, not a rollout's
+    clean = [w for w, c in zip(out[name]["wall_s"], out[name]["compiles"]) if c == 0] or out[name]["wall_s"]
+    out[name]["median_s_no_compile"] = statistics.median(clean)
+  out["ratio_asyncio_vs_trio"] = out["endpoint"]["median_s_no_compile"] / out["endpoint_trio"]["median_s_no_compile"]
   return out
 
 
@@ -250,7 +253,12 @@ def markdown(result: dict) -> list[str]:
     ],
     "",
     *(
-      [f"asyncio agent / the same agent in trio: **{rollout['ratio_asyncio_vs_trio']:.2f}x** (goal <= 1.1x).", ""]
+      [
+        f"asyncio agent / the same agent in trio: **{rollout['ratio_asyncio_vs_trio']:.2f}x** (goal <= 1.1x; medians "
+        f"of the runs that compiled nothing: {e['median_s_no_compile']:.2f} s / "
+        f"{rollout['endpoint_trio']['median_s_no_compile']:.2f} s).",
+        "",
+      ]
       if "ratio_asyncio_vs_trio" in rollout
       else []
     ),
