@@ -1,13 +1,26 @@
 """Shared by the endpoint tests (tests/agents/test_agents_endpoint.py, tests/e2e/
-test_agents_endpoint_train.py): the warm-started lookup policy and the check that a trajectory's
-model-written tokens are exactly the sampler's outputs."""
+test_agents_endpoint_train.py): the warm-started lookup policy, the lookup demonstration policy as a
+sampler script, and the check that a trajectory's model-written tokens are exactly the sampler's outputs."""
 
 import os
 
 import numpy as np
 from train_cli import ROOT
 
+from agentfly_jax.tasks import lookup
+
 WARMSTART = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
+
+
+def lookup_script(tok):
+  """The lookup demonstration policy as a sampler script: a tool call, then the copied code."""
+  eot = tok.token_to_id("<|im_end|>")
+
+  def script(prompt_ids):
+    reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
+    return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
+
+  return script
 
 
 def assert_segment_is_sampler_output(traj, calls):

@@ -20,7 +20,7 @@ from agentfly_jax.sampling.scripted import ScriptedSampler, scripted_logprob
 from agentfly_jax.tasks import lookup
 from agentfly_jax.tasks.lookup_agent import LOOKUP_SCHEMA, run as openai_lookup_agent
 
-from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
+from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output, lookup_script
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +31,6 @@ def tok():
 @pytest.fixture(scope="module")
 def agent(tok):
   return lookup.make_agent(tok)
-
-
-def lookup_script(tok):
-  """The lookup demonstration policy as a sampler script: a tool call, then the copied code."""
-  eot = tok.token_to_id("<|im_end|>")
-
-  def script(prompt_ids):
-    reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
-    return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
-
-  return script
 
 
 def test_openai_sdk_agent_gets_the_builtin_agents_trajectories(tok, agent):

@@ -25,7 +25,7 @@ from agentfly_jax.tasks.lookup import SYSTEM_PROMPT
 from agentfly_jax.tasks.lookup import lookup as lookup_tool
 from agentfly_jax.tasks.lookup_agent import LOOKUP_SCHEMA
 
-from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
+from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output, lookup_script
 
 HARNESS = os.path.join(os.path.dirname(__file__), "harness_lookup_agent.py")
 
@@ -38,16 +38,6 @@ def tok():
 @pytest.fixture(scope="module")
 def agent(tok):
   return lookup.make_agent(tok)
-
-
-def _script(tok):
-  eot = tok.token_to_id("<|im_end|>")
-
-  def script(prompt_ids):
-    reply = lookup.scripted_response(tok.decode(prompt_ids), True, np.random.default_rng(0))
-    return tok.encode(reply if isinstance(reply, str) else "".join(p for p, _ in reply)) + [eot]
-
-  return script
 
 
 def _first_messages(row):
@@ -113,8 +103,8 @@ def test_every_agent_style_gives_the_builtin_agents_trajectories(tok, agent, age
     agent_fn = Task(reward=lookup.code_match, rows=rows, agent_cmd=[sys.executable, HARNESS]).agent_fn
     rows, chains = rows[:1], 1
   assert agent_style(agent_fn) == style
-  builtin = run_rollout(agent, rows, sampler=ScriptedSampler(_script(tok)), num_chains=chains)
-  sampler = ScriptedSampler(_script(tok))
+  builtin = run_rollout(agent, rows, sampler=ScriptedSampler(lookup_script(tok)), num_chains=chains)
+  sampler = ScriptedSampler(lookup_script(tok))
   served = run_endpoint_rollout(agent, rows, agent_fn, sampler=sampler, num_chains=chains, chain_timeout_s=60)
   assert len(served) == len(builtin) == len(rows) * chains
   for a, b in zip(builtin, served):
@@ -132,7 +122,11 @@ async def _asyncio_timeout_agent(client, row):
 
 def test_asyncio_chain_timeout_keeps_its_tokens(tok, agent):
   [t] = run_endpoint_rollout(
-    agent, lookup.make_rows(1, 0), _asyncio_timeout_agent, sampler=ScriptedSampler(_script(tok)), chain_timeout_s=0.5
+    agent,
+    lookup.make_rows(1, 0),
+    _asyncio_timeout_agent,
+    sampler=ScriptedSampler(lookup_script(tok)),
+    chain_timeout_s=0.5,
   )
   assert (t.finish_reason, t.num_turns, t.error) == ("timeout", 1, None)
 
@@ -156,7 +150,7 @@ async def _broken_before_any_request(client, row):
 
 def test_a_chain_failing_before_any_request_is_visible_and_stops_the_run(tok, agent):
   rows = lookup.make_rows(2, 0)
-  trajs = run_endpoint_rollout(agent, rows, _broken_before_any_request, sampler=ScriptedSampler(_script(tok)))
+  trajs = run_endpoint_rollout(agent, rows, _broken_before_any_request, sampler=ScriptedSampler(lookup_script(tok)))
   assert [(t.finish_reason, len(t.token_ids)) for t in trajs] == [("error", 0)] * 2
   line = _broken_before_any_request.__code__.co_firstlineno + 1
   assert trajs[0].error_frame == f"test_agents_loops.py:{line} in _broken_before_any_request"
@@ -166,7 +160,7 @@ def test_a_chain_failing_before_any_request_is_visible_and_stops_the_run(tok, ag
 
 def test_a_harness_that_exits_before_any_request_names_its_command(tok, agent):
   task = Task(reward=lookup.code_match, rows=lookup.make_rows(1, 0), agent_cmd=[sys.executable, HARNESS, "--fail"])
-  [t] = run_endpoint_rollout(agent, lookup.make_rows(1, 0), task.agent_fn, sampler=ScriptedSampler(_script(tok)))
+  [t] = run_endpoint_rollout(agent, lookup.make_rows(1, 0), task.agent_fn, sampler=ScriptedSampler(lookup_script(tok)))
   assert t.finish_reason == "error" and "exited with status 3; stderr: harness: no config here" in t.error
   with pytest.raises(ValueError, match="Task.agent_cmd=.*program 'no-such-harness-xyz' not found"):
     Task(reward=lookup.code_match, rows=lookup.make_rows(1, 0), agent_cmd="no-such-harness-xyz --go")
