@@ -6,7 +6,8 @@
 
   trajectories = run_endpoint_rollout(agent, rows, run, sampler=sampler, num_chains=4)
 
-The alternative chain runner to `rollout.rollout`, yielding the same `Trajectory` objects: one
+The alternative chain runner to `rollout.rollout`, under the same driver (`rollout_driver`), yielding
+the same `Trajectory` objects: one
 endpoint (`endpoint.ChatEndpoint`, served by hypercorn in this trio run on a free loopback port)
 for all chains; each chain gets its own API key and its own client (with its own keep-alive
 connection) and runs `agent_fn(client, row)` concurrently with the others: an asyncio agent in the
@@ -39,6 +40,7 @@ import trio
 from agentfly_jax.agents.agent_loops import agent_style, call_agent
 from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
 from agentfly_jax.agents.rollout import validate_rows
+from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.trio_host import TrioHost
@@ -151,14 +153,9 @@ async def endpoint_rollout(
       agent's tools are its own and env-bound rewards are refused up front, so it is not used.
   """
   del env_provider
-  for name, value in [
-    ("num_chains", num_chains),
-    ("max_turns", max_turns),
-    ("concurrency", concurrency),
-    ("tool_threads", tool_threads),
-  ]:
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"endpoint_rollout: {name} must be an int >= 1, got {value!r}")
+  check_chain_args(
+    "endpoint_rollout", num_chains=num_chains, max_turns=max_turns, concurrency=concurrency, tool_threads=tool_threads
+  )
   if not callable(agent_fn):
     raise TypeError(f"endpoint_rollout: agent_fn must be a function (client, row), got {type(agent_fn).__name__}")
   style = agent_style(agent_fn)
@@ -183,34 +180,29 @@ async def endpoint_rollout(
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
   )
-  limiter = trio.CapacityLimiter(concurrency)
   thread_limiter = trio.CapacityLimiter(tool_threads)
-  results: list[list[Trajectory]] = [[] for _ in range(len(rows) * num_chains)]
   ssl_context = ssl.create_default_context()  # built once: the chains' clients share it
   async with serve_endpoint(endpoint) as base_url:
     async with trio.open_nursery() as nursery:
       host = TrioHost(nursery)  # asyncio agents' Tool.acall calls run here (tools/trio_host.py)
 
-      async def chain(index, row, group_id, chain_id):
-        async with limiter:
-          results[index] = await _run_chain(
-            endpoint,
-            agent,
-            agent_fn,
-            style,
-            row,
-            group_id,
-            chain_id,
-            ssl_context,
-            base_url,
-            chain_timeout_s,
-            thread_limiter,
-            host,
-          )
+      async def run_chain(row, group_id, chain_id):
+        return await _run_chain(
+          endpoint,
+          agent,
+          agent_fn,
+          style,
+          row,
+          group_id,
+          chain_id,
+          ssl_context,
+          base_url,
+          chain_timeout_s,
+          thread_limiter,
+          host,
+        )
 
-      for g, row in enumerate(rows):
-        for c in range(num_chains):
-          nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)
+      results = await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)
   return [t for chain_trajs in results for t in chain_trajs]
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import trio
 
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
+from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
@@ -347,6 +348,41 @@ def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
       raise ValueError(f"rollout: row {i}: {e}") from None
 
 
+def make_config(
+  agent: Agent,
+  *,
+  sampler,
+  max_turns: int,
+  sampling_params: SamplingParams,
+  max_tokens_per_turn: int,
+  max_total_tokens: int,
+  env_provider,
+  seed: int | None,
+  tool_threads: int,
+  shared_turns: int = 0,
+  branch_temperature: float | None = None,
+) -> _Config:
+  """The built-in chains' shared settings for one run (`rollout`, `stream_rollout.stream_groups`): the
+  env provider made on first use, a run id for the chains' env keys, the tool-thread limiter."""
+
+  def provider_getter():
+    return get_env_provider(env_provider, getattr(agent, "env_provider", None))
+
+  return _Config(
+    sampler=sampler,
+    max_turns=max_turns,
+    sampling_params=sampling_params,
+    max_tokens_per_turn=max_tokens_per_turn,
+    max_total_tokens=max_total_tokens,
+    seed=seed,
+    provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
+    run_id=uuid.uuid4().hex[:10],
+    thread_limiter=trio.CapacityLimiter(tool_threads),
+    shared_turns=shared_turns,
+    branch_temperature=branch_temperature,
+  )
+
+
 async def rollout(
   agent: Agent,
   rows: Sequence[dict],
@@ -397,49 +433,36 @@ async def rollout(
       The sampler's log-probs of that turn are at this temperature (the loss's importance
       correction, `loss.tis_cap`, sees the difference).
   """
-  for name, value in [
-    ("num_chains", num_chains),
-    ("max_turns", max_turns),
-    ("max_tokens_per_turn", max_tokens_per_turn),
-    ("max_total_tokens", max_total_tokens),
-    ("concurrency", concurrency),
-    ("tool_threads", tool_threads),
-  ]:
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"rollout: {name} must be an int >= 1, got {value!r}")
+  check_chain_args(
+    "rollout",
+    num_chains=num_chains,
+    max_turns=max_turns,
+    max_tokens_per_turn=max_tokens_per_turn,
+    max_total_tokens=max_total_tokens,
+    concurrency=concurrency,
+    tool_threads=tool_threads,
+  )
   check_shared_turns("rollout", shared_turns, seed)
   check_branch_temperature("rollout", branch_temperature)
   validate_rows(agent, rows)
-  sampling_params = sampling_params or SamplingParams()
-
-  def provider_getter():
-    return get_env_provider(env_provider, getattr(agent, "env_provider", None))
-
-  cfg = _Config(
+  cfg = make_config(
+    agent,
     sampler=sampler,
     max_turns=max_turns,
-    sampling_params=sampling_params,
+    sampling_params=sampling_params or SamplingParams(),
     max_tokens_per_turn=max_tokens_per_turn,
     max_total_tokens=max_total_tokens,
+    env_provider=env_provider,
     seed=seed,
-    provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
-    run_id=uuid.uuid4().hex[:10],
-    thread_limiter=trio.CapacityLimiter(tool_threads),
+    tool_threads=tool_threads,
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
   )
-  limiter = trio.CapacityLimiter(concurrency)
-  results: list[Trajectory | None] = [None] * (len(rows) * num_chains)
 
-  async def chain(index, row, group_id, chain_id):
-    async with limiter:
-      results[index] = await _run_chain(agent, row, group_id, chain_id, cfg)
+  async def run_chain(row, group_id, chain_id):
+    return await _run_chain(agent, row, group_id, chain_id, cfg)
 
-  async with trio.open_nursery() as nursery:
-    for g, row in enumerate(rows):
-      for c in range(num_chains):
-        nursery.start_soon(chain, g * num_chains + c, row, group_offset + g, c)
-  return results
+  return await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)
 
 
 def run_rollout(agent: Agent, rows: Sequence[dict], **kwargs) -> list[Trajectory]:

@@ -1,6 +1,7 @@
 """A continuous rollout: groups of chains start while others still run, each finished group handed on
 at once (partial rollouts, rl/partial_rollout.py). The chains are the built-in rollout's
-(`rollout._run_chain`: same token-in/token-out record, finish reasons, rewards, env handling).
+(`rollout._run_chain`: same token-in/token-out record, finish reasons, rewards, env handling), each
+group's started by the one driver (`rollout_driver.drive_chains`, one chain limiter for all groups).
 
     await stream_groups(agent, next_group, on_group, may_start, stopped, sampler=..., num_chains=4, ...)
 
@@ -13,15 +14,13 @@ trio thread.
 
 from __future__ import annotations
 
-import functools
-import uuid
 from typing import Callable
 
 import trio
 
-from agentfly_jax.agents.rollout import _Config, _run_chain, validate_rows
+from agentfly_jax.agents.rollout import _run_chain, make_config, validate_rows
+from agentfly_jax.agents.rollout_driver import drive_chains
 from agentfly_jax.sampling.protocol import SamplingParams
-from agentfly_jax.tools.tool import get_env_provider
 
 POLL_S = 0.002  # how often a waiting stream re-checks may_start / stopped
 
@@ -46,33 +45,24 @@ async def stream_groups(
 ) -> None:
   """Runs groups until `stopped()` (see the module docstring)."""
 
-  def provider_getter():
-    return get_env_provider(env_provider, getattr(agent, "env_provider", None))
-
-  cfg = _Config(
+  cfg = make_config(
+    agent,
     sampler=sampler,
     max_turns=max_turns,
     sampling_params=sampling_params,
     max_tokens_per_turn=max_tokens_per_turn,
     max_total_tokens=max_total_tokens,
+    env_provider=env_provider,
     seed=seed,
-    provider_getter=functools.lru_cache(maxsize=1)(provider_getter),
-    run_id=uuid.uuid4().hex[:10],
-    thread_limiter=trio.CapacityLimiter(tool_threads),
+    tool_threads=tool_threads,
   )
-  limiter = trio.CapacityLimiter(concurrency)
+  limiter = trio.CapacityLimiter(concurrency)  # shared by all groups' chains
+
+  async def run_chain(row, group_id, chain_id):
+    return await _run_chain(agent, row, group_id, chain_id, cfg)
 
   async def group(row, group_id):
-    results: list = [None] * num_chains
-
-    async def chain(c):
-      async with limiter:
-        results[c] = await _run_chain(agent, row, group_id, c, cfg)
-
-    async with trio.open_nursery() as nursery:
-      for c in range(num_chains):
-        nursery.start_soon(chain, c)
-    on_group(group_id, results)
+    on_group(group_id, await drive_chains([row], num_chains, run_chain, concurrency=limiter, group_offset=group_id))
 
   async with trio.open_nursery() as nursery:
     while not stopped():
