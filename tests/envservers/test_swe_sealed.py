@@ -1,4 +1,4 @@
-"""The SWE hidden tests and task fixes are unreachable from the agent's sandbox under a non-editable
+"""The SWE hidden tests and task fixes (and the Harbor example tasks' tests/ and solution/) are unreachable from the agent's sandbox under a non-editable
 install (the package, with its data, inside the site-packages the sandbox mounts); the sandbox
 probe skips only for a missing bubblewrap or refused user namespaces."""
 
@@ -90,8 +90,10 @@ def _patterns(site: pathlib.Path) -> list[str]:
   """Hidden-test lines and fix strings, read from the installed copy (so they are in it)."""
   data = site / "envservers" / "data"
   hidden = sorted(data.glob("swe_repos/*/*/hidden_tests/*.py"))
+  harbor = sorted(data.glob("harbor_tasks/*/tests/*")) + sorted(data.glob("harbor_tasks/*/solution/*"))
+  hidden += [p for p in harbor if p.is_file()]
   tasks = sorted(data.glob("swe_tasks/*/*.json"))
-  assert hidden and tasks, f"the non-editable install lacks the SWE data under {data}"
+  assert hidden and tasks and any("harbor" in str(p) for p in hidden), f"the install lacks the SWE data under {data}"
   patterns = []
   for path in hidden:
     lines = sorted({line.strip() for line in path.read_text().splitlines() if len(line.strip()) >= 30}, key=len)
