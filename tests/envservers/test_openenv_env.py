@@ -20,7 +20,6 @@ from agentfly_jax.envs.manager import EnvManager
 from envservers.envs.openenv_env import OpenEnvEnv
 from envservers_helpers import running_server
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed (.ci/setup installs it)")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -111,26 +110,18 @@ def test_openenv_server_at_a_url_and_a_bad_url(tmp_path):
     assert trio.run(bad_url)
 
 
-def test_openenv_app_started_per_pool():
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
-  old = os.environ.get("PYTHONPATH")
-  os.environ["PYTHONPATH"] = env["PYTHONPATH"]
-  try:
-    with running_server("openenv=2:0", options=("openenv.app=openenv_number_env:app",)) as server:
+def test_openenv_app_started_per_pool(monkeypatch):
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  with running_server("openenv=2:0", options=("openenv.app=openenv_number_env:app",)) as server:
 
-      async def main():
-        manager = EnvManager([server.address])
-        out = [await _play(manager, "x"), await _play(manager, "y")]
-        await manager.aclose()
-        return out
+    async def main():
+      manager = EnvManager([server.address])
+      out = [await _play(manager, "x"), await _play(manager, "y")]
+      await manager.aclose()
+      return out
 
-      for results, extra, bad in trio.run(main):
-        _check(results, extra, bad)
-  finally:
-    if old is None:
-      os.environ.pop("PYTHONPATH")
-    else:
-      os.environ["PYTHONPATH"] = old
+    for results, extra, bad in trio.run(main):
+      _check(results, extra, bad)
 
 
 def test_options_are_checked():
