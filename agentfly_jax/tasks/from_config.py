@@ -59,6 +59,7 @@ class UserTaskSection:
     agent_cmd: an outside harness command run per chain against the endpoint (agents/harness.py).
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
+    gym_id: a Gymnasium env id for rows that name none (module agentfly_jax.tasks.gym).
   """
 
   name: str = "custom"
@@ -72,6 +73,7 @@ class UserTaskSection:
   agent: str = ""
   agent_cmd: str = ""
   mcp_servers: str = ""
+  gym_id: str = ""
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
@@ -279,6 +281,8 @@ def _custom_task(config):
     rows = [validate_row(r, i, f"{source} rows") for i, r in enumerate(rows)]
     if not rows:
       raise ValueError(f"{source}: the training rows are empty")
+  if t.gym_id:
+    rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in rows]
   eval_rows, eval_source = [], source
   if t.eval_path:
     eval_rows, eval_source = load_rows(t.eval_path), t.eval_path
@@ -286,6 +290,8 @@ def _custom_task(config):
     eval_rows = _module_rows(parts.eval_rows, parts.make_eval_rows, _NUM_GENERATED_EVAL, config.seed) or []
     eval_source = f"{mod_label} eval rows"
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
+  if t.gym_id:
+    eval_rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in eval_rows]
   tools = _resolve_tools(t.tools, parts if module is not None else None)
   reward = _resolve_reward(t.reward, parts if module is not None else None)
   if t.mcp_servers:

@@ -3,6 +3,8 @@ ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
 
 from envservers.envs import (
   alfworld_env,
+  gym_env,
+  openenv_env,
   python_sandbox,
   retrieval,
   scienceworld_env,  # noqa: F401

@@ -4,7 +4,8 @@
 (`--unshare-all`), `--die-with-parent`, `--new-session` (no terminal injection); a read-only /usr
 (the system Python and its libraries) and nothing else of the host but the loader cache, the time
 zone and the sandbox interpreter's prefix (plus, on request, the server venv's packages read-only
-at /opt/site-packages); the writable places only the size-capped tmpfs mounts asked for (bwrap's
+at /opt/site-packages), with the envservers package itself hidden under an empty read-only tmpfs
+wherever a mount would expose it (`seal_args`: its data holds the SWE hidden tests and bugs); the writable places only the size-capped tmpfs mounts asked for (bwrap's
 own /dev is an uncapped tmpfs: it is made read-only, device nodes keep working); a cleared
 environment. The driver inside sets the rlimits. `BwrapProcess` is the host side of one such
 process: started with a uid of its own when the server runs as root (so RLIMIT_NPROC holds per
@@ -134,6 +135,7 @@ def bwrap_args(
     args += ["--ro-bind", site, SITE_PACKAGES]
     paths.append(SITE_PACKAGES)
   env = {**env, **({"PYTHONPATH": ":".join(paths)} if paths else {})}
+  args += seal_args(_host_binds(args))
   args += [*mounts, "--proc", "/proc", "--dev", "/dev"]
   for mount_point, size_mb in tmpfs:
     args += ["--size", str(size_mb << 20), "--tmpfs", mount_point]
@@ -141,6 +143,36 @@ def bwrap_args(
   for key, value in env.items():
     args += ["--setenv", key, value]
   return args + ["--", *command]
+
+
+def sealed_dirs(site: str | None = None) -> list[str]:
+  """Host folders no sandbox may read: this envservers package (its data holds the SWE tasks'
+  hidden tests and bugs, whose inverse is the fix) wherever it is installed, and any other
+  `envservers` package in the mounted site-packages."""
+  found = [os.path.realpath(_HERE.parent)]
+  if site and os.path.isdir(os.path.join(site, "envservers")):
+    found.append(os.path.realpath(os.path.join(site, "envservers")))
+  return list(dict.fromkeys(found))
+
+
+def _host_binds(args: list[str]) -> list[tuple[str, str]]:
+  """The (host source, sandbox destination) of each --ro-bind in `args`."""
+  return [(args[i + 1], args[i + 2]) for i, arg in enumerate(args) if arg == "--ro-bind"]
+
+
+def seal_args(binds: list[tuple[str, str]]) -> list[str]:
+  """Mount options laying an empty read-only tmpfs over every sealed folder that a bind exposes
+  (a non-editable install puts the package under the venv's site-packages, a system install under
+  /usr): the sandbox sees an empty folder there."""
+  site = next((src for src, dest in binds if dest == SITE_PACKAGES), None)
+  out = []
+  for sealed in sealed_dirs(site):
+    for src, dest in binds:
+      real = os.path.realpath(src)
+      if sealed == real or sealed.startswith(real.rstrip("/") + "/"):
+        inside = os.path.join(dest, os.path.relpath(sealed, real))
+        out += ["--size", "4096", "--tmpfs", inside, "--remount-ro", inside]
+  return out
 
 
 class BwrapProcess:

@@ -28,7 +28,8 @@ repository written to fool pytest (rewriting its report) is not caught: this gra
 attempts.
 
 Rows: see swe_tasks.py (a shipped `task_id`, or SWE-Gym-style repo + problem_statement +
-test_command + hidden_tests folders).
+test_command + hidden_tests folders) and harbor_tasks.py (a Harbor task directory, graded by its
+tests/test.sh).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import trio
 
 from envservers import protocol
 from envservers.env import EnvCrashed, ServerEnv, StepOutcome, env_reward
-from envservers.envs import swe_tasks
+from envservers.envs import harbor_tasks, swe_tasks
 from envservers.envs.bwrap import BwrapProcess, bwrap_args, default_python, driver_source
 from envservers.process import exit_reason, wait_exit
 from envservers.registry import register_env
@@ -109,8 +110,10 @@ class Sandbox(BwrapProcess):
       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }
     tmpfs = [("/dev/shm", self.tmp_mb), ("/tmp", self.tmp_mb), ("/repo", self.repo_mb)]
-    if self.grading:
-      tmpfs.append((HIDDEN_DIR, self.tmp_mb))
+    mounts = ("--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python")
+    if self.grading:  # + Harbor's paths: the tests also at /tests, a writable /logs
+      tmpfs += [(HIDDEN_DIR, self.tmp_mb), ("/logs", 1)]
+      mounts += ("--symlink", HIDDEN_DIR, "/tests")
     return [
       "/bin/sh",
       "-c",
@@ -124,7 +127,7 @@ class Sandbox(BwrapProcess):
         chdir="/repo",
         site_packages=self.site_packages,
         pythonpath=("/repo",),
-        mounts=("--dir", "/opt/bin", "--symlink", self.python, "/opt/bin/python"),
+        mounts=mounts,
         as_pid_1=True,
       ),
     ]
@@ -308,7 +311,7 @@ class SweEnv(ServerEnv):
     await self.sandbox.start()
 
   async def reset(self, row: dict | None) -> str:
-    task = swe_tasks.resolve_row(row)  # ValueError naming the field: the env stays usable
+    task = harbor_tasks.resolve_row(row)  # ValueError naming the field: the env stays usable
     archive = swe_tasks.repo_archive(task.repo, self.archive_bytes)
     if self.task is not None or self.sandbox is None:  # a used sandbox: start from a fresh one
       await self.close()
@@ -324,9 +327,10 @@ class SweEnv(ServerEnv):
       )
     self.timings["load_s"] = time.perf_counter() - started
     self.task, self.result, self.steps = task, None, 0
+    tests = f" Its tests run with: {task.test_command}" if task.test_command else ""
     return (
       f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
-      f"directory). Its tests run with: {task.test_command}\nActions: bash(command), "
+      f"directory).{tests}\nActions: bash(command), "
       f"view(path, lines), str_replace(path, old, new), submit()."
     )
 
@@ -404,6 +408,12 @@ class SweEnv(ServerEnv):
         loaded = await grader.request({"op": "load", "tar_b64": archive, "dest": dest}, 60.0)
         if "error" in loaded:
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
+      if self.task.grader == harbor_tasks.GRADER:
+        reply = await grader.request(
+          {"op": "bash", "command": harbor_tasks.grade_command(), "timeout_s": self.grade_timeout_s},
+          self.grade_timeout_s + 10.0,
+        )
+        return self._harbor_result(reply, started)
       targets = " ".join(shlex.quote(f"{HIDDEN_DIR}/{node}") for node in self.task.selected_tests)
       reply = await grader.request(
         {
@@ -427,6 +437,21 @@ class SweEnv(ServerEnv):
       "timed_out": bool(reply.get("timed_out")),
       "cases": cases,
       "output_tail": reply.get("output", "")[-2000:],
+    }
+
+  def _harbor_result(self, reply: dict, started: float) -> dict:
+    """A Harbor task's grade: tests/test.sh's reward file, else its exit code (harbor_tasks.py)."""
+    output = reply.get("output", "")
+    reward, exit_code = harbor_tasks.parse_grade(output)
+    self.timings["grade_s"] = time.perf_counter() - started
+    return {
+      "reward": reward,
+      "passed": int(reward == 1.0),
+      "total": 1,
+      "timed_out": bool(reply.get("timed_out")),
+      "exit_code": exit_code,
+      "cases": [],
+      "output_tail": output[-2000:],
     }
 
   @env_reward("hidden_tests")

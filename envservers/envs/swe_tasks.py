@@ -69,6 +69,7 @@ class SweTask:
   test_command: str
   bug: Edit | None = None
   selected_tests: tuple[str, ...] = ()
+  grader: str = "pytest"  # "harbor": tests/test.sh grades (harbor_tasks.py)
 
 
 def shipped_task_path(task_id: str) -> str | None:
