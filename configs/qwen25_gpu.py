@@ -24,7 +24,7 @@ grads + Adam in float32, activations of one micro-batch, logits chunk; vLLM weig
 side that does not fit and the fraction it would need. With these sizes on an 80 GB H100:
 Qwen2.5-0.5B (0.49 B params) JAX ~15 GiB of its 44 GiB, vLLM ~4 GiB of its 28 GiB; Qwen2.5-1.5B
 JAX ~39 of 44 GiB, vLLM ~8 of 28 GiB. On a smaller card lower the fractions' sizes (micro-batch,
-`model.remat=True`, `rollout.max_batch_size`); the error message says which.
+`train.remat=full`, `rollout.max_batch_size`); the error message says which.
 
 Weight sync after each update: in place, no disk. The in-process vLLM engine receives DLPack
 views of the JAX arrays (on GPU: CUDA tensors, zero-copy) and its weight loaders copy them into

@@ -130,14 +130,16 @@ def load_hf_config(model: str, config) -> tuple[dict | None, str]:
     raise BadInput(f"{path}: not valid JSON ({e})") from None
 
 
-def model_config(config, hf: dict | None, source: str):
+def model_config(spec, hf: dict | None, source: str):
+  """The ModelConfig of `hf` (an HF config.json's dict) with the run's numerics, else the run's own
+  (`spec`: the run's RunSpec)."""
   from agentfly_jax.models import ModelConfig
   from agentfly_jax.rl import setup
 
   if hf is None:
-    return setup.model_config(config, config.model.vocab_size)
+    return setup.model_config(spec, spec.model.vocab_size)
   try:
-    return ModelConfig.from_hf_dict(hf, source=source, **setup.model_numerics(config))
+    return ModelConfig.from_hf_dict(hf, source=source, **setup.model_numerics(spec))
   except ValueError as e:
     raise BadInput(str(e)) from None
 
@@ -155,7 +157,7 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
   from agentfly_jax.rl.config import validate_config
 
   try:
-    validate_config(config)
+    spec = validate_config(config)
   except ValueError as e:
     raise BadInput(str(e)) from None
   check_mesh(config, chips, topology)
@@ -164,7 +166,7 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
       f"model.attention_impl='pallas' is the TPU kernel and --topology={topology!r} is a GPU: "
       "add --config.model.attention_impl=flash"
     )
-  return model_config(config, *load_hf_config(model, config))
+  return model_config(spec, *load_hf_config(model, config))
 
 
 def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: list[dict]) -> dict:

@@ -134,11 +134,6 @@ class Trainer:
     """A fresh TrainState (optimizer: this run's by default), placed on the mesh."""
     return self.states.new(params, optimizer, critic_params, sharding=state_sharding)
 
-  def _new_state(self, params, optimizer, critic_params=None):
-    """(state, shardings), as before the restructuring (experiments/evaluate.py uses it)."""
-    sh = self.state_sharding_for(optimizer)
-    return self.new_state(params, optimizer, critic_params, state_sharding=sh), sh
-
   # ------------------------------------------------------------------ rollout
   def rollout(self, rows, *, sampler=None, num_chains=None, temperature=None, seed=0):
     """Trajectories of `rows` (group_id = row index), see `stages.rollout`."""
