@@ -78,10 +78,7 @@ class Trainer:
     if self.asynchronous and jax.process_count() > 1:
       raise ValueError("config.rollout.mode='async' runs on one process; multi-host runs are sync")
     self.workdir = os.path.abspath(workdir)
-    os.makedirs(self.workdir, exist_ok=True)
-    if distributed.is_primary():
-      with open(os.path.join(self.workdir, "config.json"), "w") as f:
-        f.write(config.to_json(indent=2))
+    os.makedirs(self.workdir, exist_ok=True)  # (config.json is written when training starts: `train`)
     self.algo = dataclasses.asdict(spec.algorithm)  # {estimator, policy_loss, critic, agg} (overrides applied)
     self.parts = parts = build_run(spec, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = parts.task, parts.tokenizer, parts.agent
@@ -386,7 +383,9 @@ class Trainer:
     on the others). Leaves the final TrainState in `self.state`."""
     spec = self.spec
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
-    if distributed.is_primary():
+    if distributed.is_primary():  # a run's record, written by the loop's start, not by building parts
+      with open(os.path.join(self.workdir, "config.json"), "w") as f:
+        f.write(self.config.to_json(indent=2))
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
         json.dump({"name": spec.task_name, "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
