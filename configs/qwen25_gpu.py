@@ -11,7 +11,7 @@ rollouts, in one process.
 Numerics: bfloat16 compute (`model.dtype`), float32 master params (`model.param_dtype`), so the
 gradients and AdamW moments are float32 too; vLLM runs in bfloat16 (`rollout.vllm_dtype`).
 
-Memory split (one device, one process; agentfly_jax/rl/memory_plan.py):
+Memory split (one device, one process; agentfly_jax/rl/scale/memory_plan.py):
 - JAX preallocates `gpu.jax_mem_fraction` of the device (XLA_PYTHON_CLIENT_MEM_FRACTION, set by
   train.py before JAX starts; XLA_PYTHON_CLIENT_PREALLOCATE stays true so XLA's allocator keeps
   its share and never competes with vLLM's).

@@ -32,7 +32,7 @@ def main(argv):
   from agentfly_jax.checkpoint import Checkpointer
   from agentfly_jax.rl import stages
   from agentfly_jax.rl.batching import rollout_metrics
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
   from agentfly_jax.rl.programs import TrainStates, policy_optimizers
   from agentfly_jax.rl.setup import build_run
   from agentfly_jax.rl.spec import RunSpec

@@ -5,7 +5,7 @@
 Random init (model.pretrained == ""): trains the task's tiny tokenizer into `workdir/tokenizer`
 and builds a tiny model of `model.family`. Pretrained: loads the HF folder (config.json +
 safetensors + tokenizer files) with `from_pretrained`. The helpers take a RunSpec, or a config
-they parse into one (experiments/aot_compile.py, rl/memory_plan.py).
+they parse into one (experiments/aot_compile.py, rl/scale/memory_plan.py).
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ class RolloutSection(Section):
 
 @dataclasses.dataclass(frozen=True)
 class GpuSection(Section):
-  """JAX + vLLM on one GPU (rl/memory_plan.py); 0 = not managed."""
+  """JAX + vLLM on one GPU (rl/scale/memory_plan.py); 0 = not managed."""
 
   NAME: ClassVar[str] = "gpu"
   jax_mem_fraction: float = 0.0  # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
@@ -279,7 +279,7 @@ class TrainSection(Section):
   pack_sequences: bool = False  # pack several trajectories per row (segment ids; rl/packing.py)
   remat: str = ""  # per decoder layer: none | full | dots_saveable | another
   # jax.checkpoint_policies name (models/remat.py); "" = none (a saved legacy model.remat=True: "full", migrate)
-  compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/compile_cache.py): auto
+  compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/scale/compile_cache.py): auto
   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
   skip_zero_adv_rows: bool = False  # rows with all-0 advantages skip the train steps (rl/update.py)

@@ -29,7 +29,7 @@ DIFFERENT_MEANING = {
   "agentfly_jax/rl/core/losses.py:gspo_policy_loss:clip_low": "GSPO's sequence-level ratio range (paper: 3e-4)",
   "agentfly_jax/rl/core/losses.py:gspo_policy_loss:clip_high": "GSPO's sequence-level ratio range (paper: 4e-4)",
   "agentfly_jax/models/lora.py:LoRAConfig:rank": "an adapter's rank when LoRA is on (spec: 0 = LoRA off)",
-  "agentfly_jax/rl/memory_plan.py:RunSizes:attention_chunk": "a plan's input (0 = unchunked); plans pass the run's",
+  "agentfly_jax/rl/scale/memory_plan.py:RunSizes:attention_chunk": "a plan's input (0 = unchunked); plans pass the run's",
   "agentfly_jax/rl/config.py:tpu_grpo_config:max_total_tokens": "a preset's own value (TPU configs)",
   "agentfly_jax/rl/config.py:tpu_grpo_config:micro_batch_size": "a preset's own value (TPU configs)",
   # agent.run / run_rollout / the endpoint outside a run (notebooks, real HF models): one chain per row and

@@ -1,4 +1,4 @@
-"""A run's programs as abstract values, compiled and measured (the compile half of rl/aot.py).
+"""A run's programs as abstract values, compiled and measured (the compile half of rl/scale/aot.py).
 
     run = abstract_run(config, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
     rows = compile_rows(run, ("prepare", "train_step"), chips)   # one row per program, bytes a chip
@@ -343,12 +343,12 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
 
 
 def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) -> dict:
-  """rl/memory_plan.py's estimate of the train step a chip: {"parts": bytes by part, "total",
+  """rl/scale/memory_plan.py's estimate of the train step a chip: {"parts": bytes by part, "total",
   "inputs": the ModelShape / RunSizes / mesh it came from, so a table can be re-estimated
   (`aot.replan_table`) without compiling again}."""
   import dataclasses
 
-  from agentfly_jax.rl import memory_plan
+  from agentfly_jax.rl.scale import memory_plan
 
   cfg = run.cfg
   shape = memory_plan.ModelShape(
@@ -389,7 +389,7 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
 
 def estimate_from_inputs(inputs: dict) -> dict:
   """`train_step_memory_plan`'s result from its recorded "inputs" (with today's memory_plan)."""
-  from agentfly_jax.rl import memory_plan
+  from agentfly_jax.rl.scale import memory_plan
 
   shape, sizes = memory_plan.ModelShape(**inputs["model"]), memory_plan.RunSizes(**inputs["run"])
   parts = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=inputs["fsdp"], tp=inputs["tp"])
