@@ -11,7 +11,7 @@ rollouts, in one process.
 Numerics: bfloat16 compute (`model.dtype`), float32 master params (`model.param_dtype`), so the
 gradients and AdamW moments are float32 too; vLLM runs in bfloat16 (`rollout.vllm_dtype`).
 
-Memory split (one device, one process; agentfly_jax/rl/memory_plan.py):
+Memory split (one device, one process; agentfly_jax/rl/scale/memory_plan.py):
 - JAX preallocates `gpu.jax_mem_fraction` of the device (XLA_PYTHON_CLIENT_MEM_FRACTION, set by
   train.py before JAX starts; XLA_PYTHON_CLIENT_PREALLOCATE stays true so XLA's allocator keeps
   its share and never competes with vLLM's).
@@ -24,7 +24,7 @@ grads + Adam in float32, activations of one micro-batch, logits chunk; vLLM weig
 side that does not fit and the fraction it would need. With these sizes on an 80 GB H100:
 Qwen2.5-0.5B (0.49 B params) JAX ~15 GiB of its 44 GiB, vLLM ~4 GiB of its 28 GiB; Qwen2.5-1.5B
 JAX ~39 of 44 GiB, vLLM ~8 of 28 GiB. On a smaller card lower the fractions' sizes (micro-batch,
-`model.remat=True`, `rollout.max_batch_size`); the error message says which.
+`train.remat=full`, `rollout.max_batch_size`); the error message says which.
 
 Weight sync after each update: in place, no disk. The in-process vLLM engine receives DLPack
 views of the JAX arrays (on GPU: CUDA tensors, zero-copy) and its weight loaders copy them into

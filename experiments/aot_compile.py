@@ -1,5 +1,5 @@
 """Every program of a run, compiled ahead of time for a TPU topology on this CPU (no TPU, no weights),
-or for NVIDIA GPUs (`--topology=h100:8`: no GPU either; rl/aot_gpu.py, `pip install -e .[aot-gpu]`).
+or for NVIDIA GPUs (`--topology=h100:8`: no GPU either; rl/scale/aot_gpu.py, `pip install -e .[aot-gpu]`).
 
     python experiments/aot_compile.py --config=configs/tpu/qwen25_7b_grpo.py --topology=v5p:2x2x2
     JAX_PLATFORMS=cpu python experiments/aot_compile.py --config=configs/tpu/qwen25_7b_grpo.py --topology=h100:8
@@ -18,11 +18,11 @@ runs), then lowers and compiles the programs the trainer builds, with the traine
   weight_sync  the copy of the params from the trainer's shardings to the sampler's
 Per program and per chip: argument / output / alias / temporary bytes, the peak (args + outputs -
 aliased + temps) against the chip's HBM, FLOPs, compile time -> `<out>.json` + `<out>.md`. The train
-step row also has a hand-computed floor and rl/memory_plan.py's estimate. A program that does not
+step row also has a hand-computed floor and rl/scale/memory_plan.py's estimate. A program that does not
 fit exits 2 naming it, the GiB over and what would fit; bad input (topology, mesh, model) exits 1
 before anything is compiled. Model shapes: `--model` = a preset (models/presets.py) or an HF
 config.json (or its folder); default: the config's `model.aot_preset`, else its own model. The
-work is done by agentfly_jax/rl/aot.py.
+work is done by agentfly_jax/rl/scale/aot.py.
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ flags.DEFINE_string(
   "replan",
   "",
   "Only re-estimate the memory_plan column of a collected table <replan>.{json,md} with today's "
-  "rl/memory_plan.py (no compile; e.g. experiments/results/aot_tpu).",
+  "rl/scale/memory_plan.py (no compile; e.g. experiments/results/aot_tpu).",
 )
 flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
 
-from agentfly_jax.rl.aot import (  # noqa: E402
+from agentfly_jax.rl.scale.aot import (  # noqa: E402
   PROGRAMS,
   BadInput,
   append_to_table,

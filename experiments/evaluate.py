@@ -26,22 +26,25 @@ _SEED = flags.DEFINE_integer("seed", 4242, "Seed of the held-out rows.")
 
 def main(argv):
   del argv
+  import dataclasses
+
   from agentfly_jax.agents.display import format_trajectory
+  from agentfly_jax.checkpoint import Checkpointer
+  from agentfly_jax.rl import stages
   from agentfly_jax.rl.batching import rollout_metrics
-  from agentfly_jax.rl.trainer import Trainer
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.programs import TrainStates, policy_optimizers
+  from agentfly_jax.rl.setup import build_run
+  from agentfly_jax.rl.spec import RunSpec
+  from agentfly_jax.tasks.from_config import task_fingerprint
 
   cfg_path = os.path.join(_WORKDIR.value, "config.json")
   if not os.path.exists(cfg_path):
     sys.exit(f"evaluate: {cfg_path} not found (is --workdir a train.py run directory?)")
-  from agentfly_jax.rl.config import migrate
-
-  with open(cfg_path) as f:
-    config = migrate(json.load(f))  # a run saved by any version: today's fields
-  config.log.progress = False
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
-
+  with open(cfg_path) as f:  # read only: the run's config.json is never written here
+    saved = json.load(f)
   try:  # the run's compiled programs (sampler, log-probs) load instead of compiling again
-    enable_compile_cache(config.train.compile_cache)
+    enable_compile_cache(saved.get("train", {}).get("compile_cache", "auto"))
   except ValueError as e:
     sys.exit(f"evaluate: {e}")
   trained_task = None
@@ -49,10 +52,12 @@ def main(argv):
     with open(os.path.join(_WORKDIR.value, "task.json")) as f:
       trained_task = json.load(f)
   try:
-    trainer = Trainer(config, _WORKDIR.value)
+    spec = RunSpec.from_config(saved)  # a run saved by any version (migrate inside): today's fields
+    spec = dataclasses.replace(spec, log=dataclasses.replace(spec.log, progress=False))
+    parts = build_run(spec, os.path.abspath(_WORKDIR.value))
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"evaluate: the run's task does not rebuild: {e}")
-  if trained_task and trained_task["fingerprint"] != trainer.task_fingerprint:
+  if trained_task and trained_task["fingerprint"] != task_fingerprint(parts.task, parts.train_rows):
     sys.exit(
       f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
       "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
@@ -60,14 +65,34 @@ def main(argv):
       "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
       "(--config.task.module) to evaluate it from the command line"
     )
-  step = _STEP.value if _STEP.value is not None else trainer.checkpointer.latest_step()
+  checkpointer = Checkpointer(
+    os.path.join(os.path.abspath(_WORKDIR.value), "checkpoints"), max_to_keep=spec.checkpoint.keep
+  )
+  step = _STEP.value if _STEP.value is not None else checkpointer.latest_step()
   if step is None:
     sys.exit(f"evaluate: no checkpoint in {_WORKDIR.value}/checkpoints")
-  state = trainer.new_state(trainer.init_params, critic_params=trainer.init_critic_params)
-  state, _ = trainer.checkpointer.restore(step, state)
-  trainer.sampler.update_weights(state.params)
-  rows = trainer.task.make_eval_rows(_NUM_ROWS.value, seed=_SEED.value)
-  trajs = trainer.rollout(rows, num_chains=_NUM_CHAINS.value, temperature=_TEMPERATURE.value, seed=_SEED.value)
+  # the checkpoint's TrainState layout (params + optimizer state) to restore into; no training program built
+  policy, critic = parts.policy, parts.critic
+  critic_params, critic_specs = (critic.params, critic.specs) if critic is not None else (None, None)
+  optimizer, critic_optimizer = policy_optimizers(spec)
+  states = TrainStates(
+    policy.params, critic_params, optimizer, critic_optimizer, parts.mesh, policy.specs, critic_specs, spec.seed
+  )
+  state, _ = checkpointer.restore(step, states.new(policy.params, critic_params=critic_params))
+  parts.sampler.update_weights(state.params)
+  rows = parts.task.make_eval_rows(_NUM_ROWS.value, seed=_SEED.value)
+  trajs = stages.rollout(
+    parts.agent,
+    rows,
+    sampler=parts.sampler,
+    rollout_spec=spec.rollout,
+    end_of_turn_id=parts.end_of_turn_id,
+    env_provider=parts.env_provider,
+    agent_fn=parts.task.agent_fn,
+    num_chains=_NUM_CHAINS.value,
+    temperature=_TEMPERATURE.value,
+    seed=_SEED.value,
+  )
   metrics = rollout_metrics(trajs, prefix="eval")
   if _NUM_CHAINS.value > 1:
     by_group = {}
@@ -81,7 +106,7 @@ def main(argv):
   transcript = os.path.join(_WORKDIR.value, f"eval_step{step}_transcript.txt")
   with open(transcript, "w") as f:
     for t in trajs[: _TRANSCRIPT_CHAINS.value]:
-      f.write(format_trajectory(t, trainer.tokenizer, color=False) + "\n\n")
+      f.write(format_trajectory(t, parts.tokenizer, color=False) + "\n\n")
   for k, v in sorted(metrics.items()):
     print(f"{k}: {v}")
   print(f"written: {out}, {transcript}")

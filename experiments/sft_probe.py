@@ -31,7 +31,7 @@ _OUT = flags.DEFINE_string("out", "runs/sft_probe.json", "JSON of the probe's me
 
 def main(argv):
   del argv
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
   from agentfly_jax.rl.config import validate_config
   from agentfly_jax.rl.trainer import Trainer
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task

@@ -59,7 +59,7 @@ def main(argv):
     task = build_task(config)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
-  from agentfly_jax.rl.memory_plan import MemorySplitError, apply_memory_split
+  from agentfly_jax.rl.scale.memory_plan import MemorySplitError, apply_memory_split
 
   try:  # JAX + vLLM on one GPU: JAX's share is set before its backend starts, both sides checked
     plan = apply_memory_split(config)
@@ -67,7 +67,7 @@ def main(argv):
     sys.exit(f"bad config: {e}")
   if plan is not None:
     print(f"memory split: {plan.describe()}")
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   try:  # before the first jit: a compiled program another run wrote is loaded, not compiled
     enable_compile_cache(spec.train.compile_cache)

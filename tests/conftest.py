@@ -22,7 +22,7 @@ if "AGENTFLY_COMPILE_CACHE" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="agentfly-test-xla-")
   os.environ["AGENTFLY_COMPILE_CACHE"] = _cache
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-from agentfly_jax.rl.compile_cache import enable_compile_cache  # noqa: E402
+from agentfly_jax.rl.scale.compile_cache import enable_compile_cache  # noqa: E402
 
 enable_compile_cache("auto")
 

@@ -69,7 +69,7 @@ CHECKS = {
 
 def main(names):
   import jax
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
   if len(jax.devices()) != 8:

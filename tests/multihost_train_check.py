@@ -19,7 +19,7 @@ def main():
   workdir, out_dir = sys.argv[1], sys.argv[2]
   fsdp = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   from agentfly_jax.rl import distributed
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
   distributed.initialize()  # from the AGENTFLY_* environment (no-op when unset)

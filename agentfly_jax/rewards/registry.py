@@ -7,7 +7,7 @@ list_rewards()
 
 from __future__ import annotations
 
-from agentfly_jax.tools.registry import resolve_object
+from agentfly_jax.tools.registry import Listing
 
 BUILTIN_REWARDS: dict[str, str] = {
   "exact_match": "agentfly_jax.rewards.qa:exact_match",
@@ -21,23 +21,16 @@ BUILTIN_REWARDS: dict[str, str] = {
 }
 
 
-def register_builtin_reward(name: str, target: str) -> None:
-  """Adds `name` -> "module:attribute" to the built-in listing."""
-  if ":" not in target:
-    raise ValueError(f"register_builtin_reward({name!r}): target must be 'module:attribute', got {target!r}")
-  BUILTIN_REWARDS[name] = target
-
-
-def list_rewards() -> list[str]:
-  """The names `get_reward` knows without a module path."""
-  return sorted(BUILTIN_REWARDS)
+REWARDS = Listing("reward", BUILTIN_REWARDS)
+register_builtin_reward = REWARDS.register
+list_rewards = REWARDS.names
 
 
 def get_reward(name: str):
   """The `Reward` named `name`: a built-in (see `list_rewards()`) or 'module:function'."""
   from agentfly_jax.rewards.reward import Reward
 
-  obj = resolve_object(name, kind="reward", builtins=BUILTIN_REWARDS)
+  obj = REWARDS.resolve(name)
   if isinstance(obj, Reward):
     return obj
   if callable(obj):

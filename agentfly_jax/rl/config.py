@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from agentfly_jax.rl.spec import ALGORITHMS, RunSpec, as_spec, migrate  # noqa: F401 (re-exported)
+from agentfly_jax.rl.spec import ALGORITHMS, RunSpec, migrate  # noqa: F401 (re-exported)
 
 
 def config_beside(config_file: str, name: str) -> ml_collections.ConfigDict:
@@ -37,15 +37,6 @@ def validate_config(c, *, custom_task: bool = False) -> RunSpec:
   """Raises ValueError naming the first bad field (runs before any model or rollout); returns the
   typed run (`RunSpec.from_config`)."""
   return RunSpec.from_config(c, custom_task=custom_task)
-
-
-def resolved_remat(c):
-  """The decoder layers' remat policy: train.remat, or the legacy bool model.remat."""
-  return as_spec(c).remat
-
-
-def resolved_agg(c) -> str:
-  return as_spec(c).algorithm.agg
 
 
 def lookup_config(algo: str, warmstart_dir: str) -> ml_collections.ConfigDict:

@@ -1,7 +1,7 @@
 """The builders of a run's jitted programs, shared by the trainer and `experiments/aot_compile.py`
 (which lowers the same programs for a TPU topology without weights).
 
-    loss_cfg = loss_config(spec, decoupled=False)     # spec: rl.spec.RunSpec (or a config)
+    loss_cfg = loss_config(spec, decoupled=False)     # spec: rl.spec.RunSpec (RunSpec.from_config at the script)
     optimizer, critic_optimizer = policy_optimizers(spec)
     sharding = train_state_sharding(params, critic_params, optimizer, critic_optimizer, mesh, specs, c_specs)
     step, batch_sharding = sft_step_program(graphdef, rest, sft_optimizer(spec), loss_cfg, mesh, rules, sh)
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import jax
 
-from agentfly_jax.rl.spec import as_spec
 from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
 from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_sft_step, state_shardings
 
@@ -19,10 +18,9 @@ SFT_KEYS = ("input_ids", "target_ids", "attention_mask", "action_mask")
 
 
 def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
-  """The policy (and critic) loss of the run's algorithm (`spec`: a RunSpec, or a config parsed
-  into one); `decoupled`: decoupled PPO (AReaL), for off-policy (async, stale) batches (the
+  """The policy (and critic) loss of the run's algorithm (`spec`: the run's RunSpec, parsed
+  once at the script); `decoupled`: decoupled PPO (AReaL), for off-policy (async, stale) batches (the
   trainer passes `spec.decoupled`)."""
-  spec = as_spec(spec)
   loss, algo = spec.loss, spec.algorithm
   return LossConfig(
     policy_loss="decoupled_ppo" if decoupled else algo.policy_loss,
@@ -43,7 +41,6 @@ def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
 
 def policy_optimizers(spec):
   """(the policy's AdamW, the critic's or None when the algorithm has no critic)."""
-  spec = as_spec(spec)
   t = spec.train
   optimizer = make_optimizer(
     lr=t.lr,
@@ -62,7 +59,6 @@ def policy_optimizers(spec):
 
 
 def sft_optimizer(spec):
-  spec = as_spec(spec)
   return make_optimizer(lr=spec.sft.lr, max_grad_norm=spec.train.max_grad_norm)
 
 

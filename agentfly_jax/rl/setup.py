@@ -5,7 +5,7 @@
 Random init (model.pretrained == ""): trains the task's tiny tokenizer into `workdir/tokenizer`
 and builds a tiny model of `model.family`. Pretrained: loads the HF folder (config.json +
 safetensors + tokenizer files) with `from_pretrained`. The helpers take a RunSpec, or a config
-they parse into one (experiments/aot_compile.py, rl/memory_plan.py).
+they parse into one (experiments/aot_compile.py, rl/scale/memory_plan.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 
 import jax
 from flax import nnx
-
-from agentfly_jax.rl.spec import as_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +55,6 @@ class RunParts:
 
 
 def build_tokenizer_dir(spec, task, workdir: str) -> str:
-  spec = as_spec(spec)
   if spec.model.pretrained:
     return spec.model.pretrained
   from agentfly_jax.data.tiny_tokenizer import build_tiny_tokenizer
@@ -73,7 +70,6 @@ def build_tokenizer_dir(spec, task, workdir: str) -> str:
 def model_numerics(spec) -> dict:
   """ModelConfig fields that come from `model` whatever the architecture: dtypes, remat,
   attention chunking, scanned layers."""
-  spec = as_spec(spec)
   m = spec.model
   return dict(
     dtype=m.dtype,
@@ -88,12 +84,11 @@ def model_numerics(spec) -> dict:
 def model_config(spec, vocab_size: int):
   """The policy's ModelConfig: the HF folder's config.json (`model.pretrained`), else the tiny
   random-init architecture of `model`; numerics (dtype, param_dtype, remat, attention chunking)
-  from `model` either way. `spec`: a RunSpec (or a config parsed into one)."""
+  from `model` either way. `spec`: the run's RunSpec."""
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
 
-  spec = as_spec(spec)
   m = spec.model
   ours = model_numerics(spec)
   if m.pretrained:
@@ -122,7 +117,6 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
   from agentfly_jax.models import CausalLM, Critic, from_pretrained
   from agentfly_jax.models.lora import apply_lora
 
-  spec = as_spec(spec)
   m = spec.model
   if m.pretrained:
     model = from_pretrained(m.pretrained, critic=critic, seed=spec.seed, **model_numerics(spec))
@@ -141,7 +135,7 @@ def trainable_filter(spec, *, critic: bool = False):
   adapters + its value head `score`)."""
   from agentfly_jax.models.lora import lora_filter
 
-  lora = as_spec(spec).model.lora
+  lora = spec.model.lora
   if not lora.rank or (critic and not lora.critic):
     return nnx.Param
   return lora_filter(nnx.PathContains("score")) if critic else lora_filter()
@@ -151,7 +145,6 @@ def base_identity(spec, model) -> dict:
   """The frozen base of a LoRA run: where it came from and the sha256 of its params."""
   from agentfly_jax.models.lora import base_params, params_sha256
 
-  spec = as_spec(spec)
   m = spec.model
   source = os.path.abspath(m.pretrained) if m.pretrained else f"random-init {m.family} seed={spec.seed}"
   return {"source": source, "sha256": params_sha256(base_params(model))}
@@ -164,7 +157,7 @@ def training_and_sampler_meshes(spec, devices=None):
   `devices`: these instead of the local ones (experiments/aot_compile.py: a TPU topology's)."""
   from agentfly_jax.models import make_mesh
 
-  m = as_spec(spec).mesh
+  m = spec.mesh
   n = m.sampler_devices
   if not n:
     return make_mesh(m.fsdp, m.tp, devices), None
@@ -273,7 +266,6 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   from agentfly_jax.envs.provider import DeferredEnvProvider
   from agentfly_jax.tasks.from_config import build_task
 
-  spec = as_spec(spec)
   check_backend(spec)
   task = build_task(spec, task)
   tok_dir = build_tokenizer_dir(spec, task, workdir)

@@ -160,7 +160,6 @@ class ModelSection(Section):
   intermediate_size: int = 256
   vocab_size: int = 768  # tiny tokenizer size when random init
   tie_word_embeddings: bool = True
-  remat: bool = False  # legacy bool (True = "full"); train.remat wins when set
   attention_chunk: int = 512  # >0: causal attention this many queries at a time (no [B,H,T,T] kept); 0 = one square
   attention_impl: str = "flash"  # "flash" (custom VJP from the softmax statistics) | "checkpoint" (blocks re-run under  # jax.checkpoint) | "pallas" (TPU only: jax.experimental's Pallas flash kernel; models/pallas_attention.py)
   dtype: str = "float32"  # compute dtype (bfloat16 on GPU)
@@ -171,15 +170,7 @@ class ModelSection(Section):
 
   def check(self):
     self.need("family", self.family in MODEL_TYPES, f"must be one of {MODEL_TYPES}")
-    for name in (
-      "hidden_size",
-      "num_layers",
-      "num_heads",
-      "num_kv_heads",
-      "head_dim",
-      "intermediate_size",
-      "vocab_size",
-    ):
+    for name in "hidden_size num_layers num_heads num_kv_heads head_dim intermediate_size vocab_size".split():
       self.at_least(name, 1)
     self.at_least("attention_chunk", 0, " (0 = off)")
     self.need("attention_impl", self.attention_impl in ATTENTION_IMPLS, f"must be one of {ATTENTION_IMPLS}")
@@ -259,7 +250,7 @@ class RolloutSection(Section):
 
 @dataclasses.dataclass(frozen=True)
 class GpuSection(Section):
-  """JAX + vLLM on one GPU (rl/memory_plan.py); 0 = not managed."""
+  """JAX + vLLM on one GPU (rl/scale/memory_plan.py); 0 = not managed."""
 
   NAME: ClassVar[str] = "gpu"
   jax_mem_fraction: float = 0.0  # XLA_PYTHON_CLIENT_MEM_FRACTION (preallocated)
@@ -288,8 +279,8 @@ class TrainSection(Section):
   logits_capacity: tuple[float, ...] = DEFAULT_CAPACITY
   pack_sequences: bool = False  # pack several trajectories per row (segment ids; rl/packing.py)
   remat: str = ""  # per decoder layer: none | full | dots_saveable | another
-  # jax.checkpoint_policies name (models/remat.py); "" = model.remat
-  compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/compile_cache.py): auto
+  # jax.checkpoint_policies name (models/remat.py); "" = none (a saved legacy model.remat=True: "full", migrate)
+  compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/scale/compile_cache.py): auto
   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
   skip_zero_adv_rows: bool = False  # rows with all-0 advantages skip the train steps (rl/update.py)
@@ -542,8 +533,8 @@ class RunSpec:
 
   @property
   def remat(self):
-    """The decoder layers' remat policy: train.remat, or the legacy bool model.remat."""
-    return self.train.remat or self.model.remat
+    """The decoder layers' remat policy: train.remat (False when "": none)."""
+    return self.train.remat or False
 
   @property
   def task_name(self) -> str:
@@ -583,8 +574,22 @@ def migrate(config) -> ml_collections.ConfigDict:
   for (section, key), value in _OLD_BEHAVIOUR.items():
     if key not in (saved.get(section) or {}):
       merged[section][key] = value
+  _migrate_model_remat(saved)
   _overlay(merged, saved)
   return ml_collections.ConfigDict(merged)
+
+
+def _migrate_model_remat(saved: dict) -> None:
+  """The legacy bool model.remat (before train.remat) as train.remat: True = "full"; train.remat wins when set."""
+  model = saved.get("model")
+  if not isinstance(model, dict) or "remat" not in model:
+    return
+  legacy = model["remat"]
+  saved["model"] = {k: v for k, v in model.items() if k != "remat"}  # (the caller's dict left as it was)
+  if not isinstance(legacy, bool):
+    fail("model.remat", legacy, "legacy field: a bool (use train.remat for a policy name)")
+  if legacy and not (saved.get("train") or {}).get("remat"):
+    saved["train"] = {**(saved.get("train") or {}), "remat": "full"}
 
 
 def _overlay(base: dict, saved: dict) -> None:
@@ -593,8 +598,3 @@ def _overlay(base: dict, saved: dict) -> None:
       _overlay(base[key], value)
     else:
       base[key] = value
-
-
-def as_spec(config) -> RunSpec:
-  """A RunSpec as is; a ConfigDict (or dict) parsed (for callers that still hold a config)."""
-  return config if isinstance(config, RunSpec) else RunSpec.from_config(config)

@@ -79,10 +79,7 @@ class Trainer:
     if self.asynchronous and jax.process_count() > 1:
       raise ValueError("config.rollout.mode='async' runs on one process; multi-host runs are sync")
     self.workdir = os.path.abspath(workdir)
-    os.makedirs(self.workdir, exist_ok=True)
-    if distributed.is_primary():
-      with open(os.path.join(self.workdir, "config.json"), "w") as f:
-        f.write(config.to_json(indent=2))
+    os.makedirs(self.workdir, exist_ok=True)  # (config.json is written when training starts: `train`)
     self.algo = dataclasses.asdict(spec.algorithm)  # {estimator, policy_loss, critic, agg} (overrides applied)
     self.parts = parts = build_run(spec, self.workdir, task=task)
     self.task, self.tokenizer, self.agent = parts.task, parts.tokenizer, parts.agent
@@ -135,11 +132,6 @@ class Trainer:
   def new_state(self, params, optimizer=None, critic_params=None, *, state_sharding=None):
     """A fresh TrainState (optimizer: this run's by default), placed on the mesh."""
     return self.states.new(params, optimizer, critic_params, sharding=state_sharding)
-
-  def _new_state(self, params, optimizer, critic_params=None):
-    """(state, shardings), as before the restructuring (experiments/evaluate.py uses it)."""
-    sh = self.state_sharding_for(optimizer)
-    return self.new_state(params, optimizer, critic_params, state_sharding=sh), sh
 
   # ------------------------------------------------------------------ rollout
   def rollout(self, rows, *, sampler=None, num_chains=None, temperature=None, seed=0):
@@ -394,7 +386,9 @@ class Trainer:
     on the others). Leaves the final TrainState in `self.state`."""
     spec = self.spec
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
-    if distributed.is_primary():
+    if distributed.is_primary():  # a run's record, written by the loop's start, not by building parts
+      with open(os.path.join(self.workdir, "config.json"), "w") as f:
+        f.write(self.config.to_json(indent=2))
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
         json.dump({"name": spec.task_name, "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)

@@ -30,7 +30,6 @@ from agentfly_jax.rl.batching import (
 from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.packing import pack_index, take_packed
 from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare
-from agentfly_jax.rl.spec import as_spec
 from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
 
 
@@ -83,7 +82,6 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   """The prepare call's config from the run's typed sections and its loss (`loss_cfg`: the
   temperature and the log-prob chunking it trains with; decoupled PPO needs the sampler's
   log-probs)."""
-  spec = as_spec(spec)
   return PrepareConfig(
     estimator=estimator,
     chunk=chunk,
@@ -110,10 +108,9 @@ def few_sizes(n: int) -> int:
 
 class PolicyUpdate:
   """prepare + the minibatch loop for one algorithm/config; jitted functions built once.
-  `spec`: the run's RunSpec (or a config parsed into one)."""
+  `spec`: the run's RunSpec (parsed once at the script)."""
 
   def __init__(self, parts: ModelParts, spec, loss_cfg, estimator: str, mesh, state_sharding):
-    spec = as_spec(spec)
     self.spec, self.mesh, self.state_sharding = spec, mesh, state_sharding
     self.loss_agg = loss_cfg.agg
     if spec.train.skip_keeps_batch_mean and spec.train.pack_sequences:

@@ -17,7 +17,7 @@ import numpy as np
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
-from envservers.envs import swe_policies, swe_rows, swe_tasks
+from envservers.api import swe_policies, swe_rows, swe_tasks
 
 ENV = "swe"
 QUESTION = "Fix the bug the issue below describes, then submit."

@@ -13,7 +13,7 @@ from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
-from envservers.envs.textworld_games import DIFFICULTIES
+from envservers.api import TEXTWORLD_DIFFICULTIES as DIFFICULTIES
 
 ENV = "textworld"
 TRAIN_KINDS = ("treasure_hunter", "coin_collector", "cooking")

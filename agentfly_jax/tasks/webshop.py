@@ -17,8 +17,14 @@ from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
-from envservers.envs.webshop_catalog import DEFAULT_CATALOG_SEED, DEFAULT_NUM_PRODUCTS, generate_catalog, make_goals
-from envservers.envs.webshop_policies import expert_actions, random_action
+from envservers.api import (
+  DEFAULT_CATALOG_SEED,
+  DEFAULT_NUM_PRODUCTS,
+  expert_actions,
+  generate_catalog,
+  make_goals,
+  random_action,
+)
 
 ENV = "webshop"
 NUM_PRODUCTS, CATALOG_SEED = DEFAULT_NUM_PRODUCTS, DEFAULT_CATALOG_SEED  # the env's (rows come from its catalog)

@@ -24,16 +24,31 @@ BUILTIN_TOOLS: dict[str, str] = {
 }
 
 
-def register_builtin_tool(name: str, target: str) -> None:
-  """Adds `name` -> "module:attribute" to the built-in listing (for packages that ship tools)."""
-  if ":" not in target:
-    raise ValueError(f"register_builtin_tool({name!r}): target must be 'module:attribute', got {target!r}")
-  BUILTIN_TOOLS[name] = target
+class Listing:
+  """Objects of one kind by name (the one registry helper of tools and rewards): built-ins as
+  "module:attribute" strings in `builtins` (imported on first use), users' as `module:attribute`."""
+
+  def __init__(self, kind: str, builtins: dict[str, str]):
+    self.kind, self.builtins = kind, builtins
+
+  def register(self, name: str, target: str) -> None:
+    """Adds `name` -> "module:attribute" to the built-in listing (for packages that ship them)."""
+    if ":" not in target:
+      raise ValueError(f"register_builtin_{self.kind}({name!r}): target must be 'module:attribute', got {target!r}")
+    self.builtins[name] = target
+
+  def names(self) -> list[str]:
+    """The names known without a module path."""
+    return sorted(self.builtins)
+
+  def resolve(self, spec: str) -> Any:
+    """A built-in by name, or `module:attribute` imported (`resolve_object`)."""
+    return resolve_object(spec, kind=self.kind, builtins=self.builtins)
 
 
-def list_tools() -> list[str]:
-  """The names `get_tool` knows without a module path."""
-  return sorted(BUILTIN_TOOLS)
+TOOLS = Listing("tool", BUILTIN_TOOLS)
+register_builtin_tool = TOOLS.register
+list_tools = TOOLS.names
 
 
 def import_user_module(name: str):
@@ -82,7 +97,7 @@ def get_tool(name: str):
   """The `Tool` named `name`: a built-in (see `list_tools()`) or 'module:function'."""
   from agentfly_jax.tools.tool import Tool
 
-  obj = resolve_object(name, kind="tool", builtins=BUILTIN_TOOLS)
+  obj = TOOLS.resolve(name)
   if not isinstance(obj, Tool):
     raise ValueError(f"tool {name!r} is a {type(obj).__name__}, not a @tool function")
   return obj

@@ -143,7 +143,7 @@ def _nbytes(tree) -> int:
 
 
 def serve(mode: str) -> None:
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   enable_compile_cache("auto")
   w = Worker(mode)

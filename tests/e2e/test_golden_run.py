@@ -71,8 +71,12 @@ def test_custom_task_trains_and_evaluates_from_flags(golden_run):
   assert saved["task"]["module"] == "mirror_task" and os.path.isabs(saved["task"]["train_path"])
 
   # evaluate.py from another directory: it rebuilds the custom task from the saved config.json
+  config_bytes, config_mtime = (workdir / "config.json").read_bytes(), (workdir / "config.json").stat().st_mtime_ns
   ev = _evaluate(folder, workdir, tmp_path, "--num_rows=3", "--transcript_chains=3")
   assert ev.returncode == 0, ev.stderr[-4000:]
+  # read only: the run's config.json is neither rewritten nor touched
+  assert (workdir / "config.json").read_bytes() == config_bytes
+  assert (workdir / "config.json").stat().st_mtime_ns == config_mtime
   result = json.loads((workdir / "eval_step2.json").read_text())
   assert result["eval/num_chains"] == 3 and result["eval/reward_metric/mirror_reward_ran"] == 1.0
   transcript = (workdir / "eval_step2_transcript.txt").read_text()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentfly_jax.rl.memory_plan import (
+from agentfly_jax.rl.scale.memory_plan import (
   GIB,
   MAX_TOTAL_FRACTION,
   MemorySplitError,

@@ -177,10 +177,11 @@ def _top_level_imports(path: str) -> list[str]:
 
 
 def test_trainer_side_uses_no_server_internals():
-  """The trainer-side tasks may import envservers' shared data / policy modules (catalogs, task sets,
-  scripted policies), never a module that is part of a server (one importing envservers.env /
-  registry / server at its top): a task that copied a server's internals drifts when the server
-  changes. (agentfly_jax.envs starts servers: it is the client side of the protocol.)"""
+  """The trainer-side tasks reach envservers only through its public surface, `envservers.api` (the
+  shared data / policy modules: catalogs, task sets, scripted policies), and that never re-exports a
+  module that is part of a server (one importing envservers.env / registry / server at its top): a
+  task that copied a server's internals drifts when the server changes. (agentfly_jax.envs starts
+  servers: it is the client side of the protocol.)"""
   mods, edges, _ = _graph()
   server = ("envservers.env", "envservers.registry", "envservers.server", "envservers.subprocess_env")
   bad = []
@@ -190,8 +191,11 @@ def test_trainer_side_uses_no_server_internals():
     for dst, line in targets.items():
       if _layer(dst) != "envservers" or dst not in mods:
         continue
-      if dst in server or any(m in server for m in _top_level_imports(mods[dst])):
-        bad.append(f"{mods[src]}:{line}: {src} imports {dst}, a server module")
+      if dst != "envservers.api":
+        bad.append(f"{mods[src]}:{line}: {src} imports {dst}; tasks use envservers.api")
+      for used in [dst, *(m for m in edges.get(dst, {}) if m.startswith("envservers."))]:  # the api's modules too
+        if used in server or any(m in server for m in _top_level_imports(mods[used])):
+          bad.append(f"{mods[src]}:{line}: {src} imports {dst}, which brings {used}, a server module")
   assert not bad, "\n".join(sorted(bad))
 
 

@@ -38,12 +38,12 @@ def test_unknown_attention_impl_is_named():
 def test_a_run_with_pallas_attention_off_tpu_is_refused_naming_the_backend():
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.rl.setup import check_backend
-  from agentfly_jax.rl.spec import as_spec
+  from agentfly_jax.rl.spec import RunSpec
 
   config = default_config()
   config.model.attention_impl = "pallas"
   with pytest.raises(ValueError, match="backend is 'cpu': use --config.model.attention_impl=flash"):
-    check_backend(as_spec(config), "cpu")
-  check_backend(as_spec(config), "tpu")  # the TPU backend runs it
+    check_backend(RunSpec.from_config(config), "cpu")
+  check_backend(RunSpec.from_config(config), "tpu")  # the TPU backend runs it
   config.model.attention_impl = "flash"
-  check_backend(as_spec(config), "cpu")
+  check_backend(RunSpec.from_config(config), "cpu")

@@ -83,15 +83,19 @@ def test_names_and_errors():
     remat_name("dots")
   with pytest.raises(ValueError, match="ModelConfig.remat: unknown remat policy"):
     tiny_config("qwen2", remat="save_only_these_names")
-  from agentfly_jax.rl.config import default_config, resolved_remat, validate_config
+  from agentfly_jax.rl.config import default_config, validate_config
 
   c = default_config()
-  assert resolved_remat(c) is False
-  c.model.remat = True
-  assert resolved_remat(c) is True
+  assert validate_config(c).remat is False
+  saved = c.to_dict()
+  saved["model"]["remat"] = True  # a config.json saved with the legacy bool: migrated to train.remat
+  assert validate_config(saved).remat == "full" and validate_config(saved).train.remat == "full"
+  assert saved["model"]["remat"] is True  # (the caller's dict left as it was)
+  saved["model"]["remat"] = "full"
+  with pytest.raises(ValueError, match="config.model.remat='full': legacy field: a bool"):
+    validate_config(saved)
   c.train.remat = "dots_saveable"
-  validate_config(c)
-  assert resolved_remat(c) == "dots_saveable"
+  assert validate_config(c).remat == "dots_saveable"
   c.train.remat = "dot_saveable"
   with pytest.raises(ValueError, match=r"config.train.remat='dot_saveable': unknown remat policy"):
     validate_config(c)

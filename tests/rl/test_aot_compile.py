@@ -56,7 +56,7 @@ def test_malformed_topology_exits_1_before_compiling():
   ],
 )
 def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
-  from agentfly_jax.rl import aot
+  from agentfly_jax.rl.scale import aot
 
   with pytest.raises(aot.BadInput) as e:
     aot.run(lookup_config(**mesh), topology, model)
@@ -64,7 +64,7 @@ def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
 
 
 def test_unsupported_hf_model_type_is_named(tmp_path):
-  from agentfly_jax.rl import aot
+  from agentfly_jax.rl.scale import aot
 
   path = tmp_path / "config.json"
   path.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
@@ -102,7 +102,7 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   assert rows["train_step"]["argument_bytes"] >= 12 * report["num_params"] / 4
   assert rows["train_step"]["floor_bytes"] > 0 and rows["train_step"]["memory_plan_bytes"] > 0
   # the estimate is the sum of its recorded parts, and re-estimating from its recorded inputs gives it back
-  from agentfly_jax.rl.aot_programs import estimate_from_inputs
+  from agentfly_jax.rl.scale.aot_programs import estimate_from_inputs
 
   step = rows["train_step"]
   assert step["memory_plan_bytes"] == sum(step["memory_plan_parts"].values())
@@ -186,7 +186,7 @@ def test_coordinator_auto_lets_jax_read_the_pod_environment(monkeypatch):
 
 
 def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp():
-  from agentfly_jax.rl import memory_plan as mp
+  from agentfly_jax.rl.scale import memory_plan as mp
 
   shape = mp.ModelShape(
     num_params=7_615_616_512,
@@ -241,7 +241,7 @@ def test_per_chip_memory_plan_splits_state_over_chips_and_activations_over_fsdp(
 def test_replan_table_re_estimates_recorded_rows(tmp_path):
   """`--replan`: every train-step row with recorded inputs gets today's estimate (no compile); the
   markdown table is rewritten with it and its ratio to XLA's peak."""
-  from agentfly_jax.rl import aot, memory_plan as mp
+  from agentfly_jax.rl.scale import aot, memory_plan as mp
 
   shape = mp.ModelShape(
     num_params=494_032_768,
@@ -309,7 +309,7 @@ def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from agentfly_jax.rl import aot
+  from agentfly_jax.rl.scale import aot
 
   msg = (
     "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
@@ -329,7 +329,7 @@ def test_xla_refusing_a_program_for_hbm_is_a_row_that_does_not_fit():
 
 
 def test_pallas_attention_for_a_gpu_topology_is_named_before_compiling():
-  from agentfly_jax.rl import aot
+  from agentfly_jax.rl.scale import aot
 
   config = lookup_config(fsdp=8)
   config.model.attention_impl = "pallas"
@@ -344,7 +344,7 @@ def test_one_layers_parameter_count_is_the_same_scanned_or_unrolled(family):
   from flax import nnx
 
   from agentfly_jax.models import CausalLM, tiny_config
-  from agentfly_jax.rl.aot_programs import _parameter_counts
+  from agentfly_jax.rl.scale.aot_programs import _parameter_counts
 
   counts = {}
   for scan in (True, False):
@@ -359,10 +359,10 @@ def test_one_layers_parameter_count_is_the_same_scanned_or_unrolled(family):
 
 @pytest.mark.parametrize("table", ["aot_tpu", "aot_gpu"])
 def test_memory_plan_is_within_15_percent_of_every_recorded_xla_row(table):
-  """Today's rl/memory_plan.py re-estimates every committed train-step row (TPU and GPU compiles of
+  """Today's rl/scale/memory_plan.py re-estimates every committed train-step row (TPU and GPU compiles of
   0.5B-32B models, scanned and unrolled, one to 64 chips) from the inputs it recorded: within 15 % of
   XLA's per-chip peak. Rows XLA refused (it stops before scheduling, in seconds) are left out."""
-  from agentfly_jax.rl.aot_programs import estimate_from_inputs
+  from agentfly_jax.rl.scale.aot_programs import estimate_from_inputs
 
   with open(os.path.join(ROOT, "experiments", "results", table + ".json")) as f:
     reports = json.load(f)

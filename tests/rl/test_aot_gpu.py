@@ -1,4 +1,4 @@
-"""rl/aot_gpu.py + rl/aot.py's GPU topologies (`h100:8`): a deviceless compile for abstract NVIDIA
+"""rl/scale/aot_gpu.py + rl/scale/aot.py's GPU topologies (`h100:8`): a deviceless compile for abstract NVIDIA
 GPUs on this CPU. The topology names are checked everywhere; the compiles need the CUDA PJRT plugin
 and a CUDA toolkit (`pip install -e .[aot-gpu]`) and are skipped without them (CI has neither)."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from agentfly_jax.rl import aot, aot_gpu
+from agentfly_jax.rl.scale import aot, aot_gpu
 from train_cli import AOT_TINY_FLAGS, ROOT  # noqa: E402
 
 needs_plugin = pytest.mark.skipif(

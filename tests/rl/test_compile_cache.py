@@ -1,4 +1,4 @@
-"""The persistent compilation cache (rl/compile_cache.py): which folder a setting names, a second
+"""The persistent compilation cache (rl/scale/compile_cache.py): which folder a setting names, a second
 process loads the program the first compiled (counted by JAX's own cache-hit events), and a
 folder that cannot be used is a config error naming it."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentfly_jax.rl.compile_cache import ENV_VAR, resolve_compile_cache
+from agentfly_jax.rl.scale.compile_cache import ENV_VAR, resolve_compile_cache
 from train_cli import ROOT
 
 
@@ -17,7 +17,7 @@ from train_cli import ROOT
 _PROGRAM = r"""
 import sys
 import jax, jax.numpy as jnp
-from agentfly_jax.rl.compile_cache import enable_compile_cache
+from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 events = []
 jax.monitoring.register_event_listener(lambda name, **kw: events.append(name))
 folder = enable_compile_cache(sys.argv[1])
@@ -85,7 +85,7 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
 def test_an_unusable_folder_is_a_config_error_unless_auto(tmp_path, monkeypatch):
   import jax
 
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")

@@ -158,7 +158,7 @@ def test_ppo_clamp_and_dual_clip_hand_values():
   old = np.zeros((1, 4))
   lp = np.array([[25.0, -25.0, np.log(5.0), np.log(5.0)]])
   adv = np.array([[-1.0, 2.0, -1.0, 1.0]])
-  f = jax.jit(L.policy_loss)
+  f = jax.jit(functools.partial(L.policy_loss, clip_high=0.2))  # symmetric clip (the default is DAPO's 0.28)
   per_token = [f(lp[:, k : k + 1], old[:, k : k + 1], adv[:, k : k + 1], np.ones((1, 1)))[0] for k in range(4)]
   # e^25 -> clamped to e^20 -> dual-clip caps at 3; e^-25 -> e^-20 (unclipped branch, A > 0);
   # ratio 5, A < 0 -> 3 (dual); ratio 5, A > 0 -> -1.2 (clip-high)
@@ -172,7 +172,7 @@ def test_ppo_importance_weights_scale_the_loss_and_get_no_gradient():
   ref = np.array(
     [[ref_ppo_token(lp[i, j], old[i, j], adv[i, j], 0.2, 0.2, 3.0)[0] for j in range(6)] for i in range(4)]
   )
-  f = jax.jit(functools.partial(L.policy_loss, agg="seq-mean-token-mean"))
+  f = jax.jit(functools.partial(L.policy_loss, clip_high=0.2, agg="seq-mean-token-mean"))
   s, d, _ = f(lp, old, adv, mask, is_weights=w)
   np.testing.assert_allclose(float(s / d), ref_aggregate(ref * w, mask, "seq-mean-token-mean"), rtol=1e-5)
   gw = jax.jit(jax.grad(lambda x: f(lp, old, adv, mask, is_weights=x)[0]))(jnp.asarray(w))

@@ -10,7 +10,7 @@ import pytest
 from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.config import default_config, migrate
 from agentfly_jax.rl.programs import loss_config
-from agentfly_jax.rl.spec import RunSpec, as_spec
+from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.update import prepare_config
 from agentfly_jax.sampling import registry as samplers
 from train_cli import TESTS_DIR
@@ -96,7 +96,6 @@ def test_sections_are_frozen_typed_and_round_trip():
   with pytest.raises(TypeError):  # the rules mapping is read-only too
     spec.mesh.rules["mlp"] = "fsdp"
   assert spec.to_dict() == default_config().to_dict()
-  assert as_spec(spec) is spec
   c = _with("train.lr", 3)  # an int where a float goes (a saved JSON): taken as the number
   assert RunSpec.from_config(c).train.lr == 3.0 and isinstance(RunSpec.from_config(c).train.lr, float)
 
@@ -148,7 +147,7 @@ def test_loss_and_prepare_configs_come_from_the_sections():
   spec = RunSpec.from_config(c)
   lc = loss_config(spec)
   assert (lc.clip_high, lc.kl_coef, lc.agg, lc.temperature) == (0.35, 0.01, "seq-mean-token-mean", 1.0)
-  assert lc.logits_capacity == (0.5, 0.75) and loss_config(c) == lc  # a config is parsed the same
+  assert lc.logits_capacity == (0.5, 0.75)
   assert loss_config(spec, decoupled=True).policy_loss == "decoupled_ppo"
   pc = prepare_config(spec, lc, "grpo", 4)
   assert (pc.gamma, pc.tis_cap, pc.overlong_buffer, pc.logits_capacity, pc.chunk) == (0.9, 2.0, 8, (0.5, 0.75), 4)

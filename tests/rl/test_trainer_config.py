@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from agentfly_jax.rl.config import ALGORITHMS, default_config, validate_config
+from agentfly_jax.rl.spec import RunSpec
 from train_cli import ROOT
 
 
@@ -67,7 +68,7 @@ def test_sampler_sub_mesh_needs_the_jax_sampler_and_enough_devices():
   n = len(jax.local_devices())
   cfg.mesh.sampler_devices = n  # + the trainer's one device: one too many
   with pytest.raises(ValueError, match=f"need {n + 1} devices; this host has {n}"):
-    training_and_sampler_meshes(cfg)
+    training_and_sampler_meshes(RunSpec.from_config(cfg))
 
 
 def test_train_script_exits_before_rollout(tmp_path):

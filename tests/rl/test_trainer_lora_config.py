@@ -13,6 +13,7 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, Critic, tiny_config
 from agentfly_jax.models.lora import LoRAConfig, apply_lora, lora_config_from
 from agentfly_jax.rl.config import default_config, validate_config
+from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.setup import trainable_filter
 
 from train_cli import ROOT  # noqa: E402
@@ -49,14 +50,14 @@ def test_smollm2_lora_config_is_valid():
 def test_trainable_filter_policy_and_critic():
   c = _lora_config(rank=2, critic=True)
   critic = apply_lora(Critic(tiny_config("qwen2"), rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
-  _, trained, rest = nnx.split(critic, trainable_filter(c, critic=True), ...)
+  _, trained, rest = nnx.split(critic, trainable_filter(RunSpec.from_config(c), critic=True), ...)
   names = {str(p[-2]) + "." + str(p[-1]) for p, _ in nnx.to_flat_state(trained)}
   assert {"score.kernel", "score.bias", "q_proj.lora_a", "down_proj.lora_b"} <= names
   assert not any(n.endswith(".kernel") and not n.startswith("score") for n in names)
   assert len(jax.tree.leaves(rest)) > 0
   c.model.lora.critic = False
-  assert trainable_filter(c, critic=True) is nnx.Param
-  assert trainable_filter(default_config()) is nnx.Param
+  assert trainable_filter(RunSpec.from_config(c), critic=True) is nnx.Param
+  assert trainable_filter(RunSpec()) is nnx.Param
 
 
 @pytest.mark.slow

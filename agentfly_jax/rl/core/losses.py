@@ -257,7 +257,7 @@ def policy_loss(
   mask: Array,
   *,
   clip_low: float = 0.2,
-  clip_high: float = 0.2,
+  clip_high: float = 0.28,  # DAPO clip-higher: rl/spec.py LossSection's default
   dual_clip: float | None = 3.0,
   agg: str = "token-mean",
   is_weights: Array | None = None,
@@ -372,7 +372,7 @@ def decoupled_ppo_loss(
   behaviour_logprobs: Array,
   behaviour_cap: float = 2.0,
   clip_low: float = 0.2,
-  clip_high: float = 0.2,
+  clip_high: float = 0.28,  # DAPO clip-higher: rl/spec.py LossSection's default
   dual_clip: float | None = 3.0,
   agg: str = "token-mean",
   is_weights: Array | None = None,

@@ -38,7 +38,7 @@ from agentfly_jax.rl.core.train_state import TrainState
 class LossConfig:
   policy_loss: str = "ppo"  # registered name in losses: "ppo" | "gspo"
   clip_low: float = 0.2
-  clip_high: float = 0.2  # > clip_low = DAPO clip-higher
+  clip_high: float = 0.28  # > clip_low = DAPO clip-higher (rl/spec.py LossSection's default)
   dual_clip: float = 3.0
   agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
   kl_coef: float = 0.0  # KL(policy || reference) penalty in the loss

@@ -1,6 +1,6 @@
-"""Compile-only study of a run's programs for a TPU topology, or a GPU one (`h100:8`, rl/aot_gpu.py)
+"""Compile-only study of a run's programs for a TPU topology, or a GPU one (`h100:8`, rl/scale/aot_gpu.py)
 (the library half of experiments/aot_compile.py, which documents the flags and the report; the
-programs are built and compiled in rl/aot_programs.py).
+programs are built and compiled in rl/scale/aot_programs.py).
 
     report = run(config, "v5e:2x2", model="qwen2.5-0.5b")   # rows: one per program, bytes a chip
     write_report(report, "experiments/results/aot_x")        # .json + .md
@@ -16,8 +16,8 @@ import json
 import os
 import re
 
-from agentfly_jax.rl import aot_gpu
-from agentfly_jax.rl.aot_programs import (  # noqa: F401 (re-exported: the compile half's public names)
+from agentfly_jax.rl.scale import aot_gpu
+from agentfly_jax.rl.scale.aot_programs import (  # noqa: F401 (re-exported: the compile half's public names)
   COMPILERS,
   GIB,
   AbstractRun,
@@ -130,14 +130,16 @@ def load_hf_config(model: str, config) -> tuple[dict | None, str]:
     raise BadInput(f"{path}: not valid JSON ({e})") from None
 
 
-def model_config(config, hf: dict | None, source: str):
+def model_config(spec, hf: dict | None, source: str):
+  """The ModelConfig of `hf` (an HF config.json's dict) with the run's numerics, else the run's own
+  (`spec`: the run's RunSpec)."""
   from agentfly_jax.models import ModelConfig
   from agentfly_jax.rl import setup
 
   if hf is None:
-    return setup.model_config(config, config.model.vocab_size)
+    return setup.model_config(spec, spec.model.vocab_size)
   try:
-    return ModelConfig.from_hf_dict(hf, source=source, **setup.model_numerics(config))
+    return ModelConfig.from_hf_dict(hf, source=source, **setup.model_numerics(spec))
   except ValueError as e:
     raise BadInput(str(e)) from None
 
@@ -155,7 +157,7 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
   from agentfly_jax.rl.config import validate_config
 
   try:
-    validate_config(config)
+    spec = validate_config(config)
   except ValueError as e:
     raise BadInput(str(e)) from None
   check_mesh(config, chips, topology)
@@ -164,7 +166,7 @@ def _checked_model_config(config, model: str, chips: int, topology: str):
       f"model.attention_impl='pallas' is the TPU kernel and --topology={topology!r} is a GPU: "
       "add --config.model.attention_impl=flash"
     )
-  return model_config(config, *load_hf_config(model, config))
+  return model_config(spec, *load_hf_config(model, config))
 
 
 def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: list[dict]) -> dict:
@@ -275,7 +277,7 @@ def _table_header(gpu: bool) -> list[str]:
     + " (experiments/aot_compile.py; "
     "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
     "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-    "remat-kept layer inputs (by hand); memory_plan: rl/memory_plan.py's estimate (per_chip_jax_parts, "
+    "remat-kept layer inputs (by hand); memory_plan: rl/scale/memory_plan.py's estimate (per_chip_jax_parts, "
     "no margin; its parts are in the JSON). XLA TFLOP: "
     "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
     "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
@@ -311,10 +313,10 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
 
 def replan_table(prefix: str) -> int:
   """Re-estimates every train-step row of the collected table `<prefix>.json` with today's
-  rl/memory_plan.py (from the ModelShape / RunSizes / mesh each row recorded, no compile) and
+  rl/scale/memory_plan.py (from the ModelShape / RunSizes / mesh each row recorded, no compile) and
   rewrites `<prefix>.{json,md}`; returns the number of rows re-estimated. A row without recorded
   inputs (compiled before they were) keeps its estimate."""
-  from agentfly_jax.rl.aot_programs import estimate_from_inputs
+  from agentfly_jax.rl.scale.aot_programs import estimate_from_inputs
 
   with open(prefix + ".json") as f:
     reports = json.load(f)

@@ -1,5 +1,5 @@
 """Deviceless compile for NVIDIA GPUs: abstract H100 / H200 devices on a machine with no GPU and no
-CUDA driver (the GPU half of rl/aot.py's topologies, `--topology=h100:8`).
+CUDA driver (the GPU half of rl/scale/aot.py's topologies, `--topology=h100:8`).
 
     devices = gpu_devices("h100", 8)     # 8 compile-only "NVIDIA H100 80GB HBM3" devices, one host
     mesh = jax.sharding.Mesh(np.array(devices), ("fsdp",))

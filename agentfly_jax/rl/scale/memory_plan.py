@@ -228,7 +228,7 @@ def plan_memory_split(
     problems.append(
       f"JAX (training) needs ~{plan.jax_need / GIB:.1f} GiB but config.gpu.jax_mem_fraction="
       f"{jax_fraction:g} gives {plan.jax_budget / GIB:.1f} GiB: raise it to >= "
-      f"{plan.jax_need / device_bytes:.2f}, or lower train.micro_batch_size / set model.remat=True"
+      f"{plan.jax_need / device_bytes:.2f}, or lower train.micro_batch_size / set train.remat=full"
     )
   if plan.vllm_need > plan.vllm_budget:
     problems.append(
@@ -250,8 +250,9 @@ def model_shape_from_config(config) -> ModelShape:
 
   from agentfly_jax.models import CausalLM, ModelConfig
   from agentfly_jax.rl.setup import model_config
+  from agentfly_jax.rl.spec import RunSpec
 
-  cfg = model_config(config, config.model.vocab_size)
+  cfg = model_config(RunSpec.from_config(config), config.model.vocab_size)
   abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
   leaves = [v for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))]
   num_params = sum(int(getattr(v, "value", v).size) for v in leaves)
@@ -271,7 +272,8 @@ def model_shape_from_config(config) -> ModelShape:
 def run_sizes_from_config(config) -> RunSizes:
   """The run's sizes on one GPU: its micro-batch layout as the trainer makes it (rl/update.py)."""
   from agentfly_jax.rl.batching import minibatch_layout
-  from agentfly_jax.rl.config import ALGORITHMS, resolved_remat
+  from agentfly_jax.rl.config import ALGORITHMS
+  from agentfly_jax.rl.spec import RunSpec
 
   c, r = config, config.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
@@ -283,7 +285,7 @@ def run_sizes_from_config(config) -> RunSizes:
     logits_chunk=c.train.logits_chunk,
     attention_chunk=c.model.attention_chunk,
     fused_attention=c.model.get("attention_impl", "flash") == "pallas",
-    remat=bool(resolved_remat(c)),
+    remat=bool(RunSpec.from_config(c).remat),
     compute_dtype=c.model.dtype,
     param_dtype=c.model.param_dtype,
     reference_copy=c.loss.kl_coef > 0,

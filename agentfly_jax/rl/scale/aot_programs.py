@@ -1,4 +1,4 @@
-"""A run's programs as abstract values, compiled and measured (the compile half of rl/aot.py).
+"""A run's programs as abstract values, compiled and measured (the compile half of rl/scale/aot.py).
 
     run = abstract_run(config, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
     rows = compile_rows(run, ("prepare", "train_step"), chips)   # one row per program, bytes a chip
@@ -61,6 +61,7 @@ class AbstractRun:
   sampler's params (on the sampler sub-mesh when there is one), and the parameter counts."""
 
   config: Any  # the run's ml_collections config
+  spec: Any  # the same, parsed: rl.spec.RunSpec
   cfg: Any  # models.ModelConfig
   mesh: Any
   sampler_mesh: Any
@@ -100,14 +101,13 @@ def _parameter_counts(params, num_layers: int) -> tuple[int, int]:
   return num_params, stacked or first or num_params // num_layers
 
 
-def _abstract_update(config, cfg, mesh, rules, critic: bool) -> dict:
+def _abstract_update(spec, cfg, mesh, rules, critic: bool) -> dict:
   """The policy (+ critic) abstract halves, the loss, the abstract TrainState and the
   `PolicyUpdate` the trainer builds from them, as AbstractRun's fields."""
   import jax
 
   from agentfly_jax.models import CausalLM, Critic
   from agentfly_jax.rl import programs as run_programs
-  from agentfly_jax.rl.config import ALGORITHMS
   from agentfly_jax.rl.core.train_state import create_train_state
   from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 
@@ -115,8 +115,8 @@ def _abstract_update(config, cfg, mesh, rules, critic: bool) -> dict:
   critic_graphdef = critic_params = critic_rest = critic_specs = None
   if critic:
     critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules)
-  loss_cfg = run_programs.loss_config(config)
-  optimizer, critic_optimizer = run_programs.policy_optimizers(config)
+  loss_cfg = run_programs.loss_config(spec)
+  optimizer, critic_optimizer = run_programs.policy_optimizers(spec)
   state_sh = run_programs.train_state_sharding(
     params, critic_params, optimizer, critic_optimizer, mesh, specs, critic_specs
   )
@@ -130,9 +130,9 @@ def _abstract_update(config, cfg, mesh, rules, critic: bool) -> dict:
   )
   update = PolicyUpdate(
     ModelParts(graphdef, rest, optimizer, critic_graphdef, critic_rest, critic_optimizer),
-    config,
+    spec,
     loss_cfg,
-    ALGORITHMS[config.algo]["estimator"],
+    spec.algorithm.estimator,
     mesh,
     state_sh,
   )
@@ -152,19 +152,21 @@ def abstract_run(config, cfg, devices, seq_len: int) -> AbstractRun:
   """The run's abstract values on `devices` (its training mesh and sampler sub-mesh as the
   trainer makes them), rows of `seq_len` tokens."""
   from agentfly_jax.models import CausalLM
-  from agentfly_jax.rl.config import ALGORITHMS
   from agentfly_jax.rl.setup import training_and_sampler_meshes
+  from agentfly_jax.rl.spec import RunSpec
 
-  mesh, sampler_mesh = training_and_sampler_meshes(config, devices)
+  spec = RunSpec.from_config(config)  # the tool's config, parsed once here
+  mesh, sampler_mesh = training_and_sampler_meshes(spec, devices)
   rules = config.mesh.get("rules")
-  critic = ALGORITHMS[config.algo]["critic"]
-  parts = _abstract_update(config, cfg, mesh, rules, critic)
+  critic = spec.algorithm.critic
+  parts = _abstract_update(spec, cfg, mesh, rules, critic)
   num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers)
   sampler_params = parts["params"]
   if sampler_mesh is not None:
     sampler_params = abstract_model(CausalLM, cfg, sampler_mesh, rules)[1]
   return AbstractRun(
     config=config,
+    spec=spec,
     cfg=cfg,
     mesh=mesh,
     sampler_mesh=sampler_mesh,
@@ -341,12 +343,12 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
 
 
 def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) -> dict:
-  """rl/memory_plan.py's estimate of the train step a chip: {"parts": bytes by part, "total",
+  """rl/scale/memory_plan.py's estimate of the train step a chip: {"parts": bytes by part, "total",
   "inputs": the ModelShape / RunSizes / mesh it came from, so a table can be re-estimated
   (`aot.replan_table`) without compiling again}."""
   import dataclasses
 
-  from agentfly_jax.rl import memory_plan
+  from agentfly_jax.rl.scale import memory_plan
 
   cfg = run.cfg
   shape = memory_plan.ModelShape(
@@ -387,7 +389,7 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
 
 def estimate_from_inputs(inputs: dict) -> dict:
   """`train_step_memory_plan`'s result from its recorded "inputs" (with today's memory_plan)."""
-  from agentfly_jax.rl import memory_plan
+  from agentfly_jax.rl.scale import memory_plan
 
   shape, sizes = memory_plan.ModelShape(**inputs["model"]), memory_plan.RunSizes(**inputs["run"])
   parts = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=inputs["fsdp"], tp=inputs["tp"])
@@ -440,7 +442,7 @@ def compile_sft_step(run: AbstractRun, chips: int) -> dict:
   from agentfly_jax.rl.core.train_state import create_train_state
 
   c, params = run.config, run.params
-  sft_opt = run_programs.sft_optimizer(c)
+  sft_opt = run_programs.sft_optimizer(run.spec)
   sft_sh = run_programs.train_state_sharding(params, None, sft_opt, None, run.mesh, run.specs, None)
   sft_state = with_shardings(jax.eval_shape(lambda p: create_train_state(p, sft_opt), params), sft_sh)
   step, sft_batch_sh = run_programs.sft_step_program(
