@@ -6,9 +6,10 @@ modules can move without reaching into tasks.
   from envservers.api import generate_catalog, make_goals         # webshop: catalog + goals
   from envservers.api import swe_tasks, swe_rows, swe_policies    # swe: shipped tasks, row checks, expert
   from envservers.api import TEXTWORLD_DIFFICULTIES               # textworld: generated game kinds
+  from envservers.api import harbor_tasks                          # Harbor task dirs: loader, shipped examples
 """
 
-from envservers.envs import swe_policies, swe_rows, swe_tasks
+from envservers.envs import harbor_tasks, swe_policies, swe_rows, swe_tasks
 from envservers.envs.textworld_games import DIFFICULTIES as TEXTWORLD_DIFFICULTIES
 from envservers.envs.webshop_catalog import DEFAULT_CATALOG_SEED, DEFAULT_NUM_PRODUCTS, generate_catalog, make_goals
 from envservers.envs.webshop_policies import expert_actions, random_action
@@ -19,6 +20,7 @@ __all__ = [
   "TEXTWORLD_DIFFICULTIES",
   "expert_actions",
   "generate_catalog",
+  "harbor_tasks",
   "make_goals",
   "random_action",
   "swe_policies",

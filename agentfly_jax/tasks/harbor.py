@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agentfly_jax.tasks.swe import REWARD, TOOLS  # the swe task's tools and reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
-from envservers.envs import harbor_tasks
+from envservers.api import harbor_tasks
 
 ENV = "swe"
 QUESTION = "Do the task below in the repository, then submit."

@@ -24,8 +24,9 @@ async def lookup_tool(key: str) -> str:
   return await lookup.acall(key=key)
 
 
-async def run(client, row: dict, *, model: str = "policy", max_turns: int = 8) -> str:
-  """Runs the SDK agent on the row's question; its final output is the answer."""
+async def run(client, row: dict, *, model: str = "policy", max_agent_turns: int = 8) -> str:
+  """Runs the SDK agent on the row's question; its final output is the answer. `max_agent_turns`: the
+  SDK's own loop cap (`Runner.run(max_turns=)`); the run's `rollout.max_turns` caps the requests."""
   agent = Agent(
     name="lookup",
     instructions=SYSTEM_PROMPT,
@@ -33,5 +34,5 @@ async def run(client, row: dict, *, model: str = "policy", max_turns: int = 8) -
     model=OpenAIChatCompletionsModel(model=model, openai_client=client),
     model_settings=ModelSettings(),
   )
-  result = await Runner.run(agent, row["question"], max_turns=max_turns)
+  result = await Runner.run(agent, row["question"], max_turns=max_agent_turns)
   return str(result.final_output or "")
