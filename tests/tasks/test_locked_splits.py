@@ -35,10 +35,15 @@ def test_lookup_keys_of_the_three_splits_are_disjoint():
   assert len(keys["train"]) == 40 and len(keys["dev"]) == len(keys["test"]) == 12  # every key of a split is drawn
 
 
-@pytest.mark.parametrize("module", [arithmetic, arithmetic_brief])
-def test_calculator_expressions_of_the_three_splits_are_disjoint(module):
-  rows = _splits(module, 600, 150)
+def test_calculator_expressions_of_the_three_splits_are_disjoint():
+  rows = _splits(arithmetic, 600, 150)
   _assert_disjoint({k: {r["expression"] for r in v} for k, v in rows.items()})
+  brief = task_spec(arithmetic_brief)  # the brief prompt's task: the same three splits
+  assert (brief.generate_rows, brief.generate_eval_rows, brief.generate_test_rows) == (
+    arithmetic.make_rows,
+    arithmetic.make_eval_rows,
+    arithmetic.make_test_rows,
+  )
 
 
 @pytest.mark.parametrize("module", [webshop, webshop_brief])
