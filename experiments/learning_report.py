@@ -142,7 +142,26 @@ def _mean_std(xs: list[float]) -> str:
   return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
 
 
-def report_row(r: dict) -> str:
+def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
+  """Mean (± std over seeds) of the sampled (T=1) rollout success over RL steps 1..last_step, read
+  from each seed's metrics.jsonl: how fast a run learns where the final scores all saturate."""
+  means = []
+  for s in r["seeds"]:
+    path = os.path.join(out_root, r["name"], f"seed{s['seed']}", "metrics.jsonl")
+    if not os.path.exists(path):
+      return "-"
+    with open(path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    xs = [
+      x["rollout/success_rate"] for x in records if 0 < x.get("step", 0) <= last_step and "rollout/success_rate" in x
+    ]
+    if not xs:
+      return "-"
+    means.append(statistics.mean(xs))
+  return _mean_std(means)
+
+
+def report_row(r: dict, out_root: str = "") -> str:
   seeds = r["seeds"]
   before = [s["test_before"]["success"] for s in seeds]
   after = [s["test_after"]["success"] for s in seeds]
@@ -151,13 +170,15 @@ def report_row(r: dict) -> str:
   wall = statistics.mean(s["train_wall_s"] for s in seeds) / 60
   return (
     f"| {r['name']} | {r['algo']} | {r['steps']} | {len(seeds)} | {seeds[0]['test_after']['rows']} | "
-    f"{_mean_std(before)} | {_mean_std(after)} | {_mean_std(delta)} | {per_seed} | {wall:.1f} | {r['machine']} |"
+    f"{_mean_std(before)} | {_mean_std(after)} | {_mean_std(delta)} | {per_seed} | "
+    f"{early_sampled_success(out_root, r)} | {wall:.1f} | {r['machine']} |"
   )
 
 
 _HEADER = (
   "| config | algo | RL steps | seeds | test rows | test before (step 0) | test after (counted step) | "
-  "after - before | per seed | min / seed | machine |\n|---|---|---|---|---|---|---|---|---|---|---|"
+  "after - before | per seed | sampled success, RL steps 1-10 | min / seed | machine |\n"
+  "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 _NOT_RUN = """## SmolLM2-135M-Instruct goals: not run in this session
@@ -180,14 +201,15 @@ def render_table(out_root: str, table: str) -> None:
     if os.path.exists(path):
       with open(path) as f:
         reports.append(json.load(f))
-  main_rows = [report_row(r) for r in reports if not r.get("comparison")]
-  algo_rows = [report_row(r) for r in reports if r.get("comparison")]
+  main_rows = [report_row(r, out_root) for r in reports if not r.get("comparison")]
+  algo_rows = [report_row(r, out_root) for r in reports if r.get("comparison")]
   text = [
     "# Learning evidence (experiments/learning_report.py)",
     "",
     "Greedy success on each task's **locked test split** (rows only the final evaluation reads; dev rows",
     "drive the evals during training), before RL (step 0: after the SFT warm start) and at the counted",
     "checkpoint (the config's `eval.counted_checkpoint` rule, fixed before the run). Mean ± std over seeds.",
+    "'sampled success, RL steps 1-10': the T=1 rollouts' success in the first 10 steps (how fast a run learns).",
     "Wall times are from a 2-core CPU shared with other engineers' jobs: not comparable between rows.",
     "Rendered from experiments/results/learning/*/report.json.",
     "",
