@@ -38,6 +38,7 @@ _OUT = flags.DEFINE_string("out", os.path.join(ROOT, "experiments", "results", "
 _RUNS = flags.DEFINE_string("runs", os.path.join(ROOT, "runs", "learning"), "Workdirs (checkpoints).")
 _TABLE = flags.DEFINE_string("table", os.path.join(ROOT, "experiments", "results", "LEARNING.md"), "Summary table.")
 _NOTE = flags.DEFINE_string("note", "", "Machine note for the table (e.g. how busy it was).")
+_METRIC = flags.DEFINE_enum("metric", "success", ["success", "reward"], "Table metric (reward: mean F1 for QA).")
 
 TEST_SEED = 4242  # the locked test rows' seed: the same rows for every seed and every run
 
@@ -163,13 +164,14 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
 
 def report_row(r: dict, out_root: str = "") -> str:
   seeds = r["seeds"]
-  before = [s["test_before"]["success"] for s in seeds]
-  after = [s["test_after"]["success"] for s in seeds]
+  metric = r.get("metric", "success")
+  before = [s["test_before"][metric] for s in seeds]
+  after = [s["test_after"][metric] for s in seeds]
   delta = [a - b for a, b in zip(after, before)]
   per_seed = ", ".join(f"{b:.2f}->{a:.2f}" for b, a in zip(before, after))
   wall = statistics.mean(s["train_wall_s"] for s in seeds) / 60
   return (
-    f"| {r['name']} | {r['algo']} | {r['steps']} | {len(seeds)} | {seeds[0]['test_after']['rows']} | "
+    f"| {r['name']} ({metric}) | {r['algo']} | {r['steps']} | {len(seeds)} | {seeds[0]['test_after']['rows']} | "
     f"{_mean_std(before)} | {_mean_std(after)} | {_mean_std(delta)} | {per_seed} | "
     f"{early_sampled_success(out_root, r)} | {wall:.1f} | {r['machine']} |"
   )
@@ -185,7 +187,7 @@ _NOT_RUN = """## SmolLM2-135M-Instruct goals: not run in this session
 
 | goal (mean of 3 seeds, locked test split) | status | command |
 |---|---|---|
-| multi-hop retrieval F1 +0.2, <= 90 min a seed | **not run** (3 seeds x up to 90 min of a ~18 GiB job do not fit a shared 2-core session) | `.venv/bin/python experiments/learning_report.py --config=configs/smollm2_multihop_2hop_sft_grpo.py --seeds=3` |
+| multi-hop retrieval F1 +0.2, <= 90 min a seed | **not run** (3 seeds x up to 90 min of a ~18 GiB job do not fit a shared 2-core session) | `.venv/bin/python experiments/learning_report.py --config=configs/smollm2_multihop_2hop_sft_grpo.py --seeds=3 --metric=reward` |
 | shop success +0.15, every seed positive, <= 90 min a seed | **not run** (same) | `.venv/bin/python experiments/learning_report.py --config=configs/smollm2_webshop_sft_grpo.py --seeds=3` |
 
 The earlier SmolLM2 numbers (experiments/results/smollm2_multihop/, smollm2_webshop/) are single-seed,
@@ -206,9 +208,10 @@ def render_table(out_root: str, table: str) -> None:
   text = [
     "# Learning evidence (experiments/learning_report.py)",
     "",
-    "Greedy success on each task's **locked test split** (rows only the final evaluation reads; dev rows",
-    "drive the evals during training), before RL (step 0: after the SFT warm start) and at the counted",
-    "checkpoint (the config's `eval.counted_checkpoint` rule, fixed before the run). Mean ± std over seeds.",
+    "Greedy success (or mean reward, F1 for QA: the row says which) on each task's **locked test split** (rows only",
+    "the final evaluation reads; dev rows drive the evals during training), before RL (step 0: after the SFT warm",
+    "start) and at the counted checkpoint (the config's `eval.counted_checkpoint` rule, fixed before the run).",
+    "Mean ± std over seeds.",
     "'sampled success, RL steps 1-10': the T=1 rollouts' success in the first 10 steps (how fast a run learns).",
     "Wall times are from a 2-core CPU shared with other engineers' jobs: not comparable between rows.",
     "Rendered from experiments/results/learning/*/report.json.",
@@ -246,6 +249,7 @@ def run_report(config, name: str, comparison: bool) -> None:
     "counted_checkpoint": config.eval.counted_checkpoint,
     "budget_minutes": config.eval.budget_minutes,
     "comparison": comparison,
+    "metric": _METRIC.value,
     "machine": machine,
     "wall_s": time.time() - t0,
     "seeds": seeds,

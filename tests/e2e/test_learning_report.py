@@ -54,7 +54,7 @@ def test_table_rows_are_mean_and_std_over_seeds_from_the_reports(report, tmp_pat
   text = (tmp_path / "L.md").read_text()
   seeds_part, algos_part = text.split("## Algorithms")
   assert (
-    "| task_grpo | grpo | 4 | 2 | 8 | 0.000 ± 0.000 | 0.750 ± 0.354 | 0.750 ± 0.354 | 0.00->0.50, 0.00->1.00 |"
+    "| task_grpo (success) | grpo | 4 | 2 | 8 | 0.000 ± 0.000 | 0.750 ± 0.354 | 0.750 ± 0.354 | 0.00->0.50, 0.00->1.00 |"
     in seeds_part
   )
   assert "algos_task_ppo" in algos_part and "algos_task_ppo" not in seeds_part
