@@ -22,4 +22,7 @@ def get_config():
   # at 0.4 (the mixed rows' value) 1 of 16 chains retrieved at T=1 after SFT, then 0: no reward, no gradient
   c.sft.tool_use_prob = 0.7
   c.train.steps = 12  # the recorded run (launched at 16, stopped after step 12; constant lr: same steps)
+  # counted checkpoint (experiments/learning_report.py), fixed before a run: the last saved step within 70 min of RL
+  # steps (the recorded run: SFT + evals ~18 min, 12 steps 46 min), so a seed stays within the goal's 90 min
+  c.eval.budget_minutes = 70.0
   return c

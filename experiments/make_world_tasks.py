@@ -55,7 +55,8 @@ def main(argv):
 
     sets = {
       "train": webshop.make_rows(_NUM_TRAIN.value, _SEED.value),
-      "test": webshop.make_eval_rows(_NUM_TEST.value, _SEED.value),
+      "dev": webshop.make_eval_rows(_NUM_TEST.value, _SEED.value),
+      "test": webshop.make_test_rows(_NUM_TEST.value, _SEED.value),  # goal products in neither train nor dev
     }
   elif _WORLD.value == "textworld":
     from agentfly_jax.tasks import textworld

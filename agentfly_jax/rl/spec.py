@@ -393,10 +393,15 @@ class EvalSection(Section):
   every: int = 10
   num_rows: int = 64
   before_sft: bool = True  # also evaluate the model before its SFT warm start (step 0's eval_pre_sft/*)
+  # the step the locked test split scores (experiments/learning_report.py): last saved within budget_minutes of RL
+  counted_checkpoint: str = "last_within_budget"  # fixed before a run; budget_minutes 0 = the last step
+  budget_minutes: float = 0.0
 
   def check(self):
     self.at_least("every", 0)
     self.at_least("num_rows", 0)
+    self.need("counted_checkpoint", self.counted_checkpoint in ("last_within_budget",), "must be 'last_within_budget'")
+    self.need("budget_minutes", self.budget_minutes >= 0, "must be >= 0 (0: no budget, the last step)")
 
 
 @dataclasses.dataclass(frozen=True)

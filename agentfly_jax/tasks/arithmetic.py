@@ -10,6 +10,8 @@ message equals the product).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from agentfly_jax.rewards.builtin import numeric_match
@@ -39,14 +41,23 @@ def example_messages(tool_format: str) -> list[dict]:
   ]
 
 
-def make_rows(n: int, seed: int, ops: tuple = ("*",)) -> list[dict]:
-  """n rows {question, expression, answer}: `a op b` with a in [100, 999], b in [11, 99]."""
+def expression_split(expression: str) -> str:
+  """The split of an expression, by a fixed hash: ~10 % test (locked), ~10 % dev, the rest train."""
+  bucket = int(hashlib.sha256(f"agentfly-arithmetic-split:{expression}".encode()).hexdigest()[:8], 16) % 10
+  return {0: "test", 1: "dev"}.get(bucket, "train")
+
+
+def make_rows(n: int, seed: int, ops: tuple = ("*",), split: str = "train") -> list[dict]:
+  """n rows {question, expression, answer} of `split`: `a op b` with a in [100, 999], b in [11, 99],
+  drawn with `seed` and kept when the expression belongs to the split (no expression is in two)."""
   rng = np.random.default_rng(seed)
   rows = []
-  for _ in range(n):
+  while len(rows) < n:
     a, b = int(rng.integers(100, 1000)), int(rng.integers(11, 100))
     op = ops[int(rng.integers(len(ops)))]
     expression = f"{a} {op} {b}"
+    if expression_split(expression) != split:
+      continue
     rows.append(
       {"question": f"What is {expression}?", "expression": expression, "answer": str(calculator(expression=expression))}
     )
@@ -54,8 +65,13 @@ def make_rows(n: int, seed: int, ops: tuple = ("*",)) -> list[dict]:
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  """Held-out rows (a seed range disjoint from training's)."""
-  return make_rows(n, seed=1_000_003 + seed)
+  """Dev rows (the eval during training): expressions never in training."""
+  return make_rows(n, seed=1_000_003 + seed, split="dev")
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """Rows of the locked test split (the final evaluation only): expressions in neither train nor dev."""
+  return make_rows(n, seed=2_000_003 + seed, split="test")
 
 
 def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str | list:

@@ -14,6 +14,7 @@ from agentfly_jax.tasks.arithmetic import (
   TOOLS,
   make_eval_rows,
   make_rows,  # noqa: F401
+  make_test_rows,  # noqa: F401
   scripted_response,
   tokenizer_corpus,
 )

@@ -33,6 +33,9 @@ class TaskSpec:
     system_prompt: the agent's system prompt ("" = none).
     rows / eval_rows: fixed training / held-out rows (() when the task generates them).
     generate_rows / generate_eval_rows: `(n, seed) -> rows` generators (None: use the fixed rows).
+      The eval rows are the dev split (read during training, for choosing recipes).
+    generate_test_rows: `(n, seed) -> rows` of the locked test split (None: the task has none);
+      read only by a final evaluation (experiments/learning_report.py), never during training.
     corpus: `() -> texts` for a random-init model's tiny tokenizer (None: the prompt,
       `extra_corpus`, the fixed rows and the tool descriptions).
     extra_corpus: more texts for that default corpus.
@@ -51,6 +54,7 @@ class TaskSpec:
   eval_rows: tuple = ()
   generate_rows: Callable[[int, int], list] | None = None
   generate_eval_rows: Callable[[int, int], list] | None = None
+  generate_test_rows: Callable[[int, int], list] | None = None
   corpus: Callable[[], list] | None = None
   extra_corpus: tuple = ()
   scripted_response: Callable | None = None
@@ -80,6 +84,12 @@ class TaskSpec:
       return [dict(r) for r in (self.eval_rows or self.rows)[:n]]
     return self.make_rows(n, seed=EVAL_SEED_OFFSET + seed)
 
+  def make_test_rows(self, n: int, seed: int) -> list[dict]:
+    """n rows of the locked test split (for the final evaluation only)."""
+    if self.generate_test_rows is None:
+      raise ValueError(f"task {self.name!r} has no locked test split (make_test_rows)")
+    return list(self.generate_test_rows(n, seed))
+
   def tokenizer_corpus(self) -> list[str]:
     if self.corpus is not None:
       return list(self.corpus())
@@ -108,7 +118,7 @@ class TaskSpec:
 class TaskModule:
   """What a task module defines, read once (None: not defined). UPPERCASE globals: TOOLS, REWARD,
   ROWS (or rows), EVAL_ROWS (or eval_rows), SYSTEM_PROMPT; functions: make_rows, make_eval_rows,
-  scripted_response (or demo_policy), make_agent, tokenizer_corpus, check_rows."""
+  make_test_rows, scripted_response (or demo_policy), make_agent, tokenizer_corpus, check_rows."""
 
   module: types.ModuleType
   tools: Sequence | None = None
@@ -118,6 +128,7 @@ class TaskModule:
   system_prompt: str | None = None
   make_rows: Callable | None = None
   make_eval_rows: Callable | None = None
+  make_test_rows: Callable | None = None
   scripted_response: Callable | None = None
   make_agent: Callable | None = None
   tokenizer_corpus: Callable | None = None
@@ -151,6 +162,7 @@ def read_task_module(module: types.ModuleType) -> TaskModule:
     system_prompt=_first(module, "SYSTEM_PROMPT"),
     make_rows=_function(_first(module, "make_rows")),
     make_eval_rows=_function(_first(module, "make_eval_rows")),
+    make_test_rows=_function(_first(module, "make_test_rows")),
     scripted_response=_first(module, "scripted_response", "demo_policy"),
     make_agent=_function(_first(module, "make_agent")),
     tokenizer_corpus=_function(_first(module, "tokenizer_corpus")),
@@ -186,6 +198,7 @@ def _from_module(module: types.ModuleType, name: str) -> TaskSpec:
     eval_rows=tuple(parts.eval_rows or ()),
     generate_rows=parts.make_rows,
     generate_eval_rows=parts.make_eval_rows,
+    generate_test_rows=parts.make_test_rows,
     corpus=parts.tokenizer_corpus,
     scripted_response=parts.scripted_response,
     agent_factory=parts.make_agent,

@@ -164,14 +164,39 @@ def code_match(prediction: str, answer: str) -> dict:
   return {"reward": float(got == answer), "answered": float(bool(got))}
 
 
-def make_rows(n: int, seed: int) -> list[dict]:
-  """n dataset rows {question, key, answer}; keys drawn uniformly with a seeded RNG."""
+def _split_keys() -> dict[str, tuple[str, ...]]:
+  """The keys of each split: KEYS ordered by a fixed hash, 12 test, 12 dev, the other 40 train.
+  A key's code is a fixed function of the key, so a policy could memorise the training keys'
+  codes; the dev and test keys (and so their codes' key -> code pairs) never occur in training."""
+  order = sorted(KEYS, key=lambda k: hashlib.sha256(f"agentfly-lookup-split:{k}".encode()).hexdigest())
+  return {"test": tuple(order[:12]), "dev": tuple(order[12:24]), "train": tuple(order[24:])}
+
+
+SPLIT_KEYS = _split_keys()
+
+
+def _rows(n: int, seed: int, keys: tuple[str, ...]) -> list[dict]:
   rng = np.random.default_rng(seed)
   rows = []
-  for i in rng.integers(len(KEYS), size=n):
-    key = KEYS[int(i)]
+  for i in rng.integers(len(keys), size=n):
+    key = keys[int(i)]
     rows.append({"question": f'Find the code of key "{key}".', "key": key, "answer": secret_code(key)})
   return rows
+
+
+def make_rows(n: int, seed: int) -> list[dict]:
+  """n training rows {question, key, answer}; keys of the train split drawn with a seeded RNG."""
+  return _rows(n, seed, SPLIT_KEYS["train"])
+
+
+def make_eval_rows(n: int, seed: int) -> list[dict]:
+  """n dev rows (the eval during training; for choosing recipes): keys never in training."""
+  return _rows(n, 999_983 + seed, SPLIT_KEYS["dev"])
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """n rows of the locked test split (keys in neither train nor dev): the final evaluation only."""
+  return _rows(n, 7_000_001 + seed, SPLIT_KEYS["test"])
 
 
 def tool_call_text(key: str) -> str:
@@ -206,7 +231,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
 def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   """Texts to train the task's tiny tokenizer on (questions, tool calls, observations, answers)."""
   texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
-  for row in make_rows(n, seed):
+  for row in _rows(n, seed, KEYS):
     texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"])]
   texts += [answer_text(w) for w in WORDS] * 4
   texts += [f'key "{k}"' for k in KEYS] * 4

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 import json
 import re
 
@@ -44,20 +45,57 @@ def _sample(rows: list[dict], n: int, seed: int) -> list[dict]:
   return [dict(rows[int(i)]) for i in rng.integers(len(rows), size=n)]
 
 
+def entity_split(name: str) -> str:
+  """The split of a knowledge-base entity, by a fixed hash of its name: ~20 % test (locked), ~10 %
+  dev, the rest train."""
+  bucket = int(hashlib.sha256(f"agentfly-multihop-split:{name}".encode()).hexdigest()[:8], 16) % 10
+  return {0: "test", 1: "test", 2: "dev"}.get(bucket, "train")
+
+
+def row_entities(row: dict) -> tuple[str, ...]:
+  """The entities a question's hops query: its entity and, for a bridge question, the bridge
+  entity the first hop leads to; both compared entities of a comparison question."""
+  if row["type"] == "2-hop-comparison":
+    return tuple(h["query"] for h in row["hops"])
+  if row["type"] == "2-hop-bridge":
+    return (row["entity"], knowledge_base().entities[row["entity"]][row["hops"][0]["relation"]])
+  return (row["entity"],)
+
+
+@functools.lru_cache(maxsize=1)
+def split_questions() -> dict[str, tuple[dict, ...]]:
+  """The knowledge base's questions (both of its own splits) by the split of every entity they
+  query: a row whose entities (both hops') all fall in one split belongs to it; a row mixing
+  splits is left out. So no test (or dev) entity is ever queried by a train or dev (test) row."""
+  out = {"train": [], "dev": [], "test": []}
+  for rows in knowledge_base().questions.values():
+    for row in rows:
+      splits = {entity_split(e) for e in row_entities(row)}
+      if len(splits) == 1:
+        out[splits.pop()].append(row)
+  return {k: tuple(v) for k, v in out.items()}
+
+
 def make_rows(n: int, seed: int) -> list[dict]:
-  """n training rows (1-hop and 2-hop questions of the training split), drawn with `seed`."""
-  return _sample(knowledge_base().questions["train"], n, seed)
+  """n training rows (1-hop and 2-hop questions of the train split), drawn with `seed`."""
+  return _sample(split_questions()["train"], n, seed)
 
 
-def test_rows(types: tuple[str, ...] = ("2-hop-bridge", "2-hop-comparison")) -> list[dict]:
-  """The held-out split's questions of `types` (entities never asked about in training)."""
-  return [dict(r) for r in knowledge_base().questions["test"] if r["type"] in types]
+def test_rows(types: tuple[str, ...] = ("2-hop-bridge", "2-hop-comparison"), split: str = "test") -> list[dict]:
+  """The `split`'s questions of `types` (their entities never queried in training)."""
+  return [dict(r) for r in split_questions()[split] if r["type"] in types]
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  """The first n held-out 2-hop questions (a fixed set: the same rows at every evaluation)."""
+  """The first n dev 2-hop questions (a fixed set: the same rows at every evaluation)."""
   del seed
-  return test_rows()[:n]
+  return test_rows(split="dev")[:n]
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """The first n 2-hop questions of the locked test split (the final evaluation only)."""
+  del seed
+  return test_rows(split="test")[:n]
 
 
 # -- scripted policies ----------------------------------------------------------------------------
@@ -108,7 +146,7 @@ async def oracle_answer(row: dict, search) -> str:
 @functools.lru_cache(maxsize=1)
 def _majority_answers() -> dict[str, str]:
   counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-  for row in knowledge_base().questions["train"]:
+  for row in split_questions()["train"]:
     counts[_question_kind(row)][row["answer"][0]] += 1
   return {kind: c.most_common(1)[0][0] for kind, c in counts.items()}
 
@@ -131,7 +169,7 @@ def tool_call_text(name: str, arguments: dict) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _train_rows_by_question() -> dict[str, dict]:
-  return {r["question"]: r for r in knowledge_base().questions["train"]}
+  return {r["question"]: r for r in split_questions()["train"]}
 
 
 def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:

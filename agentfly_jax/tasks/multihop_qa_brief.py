@@ -36,8 +36,10 @@ from agentfly_jax.tasks.multihop_qa import (
   knowledge_base,
   make_eval_rows,
   make_rows,
+  make_test_rows,  # noqa: F401
   no_retrieval_answer,
   read_relation,
+  split_questions,
   tokenizer_corpus,
   tool_call_text,
 )
@@ -50,7 +52,7 @@ TWO_HOP_TYPES = ("2-hop-bridge", "2-hop-comparison")
 
 @functools.lru_cache(maxsize=1)
 def _two_hop_train_rows() -> tuple[dict, ...]:
-  return tuple(r for r in knowledge_base().questions["train"] if r["type"] in TWO_HOP_TYPES)
+  return tuple(r for r in split_questions()["train"] if r["type"] in TWO_HOP_TYPES)
 
 
 def make_two_hop_rows(n: int, seed: int) -> list[dict]:

@@ -9,6 +9,7 @@ from agentfly_jax.tasks.multihop_qa_brief import (  # noqa: F401
   TOOLS,
   make_agent,
   make_eval_rows,
+  make_test_rows,
   scripted_response,
   tokenizer_corpus,
 )

@@ -2,7 +2,9 @@
 
 Rows: {"question": instruction, "goal": {asin, name, query, category, attributes, goal_options,
 price_upper, instruction_text}, "split"}; goals are drawn from the env server's catalog (its
-default: 1,000 generated products, seed 0), train and eval from disjoint seeds. Tool `shop`
+default: 1,000 generated products, seed 0); its products are split by a hash of the asin into
+train / dev (the eval during training) / test (locked: `make_test_rows`, the final evaluation only),
+so no dev or test goal product is ever a training goal (search results may still show them). Tool `shop`
 (one action: search[query] or click[button]); reward: WebShop's purchase reward (r_type x share of
 matched attributes, options and price), its parts as metrics.
 """
@@ -10,6 +12,7 @@ matched attributes, options and price), its parts as metrics.
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 
@@ -69,14 +72,33 @@ def _rows(goals: list[dict], split: str) -> list[dict]:
   return [{"question": g["instruction_text"], "goal": g, "split": split} for g in goals]
 
 
+def product_split(asin: str) -> str:
+  """The split a catalog product's goals belong to, by a fixed hash of its asin: ~10 % test (the
+  locked split, read only by the final evaluation), ~10 % dev (evals during training, choosing
+  recipes), the rest train. A test or dev product is never a training goal (nor a demo's)."""
+  bucket = int(hashlib.sha256(f"agentfly-webshop-split:{asin}".encode()).hexdigest()[:8], 16) % 10
+  return {0: "test", 1: "dev"}.get(bucket, "train")
+
+
+@functools.lru_cache(maxsize=6)
+def split_products(split: str) -> tuple[dict, ...]:
+  """The catalog's products whose goals belong to `split` ("train" | "dev" | "test")."""
+  return tuple(p for p in catalog() if product_split(p["asin"]) == split)
+
+
 def make_rows(n: int, seed: int) -> list[dict]:
-  """n training rows (goals from seed `seed`)."""
-  return _rows(make_goals(catalog(), n, seed=2 * seed), "train")
+  """n training rows (goals over the train products, from seed `seed`)."""
+  return _rows(make_goals(list(split_products("train")), n, seed=2 * seed), "train")
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  """n held-out rows (goals from a seed disjoint from training's)."""
-  return _rows(make_goals(catalog(), n, seed=2 * seed + 1), "test")
+  """n dev rows: goals over the dev products (never in training)."""
+  return _rows(make_goals(list(split_products("dev")), n, seed=2 * seed + 1), "dev")
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """n rows of the locked test split: goals over the test products (in neither train nor dev)."""
+  return _rows(make_goals(list(split_products("test")), n, seed=2 * seed + 1), "test")
 
 
 def make_agent(tokenizer):

@@ -34,6 +34,7 @@ from agentfly_jax.tasks.webshop import (
   expert_policy,  # noqa: F401
   make_eval_rows,
   make_rows,
+  make_test_rows,  # noqa: F401
   tokenizer_corpus,
 )
 from agentfly_jax.tasks.worlds import tool_call_text

@@ -42,7 +42,7 @@ def _write_corpus(path, docs):
 
 def test_oracle_scores_high_and_no_retrieval_low_through_the_server(server):
   rows = multihop_qa.test_rows()
-  assert len(rows) >= 1000 and {r["type"] for r in rows} == {"2-hop-bridge", "2-hop-comparison"}
+  assert len(rows) >= 400 and {r["type"] for r in rows} == {"2-hop-bridge", "2-hop-comparison"}
   manager = EnvManager([server.address])
 
   async def main():
@@ -221,7 +221,7 @@ def test_scripted_demonstrations_follow_the_hops():
   import re
 
   index = retrieval_env.shared_index(retrieval_env.DEFAULT_CORPUS, None)
-  rows = [r for r in multihop_qa.knowledge_base().questions["train"] if r["type"] != "1-hop"][:40]
+  rows = [r for r in multihop_qa.split_questions()["train"] if r["type"] != "1-hop"][:40]
   rng = np.random.default_rng(0)
   for row in rows:
     prompt = f"<|im_start|>user\n{row['question']}<|im_end|>\n"

@@ -50,7 +50,7 @@ def test_tasks_are_registered():
 
 
 def test_two_hop_task_trains_on_two_hop_rows_only_and_is_otherwise_the_brief_task():
-  train = multihop_qa.knowledge_base().questions["train"]
+  train = multihop_qa.split_questions()["train"]
   two_hop_questions = {r["question"] for r in train if len(r["hops"]) == 2}
   assert 0 < len(two_hop_questions) < len({r["question"] for r in train})  # the split has 1-hop rows too
   spec, brief = task_spec(multihop_qa_brief_2hop), task_spec(multihop_qa_brief)

@@ -8,7 +8,7 @@ import pytest
 
 from agentfly_jax.rl.config import default_config
 from agentfly_jax.tasks import Task, TaskSpec, get_task, task_spec
-from agentfly_jax.tasks.contract import EVAL_SEED_OFFSET, read_task_module
+from agentfly_jax.tasks.contract import read_task_module
 from agentfly_jax.tasks.from_config import build_task, set_custom_task, task_fingerprint
 from agent_testlib import tokenizer_dir
 
@@ -59,8 +59,9 @@ def test_a_builtin_module_becomes_the_contract():
   assert spec.tools == lookup.TOOLS and spec.reward is lookup.REWARD and spec.system_prompt == lookup.SYSTEM_PROMPT
   assert spec.scripted_response is lookup.scripted_response and spec.agent_factory is lookup.make_agent
   assert spec.make_rows(5, seed=3) == lookup.make_rows(5, seed=3) and spec.env_types == ()
-  # lookup has no make_eval_rows: its training rows at a disjoint seed
-  assert spec.make_eval_rows(4, seed=2) == lookup.make_rows(4, seed=EVAL_SEED_OFFSET + 2)
+  # the dev split (eval during training) and the locked test split come from the module
+  assert spec.make_eval_rows(4, seed=2) == lookup.make_eval_rows(4, seed=2)
+  assert spec.make_test_rows(4, seed=2) == lookup.make_test_rows(4, seed=2)
   assert spec.tokenizer_corpus() == lookup.tokenizer_corpus()
   agent = spec.make_agent(tokenizer_dir())
   assert list(agent.tools) == ["lookup"]
