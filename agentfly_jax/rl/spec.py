@@ -12,10 +12,8 @@ against the registry, so a newly registered one is accepted without an edit here
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import types
-import typing
 from typing import Any, ClassVar, Mapping
 
 import ml_collections
@@ -25,6 +23,7 @@ from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
 from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.core.train_state import LR_SCHEDULES
+from agentfly_jax.rl.spec_section import Section, _typed, fail
 from agentfly_jax.sampling.registry import sampler_names
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -40,81 +39,6 @@ ALGORITHMS = {
   "ppo": dict(estimator="gae", policy_loss="ppo", critic=True, agg="token-mean"),
 }
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline", "gigpo")  # need >= 2 chains per row
-
-
-def fail(field: str, value: Any, why: str):
-  raise ValueError(f"config.{field}={value!r}: {why}")
-
-
-class Section:
-  """Base of the sections: type checks of every field from its annotation (ints are not bools,
-  floats take ints, tuples take lists), then the section's own `check()`."""
-
-  NAME: ClassVar[str] = ""
-
-  def __post_init__(self):
-    hints = typing.get_type_hints(type(self))
-    for f in dataclasses.fields(self):
-      object.__setattr__(self, f.name, _typed(f"{self.NAME}.{f.name}", getattr(self, f.name), hints[f.name]))
-    self.check()
-
-  @classmethod
-  def parse(cls, values, where: str):
-    """The section from a mapping (ConfigDict or dict); an unknown field is an error naming it."""
-    return _parse(cls, values, where)
-
-  def check(self) -> None:
-    pass
-
-  def field(self, name: str) -> str:
-    return f"{self.NAME}.{name}"
-
-  def need(self, name: str, ok: bool, why: str) -> None:
-    if not ok:
-      fail(self.field(name), getattr(self, name), why)
-
-  def at_least(self, name: str, low: int, what: str = "") -> None:
-    self.need(name, getattr(self, name) >= low, f"must be an integer >= {low}{what}")
-
-
-def _typed(field: str, value: Any, hint: Any) -> Any:
-  """`value` as the annotated type, or ValueError naming `field`."""
-  if isinstance(hint, type) and issubclass(hint, Section):
-    return value if isinstance(value, hint) else hint.parse(value, field)
-  origin = typing.get_origin(hint)
-  if hint is bool:
-    ok = isinstance(value, bool)
-  elif hint is int:
-    ok = isinstance(value, int) and not isinstance(value, bool)
-  elif hint is float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    value = float(value) if ok else value
-  elif hint is str:
-    ok = isinstance(value, str)
-  elif origin is tuple:
-    ok = isinstance(value, (tuple, list))
-    value = tuple(value) if ok else value
-  elif origin is collections.abc.Mapping:
-    ok = hasattr(value, "items")
-    value = types.MappingProxyType(dict(value.to_dict() if hasattr(value, "to_dict") else value)) if ok else value
-  else:  # a union (the task): checked by the owner
-    return value
-  if not ok:
-    kinds = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
-    fail(field, value, f"must be {kinds.get(hint, 'a list' if origin is tuple else 'a mapping')}")
-  return value
-
-
-def _parse(cls, values, where: str):
-  """A section from a mapping (ConfigDict or dict); an unknown field is an error naming it."""
-  if not hasattr(values, "items"):
-    fail(where, values, f"must be a section with fields {[f.name for f in dataclasses.fields(cls)]}")
-  values = dict(values.items())
-  known = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - known)
-  if unknown:
-    raise ValueError(f"config.{where}.{unknown[0]}: unknown field; {where} has {sorted(known)}")
-  return cls(**values)
 
 
 # --------------------------------------------------------------------------- the sections
