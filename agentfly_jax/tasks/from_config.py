@@ -60,6 +60,8 @@ class UserTaskSection:
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
     gym_id: a Gymnasium env id for rows that name none (module agentfly_jax.tasks.gym).
+    openenv_url, openenv_app: an OpenEnv server (http://host:port) or app (module:attr, started
+      per pool) for rows that name none (module agentfly_jax.tasks.openenv).
   """
 
   name: str = "custom"
@@ -74,6 +76,8 @@ class UserTaskSection:
   agent_cmd: str = ""
   mcp_servers: str = ""
   gym_id: str = ""
+  openenv_url: str = ""
+  openenv_app: str = ""
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
@@ -261,6 +265,18 @@ def _module_rows(rows, make, n: int, seed: int):
   return list(make(n, seed)) if make is not None else None
 
 
+def _fill_row_fields(rows: list[dict], t: UserTaskSection) -> list[dict]:
+  """Rows with config.task's gym_id / openenv_url / openenv_app where they name no env of their own."""
+  if t.gym_id:
+    rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in rows]
+  if t.openenv_url and t.openenv_app:
+    raise ValueError("config.task.openenv_url and config.task.openenv_app are both set; set one")
+  if t.openenv_url or t.openenv_app:
+    fill = {"openenv_url": t.openenv_url} if t.openenv_url else {"openenv_app": t.openenv_app}
+    rows = [r if r.get("openenv_url") or r.get("openenv_app") else {**r, **fill} for r in rows]
+  return rows
+
+
 def _custom_task(config):
   from agentfly_jax.tasks import Task
   from agentfly_jax.tasks.contract import TaskModule, read_task_module
@@ -281,8 +297,7 @@ def _custom_task(config):
     rows = [validate_row(r, i, f"{source} rows") for i, r in enumerate(rows)]
     if not rows:
       raise ValueError(f"{source}: the training rows are empty")
-  if t.gym_id:
-    rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in rows]
+  rows = _fill_row_fields(rows, t)
   eval_rows, eval_source = [], source
   if t.eval_path:
     eval_rows, eval_source = load_rows(t.eval_path), t.eval_path
@@ -290,8 +305,7 @@ def _custom_task(config):
     eval_rows = _module_rows(parts.eval_rows, parts.make_eval_rows, _NUM_GENERATED_EVAL, config.seed) or []
     eval_source = f"{mod_label} eval rows"
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
-  if t.gym_id:
-    eval_rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in eval_rows]
+  eval_rows = _fill_row_fields(eval_rows, t)
   tools = _resolve_tools(t.tools, parts if module is not None else None)
   reward = _resolve_reward(t.reward, parts if module is not None else None)
   if t.mcp_servers:

@@ -10,6 +10,9 @@ step's observation is text (the observation field named `observation_field` when
 else the observation object as JSON); reward and done are OpenEnv's. `{"query": "state"}`
 returns OpenEnv's state as JSON. The env reward `return` sums the episode's rewards.
 
+A row's "openenv_url" (or "openenv_app") names its server instead of the options (the session
+moves there at reset; the trainer-side task, agentfly_jax/tasks/openenv.py, fills it).
+
 Options (`--env-opt openenv.NAME=VALUE`): url (an OpenEnv server, http://host:port) or app
 (`module:attr`, an OpenEnv FastAPI app, e.g. made with `openenv.core.env_server.create_app`: the
 pool's first instance starts it under uvicorn on a free loopback port, shared by the pool, ended
@@ -88,6 +91,15 @@ def start_app(app: str, timeout_s: float) -> str:
     raise EnvCrashed(f"openenv option 'app' {app!r}: the OpenEnv server did not answer within {timeout_s:g} s")
 
 
+def _check_target(url: Any, app: Any, kind: str) -> None:
+  name = "'openenv_url'" if kind == "row field" else "'url'"
+  if url and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+    raise ValueError(f"openenv {kind} {name} must be an http(s) URL, got {url!r}")
+  name = "'openenv_app'" if kind == "row field" else "'app'"
+  if app and (not isinstance(app, str) or ":" not in app):
+    raise ValueError(f"openenv {kind} {name} must be 'module:attr', got {app!r}")
+
+
 @register_env
 class OpenEnvEnv(BlockingEnv):
   name = "openenv"
@@ -95,28 +107,33 @@ class OpenEnvEnv(BlockingEnv):
   def __init__(
     self, url: str = "", app: str = "", action_field: str = "", observation_field: str = "", timeout_s: float = 30.0
   ):
-    if bool(url) == bool(app):
-      raise ValueError("openenv needs exactly one of the options 'url' (an OpenEnv server) and 'app' (module:attr)")
-    if url and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-      raise ValueError(f"openenv option 'url' must be an http(s) URL, got {url!r}")
-    if app and (not isinstance(app, str) or ":" not in app):
-      raise ValueError(f"openenv option 'app' must be 'module:attr', got {app!r}")
+    if url and app:
+      raise ValueError("openenv takes at most one of the options 'url' (an OpenEnv server) and 'app' (module:attr)")
+    _check_target(url, app, "option")
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
       raise ValueError(f"openenv option 'timeout_s' must be a positive number, got {timeout_s!r}")
     self.url, self.app = url.rstrip("/") if url else "", app
-    self.action_field, self.observation_field = action_field, observation_field
+    self.action_option, self.action_field, self.observation_field = action_field, action_field, observation_field
     self.timeout_s = float(timeout_s)
-    self.ws = None
+    self.ws, self.base = None, ""
     self.total, self.steps, self.done = 0.0, 0, True
 
   def start_blocking(self) -> None:
+    if self.url or self.app:  # else each row names its server (reset)
+      self._open(self.url or start_app(self.app, self.timeout_s))
+
+  def _open(self, base: str) -> None:
+    """Opens a session with the OpenEnv server at `base` (closing one open elsewhere)."""
     from websockets.sync.client import connect
 
-    base = self.url or start_app(self.app, self.timeout_s)
+    if self.ws is not None and base == self.base:
+      return
+    self.close_blocking()
     try:
       schema = _get_json(base + "/schema", self.timeout_s)
     except (OSError, ValueError) as e:
-      raise EnvCrashed(f"openenv option 'url' {base!r}: no OpenEnv server answers there ({e})") from None
+      raise EnvCrashed(f"openenv url {base!r}: no OpenEnv server answers there ({e})") from None
+    self.action_field = self.action_option
     if not self.action_field:
       action = schema.get("action", {})
       required = [f for f in action.get("required", []) if f != "metadata"]
@@ -126,6 +143,7 @@ class OpenEnvEnv(BlockingEnv):
       self.ws = connect(ws_url, open_timeout=self.timeout_s, max_size=16 << 20)
     except (OSError, Exception) as e:  # noqa: BLE001 -- websockets' handshake errors have no common base
       raise EnvCrashed(f"openenv: could not open a session at {ws_url!r}: {e}") from None
+    self.base = base
 
   def _call(self, message: dict) -> dict:
     if self.ws is None:
@@ -160,6 +178,16 @@ class OpenEnvEnv(BlockingEnv):
     extra = row.get("reset", {})
     if not isinstance(extra, dict):
       raise ValueError(f"field 'reset' must be an object of reset arguments, got {extra!r}")
+    url, app = row.get("openenv_url") or "", row.get("openenv_app") or ""
+    if url or app:
+      if url and app:
+        raise ValueError("a row names at most one of 'openenv_url' and 'openenv_app'")
+      _check_target(url, app, "row field")
+      self._open(url.rstrip("/") if url else start_app(app, self.timeout_s))
+    elif self.ws is None:
+      raise ValueError(
+        "openenv: no OpenEnv server: set the row's 'openenv_url' (or 'openenv_app'), or the env option url"
+      )
     data = {k: row[k] for k in ("seed", "episode_id") if row.get(k) is not None}
     reply = self._call({"type": "reset", "data": {**data, **extra}})
     self.total, self.steps, self.done = 0.0, 0, bool(reply.get("done"))
@@ -200,7 +228,7 @@ class OpenEnvEnv(BlockingEnv):
     return {"reward": self.total, "steps": float(self.steps)}
 
   def close_blocking(self) -> None:
-    ws, self.ws = self.ws, None
+    ws, self.ws, self.base = self.ws, None, ""
     if ws is not None:
       try:  # OpenEnv's close, then its end of the handshake
         ws.send(json.dumps({"type": "close"}))

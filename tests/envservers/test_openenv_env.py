@@ -125,8 +125,8 @@ def test_openenv_app_started_per_pool(monkeypatch):
 
 
 def test_options_are_checked():
-  with pytest.raises(ValueError, match="exactly one"):
-    OpenEnvEnv()
+  with pytest.raises(ValueError, match="at most one"):
+    OpenEnvEnv(url="http://x", app="m:a")
   with pytest.raises(ValueError, match="'url'"):
     OpenEnvEnv(url="ftp://x")
   with pytest.raises(ValueError, match="module:attr"):
