@@ -1,7 +1,7 @@
 """The `openenv` env type against real OpenEnv servers (openenv-core under uvicorn on loopback):
-one the test starts and names by URL, one the env server starts per pool from `app`; the action
-text fills the action's one field, rewards and done are OpenEnv's; a URL that does not answer is
-an error naming it, and the server serves on."""
+one the test starts and names by URL, one the env server starts per pool from `app` (as options,
+or named by each row); the action text fills the action's one field, rewards and done are
+OpenEnv's; a URL that does not answer is an error naming it, and the server serves on."""
 
 from __future__ import annotations
 
@@ -131,3 +131,27 @@ def test_options_are_checked():
     OpenEnvEnv(url="ftp://x")
   with pytest.raises(ValueError, match="module:attr"):
     OpenEnvEnv(app="nocolon")
+
+
+def test_rows_name_the_server(monkeypatch):
+  """No env options: each row's openenv_url / openenv_app names its server (a row naming none is
+  an error naming the fields); the session moves between servers at reset."""
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  with openenv_server() as url, running_server("openenv=1:0") as server:
+
+    async def main():
+      manager = EnvManager([server.address])
+      env = await manager.acquire("openenv", "r")
+      with pytest.raises(Exception, match="openenv_url"):
+        await env.reset({"seed": 1})
+      openings = [await env.reset({"seed": 1, "openenv_url": url})]
+      hints = [(await env.step("10")).observation]
+      openings.append(await env.reset({"seed": 1, "openenv_app": "openenv_number_env:app"}))
+      hints.append((await env.step("10")).observation)
+      await manager.release("openenv", "r")
+      await manager.aclose()
+      return openings, hints
+
+    openings, hints = trio.run(main)
+  assert all("Guess a number" in o for o in openings)
+  assert hints[0] == hints[1] and any(h in hints[0] for h in ("higher", "lower", "Right!"))
