@@ -8,6 +8,8 @@ The server's observations reach the agent as JSON text; its one tool `act` sends
 object of its fields, or text for a one-field action); reward: the episode's summed OpenEnv reward.
 A URL where no OpenEnv server answers (or an app that does not import) stops the run before
 training, naming it. The embedded local env server serves `openenv` (rows name the server).
+Concurrent chains (rollout.rows_per_step x rollout.num_chains) each hold one OpenEnv session: keep
+them within the server's max_concurrent_envs (a full server is an error saying so).
 """
 
 from agentfly_jax.rl.config import world_config

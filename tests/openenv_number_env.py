@@ -1,6 +1,6 @@
 """An OpenEnv environment (openenv-core) for the `openenv` env type's tests: guess a number
 between 1 and 20 from "higher" / "lower" hints; reward 1 on the right guess. `app` is its FastAPI
-app (`uvicorn openenv_number_env:app`)."""
+app (`uvicorn openenv_number_env:app`); `app_one` serves one session at a time."""
 
 from __future__ import annotations
 
@@ -48,3 +48,4 @@ class NumberEnvironment(Environment):
 
 
 app = create_app(NumberEnvironment, GuessAction, GuessObservation, env_name="number_guess", max_concurrent_envs=8)
+app_one = create_app(NumberEnvironment, GuessAction, GuessObservation, env_name="number_guess", max_concurrent_envs=1)

@@ -154,7 +154,8 @@ class OpenEnvEnv(BlockingEnv):
     except TimeoutError:
       raise EnvCrashed(f"openenv: no reply to {message['type']!r} within {self.timeout_s:g} s") from None
     except Exception as e:  # noqa: BLE001 -- a closed or broken connection
-      raise EnvCrashed(f"openenv: the session broke during {message['type']!r}: {e}") from None
+      why = self._parting_error()
+      raise EnvCrashed(f"openenv: the session broke during {message['type']!r}: {why or e}") from None
     if reply.get("type") == "error":
       data = reply.get("data", {})
       errors = "; ".join(
@@ -165,6 +166,20 @@ class OpenEnvEnv(BlockingEnv):
         + (f" ({errors})" if errors else "")
       )
     return reply.get("data", {})
+
+  def _parting_error(self) -> str:
+    """The error the server sent before it closed the session (e.g. its max_concurrent_envs
+    reached: OpenEnv sends that on connect, then closes), else ""."""
+    try:
+      reply = json.loads(self.ws.recv(timeout=0.5))
+    except Exception:  # noqa: BLE001 -- nothing was left to read
+      return ""
+    data = reply.get("data", {}) if isinstance(reply, dict) and reply.get("type") == "error" else {}
+    if not data:
+      return ""
+    code = f" ({data['code']})" if data.get("code") else ""
+    hint = " (lower the env server's openenv pool cap or raise the server's max_concurrent_envs)"
+    return f"the OpenEnv server said{code}: {data.get('message', reply)}" + (hint if "CAPACITY" in code else "")
 
   def _text(self, data: dict) -> str:
     observation = data.get("observation", {})

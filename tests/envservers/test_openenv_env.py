@@ -155,3 +155,22 @@ def test_rows_name_the_server(monkeypatch):
     openings, hints = trio.run(main)
   assert all("Guess a number" in o for o in openings)
   assert hints[0] == hints[1] and any(h in hints[0] for h in ("higher", "lower", "Right!"))
+
+
+def test_a_full_openenv_server_is_named(monkeypatch):
+  """An OpenEnv server at its max_concurrent_envs refuses a second session: the error says so."""
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  with running_server("openenv=2:0", options=("openenv.app=openenv_number_env:app_one",)) as server:
+
+    async def main():
+      manager = EnvManager([server.address])
+      first = await manager.acquire("openenv", "one")
+      opening = await first.reset({"seed": 1})
+      second = await manager.acquire("openenv", "two")
+      with pytest.raises(Exception, match=r"capacity.*max_concurrent_envs") as refused:
+        await second.reset({"seed": 1})
+      await manager.aclose()
+      return opening, str(refused.value)
+
+    opening, refused = trio.run(main)
+  assert "Guess a number" in opening and "1/1" in refused
