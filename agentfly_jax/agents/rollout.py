@@ -27,19 +27,18 @@ import functools
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import trio
 
+from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
 
-if TYPE_CHECKING:  # annotations only: base.Agent.run -> run.py -> this module at run time
-  from agentfly_jax.agents.base import Agent
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ async def _run_tool(cfg: _Config, envs: _ChainEnvs, the_tool, arguments) -> Tool
   return await the_tool.run(arguments, env=env, thread_limiter=cfg.thread_limiter)
 
 
-async def _run_turn_tools(cfg, envs, agent: Agent, parsed, tool_map) -> list[ToolOutput]:
+async def _run_turn_tools(cfg, envs, agent: RolloutAgent, parsed, tool_map) -> list[ToolOutput]:
   """Runs one turn's tool calls concurrently; returns their outputs in call order."""
   outputs: list[ToolOutput | None] = [None] * len(parsed.tool_calls)
 
@@ -218,7 +217,7 @@ class _ChainBuilder:
     )
 
 
-async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
+async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
   """Model turns and tool calls until the chain finishes (sets `chain.finish_reason`)."""
   tok, row = agent.tokenizer, chain.row
   stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
@@ -287,7 +286,7 @@ async def _play_turns(agent: Agent, chain: _ChainBuilder, envs: _ChainEnvs, cfg:
   chain.finish("max_turns")
 
 
-async def _run_chain(agent: Agent, row: dict, group_id: int, chain_id: int, cfg: _Config) -> Trajectory:
+async def _run_chain(agent: RolloutAgent, row: dict, group_id: int, chain_id: int, cfg: _Config) -> Trajectory:
   chain = _ChainBuilder(group_id, chain_id, row)
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
   reward, metrics, error, frame = 0.0, {}, None, None
@@ -330,7 +329,7 @@ def check_branch_temperature(caller: str, branch_temperature) -> None:
     raise ValueError(f"{caller}: branch_temperature must be None or a finite number > 0, got {branch_temperature!r}")
 
 
-def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
+def validate_rows(agent: RolloutAgent, rows: Sequence[dict]) -> None:
   """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
   fields the reward needs. Raises ValueError naming the row index and field."""
   if isinstance(rows, dict) or not isinstance(rows, Sequence):
@@ -349,7 +348,7 @@ def validate_rows(agent: Agent, rows: Sequence[dict]) -> None:
 
 
 def make_config(
-  agent: Agent,
+  agent: RolloutAgent,
   *,
   sampler,
   max_turns: int,
@@ -384,7 +383,7 @@ def make_config(
 
 
 async def rollout(
-  agent: Agent,
+  agent: RolloutAgent,
   rows: Sequence[dict],
   *,
   sampler,
@@ -465,6 +464,6 @@ async def rollout(
   return await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)
 
 
-def run_rollout(agent: Agent, rows: Sequence[dict], **kwargs) -> list[Trajectory]:
+def run_rollout(agent: RolloutAgent, rows: Sequence[dict], **kwargs) -> list[Trajectory]:
   """Synchronous `rollout` (runs its own trio loop); same arguments."""
   return trio.run(functools.partial(rollout, agent, rows, **kwargs))

@@ -48,7 +48,8 @@ class LocalEnvServer:
       command += ["--env-opt", spec]
     command += list(extra_args)
     self.command = command
-    # The child must find `envservers` even when it is not installed (e.g. a repo on sys.path).
+    # The child must find `envservers` even when it is not installed (e.g. a repo on this process's
+    # sys.path): the child's PYTHONPATH names the package root; this process's sys.path is not changed.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(envservers.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

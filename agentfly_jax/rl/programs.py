@@ -13,6 +13,7 @@ import jax
 
 from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
 from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_sft_step, state_shardings
+from agentfly_jax.rl.spec_section import view
 
 SFT_KEYS = ("input_ids", "target_ids", "attention_mask", "action_mask")
 
@@ -21,21 +22,15 @@ def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
   """The policy (and critic) loss of the run's algorithm (`spec`: the run's RunSpec, parsed
   once at the script); `decoupled`: decoupled PPO (AReaL), for off-policy (async, stale) batches (the
   trainer passes `spec.decoupled`)."""
-  loss, algo = spec.loss, spec.algorithm
-  return LossConfig(
+  algo = spec.algorithm
+  return view(  # clip_low/high, dual_clip, kl_coef, kl_kind, entropy_coef, value_clip, behaviour_cap: config.loss's
+    LossConfig,
+    spec.loss,
     policy_loss="decoupled_ppo" if decoupled else algo.policy_loss,
-    clip_low=loss.clip_low,
-    clip_high=loss.clip_high,
-    dual_clip=loss.dual_clip,
     agg=algo.agg,
-    kl_coef=loss.kl_coef,
-    kl_kind=loss.kl_kind,
-    entropy_coef=loss.entropy_coef,
-    value_clip=loss.value_clip,
     temperature=spec.rollout.temperature if spec.rollout.temperature > 0 else 1.0,
     logits_chunk=spec.train.logits_chunk,
     logits_capacity=spec.train.capacity,
-    behaviour_cap=loss.behaviour_cap,
   )
 
 

@@ -84,3 +84,18 @@ def _parse(cls, values, where: str):
   if unknown:
     raise ValueError(f"config.{where}.{unknown[0]}: unknown field; {where} has {sorted(known)}")
   return cls(**values)
+
+
+def view(cls, section: Section, **derived):
+  """`cls` (a frozen dataclass of a jitted program's static settings, e.g. rl/core's `LossConfig`)
+  as a view of the spec's `section`: each field of `cls` named like a field of `section` is the
+  section's value, not a copy written out field by field; the others are `derived` (each given:
+  a field neither in the section nor derived is an error, so no default of `cls` stands in for the
+  run's value). `derived` names win over the section's (e.g. `loss.agg` "" = the algorithm's)."""
+  names = [f.name for f in dataclasses.fields(cls)]
+  in_section = {f.name for f in dataclasses.fields(section)}
+  unknown = sorted(set(derived) - set(names))
+  missing = [n for n in names if n not in derived and n not in in_section]
+  if unknown or missing:
+    raise TypeError(f"{cls.__name__} as a view of config.{section.NAME}: unknown {unknown}, not given {missing}")
+  return cls(**{n: derived[n] if n in derived else getattr(section, n) for n in names})

@@ -43,7 +43,6 @@ from agentfly_jax.metrics import (
 )
 from agentfly_jax.rl import distributed, partial_rollout, stages, throughput
 from agentfly_jax.rl.chain_failures import ChainFailureGuard
-from agentfly_jax.rl.config import migrate
 from agentfly_jax.rl.programs import TrainStates, loss_config, policy_optimizers
 from agentfly_jax.rl.setup import build_run
 from agentfly_jax.rl.spec import RunSpec
@@ -69,12 +68,12 @@ class LoopState:
 class Trainer:
   """Holds the parts of one run; `train()` runs (or resumes) it. `config`: an ml_collections
   config (configs/*.py + flags; one saved by an older version is migrated), parsed once into
-  `self.spec` (rl/spec.RunSpec); `task`: a `Task` given in Python instead of `config.task`."""
+  `self.spec` (rl/spec.RunSpec: `RunSpec.from_config` migrates it); `task`: a `Task` given in
+  Python instead of `config.task`. Nothing below reads the ConfigDict again."""
 
   def __init__(self, config, workdir: str, *, task=None):
-    config = migrate(config)
     spec = RunSpec.from_config(config, custom_task=task is not None)
-    self.config, self.spec = config, spec
+    self.spec = spec
     self.asynchronous, self.decoupled = spec.asynchronous, spec.decoupled
     if self.asynchronous and jax.process_count() > 1:
       raise ValueError("config.rollout.mode='async' runs on one process; multi-host runs are sync")
@@ -176,17 +175,17 @@ class Trainer:
     shape the demos (so RL's chains, rows and temperature can change and reuse it)."""
     import hashlib
 
-    c = self.config
-    sft = {k: v for k, v in c.sft.to_dict().items() if k != "cache_dir"}
+    c = self.spec.to_dict()  # the run's values as plain dicts (the key's bytes: sort_keys below)
+    sft = {k: v for k, v in c["sft"].items() if k != "cache_dir"}
     if steps is not None:
       sft["steps"] = int(steps)
     key = json.dumps(
       {
         "task": self.spec.task_name,
         "task_content": self.task_fingerprint,
-        "seed": c.seed,
-        "model": c.model.to_dict(),
-        "rollout": {k: c.rollout[k] for k in ("max_turns", "max_tokens_per_turn", "max_total_tokens")},
+        "seed": c["seed"],
+        "model": c["model"],
+        "rollout": {k: c["rollout"][k] for k in ("max_turns", "max_tokens_per_turn", "max_total_tokens")},
         "sft": sft,
       },
       sort_keys=True,
@@ -388,7 +387,7 @@ class Trainer:
     jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
     if distributed.is_primary():  # a run's record, written by the loop's start, not by building parts
       with open(os.path.join(self.workdir, "config.json"), "w") as f:
-        f.write(self.config.to_json(indent=2))
+        f.write(json.dumps(spec.to_dict(), indent=2))
       with open(os.path.join(self.workdir, "task.json"), "w") as f:
         json.dump({"name": spec.task_name, "fingerprint": self.task_fingerprint}, f)
     loop, start = self._start(jsonl_path)
@@ -479,7 +478,7 @@ class Trainer:
     if spec.log.tensorboard:
       writers.append(TensorBoardWriter(os.path.join(self.workdir, "tb")))
     if spec.log.wandb:
-      writers.append(WandbWriter(spec.log.wandb_project, json.loads(self.config.to_json()), name=spec.name))
+      writers.append(WandbWriter(spec.log.wandb_project, spec.to_dict(), name=spec.name))
     return MultiWriter(writers)
 
 

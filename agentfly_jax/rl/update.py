@@ -31,6 +31,7 @@ from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.packing import pack_index, take_packed
 from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare
 from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
+from agentfly_jax.rl.spec_section import view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,20 +83,18 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   """The prepare call's config from the run's typed sections and its loss (`loss_cfg`: the
   temperature and the log-prob chunking it trains with; decoupled PPO needs the sampler's
   log-probs)."""
-  return PrepareConfig(
+  return view(  # gamma, lam, tis_cap, neg_adv_weight: config.loss's
+    PrepareConfig,
+    spec.loss,
     estimator=estimator,
     chunk=chunk,
     temperature=loss_cfg.temperature,
     logits_chunk=loss_cfg.logits_chunk,
     logits_capacity=loss_cfg.logits_capacity,
-    gamma=spec.loss.gamma,
-    lam=spec.loss.lam,
-    tis_cap=spec.loss.tis_cap,
     overlong_max_tokens=spec.rollout.max_total_tokens,
     overlong_buffer=spec.dapo.overlong_buffer,
     overlong_factor=spec.dapo.overlong_penalty,
     behaviour_logprobs=loss_cfg.policy_loss == "decoupled_ppo",
-    neg_adv_weight=spec.loss.neg_adv_weight,
   )
 
 

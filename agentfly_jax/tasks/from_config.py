@@ -24,12 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import os
-import sys
 from typing import Any
 
 import ml_collections
@@ -179,16 +176,6 @@ def import_task_module(spec: str):
   """The module `spec` (dotted name, or a .py file path); ValueError naming it if it does not import."""
   where = f"config.task.module={spec!r}"
   try:
-    if _is_file_module(spec):
-      path = os.path.abspath(spec)
-      if not os.path.exists(path):
-        raise FileNotFoundError(f"no file {path}")
-      name = os.path.splitext(os.path.basename(path))[0]
-      module_spec = importlib.util.spec_from_file_location(name, path)
-      module = importlib.util.module_from_spec(module_spec)
-      sys.modules[name] = module  # so 'name:function' references resolve to this module
-      module_spec.loader.exec_module(module)
-      return module
     return import_user_module(spec)
   except Exception as e:  # noqa: BLE001 — whatever the user's module raised, name it
     raise ValueError(f"{where}: the module does not import: {type(e).__name__}: {e}") from None

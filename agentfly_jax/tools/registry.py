@@ -11,6 +11,7 @@ costs nothing and a built-in that needs an optional package fails only when aske
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -52,17 +53,57 @@ list_tools = TOOLS.names
 
 
 def import_user_module(name: str):
-  """`importlib.import_module(name)`; a user's module that is not importable from sys.path is
-  then looked for in the current directory, as `python -m` and the REPL would find it (user task,
-  tool and reward modules sit beside the command that names them)."""
+  """A user's task / tool / reward module, without touching sys.path.
+
+  `name` is a module path (`my_task`, `my_pkg.my_task`), imported as such; or a file path the user
+  gives (`my_task.py`, `dir/my_task.py`), loaded from that file. A module path that does not import
+  from sys.path is then looked for in the current directory (`./my_task.py`, or the package
+  `./my_pkg/`), where `python -m` and the REPL would find it: user modules sit beside the command
+  that names them. A module loaded from a file is registered in sys.modules under its name."""
+  if name.endswith(".py") or os.sep in name or (os.altsep and os.altsep in name):
+    return load_module_file(name)
   try:
     return importlib.import_module(name)
   except ModuleNotFoundError as e:
-    cwd = os.getcwd()
-    if e.name != name.partition(".")[0] or cwd in sys.path or "" in sys.path:
+    top = name.partition(".")[0]
+    if e.name != top:
       raise
-    sys.path.append(cwd)
+    here = _in_current_directory(top)
+    if here is None:
+      raise
+    load_module_file(here, top)
     return importlib.import_module(name)
+
+
+def _in_current_directory(top: str) -> str | None:
+  """`./top.py`, or `./top/__init__.py` (a package), if either exists."""
+  for path in (f"{top}.py", os.path.join(top, "__init__.py")):
+    if os.path.isfile(path):
+      return os.path.abspath(path)
+  return None
+
+
+def load_module_file(path: str, name: str | None = None):
+  """The module in file `path` (a package's `__init__.py` loads the package), executed and
+  registered in sys.modules as `name` (default: the file's name without `.py`)."""
+  path = os.path.abspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no file {path}")
+  package = os.path.basename(path) == "__init__.py"
+  if name is None:
+    name = os.path.basename(os.path.dirname(path) if package else path).removesuffix(".py")
+  search = [os.path.dirname(path)] if package else None
+  spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=search)
+  if spec is None or spec.loader is None:
+    raise ImportError(f"cannot load {path} as a module")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # so 'name:function' references (and the module's own imports of it) resolve
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    sys.modules.pop(name, None)
+    raise
+  return module
 
 
 def resolve_object(spec: str, *, kind: str, builtins: dict[str, str]) -> Any:

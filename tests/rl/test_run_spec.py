@@ -11,6 +11,7 @@ from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.config import default_config, migrate
 from agentfly_jax.rl.programs import loss_config
 from agentfly_jax.rl.spec import RunSpec
+from agentfly_jax.rl.spec_section import view
 from agentfly_jax.rl.update import prepare_config
 from agentfly_jax.sampling import registry as samplers
 from train_cli import TESTS_DIR
@@ -152,6 +153,21 @@ def test_loss_and_prepare_configs_come_from_the_sections():
   pc = prepare_config(spec, lc, "grpo", 4)
   assert (pc.gamma, pc.tis_cap, pc.overlong_buffer, pc.logits_capacity, pc.chunk) == (0.9, 2.0, 8, (0.5, 0.75), 4)
   assert pc.overlong_max_tokens == c.rollout.max_total_tokens and not pc.behaviour_logprobs
+
+
+def test_a_view_takes_the_sections_fields_and_names_the_ones_not_given():
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    clip_low: float = 9.0  # a default that must not stand in for the spec's
+    gamma: float = 9.0
+    chunk: int = 1
+
+  loss = RunSpec().loss
+  assert view(Settings, loss, chunk=4) == Settings(loss.clip_low, loss.gamma, 4)
+  with pytest.raises(TypeError, match=r"not given \['chunk'\]"):
+    view(Settings, loss)
+  with pytest.raises(TypeError, match=r"unknown \['chunks'\]"):
+    view(Settings, loss, chunk=4, chunks=4)
 
 
 def test_migrate_fills_what_old_versions_ran_with_and_keeps_what_they_saved():
