@@ -22,6 +22,12 @@ _NUM_CHAINS = flags.DEFINE_integer("num_chains", 1, "Chains per row (pass@k styl
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
 _TRANSCRIPT_CHAINS = flags.DEFINE_integer("transcript_chains", 4, "Chains written to the transcript file.")
 _SEED = flags.DEFINE_integer("seed", 4242, "Seed of the held-out rows.")
+_ALLOW_CHANGED_TASK = flags.DEFINE_bool(
+  "allow_changed_task",
+  False,
+  "Evaluate even when the task's content (rows, tools, reward, demo policy) differs from the one the run was "
+  "trained on (e.g. the library's task files changed since): a warning instead of an error.",
+)
 
 
 def main(argv):
@@ -58,13 +64,18 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"evaluate: the run's task does not rebuild: {e}")
   if trained_task and trained_task["fingerprint"] != task_fingerprint(parts.task, parts.train_rows):
-    sys.exit(
+    why = (
       f"evaluate: {_WORKDIR.value} was trained on a task ({trained_task['name']!r}) whose "
       "content (rows, tools, reward, demo policy) differs from what its config.json rebuilds "
-      "(a Task given in Python, or edited task files); evaluate it in Python with "
-      "Trainer(config, workdir, task=...).evaluate(...), or define the task as a module "
-      "(--config.task.module) to evaluate it from the command line"
+      "(a Task given in Python, or edited task files)"
     )
+    if not _ALLOW_CHANGED_TASK.value:
+      sys.exit(
+        f"{why}; evaluate it in Python with Trainer(config, workdir, task=...).evaluate(...), define the "
+        "task as a module (--config.task.module) to evaluate it from the command line, or pass "
+        "--allow_changed_task to evaluate on today's task"
+      )
+    print(f"warning: {why}; evaluating on today's task (--allow_changed_task)", file=sys.stderr)
   checkpointer = Checkpointer(
     os.path.join(os.path.abspath(_WORKDIR.value), "checkpoints"), max_to_keep=spec.checkpoint.keep
   )

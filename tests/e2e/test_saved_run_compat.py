@@ -29,13 +29,15 @@ def test_old_run_evaluates_and_resumes(old_run):
   saved = json.loads((old_run / "config.json").read_text())
   assert "lora" not in saved["model"] and "scan_layers" not in saved["model"]  # truly older
   ev = subprocess.run(
-    [sys.executable, f"{ROOT}/experiments/evaluate.py", f"--workdir={old_run}", "--num_rows=2"],
+    # the lookup task's rows changed since (locked splits): evaluated on today's, said so
+    [sys.executable, f"{ROOT}/experiments/evaluate.py", f"--workdir={old_run}", "--num_rows=2", "--allow_changed_task"],
     cwd=ROOT,
     capture_output=True,
     text=True,
     timeout=600,
   )
   assert ev.returncode == 0, ev.stderr[-3000:]
+  assert "evaluating on today's task" in ev.stderr
   result = json.loads((old_run / "eval_step1.json").read_text())
   assert result["step"] == 1 and result["eval/num_chains"] == 2
   out = subprocess.run(

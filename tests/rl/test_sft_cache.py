@@ -3,6 +3,7 @@ a longer SFT are a k-step SFT's (constant lr, step i's demos depend on i only), 
 experiments/sft_probe.py can cache several step counts from one SFT under the keys runs read."""
 
 import copy
+import dataclasses
 import importlib.util
 import os
 
@@ -41,12 +42,15 @@ def test_k_steps_of_a_longer_sft_are_a_k_step_sft_and_cached_under_its_key(tmp_p
   moved = [np.abs(a - b).max() for a, b in zip(flat(seen[3]), flat(seen[2]))]
   assert max(moved) > 1e-4  # the third step trained: the hook saw each step's own params
   key = short_run.sft_cache_path()
-  c = short_run.config
-  c.rollout.temperature, c.rollout.num_chains, c.rollout.rows_per_step = 0.7, 8, 3  # RL's, not the demos'
-  assert short_run.sft_cache_path() == key
-  c.rollout.max_turns += 1  # the demos' limit: another SFT
-  assert short_run.sft_cache_path() != key
-  c.rollout.max_turns -= 1
+  spec = short_run.spec  # frozen: the variants are copies with other rollout fields
+
+  def with_rollout(**fields):
+    short_run.spec = dataclasses.replace(spec, rollout=dataclasses.replace(spec.rollout, **fields))
+    return short_run.sft_cache_path()
+
+  assert with_rollout(temperature=0.7, num_chains=8, rows_per_step=3) == key  # RL's, not the demos'
+  assert with_rollout(max_turns=spec.rollout.max_turns + 1) != key  # the demos' limit: another SFT
+  short_run.spec = spec
   cached, none = short_run._sft_cached()  # read back, nothing trained
   assert none == {}
   for got, want in zip(flat(cached), flat(params), strict=True):
