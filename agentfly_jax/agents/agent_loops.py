@@ -23,7 +23,10 @@ jobs, load 8-11): 64 chains of the lookup agent on the JAX sampler, the asyncio 
 the same agent forced into trio, three runs of 5-9 interleaved reps: 0.80x, 1.22x (~1.0x over the runs that
 compiled nothing) and 1.29x of the median rollout wall (CPU 0.46 vs 0.61 s, 0.44 vs 0.40, 0.56 vs 0.41):
 within the machine's noise to +30 %; the two threads share the GIL, so the loop thread buys no parallelism
-here, only compatibility.
+here, only compatibility. Quiet machine (load ~1): 1.30x (0.55 / 0.42 s, CPU 0.66 / 0.43 s); runs of both sides
+are bimodal (~0.4 s or ~0.6 s). Each hand-over between the trio thread and the loop thread can wait for the GIL's
+switch interval (5 ms): with `sys.setswitchinterval(0.0005)` two runs gave 1.08x and 1.12x-1.18x, without it
+1.59x and 0.80x: not set here (a process-wide setting), and the <= 1.1x goal is not reliably met.
 """
 
 from __future__ import annotations
