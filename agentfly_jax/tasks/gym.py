@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
-from agentfly_jax.tasks.worlds import tool_call_text, world_agent
+from agentfly_jax.tasks.worlds import seeded_rows, tool_call_text, world_agent
 from agentfly_jax.tools import tool
 
 ENV = "gymnasium"
@@ -46,11 +46,11 @@ REWARD = episode_return
 
 def make_rows(n: int, seed: int) -> list[dict]:
   """n rows, env seeds seed*100000 + 0..n-1 (the id comes from config.task.gym_id)."""
-  return [{"question": QUESTION, "seed": seed * 100000 + i, "split": "train"} for i in range(n)]
+  return seeded_rows(QUESTION, n, seed, split="train")
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  return [{"question": QUESTION, "seed": 10**9 + seed * 100000 + i, "split": "test"} for i in range(n)]
+  return seeded_rows(QUESTION, n, seed, split="test")
 
 
 def check_gym_id(gym_id: str, where: str) -> None:

@@ -23,6 +23,13 @@ def world_agent(tokenizer, tools, reward_fn, system_prompt: str, env_name: str):
   return WorldAgent(tokenizer, tools=list(tools), reward_fn=reward_fn, system_prompt=system_prompt, task_env=env_name)
 
 
+def seeded_rows(question: str, n: int, seed: int, *, split: str) -> list[dict]:
+  """n rows of one question whose env seeds are seed*100000 + 0..n-1 (train) or 10**9 + that (any other
+  split: disjoint from the training seeds); the env (gym id, OpenEnv server) comes from the task's config."""
+  base = seed * 100000 + (0 if split == "train" else 10**9)
+  return [{"question": question, "seed": base + i, "split": split} for i in range(n)]
+
+
 def tool_call_text(tool_name: str, **arguments) -> str:
   """The model text that calls `tool_name` (the Qwen-style tool-call format)."""
   return f'<tool_call>\n{json.dumps({"name": tool_name, "arguments": arguments})}\n</tool_call>'
