@@ -31,4 +31,8 @@ def test_partial_rollouts_learn_to_use_the_tool(tmp_path):
   assert greedy[0] <= 0.5, greedy
   assert greedy[12] >= 0.8, greedy
   assert np.mean(success[-3:]) >= np.mean(success[:3]) + 0.2, success
-  assert all(r["async/staleness_hist/over"] == 0 for r in records if "async/staleness_hist/over" in r)
+  # A long group consumed later than planned can hold turns past the bound (how many depends on
+  # timing); the bound holds as masking: a step with such turns masks tokens, one without masks none.
+  for r in records:
+    if "async/staleness_hist/over" in r:
+      assert (r["async/staleness_hist/over"] > 0) == (r["async/stale_tokens_masked"] > 0), r
