@@ -83,22 +83,29 @@ def main(argv):
   config = FLAGS.config
   if config is None:
     raise app.UsageError("--config is required")
+  from agentfly_jax.rl.spec import RunSpec
+
+  try:
+    spec = RunSpec.from_config(config)  # the config parsed once, here: the library takes the RunSpec
+  except ValueError as e:
+    print(f"aot_compile: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
   if not FLAGS.topology:
     raise app.UsageError("--topology is required (e.g. v5e:2x2)")
   out = FLAGS.out or os.path.join(
     os.path.dirname(os.path.abspath(__file__)),
     "results",
-    f"aot_{config.get('name', 'run')}_{FLAGS.topology.replace(':', '_')}",
+    f"aot_{spec.name}_{FLAGS.topology.replace(':', '_')}",
   )
   try:
-    report = run(config, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
+    report = run(spec, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
   except BadInput as e:
     print(f"aot_compile: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
   write_report(report, out)
   print(f"aot_compile: wrote {out}.json and {out}.md", flush=True)
   if FLAGS.table:
-    append_to_table(report, FLAGS.table, FLAGS.label or FLAGS.model or config.model.get("aot_preset", ""))
+    append_to_table(report, FLAGS.table, FLAGS.label or FLAGS.model or spec.model.aot_preset)
     print(f"aot_compile: added to {FLAGS.table}.md", flush=True)
   over = [row for row in report["rows"] if not row["fits"]]
   if over:

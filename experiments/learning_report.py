@@ -69,10 +69,11 @@ def evaluate_locked_test(workdir: str, step: int, num_rows: int) -> dict:
     config = migrate(json.load(f))
   config.log.progress = False
   trainer = Trainer(config, workdir)
-  state = trainer.new_state(trainer.init_params, critic_params=trainer.init_critic_params)
-  state, _ = trainer.checkpointer.restore(step, state)
-  trainer.sampler.update_weights(state.params)
-  rows = trainer.task.make_test_rows(num_rows, seed=TEST_SEED)
+  policy, critic = trainer.run.parts.policy, trainer.run.parts.critic
+  state = trainer.new_state(policy.params, critic_params=critic.params if critic is not None else None)
+  state, _ = trainer.run.checkpointer.restore(step, state)
+  trainer.run.parts.sampler.update_weights(state.params)
+  rows = trainer.run.parts.task.make_test_rows(num_rows, seed=TEST_SEED)
   trajs = trainer.rollout(rows, num_chains=1, temperature=0.0, seed=TEST_SEED)
   m = rollout_metrics(trajs, prefix="test")
   return {"step": step, "rows": len(rows), "success": m["test/success_rate"], "reward": m.get("test/reward_mean")}

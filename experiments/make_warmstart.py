@@ -59,6 +59,7 @@ def main(argv):
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.rl.sft import ScriptedPolicySampler
   from agentfly_jax.rl.core.train_state import make_optimizer
+  from agentfly_jax.rl.sft_cache import sft_runner
   from agentfly_jax.rl.trainer import Trainer
 
   c = default_config()
@@ -72,7 +73,7 @@ def main(argv):
   workdir = os.path.abspath(_OUT.value) + ".work"
   c.train.micro_batch_size = _BATCH.value  # one SFT step = one micro-batch, as before
   tr = Trainer(c, workdir)
-  params = tr.init_params
+  params = tr.run.parts.policy.params
   t0 = time.time()
   step = _FIRST_STEP.value
   last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
@@ -85,16 +86,16 @@ def main(argv):
     if not steps:
       continue
     if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
-      runner = tr.sft_runner(make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
+      runner = sft_runner(tr.run, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
       state = runner.new_state(params)
     demo = ScriptedPolicySampler(
-      tr.tokenizer,
-      lambda text, rng, p=p_tool: tr.task.scripted_response(text, rng.random() < p, rng),
-      tr.end_of_turn_id,
+      tr.run.parts.tokenizer,
+      lambda text, rng, p=p_tool: tr.run.parts.task.scripted_response(text, rng.random() < p, rng),
+      tr.run.parts.end_of_turn_id,
       seed=c.seed,
     )
     for _ in range(steps):
-      rows = tr.task.make_rows(_BATCH.value, seed=20_000_000 + step)
+      rows = tr.run.parts.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
       state, m = runner.step(state, trajs, demo)
       step += 1
@@ -102,7 +103,7 @@ def main(argv):
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)
       if step % 50 == 0 or step == last:
         greedy = tr.evaluate(state.params, seed=c.seed)
-        sampled = rollout_metrics(tr.rollout(tr.eval_rows, num_chains=2, seed=step), prefix="t1")
+        sampled = rollout_metrics(tr.rollout(tr.run.parts.eval_rows, num_chains=2, seed=step), prefix="t1")
         print(
           f"  greedy: success {greedy['eval/success_rate']:.2f}, tool calls/chain "
           f"{greedy['eval/tool_calls_per_chain']:.2f}; sampled (T=1): success "
@@ -110,7 +111,7 @@ def main(argv):
           flush=True,
         )
     params = state.params
-  model = nnx.merge(tr.graphdef, params, tr.rest)
+  model = nnx.merge(tr.run.parts.policy.graphdef, params, tr.run.parts.policy.rest)
   save_pretrained(model, _OUT.value, tokenizer_dir=_INIT.value or os.path.join(workdir, "tokenizer"))
   init_recipe = None
   if _INIT.value and os.path.isfile(os.path.join(_INIT.value, "warmstart.json")):

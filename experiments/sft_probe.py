@@ -32,23 +32,24 @@ _OUT = flags.DEFINE_string("out", "runs/sft_probe.json", "JSON of the probe's me
 def main(argv):
   del argv
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
-  from agentfly_jax.rl.config import validate_config
-  from agentfly_jax.rl.trainer import Trainer
+  from agentfly_jax.rl.run import evaluate, open_run
+  from agentfly_jax.rl.sft_cache import run_sft, save_sft_cache
+  from agentfly_jax.rl.spec import RunSpec
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task
 
   config = _CONFIG.value
   at = sorted({int(k) for k in _AT.value})
   if not at or at[0] < 1:
     raise app.UsageError(f"--at needs positive step counts, got {_AT.value}")
-  spec = validate_config(config)
+  absolutize_paths(config)
+  spec = RunSpec.from_config(config)
   if not spec.sft.cache_dir:
     raise app.UsageError("the config has no sft.cache_dir: the probe's params would be lost")
-  absolutize_paths(config)
-  task = build_task(config)
+  task = build_task(spec)
   enable_compile_cache(spec.train.compile_cache)
   workdir = tempfile.TemporaryDirectory(prefix="sft_probe_")  # the trainer's run folder: unused here
-  trainer = Trainer(config, workdir.name, task=task)
-  val_rows = trainer.task.make_rows(_VAL_ROWS.value, seed=_VAL_SEED.value)
+  run = open_run(spec, workdir.name, task=task)
+  val_rows = run.parts.task.make_rows(_VAL_ROWS.value, seed=_VAL_SEED.value)
   record = {"config": config.to_dict(), "at": at, "val_seed": _VAL_SEED.value, "evals": [], "step_s": []}
   t_last = time.perf_counter()
 
@@ -59,16 +60,16 @@ def main(argv):
     jax.block_until_ready(params)  # true step times (JAX dispatches ahead of the computation)
     record["step_s"].append(time.perf_counter() - t_last)
     if done in at:
-      path = trainer.save_sft_cache(params, steps=done)
+      path = save_sft_cache(run, params, steps=done)
       t_eval = time.perf_counter()
-      metrics = trainer.evaluate(params, rows=val_rows, seed=spec.seed)
+      metrics = evaluate(run, params, rows=val_rows, seed=spec.seed)
       entry = {"sft_steps": done, "eval_s": time.perf_counter() - t_eval, "cache": path, **metrics}
       record["evals"].append(entry)
       print(json.dumps({k: v for k, v in entry.items() if not isinstance(v, (list, dict))}), flush=True)
       _write(record)
     t_last = time.perf_counter()
 
-  _, nll = trainer.run_sft(steps=at[-1], after_step=after_step)
+  _, nll = run_sft(run, steps=at[-1], after_step=after_step)
   record["nll"] = nll
   _write(record)
   print(f"wrote {_OUT.value}")

@@ -28,6 +28,7 @@ OUT = flags.DEFINE_string("out", None, "JSON output path.", required=True)
 
 def main(_):
   from agentfly_jax.rl.config import migrate
+  from agentfly_jax.rl.run import rows_at
   from agentfly_jax.rl.trainer import Trainer
   from agentfly_jax.rl import stages
   from agentfly_jax.agents.display import mask_segments
@@ -37,23 +38,23 @@ def main(_):
   config.log.progress = False
   config.rollout.branch_temperature = BT.value
   tr = Trainer(config, W.value)
-  state = tr.new_state(tr.init_params)
-  state, _ = tr.checkpointer.restore(STEP.value, state)
-  tr.sampler.update_weights(state.params)
-  rows = tr._rows_at(0, N.value) if SPLIT.value == "train" else tr.eval_rows[: N.value]
+  state = tr.new_state(tr.run.parts.policy.params)
+  state, _ = tr.run.checkpointer.restore(STEP.value, state)
+  tr.run.parts.sampler.update_weights(state.params)
+  rows = rows_at(tr.run, 0, N.value) if SPLIT.value == "train" else tr.run.parts.eval_rows[: N.value]
   spec = tr.spec.rollout
   trajs = stages.rollout(
-    tr.agent,
+    tr.run.parts.agent,
     rows,
-    sampler=tr.sampler,
+    sampler=tr.run.parts.sampler,
     rollout_spec=spec,
-    end_of_turn_id=tr.end_of_turn_id,
-    env_provider=tr.env_provider,
+    end_of_turn_id=tr.run.parts.end_of_turn_id,
+    env_provider=tr.run.parts.env_provider,
     num_chains=CH.value,
     seed=123,
   )
-  model = nnx.merge(tr.graphdef, state.params, tr.rest)
-  tok = tr.tokenizer
+  model = nnx.merge(tr.run.parts.policy.graphdef, state.params, tr.run.parts.policy.rest)
+  tok = tr.run.parts.tokenizer
   eot = tok.encode("<|im_end|>")
   back = tok.encode(wb._act("click[< prev]")) + eot
   fwd = nnx.jit(lambda m, ids: m(ids))

@@ -47,22 +47,22 @@ def main(argv):
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)
-  from agentfly_jax.rl.config import validate_config
+  from agentfly_jax.rl.spec import RunSpec
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task
 
   config = _CONFIG.value
   if _WANDB.value:
     config.log.wandb = True
   try:  # config and task (rows, tools, reward, demo policy) checked before anything is built
-    spec = validate_config(config)  # the typed run (rl/spec.RunSpec); the Trainer parses it again
-    absolutize_paths(config)
-    task = build_task(config)
+    absolutize_paths(config)  # the task's files as absolute paths: the saved config works from anywhere
+    spec = RunSpec.from_config(config)  # the config parsed once: nothing below reads the ConfigDict
+    task = build_task(spec)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
   from agentfly_jax.rl.scale.memory_plan import MemorySplitError, apply_memory_split
 
   try:  # JAX + vLLM on one GPU: JAX's share is set before its backend starts, both sides checked
-    plan = apply_memory_split(config)
+    plan = apply_memory_split(spec)
   except (MemorySplitError, FileNotFoundError) as e:
     sys.exit(f"bad config: {e}")
   if plan is not None:
@@ -79,14 +79,14 @@ def main(argv):
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as e:
     sys.exit(f"bad multi-host flags: {e}")
-  from agentfly_jax.rl.trainer import Trainer
+  from agentfly_jax.rl.loop import train
+  from agentfly_jax.rl.setup import build_run
 
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
   if not _RESUME.value and os.path.exists(workdir) and distributed.is_primary():
     shutil.rmtree(workdir)
   distributed.barrier("workdir")
-  trainer = Trainer(config, workdir, task=task)
-  records = trainer.train()  # [] on processes other than 0
+  records = train(spec, build_run(spec, workdir, task=task), workdir)  # [] on processes other than 0
   final = [r for r in records if "rollout/success_rate" in r]
   if final:
     print(

@@ -36,11 +36,13 @@ def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -
     sys.exit(f"{algo} on {fsdp}x{tp}: params were not sharded")
   if sampler_devices:  # the sampler's copy lives on the last devices only, the trainer's not
     trainer_devices = set().union(*(x.sharding.device_set for x in leaves))
-    sampler_devices_used = set().union(*(x.sharding.device_set for x in jax.tree.leaves(trainer.sampler._params)))
+    sampler_devices_used = set().union(
+      *(x.sharding.device_set for x in jax.tree.leaves(trainer.run.parts.sampler._params))
+    )
     expected = set(jax.devices()[-sampler_devices:])
     if sampler_devices_used != expected or trainer_devices & expected:
       sys.exit(f"sampler sub-mesh: sampler on {sampler_devices_used}, trainer on {trainer_devices}")
-    for a, b in zip(leaves, jax.tree.leaves(trainer.sampler._params), strict=True):
+    for a, b in zip(leaves, jax.tree.leaves(trainer.run.parts.sampler._params), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a copy of the final params
   return records
 

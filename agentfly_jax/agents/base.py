@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from agentfly_jax.agents.parsers import ParsedTurn, ToolCall
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.tokenizer import AgentTokenizer, load_tokenizer
 from agentfly_jax.rewards.reward import Reward, reward as make_reward
 from agentfly_jax.tools.tool import Tool, ToolOutput, tool as make_tool
@@ -91,7 +92,15 @@ class Agent:
       cls, folder, tools=tools, reward=reward, vllm=vllm, sampler_kwargs=sampler_kwargs, **agent_kwargs
     )
 
-  def run(self, rows_or_messages: Any, *, num_chains: int = 1, max_turns: int = 4, sampler: Any = None, **kwargs):
+  def run(
+    self,
+    rows_or_messages: Any,
+    *,
+    num_chains: int = STANDALONE.num_chains,
+    max_turns: int = STANDALONE.max_turns,
+    sampler: Any = None,
+    **kwargs,
+  ):
     """Rolls the agent out: `rows_or_messages` is a question, a row, a list of rows or a chat
     conversation; returns a `RunResult` (trajectories, rewards, and a transcript per chain with
     the model-written, trained-on tokens in ⟦ ⟧). Other keywords: temperature, sampling_params,

@@ -54,6 +54,7 @@ from agentfly_jax.agents.rollout import (
   shared_chain_id,
   turn_temperature,
 )
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,8 @@ class ChatEndpoint:
     *,
     model_name: str = "policy",
     sampling_params: SamplingParams | None = None,
-    max_tokens_per_turn: int = 256,
-    max_total_tokens: int = 2048,
+    max_tokens_per_turn: int = STANDALONE.max_tokens_per_turn,
+    max_total_tokens: int = STANDALONE.max_total_tokens,
     max_turns: int | None = None,
     max_n: int = 1,
     seed: int | None = 0,

@@ -41,6 +41,7 @@ from agentfly_jax.agents.agent_loops import agent_style, call_agent
 from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
 from agentfly_jax.agents.rollout import validate_rows
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.trio_host import TrioHost
@@ -119,11 +120,11 @@ async def endpoint_rollout(
   agent_fn: AgentFn,
   *,
   sampler,
-  num_chains: int = 1,
-  max_turns: int = 4,
+  num_chains: int = STANDALONE.num_chains,
+  max_turns: int = STANDALONE.max_turns,
   sampling_params: SamplingParams | None = None,
-  max_tokens_per_turn: int = 256,
-  max_total_tokens: int = 2048,
+  max_tokens_per_turn: int = STANDALONE.max_tokens_per_turn,
+  max_total_tokens: int = STANDALONE.max_total_tokens,
   concurrency: int = 256,
   seed: int | None = 0,
   group_offset: int = 0,

@@ -35,10 +35,10 @@ import trio
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
-
 
 log = logging.getLogger(__name__)
 
@@ -387,11 +387,11 @@ async def rollout(
   rows: Sequence[dict],
   *,
   sampler,
-  num_chains: int = 1,
-  max_turns: int = 4,
+  num_chains: int = STANDALONE.num_chains,
+  max_turns: int = STANDALONE.max_turns,
   sampling_params: SamplingParams | None = None,
-  max_tokens_per_turn: int = 256,
-  max_total_tokens: int = 2048,
+  max_tokens_per_turn: int = STANDALONE.max_tokens_per_turn,
+  max_total_tokens: int = STANDALONE.max_total_tokens,
   concurrency: int = 256,
   env_provider=None,
   seed: int | None = 0,

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from agentfly_jax.agents.display import format_trajectory
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory
 
 
@@ -60,13 +61,13 @@ def run_agent(
   agent,
   rows_or_messages: Any,
   *,
-  num_chains: int = 1,
-  max_turns: int = 4,
+  num_chains: int = STANDALONE.num_chains,
+  max_turns: int = STANDALONE.max_turns,
   sampler: Any = None,
   sampling_params: Any = None,
   temperature: float = 1.0,
-  max_tokens_per_turn: int = 256,
-  max_total_tokens: int = 2048,
+  max_tokens_per_turn: int = STANDALONE.max_tokens_per_turn,
+  max_total_tokens: int = STANDALONE.max_total_tokens,
   seed: int | None = 0,
   env_provider: Any = None,
   color: bool = False,
@@ -101,7 +102,13 @@ def run_agent(
 
 
 def load_sampler(
-  folder: str, *, vllm: bool = False, max_len: int = 2048, max_batch_size: int = 32, seed: int = 0, **sampler_kwargs
+  folder: str,
+  *,
+  vllm: bool = False,
+  max_len: int = 2048,
+  max_batch_size: int = STANDALONE.max_batch_size,
+  seed: int = 0,
+  **sampler_kwargs,
 ):
   """A sampler over the HF model folder: the JAX KV-cache sampler, or vLLM (`vllm=True`)."""
   if vllm:

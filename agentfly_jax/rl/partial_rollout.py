@@ -197,9 +197,6 @@ class PartialRolloutProducer:
       version, next_step = self.gate.published[0], self.gate.next_step
     return (next_step - 1 + ahead // self.rows_per_step) - version <= self.max_staleness
 
-  def _stopped(self) -> bool:
-    return self._stop
-
   def _run(self):
     try:
       self._run_stream(
@@ -207,33 +204,33 @@ class PartialRolloutProducer:
         self._next_group,
         self._on_group,
         self._may_start,
-        self._stopped,
+        lambda: self._stop,
       )
     except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
       with self._cond:
         self._error = e
         self._cond.notify_all()
 
-  # ---------------------------------------------------------------- the trainer's side of a batch
-  def staleness_metrics(self, batch: StepBatch, step: int, max_staleness: int) -> dict:
-    """async/* metrics of a partial batch: staleness of its oldest turn, the share of turns per
-    staleness (those past the bound: async/staleness_hist/over, masked out of the loss), the share of
-    chains that span several versions, weight loads so far."""
-    versions = [v for t in batch.trajectories for v in t.policy_versions]
-    stale = [step - 1 - v for v in versions]
-    out = {
-      "async/staleness": float(max(stale, default=0)),
-      "async/policy_version": float(batch.version),
-      "async/sampler_wait_s": batch.waited_s,
-      "async/weight_loads": float(self.gate.loads),
-      "async/chains_spanning_versions": float(
-        np.mean([len(set(t.policy_versions)) > 1 for t in batch.trajectories]) if batch.trajectories else 0.0
-      ),
-    }
-    for k in range(max_staleness + 1):
-      out[f"async/staleness_hist/{k}"] = sum(1 for s in stale if s == k) / max(1, len(stale))
-    out["async/staleness_hist/over"] = sum(1 for s in stale if s > max_staleness) / max(1, len(stale))
-    return out
+
+def staleness_metrics(batch: StepBatch, step: int, max_staleness: int, weight_loads: int) -> dict:
+  """async/* metrics of a partial batch: staleness of its oldest turn, the share of turns per
+  staleness (those past the bound: async/staleness_hist/over, masked out of the loss), the share of
+  chains that span several versions, the producer's weight loads so far (`weight_loads`)."""
+  versions = [v for t in batch.trajectories for v in t.policy_versions]
+  stale = [step - 1 - v for v in versions]
+  out = {
+    "async/staleness": float(max(stale, default=0)),
+    "async/policy_version": float(batch.version),
+    "async/sampler_wait_s": batch.waited_s,
+    "async/weight_loads": float(weight_loads),
+    "async/chains_spanning_versions": float(
+      np.mean([len(set(t.policy_versions)) > 1 for t in batch.trajectories]) if batch.trajectories else 0.0
+    ),
+  }
+  for k in range(max_staleness + 1):
+    out[f"async/staleness_hist/{k}"] = sum(1 for s in stale if s == k) / max(1, len(stale))
+  out["async/staleness_hist/over"] = sum(1 for s in stale if s > max_staleness) / max(1, len(stale))
+  return out
 
 
 def mask_stale_segments(arrays: dict | None, trajs: list, step: int, max_staleness: int) -> tuple[dict | None, dict]:
@@ -277,21 +274,22 @@ def check_partial(rollout_spec, agent_fn=None) -> None:
     )
 
 
-def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
-  """The partial producer of `trainer`'s run (rl/trainer.Trainer: its agent, sampler weights, spec,
-  rows), rows from the loop's data position, versions from step `start`."""
+def start_producer(run, loop, start: int) -> PartialRolloutProducer:
+  """The partial producer of `run` (rl/run.Run: its agent, sampler weights, spec, rows), rows from
+  the loop's data position, versions from step `start`."""
   from agentfly_jax.agents.stream_rollout import stream_groups
+  from agentfly_jax.rl.run import rows_at
   from agentfly_jax.sampling.protocol import SamplingParams
 
-  spec, r = trainer.spec, trainer.spec.rollout
-  check_partial(r, getattr(trainer.task, "agent_fn", None))
+  spec, r, p = run.spec, run.spec.rollout, run.parts
+  check_partial(r, getattr(p.task, "agent_fn", None))
   pos0 = loop.data_position
   params = SamplingParams(
     temperature=r.temperature,
     top_p=r.top_p,
     top_k=r.top_k,
     max_new_tokens=r.max_tokens_per_turn,
-    stop_token_ids=(trainer.end_of_turn_id,),
+    stop_token_ids=(p.end_of_turn_id,),
   )
 
   def run_stream(sampler, next_group, on_group, may_start, stopped):
@@ -300,7 +298,7 @@ def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
     trio.run(
       functools.partial(
         stream_groups,
-        trainer.agent,
+        p.agent,
         next_group,
         on_group,
         may_start,
@@ -312,16 +310,16 @@ def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
         max_tokens_per_turn=r.max_tokens_per_turn,
         max_total_tokens=r.max_total_tokens,
         concurrency=r.concurrency,
-        env_provider=trainer.env_provider,
+        env_provider=p.env_provider,
         seed=spec.seed * 1_000_003 + start,
       )
     )
 
-  trainer.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params
+  run.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params
   return PartialRolloutProducer(
     run_stream,
-    lambda k: trainer._rows_at(pos0 + k, 1)[0],
-    trainer.weights,
+    lambda k: rows_at(run, pos0 + k, 1)[0],
+    run.weights,
     rows_per_step=r.rows_per_step,
     max_staleness=r.max_staleness,
     start_version=start,
@@ -329,7 +327,7 @@ def start_producer(trainer, loop, start: int) -> PartialRolloutProducer:
 
 
 def after_prepare(arrays: dict | None, trajs: list, step: int, spec, metrics: dict) -> dict | None:
-  """The trainer's hook after `stages.prepare` (rl/trainer.py `_run_step`): with partial rollouts,
+  """The trainer's hook after `stages.prepare` (rl/loop.run_step): with partial rollouts,
   `mask_stale_segments` on the rows prepare kept (`kept_trajectories`) under the run's bound, its
   metric added to `metrics`; otherwise `arrays` as they are."""
   if not (spec.asynchronous and spec.rollout.partial):
@@ -342,6 +340,7 @@ def after_prepare(arrays: dict | None, trajs: list, step: int, spec, metrics: di
 
 def batch_metrics(producer, batch: StepBatch, step: int, spec, plain: Callable) -> dict:
   """The async/* metrics of a step's batch: the partial producer's per-turn ones
-  (`PartialRolloutProducer.staleness_metrics`), else `plain` (async_rollout.staleness_metrics)."""
-  fn = producer.staleness_metrics if spec.rollout.partial else plain
-  return fn(batch, step, spec.rollout.max_staleness)
+  (`staleness_metrics`), else `plain` (async_rollout.staleness_metrics)."""
+  if spec.rollout.partial:
+    return staleness_metrics(batch, step, spec.rollout.max_staleness, producer.gate.loads)
+  return plain(batch, step, spec.rollout.max_staleness)

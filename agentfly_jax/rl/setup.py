@@ -4,8 +4,8 @@
 
 Random init (model.pretrained == ""): trains the task's tiny tokenizer into `workdir/tokenizer`
 and builds a tiny model of `model.family`. Pretrained: loads the HF folder (config.json +
-safetensors + tokenizer files) with `from_pretrained`. The helpers take a RunSpec, or a config
-they parse into one (experiments/aot_compile.py, rl/scale/memory_plan.py).
+safetensors + tokenizer files) with `from_pretrained`. Every helper takes the run's RunSpec (the
+config is parsed once, by the script: rl/scale/ and experiments/aot_compile.py use them too).
 """
 
 from __future__ import annotations

@@ -427,6 +427,7 @@ def demo() -> dict:
   from agentfly_jax.rl.batching import micro_batch_layout, to_microbatches
   from agentfly_jax.rl.config import lookup_config
   from agentfly_jax.rl.packing import pack_batch, padding_fraction
+  from agentfly_jax.rl.run import rows_at
   from agentfly_jax.rl.trainer import Trainer
 
   root = REPO_ROOT
@@ -436,14 +437,14 @@ def demo() -> dict:
   out = {}
   with tempfile.TemporaryDirectory() as wd:
     tr = Trainer(c, wd)
-    params = tr.init_params
-    tr.weights.load(params)
-    trajs = tr.rollout(tr._rows_at(0, c.rollout.rows_per_step), seed=1)
+    params = tr.run.parts.policy.params
+    tr.run.weights.load(params)
+    trajs = tr.rollout(rows_at(tr.run, 0, c.rollout.rows_per_step), seed=1)
     from agentfly_jax.rl.batching import train_arrays
     from agentfly_jax.rl.core.train_state import create_train_state
 
-    arrays = train_arrays(trajs, pad_id=tr.tokenizer.pad_token_id)
-    batch, _ = tr.update.prepare(params, None, None, tr.update.put_arrays(arrays))
+    arrays = train_arrays(trajs, pad_id=tr.run.parts.tokenizer.pad_token_id)
+    batch, _ = tr.run.update.prepare(params, None, None, tr.run.update.put_arrays(arrays))
     batch = {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
     size, num = micro_batch_layout(len(trajs), c.train.micro_batch_size)
     plain = to_microbatches(batch, np.arange(len(trajs)), size, num)
@@ -454,8 +455,10 @@ def demo() -> dict:
     useful = int(batch["attention_mask"].sum())
     timing = {}
     for label, mb in (("unpacked", plain), ("packed", packed)):
-      fn = jax.jit(make_train_step(tr.graphdef, tr.rest, tr.optimizer, tr.loss_cfg))
-      st = create_train_state(jax.tree.map(jax.numpy.copy, params), tr.optimizer)
+      fn = jax.jit(
+        make_train_step(tr.run.parts.policy.graphdef, tr.run.parts.policy.rest, tr.run.optimizer, tr.run.loss_cfg)
+      )
+      st = create_train_state(jax.tree.map(jax.numpy.copy, params), tr.run.optimizer)
       st, m = fn(st, mb)
       jax.block_until_ready(m)
       timing[label] = {"fn": fn, "state": st, "mb": mb, "wall": [], "loss": float(m["actor/pg_loss"])}

@@ -69,9 +69,9 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
   assert all(abs(sum(r[f"async/staleness_hist/{k}"] for k in range(3)) - 1) < 1e-9 for r in async2)
   assert all("actor/behaviour_weight_mean" in r for r in async2)  # decoupled PPO
   assert all(0 <= r["async/sampler_idle_frac"] <= 1 and 0 <= r["async/trainer_idle_frac"] <= 1 for r in async2)
-  assert trainer.loss_cfg.policy_loss == "decoupled_ppo"
+  assert trainer.run.loss_cfg.policy_loss == "decoupled_ppo"
   _assert_throughput_consistent(async2)
-  assert os.path.exists(os.path.join(trainer.workdir, "throughput.png"))
+  assert os.path.exists(os.path.join(trainer.run.workdir, "throughput.png"))
 
 
 @pytest.mark.slow
@@ -84,5 +84,5 @@ def test_partial_rollouts_train_with_per_turn_versions(tmp_path):
     assert r["async/staleness_hist/over"] + sum(r[f"async/staleness_hist/{k}"] for k in range(3)) == pytest.approx(1)
     assert r["async/stale_tokens_masked"] >= 0 and "actor/behaviour_weight_mean" in r
   assert records[-1]["async/weight_loads"] >= 1  # published versions are loaded mid-stream
-  assert trainer.loss_cfg.policy_loss == "decoupled_ppo"
+  assert trainer.run.loss_cfg.policy_loss == "decoupled_ppo"
   _assert_throughput_consistent(records)

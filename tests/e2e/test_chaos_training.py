@@ -107,18 +107,6 @@ class SignalWhenBusy:
     return self.fired
 
 
-class ChaosTrainer(Trainer):
-  """The real Trainer; `chaos.before_step(step)` runs before each of its steps."""
-
-  def __init__(self, *args, chaos: Chaos, **kwargs):
-    super().__init__(*args, **kwargs)
-    self.chaos = chaos
-
-  def _run_step(self, loop, step, *args, **kwargs):
-    self.chaos.before_step(step)
-    return super()._run_step(loop, step, *args, **kwargs)
-
-
 def _task(chaos: Chaos, manager: EnvManager) -> Task:
   @tool(name="lookup", env="sleep")
   async def env_lookup(key: str, env) -> str:
@@ -175,12 +163,12 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
     )
     chaos = Chaos(a, b, manager)
     try:
-      trainer = ChaosTrainer(_config(), str(tmp_path), task=_task(chaos, manager), chaos=chaos)
+      trainer = Trainer(_config(), str(tmp_path), task=_task(chaos, manager))
       # One static batch and prompt size: the faults change how requests batch, and every new
       # shape would be another compilation of the sampler.
-      sampler = trainer.sampler
+      sampler = trainer.run.parts.sampler
       sampler.batch_buckets, sampler.prompt_buckets = (sampler.max_batch_size,), (sampler.max_len,)
-      records = trainer.train()
+      records = trainer.train(before_step=chaos.before_step)  # the faults, injected before each step
       a2 = chaos.restarted.address
       assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
       assert all(_finite(r) for r in records)
@@ -225,7 +213,7 @@ def test_training_run_survives_killed_restarted_and_frozen_env_servers(tmp_path)
       # Training really ran: the policy's params moved.
       moved = [
         not np.array_equal(x, y)
-        for x, y in zip(jax.tree.leaves(trainer.init_params), jax.tree.leaves(trainer.state.params))
+        for x, y in zip(jax.tree.leaves(trainer.run.parts.policy.params), jax.tree.leaves(trainer.state.params))
       ]
       assert any(moved)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.scale.memory_plan import (
   GIB,
   MAX_TOTAL_FRACTION,
@@ -19,7 +20,7 @@ from agentfly_jax.rl.scale.memory_plan import (
   RunSizes,
   apply_memory_split,
   jax_memory_parts,
-  model_shape_from_config,
+  model_shape_of,
   plan_memory_split,
   vllm_memory_parts,
 )
@@ -98,18 +99,20 @@ def test_split_errors_name_the_side_and_numbers():
 
 def test_apply_split_sets_jax_fraction_and_counts_params(tiny_folder):
   env = {}
-  config = _recipe(**{"model.pretrained": tiny_folder, "gpu.device_memory_gib": 4.0})
-  plan = apply_memory_split(config, environ=env)
+  spec = RunSpec.from_config(_recipe(**{"model.pretrained": tiny_folder, "gpu.device_memory_gib": 4.0}))
+  plan = apply_memory_split(spec, environ=env)
   assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.55" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
   from agentfly_jax.models import from_pretrained
 
   model = from_pretrained(tiny_folder)
   real = sum(int(v[...].size) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
-  assert model_shape_from_config(config).num_params == real
+  assert model_shape_of(spec).num_params == real
   assert plan.jax_parts["params"] == 4 * real
   with pytest.raises(MemorySplitError, match="JAX"):
-    apply_memory_split(_recipe(**{"model.pretrained": tiny_folder, "gpu.device_memory_gib": 0.001}), environ={})
-  not_managed = _recipe(**{"model.pretrained": tiny_folder, "gpu.jax_mem_fraction": 0.0})
+    apply_memory_split(
+      RunSpec.from_config(_recipe(**{"model.pretrained": tiny_folder, "gpu.device_memory_gib": 0.001})), environ={}
+    )
+  not_managed = RunSpec.from_config(_recipe(**{"model.pretrained": tiny_folder, "gpu.jax_mem_fraction": 0.0}))
   assert apply_memory_split(not_managed, environ=env) is None
 
 

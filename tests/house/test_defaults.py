@@ -32,26 +32,14 @@ DIFFERENT_MEANING = {
   "agentfly_jax/rl/scale/memory_plan.py:RunSizes:attention_chunk": "a plan's input (0 = unchunked); plans pass the run's",
   "agentfly_jax/rl/config.py:tpu_grpo_config:max_total_tokens": "a preset's own value (TPU configs)",
   "agentfly_jax/rl/config.py:tpu_grpo_config:micro_batch_size": "a preset's own value (TPU configs)",
-  # agent.run / run_rollout / the endpoint outside a run (notebooks, real HF models): one chain per row and
-  # room for a real model's turns. A run passes the spec's rollout.* values. The agents' limits get one home
-  # with the one rollout driver (issue #42 owns rollout.py, endpoint_rollout.py, endpoint.py).
-  "agentfly_jax/agents/base.py:run:num_chains": "agent.run outside a run: one chain per row",
-  "agentfly_jax/agents/base.py:run:max_turns": "agent.run outside a run",
-  "agentfly_jax/agents/run.py:run_agent:num_chains": "agent.run outside a run: one chain per row",
-  "agentfly_jax/agents/run.py:run_agent:max_turns": "agent.run outside a run",
-  "agentfly_jax/agents/run.py:run_agent:max_tokens_per_turn": "agent.run outside a run: a real model's turn",
-  "agentfly_jax/agents/run.py:run_agent:max_total_tokens": "agent.run outside a run: a real model's context",
-  "agentfly_jax/agents/run.py:load_sampler:max_batch_size": "agent.run's sampler outside a run",
-  "agentfly_jax/agents/rollout.py:rollout:num_chains": "run_rollout outside a run (#42's file)",
-  "agentfly_jax/agents/rollout.py:rollout:max_turns": "run_rollout outside a run (#42's file)",
-  "agentfly_jax/agents/rollout.py:rollout:max_tokens_per_turn": "run_rollout outside a run (#42's file)",
-  "agentfly_jax/agents/rollout.py:rollout:max_total_tokens": "run_rollout outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint_rollout.py:endpoint_rollout:num_chains": "outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint_rollout.py:endpoint_rollout:max_turns": "outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint_rollout.py:endpoint_rollout:max_tokens_per_turn": "outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint_rollout.py:endpoint_rollout:max_total_tokens": "outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint.py:__init__:max_tokens_per_turn": "ChatEndpoint outside a run (#42's file)",
-  "agentfly_jax/agents/endpoint.py:__init__:max_total_tokens": "ChatEndpoint outside a run (#42's file)",
+  # The agents' limits outside a run (agent.run, run_rollout, the endpoint, load_sampler called directly):
+  # one home, agents/standalone_limits.py; the signatures default to STANDALONE.<field>. A run passes the
+  # spec's rollout.* values.
+  "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:num_chains": "outside a run: one chain per row",
+  "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:max_turns": "outside a run: a real model's task",
+  "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:max_tokens_per_turn": "outside a run: a real model's turn",
+  "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:max_total_tokens": "outside a run: a real model's context",
+  "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:max_batch_size": "outside a run: load_sampler's batch",
   "agentfly_jax/sampling/jax_sampler.py:__init__:max_batch_size": "a JaxSampler outside a run",
   "agentfly_jax/tasks/lookup_agent.py:run:max_turns": "the example endpoint agent's own loop bound",
 }

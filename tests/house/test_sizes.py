@@ -1,7 +1,9 @@
-"""Size rules of the house (issue #24): no tracked Python file over MAX_FILE_LINES lines, and no
+"""Size rules of the house (issues #24, #43): no tracked Python file over MAX_FILE_LINES lines, no
 function in agentfly_jax/rl/ over MAX_FUNCTION_LINES lines (def to last line, decorators not
-counted; a nested function counts inside the function around it, a method on its own). Split
-what grows past them into named functions / modules."""
+counted; a nested function counts inside the function around it, a method on its own), and no
+class in agentfly_jax/rl/ with more than MAX_CLASS_METHODS methods (`__init__` and properties not
+counted: a class that grows past it is doing several jobs). Split what grows past them into named
+functions / modules."""
 
 import ast
 import os
@@ -11,6 +13,7 @@ from train_cli import ROOT
 
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
+MAX_CLASS_METHODS = 8
 FUNCTION_RULE_DIR = "agentfly_jax/rl/"
 
 
@@ -32,6 +35,45 @@ def _outer_functions(tree: ast.AST):
         yield from walk(child, prefix)
 
   yield from walk(tree, "")
+
+
+def _classes_and_methods(tree: ast.AST):
+  """(class name, [its methods but `__init__` and properties]) of every class in `tree`."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ClassDef):
+      methods = [
+        f.name
+        for f in node.body
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and f.name != "__init__"
+        and not any(
+          (isinstance(d, ast.Name) and d.id in ("property", "cached_property"))
+          or (isinstance(d, ast.Attribute) and d.attr in ("setter", "cached_property"))
+          for d in f.decorator_list
+        )
+      ]
+      yield node.name, methods
+
+
+def test_method_count_leaves_out_init_and_properties():
+  src = (
+    "class A:\n  def __init__(self): pass\n  @property\n  def p(self): return 1\n  @p.setter\n"
+    "  def p(self, v): pass\n  def m(self): pass\n  async def n(self): pass\n"
+  )
+  assert list(_classes_and_methods(ast.parse(src))) == [("A", ["m", "n"])]
+
+
+def test_no_class_in_rl_has_more_methods_than_the_limit():
+  files = [p for p in _tracked_python_files() if p.startswith(FUNCTION_RULE_DIR)]
+  assert files, f"no tracked files under {FUNCTION_RULE_DIR}"
+  over = []
+  for path in files:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    over += [f"{path}::{c}: {len(m)} methods" for c, m in _classes_and_methods(tree) if len(m) > MAX_CLASS_METHODS]
+  assert not over, f"classes over {MAX_CLASS_METHODS} methods (split the jobs into functions / classes): " + "; ".join(
+    over
+  )
 
 
 def test_outer_functions_measure_nested_ones_inside():

@@ -13,6 +13,8 @@ import pytest
 
 from train_cli import AOT_TINY_FLAGS, ROOT  # noqa: E402
 
+from agentfly_jax.rl.spec import RunSpec
+
 SCRIPT = os.path.join(ROOT, "experiments", "aot_compile.py")
 TINY = AOT_TINY_FLAGS
 
@@ -59,7 +61,7 @@ def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
   from agentfly_jax.rl.scale import aot
 
   with pytest.raises(aot.BadInput) as e:
-    aot.run(lookup_config(**mesh), topology, model)
+    aot.run(RunSpec.from_config(lookup_config(**mesh)), topology, model)
   assert needle in str(e.value)
 
 
@@ -69,9 +71,9 @@ def test_unsupported_hf_model_type_is_named(tmp_path):
   path = tmp_path / "config.json"
   path.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
   with pytest.raises(aot.BadInput, match=f"{path}: unknown architecture .model_type='gpt2'"):
-    aot.run(lookup_config(fsdp=4), "v5e:2x2", str(path))
+    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", str(path))
   with pytest.raises(aot.BadInput, match="unknown programs"):
-    aot.run(lookup_config(fsdp=4), "v5e:2x2", "qwen2.5-0.5b", programs=("train_step", "backward"))
+    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", "qwen2.5-0.5b", programs=("train_step", "backward"))
 
 
 @pytest.mark.slow
@@ -334,7 +336,7 @@ def test_pallas_attention_for_a_gpu_topology_is_named_before_compiling():
   config = lookup_config(fsdp=8)
   config.model.attention_impl = "pallas"
   with pytest.raises(aot.BadInput, match="attention_impl='pallas' is the TPU kernel and --topology='h100:8' is a GPU"):
-    aot.run(config, "h100:8")
+    aot.run(RunSpec.from_config(config), "h100:8")
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])

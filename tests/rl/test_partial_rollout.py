@@ -14,7 +14,12 @@ from agent_testlib import hermes_call, tokenizer_dir
 from agentfly_jax.agents import ToolCallAgent
 from agentfly_jax.agents.stream_rollout import stream_groups
 from agentfly_jax.agents.trajectory import Trajectory
-from agentfly_jax.rl.partial_rollout import PartialRolloutProducer, check_partial, mask_stale_segments
+from agentfly_jax.rl.partial_rollout import (
+  PartialRolloutProducer,
+  check_partial,
+  mask_stale_segments,
+  staleness_metrics,
+)
 from agentfly_jax.rl.stages import SamplerWeights
 from agentfly_jax.sampling import SamplingParams
 from agentfly_jax.sampling.scripted import ScriptedSampler
@@ -102,7 +107,7 @@ def test_groups_carry_over_and_turns_record_their_version():
       assert t.policy_versions == sorted(t.policy_versions)  # a chain only moves to newer weights
       assert max(t.policy_versions) <= step - 1
       spanning += len(set(t.policy_versions)) > 1
-    m = producer.staleness_metrics(batch, step, 1)
+    m = staleness_metrics(batch, step, 1, producer.gate.loads)
     assert abs(sum(m[f"async/staleness_hist/{k}"] for k in (0, 1)) + m["async/staleness_hist/over"] - 1) < 1e-9
   assert spanning > 0  # long chains were cut by weight updates and resumed with the new weights
   # the first step did not wait for the long chains: its groups are the short rows that finished first

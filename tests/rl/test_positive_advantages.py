@@ -51,8 +51,10 @@ def _trajs(rng, rewards_by_group):
 
 def _update(trainer, **train):
   spec = dataclasses.replace(trainer.spec, train=dataclasses.replace(trainer.spec.train, **train))
-  parts = ModelParts(trainer.graphdef, trainer.rest, trainer.optimizer)
-  return PolicyUpdate(parts, spec, trainer.loss_cfg, spec.algorithm.estimator, trainer.mesh, trainer.state_sharding)
+  parts = ModelParts(trainer.run.parts.policy.graphdef, trainer.run.parts.policy.rest, trainer.run.optimizer)
+  return PolicyUpdate(
+    parts, spec, trainer.run.loss_cfg, spec.algorithm.estimator, trainer.run.parts.mesh, trainer.run.states.sharding
+  )
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +69,10 @@ def test_negative_advantages_are_scaled_positive_ones_kept(trainer):
   rng = np.random.default_rng(rng_seed)
   rewards = [list(rng.random(4).round(3)) for _ in range(3)]
   arrays = train_arrays(_trajs(rng, rewards), pad_id=0)
-  state = trainer.new_state(trainer.init_params)
-  batch, _ = trainer.update.prepare(state.params, None, None, trainer.update.put_arrays(arrays), trainer.update.frozen)
+  state = trainer.new_state(trainer.run.parts.policy.params)
+  batch, _ = trainer.run.update.prepare(
+    state.params, None, None, trainer.run.update.put_arrays(arrays), trainer.run.update.frozen
+  )
   adv = np.asarray(jax.device_get(batch["advantages"]))[: len(arrays["rewards"])]
   mask = arrays["action_mask"]
   for i, r in enumerate(np.asarray(rewards).ravel()):  # GRPO by hand: (r - group mean) / (unbiased std + eps)
@@ -90,7 +94,7 @@ def test_skipped_rows_train_as_if_absent_and_cost_nothing(trainer):
   skip, plain = _update(trainer, skip_zero_adv_rows=True), _update(trainer, skip_zero_adv_rows=False)
   got = {}
   for name, upd, arrays in (("skip", skip, full), ("absent", plain, rest), ("plain", plain, full)):
-    _, m = upd(trainer.new_state(trainer.init_params), None, arrays, step=1)
+    _, m = upd(trainer.new_state(trainer.run.parts.policy.params), None, arrays, step=1)
     got[name] = m.fetch()
   # neg_adv_weight 0.25: group 1 and 2's rows all carry an advantage; group 0's none
   assert got["skip"]["train/rows_trained"] == 8 and got["plain"]["train/rows_trained"] == 12
@@ -110,7 +114,7 @@ def test_skipped_rows_train_as_if_absent_and_cost_nothing(trainer):
 def test_a_batch_with_no_advantage_leaves_the_state_as_it_was(trainer):
   rng = np.random.default_rng(11)
   arrays = train_arrays(_trajs(rng, [[0.3] * 4, [1.0] * 4]), pad_id=0)
-  state = trainer.new_state(trainer.init_params)
+  state = trainer.new_state(trainer.run.parts.policy.params)
   before = jax.device_get(jax.tree.leaves(state.params))
   new, m = _update(trainer, skip_zero_adv_rows=True)(state, None, arrays, step=1)
   got = m.fetch()
@@ -162,9 +166,9 @@ def test_skipping_with_the_batch_mean_is_the_unskipped_step(trainer, agg):
   rng = np.random.default_rng([5, len(agg)])
   rewards = [[0.5, 0.5, 0.5, 0.5], list(rng.random(4).round(3)), [0.2, 0.2, 0.2, 0.2], list(rng.random(4).round(3))]
   arrays = train_arrays(_trajs(rng, rewards), pad_id=0, length=48)
-  loss_cfg = dataclasses.replace(trainer.loss_cfg, agg=agg)
+  loss_cfg = dataclasses.replace(trainer.run.loss_cfg, agg=agg)
   spec = trainer.spec
-  init = jax.device_get(jax.tree.leaves(trainer.init_params))
+  init = jax.device_get(jax.tree.leaves(trainer.run.parts.policy.params))
   got, delta = {}, {}
   variants = {
     "plain": {},
@@ -173,9 +177,9 @@ def test_skipping_with_the_batch_mean_is_the_unskipped_step(trainer, agg):
   }
   for name, train in variants.items():
     s = dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
-    parts = ModelParts(trainer.graphdef, trainer.rest, trainer.optimizer)
-    upd = PolicyUpdate(parts, s, loss_cfg, s.algorithm.estimator, trainer.mesh, trainer.state_sharding)
-    new, m = upd(trainer.new_state(trainer.init_params), None, arrays, step=1)
+    parts = ModelParts(trainer.run.parts.policy.graphdef, trainer.run.parts.policy.rest, trainer.run.optimizer)
+    upd = PolicyUpdate(parts, s, loss_cfg, s.algorithm.estimator, trainer.run.parts.mesh, trainer.run.states.sharding)
+    new, m = upd(trainer.new_state(trainer.run.parts.policy.params), None, arrays, step=1)
     got[name] = m.fetch()
     delta[name] = np.concatenate([(a - b).ravel() for a, b in zip(jax.device_get(jax.tree.leaves(new.params)), init)])
   assert got["keep"]["train/rows_trained"] == 8 and got["plain"]["train/rows_trained"] == 16
@@ -193,6 +197,8 @@ def test_the_batch_mean_skip_refuses_packed_rows(trainer):
   spec = trainer.spec
   train = dict(skip_zero_adv_rows=True, skip_keeps_batch_mean=True, pack_sequences=True)
   s = dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
-  parts = ModelParts(trainer.graphdef, trainer.rest, trainer.optimizer)
+  parts = ModelParts(trainer.run.parts.policy.graphdef, trainer.run.parts.policy.rest, trainer.run.optimizer)
   with pytest.raises(ValueError, match=r"config\.train\.skip_keeps_batch_mean=True: not with train\.pack_sequences"):
-    PolicyUpdate(parts, s, trainer.loss_cfg, s.algorithm.estimator, trainer.mesh, trainer.state_sharding)
+    PolicyUpdate(
+      parts, s, trainer.run.loss_cfg, s.algorithm.estimator, trainer.run.parts.mesh, trainer.run.states.sharding
+    )

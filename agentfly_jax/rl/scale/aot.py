@@ -94,28 +94,28 @@ def topology_devices(name: str):
     ) from None
 
 
-def check_mesh(config, chips: int, topology: str) -> None:
-  m = config.mesh
+def check_mesh(spec, chips: int, topology: str) -> None:
+  m = spec.mesh
   tp = m.tp
   fsdp = chips // tp if m.fsdp == -1 else m.fsdp
-  used = fsdp * tp + m.get("sampler_devices", 0)
+  used = fsdp * tp + m.sampler_devices
   if fsdp < 1 or tp < 1 or used != chips:
     raise BadInput(
       f"mesh fsdp={m.fsdp} x tp={m.tp}"
-      + (f" + sampler_devices={m.sampler_devices}" if m.get("sampler_devices", 0) else "")
+      + (f" + sampler_devices={m.sampler_devices}" if m.sampler_devices else "")
       + f" = {used} chips does not divide the {chips} chips "
       f"of {topology} (set --config.mesh.fsdp / --config.mesh.tp so that they use all {chips})"
     )
 
 
-def load_hf_config(model: str, config) -> tuple[dict | None, str]:
-  """(HF config dict, its source) from --model; (None, 'config') for the config's own model."""
+def load_hf_config(model: str, spec) -> tuple[dict | None, str]:
+  """(HF config dict, its source) from --model; (None, 'config') for the run's own model."""
   from agentfly_jax.models.presets import PRESETS, preset_hf_config
 
-  model = model or config.model.get("aot_preset", "")
+  model = model or spec.model.aot_preset
   if not model:
-    if config.model.pretrained:
-      model = config.model.pretrained
+    if spec.model.pretrained:
+      model = spec.model.pretrained
     else:
       return None, "config.model (random init)"
   if model.lower() in PRESETS:
@@ -151,27 +151,21 @@ def _check_programs(programs) -> None:
     raise BadInput(f"--programs: unknown programs {unknown}; known: {list(PROGRAMS)}")
 
 
-def _checked_model_config(config, model: str, chips: int, topology: str):
-  """The run's ModelConfig (of --model, else the config's own), after the config and its mesh
-  are checked against the topology's `chips`; BadInput naming what is wrong."""
-  from agentfly_jax.rl.config import validate_config
-
-  try:
-    spec = validate_config(config)
-  except ValueError as e:
-    raise BadInput(str(e)) from None
-  check_mesh(config, chips, topology)
-  if config.model.get("attention_impl") == "pallas" and aot_gpu.is_gpu(parse_topology(topology)[0]):
+def _checked_model_config(spec, model: str, chips: int, topology: str):
+  """The run's ModelConfig (of --model, else the run's own), after its mesh is checked against the
+  topology's `chips`; BadInput naming what is wrong."""
+  check_mesh(spec, chips, topology)
+  if spec.model.attention_impl == "pallas" and aot_gpu.is_gpu(parse_topology(topology)[0]):
     raise BadInput(
       f"model.attention_impl='pallas' is the TPU kernel and --topology={topology!r} is a GPU: "
       "add --config.model.attention_impl=flash"
     )
-  return model_config(spec, *load_hf_config(model, config))
+  return model_config(spec, *load_hf_config(model, spec))
 
 
 def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: list[dict]) -> dict:
   """The report of the compiled `rows` (each marked with the chip's HBM and whether it fits)."""
-  cfg, config = abstract.cfg, abstract.config
+  cfg, spec = abstract.cfg, abstract.spec
   for row in rows:
     row["hbm_bytes"] = int(hbm)
     row["fits"] = row["peak_bytes"] <= hbm and not row.get("xla_refused")
@@ -190,23 +184,24 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
     "mesh": {
       "fsdp": abstract.fsdp,
       "tp": abstract.mesh.shape["tp"],
-      "sampler_devices": config.mesh.get("sampler_devices", 0),
+      "sampler_devices": spec.mesh.sampler_devices,
     },
-    "algo": config.algo,
+    "algo": spec.algo,
     "seq_len": abstract.seq_len,
-    "micro_batch_size": config.train.micro_batch_size,
+    "micro_batch_size": spec.train.micro_batch_size,
     "rows": rows,
   }
 
 
-def run(config, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0) -> dict:
-  """Compiles `programs` of `config` for `topology`; returns the report (rows per program)."""
+def run(spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0) -> dict:
+  """Compiles `programs` of the run `spec` (rl/spec.RunSpec: the tool parses its config once) for
+  `topology`; returns the report (rows per program)."""
   _check_programs(programs)
   generation, chips = parse_topology(topology)
-  cfg = _checked_model_config(config, model, chips, topology)
+  cfg = _checked_model_config(spec, model, chips, topology)
   devices = topology_devices(topology)
   hbm = (hbm_gib or HBM_GIB[generation]) * GIB
-  abstract = abstract_run(config, cfg, devices, seq_len or config.rollout.max_total_tokens)
+  abstract = abstract_run(spec, cfg, devices, seq_len or spec.rollout.max_total_tokens)
   print(
     f"aot_compile: {cfg.model_type} {abstract.num_params / 1e9:.2f} B params, scan_layers={cfg.scan_layers}, "
     f"remat={cfg.remat}, on {topology} ({chips} chips, {hbm / GIB:.0f} GiB HBM each), mesh "

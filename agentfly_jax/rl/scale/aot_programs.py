@@ -1,6 +1,6 @@
 """A run's programs as abstract values, compiled and measured (the compile half of rl/scale/aot.py).
 
-    run = abstract_run(config, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
+    run = abstract_run(spec, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
     rows = compile_rows(run, ("prepare", "train_step"), chips)   # one row per program, bytes a chip
 
 Every array is a `jax.ShapeDtypeStruct` carrying its sharding on the topology's devices; nothing
@@ -60,8 +60,7 @@ class AbstractRun:
   None), the loss, the `PolicyUpdate` the trainer would build, its abstract TrainState, the
   sampler's params (on the sampler sub-mesh when there is one), and the parameter counts."""
 
-  config: Any  # the run's ml_collections config
-  spec: Any  # the same, parsed: rl.spec.RunSpec
+  spec: Any  # the run: rl.spec.RunSpec
   cfg: Any  # models.ModelConfig
   mesh: Any
   sampler_mesh: Any
@@ -148,16 +147,14 @@ def _abstract_update(spec, cfg, mesh, rules, critic: bool) -> dict:
   )
 
 
-def abstract_run(config, cfg, devices, seq_len: int) -> AbstractRun:
+def abstract_run(spec, cfg, devices, seq_len: int) -> AbstractRun:
   """The run's abstract values on `devices` (its training mesh and sampler sub-mesh as the
-  trainer makes them), rows of `seq_len` tokens."""
+  trainer makes them), rows of `seq_len` tokens. `spec`: the run's RunSpec."""
   from agentfly_jax.models import CausalLM
   from agentfly_jax.rl.setup import training_and_sampler_meshes
-  from agentfly_jax.rl.spec import RunSpec
 
-  spec = RunSpec.from_config(config)  # the tool's config, parsed once here
   mesh, sampler_mesh = training_and_sampler_meshes(spec, devices)
-  rules = config.mesh.get("rules")
+  rules = spec.mesh.rules
   critic = spec.algorithm.critic
   parts = _abstract_update(spec, cfg, mesh, rules, critic)
   num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers)
@@ -165,7 +162,6 @@ def abstract_run(config, cfg, devices, seq_len: int) -> AbstractRun:
   if sampler_mesh is not None:
     sampler_params = abstract_model(CausalLM, cfg, sampler_mesh, rules)[1]
   return AbstractRun(
-    config=config,
     spec=spec,
     cfg=cfg,
     mesh=mesh,
@@ -308,7 +304,7 @@ def rollout_arrays(run: AbstractRun) -> tuple[int, dict]:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  r, seq_len = run.config.rollout, run.seq_len
+  r, seq_len = run.spec.rollout, run.seq_len
   rows_sh = NamedSharding(run.mesh, P("fsdp"))
   n_rows = -(-r.rows_per_step * r.num_chains // run.fsdp) * run.fsdp
   arrays = {
@@ -325,7 +321,7 @@ def rollout_arrays(run: AbstractRun) -> tuple[int, dict]:
 
 def _reference_params(run: AbstractRun):
   """The KL reference's params (the policy's shapes) when the loss has a KL term, else None."""
-  return run.params if run.config.loss.kl_coef > 0 else None
+  return run.params if run.spec.loss.kl_coef > 0 else None
 
 
 def compile_prepare(run: AbstractRun, chips: int) -> dict:
@@ -368,7 +364,7 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     micro_batch=micro_rows,
     micro_batches=num_micro,
     seq_len=run.seq_len,
-    logits_chunk=run.config.train.logits_chunk,
+    logits_chunk=run.spec.train.logits_chunk,
     attention_chunk=cfg.attention_chunk,
     fused_attention=cfg.attention_impl == "pallas",
     remat=_remat_on(cfg),
@@ -408,7 +404,7 @@ def compile_train_step(run: AbstractRun, chips: int) -> dict:
   update, seq_len = run.update, run.seq_len
   batch_out, _ = jax.eval_shape(update.prepare, run.params, _reference_params(run), run.critic_params, arrays)
   micro_rows, num_micro = update.minibatch_layout()
-  packed = run.config.train.get("pack_sequences", False)
+  packed = run.spec.train.pack_sequences
   keys = tuple(batch_out) + (("segment_ids", "positions") if packed else ())
   dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
   batch_sh = NamedSharding(run.mesh, P(None, "fsdp"))
@@ -441,7 +437,7 @@ def compile_sft_step(run: AbstractRun, chips: int) -> dict:
   from agentfly_jax.rl.batching import micro_batch_layout
   from agentfly_jax.rl.core.train_state import create_train_state
 
-  c, params = run.config, run.params
+  c, params = run.spec, run.params
   sft_opt = run_programs.sft_optimizer(run.spec)
   sft_sh = run_programs.train_state_sharding(params, None, sft_opt, None, run.mesh, run.specs, None)
   sft_state = with_shardings(jax.eval_shape(lambda p: create_train_state(p, sft_opt), params), sft_sh)
@@ -465,7 +461,7 @@ def compile_sampler(run: AbstractRun, chips: int) -> dict:
   from agentfly_jax.models.sharding import resolve_rules
   from agentfly_jax.sampling.decode import generate_rows as _generate_rows
 
-  r = run.config.rollout
+  r = run.spec.rollout
   smesh = run.sampler_mesh or run.mesh
   rep = NamedSharding(smesh, P())
   b, p_len, n_new = r.max_batch_size, r.max_total_tokens, r.max_tokens_per_turn

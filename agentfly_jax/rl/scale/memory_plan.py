@@ -242,17 +242,17 @@ def plan_memory_split(
   return plan
 
 
-# ---------------------------------------------------------------- from a run's config
-def model_shape_from_config(config) -> ModelShape:
-  """The policy's ModelShape: from the HF folder's config.json (`model.pretrained`), else the
-  random-init config; the parameter count from an abstract model (nothing allocated)."""
+# ---------------------------------------------------------------- from a run's RunSpec
+def model_shape_of(spec) -> ModelShape:
+  """The policy's ModelShape of `spec` (rl/spec.RunSpec): from the HF folder's config.json
+  (`model.pretrained`), else the random-init config; the parameter count from an abstract model
+  (nothing allocated)."""
   from flax import nnx
 
   from agentfly_jax.models import CausalLM, ModelConfig
   from agentfly_jax.rl.setup import model_config
-  from agentfly_jax.rl.spec import RunSpec
 
-  cfg = model_config(RunSpec.from_config(config), config.model.vocab_size)
+  cfg = model_config(spec, spec.model.vocab_size)
   abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
   leaves = [v for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))]
   num_params = sum(int(getattr(v, "value", v).size) for v in leaves)
@@ -269,13 +269,12 @@ def model_shape_from_config(config) -> ModelShape:
   )
 
 
-def run_sizes_from_config(config) -> RunSizes:
-  """The run's sizes on one GPU: its micro-batch layout as the trainer makes it (rl/update.py)."""
+def run_sizes_of(spec) -> RunSizes:
+  """The run's sizes on one GPU (`spec`: rl/spec.RunSpec): its micro-batch layout as the trainer
+  makes it (rl/update.py)."""
   from agentfly_jax.rl.batching import minibatch_layout
-  from agentfly_jax.rl.config import ALGORITHMS
-  from agentfly_jax.rl.spec import RunSpec
 
-  c, r = config, config.rollout
+  c, r = spec, spec.rollout
   seq = r.max_total_tokens + r.max_tokens_per_turn
   micro_batch, micro_batches = minibatch_layout(r, c.train)
   return RunSizes(
@@ -284,16 +283,16 @@ def run_sizes_from_config(config) -> RunSizes:
     seq_len=seq,
     logits_chunk=c.train.logits_chunk,
     attention_chunk=c.model.attention_chunk,
-    fused_attention=c.model.get("attention_impl", "flash") == "pallas",
-    remat=bool(RunSpec.from_config(c).remat),
+    fused_attention=c.model.attention_impl == "pallas",
+    remat=bool(c.remat),
     compute_dtype=c.model.dtype,
     param_dtype=c.model.param_dtype,
     reference_copy=c.loss.kl_coef > 0,
-    critic=ALGORITHMS[c.algo]["critic"],
+    critic=c.algorithm.critic,
     vllm_dtype=c.rollout.vllm_dtype or c.model.dtype,
     max_num_seqs=r.max_batch_size,
     max_model_len=seq,
-    scan_layers=bool(c.model.get("scan_layers", False)),
+    scan_layers=bool(c.model.scan_layers),
   )
 
 
@@ -309,7 +308,7 @@ def cuda_device_bytes() -> int | None:
   return int(torch.cuda.get_device_properties(0).total_memory)
 
 
-def apply_memory_split(config, environ=None, device_bytes: int | None = None) -> MemoryPlan | None:
+def apply_memory_split(spec, environ=None, device_bytes: int | None = None) -> MemoryPlan | None:
   """Before JAX touches a device: sets JAX's share (`XLA_PYTHON_CLIENT_MEM_FRACTION`, preallocated)
   and checks that both sides fit (`plan_memory_split`, raises MemorySplitError). Active when
   `config.gpu.jax_mem_fraction > 0` with the vLLM sampler. The device size: `config.gpu.
@@ -317,8 +316,8 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
   else `device_bytes`, else the CUDA device's; None (nothing checked) without any of them."""
   import os
 
-  g = config.gpu
-  if not g.jax_mem_fraction or config.rollout.sampler != "vllm":
+  g = spec.gpu
+  if not g.jax_mem_fraction or spec.rollout.sampler != "vllm":
     return None
   environ = os.environ if environ is None else environ
   environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{g.jax_mem_fraction:g}"
@@ -333,8 +332,8 @@ def apply_memory_split(config, environ=None, device_bytes: int | None = None) ->
     device_bytes,
     g.jax_mem_fraction,
     g.vllm_mem_fraction,
-    model_shape_from_config(config),
-    run_sizes_from_config(config),
+    model_shape_of(spec),
+    run_sizes_of(spec),
   )
 
 

@@ -1,0 +1,248 @@
+"""The RL loop as functions over explicit state: rollout -> rewards -> one jitted prepare -> jitted,
+sharded updates -> weight sync.
+
+    spec = RunSpec.from_config(config)            # the script parses the config, once
+    parts = build_run(spec, workdir)              # rl/setup.py: task, tokenizer, models, sampler, agent
+    records = train(spec, parts, workdir)         # resumes from workdir's latest checkpoint if any
+
+Per step (`run_step`, over the stages of rl/stages.py, each taking what it uses and returning what it
+makes): dataset rows -> multi-chain multi-turn rollout (agents/, the Sampler; on several processes
+each rolls out its share, rl/distributed.py) -> `prepare`: rollout metrics, (DAPO dynamic sampling),
+target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift) -> `update`
+(rl/update.PolicyUpdate: one jitted prepare of old/ref log-probs, values, advantages, mismatch
+metrics; epochs x minibatches of `train_step`; metrics fetched once) -> `sync` (the sampler's
+weights) -> (evaluate) -> metrics (rl/run_log.py; process 0) -> checkpoint (rl/checkpoints.py).
+
+What changes from step to step is the `LoopState`; what does not is the `Run` (rl/run.py). Async
+runs take each step's batch from a producer thread (rl/async_rollout.py, rl/partial_rollout.py).
+Step counters (tool calls, env acquires) are differences of snapshots taken before the rollout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentfly_jax.envs.pool_metrics import env_pool_metrics, env_usage_mark
+from agentfly_jax.metrics import read_jsonl, truncate_jsonl
+from agentfly_jax.rl import checkpoints, distributed, partial_rollout, run_log, stages, throughput
+from agentfly_jax.rl.chain_failures import ChainFailureGuard
+from agentfly_jax.rl.run import Run, evaluate, new_state, open_run, rollout, rows_at
+from agentfly_jax.rl.sft_cache import sft_params
+from agentfly_jax.rl.turn_rewards import needs_turn_arrays
+from agentfly_jax.tools.limits import tool_counts, tool_metrics
+
+
+@dataclasses.dataclass
+class LoopState:
+  """What changes from step to step: the TrainState, the KL reference (None without KL), the
+  position in the training-row stream, the tools' counts where the last step's rollout ended
+  (async: the next step's tool metrics count the producer's calls from there), and the run's
+  step counters: the throughput meter and the failed-chain guard."""
+
+  state: Any
+  ref_params: Any
+  data_position: int
+  tools_seen: dict = dataclasses.field(default_factory=dict)
+  meter: throughput.StepMeter | None = None
+  chain_guard: ChainFailureGuard | None = None
+
+
+def train(spec, parts, workdir: str, *, before_step: Callable[[int], None] | None = None) -> list[dict]:
+  """Runs (or resumes) the run of `spec` on `parts` (rl/setup.build_run) in `workdir` to
+  `train.steps`; returns the metrics records (process 0; [] on the others)."""
+  return train_run(open_run(spec, workdir, parts=parts), before_step=before_step)[0]
+
+
+def train_run(run: Run, *, before_step: Callable[[int], None] | None = None) -> tuple[list[dict], LoopState]:
+  """(the metrics records (process 0; [] on the others), the final LoopState) of running (or
+  resuming) `run` to `train.steps`. `before_step(step)`: called before each step (tests inject
+  faults there)."""
+  primary = distributed.is_primary()
+  if primary:  # a run's record, written by the loop's start, not by building parts
+    run_log.write_run_record(run)
+  loop, start = start_loop(run)
+  loop.tools_seen = tool_counts(run.parts.agent.tools.values())  # counts start with the run's own rollouts
+  producer = start_sampling(run, loop, start)
+  writer = run_log.open_writers(run.spec, run.workdir) if primary else None
+  loop = run_steps(run, loop, start, producer, writer, before_step)
+  if producer is not None:
+    producer.close()
+  run.checkpointer.wait()
+  distributed.barrier("train_done")
+  if not primary:
+    return [], loop
+  writer.close()
+  return run_log.plot_run(run.spec, run.workdir, read_jsonl(run_log.metrics_path(run.workdir))), loop
+
+
+def start_loop(run: Run) -> tuple[LoopState, int]:
+  """The loop state at the first step to run: restored from the latest checkpoint, or fresh (SFT
+  warm start, critic warm start, step-0 checkpoint and eval). Returns (state, last step done)."""
+  spec, policy, critic = run.spec, run.parts.policy, run.parts.critic
+  start = run.checkpointer.latest_step()
+  params, critic_params = policy.params, critic.params if critic is not None else None
+  counters = dict(
+    meter=throughput.StepMeter(jax.device_count()),  # tokens/s + time split per step (rl/throughput.py)
+    chain_guard=ChainFailureGuard(spec.rollout.max_error_share, spec.rollout.error_patience, "config.rollout."),
+  )
+  pre_sft = {}  # step 0's record: greedy eval before the SFT warm start, its NLL and time
+  if start is None and spec.sft.steps > 0:
+    if spec.eval.every and spec.eval.before_sft:
+      pre_sft = {k.replace("eval/", "eval_pre_sft/"): v for k, v in evaluate(run, params, seed=spec.seed).items()}
+    t_sft = time.perf_counter()
+    params, sft_metrics = sft_params(run)
+    pre_sft.update(sft_metrics, **{"time/sft_s": time.perf_counter() - t_sft})
+    if spec.algorithm.critic:
+      critic_params = warm_start_critic(critic_params, params)
+  state = new_state(run, params, run.optimizer, critic_params)
+  ref_params = checkpoints.kl_reference(run, state.params, resumed=start is not None)
+  if start is not None:
+    state, data_position = checkpoints.restore(run, start, state)
+    if distributed.is_primary():
+      truncate_jsonl(run_log.metrics_path(run.workdir), start)
+    return LoopState(state, ref_params, data_position, **counters), start
+  checkpoints.save(run, 0, state, 0)
+  if spec.eval.every:
+    eval_metrics = {**pre_sft, **evaluate(run, state.params, seed=spec.seed)}
+    if distributed.is_primary():
+      run_log.append_record(run.workdir, 0, eval_metrics)
+  return LoopState(state, ref_params, 0, **counters), 0
+
+
+def rollout_step(run: Run, position: int, step: int) -> list:
+  """The trajectories of step `step`, whose rows start at data position `position`."""
+  rows = rows_at(run, position, run.spec.rollout.rows_per_step)
+  return rollout(run, rows, seed=run.spec.seed * 1_000_003 + step)
+
+
+def run_step(run: Run, loop: LoopState, step: int, producer=None) -> tuple[LoopState, dict]:
+  """One RL step: rollout (or the async producer's batch), prepare, update, weight sync / publish,
+  (eval). Returns the new loop state + metrics."""
+  spec, p = run.spec, run.parts
+  t0 = time.perf_counter()
+  tools = p.agent.tools.values()
+  if producer is None:
+    env_mark = env_usage_mark(p.env_provider)  # the step reports only its own acquires ...
+    tools_before = tool_counts(tools)  # ... and its own tool calls (not the last eval's)
+    prefix_mark = stages.prefix_cache_mark(p.sampler)
+    trajs = rollout_step(run, loop.data_position, step)
+    rollout_metrics = stages.prefix_cache_metrics(p.sampler, prefix_mark)  # sampler/prefix_*
+    stages.release_prefix_cache(p.sampler)  # stale after this step's update; frees memory for it
+  else:
+    from agentfly_jax.rl.async_rollout import staleness_metrics
+
+    env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
+    batch = producer.get(step)
+    trajs = batch.trajectories
+    rollout_metrics = partial_rollout.batch_metrics(producer, batch, step, spec, staleness_metrics)  # async/*
+  t_rollout = time.perf_counter()
+  loop.chain_guard.check(step, trajs)  # every chain failed, or too many for too long: ChainsFailedError
+  tools_seen = tool_counts(tools)
+  arrays, metrics = stages.prepare(
+    trajs,
+    pad_id=p.tokenizer.pad_token_id,
+    dynamic_sampling=spec.dapo.dynamic_sampling,
+    score_metric=spec.loss.score_metric,
+    turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
+  )
+  arrays = partial_rollout.after_prepare(arrays, trajs, step, spec, metrics)  # partial: stale turns leave the loss
+  metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
+  metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
+  metrics.update(rollout_metrics)
+  state, update_metrics = stages.update(run.update, loop.state, loop.ref_params, arrays, step)
+  metrics.update(update_metrics)
+  t_train = time.perf_counter()
+  if producer is None:
+    sync_metrics = stages.sync(run.weights, state.params)
+  else:
+    producer.publish(step, state.params)
+  t_sync = time.perf_counter()
+  if spec.eval.every and step % spec.eval.every == 0:
+    metrics.update(evaluate(run, state.params, seed=spec.seed))
+    metrics["time/eval_s"] = time.perf_counter() - t_sync
+  metrics.update(
+    {
+      "time/rollout_s": t_rollout - t0,
+      "time/train_s": t_train - t_rollout,
+      "time/sync_s": t_sync - t_train,
+      "time/step_s": time.perf_counter() - t0,
+    }
+  )
+  if producer is None:
+    metrics.update(sync_metrics)
+  metrics.update(env_pool_metrics(p.env_provider, env_mark))  # env/<type>/in_use, ...
+  metrics.update(loop.meter.step_metrics(trajs, arrays, metrics))  # throughput/*, time/split/*, tok/s
+  position = loop.data_position + spec.rollout.rows_per_step
+  return dataclasses.replace(loop, state=state, data_position=position, tools_seen=tools_seen), metrics
+
+
+def start_sampling(run: Run, loop: LoopState, start: int):
+  """Loads the sampler with the loop's params; async: starts and returns the rollout producer (its
+  steps after `start`, from the loop's data position), else None."""
+  spec = run.spec
+  if not spec.asynchronous:
+    run.weights.load(loop.state.params)
+    return None
+  if spec.rollout.partial:  # chains span policy versions; groups carry over steps
+    return partial_rollout.start_producer(run, loop, start)
+  from agentfly_jax.rl.async_rollout import RolloutProducer
+
+  run.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params
+  pos0 = loop.data_position
+  return RolloutProducer(
+    lambda s: rollout_step(run, pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
+    run.weights,
+    first_step=start + 1,
+    last_step=spec.train.steps,
+    max_staleness=spec.rollout.max_staleness,
+    start_version=start,
+  ).start()
+
+
+def run_steps(run: Run, loop: LoopState, start: int, producer, writer, before_step=None) -> LoopState:
+  """Steps start+1 .. train.steps: each step's metrics written (`writer`: process 0's, else None),
+  checkpoints every `checkpoint.every` and at the end, the progress bar advanced."""
+  spec = run.spec
+  bar = run_log.progress_bar(spec, enabled=spec.log.progress and writer is not None, initial=start)
+  t_loop, trainer_wait = time.perf_counter(), 0.0
+  loop.meter.reset()  # the first step's sampler / env busy time starts here
+  for step in range(start + 1, spec.train.steps + 1):
+    if before_step is not None:
+      before_step(step)
+    loop, metrics = run_step(run, loop, step, producer)
+    if producer is not None:
+      trainer_wait += metrics["time/rollout_s"]
+      metrics.update(async_idle_metrics(producer, trainer_wait, time.perf_counter() - t_loop))
+    if writer is not None:
+      writer.write(step, metrics)
+    if (spec.checkpoint.every and step % spec.checkpoint.every == 0) or step == spec.train.steps:
+      checkpoints.save(run, step, loop.state, loop.data_position)
+    bar.set_postfix(**run_log.postfix(metrics))
+    bar.update(1)
+  bar.close()
+  return loop
+
+
+def warm_start_critic(critic_params, policy_params):
+  """Copies the policy's trunk weights into the critic (same paths), keeps the value head."""
+  flat_c = dict(nnx.to_flat_state(critic_params))
+  flat_p = dict(nnx.to_flat_state(policy_params))
+  for path, var in flat_c.items():
+    if path in flat_p and flat_p[path].shape == var.shape:
+      flat_c[path] = flat_p[path]
+  return nnx.from_flat_state(flat_c)
+
+
+def async_idle_metrics(producer, trainer_wait_s: float, wall_s: float) -> dict:
+  """async/trainer_idle_frac (the trainer's wait for batches over the loop's wall time so far) and
+  async/sampler_idle_frac (the producer's idle over its idle + busy time)."""
+  return {
+    "async/trainer_idle_frac": trainer_wait_s / wall_s,
+    "async/sampler_idle_frac": producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s),
+  }
