@@ -2,7 +2,8 @@
 device math of agentfly_jax.rl.core (advantage estimators, losses, train step, prepare).
 
     from agentfly_jax.rl import advantages, losses       # = agentfly_jax.rl.core.*
-    from agentfly_jax.rl.trainer import Trainer
+    from agentfly_jax.rl.loop import train              # train(spec, build_run(spec, workdir), workdir)
+    from agentfly_jax.rl.trainer import Trainer         # the same behind one object (notebooks)
 """
 
 from agentfly_jax.rl.core import advantages, losses

@@ -5,7 +5,7 @@
   config.task = custom_task_config(train_path="rows.jsonl", tools="calculator,answer",
                                    reward="exact_match")        # names, or 'module:function'
 
-`build_task(config)` is what train.py, evaluate.py, sweep.py and the Trainer all call, so a run's
+`build_task(spec)` is what train.py, evaluate.py, sweep.py and `build_run` all call, so a run's
 saved config.json rebuilds exactly its task. Everything is checked before a model is built: rows
 (file, row / line, field), the fields the reward reads, tool names, the module's import, and a
 demonstration policy when `config.sft.steps > 0`. `task_fingerprint` hashes the task's content
