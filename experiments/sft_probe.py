@@ -32,7 +32,8 @@ _OUT = flags.DEFINE_string("out", "runs/sft_probe.json", "JSON of the probe's me
 def main(argv):
   del argv
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
-  from agentfly_jax.rl.run import evaluate, open_run
+  from agentfly_jax.rl.evaluation import evaluate
+  from agentfly_jax.rl.run import open_run
   from agentfly_jax.rl.sft_cache import run_sft, save_sft_cache
   from agentfly_jax.rl.spec import RunSpec
   from agentfly_jax.tasks.from_config import absolutize_paths, build_task

@@ -32,7 +32,8 @@ from agentfly_jax.envs.pool_metrics import env_pool_metrics, env_usage_mark
 from agentfly_jax.metrics import read_jsonl, truncate_jsonl
 from agentfly_jax.rl import checkpoints, distributed, partial_rollout, run_log, stages, throughput
 from agentfly_jax.rl.chain_failures import ChainFailureGuard
-from agentfly_jax.rl.run import Run, evaluate, new_state, open_run, rollout, rows_at
+from agentfly_jax.rl.evaluation import evaluate
+from agentfly_jax.rl.run import Run, new_state, open_run, rollout, rows_at
 from agentfly_jax.rl.sft_cache import sft_params
 from agentfly_jax.rl.turn_rewards import needs_turn_arrays
 from agentfly_jax.tools.limits import tool_counts, tool_metrics

@@ -3,7 +3,6 @@
     spec = RunSpec.from_config(config)          # at the script: the config parsed once
     run = open_run(spec, workdir)               # build_run's parts + the programs + the checkpointer
     trajs = rollout(run, rows, seed=1)          # the run's agent, sampler and rollout limits
-    metrics = evaluate(run, params)             # greedy eval on the run's eval rows (eval/*)
     state = new_state(run, params)              # a TrainState on the run's mesh
 
 `Run` holds only what is fixed for the run (nothing in it changes from step to step: the loop's
@@ -120,16 +119,4 @@ def rollout(run: Run, rows, *, sampler=None, num_chains=None, temperature=None, 
     num_chains=num_chains,
     temperature=temperature,
     seed=seed,
-  )
-
-
-def evaluate(run: Run, params, rows=None, *, seed=0) -> dict:
-  """Greedy single-chain rollout of `rows` (default the run's eval rows) -> eval/* metrics (pushes
-  `params` to the sampler unless it holds them; an async rollout's weights are put back after)."""
-  rows = rows or run.parts.eval_rows
-  return stages.evaluate(
-    run.weights,
-    params,
-    lambda: rollout(run, rows, num_chains=1, temperature=0.0, seed=seed),
-    restore=run.spec.asynchronous,
   )

@@ -3,7 +3,7 @@
     trainer = Trainer(config, workdir, task=None)   # RunSpec.from_config (the one parse) + open_run
     records = trainer.train()                       # rl/loop.train_run; trainer.state: the final TrainState
     trajs = trainer.rollout(rows)                   # the run's agent and sampler (rl/run.rollout)
-    metrics = trainer.evaluate(params)              # greedy eval (rl/run.evaluate)
+    metrics = trainer.evaluate(params)              # greedy eval (rl/evaluation.py)
 
 Scripts that already hold a RunSpec call the functions directly (experiments/train.py:
 `build_run` + `loop.train`). The run's parts are `trainer.run.parts` (tokenizer, agent, sampler,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from agentfly_jax.rl import loop, run as run_ops
+from agentfly_jax.rl import evaluation, loop, run as run_ops
 from agentfly_jax.rl.spec import RunSpec
 
 
@@ -43,7 +43,7 @@ class Trainer:
 
   def evaluate(self, params, rows=None, *, seed=0) -> dict:
     """Greedy single-chain rollout on `rows` (default the eval rows) -> eval/* metrics."""
-    return run_ops.evaluate(self.run, params, rows, seed=seed)
+    return evaluation.evaluate(self.run, params, rows, seed=seed)
 
   def new_state(self, params, optimizer=None, critic_params=None, *, sharding=None):
     """A fresh TrainState (optimizer: the run's by default), placed on the mesh."""
