@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import sys
 import threading
 import types
 from typing import Any, Callable
@@ -42,6 +44,10 @@ import trio
 from agentfly_jax.tools.trio_host import CURRENT_HOST, TrioHost
 
 STYLES = ("trio", "asyncio", "sync")
+
+# The GIL switch interval (s) while the asyncio loop thread hosts at least one chain (module docstring);
+# env AGENTFLY_ASYNCIO_SWITCH_INTERVAL overrides it, 0 leaves the interpreter's own (5 ms) alone.
+SWITCH_INTERVAL_S = float(os.environ.get("AGENTFLY_ASYNCIO_SWITCH_INTERVAL", "0.0005"))
 
 
 def _unwrap(fn):
@@ -87,8 +93,42 @@ def agent_style(agent_fn: Callable) -> str:
   return "trio" if _names_trio(agent_fn) else "asyncio"
 
 
+class _ScopedSwitchInterval:
+  """`sys.setswitchinterval(SWITCH_INTERVAL_S)` while at least one holder is in (`enter` / `exit`,
+  counted across threads and trio runs), the interval found at the first `enter` back after the
+  last `exit`. Never raises the interval (an already lower one stays), and leaves one that someone
+  else set meanwhile as they set it."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.holders = 0
+    self._saved: float | None = None  # the interval before the first holder; None: not changed
+    self._set: float | None = None  # the interval set here
+
+  def enter(self) -> None:
+    with self._lock:
+      self.holders += 1
+      if self.holders == 1 and SWITCH_INTERVAL_S > 0:
+        previous = sys.getswitchinterval()
+        if SWITCH_INTERVAL_S < previous:
+          sys.setswitchinterval(SWITCH_INTERVAL_S)
+          self._saved, self._set = previous, sys.getswitchinterval()
+
+  def exit(self) -> None:
+    with self._lock:
+      self.holders -= 1
+      if self.holders == 0 and self._saved is not None:
+        if sys.getswitchinterval() == self._set:  # not changed by someone else meanwhile
+          sys.setswitchinterval(self._saved)
+        self._saved = self._set = None
+
+
+SWITCH_INTERVAL = _ScopedSwitchInterval()
+
+
 class AsyncioAgentLoop:
-  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`)."""
+  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`); while it runs
+  any, the GIL switch interval is `SWITCH_INTERVAL_S` (module docstring)."""
 
   _instance: "AsyncioAgentLoop | None" = None
   _lock = threading.Lock()
@@ -108,6 +148,13 @@ class AsyncioAgentLoop:
   async def run(self, coro_fn: Callable, *args) -> Any:
     """Awaited in trio: `await coro_fn(*args)` as a task of the asyncio loop; its result or exception.
     Cancelled in trio: the task is cancelled and waited for (5 s at most)."""
+    SWITCH_INTERVAL.enter()
+    try:
+      return await self._run(coro_fn, *args)
+    finally:
+      SWITCH_INTERVAL.exit()
+
+  async def _run(self, coro_fn: Callable, *args) -> Any:
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     future = asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop)
