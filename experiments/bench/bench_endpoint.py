@@ -13,7 +13,9 @@
    asyncio loop thread (agents/agent_loops.py); `endpoint_trio` runs the same agent forced into
    the rollout's trio loop (`agent_loop = "trio"`): asyncio / trio is the cost of the loop thread;
    `endpoint_switch_off` is the asyncio agent again with agent_loops.SWITCH_INTERVAL_S = 0 (the
-   GIL switch interval left at the interpreter's 5 ms): the A/B of that setting. Each run's
+   GIL switch interval left at the interpreter's 5 ms): the A/B of that setting; `endpoint_httpx`
+   the asyncio agent with its client on httpx's own transport instead of aiohttp
+   (agent_loops.USE_AIOHTTP = False): the A/B of the transport. Each run's
    garbage collections are timed (gc.callbacks): a full one costs ~0.1-0.2 s here and falls in
    some runs and not others (one endpoint rollout in two or three: with the sides always in one
    order it would fall on the same sides' runs, hence the shuffle), so the table gives medians
@@ -91,11 +93,19 @@ def bench_rollout(tok, agent) -> dict:
     finally:
       agent_loops.SWITCH_INTERVAL_S = configured
 
+  def httpx_transport():  # the asyncio agent's client on httpx's own transport (httpcore over anyio)
+    configured, agent_loops.USE_AIOHTTP = agent_loops.USE_AIOHTTP, False
+    try:
+      return run_endpoint_rollout(agent, rows, openai_agent, **common)
+    finally:
+      agent_loops.USE_AIOHTTP = configured
+
   sides = {
     "builtin": lambda: run_rollout(agent, rows, **common),
     "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),  # asyncio loop thread
     "endpoint_trio": lambda: run_endpoint_rollout(agent, rows, trio_agent, **common),
     "endpoint_switch_off": switch_off,
+    "endpoint_httpx": httpx_transport,
   }
   gc_log = []  # (generation, seconds) of each garbage collection during a timed run
   gc_start = []
@@ -160,7 +170,7 @@ def bench_rollout(tok, agent) -> dict:
     r["runs_no_compile_with_full_gc"] = sum(r["full_gcs"][i] > 0 for i in clean)
   out["ratio"] = out["endpoint"]["median_s_no_compile"] / out["builtin"]["median_s_no_compile"]
   t = out["endpoint_trio"]
-  for name, suffix in (("endpoint", ""), ("endpoint_switch_off", "_switch_off")):
+  for name, suffix in (("endpoint", ""), ("endpoint_switch_off", "_switch_off"), ("endpoint_httpx", "_httpx")):
     e = out[name]
     out[f"ratio_asyncio{suffix}_vs_trio"] = e["median_s_no_compile"] / t["median_s_no_compile"]
     out[f"ratio_asyncio{suffix}_vs_trio_mean"] = e["mean_s_no_compile"] / t["mean_s_no_compile"]
@@ -275,8 +285,9 @@ def bench_overhead(tok, agent) -> dict:
 def _rollout_rows(rollout: dict) -> list[str]:
   named = [
     ("built-in (run_rollout)", "builtin"),
-    ("openai SDK via endpoint, asyncio agent (its loop thread)", "endpoint"),
+    ("openai SDK via endpoint, asyncio agent (its loop thread, aiohttp)", "endpoint"),
     ("same asyncio agent, switch interval left at 5 ms", "endpoint_switch_off"),
+    ("same asyncio agent, client on httpx's own transport (not aiohttp)", "endpoint_httpx"),
     ("same agent forced into trio", "endpoint_trio"),
   ]
   rows = [
@@ -324,7 +335,15 @@ def _ratio_lines(rollout: dict) -> list[str]:
       f"{rollout['ratio_asyncio_vs_trio_less_gc']:.2f}x. With the switch interval left at 5 ms (same runs, "
       f"interleaved): {rollout['ratio_asyncio_switch_off_vs_trio']:.2f}x (median, {off['median_s_no_compile']:.3f} s), "
       f"{rollout['ratio_asyncio_switch_off_vs_trio_mean']:.2f}x (mean), "
-      f"{rollout['ratio_asyncio_switch_off_vs_trio_less_gc']:.2f}x (less GC). A run is ~0.1-0.2 s longer when a full "
+      f"{rollout['ratio_asyncio_switch_off_vs_trio_less_gc']:.2f}x (less GC)."
+      + (
+        f" With the client on httpx's own transport: {rollout['ratio_asyncio_httpx_vs_trio']:.2f}x (median, "
+        f"{rollout['endpoint_httpx']['median_s_no_compile']:.3f} s), {rollout['ratio_asyncio_httpx_vs_trio_mean']:.2f}x "
+        f"(mean), {rollout['ratio_asyncio_httpx_vs_trio_less_gc']:.2f}x (less GC)."
+        if "ratio_asyncio_httpx_vs_trio" in rollout
+        else ""
+      )
+      + " A run is ~0.1-0.2 s longer when a full "
       "(generation 2) collection falls in it (the process holds JAX and the model: a full collection walks them all); "
       "whether one falls in a run is chance, so the walls are bimodal and medians swing with how many of each side's "
       "runs got one (column 'no-compile runs with a full GC')."
