@@ -6,8 +6,9 @@
 Why: in the asyncio loop thread httpx's own transport (httpcore) reaches sockets through anyio, and its
 HTTP/1.1 is h11 in pure Python; aiohttp speaks HTTP on asyncio's own streams with its C parser. The
 agent still gets an `openai.AsyncOpenAI` over an `httpx.AsyncClient` (the SDK needs httpx), only the
-bytes go through aiohttp. Measured (experiments/bench/bench_endpoint.py, 64 chains, GC off, quiet
-2-core machine): the asyncio agent 1.11x the same agent in trio with httpcore, 1.03x with this.
+bytes go through aiohttp. Measured on bench_endpoint's 64-chain rollout (2-core CPU): with the garbage
+collector off, httpx 1.11x / aiohttp 1.03x the same agent in trio (load ~1), 1.02x / 0.93x (load ~3);
+experiments/bench/bench_endpoint.py (GC on, 21 reps): 1.20x / 0.99x (agents/agent_loops.py).
 
 One session per transport (a chain's client): at most `max_connections` connections, kept alive; no
 proxies from the environment, no timeout (httpx's timeouts are not applied here: the chain's clients
