@@ -15,24 +15,41 @@ The rollout, the endpoint and the sampler run in trio (agents/endpoint_rollout.p
 - `def run(client, row)` (the synchronous `openai.OpenAI` client): in a worker thread per chain
   (`trio.to_thread`, under the rollout's thread limiter).
 
-Why a loop in a thread and not trio-asyncio: it needs no new package, leaves the trio endpoint and
-sampler exactly as they were (the asyncio agents' HTTP requests reach the endpoint over loopback as
-any client's do), and the agents' own Python work runs beside the trio loop instead of inside it.
-Measured (experiments/bench/bench_endpoint.py, results/bench_endpoint.md; 2-core CPU shared with other
-jobs, load 8-11): 64 chains of the lookup agent on the JAX sampler, the asyncio agent in the loop thread vs
-the same agent forced into trio, three runs of 5-9 interleaved reps: 0.80x, 1.22x (~1.0x over the runs that
-compiled nothing) and 1.29x of the median rollout wall (CPU 0.46 vs 0.61 s, 0.44 vs 0.40, 0.56 vs 0.41):
-within the machine's noise to +30 %; the two threads share the GIL, so the loop thread buys no parallelism
-here, only compatibility. Quiet machine (load ~1): 1.30x (0.55 / 0.42 s, CPU 0.66 / 0.43 s); runs of both sides
-are bimodal (~0.4 s or ~0.6 s). Each hand-over between the trio thread and the loop thread can wait for the GIL's
-switch interval (5 ms): with `sys.setswitchinterval(0.0005)` two runs gave 1.08x and 1.12x-1.18x, without it
-1.59x and 0.80x: not set here (a process-wide setting), and the <= 1.1x goal is not reliably met.
+Why a loop in a thread and not trio-asyncio: it leaves the trio endpoint and sampler exactly as they
+were (the asyncio agents' HTTP requests reach the endpoint over loopback as any client's do), and
+trio-asyncio was slower and invasive when tried (0.16.0 + greenlet installed cleanly on 3.11): the agent
+at 1.19x-1.26x the trio agent (GC off, 10 reps, load 2-5) against ~1.0x for the loop thread, and once its
+loop had run, the loop thread's chains in the same process failed (it replaces asyncio's event loop
+policy process-wide). The two threads share the GIL: the loop thread buys compatibility, not parallelism.
+
+Why the asyncio chains' HTTP goes through aiohttp (agents/aiohttp_transport.py; `USE_AIOHTTP`, env
+AGENTFLY_ASYNCIO_AIOHTTP=0 for httpx's own): the gap to the trio agent was the client's HTTP stack, not the
+thread hand-over. httpcore reaches sockets through anyio on asyncio (h11 in pure Python; on trio it uses its
+native backend); aiohttp uses asyncio's streams and its C parser. A/B with the garbage collector off
+(the ~0.1-0.2 s full collections fall in some runs and not others, making walls bimodal), 64 chains, 10-15
+interleaved reps: httpx 1.11x / aiohttp 1.03x the trio agent (load ~1), httpx 1.02x / aiohttp 0.93x (load ~3).
+
+The GIL switch interval (`SWITCH_INTERVAL_S`, env AGENTFLY_ASYNCIO_SWITCH_INTERVAL): when set, lowered only
+while the loop thread hosts a chain (counted; the last chain out restores the previous value). Off by
+default: 0.5 ms against the interpreter's 5 ms gave no consistent gain for a process-wide side effect. GC
+off: 1.11x vs 1.12x (load ~1), 0.95x vs 0.86x (load ~5); in the benchmark (21 reps, GC on, median / mean
+ratios to the trio agent): 0.99x / 1.02x vs 1.04x / 1.01x and 1.00x / 0.99x vs 1.04x / 1.03x (aiohttp,
+load 1.5-3.2), 1.07x / 0.92x vs 1.11x / 0.98x and 1.18x / 1.11x vs 0.91x / 0.95x (httpx, load 2.7-5.1).
+
+Measured (experiments/bench/bench_endpoint.py, results/bench_endpoint.md: 2-core CPU, 64 chains of the
+lookup agent on the JAX sampler, 21 shuffled interleaved reps per side, GC on, medians of the runs that
+compiled nothing): the shipped configuration (aiohttp, 5 ms) at 0.99x the trio agent in the committed run
+(0.398 / 0.403 s, means 0.99x, load 1.8 -> 2.8; httpx's own transport in the same run 1.20x, mean 1.09x),
+1.04x in two earlier runs (means 1.01x, 1.03x; load 1.5 -> 2.9, 2.2 -> 3.2): the <= 1.1x goal met in all
+three. Before (httpx, 5 ms): 1.30x on a quiet machine (9 reps, fixed order).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import sys
 import threading
 import types
 from typing import Any, Callable
@@ -42,6 +59,13 @@ import trio
 from agentfly_jax.tools.trio_host import CURRENT_HOST, TrioHost
 
 STYLES = ("trio", "asyncio", "sync")
+
+# The GIL switch interval (s) while the asyncio loop thread hosts at least one chain; 0 (the default):
+# the interpreter's own (5 ms) left alone. Env AGENTFLY_ASYNCIO_SWITCH_INTERVAL (e.g. 0.0005) sets it:
+# measured no gain here (module docstring), kept as an opt-in for machines where hand-overs wait on it.
+SWITCH_INTERVAL_S = float(os.environ.get("AGENTFLY_ASYNCIO_SWITCH_INTERVAL", "0"))
+# The asyncio chains' HTTP client sends through aiohttp (module docstring); env AGENTFLY_ASYNCIO_AIOHTTP=0: httpx's own.
+USE_AIOHTTP = os.environ.get("AGENTFLY_ASYNCIO_AIOHTTP", "1") != "0"
 
 
 def _unwrap(fn):
@@ -87,8 +111,42 @@ def agent_style(agent_fn: Callable) -> str:
   return "trio" if _names_trio(agent_fn) else "asyncio"
 
 
+class _ScopedSwitchInterval:
+  """`sys.setswitchinterval(SWITCH_INTERVAL_S)` while at least one holder is in (`enter` / `exit`,
+  counted across threads and trio runs), the interval found at the first `enter` back after the
+  last `exit`. Never raises the interval (an already lower one stays), and leaves one that someone
+  else set meanwhile as they set it."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.holders = 0
+    self._saved: float | None = None  # the interval before the first holder; None: not changed
+    self._set: float | None = None  # the interval set here
+
+  def enter(self) -> None:
+    with self._lock:
+      self.holders += 1
+      if self.holders == 1 and SWITCH_INTERVAL_S > 0:
+        previous = sys.getswitchinterval()
+        if SWITCH_INTERVAL_S < previous:
+          sys.setswitchinterval(SWITCH_INTERVAL_S)
+          self._saved, self._set = previous, sys.getswitchinterval()
+
+  def exit(self) -> None:
+    with self._lock:
+      self.holders -= 1
+      if self.holders == 0 and self._saved is not None:
+        if sys.getswitchinterval() == self._set:  # not changed by someone else meanwhile
+          sys.setswitchinterval(self._saved)
+        self._saved = self._set = None
+
+
+SWITCH_INTERVAL = _ScopedSwitchInterval()
+
+
 class AsyncioAgentLoop:
-  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`)."""
+  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`); while it runs
+  any, the GIL switch interval is `SWITCH_INTERVAL_S` (module docstring)."""
 
   _instance: "AsyncioAgentLoop | None" = None
   _lock = threading.Lock()
@@ -108,6 +166,13 @@ class AsyncioAgentLoop:
   async def run(self, coro_fn: Callable, *args) -> Any:
     """Awaited in trio: `await coro_fn(*args)` as a task of the asyncio loop; its result or exception.
     Cancelled in trio: the task is cancelled and waited for (5 s at most)."""
+    SWITCH_INTERVAL.enter()
+    try:
+      return await self._run(coro_fn, *args)
+    finally:
+      SWITCH_INTERVAL.exit()
+
+  async def _run(self, coro_fn: Callable, *args) -> Any:
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     future = asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop)
@@ -129,19 +194,24 @@ class AsyncioAgentLoop:
     return future.result()
 
 
-def _http_client(ssl_context, sync: bool = False):
+def _http_client(ssl_context, sync: bool = False, over_aiohttp: bool = False):
   """A chain's own HTTP client: one keep-alive connection to the endpoint (a pool shared by all
   chains costs O(connections) per request in httpcore), no proxies from the environment (the
-  endpoint is on loopback), no timeout (a turn takes as long as the sampler needs)."""
+  endpoint is on loopback), no timeout (a turn takes as long as the sampler needs). `over_aiohttp`
+  (asyncio chains): the bytes go through aiohttp (agents/aiohttp_transport.py, measured faster in the
+  loop thread), when aiohttp is installed."""
   import httpx
 
   cls = httpx.Client if sync else httpx.AsyncClient
-  return cls(
-    verify=ssl_context,
-    trust_env=False,
-    timeout=httpx.Timeout(None),
-    limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
-  )
+  kwargs = {"limits": httpx.Limits(max_connections=4, max_keepalive_connections=1)}
+  if over_aiohttp and USE_AIOHTTP:
+    try:
+      from agentfly_jax.agents.aiohttp_transport import AiohttpTransport
+    except ImportError:  # aiohttp not installed: httpx's own transport
+      pass
+    else:
+      kwargs = {"transport": AiohttpTransport(ssl_context, max_connections=4)}
+  return cls(verify=ssl_context, trust_env=False, timeout=httpx.Timeout(None), **kwargs)
 
 
 async def _asyncio_chain(agent_fn, row, base_url, api_key, ssl_context, timeout_s, host):
@@ -149,7 +219,7 @@ async def _asyncio_chain(agent_fn, row, base_url, api_key, ssl_context, timeout_
   import openai
 
   CURRENT_HOST.set(host)  # this task's context (and its child tasks'): Tool.acall finds the trio run
-  http = _http_client(ssl_context)
+  http = _http_client(ssl_context, over_aiohttp=True)
   client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http, max_retries=0)
   try:
     if not timeout_s:

@@ -1,16 +1,26 @@
 """The OpenAI-compatible endpoint against the built-in agent loop, on this machine.
 
-  .venv/bin/python experiments/bench_endpoint.py --reps=3 --requests=400
+  .venv/bin/python experiments/bench/bench_endpoint.py --reps=21 --requests=200 [--nooverhead]
   -> experiments/results/bench_endpoint.{json,md}
 
 1. Rollout: 64 chains (16 lookup rows x 4) with the warm-started tiny policy on the JAX sampler,
    once by the built-in agent (`run_rollout`, CompactToolCallAgent) and once by the lookup task's
    openai-SDK agent through the endpoint (`run_endpoint_rollout`): same sampler object, same
    sampling params and request seeds, so the same turns (the table says how many chains came
-   out token-identical). After one warm-up each (compilation), `--reps` timed runs, interleaved;
-   the ratio is endpoint / built-in of the medians. The endpoint agent (a plain asyncio agent) runs in
-   the asyncio loop thread (agents/agent_loops.py); `endpoint_trio` runs the same agent forced into the
-   rollout's trio loop (`agent_loop = "trio"`): asyncio / trio is the cost of the loop thread.
+   out token-identical). After one warm-up each (compilation), `--reps` timed runs, interleaved
+   (each rep in its own shuffled order, seeded); the ratio is endpoint / built-in of the medians
+   of the runs that compiled nothing. The endpoint agent (a plain asyncio agent) runs in the
+   asyncio loop thread (agents/agent_loops.py); `endpoint_trio` runs the same agent forced into
+   the rollout's trio loop (`agent_loop = "trio"`): asyncio / trio is the cost of the loop thread;
+   `endpoint_switch` is the asyncio agent again with agent_loops.SWITCH_INTERVAL_S = 0.0005 (the
+   GIL switch interval at 0.5 ms while it runs, opt-in): the A/B of that setting; `endpoint_httpx`
+   the asyncio agent with its client on httpx's own transport instead of aiohttp
+   (agent_loops.USE_AIOHTTP = False): the A/B of the transport. Each run's
+   garbage collections are timed (gc.callbacks): a full one costs ~0.1-0.2 s here and falls in
+   some runs and not others (one endpoint rollout in two or three: with the sides always in one
+   order it would fall on the same sides' runs, hence the shuffle), so the table gives medians
+   and means of the runs that compiled nothing, how many of them had a full collection, and the
+   median of wall less the run's collection pauses.
 2. Endpoint overhead per request with no generation (a sampler that answers at once with a fixed
    reply), sequential requests, p50 / p90 in ms: the endpoint's own work in-process
    (`ChatEndpoint.complete`: parse, render, tokenize, parse the reply, record), over HTTP with a
@@ -23,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -35,6 +46,7 @@ _REPS = flags.DEFINE_integer("reps", 3, "Timed rollouts per side (after one warm
 _REQUESTS = flags.DEFINE_integer("requests", 400, "Requests per overhead measurement.")
 _ROWS = flags.DEFINE_integer("rows", 16, "Lookup rows (x chains = the rollout's chains).")
 _CHAINS = flags.DEFINE_integer("chains", 4, "Chains per row.")
+_OVERHEAD = flags.DEFINE_bool("overhead", True, "Also time the per-request overhead (part 2).")
 _FROM_JSON = flags.DEFINE_bool("from_json", False, "Only re-render the .md from the saved .json.")
 _OUT = flags.DEFINE_string("out", "experiments/results/bench_endpoint", "Output path (no extension).")
 WARMSTART = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
@@ -46,7 +58,9 @@ def _pct(xs, q):
 
 
 def bench_rollout(tok, agent) -> dict:
-  from agentfly_jax.agents import run_rollout
+  import gc
+
+  from agentfly_jax.agents import agent_loops, run_rollout
   from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
   from agentfly_jax.models import from_pretrained
   from agentfly_jax.sampling import JaxSampler, SamplingParams
@@ -71,11 +85,37 @@ def bench_rollout(tok, agent) -> dict:
     return await openai_agent(client, row)
 
   trio_agent.agent_loop = "trio"
+
+  def switch_low():  # the asyncio agent with the GIL switch interval at 0.5 ms while it runs (opt-in)
+    configured, agent_loops.SWITCH_INTERVAL_S = agent_loops.SWITCH_INTERVAL_S, 0.0005
+    try:
+      return run_endpoint_rollout(agent, rows, openai_agent, **common)
+    finally:
+      agent_loops.SWITCH_INTERVAL_S = configured
+
+  def httpx_transport():  # the asyncio agent's client on httpx's own transport (httpcore over anyio)
+    configured, agent_loops.USE_AIOHTTP = agent_loops.USE_AIOHTTP, False
+    try:
+      return run_endpoint_rollout(agent, rows, openai_agent, **common)
+    finally:
+      agent_loops.USE_AIOHTTP = configured
+
   sides = {
     "builtin": lambda: run_rollout(agent, rows, **common),
     "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),  # asyncio loop thread
     "endpoint_trio": lambda: run_endpoint_rollout(agent, rows, trio_agent, **common),
+    "endpoint_switch": switch_low,
+    "endpoint_httpx": httpx_transport,
   }
+  gc_log = []  # (generation, seconds) of each garbage collection during a timed run
+  gc_start = []
+
+  def on_gc(phase, info):
+    if phase == "start":
+      gc_start.append(time.perf_counter())
+    elif gc_start:
+      gc_log.append((info["generation"], time.perf_counter() - gc_start.pop()))
+
   batches = []
   run_batch = sampler.scheduler._run_batch
 
@@ -84,7 +124,7 @@ def bench_rollout(tok, agent) -> dict:
     return run_batch(prompts, params_list)
 
   sampler.scheduler._run_batch = counting_run_batch
-  out = {k: {"wall_s": [], "cpu_s": [], "compiles": [], "batches": []} for k in sides}
+  out = {k: {"wall_s": [], "cpu_s": [], "compiles": [], "batches": [], "gc_s": [], "full_gcs": []} for k in sides}
   trajs = {}
   for name, fn in sides.items():  # warm-up: until a run compiles nothing (batch sizes vary)
     for _ in range(6):
@@ -92,15 +132,23 @@ def bench_rollout(tok, agent) -> dict:
       trajs[name] = fn()
       if sampler.trace_count == compiles:
         break
+  gc.callbacks.append(on_gc)
+  order = random.Random(0)
   for _ in range(_REPS.value):
-    for name, fn in sides.items():
+    names = list(sides)
+    order.shuffle(names)  # a fixed order would line up with the period of the full collections
+    for name in names:
+      fn = sides[name]
       compiles, t0, c0 = sampler.trace_count, time.perf_counter(), time.process_time()
-      del batches[:]
+      del batches[:], gc_log[:]
       trajs[name] = fn()
       out[name]["wall_s"].append(time.perf_counter() - t0)
       out[name]["cpu_s"].append(time.process_time() - c0)
       out[name]["compiles"].append(sampler.trace_count - compiles)
       out[name]["batches"].append(list(batches))
+      out[name]["gc_s"].append(sum(s for _, s in gc_log))
+      out[name]["full_gcs"].append(sum(g == 2 for g, _ in gc_log))
+  gc.callbacks.remove(on_gc)
   for name in sides:
     ts = trajs[name]
     out[name].update(
@@ -112,11 +160,21 @@ def bench_rollout(tok, agent) -> dict:
     )
   same = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(trajs["builtin"], trajs["endpoint"]))
   out["token_identical_chains"] = same
-  out["ratio"] = out["endpoint"]["median_s"] / out["builtin"]["median_s"]
   for name in sides:  # a run that compiled (a new sampler batch shape) is a compile time, not a rollout's
-    clean = [w for w, c in zip(out[name]["wall_s"], out[name]["compiles"]) if c == 0] or out[name]["wall_s"]
-    out[name]["median_s_no_compile"] = statistics.median(clean)
-  out["ratio_asyncio_vs_trio"] = out["endpoint"]["median_s_no_compile"] / out["endpoint_trio"]["median_s_no_compile"]
+    r = out[name]
+    clean = [i for i, c in enumerate(r["compiles"]) if c == 0] or range(len(r["wall_s"]))
+    r["median_s_no_compile"] = statistics.median(r["wall_s"][i] for i in clean)
+    r["mean_s_no_compile"] = statistics.fmean(r["wall_s"][i] for i in clean)
+    r["median_s_no_compile_less_gc"] = statistics.median(r["wall_s"][i] - r["gc_s"][i] for i in clean)
+    r["runs_no_compile"] = len(clean)
+    r["runs_no_compile_with_full_gc"] = sum(r["full_gcs"][i] > 0 for i in clean)
+  out["ratio"] = out["endpoint"]["median_s_no_compile"] / out["builtin"]["median_s_no_compile"]
+  t = out["endpoint_trio"]
+  for name, suffix in (("endpoint", ""), ("endpoint_switch", "_switch"), ("endpoint_httpx", "_httpx")):
+    e = out[name]
+    out[f"ratio_asyncio{suffix}_vs_trio"] = e["median_s_no_compile"] / t["median_s_no_compile"]
+    out[f"ratio_asyncio{suffix}_vs_trio_mean"] = e["mean_s_no_compile"] / t["mean_s_no_compile"]
+    out[f"ratio_asyncio{suffix}_vs_trio_less_gc"] = e["median_s_no_compile_less_gc"] / t["median_s_no_compile_less_gc"]
   return out
 
 
@@ -224,51 +282,108 @@ def bench_overhead(tok, agent) -> dict:
   return out
 
 
+def _rollout_rows(rollout: dict) -> list[str]:
+  named = [
+    ("built-in (run_rollout)", "builtin"),
+    ("openai SDK via endpoint, asyncio agent (its loop thread, aiohttp)", "endpoint"),
+    ("same asyncio agent, GIL switch interval 0.5 ms while it runs (opt-in)", "endpoint_switch"),
+    ("same asyncio agent, switch interval left at 5 ms", "endpoint_switch_off"),  # results before the opt-in
+    ("same asyncio agent, client on httpx's own transport (not aiohttp)", "endpoint_httpx"),
+    ("same agent forced into trio", "endpoint_trio"),
+  ]
+  rows = [
+    "| agent | median wall (s) | median, no-compile runs (s) | mean, no-compile runs (s) | runs (s) | CPU s (median) "
+    "| compilations in the runs | no-compile runs with a full GC | GC s (median) | sampler batches (median) "
+    "| turns / chain | tokens generated | reward |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for label, key in named:
+    if key not in rollout:
+      continue
+    r = rollout[key]
+    no_compile = (
+      f"{r['median_s_no_compile']:.3f} | {r['mean_s_no_compile']:.3f}"
+      if "mean_s_no_compile" in r
+      else f"{r['median_s_no_compile']:.3f} | "
+      if "median_s_no_compile" in r
+      else " | "
+    )
+    full_gc = f"{r['runs_no_compile_with_full_gc']} / {r['runs_no_compile']}" if "full_gcs" in r else ""
+    gc_s = f"{statistics.median(r['gc_s']):.3f}" if "gc_s" in r else ""
+    rows.append(
+      f"| {label} | {r['median_s']:.2f} | {no_compile} | {', '.join(f'{x:.2f}' for x in r['wall_s'])} | "
+      f"{statistics.median(r['cpu_s']):.2f} | {sum(r['compiles'])} | {full_gc} | {gc_s} | "
+      f"{statistics.median(len(x) for x in r['batches']):g} | "
+      f"{r['turns_mean']:.2f} | {r['tokens_generated']} | {r['reward_mean']:.3f} |"
+    )
+  return rows
+
+
+def _ratio_lines(rollout: dict) -> list[str]:
+  if "ratio_asyncio_vs_trio" not in rollout:
+    return []
+  e, t = rollout["endpoint"], rollout["endpoint_trio"]
+  ratio = rollout["ratio_asyncio_vs_trio"]
+  lines = [
+    f"asyncio agent / the same agent in trio: **{ratio:.2f}x** (goal <= 1.1x: "
+    f"{'met' if ratio <= 1.1 else 'not met'}; medians of the runs that compiled nothing: "
+    f"{e['median_s_no_compile']:.3f} s / {t['median_s_no_compile']:.3f} s)."
+  ]
+  if "ratio_asyncio_vs_trio_mean" in rollout:
+    low = rollout.get("endpoint_switch") or rollout["endpoint_switch_off"]  # older results: the A/B the other way
+    key = "switch" if "endpoint_switch" in rollout else "switch_off"
+    lines[0] += (
+      f" Means: {rollout['ratio_asyncio_vs_trio_mean']:.2f}x; medians of wall less the run's garbage-collection pauses: "
+      f"{rollout['ratio_asyncio_vs_trio_less_gc']:.2f}x. With the switch interval "
+      f"{'at 0.5 ms' if key == 'switch' else 'left at 5 ms'} (same runs, "
+      f"interleaved): {rollout[f'ratio_asyncio_{key}_vs_trio']:.2f}x (median, {low['median_s_no_compile']:.3f} s), "
+      f"{rollout[f'ratio_asyncio_{key}_vs_trio_mean']:.2f}x (mean), "
+      f"{rollout[f'ratio_asyncio_{key}_vs_trio_less_gc']:.2f}x (less GC)."
+      + (
+        f" With the client on httpx's own transport: {rollout['ratio_asyncio_httpx_vs_trio']:.2f}x (median, "
+        f"{rollout['endpoint_httpx']['median_s_no_compile']:.3f} s), {rollout['ratio_asyncio_httpx_vs_trio_mean']:.2f}x "
+        f"(mean), {rollout['ratio_asyncio_httpx_vs_trio_less_gc']:.2f}x (less GC)."
+        if "ratio_asyncio_httpx_vs_trio" in rollout
+        else ""
+      )
+      + " A run is ~0.1-0.2 s longer when a full "
+      "(generation 2) collection falls in it (the process holds JAX and the model: a full collection walks them all); "
+      "whether one falls in a run is chance, so the walls are bimodal and medians swing with how many of each side's "
+      "runs got one (column 'no-compile runs with a full GC')."
+    )
+  return lines + [""]
+
+
 def markdown(result: dict) -> list[str]:
   rollout, overhead = result["rollout"], result["overhead"]
   b, e = rollout["builtin"], rollout["endpoint"]
   requests = round(e["turns_mean"] * e["chains"])
-  extra_ms = 1e3 * (e["median_s"] - b["median_s"]) / max(1, requests)
-  cpu = overhead["cpu_ms_per_request"]
-  return [
+  e_s, b_s = (e.get("median_s_no_compile", e["median_s"]), b.get("median_s_no_compile", b["median_s"]))
+  extra_ms = 1e3 * (e_s - b_s) / max(1, requests)
+  lines = [
     "# The OpenAI-compatible endpoint vs the built-in agent loop",
     "",
-    f"Machine: {result['machine']}; {result['load']}. `experiments/bench_endpoint.py "
+    f"Machine: {result['machine']}; {result['load']}. `experiments/bench/bench_endpoint.py "
     f"--reps={result['reps']} --requests={result['requests']}`.",
     "",
     f"## Rollout: {b['chains']} chains of the lookup task, JAX sampler, warm-started tiny policy",
     "",
-    "| agent | median wall (s) | runs (s) | CPU s (median) | compilations in the runs | sampler batches (median) | turns / chain | tokens generated | reward |",
-    "|---|---|---|---|---|---|---|---|---|",
-    *[
-      f"| {name} | {r['median_s']:.2f} | {', '.join(f'{x:.2f}' for x in r['wall_s'])} | "
-      f"{statistics.median(r['cpu_s']):.2f} | {sum(r['compiles'])} | "
-      f"{statistics.median(len(x) for x in r['batches']):g} | "
-      f"{r['turns_mean']:.2f} | {r['tokens_generated']} | {r['reward_mean']:.3f} |"
-      for name, r in (
-        ("built-in (run_rollout)", b),
-        ("openai SDK via endpoint, asyncio agent (its loop thread)", e),
-        *((("same agent forced into trio", rollout["endpoint_trio"]),) if "endpoint_trio" in rollout else ()),
-      )
-    ],
+    *_rollout_rows(rollout),
     "",
-    *(
-      [
-        f"asyncio agent / the same agent in trio: **{rollout['ratio_asyncio_vs_trio']:.2f}x** (goal <= 1.1x; medians "
-        f"of the runs that compiled nothing: {e['median_s_no_compile']:.2f} s / "
-        f"{rollout['endpoint_trio']['median_s_no_compile']:.2f} s).",
-        "",
-      ]
-      if "ratio_asyncio_vs_trio" in rollout
-      else []
-    ),
-    f"Endpoint / built-in: **{rollout['ratio']:.2f}x** (goal <= 1.25x, not met here); chains with "
+    *_ratio_lines(rollout),
+    f"Endpoint / built-in: **{rollout['ratio']:.2f}x** (medians of the runs that compiled nothing; goal <= 1.25x, "
+    f"{'met' if rollout['ratio'] <= 1.25 else 'not met'}); chains with "
     f"token-identical trajectories: {rollout['token_identical_chains']} / {b['chains']} (same "
     "sampler, same request seeds). The endpoint's gathering (`gather_s`) gives the sampler the "
     "built-in agent's batches, so the difference is the per-request cost of the HTTP path: "
     f"{extra_ms:.1f} ms per request ({requests} requests) of wall time. The tiny policy generates "
     "a whole 64-chain turn in ~0.1 s, so that cost dominates; with a model whose turn takes "
     "seconds the same few ms per request are a small fraction.",
+  ]
+  if overhead is None:
+    return lines + ["", "(Overhead per request not measured in this run: `--nooverhead`.)"]
+  cpu = overhead["cpu_ms_per_request"]
+  return lines + [
     "",
     "## Overhead per request, no generation (sampler answers at once)",
     "",
