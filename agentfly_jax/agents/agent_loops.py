@@ -22,7 +22,7 @@ at 1.19x-1.26x the trio agent (GC off, 10 reps, load 2-5) against ~1.0x for the 
 loop had run, the loop thread's chains in the same process failed (it replaces asyncio's event loop
 policy process-wide). The two threads share the GIL: the loop thread buys compatibility, not parallelism.
 
-Why the asyncio chains' HTTP goes through aiohttp (agents/aiohttp_transport.py; `USE_AIOHTTP`, env
+Why the asyncio chains' HTTP goes through aiohttp (httpx-aiohttp's transport; `USE_AIOHTTP`, env
 AGENTFLY_ASYNCIO_AIOHTTP=0 for httpx's own): the gap to the trio agent was the client's HTTP stack, not the
 thread hand-over. httpcore reaches sockets through anyio on asyncio (h11 in pure Python; on trio it uses its
 native backend); aiohttp uses asyncio's streams and its C parser. A/B with the garbage collector off
@@ -47,6 +47,7 @@ three. Before (httpx, 5 ms): 1.30x on a quiet machine (9 reps, fixed order).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import sys
@@ -198,20 +199,37 @@ def _http_client(ssl_context, sync: bool = False, over_aiohttp: bool = False):
   """A chain's own HTTP client: one keep-alive connection to the endpoint (a pool shared by all
   chains costs O(connections) per request in httpcore), no proxies from the environment (the
   endpoint is on loopback), no timeout (a turn takes as long as the sampler needs). `over_aiohttp`
-  (asyncio chains): the bytes go through aiohttp (agents/aiohttp_transport.py, measured faster in the
-  loop thread), when aiohttp is installed."""
+  (asyncio chains, unless `USE_AIOHTTP` is off): the bytes go through aiohttp, with httpx-aiohttp's
+  transport (the one the openai SDK's `DefaultAioHttpClient` uses; measured faster in the loop thread)."""
   import httpx
 
-  cls = httpx.Client if sync else httpx.AsyncClient
-  kwargs = {"limits": httpx.Limits(max_connections=4, max_keepalive_connections=1)}
+  limits = httpx.Limits(max_connections=4, max_keepalive_connections=1)
+  kwargs = {"limits": limits}
   if over_aiohttp and USE_AIOHTTP:
-    try:
-      from agentfly_jax.agents.aiohttp_transport import AiohttpTransport
-    except ImportError:  # aiohttp not installed: httpx's own transport
-      pass
-    else:
-      kwargs = {"transport": AiohttpTransport(ssl_context, max_connections=4)}
+    kwargs = {"transport": _aiohttp_transport()(verify=ssl_context or True, trust_env=False, limits=limits)}
+  cls = httpx.Client if sync else httpx.AsyncClient
   return cls(verify=ssl_context, trust_env=False, timeout=httpx.Timeout(None), **kwargs)
+
+
+@functools.cache
+def _aiohttp_transport():
+  """httpx-aiohttp's `AiohttpTransport`, with a refused connection reported as `httpx.ConnectError`
+  (the SDK's APIConnectionError) instead of its `ConnectTimeout` (its exception map lets aiohttp's
+  ClientConnectionError entry win over ClientConnectorError's: an agent would read "timed out")."""
+  import aiohttp
+  import httpx
+  import httpx_aiohttp
+
+  class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
+    async def handle_async_request(self, request):
+      try:
+        return await super().handle_async_request(request)
+      except httpx.ConnectTimeout as e:
+        if isinstance(e.__cause__, aiohttp.ClientConnectorError) and not isinstance(e.__cause__, TimeoutError):
+          raise httpx.ConnectError(str(e), request=request) from e.__cause__
+        raise
+
+  return AiohttpTransport
 
 
 async def _asyncio_chain(agent_fn, row, base_url, api_key, ssl_context, timeout_s, host):

@@ -1,4 +1,4 @@
-"""The asyncio agents' HTTP client over aiohttp (agents/aiohttp_transport.py, agents/agent_loops.py): an
+"""The asyncio agents' HTTP client over aiohttp (httpx-aiohttp's transport, agents/agent_loops.py): an
 asyncio chain's `openai.AsyncOpenAI` sends through `AiohttpTransport` (httpx's own transport when switched
 off), the endpoint's error replies reach the agent as the SDK's errors with their status and code, and a
 refused connection is the SDK's connection error. (Real hypercorn endpoint on loopback; scripted sampler.)"""
