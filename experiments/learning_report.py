@@ -14,8 +14,8 @@ comes from the config and the wall clock only.
 Writes experiments/results/learning/<name>/: seed<k>/metrics.jsonl, report.json (per-seed test
 before -> after, counted step, wall, machine), dev_success.png (greedy dev success per step per
 seed and their mean); then re-renders experiments/results/LEARNING.md from every report.json.
-`--algos=a,b,...`: one report per algorithm (`<name>_<algo>`, config.algo overridden), the
-algorithm-comparison table. Workdirs (checkpoints) go to runs/learning/<name>/ (git-ignored).
+`--algos=a,b,...`: one report per algorithm (`algos_<task>_<algo>`, or `algos_<x>_<algo>` for a
+config named `algos_<x>_<config.algo>`; config.algo overridden), the algorithm-comparison table. Workdirs (checkpoints) go to runs/learning/<name>/ (git-ignored).
 """
 
 import json
@@ -101,12 +101,16 @@ def run_seed(config, seed: int, workdir: str, out_dir: str) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   shutil.copy(os.path.join(workdir, "metrics.jsonl"), os.path.join(out_dir, "metrics.jsonl"))
   dev = [(r["step"], r["eval/success_rate"]) for r in records if isinstance(r.get("eval/success_rate"), (int, float))]
+  dev_reward = [
+    (r["step"], r["eval/reward_mean"]) for r in records if isinstance(r.get("eval/reward_mean"), (int, float))
+  ]
   result = {
     "seed": seed,
     "counted_step": step,
     "test_before": before,
     "test_after": after,
     "dev_greedy_success": dev,
+    "dev_greedy_reward": dev_reward,
     "train_wall_s": train_wall,
     "total_wall_s": time.time() - t0,
   }
@@ -124,14 +128,15 @@ def plot_dev(report: dict, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  metric = report.get("metric", "success")  # reward: the dev curve of the mean reward (F1 for QA)
   fig, ax = plt.subplots(figsize=(6, 3.5))
-  curves = [dict(s["dev_greedy_success"]) for s in report["seeds"]]
+  curves = [dict(s[f"dev_greedy_{metric}"]) for s in report["seeds"]]
   for s, c in zip(report["seeds"], curves):
     ax.plot(list(c), list(c.values()), marker=".", alpha=0.5, label=f"seed {s['seed']}")
   common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
   ax.plot(common, [statistics.mean(c[k] for c in curves) for k in common], color="k", lw=2, label="mean")
   ax.set_xlabel("RL step")
-  ax.set_ylabel("greedy dev success")
+  ax.set_ylabel(f"greedy dev {metric}")
   ax.set_title(report["name"])
   ax.set_ylim(-0.05, 1.05)
   ax.legend(fontsize=7)
@@ -145,8 +150,10 @@ def _mean_std(xs: list[float]) -> str:
 
 
 def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
-  """Mean (± std over seeds) of the sampled (T=1) rollout success over RL steps 1..last_step, read
-  from each seed's metrics.jsonl: how fast a run learns where the final scores all saturate."""
+  """Mean (± std over seeds) of the sampled (T=1) rollout success (the mean reward for a
+  `--metric=reward` report) over RL steps 1..last_step, read from each seed's metrics.jsonl: how
+  fast a run learns where the final scores all saturate."""
+  key = "rollout/reward_mean" if r.get("metric", "success") == "reward" else "rollout/success_rate"
   means = []
   for s in r["seeds"]:
     path = os.path.join(out_root, r["name"], f"seed{s['seed']}", "metrics.jsonl")
@@ -154,9 +161,7 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
       return "-"
     with open(path) as f:
       records = [json.loads(line) for line in f if line.strip()]
-    xs = [
-      x["rollout/success_rate"] for x in records if 0 < x.get("step", 0) <= last_step and "rollout/success_rate" in x
-    ]
+    xs = [x[key] for x in records if 0 < x.get("step", 0) <= last_step and key in x]
     if not xs:
       return "-"
     means.append(statistics.mean(xs))
@@ -180,7 +185,7 @@ def report_row(r: dict, out_root: str = "") -> str:
 
 _HEADER = (
   "| config | algo | RL steps | seeds | test rows | test before (step 0) | test after (counted step) | "
-  "after - before | per seed | sampled success, RL steps 1-10 | min / seed | machine |\n"
+  "after - before | per seed | sampled success (reward rows: reward), RL steps 1-10 | min / seed | machine |\n"
   "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -205,6 +210,11 @@ def render_table(out_root: str, table: str) -> None:
       with open(path) as f:
         reports.append(json.load(f))
   main_rows = [report_row(r, out_root) for r in reports if not r.get("comparison")]
+  note_path = os.path.join(out_root, "ALGOS_NOTE.md")  # hand-written: what the comparison rows show
+  algo_note = ""
+  if os.path.exists(note_path):
+    with open(note_path) as f:
+      algo_note = f.read().strip()
   algo_rows = [report_row(r, out_root) for r in reports if r.get("comparison")]
   text = [
     "# Learning evidence (experiments/learning_report.py)",
@@ -213,7 +223,8 @@ def render_table(out_root: str, table: str) -> None:
     "the final evaluation reads; dev rows drive the evals during training), before RL (step 0: after the SFT warm",
     "start) and at the counted checkpoint (the config's `eval.counted_checkpoint` rule, fixed before the run).",
     "Mean ± std over seeds.",
-    "'sampled success, RL steps 1-10': the T=1 rollouts' success in the first 10 steps (how fast a run learns).",
+    "'sampled success, RL steps 1-10': the T=1 rollouts' success (mean reward in a reward row) in the first 10",
+    "steps (how fast a run learns).",
     "Wall times are from a 2-core CPU shared with other engineers' jobs: not comparable between rows.",
     "Rendered from experiments/results/learning/*/report.json.",
     "",
@@ -227,6 +238,7 @@ def render_table(out_root: str, table: str) -> None:
     _HEADER,
     *algo_rows,
     "",
+    *([algo_note, ""] if algo_note else []),
     _NOT_RUN,
   ]
   with open(table, "w") as f:
@@ -264,17 +276,22 @@ def run_report(config, name: str, comparison: bool) -> None:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from agentfly_jax.rl.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
   config = _CONFIG.value
   enable_compile_cache(config.train.compile_cache)
   if not _ALGOS.value:
     run_report(config, config.name, comparison=False)
     return
+  # a config named "algos_<x>_<algo>" (a comparison's own config) names its reports "algos_<x>_<algo>";
+  # any other config "algos_<task>_<algo>"
+  base = config.name.removesuffix(f"_{config.algo}")
+  base = base if base.startswith("algos_") else f"algos_{config.task}"
   for algo in _ALGOS.value:
     c = config.copy_and_resolve_references()
     c.algo = algo
-    run_report(c, f"algos_{config.task}_{algo}", comparison=True)
+    c.name = f"{base}_{algo}"
+    run_report(c, c.name, comparison=True)
 
 
 if __name__ == "__main__":
