@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import json
@@ -43,9 +44,21 @@ def run_train(workdir, *overrides: str, timeout: float = 600) -> list[dict]:
 
 @functools.lru_cache(maxsize=None)  # loaded once: a script's absl flags may be defined only once
 def load_script(relative_path: str):
-  """A script of the repository (e.g. "experiments/sweep.py") as a module, not run."""
+  """A script of the repository (e.g. "experiments/sweep.py") as a module, not run. Flags it defines
+  that another loaded script defined already (both define --config: absl's flags are global) are
+  taken out of absl's FLAGS first: tests call the scripts' functions, not their mains."""
+  from absl import flags
+
   name = os.path.splitext(os.path.basename(relative_path))[0]
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relative_path))
+  path = os.path.join(ROOT, relative_path)
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    callee = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+    defines = getattr(callee, "attr", getattr(callee, "id", "")).startswith("DEFINE")
+    if defines and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in flags.FLAGS:
+      delattr(flags.FLAGS, node.args[0].value)
+  spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
