@@ -29,9 +29,8 @@ native backend); aiohttp uses asyncio's streams and its C parser. A/B with the g
 (the ~0.1-0.2 s full collections fall in some runs and not others, making walls bimodal), 64 chains, 10-15
 interleaved reps: httpx 1.11x / aiohttp 1.03x the trio agent (load ~1), httpx 1.02x / aiohttp 0.93x (load ~3).
 
-The GIL switch interval (`SWITCH_INTERVAL_S`, env AGENTFLY_ASYNCIO_SWITCH_INTERVAL): when set, lowered only
-while the loop thread hosts a chain (counted; the last chain out restores the previous value). Off by
-default: 0.5 ms against the interpreter's 5 ms gave no consistent gain for a process-wide side effect. GC
+Why the GIL switch interval is left alone: lowering it to 0.5 ms while the loop thread hosts a chain (a
+scoped, counted setting, tried and removed) gave no consistent gain against the interpreter's 5 ms. GC
 off: 1.11x vs 1.12x (load ~1), 0.95x vs 0.86x (load ~5); in the benchmark (21 reps, GC on, median / mean
 ratios to the trio agent): 0.99x / 1.02x vs 1.04x / 1.01x and 1.00x / 0.99x vs 1.04x / 1.03x (aiohttp,
 load 1.5-3.2), 1.07x / 0.92x vs 1.11x / 0.98x and 1.18x / 1.11x vs 0.91x / 0.95x (httpx, load 2.7-5.1).
@@ -52,7 +51,6 @@ import asyncio
 import functools
 import inspect
 import os
-import sys
 import threading
 import types
 from typing import Any, Callable
@@ -63,10 +61,6 @@ from agentfly_jax.tools.trio_host import CURRENT_HOST, TrioHost
 
 STYLES = ("trio", "asyncio", "sync")
 
-# The GIL switch interval (s) while the asyncio loop thread hosts at least one chain; 0 (the default):
-# the interpreter's own (5 ms) left alone. Env AGENTFLY_ASYNCIO_SWITCH_INTERVAL (e.g. 0.0005) sets it:
-# measured no gain here (module docstring), kept as an opt-in for machines where hand-overs wait on it.
-SWITCH_INTERVAL_S = float(os.environ.get("AGENTFLY_ASYNCIO_SWITCH_INTERVAL", "0"))
 # The asyncio chains' HTTP client sends through aiohttp (module docstring); env AGENTFLY_ASYNCIO_AIOHTTP=0: httpx's own.
 USE_AIOHTTP = os.environ.get("AGENTFLY_ASYNCIO_AIOHTTP", "1") != "0"
 
@@ -114,42 +108,8 @@ def agent_style(agent_fn: Callable) -> str:
   return "trio" if _names_trio(agent_fn) else "asyncio"
 
 
-class _ScopedSwitchInterval:
-  """`sys.setswitchinterval(SWITCH_INTERVAL_S)` while at least one holder is in (`enter` / `exit`,
-  counted across threads and trio runs), the interval found at the first `enter` back after the
-  last `exit`. Never raises the interval (an already lower one stays), and leaves one that someone
-  else set meanwhile as they set it."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self.holders = 0
-    self._saved: float | None = None  # the interval before the first holder; None: not changed
-    self._set: float | None = None  # the interval set here
-
-  def enter(self) -> None:
-    with self._lock:
-      self.holders += 1
-      if self.holders == 1 and SWITCH_INTERVAL_S > 0:
-        previous = sys.getswitchinterval()
-        if SWITCH_INTERVAL_S < previous:
-          sys.setswitchinterval(SWITCH_INTERVAL_S)
-          self._saved, self._set = previous, sys.getswitchinterval()
-
-  def exit(self) -> None:
-    with self._lock:
-      self.holders -= 1
-      if self.holders == 0 and self._saved is not None:
-        if sys.getswitchinterval() == self._set:  # not changed by someone else meanwhile
-          sys.setswitchinterval(self._saved)
-        self._saved = self._set = None
-
-
-SWITCH_INTERVAL = _ScopedSwitchInterval()
-
-
 class AsyncioAgentLoop:
-  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`); while it runs
-  any, the GIL switch interval is `SWITCH_INTERVAL_S` (module docstring)."""
+  """One asyncio event loop in a daemon thread, running asyncio agents' chains (`run`)."""
 
   _instance: "AsyncioAgentLoop | None" = None
   _lock = threading.Lock()
@@ -169,13 +129,6 @@ class AsyncioAgentLoop:
   async def run(self, coro_fn: Callable, *args) -> Any:
     """Awaited in trio: `await coro_fn(*args)` as a task of the asyncio loop; its result or exception.
     Cancelled in trio: the task is cancelled and waited for (5 s at most)."""
-    SWITCH_INTERVAL.enter()
-    try:
-      return await self._run(coro_fn, *args)
-    finally:
-      SWITCH_INTERVAL.exit()
-
-  async def _run(self, coro_fn: Callable, *args) -> Any:
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     future = asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop)

@@ -12,9 +12,7 @@
    of the runs that compiled nothing. The endpoint agent (a plain asyncio agent) runs in the
    asyncio loop thread (agents/agent_loops.py); `endpoint_trio` runs the same agent forced into
    the rollout's trio loop (`agent_loop = "trio"`): asyncio / trio is the cost of the loop thread;
-   `endpoint_switch` is the asyncio agent again with agent_loops.SWITCH_INTERVAL_S = 0.0005 (the
-   GIL switch interval at 0.5 ms while it runs, opt-in): the A/B of that setting; `endpoint_httpx`
-   the asyncio agent with its client on httpx's own transport instead of aiohttp
+   `endpoint_httpx` the asyncio agent with its client on httpx's own transport instead of aiohttp
    (agent_loops.USE_AIOHTTP = False): the A/B of the transport. Each run's
    garbage collections are timed (gc.callbacks): a full one costs ~0.1-0.2 s here and falls in
    some runs and not others (one endpoint rollout in two or three: with the sides always in one
@@ -86,13 +84,6 @@ def bench_rollout(tok, agent) -> dict:
 
   trio_agent.agent_loop = "trio"
 
-  def switch_low():  # the asyncio agent with the GIL switch interval at 0.5 ms while it runs (opt-in)
-    configured, agent_loops.SWITCH_INTERVAL_S = agent_loops.SWITCH_INTERVAL_S, 0.0005
-    try:
-      return run_endpoint_rollout(agent, rows, openai_agent, **common)
-    finally:
-      agent_loops.SWITCH_INTERVAL_S = configured
-
   def httpx_transport():  # the asyncio agent's client on httpx's own transport (httpcore over anyio)
     configured, agent_loops.USE_AIOHTTP = agent_loops.USE_AIOHTTP, False
     try:
@@ -104,7 +95,6 @@ def bench_rollout(tok, agent) -> dict:
     "builtin": lambda: run_rollout(agent, rows, **common),
     "endpoint": lambda: run_endpoint_rollout(agent, rows, openai_agent, **common),  # asyncio loop thread
     "endpoint_trio": lambda: run_endpoint_rollout(agent, rows, trio_agent, **common),
-    "endpoint_switch": switch_low,
     "endpoint_httpx": httpx_transport,
   }
   gc_log = []  # (generation, seconds) of each garbage collection during a timed run
@@ -170,7 +160,7 @@ def bench_rollout(tok, agent) -> dict:
     r["runs_no_compile_with_full_gc"] = sum(r["full_gcs"][i] > 0 for i in clean)
   out["ratio"] = out["endpoint"]["median_s_no_compile"] / out["builtin"]["median_s_no_compile"]
   t = out["endpoint_trio"]
-  for name, suffix in (("endpoint", ""), ("endpoint_switch", "_switch"), ("endpoint_httpx", "_httpx")):
+  for name, suffix in (("endpoint", ""), ("endpoint_httpx", "_httpx")):
     e = out[name]
     out[f"ratio_asyncio{suffix}_vs_trio"] = e["median_s_no_compile"] / t["median_s_no_compile"]
     out[f"ratio_asyncio{suffix}_vs_trio_mean"] = e["mean_s_no_compile"] / t["mean_s_no_compile"]
@@ -286,7 +276,7 @@ def _rollout_rows(rollout: dict) -> list[str]:
   named = [
     ("built-in (run_rollout)", "builtin"),
     ("openai SDK via endpoint, asyncio agent (its loop thread, aiohttp)", "endpoint"),
-    ("same asyncio agent, GIL switch interval 0.5 ms while it runs (opt-in)", "endpoint_switch"),
+    ("same asyncio agent, GIL switch interval 0.5 ms while it runs (results of the removed A/B)", "endpoint_switch"),
     ("same asyncio agent, switch interval left at 5 ms", "endpoint_switch_off"),  # results before the opt-in
     ("same asyncio agent, client on httpx's own transport (not aiohttp)", "endpoint_httpx"),
     ("same agent forced into trio", "endpoint_trio"),
@@ -330,15 +320,19 @@ def _ratio_lines(rollout: dict) -> list[str]:
     f"{e['median_s_no_compile']:.3f} s / {t['median_s_no_compile']:.3f} s)."
   ]
   if "ratio_asyncio_vs_trio_mean" in rollout:
-    low = rollout.get("endpoint_switch") or rollout["endpoint_switch_off"]  # older results: the A/B the other way
-    key = "switch" if "endpoint_switch" in rollout else "switch_off"
+    key = next((k for k in ("switch", "switch_off") if f"endpoint_{k}" in rollout), None)  # older results' A/B
     lines[0] += (
       f" Means: {rollout['ratio_asyncio_vs_trio_mean']:.2f}x; medians of wall less the run's garbage-collection pauses: "
-      f"{rollout['ratio_asyncio_vs_trio_less_gc']:.2f}x. With the switch interval "
-      f"{'at 0.5 ms' if key == 'switch' else 'left at 5 ms'} (same runs, "
-      f"interleaved): {rollout[f'ratio_asyncio_{key}_vs_trio']:.2f}x (median, {low['median_s_no_compile']:.3f} s), "
-      f"{rollout[f'ratio_asyncio_{key}_vs_trio_mean']:.2f}x (mean), "
-      f"{rollout[f'ratio_asyncio_{key}_vs_trio_less_gc']:.2f}x (less GC)."
+      f"{rollout['ratio_asyncio_vs_trio_less_gc']:.2f}x."
+      + (
+        f" With the switch interval {'at 0.5 ms' if key == 'switch' else 'left at 5 ms'} (same runs, interleaved): "
+        f"{rollout[f'ratio_asyncio_{key}_vs_trio']:.2f}x (median, "
+        f"{rollout[f'endpoint_{key}']['median_s_no_compile']:.3f} s), "
+        f"{rollout[f'ratio_asyncio_{key}_vs_trio_mean']:.2f}x (mean), "
+        f"{rollout[f'ratio_asyncio_{key}_vs_trio_less_gc']:.2f}x (less GC)."
+        if key
+        else ""
+      )
       + (
         f" With the client on httpx's own transport: {rollout['ratio_asyncio_httpx_vs_trio']:.2f}x (median, "
         f"{rollout['endpoint_httpx']['median_s_no_compile']:.3f} s), {rollout['ratio_asyncio_httpx_vs_trio_mean']:.2f}x "
