@@ -59,6 +59,7 @@ def test_table_rows_are_mean_and_std_over_seeds_from_the_reports(report, tmp_pat
   )
   assert "algos_task_ppo" in algos_part and "algos_task_ppo" not in seeds_part
   assert "not run" in algos_part  # the SmolLM2 goals are marked, not filled in
+  assert "| task_grpo (success) | grpo | 4 | 2 |" in seeds_part  # no seeds_planned: the seeds run
 
 
 def test_shop_config_defaults_are_attempt_u_recipe():
@@ -81,3 +82,41 @@ def test_shop_config_defaults_are_attempt_u_recipe():
   assert c.train.steps == 6  # u's counted step (planned 8, stopped at 6: the chains drift to the turn cap after)
   assert c.eval.counted_checkpoint == "last_within_budget" and c.eval.budget_minutes > 0
   validate_config(c)
+
+
+def _seed(seed, before, after, minutes=60):
+  return {
+    "seed": seed,
+    "test_before": {"success": before, "reward": before, "rows": 8},
+    "test_after": {"success": after, "reward": after, "rows": 8},
+    "train_wall_s": minutes * 60,
+  }
+
+
+def test_goal_status_counts_seeds_and_applies_the_goal(report):
+  assert report.goal_status(None, "success", 0.15, True) == "**not run**"
+  one = report.goal_status({"seeds": [_seed(1, 0.1, 0.4)]}, "success", 0.15, True)
+  assert one.startswith("**1 of 3 seeds run** (open)") and "+0.300" in one
+  three = {"seeds": [_seed(1, 0.1, 0.4), _seed(2, 0.1, 0.3), _seed(3, 0.2, 0.3)]}
+  assert report.goal_status(three, "success", 0.15, True).startswith("**met** over 3 seeds")
+  assert report.goal_status(three, "success", 0.25, True).startswith("**not met**")  # mean +0.200
+  one_negative = {"seeds": [_seed(1, 0.1, 0.9), _seed(2, 0.1, 0.5), _seed(3, 0.3, 0.2)]}
+  assert report.goal_status(one_negative, "success", 0.15, True).startswith("**not met**")  # a seed fell
+  assert report.goal_status(one_negative, "success", 0.15, False).startswith("**met**")
+  slow = {"seeds": [_seed(1, 0.1, 0.4), _seed(2, 0.1, 0.4), _seed(3, 0.1, 0.4, minutes=95)]}
+  assert report.goal_status(slow, "success", 0.15, True).startswith("**not met**")  # over 90 min a seed
+
+
+def test_a_seed_is_kept_only_for_the_config_it_ran(report, tmp_path):
+  c = default_config()
+  c.seed = 7
+  os.makedirs(tmp_path / "seed7")
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) is None  # not run
+  result = {"seed": 7, "config_hash": report.config_hash(report.seed_config(c, 7), 8)}
+  (tmp_path / "seed7" / "test.json").write_text(json.dumps(result))
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) == result
+  changed = c.copy_and_resolve_references()
+  changed.train.lr = c.train.lr * 2
+  assert report.kept_seed(changed, 7, str(tmp_path / "seed7"), 8) is None  # another recipe: run again
+  assert report.kept_seed(c, 8, str(tmp_path / "seed7"), 8) is None  # another seed's config
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 64) is None  # other test rows
