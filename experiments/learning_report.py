@@ -18,6 +18,7 @@ seed and their mean); then re-renders experiments/results/LEARNING.md from every
 config named `algos_<x>_<config.algo>`; config.algo overridden), the algorithm-comparison table. Workdirs (checkpoints) go to runs/learning/<name>/ (git-ignored).
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -222,10 +223,21 @@ _HEADER = (
   "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
-# The issue's SmolLM2-135M-Instruct goals: (report name, metric, goal on the mean test delta, every seed
-# positive?, command). The status is computed from the reports; a goal with fewer than 3 seeds is open.
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+  """One of the issue's SmolLM2-135M-Instruct goals, judged from its report (`goal_status`)."""
+
+  report: str  # the report's name (the config's name)
+  metric: str  # "success" or "reward" (F1 for QA)
+  target: float  # the mean change over the seeds on the locked test split must reach this
+  every_seed_positive: bool
+  text: str
+  flags: str  # learning_report.py's flags that run it
+
+
 GOALS = (
-  (
+  Goal(
     "smollm2_multihop_2hop_sft_grpo",
     "reward",
     0.2,
@@ -233,7 +245,7 @@ GOALS = (
     "multi-hop retrieval F1 +0.2, <= 90 min a seed",
     "--config=configs/smollm2_multihop_2hop_sft_grpo.py --seeds=3 --metric=reward",
   ),
-  (
+  Goal(
     "smollm2_webshop_sft_grpo",
     "success",
     0.15,
@@ -263,9 +275,9 @@ def goal_status(report: dict | None, metric: str, goal: float, every_seed_positi
 
 def goals_section(reports: dict) -> str:
   rows = [
-    f"| {text} | {goal_status(reports.get(name), metric, goal, positive)} | "
-    f"`.venv/bin/python experiments/learning_report.py {flags_}` |"
-    for name, metric, goal, positive, text, flags_ in GOALS
+    f"| {g.text} | {goal_status(reports.get(g.report), g.metric, g.target, g.every_seed_positive)} | "
+    f"`.venv/bin/python experiments/learning_report.py {g.flags}` |"
+    for g in GOALS
   ]
   return "\n".join(
     [
