@@ -7,7 +7,7 @@ lookup policy often learns to ramble in its answer turn after a few steps (the t
 max_tokens_per_turn, sampled success falls back to 0.0-0.2 by step 12, once the greedy policy too),
 with or without partial rollouts (measured 2026-11-29 on this 2-core CPU, 12 steps, max_staleness 1:
 async without partial 1 of 3 seeds, partial 4 of 6 runs; synchronous runs and max_staleness 0 none).
-At 3e-4 it is rarer (1 of 4 partial seeds; seed 0, this test's, never). It is the recipe's, made more
+At 3e-4 the greedy policy failed in 1 of 4 partial seeds (rambling came in 3; seed 0, this test's, none). It is the recipe's, made more
 frequent by staleness: an exactly on-policy partial run (max_staleness 0) rambled once too;
 experiments/results/partial_stability.md."""
 
