@@ -102,7 +102,8 @@ def seed_config(config, seed: int):
 
 
 def config_hash(config, test_rows: int) -> str:
-  """A seed's identity: the hash of its whole resolved config and the number of test rows."""
+  """A seed's identity: the hash of its whole resolved config and the number of test rows (paths in
+  the config count as written: a clone moved elsewhere re-runs seeds whose config holds its absolute path)."""
   text = json.dumps({"config": json.loads(config.to_json_best_effort(sort_keys=True)), "test_rows": test_rows})
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
