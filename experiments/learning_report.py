@@ -298,6 +298,14 @@ def goals_section(reports: dict) -> str:
   )
 
 
+def _hand_note(out_root: str, name: str) -> str:
+  path = os.path.join(out_root, name)
+  if not os.path.exists(path):
+    return ""
+  with open(path) as f:
+    return f.read().strip()
+
+
 def render_table(out_root: str, table: str) -> None:
   reports = []
   for name in sorted(os.listdir(out_root)):
@@ -306,11 +314,8 @@ def render_table(out_root: str, table: str) -> None:
       with open(path) as f:
         reports.append(json.load(f))
   main_rows = [report_row(r, out_root) for r in reports if not r.get("comparison")]
-  note_path = os.path.join(out_root, "ALGOS_NOTE.md")  # hand-written: what the comparison rows show
-  algo_note = ""
-  if os.path.exists(note_path):
-    with open(note_path) as f:
-      algo_note = f.read().strip()
+  seeds_note = _hand_note(out_root, "SEEDS_NOTE.md")  # hand-written: what the seeds rows show and do not
+  algo_note = _hand_note(out_root, "ALGOS_NOTE.md")  # hand-written: what the comparison rows show
   algo_rows = [report_row(r, out_root) for r in reports if r.get("comparison")]
   text = [
     "# Learning evidence (experiments/learning_report.py)",
@@ -329,6 +334,7 @@ def render_table(out_root: str, table: str) -> None:
     _HEADER,
     *main_rows,
     "",
+    *([seeds_note, ""] if seeds_note else []),
     "## Algorithms on one environment (after the AgentFly paper's comparison)",
     "",
     _HEADER,

@@ -50,9 +50,12 @@ def test_table_rows_are_mean_and_std_over_seeds_from_the_reports(report, tmp_pat
     os.makedirs(tmp_path / name)
     with open(tmp_path / name / "report.json", "w") as f:
       json.dump({"name": name, "algo": "grpo", "steps": 4, "comparison": comparison, "machine": "m", "seeds": seeds}, f)
+  (tmp_path / "SEEDS_NOTE.md").write_text("### What the seeds rows do not show\n")
+  (tmp_path / "ALGOS_NOTE.md").write_text("### What the comparison shows\n")
   report.render_table(str(tmp_path), str(tmp_path / "L.md"))
   text = (tmp_path / "L.md").read_text()
   seeds_part, algos_part = text.split("## Algorithms")
+  assert "What the seeds rows do not show" in seeds_part and "What the comparison shows" in algos_part
   assert (
     "| task_grpo (success) | grpo | 4 | 2 | 8 | 0.000 ± 0.000 | 0.750 ± 0.354 | 0.750 ± 0.354 | 0.00->0.50, 0.00->1.00 |"
     in seeds_part
