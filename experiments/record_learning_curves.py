@@ -1,7 +1,7 @@
 """Record learning curves of several algorithms on the lookup task (shared warm start).
 
   .venv/bin/python experiments/record_learning_curves.py --algos=grpo,ppo,rloo,reinforce_pp \
-      --steps=40 --out=experiments/results/learning
+      --steps=40 --out=runs/learning_curves
 
 Each algorithm trains from the same shipped warm-started policy (experiments/make_warmstart.py,
 `model.pretrained` in configs/lookup_*.py); writes <out>/<algo>/metrics.jsonl + reward.png, a combined plot
@@ -21,7 +21,7 @@ from absl import app, flags, logging  # noqa: E402
 
 _ALGOS = flags.DEFINE_list("algos", ["grpo", "ppo", "rloo", "reinforce_pp"], "Algorithms to run.")
 _STEPS = flags.DEFINE_integer("steps", 40, "RL steps per algorithm.")
-_OUT = flags.DEFINE_string("out", "experiments/results/learning", "Output folder.")
+_OUT = flags.DEFINE_string("out", "runs/learning_curves", "Output folder.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 
 

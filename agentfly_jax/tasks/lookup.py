@@ -1,11 +1,16 @@
 """The demo task: answer a question whose answer only a tool observation holds.
 
-'Find the code of key "fox".' — a key is one of 64 words; its code is a fixed hash of the key
-into a 32-word list, so it cannot be guessed (1/32) and a short run does not memorise the table:
-the policy must call `lookup(key=...)`, read the observation ("The code is <word>."), and state
-it in its next turn (multi-turn; learns only from its own tokens). Keys and observations are
-formatted so that copying them is a token-for-token copy (one token for the key: a two-word key
-made the tiny policy's copy ambiguous after the `"` token that also opens the JSON strings).
+'Find the code of key "ka-ro-mi".' — a key is three of 12 syllables (1,728 keys: 64 test, 64 dev,
+1,600 train); its code is a fixed hash of the key into a 32-word list, so it cannot be guessed
+(1/32) and the dev and test keys' codes are never seen in training: the policy must call
+`lookup(key=...)`, read the observation ("The code is <word>."), and state it in its next turn
+(multi-turn; learns only from its own tokens). Keys and observations are formatted so that copying
+them is a token-for-token copy at fixed offsets (a key is always 5 tokens: syllable, '-', syllable,
+'-', syllable). Why syllables, not words: with one word a key, a key of the dev or test split is a
+token the warm start never wrote, and a tiny policy that practised the copy on the train keys only
+copied 0 of 12 such keys into its call (40 train words; 11 % of dev rows right with 360 made-up
+train words after 550 SFT steps); the earlier warm start copied them only because its SFT had seen
+every key, the test keys included.
 
 `scripted_response(prompt_text, use_tool, rng)` is the demonstration policy used for the SFT warm
 start. It uses the tool only part of the time, so the warm-started policy mostly answers without
@@ -59,76 +64,15 @@ WORDS = (
   "meadow",
 )
 
-KEY_WORDS = (
-  "red",
-  "blue",
-  "green",
-  "gold",
-  "gray",
-  "pink",
-  "black",
-  "white",
-  "brown",
-  "silver",
-  "dark",
-  "pale",
-  "wild",
-  "calm",
-  "swift",
-  "quiet",
-  "bold",
-  "tiny",
-  "grand",
-  "old",
-  "young",
-  "bright",
-  "soft",
-  "hard",
-  "warm",
-  "cold",
-  "sharp",
-  "round",
-  "flat",
-  "tall",
-  "short",
-  "deep",
-)
-KEY_NOUNS = (
-  "fox",
-  "owl",
-  "bear",
-  "wolf",
-  "hawk",
-  "deer",
-  "lynx",
-  "seal",
-  "crab",
-  "moth",
-  "frog",
-  "hare",
-  "crow",
-  "duck",
-  "goat",
-  "lamb",
-  "mole",
-  "newt",
-  "puma",
-  "swan",
-  "toad",
-  "wasp",
-  "yak",
-  "eel",
-  "elk",
-  "ant",
-  "bat",
-  "cat",
-  "dog",
-  "hen",
-  "pig",
-  "ram",
-)
+SYLLABLES = ("ka", "ro", "mi", "tu", "ne", "so", "pa", "li", "de", "fu", "ba", "zo")
 
-KEYS = KEY_WORDS + KEY_NOUNS
+
+def _all_keys() -> tuple[str, ...]:
+  """Every key: three of the 12 syllables joined by '-' ("ka-ro-mi"): 1,728 keys."""
+  return tuple(f"{a}-{b}-{c}" for a in SYLLABLES for b in SYLLABLES for c in SYLLABLES)
+
+
+KEYS = _all_keys()
 
 SYSTEM_PROMPT = "Use the lookup tool to find codes."
 
@@ -144,7 +88,7 @@ def lookup(key: str) -> str:
   """Looks up the secret code of a key.
 
   Args:
-    key: the key, a 4-digit number.
+    key: the key, three syllables joined by '-' (e.g. "ka-ro-mi").
   """
   key = str(key).strip()
   if key not in KEYS:
@@ -165,14 +109,22 @@ def code_match(prediction: str, answer: str) -> dict:
 
 
 def _split_keys() -> dict[str, tuple[str, ...]]:
-  """The keys of each split: KEYS ordered by a fixed hash, 12 test, 12 dev, the other 40 train.
+  """The keys of each split: KEYS ordered by a fixed hash, 64 test, 64 dev, the other 1,600 train.
   A key's code is a fixed function of the key, so a policy could memorise the training keys'
-  codes; the dev and test keys (and so their codes' key -> code pairs) never occur in training."""
+  codes; the dev and test keys (and so their key -> code pairs) never occur in training, nor in the
+  warm start's SFT demonstrations (make_rows). Every syllable occurs in the training keys at every
+  place, so copying a new key is copying tokens the policy has written before."""
   order = sorted(KEYS, key=lambda k: hashlib.sha256(f"agentfly-lookup-split:{k}".encode()).hexdigest())
-  return {"test": tuple(order[:12]), "dev": tuple(order[12:24]), "train": tuple(order[24:])}
+  return {"test": tuple(order[:64]), "dev": tuple(order[64:128]), "train": tuple(order[128:])}
 
 
 SPLIT_KEYS = _split_keys()
+
+
+def keys_fingerprint(*splits: str) -> str:
+  """sha256 (16 hex) of the sorted keys of `splits`: names the keys a warm start's demos used."""
+  keys = sorted(k for split in splits for k in SPLIT_KEYS[split])
+  return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 
 def _rows(n: int, seed: int, keys: tuple[str, ...]) -> list[dict]:
@@ -221,7 +173,7 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
   obs = re.findall(r"<tool_response>\s*The code is (\w+)\.\s*</tool_response>", after, flags=re.S)
   if obs:
     return answer_text(obs[-1].strip())
-  key = re.search(r'code of key "([a-z]+)"', after)
+  key = re.search(r'code of key "([a-z-]+)"', after)
   if use_tool and key:
     return tool_call_text(key.group(1))
   guess = WORDS[int(rng.integers(len(WORDS)))]
@@ -231,10 +183,10 @@ def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator
 def tokenizer_corpus(n: int = 400, seed: int = 12345) -> list[str]:
   """Texts to train the task's tiny tokenizer on (questions, tool calls, observations, answers)."""
   texts = [SYSTEM_PROMPT] * 20 + ["<tool_response>\n", "\n</tool_response>"]
-  for row in _rows(n, seed, KEYS):
+  for row in _rows(n, seed, SPLIT_KEYS["train"]):
     texts += [row["question"], tool_call_text(row["key"]), answer_text(row["answer"])]
   texts += [answer_text(w) for w in WORDS] * 4
-  texts += [f'key "{k}"' for k in KEYS] * 4
+  texts += [f'key "{k}"' for k in SPLIT_KEYS["train"]]
   return texts
 
 

@@ -180,7 +180,8 @@ def bench_overhead(tok, agent) -> dict:
   from agentfly_jax.tasks.lookup_agent import LOOKUP_SCHEMA
 
   eot = tok.token_to_id("<|im_end|>")
-  reply_ids = tok.encode(lookup.tool_call_text("fox")) + [eot]
+  key = lookup.make_rows(1, seed=0)[0]["key"]
+  reply_ids = tok.encode(lookup.tool_call_text(key)) + [eot]
   sampler = ScriptedSampler(lambda prompt: reply_ids)
   endpoint = ChatEndpoint(agent, sampler, max_tokens_per_turn=64, max_total_tokens=512, max_turns=None)
   first = {
@@ -188,7 +189,7 @@ def bench_overhead(tok, agent) -> dict:
     "tools": [LOOKUP_SCHEMA],
     "messages": [
       {"role": "system", "content": lookup.SYSTEM_PROMPT},
-      {"role": "user", "content": 'Find the code of key "fox".'},
+      {"role": "user", "content": f'Find the code of key "{key}".'},
     ],
   }
 

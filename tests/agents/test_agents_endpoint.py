@@ -204,7 +204,7 @@ def test_256_chains_at_once_every_request_answered_no_record_mixed_up(tok, agent
   rows = [
     {"question": f'Find the code of key "{k}". {tag}', "key": k, "answer": lookup.secret_code(k)}
     for tag in lookup.WORDS[:4]
-    for k in lookup.KEYS
+    for k in lookup.KEYS[:64]
   ]  # 256 different prompts, 1 chain each
   sampler = ScriptedSampler(lookup_script(tok), delay_s=0.05)  # concurrent turns overlap
   trajs = run_endpoint_rollout(agent, rows, openai_lookup_agent, sampler=sampler, num_chains=1, concurrency=256)

@@ -29,10 +29,27 @@ def _assert_disjoint(items: dict[str, set]) -> None:
 
 
 def test_lookup_keys_of_the_three_splits_are_disjoint():
-  rows = _splits(lookup, 2000, 200)
-  keys = {k: {re.search(r'key "(\w+)"', r["question"]).group(1) for r in v} for k, v in rows.items()}
+  rows = _splits(lookup, 2000, 400)
+  keys = {k: {re.search(r'key "([a-z-]+)"', r["question"]).group(1) for r in v} for k, v in rows.items()}
   _assert_disjoint(keys)
-  assert len(keys["train"]) == 40 and len(keys["dev"]) == len(keys["test"]) == 12  # every key of a split is drawn
+  assert len(keys["train"]) > 1000 and 56 <= len(keys["dev"]) <= 64 and 56 <= len(keys["test"]) <= 64
+  # a new key is made of what training wrote: every syllable at every place of the train keys
+  places = [{k.split("-")[i] for k in keys["train"]} for i in range(3)]
+  assert all(p == set(lookup.SYLLABLES) for p in places), places
+
+
+def test_lookup_warm_start_was_built_from_the_train_split_only():
+  """The shipped warm start's SFT demonstrations were drawn from the train keys of the split the task
+  has now (its warmstart.json records the hash of those keys and of the dev + test keys it left out)."""
+  import json
+  import os
+
+  from train_cli import ROOT
+
+  with open(os.path.join(ROOT, "experiments", "results", "lookup_warmstart", "warmstart.json")) as f:
+    recipe = json.load(f)
+  assert recipe["demo_keys"] == lookup.keys_fingerprint("train"), "the warm start predates the split: rebuild it"
+  assert recipe["held_out_keys"] == lookup.keys_fingerprint("dev", "test")
 
 
 def test_calculator_expressions_of_the_three_splits_are_disjoint():
