@@ -179,9 +179,9 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
     _release_packed(layer)
     dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
 
-  def copy(dst: torch.Tensor, names: list[str]) -> None:
+  def copy(dst: torch.Tensor, names: list[str], *, vocab_rows: bool = False) -> None:
     src = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names])
-    if dst.shape[1:] == src.shape[1:] and dst.shape[0] > src.shape[0]:
+    if vocab_rows and dst.shape[0] > src.shape[0]:
       # vLLM pads the vocabulary rows (embedding, lm_head) to a multiple of 64: the real rows
       # first, the padding zero (as vLLM's own loader leaves it; those logits are cut off)
       dst.data[: src.shape[0]].copy_(src)
@@ -190,7 +190,7 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
       dst.data.copy_(src)
 
   with torch.no_grad():
-    copy(inner.embed_tokens.weight, ["model.embed_tokens.weight"])
+    copy(inner.embed_tokens.weight, ["model.embed_tokens.weight"], vocab_rows=True)
     copy(inner.norm.weight, ["model.norm.weight"])
     for i, layer in enumerate(inner.layers):
       p = f"model.layers.{i}."
@@ -212,7 +212,7 @@ def load_packed_on_cpu(model: Any, tensors: dict) -> bool:
     if _is_tied(model):
       refresh_tied_lm_head_on_cpu(model)
     else:
-      copy(model.lm_head.weight, ["lm_head.weight"])
+      copy(model.lm_head.weight, ["lm_head.weight"], vocab_rows=True)
       _release_packed(model.lm_head)
       dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
   return True

@@ -9,7 +9,7 @@ them is a token-for-token copy at fixed offsets (a key is always 5 tokens: sylla
 '-', syllable). Why syllables, not words: with one word a key, a key of the dev or test split is a
 token the warm start never wrote, and a tiny policy that practised the copy on the train keys only
 copied 0 of 12 such keys into its call (40 train words; 11 % of dev rows right with 360 made-up
-train words after 550 SFT steps); the earlier warm start copied them only because its SFT had seen
+train words after 500 SFT steps); the earlier warm start copied them only because its SFT had seen
 every key, the test keys included.
 
 `scripted_response(prompt_text, use_tool, rng)` is the demonstration policy used for the SFT warm

@@ -1,8 +1,8 @@
 """It learns a skill: the shipped warm start mostly answers without calling the tool (its greedy
 held-out success is ~0: it never looks the code up), and a short GRPO run on the multi-turn lookup
 task makes the greedy policy call the tool and copy the code (greedy success >= 0.8). The full
-demo (40 steps) and the curves of GRPO / PPO / RLOO / REINFORCE++ are recorded by
-experiments/record_learning_curves.py."""
+demo (40 steps, 3 seeds) and GRPO / PPO / RLOO / REINFORCE++ on the locked test keys are recorded by
+experiments/learning_report.py (experiments/results/LEARNING.md)."""
 
 import os
 
