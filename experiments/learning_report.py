@@ -9,7 +9,10 @@ before the run: "last_within_budget" = the last saved step whose cumulative step
 within `eval.budget_minutes`, 0 = the last step), and `evaluate_locked_test` scores it, and the
 step-0 checkpoint (after the SFT warm start, before RL), greedily on the task's locked test split
 (`make_test_rows`: read nowhere else). Nothing is selected on the test split: the counted step
-comes from the config and the wall clock only.
+comes from the config and the wall clock only. The training and each test evaluation run in a
+child process of their own (`in_child`: memory goes back between phases); a finished training
+(`trained.json` in the workdir) and each test score (`test_step<k>.json`) are kept for a run of the
+same config, so a crash in a later phase re-runs only that phase.
 
 Writes experiments/results/learning/<name>/: seed<k>/metrics.jsonl, report.json (per-seed test
 before -> after, counted step, wall, machine), dev_success.png (greedy dev success per step per
@@ -119,17 +122,76 @@ def kept_seed(config, seed: int, out_dir: str, test_rows: int) -> dict | None:
   return result if result.get("config_hash") == config_hash(seed_config(config, seed), test_rows) else None
 
 
-def run_seed(config, seed: int, workdir: str, out_dir: str) -> dict:
+def in_child(fn, *args):
+  """`fn(*args)` in a fresh spawned process: its memory goes back to the system when it ends. A
+  seed's training and each test evaluation run in their own (the shop's RL needs up to ~18 GiB;
+  its first test evaluation in the training's process was OOM-killed at 24 GiB)."""
+  import concurrent.futures
+  import multiprocessing
+
+  with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    return pool.submit(fn, *args).result()
+
+
+def _train(config, workdir: str) -> tuple[list[dict], float]:
+  """(metrics records, wall seconds) of `Trainer(config, workdir).train()` (run in a child)."""
+  logging.set_verbosity(logging.WARNING)
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
   from agentfly_jax.rl.trainer import Trainer
 
-  config = seed_config(config, seed)
-  shutil.rmtree(workdir, ignore_errors=True)
+  enable_compile_cache(config.train.compile_cache)
   t0 = time.time()
   records = Trainer(config, workdir).train()
-  train_wall = time.time() - t0
+  return records, time.time() - t0
+
+
+def _evaluate(workdir: str, step: int, num_rows: int) -> dict:
+  logging.set_verbosity(logging.WARNING)
+  return evaluate_locked_test(workdir, step, num_rows)
+
+
+def _read_json(path: str, key: str) -> dict | None:
+  """The JSON object at `path` when its "config_hash" is `key` (None: absent or another run's)."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    data = json.load(f)
+  return data if data.get("config_hash") == key else None
+
+
+def _write_json(path: str, data: dict) -> None:
+  with open(path + ".tmp", "w") as f:
+    json.dump(data, f, indent=2)
+  os.replace(path + ".tmp", path)
+
+
+def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> dict:
+  """Trains `seed` (unless `workdir` holds its finished training: `trained.json` with this config's
+  hash), then scores steps 0 and the counted step on the locked test split (each score kept in
+  `workdir/test_step<k>.json`, so a crash loses only the phase it hit), each phase in a child process."""
+  config = seed_config(config, seed)
+  key = config_hash(config, test_rows)
+  marker = os.path.join(workdir, "trained.json")
+  trained = _read_json(marker, key)
+  if trained is None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    _, train_wall = in_child(_train, config, workdir)
+    trained = {"config_hash": key, "train_wall_s": train_wall}
+    _write_json(marker, trained)
+  else:
+    print(f"seed {seed}: training kept ({marker}, same config)", flush=True)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
   step = counted_step(records, config.eval.budget_minutes, _saved_steps(workdir))
-  before = evaluate_locked_test(workdir, 0, _TEST_ROWS.value)
-  after = evaluate_locked_test(workdir, step, _TEST_ROWS.value)
+  scores = {}
+  for k in (0, step):
+    path = os.path.join(workdir, f"test_step{k}.json")
+    kept = _read_json(path, key)
+    if kept is None:
+      kept = {"config_hash": key, **in_child(_evaluate, workdir, k, test_rows)}
+      _write_json(path, kept)
+    scores[k] = {n: v for n, v in kept.items() if n != "config_hash"}
+  before, after = scores[0], scores[step]
   os.makedirs(out_dir, exist_ok=True)
   shutil.copy(os.path.join(workdir, "metrics.jsonl"), os.path.join(out_dir, "metrics.jsonl"))
   dev = [(r["step"], r["eval/success_rate"]) for r in records if isinstance(r.get("eval/success_rate"), (int, float))]
@@ -138,19 +200,19 @@ def run_seed(config, seed: int, workdir: str, out_dir: str) -> dict:
   ]
   result = {
     "seed": seed,
-    "config_hash": config_hash(config, _TEST_ROWS.value),
+    "config_hash": key,
     "counted_step": step,
     "test_before": before,
     "test_after": after,
     "dev_greedy_success": dev,
     "dev_greedy_reward": dev_reward,
-    "train_wall_s": train_wall,
-    "total_wall_s": time.time() - t0,
+    "train_wall_s": trained["train_wall_s"],
+    **({"train_wall_note": trained["note"]} if "note" in trained else {}),
   }
-  with open(os.path.join(out_dir, "test.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  _write_json(os.path.join(out_dir, "test.json"), result)
   print(
-    f"seed {seed}: test {before['success']:.3f} -> {after['success']:.3f} (step {step}), {train_wall:.0f} s", flush=True
+    f"seed {seed}: test {before['success']:.3f} -> {after['success']:.3f} (step {step}), {result['train_wall_s']:.0f} s",
+    flush=True,
   )
   return result
 
@@ -360,7 +422,7 @@ def run_report(config, name: str, comparison: bool) -> None:
       continue
     if _MAX_NEW_SEEDS.value and new >= _MAX_NEW_SEEDS.value:
       break  # the seeds done so far are reported; a later run with the same flags goes on from here
-    seeds.append(run_seed(config, seed, os.path.join(_RUNS.value, name, f"seed{seed}"), seed_dir))
+    seeds.append(run_seed(config, seed, os.path.join(_RUNS.value, name, f"seed{seed}"), seed_dir, _TEST_ROWS.value))
     new += 1
   machine = f"{os.cpu_count()}-core CPU, no GPU, shared" + (f" ({_NOTE.value})" if _NOTE.value else "")
   report = {

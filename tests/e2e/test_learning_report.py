@@ -123,3 +123,45 @@ def test_a_seed_is_kept_only_for_the_config_it_ran(report, tmp_path):
   assert report.kept_seed(changed, 7, str(tmp_path / "seed7"), 8) is None  # another recipe: run again
   assert report.kept_seed(c, 8, str(tmp_path / "seed7"), 8) is None  # another seed's config
   assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 64) is None  # other test rows
+
+
+def test_phases_run_in_a_fresh_process(report):
+  assert report.in_child(os.getpid) != os.getpid()
+
+
+def _finished_run(workdir, steps: int) -> None:
+  for k in range(steps + 1):
+    os.makedirs(workdir / "checkpoints" / str(k), exist_ok=True)
+  (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _records([30.0] * steps)) + "\n")
+
+
+def test_a_finished_training_and_each_test_score_are_kept_for_their_config(report, tmp_path, monkeypatch):
+  c = default_config()
+  c.seed, c.train.steps, c.eval.budget_minutes = 3, 2, 0.0
+  workdir, out = tmp_path / "run", tmp_path / "out"
+  _finished_run(workdir, 2)
+  key = report.config_hash(report.seed_config(c, 3), 8)
+  (workdir / "trained.json").write_text(json.dumps({"config_hash": key, "train_wall_s": 61.0}))
+  calls = []
+
+  def child(fn, *args):  # the phases, recorded instead of run
+    calls.append(fn.__name__)
+    if fn.__name__ == "_train":
+      _finished_run(workdir, 2)
+      return [], 5.0
+    _, step, rows = args
+    return {"step": step, "rows": rows, "success": 0.5 if step else 0.25, "reward": None}
+
+  monkeypatch.setattr(report, "in_child", child)
+  result = report.run_seed(c, 3, str(workdir), str(out), 8)
+  assert calls == ["_evaluate", "_evaluate"]  # trained already (same config): only the two test scores
+  assert (result["counted_step"], result["train_wall_s"]) == (2, 61.0)
+  assert (result["test_before"]["success"], result["test_after"]["success"]) == (0.25, 0.5)
+  assert json.loads((out / "test.json").read_text()) == result
+  calls.clear()
+  assert report.run_seed(c, 3, str(workdir), str(out), 8) == result and calls == []  # both scores kept too
+  changed = c.copy_and_resolve_references()
+  changed.train.lr = c.train.lr * 2
+  again = report.run_seed(changed, 3, str(workdir), str(out), 8)
+  assert calls == ["_train", "_evaluate", "_evaluate"]  # another recipe: trained and scored afresh
+  assert again["train_wall_s"] == 5.0 and again["config_hash"] != result["config_hash"]
