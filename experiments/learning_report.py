@@ -321,7 +321,8 @@ GOAL_SEEDS = 3
 
 
 def goal_status(report: dict | None, metric: str, goal: float, every_seed_positive: bool) -> str:
-  """What a goal's report shows: not run, k of 3 seeds (open), or met / not met with the numbers."""
+  """What a goal's report shows: not run, k of 3 seeds (open, or not met already: a seed not positive where
+  every seed must be, or over 90 min), or met / not met with the numbers."""
   if report is None or not report["seeds"]:
     return "**not run**"
   seeds = report["seeds"]
@@ -331,7 +332,9 @@ def goal_status(report: dict | None, metric: str, goal: float, every_seed_positi
     f"test {metric} change {_mean_std(delta)} ({', '.join(f'{d:+.3f}' for d in delta)}), max {minutes:.0f} min a seed"
   )
   if len(seeds) < GOAL_SEEDS:
-    return f"**{len(seeds)} of {GOAL_SEEDS} seeds run** (open): {numbers}"
+    failed = (every_seed_positive and min(delta) <= 0) or minutes > 90  # whatever the seeds still to run show
+    state = "not met" if failed else "open"
+    return f"**{len(seeds)} of {GOAL_SEEDS} seeds run** ({state}): {numbers}"
   met = statistics.mean(delta) >= goal and (not every_seed_positive or min(delta) > 0) and minutes <= 90
   return f"**{'met' if met else 'not met'}** over {len(seeds)} seeds: {numbers}"
 

@@ -100,6 +100,11 @@ def test_goal_status_counts_seeds_and_applies_the_goal(report):
   assert report.goal_status(None, "success", 0.15, True) == "**not run**"
   one = report.goal_status({"seeds": [_seed(1, 0.1, 0.4)]}, "success", 0.15, True)
   assert one.startswith("**1 of 3 seeds run** (open)") and "+0.300" in one
+  fell = report.goal_status({"seeds": [_seed(1, 0.8, 0.75)]}, "success", 0.15, True)
+  assert fell.startswith("**1 of 3 seeds run** (not met)") and "-0.050" in fell  # every seed must rise: failed
+  assert report.goal_status({"seeds": [_seed(1, 0.8, 0.75)]}, "success", 0.15, False).startswith(
+    "**1 of 3 seeds run** (open)"
+  )
   three = {"seeds": [_seed(1, 0.1, 0.4), _seed(2, 0.1, 0.3), _seed(3, 0.2, 0.3)]}
   assert report.goal_status(three, "success", 0.15, True).startswith("**met** over 3 seeds")
   assert report.goal_status(three, "success", 0.25, True).startswith("**not met**")  # mean +0.200
