@@ -194,7 +194,9 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
   before, after = scores[0], scores[step]
   os.makedirs(out_dir, exist_ok=True)
   shutil.copy(os.path.join(workdir, "metrics.jsonl"), os.path.join(out_dir, "metrics.jsonl"))
-  dev = [(r["step"], r["eval/success_rate"]) for r in records if isinstance(r.get("eval/success_rate"), (int, float))]
+  key_success = "eval/reward_metric/success"  # the reward's own success where it reports one (older runs' success_rate
+  key_success = key_success if any(key_success in r for r in records) else "eval/success_rate"  # was reward > 0.5)
+  dev = [(r["step"], r[key_success]) for r in records if isinstance(r.get(key_success), (int, float))]
   dev_reward = [
     (r["step"], r["eval/reward_mean"]) for r in records if isinstance(r.get("eval/reward_mean"), (int, float))
   ]
@@ -249,6 +251,7 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
   `--metric=reward` report) over RL steps 1..last_step, read from each seed's metrics.jsonl: how
   fast a run learns where the final scores all saturate."""
   key = "rollout/reward_mean" if r.get("metric", "success") == "reward" else "rollout/success_rate"
+  own = "rollout/reward_metric/success"  # the reward's own success (older runs' success_rate: reward > 0.5)
   means = []
   for s in r["seeds"]:
     path = os.path.join(out_root, r["name"], f"seed{s['seed']}", "metrics.jsonl")
@@ -256,7 +259,8 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
       return "-"
     with open(path) as f:
       records = [json.loads(line) for line in f if line.strip()]
-    xs = [x[key] for x in records if 0 < x.get("step", 0) <= last_step and key in x]
+    k = own if key.endswith("success_rate") and any(own in x for x in records) else key
+    xs = [x[k] for x in records if 0 < x.get("step", 0) <= last_step and k in x]
     if not xs:
       return "-"
     means.append(statistics.mean(xs))

@@ -50,12 +50,20 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
 
 def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: str = "rollout") -> dict:
   """reward mean/std, success rate, turns (mean, max), tool calls and tool errors per tool,
-  environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels)."""
+  environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels).
+
+  Success: the reward's own "success" metric when it reports one for every chain (WebShop: reward
+  1.0, where a partial purchase scores 0.25-0.83), else reward > `success_threshold`."""
   rewards = np.array([t.reward for t in trajs], np.float64)
+  own = [(t.reward_metrics or {}).get("success") for t in trajs]
+  if trajs and all(isinstance(x, (int, float)) for x in own):  # bool included
+    success = np.array([float(x) > 0 for x in own], np.float64)
+  else:
+    success = rewards > success_threshold
   m = {
     f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
     f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,
-    f"{prefix}/success_rate": float((rewards > success_threshold).mean()) if len(rewards) else 0.0,
+    f"{prefix}/success_rate": float(success.mean()) if len(rewards) else 0.0,
     f"{prefix}/turns_mean": float(np.mean([t.num_turns for t in trajs])) if trajs else 0.0,
     f"{prefix}/turns_max": int(max((t.num_turns for t in trajs), default=0)),
     f"{prefix}/tokens_total_mean": float(np.mean([len(t.token_ids) for t in trajs])) if trajs else 0.0,

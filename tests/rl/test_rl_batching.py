@@ -88,6 +88,18 @@ def test_rollout_metrics_counts_tools_finish_reasons_and_success():
   assert m["rollout/tokens_generated_mean"] == 3.0
 
 
+def test_success_is_the_rewards_own_success_where_it_reports_one():
+  # WebShop: a partial purchase scores 0.25-0.83 (> 0.5 is not success); success is reward 1.0
+  rewards, own = [0.83, 0.6, 1.0, 0.25], [0.0, 0.0, 1.0, 0.0]
+  trajs = [_traj(0, r) for r in rewards]
+  for t, s in zip(trajs, own):
+    t.reward_metrics = {"success": s, "r_option": 0.5}
+  m = rollout_metrics(trajs, prefix="test")
+  assert m["test/success_rate"] == 0.25 and m["test/reward_metric/success"] == 0.25
+  trajs[1].reward_metrics = {"r_option": 0.5}  # not reported for every chain: reward > threshold
+  assert rollout_metrics(trajs)["rollout/success_rate"] == 0.75
+
+
 def test_rollout_metrics_panels_turns_tools_errors_envs():
   """AgentFly's panels on random chains: turns (mean/max), calls and errors per tool, environments
   allocated per chain and per type, counted here independently."""
