@@ -37,9 +37,9 @@ def main(argv):
   from agentfly_jax.agents.display import format_trajectory
   from agentfly_jax.checkpoint import Checkpointer
   from agentfly_jax.rl import stages
-  from agentfly_jax.rl.batching import rollout_metrics
-  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
+  from agentfly_jax.rl.batching import chain_success, rollout_metrics
   from agentfly_jax.rl.programs import TrainStates, policy_optimizers
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
   from agentfly_jax.rl.setup import build_run
   from agentfly_jax.rl.spec import RunSpec
   from agentfly_jax.tasks.from_config import task_fingerprint
@@ -108,7 +108,7 @@ def main(argv):
   if _NUM_CHAINS.value > 1:
     by_group = {}
     for t in trajs:
-      by_group.setdefault(t.group_id, []).append(t.reward > 0.5)
+      by_group.setdefault(t.group_id, []).append(chain_success(t))
     metrics[f"eval/pass@{_NUM_CHAINS.value}"] = sum(any(v) for v in by_group.values()) / len(by_group)
   metrics["step"] = step
   out = os.path.join(_WORKDIR.value, f"eval_step{step}.json")

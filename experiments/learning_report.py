@@ -133,16 +133,17 @@ def in_child(fn, *args):
     return pool.submit(fn, *args).result()
 
 
-def _train(config, workdir: str) -> tuple[list[dict], float]:
-  """(metrics records, wall seconds) of `Trainer(config, workdir).train()` (run in a child)."""
+def _train(config, workdir: str) -> float:
+  """Wall seconds of `Trainer(config, workdir).train()` (run in a child; the records are in
+  workdir/metrics.jsonl)."""
   logging.set_verbosity(logging.WARNING)
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
   from agentfly_jax.rl.trainer import Trainer
 
   enable_compile_cache(config.train.compile_cache)
   t0 = time.time()
-  records = Trainer(config, workdir).train()
-  return records, time.time() - t0
+  Trainer(config, workdir).train()
+  return time.time() - t0
 
 
 def _evaluate(workdir: str, step: int, num_rows: int) -> dict:
@@ -175,7 +176,7 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
   trained = _read_json(marker, key)
   if trained is None:
     shutil.rmtree(workdir, ignore_errors=True)
-    _, train_wall = in_child(_train, config, workdir)
+    train_wall = in_child(_train, config, workdir)
     trained = {"config_hash": key, "train_wall_s": train_wall}
     _write_json(marker, trained)
   else:

@@ -6,7 +6,7 @@ Pure numpy/jnp helpers the trainer loop calls between the rollout and `train_ste
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,18 +48,20 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
   }
 
 
+def chain_success(traj, threshold: float = 0.5) -> bool:
+  """A chain's success: its reward's own "success" metric where the reward reports one (WebShop:
+  reward 1.0, where a partial purchase scores 0.25-0.83), else reward > `threshold`."""
+  own = (traj.reward_metrics or {}).get("success")
+  return float(own) > 0 if isinstance(own, (int, float)) else bool(traj.reward > threshold)
+
+
 def rollout_metrics(trajs: Sequence, *, success_threshold: float = 0.5, prefix: str = "rollout") -> dict:
   """reward mean/std, success rate, turns (mean, max), tool calls and tool errors per tool,
   environments allocated (per chain, per env type), finish reasons, tokens (AgentFly's panels).
 
-  Success: the reward's own "success" metric when it reports one for every chain (WebShop: reward
-  1.0, where a partial purchase scores 0.25-0.83), else reward > `success_threshold`."""
+  Success: `chain_success` per chain."""
   rewards = np.array([t.reward for t in trajs], np.float64)
-  own = [(t.reward_metrics or {}).get("success") for t in trajs]
-  if trajs and all(isinstance(x, (int, float)) for x in own):  # bool included
-    success = np.array([float(x) > 0 for x in own], np.float64)
-  else:
-    success = rewards > success_threshold
+  success = np.array([chain_success(t, success_threshold) for t in trajs], np.float64)
   m = {
     f"{prefix}/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
     f"{prefix}/reward_std": float(rewards.std()) if len(rewards) else 0.0,

@@ -153,7 +153,7 @@ def test_a_finished_training_and_each_test_score_are_kept_for_their_config(repor
     calls.append(fn.__name__)
     if fn.__name__ == "_train":
       _finished_run(workdir, 2)
-      return [], 5.0
+      return 5.0
     _, step, rows = args
     return {"step": step, "rows": rows, "success": 0.5 if step else 0.25, "reward": None}
 

@@ -44,8 +44,7 @@ def test_partial_rollouts_learn_to_use_the_tool(tmp_path):
   assert sorted(greedy) == [0, 12] and len(tool_use) == 12
   assert greedy[0] <= 0.5, greedy
   # from the current warm start, 8 runs of this test at 3e-4: greedy at step 12 0.59-0.97 in the 6 read, >= 0.5
-  # in the other 2 (one run below
-  # 0.8); from step 0's 0.00 any of them is learning. The synchronous test_learning.py keeps >= 0.8.
+  # in the other 2; from step 0's 0.00 any of them is learning. The synchronous test_learning.py keeps >= 0.8.
   assert greedy[12] >= 0.5, greedy
   # Not asserted: the sampled chains' late steps. From the current warm start at 3e-4 they can collapse
   # after learning (one run: tool calls 0.35 at steps 1-3, 0.69 at step 8, 0.02 at step 10; another: sampled

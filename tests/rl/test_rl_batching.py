@@ -5,6 +5,7 @@ import numpy as np
 
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.rl.batching import (
+  chain_success,
   drop_zero_variance_groups,
   micro_batch_layout,
   overlong_penalty,
@@ -96,8 +97,9 @@ def test_success_is_the_rewards_own_success_where_it_reports_one():
     t.reward_metrics = {"success": s, "r_option": 0.5}
   m = rollout_metrics(trajs, prefix="test")
   assert m["test/success_rate"] == 0.25 and m["test/reward_metric/success"] == 0.25
-  trajs[1].reward_metrics = {"r_option": 0.5}  # not reported for every chain: reward > threshold
-  assert rollout_metrics(trajs)["rollout/success_rate"] == 0.75
+  trajs[1].reward_metrics = {"r_option": 0.5}  # a chain whose reward reports no success: reward > threshold
+  assert rollout_metrics(trajs)["rollout/success_rate"] == 0.5
+  assert [chain_success(t) for t in trajs] == [False, True, True, False]
 
 
 def test_rollout_metrics_panels_turns_tools_errors_envs():
