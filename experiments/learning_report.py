@@ -105,21 +105,61 @@ def seed_config(config, seed: int):
 
 
 def config_hash(config, test_rows: int) -> str:
-  """A seed's identity: the hash of its whole resolved config and the number of test rows (paths in
-  the config count as written: a clone moved elsewhere re-runs seeds whose config holds its absolute path)."""
-  text = json.dumps({"config": json.loads(config.to_json_best_effort(sort_keys=True)), "test_rows": test_rows})
+  """The hash of a seed's whole resolved config and the number of test rows (paths in the config
+  count as written: a clone moved elsewhere re-runs seeds whose config holds its absolute path). The
+  identity of records written before they held their config (`same_run`)."""
+  text = json.dumps({"config": recipe(config), "test_rows": test_rows})
   return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recipe(config) -> dict:
+  """The resolved config as plain JSON values (what a seed's records hold as its identity)."""
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def identity(config, test_rows: int) -> dict:
+  """What a seed's records (trained.json, test_step<k>.json, test.json) hold to say which run they are."""
+  return {"config_hash": config_hash(config, test_rows), "test_rows": test_rows, "config": recipe(config)}
+
+
+def same_recipe(recorded: dict, current: dict, defaults: dict) -> bool:
+  """Whether `current` (a config) is the recipe `recorded` ran: equal values, except that an option
+  the recorded config lacks is the same recipe while `current` holds it at its default (`defaults`:
+  rl/config.default_config(); an option added later starts at the behaviour before it, the house rule
+  for new options), so adding an option does not invalidate every recorded seed. An option the
+  current config lacks, or any other difference: not the same recipe."""
+  if recorded.keys() - current.keys():
+    return False
+  for key, value in current.items():
+    default = defaults.get(key)
+    if key not in recorded:
+      if value != default:
+        return False
+    elif isinstance(value, dict) and isinstance(recorded[key], dict):
+      if not same_recipe(recorded[key], value, default if isinstance(default, dict) else {}):
+        return False
+    elif recorded[key] != value:
+      return False
+  return True
+
+
+def same_run(data: dict | None, config, test_rows: int) -> bool:
+  """Whether a record (`identity` + results) is of this seed config's run: by `same_recipe` when it
+  holds its config, else (written before records held one) by `config_hash`."""
+  if data is None:
+    return False
+  if "config" not in data:
+    return data.get("config_hash") == config_hash(config, test_rows)
+  from agentfly_jax.rl.config import default_config
+
+  return data.get("test_rows") == test_rows and same_recipe(data["config"], recipe(config), recipe(default_config()))
 
 
 def kept_seed(config, seed: int, out_dir: str, test_rows: int) -> dict | None:
   """The recorded result of `seed` in `out_dir` when it was run with this very config (None: not
   run, or run with another config: a changed recipe is never mixed into a report)."""
-  path = os.path.join(out_dir, "test.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    result = json.load(f)
-  return result if result.get("config_hash") == config_hash(seed_config(config, seed), test_rows) else None
+  result = _read_json(os.path.join(out_dir, "test.json"))
+  return result if same_run(result, seed_config(config, seed), test_rows) else None
 
 
 def in_child(fn, *args):
@@ -151,13 +191,12 @@ def _evaluate(workdir: str, step: int, num_rows: int) -> dict:
   return evaluate_locked_test(workdir, step, num_rows)
 
 
-def _read_json(path: str, key: str) -> dict | None:
-  """The JSON object at `path` when its "config_hash" is `key` (None: absent or another run's)."""
+def _read_json(path: str) -> dict | None:
+  """The JSON object at `path` (None: absent)."""
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    data = json.load(f)
-  return data if data.get("config_hash") == key else None
+    return json.load(f)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -168,16 +207,17 @@ def _write_json(path: str, data: dict) -> None:
 
 def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> dict:
   """Trains `seed` (unless `workdir` holds its finished training: `trained.json` with this config's
-  hash), then scores steps 0 and the counted step on the locked test split (each score kept in
-  `workdir/test_step<k>.json`, so a crash loses only the phase it hit), each phase in a child process."""
+  config: `same_run`), then scores steps 0 and the counted step on the locked test split (each score kept
+  in `workdir/test_step<k>.json`, so a crash loses only the phase it hit), each phase in a child process.
+  Every record holds the seed's `identity` (its config)."""
   config = seed_config(config, seed)
-  key = config_hash(config, test_rows)
+  ident = identity(config, test_rows)
   marker = os.path.join(workdir, "trained.json")
-  trained = _read_json(marker, key)
-  if trained is None:
+  trained = _read_json(marker)
+  if not same_run(trained, config, test_rows):
     shutil.rmtree(workdir, ignore_errors=True)
     train_wall = in_child(_train, config, workdir)
-    trained = {"config_hash": key, "train_wall_s": train_wall}
+    trained = {**ident, "train_wall_s": train_wall}
     _write_json(marker, trained)
   else:
     print(f"seed {seed}: training kept ({marker}, same config)", flush=True)
@@ -187,11 +227,11 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
   scores = {}
   for k in (0, step):
     path = os.path.join(workdir, f"test_step{k}.json")
-    kept = _read_json(path, key)
-    if kept is None:
-      kept = {"config_hash": key, **in_child(_evaluate, workdir, k, test_rows)}
+    kept = _read_json(path)
+    if not same_run(kept, config, test_rows):
+      kept = {**ident, **in_child(_evaluate, workdir, k, test_rows)}
       _write_json(path, kept)
-    scores[k] = {n: v for n, v in kept.items() if n != "config_hash"}
+    scores[k] = {n: v for n, v in kept.items() if n not in ident}
   before, after = scores[0], scores[step]
   os.makedirs(out_dir, exist_ok=True)
   shutil.copy(os.path.join(workdir, "metrics.jsonl"), os.path.join(out_dir, "metrics.jsonl"))
@@ -203,7 +243,7 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
   ]
   result = {
     "seed": seed,
-    "config_hash": key,
+    "config_hash": ident["config_hash"],
     "counted_step": step,
     "test_before": before,
     "test_after": after,
@@ -211,6 +251,8 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
     "dev_greedy_reward": dev_reward,
     "train_wall_s": trained["train_wall_s"],
     **({"train_wall_note": trained["note"]} if "note" in trained else {}),
+    "test_rows": test_rows,
+    "config": ident["config"],
   }
   _write_json(os.path.join(out_dir, "test.json"), result)
   print(
@@ -359,7 +401,8 @@ def goals_section(reports: dict) -> str:
       *rows,
       "",
       "A seed takes up to 90 min of a ~18 GiB job on this 2-core CPU, so the seeds are run a few per session",
-      "(`--max_new_seeds=1`); a seed is kept only while the config it ran is unchanged (`config_hash`).",
+      "(`--max_new_seeds=1`); a seed is kept only while the config it ran is unchanged (`same_run`: its records",
+      "hold its config; an option added since, at its default, is the same recipe).",
       "The earlier SmolLM2 numbers (experiments/results/smollm2_multihop/, smollm2_webshop/) are single-seed,",
       "pre-split runs (their held-out rows shared entities / catalogue products with training, and the shop's",
       "counted attempt was chosen after looking at its held-out score): they are **not counted** here.",

@@ -253,14 +253,16 @@ def mask_stale_segments(arrays: dict | None, trajs: list, step: int, max_stalene
   return {**arrays, "action_mask": mask}, {"async/stale_tokens_masked": float(masked)}
 
 
-def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str) -> list:
-  """The trajectories whose rows `stages.prepare` put into its arrays, in order."""
+def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str, cut_turn_penalty: float = 0.0) -> list:
+  """The trajectories whose rows `stages.prepare` put into its arrays, in order (the same scores
+  decide which groups dynamic sampling drops)."""
+  trajs = [t for t in trajs if len(t.token_ids)]  # as stages.prepare: a chain with no tokens has no row
   if not dynamic_sampling:
     return trajs
   from agentfly_jax.rl.batching import drop_zero_variance_groups
   from agentfly_jax.rl.stages import scored
 
-  return drop_zero_variance_groups(scored(trajs, score_metric))[0]
+  return drop_zero_variance_groups(scored(trajs, score_metric, cut_turn_penalty))[0]
 
 
 def check_partial(rollout_spec, agent_fn=None) -> None:
@@ -332,7 +334,12 @@ def after_prepare(arrays: dict | None, trajs: list, step: int, spec, metrics: di
   metric added to `metrics`; otherwise `arrays` as they are."""
   if not (spec.asynchronous and spec.rollout.partial):
     return arrays
-  kept = kept_trajectories(trajs, dynamic_sampling=spec.dapo.dynamic_sampling, score_metric=spec.loss.score_metric)
+  kept = kept_trajectories(
+    trajs,
+    dynamic_sampling=spec.dapo.dynamic_sampling,
+    score_metric=spec.loss.score_metric,
+    cut_turn_penalty=spec.dapo.cut_turn_penalty,
+  )
   arrays, stale = mask_stale_segments(arrays, kept, step, spec.rollout.max_staleness)
   metrics.update(stale)
   return arrays

@@ -290,9 +290,11 @@ class DapoSection(Section):
   dynamic_sampling: bool = False  # drop groups whose rewards have zero variance
   overlong_buffer: int = 0  # tokens; >0 enables the soft overlong penalty
   overlong_penalty: float = 1.0
+  cut_turn_penalty: float = 0.0  # >0: a chain cut at rollout.max_tokens_per_turn scores its reward minus this
 
   def check(self):
     self.at_least("overlong_buffer", 0)
+    self.need("cut_turn_penalty", self.cut_turn_penalty >= 0, "must be a number >= 0 (0 = off)")
 
 
 @dataclasses.dataclass(frozen=True)

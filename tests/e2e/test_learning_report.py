@@ -120,7 +120,7 @@ def test_a_seed_is_kept_only_for_the_config_it_ran(report, tmp_path):
   c.seed = 7
   os.makedirs(tmp_path / "seed7")
   assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) is None  # not run
-  result = {"seed": 7, "config_hash": report.config_hash(report.seed_config(c, 7), 8)}
+  result = {"seed": 7, **report.identity(report.seed_config(c, 7), 8)}
   (tmp_path / "seed7" / "test.json").write_text(json.dumps(result))
   assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) == result
   changed = c.copy_and_resolve_references()
@@ -128,10 +128,23 @@ def test_a_seed_is_kept_only_for_the_config_it_ran(report, tmp_path):
   assert report.kept_seed(changed, 7, str(tmp_path / "seed7"), 8) is None  # another recipe: run again
   assert report.kept_seed(c, 8, str(tmp_path / "seed7"), 8) is None  # another seed's config
   assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 64) is None  # other test rows
-
-
-def test_phases_run_in_a_fresh_process(report):
-  assert report.in_child(os.getpid) != os.getpid()
+  # a record written before an option existed: the same recipe while the option is at its default
+  older = json.loads(json.dumps(result))
+  del older["config"]["dapo"]["cut_turn_penalty"], older["config"]["loss"]["kl_coef"]
+  (tmp_path / "seed7" / "test.json").write_text(json.dumps(older))
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) == older
+  with_option = c.copy_and_resolve_references()
+  with_option.dapo.cut_turn_penalty = 0.5
+  assert report.kept_seed(with_option, 7, str(tmp_path / "seed7"), 8) is None  # the new option in use
+  gone = json.loads(json.dumps(result))
+  gone["config"]["dapo"]["an_option_removed_since"] = 1
+  (tmp_path / "seed7" / "test.json").write_text(json.dumps(gone))
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) is None  # an option the current config lacks
+  # a record holding only its hash (written before records held their config)
+  legacy = {"seed": 7, "config_hash": report.config_hash(report.seed_config(c, 7), 8)}
+  (tmp_path / "seed7" / "test.json").write_text(json.dumps(legacy))
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) == legacy
+  assert report.kept_seed(changed, 7, str(tmp_path / "seed7"), 8) is None
 
 
 def _finished_run(workdir, steps: int) -> None:
@@ -145,8 +158,8 @@ def test_a_finished_training_and_each_test_score_are_kept_for_their_config(repor
   c.seed, c.train.steps, c.eval.budget_minutes = 3, 2, 0.0
   workdir, out = tmp_path / "run", tmp_path / "out"
   _finished_run(workdir, 2)
-  key = report.config_hash(report.seed_config(c, 3), 8)
-  (workdir / "trained.json").write_text(json.dumps({"config_hash": key, "train_wall_s": 61.0}))
+  ident = report.identity(report.seed_config(c, 3), 8)
+  (workdir / "trained.json").write_text(json.dumps({**ident, "train_wall_s": 61.0}))
   calls = []
 
   def child(fn, *args):  # the phases, recorded instead of run

@@ -158,6 +158,44 @@ def test_score_metric_replaces_the_reward_for_advantages_and_names_a_missing_one
     stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="note")
 
 
+def test_a_cut_chain_scores_its_reward_minus_the_cut_turn_penalty():
+  """`dapo.cut_turn_penalty`: a chain that ended because a turn ran to max_tokens_per_turn trains on
+  reward - penalty (below a wrong answer's 0), on top of `score_metric`; dynamic sampling sees the
+  penalised scores (a group of zeros with a cut chain has a spread) and the partial-rollout hook's
+  `kept_trajectories` keeps exactly the rows prepare kept; the logged rewards stay the rollout's."""
+  from agentfly_jax.rl import stages
+  from agentfly_jax.rl.partial_rollout import kept_trajectories
+  from agentfly_jax.rl.spec import RunSpec
+
+  rng = np.random.default_rng(11)
+  rewards = [[0.0, 0.0, 0.0], list(rng.random(3).round(3)), [0.0, 0.0, 0.0]]
+  trajs = _trajs(rng, rewards)
+  for i, t in enumerate(trajs):
+    t.finish_reason = "max_tokens_per_turn" if i in (1, 4) else "finish_tool"
+    t.reward_metrics = {"success": float(t.reward > 0.5)}
+  trajs.append(Trajectory(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.float32), group_id=3))  # no row
+  pen = float(rng.uniform(0.2, 1.5))
+  arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=True, cut_turn_penalty=pen)
+  flat = [r for g in rewards for r in g]
+  want = [flat[i] - pen * (i in (1, 4)) for i in range(6)]  # group 2: all 0 and none cut: dropped
+  np.testing.assert_allclose(arrays["rewards"], want, rtol=1e-6)
+  assert metrics["dapo/groups_dropped"] == 1  # (group 3's only chain has no tokens: no row, no group)
+  assert metrics["rollout/reward_mean"] == pytest.approx(np.mean(flat + [0.0]))  # logged: the rollout's rewards
+  kept = kept_trajectories(trajs, dynamic_sampling=True, score_metric="", cut_turn_penalty=pen)
+  assert [(t.group_id, t.chain_id) for t in kept] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+  on_metric, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="success", cut_turn_penalty=pen)
+  np.testing.assert_allclose(
+    on_metric["rewards"], [float(r > 0.5) - pen * (i in (1, 4)) for i, r in enumerate(flat)], rtol=1e-6
+  )
+  assert len(kept_trajectories(trajs, dynamic_sampling=False, score_metric="")) == len(on_metric["rewards"]) == 9
+  plain, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
+  np.testing.assert_allclose(plain["rewards"], flat, rtol=1e-6)  # 0: off
+  c = _config(None)
+  c.dapo.cut_turn_penalty = -0.5
+  with pytest.raises(ValueError, match=r"config\.dapo\.cut_turn_penalty=-0\.5: must be a number >= 0"):
+    RunSpec.from_config(c)
+
+
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_skipping_with_the_batch_mean_is_the_unskipped_step(trainer, agg):
   """`train.skip_keeps_batch_mean`: the tied groups' rows still skip the forward and backward, but
