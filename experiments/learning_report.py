@@ -72,13 +72,16 @@ def counted_step(records: list[dict], budget_minutes: float, saved_steps: list[i
 def evaluate_locked_test(workdir: str, step: int, num_rows: int) -> dict:
   """Greedy success on the task's locked test split of the checkpoint `step` of `workdir` (the run
   rebuilt from its config.json); the only reader of `make_test_rows`."""
-  from agentfly_jax.rl.batching import rollout_metrics
   from agentfly_jax.rl.config import migrate
   from agentfly_jax.rl.trainer import Trainer
 
   with open(os.path.join(workdir, "config.json")) as f:
     config = migrate(json.load(f))
   config.log.progress = False
+  # at most as many chains at once as a training step ran: the env pools were sized for that (the
+  # shop's 64 test goals at once left 32 chains waiting on its 32 webshop instances past the acquire
+  # timeout, and their failures counted as failed goals)
+  config.rollout.concurrency = min(config.rollout.concurrency, config.rollout.rows_per_step * config.rollout.num_chains)
   trainer = Trainer(config, workdir)
   policy, critic = trainer.run.parts.policy, trainer.run.parts.critic
   state = trainer.new_state(policy.params, critic_params=critic.params if critic is not None else None)
@@ -86,8 +89,23 @@ def evaluate_locked_test(workdir: str, step: int, num_rows: int) -> dict:
   trainer.run.parts.sampler.update_weights(state.params)
   rows = trainer.run.parts.task.make_test_rows(num_rows, seed=TEST_SEED)
   trajs = trainer.rollout(rows, num_chains=1, temperature=0.0, seed=TEST_SEED)
+  return {"step": step, **locked_test_score(trajs, f"locked test of {workdir} step {step}")}
+
+
+def locked_test_score(trajs: list, where: str) -> dict:
+  """{"rows", "success", "reward"} of the greedy test chains; RuntimeError naming `where` when a chain
+  failed (an env never acquired, a crash): a chain that never ran is not a failed goal, so no score is
+  recorded and the phase runs again."""
+  from agentfly_jax.rl.batching import rollout_metrics
+
+  failed = [t for t in trajs if t.error is not None]
+  if failed:
+    raise RuntimeError(
+      f"{where}: {len(failed)} of {len(trajs)} chains failed (first: group {failed[0].group_id}: "
+      f"{failed[0].error}); no score recorded"
+    )
   m = rollout_metrics(trajs, prefix="test")
-  return {"step": step, "rows": len(rows), "success": m["test/success_rate"], "reward": m.get("test/reward_mean")}
+  return {"rows": len(trajs), "success": m["test/success_rate"], "reward": m.get("test/reward_mean")}
 
 
 def _saved_steps(workdir: str) -> list[int]:
@@ -122,37 +140,19 @@ def identity(config, test_rows: int) -> dict:
   return {"config_hash": config_hash(config, test_rows), "test_rows": test_rows, "config": recipe(config)}
 
 
-def same_recipe(recorded: dict, current: dict, defaults: dict) -> bool:
-  """Whether `current` (a config) is the recipe `recorded` ran: equal values, except that an option
-  the recorded config lacks is the same recipe while `current` holds it at its default (`defaults`:
-  rl/config.default_config(); an option added later starts at the behaviour before it, the house rule
-  for new options), so adding an option does not invalidate every recorded seed. An option the
-  current config lacks, or any other difference: not the same recipe."""
-  if recorded.keys() - current.keys():
-    return False
-  for key, value in current.items():
-    default = defaults.get(key)
-    if key not in recorded:
-      if value != default:
-        return False
-    elif isinstance(value, dict) and isinstance(recorded[key], dict):
-      if not same_recipe(recorded[key], value, default if isinstance(default, dict) else {}):
-        return False
-    elif recorded[key] != value:
-      return False
-  return True
-
-
 def same_run(data: dict | None, config, test_rows: int) -> bool:
-  """Whether a record (`identity` + results) is of this seed config's run: by `same_recipe` when it
-  holds its config, else (written before records held one) by `config_hash`."""
+  """Whether a record (`identity` + results) is of this seed config's run. A record holding its config:
+  that config brought up to today's fields (rl/spec.migrate: an option added since gets the behaviour
+  the run had, the option's default unless `_OLD_BEHAVIOUR` says otherwise) equals `config`, so adding
+  an option does not invalidate every recorded seed. A record written before records held their config:
+  by `config_hash`."""
   if data is None:
     return False
   if "config" not in data:
     return data.get("config_hash") == config_hash(config, test_rows)
-  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.rl.config import migrate
 
-  return data.get("test_rows") == test_rows and same_recipe(data["config"], recipe(config), recipe(default_config()))
+  return data.get("test_rows") == test_rows and recipe(migrate(data["config"])) == recipe(config)
 
 
 def kept_seed(config, seed: int, out_dir: str, test_rows: int) -> dict | None:

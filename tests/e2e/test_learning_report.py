@@ -4,6 +4,7 @@ shop config's defaults being the recipe that worked (attempt u's recorded config
 import json
 import os
 
+import numpy as np
 import pytest
 from train_cli import ROOT, load_script
 
@@ -140,6 +141,12 @@ def test_a_seed_is_kept_only_for_the_config_it_ran(report, tmp_path):
   gone["config"]["dapo"]["an_option_removed_since"] = 1
   (tmp_path / "seed7" / "test.json").write_text(json.dumps(gone))
   assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) is None  # an option the current config lacks
+  older["config"]["train"].pop("logits_capacity")  # before it existed runs took log-probs everywhere (spec.migrate)
+  (tmp_path / "seed7" / "test.json").write_text(json.dumps(older))
+  assert report.kept_seed(c, 7, str(tmp_path / "seed7"), 8) is None  # not today's default: another recipe
+  old_way = c.copy_and_resolve_references()
+  old_way.train.logits_capacity = ()
+  assert report.kept_seed(old_way, 7, str(tmp_path / "seed7"), 8) == older
   # a record holding only its hash (written before records held their config)
   legacy = {"seed": 7, "config_hash": report.config_hash(report.seed_config(c, 7), 8)}
   (tmp_path / "seed7" / "test.json").write_text(json.dumps(legacy))
@@ -183,3 +190,22 @@ def test_a_finished_training_and_each_test_score_are_kept_for_their_config(repor
   again = report.run_seed(changed, 3, str(workdir), str(out), 8)
   assert calls == ["_train", "_evaluate", "_evaluate"]  # another recipe: trained and scored afresh
   assert again["train_wall_s"] == 5.0 and again["config_hash"] != result["config_hash"]
+
+
+def test_a_locked_test_with_a_failed_chain_records_no_score(report):
+  """A chain that never ran (no env instance within the acquire timeout: the shop's first seed-1 scoring) is not a
+  failed goal: the score is refused, naming the chain, so the phase runs again; without one the score is the chains'."""
+  from agentfly_jax.agents.trajectory import Trajectory
+
+  rng = np.random.default_rng(4)
+  rewards = rng.random(6).round(3)
+  trajs = [
+    Trajectory(np.arange(5, dtype=np.int32), np.ones(5, bool), np.zeros(5, np.float32), reward=float(r), group_id=g)
+    for g, r in enumerate(rewards)
+  ]
+  score = report.locked_test_score(trajs, "here")
+  assert score["rows"] == 6 and score["success"] == pytest.approx(np.mean(rewards > 0.5))
+  assert score["reward"] == pytest.approx(rewards.mean())
+  trajs[3].error, trajs[3].reward = "EnvUnavailable: could not acquire 'webshop'", 0.0
+  with pytest.raises(RuntimeError, match=r"here: 1 of 6 chains failed \(first: group 3: EnvUnavailable"):
+    report.locked_test_score(trajs, "here")
