@@ -48,7 +48,9 @@ _RESUME = flags.DEFINE_bool(
   "resume", True, "Keep a seed whose test.json was written by the same config (its hash); else re-run it."
 )
 _MAX_NEW_SEEDS = flags.DEFINE_integer(
-  "max_new_seeds", 0, "Run at most this many seeds not already done, then report the seeds done so far (0: all)."
+  "max_new_seeds",
+  0,
+  "Run at most this many seeds not already done, then report the seeds done so far (0: all; -1: none, re-report only).",
 )
 
 TEST_SEED = 4242  # the locked test rows' seed: the same rows for every seed and every run
