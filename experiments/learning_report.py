@@ -45,7 +45,7 @@ _TABLE = flags.DEFINE_string("table", os.path.join(ROOT, "experiments", "results
 _NOTE = flags.DEFINE_string("note", "", "Machine note for the table (e.g. how busy it was).")
 _METRIC = flags.DEFINE_enum("metric", "success", ["success", "reward"], "Table metric (reward: mean F1 for QA).")
 _RESUME = flags.DEFINE_bool(
-  "resume", True, "Keep a seed whose test.json was written by the same config (its hash); else re-run it."
+  "resume", True, "Keep a seed whose test.json was written by the same config (`same_run`); else re-run it."
 )
 _MAX_NEW_SEEDS = flags.DEFINE_integer(
   "max_new_seeds",
