@@ -79,11 +79,7 @@ def evaluate_locked_test(workdir: str, step: int, num_rows: int) -> dict:
 
   with open(os.path.join(workdir, "config.json")) as f:
     config = migrate(json.load(f))
-  config.log.progress = False
-  # at most as many chains at once as a training step ran: the env pools were sized for that (the
-  # shop's 64 test goals at once left 32 chains waiting on its 32 webshop instances past the acquire
-  # timeout, and their failures counted as failed goals)
-  config.rollout.concurrency = min(config.rollout.concurrency, config.rollout.rows_per_step * config.rollout.num_chains)
+  config.log.progress = False  # (its chains run at most a training step's at once: stages.rollout)
   trainer = Trainer(config, workdir)
   policy, critic = trainer.run.parts.policy, trainer.run.parts.critic
   state = trainer.new_state(policy.params, critic_params=critic.params if critic is not None else None)

@@ -140,7 +140,7 @@ class RolloutSection(Section):
   top_k: int = 0
   max_tokens_per_turn: int = 32
   max_total_tokens: int = 256
-  concurrency: int = 256
+  concurrency: int = 256  # chains in flight at once; a rollout runs at most rows_per_step * num_chains (stages.rollout)
   max_batch_size: int = 64  # sampler batch cap
   mode: str = "sync"  # sync | async (rollout overlaps the update; rl/async_rollout.py)
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old

@@ -79,7 +79,9 @@ def rollout(
     sampling_params=params,
     max_tokens_per_turn=r.max_tokens_per_turn,
     max_total_tokens=r.max_total_tokens,
-    concurrency=r.concurrency,
+    # at most a training step's chains at once, in evaluations too: the env pools are sized for a step, and a
+    # chain waiting on a full pool past the acquire timeout fails (64 shop test goals at once on 32 instances did)
+    concurrency=min(r.concurrency, r.rows_per_step * r.num_chains),
     seed=seed,
     group_offset=distributed.share_offset(len(rows)),
     env_provider=env_provider,

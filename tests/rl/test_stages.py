@@ -92,3 +92,33 @@ def test_update_with_nothing_to_train_keeps_the_state():
   new, metrics = stages.update(None, state, None, None, step=1)
   assert new is state and metrics == {}
   np.testing.assert_array_equal(new["w"], np.ones(3))
+
+
+def test_a_rollout_runs_at_most_a_training_steps_chains_at_once(monkeypatch):
+  """Evaluations too (more rows than a step): the env pools are sized for a step's chains, and a chain that
+  waits on a full pool past the acquire timeout fails (the shop's 64 test goals at once on 32 instances did)."""
+  import importlib
+
+  from agentfly_jax.rl.spec import RolloutSection
+
+  rollout_lib = importlib.import_module("agentfly_jax.agents.rollout")  # (the package re-exports a `rollout`)
+
+  seen = {}
+
+  def fake_run_rollout(agent, rows, **kw):
+    seen.update(kw, rows=len(rows))
+    return []
+
+  monkeypatch.setattr(rollout_lib, "run_rollout", fake_run_rollout)
+  rng = np.random.default_rng(2)
+  rows_per_step, num_chains = int(rng.integers(2, 9)), int(rng.integers(2, 5))
+  spec = RolloutSection(rows_per_step=rows_per_step, num_chains=num_chains)
+  rows = [{"i": i} for i in range(5 * rows_per_step)]
+  kw = dict(sampler=None, rollout_spec=spec, end_of_turn_id=0, env_provider=None)
+  stages.rollout(None, rows, num_chains=1, temperature=0.0, **kw)
+  assert (seen["rows"], seen["num_chains"], seen["concurrency"]) == (len(rows), 1, rows_per_step * num_chains)
+  stages.rollout(None, rows, **kw, seed=1)
+  assert seen["concurrency"] == rows_per_step * num_chains
+  small = RolloutSection(rows_per_step=rows_per_step, num_chains=num_chains, concurrency=3)
+  stages.rollout(None, rows, **{**kw, "rollout_spec": small})
+  assert seen["concurrency"] == 3  # a smaller setting holds
