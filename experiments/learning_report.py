@@ -203,6 +203,14 @@ def _write_json(path: str, data: dict) -> None:
   os.replace(path + ".tmp", path)
 
 
+def success_key(records: list[dict], prefix: str) -> str:
+  """The metric of greedy / sampled success in `records`: the reward's own `<prefix>/reward_metric/success`
+  where it was logged (metrics written before `success_rate` used it were reward > 0.5), else
+  `<prefix>/success_rate`."""
+  own = f"{prefix}/reward_metric/success"
+  return own if any(own in r for r in records) else f"{prefix}/success_rate"
+
+
 def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> dict:
   """Trains `seed` (unless `workdir` holds its finished training: `trained.json` with this config's
   config: `same_run`), then scores steps 0 and the counted step on the locked test split (each score kept
@@ -233,8 +241,7 @@ def run_seed(config, seed: int, workdir: str, out_dir: str, test_rows: int) -> d
   before, after = scores[0], scores[step]
   os.makedirs(out_dir, exist_ok=True)
   shutil.copy(os.path.join(workdir, "metrics.jsonl"), os.path.join(out_dir, "metrics.jsonl"))
-  key_success = "eval/reward_metric/success"  # the reward's own success where it reports one (older runs' success_rate
-  key_success = key_success if any(key_success in r for r in records) else "eval/success_rate"  # was reward > 0.5)
+  key_success = success_key(records, "eval")
   dev = [(r["step"], r[key_success]) for r in records if isinstance(r.get(key_success), (int, float))]
   dev_reward = [
     (r["step"], r["eval/reward_mean"]) for r in records if isinstance(r.get("eval/reward_mean"), (int, float))
@@ -292,7 +299,6 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
   `--metric=reward` report) over RL steps 1..last_step, read from each seed's metrics.jsonl: how
   fast a run learns where the final scores all saturate."""
   key = "rollout/reward_mean" if r.get("metric", "success") == "reward" else "rollout/success_rate"
-  own = "rollout/reward_metric/success"  # the reward's own success (older runs' success_rate: reward > 0.5)
   means = []
   for s in r["seeds"]:
     path = os.path.join(out_root, r["name"], f"seed{s['seed']}", "metrics.jsonl")
@@ -300,7 +306,7 @@ def early_sampled_success(out_root: str, r: dict, last_step: int = 10) -> str:
       return "-"
     with open(path) as f:
       records = [json.loads(line) for line in f if line.strip()]
-    k = own if key.endswith("success_rate") and any(own in x for x in records) else key
+    k = success_key(records, "rollout") if key.endswith("success_rate") else key
     xs = [x[k] for x in records if 0 < x.get("step", 0) <= last_step and k in x]
     if not xs:
       return "-"
@@ -400,7 +406,7 @@ def goals_section(reports: dict) -> str:
       "",
       "A seed takes up to 90 min of a ~18 GiB job on this 2-core CPU, so the seeds are run a few per session",
       "(`--max_new_seeds=1`); a seed is kept only while the config it ran is unchanged (`same_run`: its records",
-      "hold its config; an option added since, at its default, is the same recipe).",
+      "hold its config, brought up to today's fields by spec.migrate).",
       "The earlier SmolLM2 numbers (experiments/results/smollm2_multihop/, smollm2_webshop/) are single-seed,",
       "pre-split runs (their held-out rows shared entities / catalogue products with training, and the shop's",
       "counted attempt was chosen after looking at its held-out score): they are **not counted** here.",
