@@ -10,8 +10,8 @@ A row of your own: {"question": "Fix the bug the issue below describes, then sub
 row stops the run before training, naming the row and field (envservers/envs/swe_rows.py).
 
 Tasks: the shipped set (envservers/data/swe_tasks over the repositories in
-envservers/data/swe_repos; experiments/make_swe_tasks.py); evaluation on
-its test split (other repositories). The env server needs `--env swe=N` (the embedded local
+envservers/data/swe_repos; experiments/make_swe_tasks.py): train, dev (the evals during training)
+and a locked test split (read only by experiments/learning_report.py), each of other repositories. The env server needs `--env swe=N` (the embedded local
 server serves it).
 """
 
@@ -35,5 +35,5 @@ def get_config():
   c.rollout.max_turns = 8
   c.rollout.max_tokens_per_turn = 96
   c.rollout.max_total_tokens = 3072
-  c.eval.num_rows = 18  # the whole test split
+  c.eval.num_rows = 7  # the whole dev split
   return c

@@ -2,8 +2,8 @@
 
     python experiments/make_swe_tasks.py [--out=envservers/data/swe_tasks] [--per_kind=2]
 
-For each source repository under envservers/data/swe_repos/{train,test}/<name>/ (repo/: a
-package of 2-6 modules and its visible tests; hidden_tests/test_hidden.py; train and test splits
+For each source repository under envservers/data/swe_repos/{train,dev,test}/<name>/ (repo/: a
+package of 2-6 modules and its visible tests; hidden_tests/test_hidden.py; the three splits
 use different repositories) every candidate bug of six kinds is found in the source with `ast`
 (off_by_one, wrong_operator, missing_edge_case, wrong_default, swapped_arguments,
 broken_import), applied, and kept only if the repository's own tests and the hidden tests both
@@ -29,7 +29,7 @@ import tempfile
 
 from absl import app, flags
 
-from envservers.envs.swe_tasks import REPOS_DIR
+from envservers.envs.swe_tasks import REPOS_DIR, SPLITS
 
 FLAGS = flags.FLAGS
 
@@ -351,7 +351,7 @@ def main(argv):
   if os.path.isdir(FLAGS.out):
     shutil.rmtree(FLAGS.out)
   summary = {}
-  for split in ("train", "test"):
+  for split in SPLITS:
     for name, (files, hidden) in source_repos(split).items():
       made = make_repo_tasks(
         name, files, hidden, os.path.join(FLAGS.out, split), FLAGS.per_kind, repo_rng(FLAGS.seed, name)

@@ -117,7 +117,7 @@ class TaskSpec:
 @dataclasses.dataclass(frozen=True)
 class TaskModule:
   """What a task module defines, read once (None: not defined). UPPERCASE globals: TOOLS, REWARD,
-  ROWS (or rows), EVAL_ROWS (or eval_rows), SYSTEM_PROMPT; functions: make_rows, make_eval_rows,
+  ROWS (or rows), EVAL_ROWS (or eval_rows), TEST_ROWS (or test_rows), SYSTEM_PROMPT; functions: make_rows, make_eval_rows,
   make_test_rows, scripted_response (or demo_policy), make_agent, tokenizer_corpus, check_rows."""
 
   module: types.ModuleType
@@ -125,6 +125,7 @@ class TaskModule:
   reward: Any = None
   rows: Sequence | None = None
   eval_rows: Sequence | None = None
+  test_rows: Sequence | None = None
   system_prompt: str | None = None
   make_rows: Callable | None = None
   make_eval_rows: Callable | None = None
@@ -151,6 +152,17 @@ def _function(value):
   return value if callable(value) else None
 
 
+def test_rows_generator(make_test_rows: Callable | None, fixed_rows: Sequence | None) -> Callable | None:
+  """The locked test split's `(n, seed) -> rows`: the task's generator, else its first n fixed test
+  rows (the seed does not pick them), else None (the task has no test split)."""
+  if make_test_rows is not None:
+    return make_test_rows
+  if fixed_rows:
+    rows = tuple(dict(r) for r in fixed_rows)
+    return lambda n, seed: [dict(r) for r in rows[:n]]
+  return None
+
+
 def read_task_module(module: types.ModuleType) -> TaskModule:
   """The task parts `module` defines (the one place a module's globals are read)."""
   return TaskModule(
@@ -159,6 +171,7 @@ def read_task_module(module: types.ModuleType) -> TaskModule:
     reward=_first(module, "REWARD"),
     rows=_fixed(_first(module, "ROWS", "rows")),
     eval_rows=_fixed(_first(module, "EVAL_ROWS", "eval_rows")),
+    test_rows=_fixed(_first(module, "TEST_ROWS", "test_rows")),
     system_prompt=_first(module, "SYSTEM_PROMPT"),
     make_rows=_function(_first(module, "make_rows")),
     make_eval_rows=_function(_first(module, "make_eval_rows")),
@@ -198,7 +211,7 @@ def _from_module(module: types.ModuleType, name: str) -> TaskSpec:
     eval_rows=tuple(parts.eval_rows or ()),
     generate_rows=parts.make_rows,
     generate_eval_rows=parts.make_eval_rows,
-    generate_test_rows=parts.make_test_rows,
+    generate_test_rows=test_rows_generator(parts.make_test_rows, parts.test_rows),
     corpus=parts.tokenizer_corpus,
     scripted_response=parts.scripted_response,
     agent_factory=parts.make_agent,
@@ -214,6 +227,7 @@ def _from_task(task, name: str) -> TaskSpec:
     system_prompt=task.system_prompt,
     rows=tuple(task.rows),
     eval_rows=tuple(task.eval_rows or ()),
+    generate_test_rows=test_rows_generator(None, task.test_rows),
     extra_corpus=tuple(task.corpus),
     scripted_response=task.scripted_response,
     agent_factory=task.agent_factory,
@@ -231,7 +245,9 @@ class Task:
     tools: `@tool` functions the agent may call.
     reward: the `@reward` function.
     rows: training rows (dicts with 'question' + fields the reward reads by name).
-    eval_rows: held-out rows (default: the first 32 training rows).
+    eval_rows: held-out rows (default: the first 32 training rows): the dev split, read during training.
+    test_rows: the locked test split (default: none), read only by a final evaluation
+      (experiments/learning_report.py, `TaskSpec.make_test_rows`), never during training.
     system_prompt: the agent's system prompt.
     corpus: extra texts for the tiny tokenizer when the model is random-init.
     scripted_response: optional demonstration policy `(prompt_text, use_tool, rng) -> text` (or
@@ -252,6 +268,7 @@ class Task:
   reward: Callable | None = None
   rows: Sequence[dict] = ()
   eval_rows: Sequence[dict] = ()
+  test_rows: Sequence[dict] = ()
   system_prompt: str = ""
   corpus: Sequence[str] = ()
   scripted_response: Callable | None = None
@@ -287,6 +304,10 @@ class Task:
   def make_eval_rows(self, n: int, seed: int) -> list[dict]:
     """Held-out rows: `eval_rows` when given, else the first n training rows."""
     return self.spec().make_eval_rows(n, seed)
+
+  def make_test_rows(self, n: int, seed: int) -> list[dict]:
+    """The first n `test_rows` (the locked test split); ValueError when the task has none."""
+    return self.spec().make_test_rows(n, seed)
 
   def tokenizer_corpus(self) -> list[str]:
     return self.spec().tokenizer_corpus()

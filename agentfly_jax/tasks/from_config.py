@@ -13,7 +13,8 @@ demonstration policy when `config.sft.steps > 0`. `task_fingerprint` hashes the 
 
 A task module may define (all optional but a reward and rows, which may come from the config):
   TOOLS (else every @tool in the module), REWARD (else its one @reward), ROWS or
-  make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed), SYSTEM_PROMPT,
+  make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed) (the dev split), TEST_ROWS or
+  make_test_rows(n, seed) (the locked test split, read only by experiments/learning_report.py), SYSTEM_PROMPT,
   scripted_response(prompt_text, use_tool, rng) (the SFT demonstration policy; also `demo_policy`),
   make_agent(tokenizer) (given `system_prompt=` too when it takes one), tokenizer_corpus(),
   check_rows(rows, source) -> rows (its own checks of every row, e.g. swe's sandbox runs).
@@ -266,7 +267,7 @@ def _fill_row_fields(rows: list[dict], t: UserTaskSection) -> list[dict]:
 
 def _custom_task(config):
   from agentfly_jax.tasks import Task
-  from agentfly_jax.tasks.contract import TaskModule, read_task_module
+  from agentfly_jax.tasks.contract import TaskModule, read_task_module, task_spec, test_rows_generator
 
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
@@ -325,7 +326,7 @@ def _custom_task(config):
   agent_factory = parts.make_agent
   if agent_factory is not None and "system_prompt" in inspect.signature(agent_factory).parameters:
     agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
-  return Task(
+  custom = Task(
     tools=tools,
     reward=reward,
     rows=rows,
@@ -337,6 +338,11 @@ def _custom_task(config):
     agent_fn=_resolve_agent_fn(t.agent),
     agent_cmd=_resolve_agent_cmd(t),
   )
+  # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS)
+  test_rows = test_rows_generator(parts.make_test_rows, parts.test_rows)
+  if test_rows is None:
+    return custom
+  return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)
 
 
 def _resolve_agent_cmd(t) -> str | None:

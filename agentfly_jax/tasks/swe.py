@@ -1,7 +1,7 @@
 """Software engineering: fix the bug an issue describes in a small Python repository.
 
 Rows: {"question", "task_id", "split"} naming a task of the shipped set (envservers/data/
-swe_tasks: train and test splits use different repositories), or SWE-Gym-style rows a user
+swe_tasks: the train, dev and locked test splits use different repositories), or SWE-Gym-style rows a user
 brings ({"repo", "problem_statement", "hidden_tests", "test_command"}; `check_rows` runs each in
 the sandbox before training and names a bad row and its field). The env `swe` gives each chain a
 fresh copy of the repository in a bubblewrap sandbox; its reset text (the issue) opens the chat.
@@ -91,7 +91,15 @@ def make_rows(n: int, seed: int) -> list[dict]:
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  """The shipped test split (held-out repositories), each task once, up to n."""
+  """The shipped dev split (a repository of its own: the evals during training, for choosing
+  recipes), each task once, up to n."""
+  del seed
+  return _rows(swe_tasks.shipped_task_ids("dev")[:n], "dev")
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """The locked test split (repositories of their own, read only by the final evaluation:
+  experiments/learning_report.py), each task once, up to n."""
   del seed
   return _rows(swe_tasks.shipped_task_ids("test")[:n], "test")
 
@@ -118,8 +126,11 @@ def expert_policy(row: dict, observation: str, expert: swe_policies.ScriptedExpe
 
 
 def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
+  """Texts a random-init model's tokenizer is trained on: the train split's only (the dev and test
+  repositories' code and issues stay unseen, as with the other tasks' locked splits)."""
+  del seed
   texts = [SYSTEM_PROMPT, QUESTION] * 5
-  for split in swe_tasks.SPLITS:
+  for split in ("train",):
     for task_id in swe_tasks.shipped_task_ids(split)[:n]:
       meta = swe_tasks.shipped_task_meta(task_id)
       fix = swe_tasks.reference_fix(meta)

@@ -32,7 +32,7 @@ import tarfile
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 SHIPPED_DIR = os.path.join(DATA_DIR, "swe_tasks")
 REPOS_DIR = os.path.join(DATA_DIR, "swe_repos")
-SPLITS = ("train", "test")
+SPLITS = ("train", "dev", "test")  # by repository: no repository is in two splits
 DEFAULT_TEST_COMMAND = "python -m pytest -q"
 _SKIP_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
 
@@ -105,7 +105,7 @@ def _shipped_task(task_id: str) -> SweTask:
 
 
 def shipped_task_ids(split: str) -> list[str]:
-  """The shipped tasks of `split` ("train" or "test"), sorted."""
+  """The shipped tasks of `split` ("train", "dev" or "test"), sorted."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   root = os.path.join(SHIPPED_DIR, split)

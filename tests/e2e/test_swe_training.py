@@ -43,8 +43,9 @@ def test_config_builds_the_swe_task_with_its_tool_prompt():
   assert [t.name for t in task.tools] == ["bash", "view", "str_replace", "submit"]
   assert task.tools[-1].is_finish and task.reward.name == "swe_hidden_tests"
   train = {r["task_id"] for r in task.rows}
-  test = {r["task_id"] for r in task.make_eval_rows(100, 0)}
-  assert len(test) == 18 and not train & test
+  dev = {r["task_id"] for r in task.make_eval_rows(100, 0)}  # the evals during training read dev, not test
+  test = {r["task_id"] for r in task.make_test_rows(100, 0)}
+  assert len(dev) == config.eval.num_rows == 7 and len(test) == 18 and not (train & dev or train & test or dev & test)
   assert task.system_prompt == config.task.system_prompt and "str_replace" in task.system_prompt
 
 

@@ -1,7 +1,8 @@
 """Every learning task has train / dev / locked test rows, and what each split's rows are about
-(keys, expressions, goal products, the entities both hops query) never occurs in another: computed
+(keys, expressions, goal products, the entities both hops query, SWE repositories) never occurs in another: computed
 from the rows the task generates, not from the split rule."""
 
+import os
 import re
 
 import pytest
@@ -89,3 +90,30 @@ def test_multihop_test_entities_of_both_hops_never_appear_in_train_or_dev(module
   assert all(r["type"] != "1-hop" for r in rows["test"] + rows["dev"])
   assert all(len(_hop_titles(r)) == 2 for r in rows["test"])  # both hops' entities counted
   _assert_disjoint({k: set().union(*(_hop_titles(r) for r in v)) for k, v in rows.items()})
+
+
+def test_swe_repositories_of_the_three_splits_are_disjoint():
+  """SWE tasks split by repository: a dev or test task's code, issue and hidden tests come from a repository
+  no train task uses; the rows each split's function gives are that split's tasks, every one of them; the
+  tokenizer corpus of a random-init model reads the train tasks only."""
+  from agentfly_jax.tasks import swe
+  from envservers.envs import swe_tasks
+
+  spec = task_spec(swe)
+  rows = {
+    "train": spec.make_rows(2000, seed=0),
+    "dev": spec.make_eval_rows(100, 0),
+    "test": spec.make_test_rows(100, 0),
+  }
+  ids = {k: {r["task_id"] for r in v} for k, v in rows.items()}
+  for split, task_ids in ids.items():
+    assert task_ids == set(swe_tasks.shipped_task_ids(split)), split  # each split whole, and only it
+    assert {r["split"] for r in rows[split]} == {split}
+  repos = {k: {swe_tasks.shipped_task_meta(t)["repo_name"] for t in v} for k, v in ids.items()}
+  _assert_disjoint(repos)
+  for split, names in repos.items():  # the repository each task names is shipped in its own split's folder
+    assert names == set(os.listdir(os.path.join(swe_tasks.REPOS_DIR, split))), split
+  corpus = "\n".join(swe.tokenizer_corpus())
+  held_out = [swe_tasks.shipped_task_meta(t)["problem_statement"] for t in ids["dev"] | ids["test"]]
+  assert not [p for p in held_out if p in corpus]
+  assert all(swe_tasks.shipped_task_meta(t)["problem_statement"] in corpus for t in ids["train"])

@@ -42,15 +42,15 @@ def test_shipped_set_splits_by_repository_and_covers_every_bug_kind():
   metas = {
     split: [swe_tasks.shipped_task_meta(t) for t in swe_tasks.shipped_task_ids(split)] for split in swe_tasks.SPLITS
   }
-  assert len(metas["train"]) >= 30 and len(metas["test"]) >= 15
+  assert len(metas["train"]) >= 25 and len(metas["dev"]) >= 7 and len(metas["test"]) >= 15
   repos = {split: {m["repo_name"] for m in ms} for split, ms in metas.items()}
-  assert len(repos["train"]) >= 4 and len(repos["test"]) >= 3
-  assert not repos["train"] & repos["test"]
+  assert len(repos["train"]) >= 3 and len(repos["dev"]) >= 1 and len(repos["test"]) >= 3
+  assert not (repos["train"] & repos["test"] or repos["train"] & repos["dev"] or repos["dev"] & repos["test"])
   assert {m["kind"] for ms in metas.values() for m in ms} == set(KINDS)
   for split in swe_tasks.SPLITS:  # a task is one file; each repository is shipped once
     assert all(n.endswith(".json") for n in os.listdir(os.path.join(swe_tasks.SHIPPED_DIR, split)))
     assert sorted(os.listdir(os.path.join(swe_tasks.REPOS_DIR, split))) == sorted(repos[split])
-  for meta in metas["train"] + metas["test"]:
+  for meta in metas["train"] + metas["dev"] + metas["test"]:
     task = swe_tasks.resolve_row({"task_id": meta["task_id"]})
     assert task.selected_tests == tuple(meta["fail_to_pass"]) and task.selected_tests
     for node in task.selected_tests:  # each names a hidden test function

@@ -100,6 +100,31 @@ def test_an_old_style_user_module_still_loads(old_style_module):
   direct = task_spec(importlib.import_module(old_style_module))
   assert direct.tools == spec.tools and direct.reward is spec.reward and direct.name == old_style_module
   assert direct.rows == spec.rows and direct.eval_rows == tuple(spec.eval_rows)
+  with pytest.raises(ValueError, match="task 'custom' has no locked test split"):  # it defines none
+    spec.make_test_rows(3, 0)
+
+
+def test_a_user_module_s_locked_test_split_reaches_the_contract(old_style_module, tmp_path):
+  """TEST_ROWS (fixed) or make_test_rows(n, seed) (generated, seed-dependent) of a module loaded by
+  config.task.module: make_test_rows gives them, the training and dev rows do not include them."""
+  rng = np.random.default_rng()
+  words = [f"t{int(x)}" for x in rng.choice(10_000, size=5, replace=False)]
+  source = (tmp_path / "old_style_task.py").read_text()
+  (tmp_path / "fixed_test_task.py").write_text(
+    source + f"TEST_ROWS = [{{'question': 'shout ' + w, 'answer': w.upper()}} for w in {words!r}]\n"
+  )
+  (tmp_path / "generated_test_task.py").write_text(
+    source
+    + "def make_test_rows(n, seed):\n  return [{'question': f'shout s{seed}-{i}', 'answer': 'X'} for i in range(n)]\n"
+  )
+  fixed = build_task(set_custom_task(default_config(), module="fixed_test_task"))
+  assert [r["question"] for r in fixed.make_test_rows(3, seed=7)] == [f"shout {w}" for w in words[:3]]
+  assert len(fixed.make_test_rows(100, 0)) == 5
+  held_out = {r["question"] for r in fixed.make_test_rows(100, 0)}
+  assert not held_out & {r["question"] for r in fixed.make_rows(200, 0) + fixed.make_eval_rows(100, 0)}
+  generated = build_task(set_custom_task(default_config(), module="generated_test_task"))
+  assert [r["question"] for r in generated.make_test_rows(2, seed=4242)] == ["shout s4242-0", "shout s4242-1"]
+  assert generated.name == "custom" and generated.make_eval_rows(5, 0) == [{"question": "shout e", "answer": "E"}]
 
 
 def test_a_task_object_becomes_the_contract():
@@ -121,6 +146,14 @@ def test_a_task_object_becomes_the_contract():
   corpus = spec.tokenizer_corpus()
   assert corpus[:2] == ["Find codes.", "extra text"] and "q0 0" in corpus
   assert task_spec(spec) is spec
+  with pytest.raises(ValueError, match="has no locked test split"):
+    spec.make_test_rows(2, 0)
+  locked = task_spec(Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows[:3], test_rows=rows[3:]))
+  assert locked.make_test_rows(10, seed=1) == rows[3:] and locked.make_test_rows(1, seed=2) == rows[3:4]
+  assert (
+    Task(tools=[lookup.lookup], reward=lookup.code_match, rows=rows[:3], test_rows=rows[3:]).make_test_rows(9, 0)
+    == rows[3:]
+  )
   with pytest.raises(TypeError, match="a task must be a TaskSpec, a Task or a task module, got dict"):
     task_spec({"tools": []})
   with pytest.raises(ValueError, match="has neither rows nor a row generator"):
