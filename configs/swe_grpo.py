@@ -11,8 +11,8 @@ row stops the run before training, naming the row and field (envservers/envs/swe
 
 Tasks: the shipped set (envservers/data/swe_tasks over the repositories in
 envservers/data/swe_repos; experiments/make_swe_tasks.py): train, dev (the evals during training)
-and a locked test split (read only by experiments/learning_report.py), each of other repositories. The env server needs `--env swe=N` (the embedded local
-server serves it).
+and a locked test split (read only by experiments/learning_report.py), each of other repositories.
+The env server needs `--env swe=N` (the embedded local server serves it).
 """
 
 from agentfly_jax.rl.config import world_config

@@ -117,8 +117,9 @@ class TaskSpec:
 @dataclasses.dataclass(frozen=True)
 class TaskModule:
   """What a task module defines, read once (None: not defined). UPPERCASE globals: TOOLS, REWARD,
-  ROWS (or rows), EVAL_ROWS (or eval_rows), TEST_ROWS (or test_rows), SYSTEM_PROMPT; functions: make_rows, make_eval_rows,
-  make_test_rows, scripted_response (or demo_policy), make_agent, tokenizer_corpus, check_rows."""
+  ROWS (or rows), EVAL_ROWS (or eval_rows), TEST_ROWS (or test_rows), SYSTEM_PROMPT; functions:
+  make_rows, make_eval_rows, make_test_rows, scripted_response (or demo_policy), make_agent,
+  tokenizer_corpus, check_rows."""
 
   module: types.ModuleType
   tools: Sequence | None = None
@@ -152,7 +153,7 @@ def _function(value):
   return value if callable(value) else None
 
 
-def test_rows_generator(make_test_rows: Callable | None, fixed_rows: Sequence | None) -> Callable | None:
+def locked_rows_generator(make_test_rows: Callable | None, fixed_rows: Sequence | None) -> Callable | None:
   """The locked test split's `(n, seed) -> rows`: the task's generator, else its first n fixed test
   rows (the seed does not pick them), else None (the task has no test split)."""
   if make_test_rows is not None:
@@ -211,7 +212,7 @@ def _from_module(module: types.ModuleType, name: str) -> TaskSpec:
     eval_rows=tuple(parts.eval_rows or ()),
     generate_rows=parts.make_rows,
     generate_eval_rows=parts.make_eval_rows,
-    generate_test_rows=test_rows_generator(parts.make_test_rows, parts.test_rows),
+    generate_test_rows=locked_rows_generator(parts.make_test_rows, parts.test_rows),
     corpus=parts.tokenizer_corpus,
     scripted_response=parts.scripted_response,
     agent_factory=parts.make_agent,
@@ -227,7 +228,7 @@ def _from_task(task, name: str) -> TaskSpec:
     system_prompt=task.system_prompt,
     rows=tuple(task.rows),
     eval_rows=tuple(task.eval_rows or ()),
-    generate_test_rows=test_rows_generator(None, task.test_rows),
+    generate_test_rows=locked_rows_generator(None, task.test_rows),
     extra_corpus=tuple(task.corpus),
     scripted_response=task.scripted_response,
     agent_factory=task.agent_factory,

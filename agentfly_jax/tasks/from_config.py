@@ -267,7 +267,7 @@ def _fill_row_fields(rows: list[dict], t: UserTaskSection) -> list[dict]:
 
 def _custom_task(config):
   from agentfly_jax.tasks import Task
-  from agentfly_jax.tasks.contract import TaskModule, read_task_module, task_spec, test_rows_generator
+  from agentfly_jax.tasks.contract import TaskModule, read_task_module, task_spec, locked_rows_generator
 
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
@@ -339,7 +339,7 @@ def _custom_task(config):
     agent_cmd=_resolve_agent_cmd(t),
   )
   # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS)
-  test_rows = test_rows_generator(parts.make_test_rows, parts.test_rows)
+  test_rows = locked_rows_generator(parts.make_test_rows, parts.test_rows)
   if test_rows is None:
     return custom
   return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)

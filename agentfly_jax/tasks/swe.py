@@ -1,8 +1,8 @@
 """Software engineering: fix the bug an issue describes in a small Python repository.
 
 Rows: {"question", "task_id", "split"} naming a task of the shipped set (envservers/data/
-swe_tasks: the train, dev and locked test splits use different repositories), or SWE-Gym-style rows a user
-brings ({"repo", "problem_statement", "hidden_tests", "test_command"}; `check_rows` runs each in
+swe_tasks: the train, dev and locked test splits use different repositories), or SWE-Gym-style
+rows a user brings ({"repo", "problem_statement", "hidden_tests", "test_command"}; `check_rows` runs each in
 the sandbox before training and names a bad row and its field). The env `swe` gives each chain a
 fresh copy of the repository in a bubblewrap sandbox; its reset text (the issue) opens the chat.
 Tools: bash, view, str_replace, submit (ends the chain); reward: the fraction of the task's
@@ -130,15 +130,14 @@ def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
   repositories' code and issues stay unseen, as with the other tasks' locked splits)."""
   del seed
   texts = [SYSTEM_PROMPT, QUESTION] * 5
-  for split in ("train",):
-    for task_id in swe_tasks.shipped_task_ids(split)[:n]:
-      meta = swe_tasks.shipped_task_meta(task_id)
-      fix = swe_tasks.reference_fix(meta)
-      texts += [
-        meta["problem_statement"],
-        tool_call_text("bash", command=meta["test_command"]),
-        tool_call_text("view", path=fix["path"], lines="1-40"),
-        tool_call_text("str_replace", path=fix["path"], old=fix["old"], new=fix["new"]),
-        tool_call_text("submit"),
-      ]
+  for task_id in swe_tasks.shipped_task_ids("train")[:n]:
+    meta = swe_tasks.shipped_task_meta(task_id)
+    fix = swe_tasks.reference_fix(meta)
+    texts += [
+      meta["problem_statement"],
+      tool_call_text("bash", command=meta["test_command"]),
+      tool_call_text("view", path=fix["path"], lines="1-40"),
+      tool_call_text("str_replace", path=fix["path"], old=fix["old"], new=fix["new"]),
+      tool_call_text("submit"),
+    ]
   return texts
