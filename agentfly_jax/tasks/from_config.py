@@ -338,10 +338,21 @@ def _custom_task(config):
     agent_fn=_resolve_agent_fn(t.agent),
     agent_cmd=_resolve_agent_cmd(t),
   )
-  # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS)
-  test_rows = locked_rows_generator(parts.make_test_rows, parts.test_rows)
-  if test_rows is None:
+  # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS), read only then:
+  # its rows are checked as the eval rows are, when they are read
+  generate = locked_rows_generator(parts.make_test_rows, parts.test_rows)
+  if generate is None:
     return custom
+
+  def test_rows(n: int, seed: int) -> list[dict]:
+    where = f"{mod_label} test rows"
+    rows = _fill_row_fields([validate_row(r, i, where) for i, r in enumerate(generate(n, seed))], t)
+    if rows:
+      check_rows_fit(rows, where, tools, reward)
+    if rows and check is not None:
+      rows = check(rows, where)
+    return rows
+
   return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)
 
 

@@ -125,6 +125,17 @@ def test_a_user_module_s_locked_test_split_reaches_the_contract(old_style_module
   generated = build_task(set_custom_task(default_config(), module="generated_test_task"))
   assert [r["question"] for r in generated.make_test_rows(2, seed=4242)] == ["shout s4242-0", "shout s4242-1"]
   assert generated.name == "custom" and generated.make_eval_rows(5, 0) == [{"question": "shout e", "answer": "E"}]
+  # a bad test row is named when the split is read (the final evaluation), as a bad eval row is at the start
+  (tmp_path / "bad_test_task.py").write_text(
+    source + "TEST_ROWS = [{'question': 'shout a', 'answer': 'A'}, {'answer': 'B'}]\n"
+  )
+  bad = build_task(set_custom_task(default_config(), module="bad_test_task"))
+  with pytest.raises(ValueError, match=r"module bad_test_task test rows.*1.*question"):
+    bad.make_test_rows(2, 0)
+  import sys
+
+  for name in ("fixed_test_task", "generated_test_task", "bad_test_task"):
+    sys.modules.pop(name, None)
 
 
 def test_a_task_object_becomes_the_contract():
