@@ -2,9 +2,9 @@
 
   .venv/bin/python experiments/swe_135m_probe.py --tasks=16 --chains=4
 
-`configs/swe_grpo.py` (its tool prompt, 8 turns of up to 96 tokens, 3,072 tokens a chain) with the model
-SmolLM2-135M-Instruct (`model.pretrained`), no SFT, T=1: each of the first `--tasks` train tasks (train
-repositories only; the test split is not read) gets `--chains` chains, as a GRPO group would. What it
+`--config` (default configs/swe_grpo.py: its tool prompt, 8 turns of up to 96 tokens, 3,072 tokens a chain;
+`--config.x=...` overrides) with the model SmolLM2-135M-Instruct unless `model.pretrained` names another, no SFT,
+T=1: each of the first `--tasks` train tasks (train repositories only; dev and test are not read) gets `--chains` chains, as a GRPO group would. What it
 measures is whether RL has anything to learn from: a group whose chains all score the same reward gives every
 chain advantage 0 (GRPO, RLOO), so no gradient. Writes `--out`/probe.json (metrics, each group's rewards, the
 chains' finish reasons and tool calls) and transcript.txt (the first `--transcript_chains` chains).
@@ -17,8 +17,12 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags
+from ml_collections import config_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "configs/swe_grpo.py", "The SWE config (its tool prompt and limits)."
+)
 _TASKS = flags.DEFINE_integer("tasks", 16, "Train tasks (the first N of the shipped train split), one group each.")
 _CHAINS = flags.DEFINE_integer("chains", 4, "Chains per task (a GRPO group).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature (the training rollout's).")
@@ -39,7 +43,6 @@ def group_signal(rewards_by_group: dict[int, list[float]]) -> dict:
 
 def main(argv):
   del argv
-  import importlib.util
   import time
 
   from agentfly_jax.agents.display import format_trajectory
@@ -51,12 +54,8 @@ def main(argv):
   from agentfly_jax.tasks.swe import QUESTION
   from envservers.api import swe_tasks
 
-  path = os.path.join(ROOT, "configs", "swe_grpo.py")
-  module_spec = importlib.util.spec_from_file_location("swe_grpo_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  config = module.get_config()
-  config.model.pretrained = smollm2_folder()
+  config = _CONFIG.value
+  config.model.pretrained = config.model.pretrained or smollm2_folder()  # SmolLM2-135M-Instruct unless given
   config.rollout.rows_per_step = _TASKS.value  # all groups at once (the bound on chains in flight)
   config.rollout.num_chains = _CHAINS.value
   config.log.progress = False
@@ -84,7 +83,7 @@ def main(argv):
     by_group.setdefault(t.group_id, []).append(float(t.reward))
   result = {
     "model": "SmolLM2-135M-Instruct (base, no SFT)",
-    "config": "configs/swe_grpo.py",
+    "config": config.name,
     "tasks": ids,
     "chains": _CHAINS.value,
     "temperature": _TEMPERATURE.value,
