@@ -25,6 +25,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
+from agentfly_jax.models.paged_attention import PagedKVCache, PageTable
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
@@ -174,6 +175,19 @@ class _Base(nnx.Module):
       stacked=cfg.scan_layers,
     )
 
+  def init_paged_cache(self, num_pages: int, page_size: int, dtype=None) -> PagedKVCache:
+    """Zero key / value pages (models/paged_attention.py; stacked with scan_layers)."""
+    cfg = self.config
+    return PagedKVCache.zeros(
+      cfg.num_hidden_layers,
+      num_pages,
+      page_size,
+      cfg.num_key_value_heads,
+      cfg.head_dim,
+      dtype or cfg.compute_dtype,
+      stacked=cfg.scan_layers,
+    )
+
   def hidden_states(
     self,
     input_ids,
@@ -184,19 +198,23 @@ class _Base(nnx.Module):
     cache_index=None,
     segment_ids=None,
     from_empty_cache: bool = False,
+    pages: PageTable | None = None,
   ):
     """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
 
     Args: see `CausalLM.__call__`; `from_empty_cache` (static): `cache` holds nothing yet and
     input_ids fill its slots [0, T) (a prefill): they attend among themselves as without a cache
     (the Pallas kernel / flash blocks, no [B, H, T, S] scores over the whole cache); the result
-    equals the plain cached call at cache_index 0.
+    equals the plain cached call at cache_index 0. `pages` (with a PagedKVCache `cache`): where each token
+    reads and writes (models/paged_attention.py); its positions are the RoPE positions.
     """
     chex.assert_rank(input_ids, 2)
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
       raise TypeError(f"input_ids must be an integer array [B, T], got dtype {input_ids.dtype}")
     b, t = input_ids.shape
     cfg = self.config
+    if isinstance(cache, PagedKVCache) or pages is not None:
+      return self._paged_hidden_states(input_ids, cache, pages)
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index was given without cache")
@@ -270,6 +288,29 @@ class _Base(nnx.Module):
     x = constrain(self.model.norm(x), HIDDEN_AXES)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
     return x, new_cache
+
+  def _paged_hidden_states(self, input_ids, cache: PagedKVCache, pages: PageTable):
+    """hidden_states over a paged cache: (hidden [B, T, D], the updated PagedKVCache)."""
+    cfg = self.config
+    if not isinstance(cache, PagedKVCache) or not isinstance(pages, PageTable):
+      raise ValueError("a paged forward needs cache=PagedKVCache (model.init_paged_cache) and pages=PageTable")
+    if cache.num_layers != cfg.num_hidden_layers or cache.stacked != cfg.scan_layers:
+      raise ValueError(
+        f"the paged cache has {cache.num_layers} layers ({'stacked' if cache.stacked else 'per layer'}); the model "
+        f"has {cfg.num_hidden_layers} (scan_layers={cfg.scan_layers}): use model.init_paged_cache"
+      )
+    chex.assert_equal_shape([input_ids, pages.positions, pages.write_slots])
+    cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
+    x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
+    if cfg.scan_layers:
+      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, pages, cache, None, cfg.remat, cfg.compute_dtype)
+      return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(k=kv[0], v=kv[1])
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.model.layers):
+      x, (k, v) = layer(x, cos, sin, pages, (cache.k[i], cache.v[i]), None)
+      new_k.append(k)
+      new_v.append(v)
+    return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(k=tuple(new_k), v=tuple(new_v))
 
 
 class CausalLM(_Base):

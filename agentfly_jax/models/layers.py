@@ -17,6 +17,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
+from agentfly_jax.models.paged_attention import PageTable, paged_attend, pallas_paged_decode, write_pages
 from agentfly_jax.models.pallas_attention import pallas_causal_attention
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain, logical_axes, param_with_axes
 
@@ -338,6 +339,8 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if isinstance(mask, PageTable):  # the paged cache: kv = this layer's (k_pages, v_pages)
+      return self._paged(q, k, v, kv, mask)
     if kv is None or cache_index is None:  # training / scoring, or a prefill into an empty cache
       out = constrain(self._attend_within(q, k, v, mask), ("act_batch", "act_length", "act_heads"))
       return self.o_proj(out), None if kv is None else self._write_cache(kv, k, v, 0)
@@ -348,6 +351,16 @@ class Attention(nnx.Module):
     k, v = self._write_cache(kv, k, v, cache_index)
     out = self._attend(q, k.astype(self.dtype), v.astype(self.dtype), mask, keys_transposed=True)
     return self.o_proj(out), (k, v)
+
+  def _paged(self, q, k, v, kv, table: PageTable):
+    """Writes k / v [B, T, KVH, hd] into this layer's pages at `table.write_slots`, then attends over each
+    row's pages (models/paged_attention.py). Returns (out [B, T, D], (k_pages, v_pages))."""
+    k_pages, v_pages = write_pages(kv[0], k, table.write_slots), write_pages(kv[1], v, table.write_slots)
+    if self.attention_impl == "pallas" and q.shape[1] == 1:
+      out = pallas_paged_decode(q, k_pages, v_pages, table)
+    else:
+      out = paged_attend(q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision)
+    return self.o_proj(out.astype(self.dtype)), (k_pages, v_pages)
 
   def _attend_within(self, q, k, v, mask):
     """Attention of q [B, T, H, hd] over the same T keys / values [B, T, KVH, hd] (no cache):

@@ -60,11 +60,18 @@ class SampleResult:
     logprobs: float log-probs of exactly those tokens under the sampling distribution
       (at the sampling temperature), length N.
     finish_reason: "stop" (a stop token was emitted) or "length" (max_new_tokens reached).
+    policy_version: the trainer's policy version that wrote it, where a version gate tracks one
+      (rl/partial_rollout.VersionedSampler); None otherwise.
+    token_versions: per token, how many weight updates the sampler had landed when it wrote the token (empty:
+      not tracked); differs within a request only when an update landed mid-request and the sampler continued
+      on the new weights (the paged engine's weight_update="recompute").
   """
 
   token_ids: list[int]
   logprobs: list[float]
   finish_reason: str
+  policy_version: int | None = None
+  token_versions: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,215 @@
+"""PagedJaxSampler: the JAX sampler as a continuous-batching engine over a paged KV cache.
+
+    sampler = PagedJaxSampler(model, num_slots=32, max_len=2048, page_size=16, kv_cache_gib=1.0)
+    result = await sampler.agenerate(prompt_ids, params)   # trio; admitted at the next step boundary
+    results = sampler.generate(prompts, params)            # the same engine, waited on from this thread
+    sampler.update_weights(new_params)                     # lands between decode steps (weight_update mode)
+    sampler.metrics(reset=True)                            # slot occupancy, pages, preemptions, waits, tok/s
+
+The Sampler protocol, token-in/token-out and the log-prob convention are the JaxSampler's (it shares its
+weight handling: kernel layouts, LoRA adapter sync, shape checks); what changes is how requests run: each
+enters a free decode slot at a step boundary and leaves it when it stops (sampling/engine/scheduler.py),
+its keys / values live in pages (models/paged_attention.py) shared by whole-page prefixes across turns and
+across a group's chains (sampling/engine/pages.py). A request that can never fit the cache is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import trio
+from flax import nnx
+
+from agentfly_jax.sampling.engine import programs
+from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
+from agentfly_jax.sampling.jax_sampler import JaxSampler
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
+from agentfly_jax.sampling.requests import per_request_params
+
+
+def page_buckets(max_pages: int, smallest: int = 4, factor: int = 4) -> tuple[int, ...]:
+  """Block-table widths: smallest, smallest * factor, ... and max_pages (each one decode and prefill shape)."""
+  out, b = [], max(1, smallest)
+  while b < max_pages:
+    out.append(b)
+    b *= factor
+  return tuple(out) + (max_pages,)
+
+
+def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int) -> int:
+  """How many pages of `page_size` tokens fit `kv_cache_gib` GiB for a model config (keys + values, all layers)."""
+  per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * itemsize
+  return int(kv_cache_gib * 2**30 // per_page)
+
+
+class PagedJaxSampler(JaxSampler):
+  """Implements the `Sampler` protocol with continuous batching over a paged KV cache.
+
+  Args:
+    model / tokenizer / seed / pad_id / kernel_layout / mesh / sharding_rules: as JaxSampler.
+    num_slots: decode rows run together (requests beyond wait in the queue).
+    max_len: a sequence's context (prompt + new tokens).
+    page_size: tokens per page.
+    kv_cache_pages / kv_cache_gib: the cache's size, in pages or GiB (one of them; neither: every slot can
+      hold max_len tokens at once, so nothing is ever preempted). Page 0 is the sink.
+    prefill_rows / prefill_chunks: rows per prefill call and the chunk-length buckets (tokens per row a call).
+    decode_steps: decode steps per device call (stop checks on device each step; admission between calls).
+    stop_width: most stop ids a request may carry.
+    weight_update: "drain" (rows in flight finish on the weights they started with) or "recompute" (rows in
+      flight continue on the new weights after recomputing their keys / values).
+  """
+
+  def __init__(
+    self,
+    model: nnx.Module,
+    tokenizer: Any = None,
+    *,
+    num_slots: int = 32,
+    max_len: int = 2048,
+    page_size: int = 16,
+    kv_cache_pages: int | None = None,
+    kv_cache_gib: float | None = None,
+    prefill_rows: int = 4,
+    prefill_chunks: Sequence[int] = (32, 256),
+    decode_steps: int = 4,
+    stop_width: int = 16,
+    weight_update: str = "drain",
+    seed: int = 0,
+    pad_id: int | None = None,
+    kernel_layout: str = "auto",
+    mesh=None,
+    sharding_rules=None,
+  ):
+    super().__init__(
+      model,
+      tokenizer,
+      max_batch_size=num_slots,
+      max_len=max_len,
+      seed=seed,
+      pad_id=pad_id,
+      kernel_layout=kernel_layout,
+      mesh=mesh,
+      sharding_rules=sharding_rules,
+    )
+    for name, value, low in (
+      ("num_slots", num_slots, 1),
+      ("page_size", page_size, 1),
+      ("prefill_rows", prefill_rows, 1),
+      ("decode_steps", decode_steps, 1),
+      ("stop_width", stop_width, 1),
+    ):
+      if not isinstance(value, int) or value < low:
+        raise ValueError(f"PagedJaxSampler: {name} must be an int >= {low}, got {value!r}")
+    if weight_update not in WEIGHT_UPDATE_MODES:
+      raise ValueError(f"PagedJaxSampler: weight_update must be one of {WEIGHT_UPDATE_MODES}, got {weight_update!r}")
+    chunks = tuple(sorted({int(c) for c in prefill_chunks}))
+    if not chunks or chunks[0] < 1:
+      raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
+    cfg = model.config
+    self._cache_dtype = cfg.compute_dtype
+    max_pages = -(-self.max_len // page_size)
+    if kv_cache_pages is not None and kv_cache_gib is not None:
+      raise ValueError("PagedJaxSampler: give kv_cache_pages or kv_cache_gib, not both")
+    if kv_cache_gib is not None:
+      import jax.numpy as jnp
+
+      kv_cache_pages = pages_for_budget(kv_cache_gib, cfg, page_size, jnp.dtype(cfg.compute_dtype).itemsize)
+    if kv_cache_pages is None:
+      kv_cache_pages = num_slots * max_pages + 1
+    if kv_cache_pages < 2:
+      raise ValueError(
+        f"PagedJaxSampler: the KV cache needs at least 2 pages (page 0 is the sink), got {kv_cache_pages}"
+      )
+    self.engine_config = EngineConfig(
+      num_slots=num_slots,
+      num_pages=int(kv_cache_pages),
+      page_size=page_size,
+      max_len=self.max_len,
+      prefill_rows=prefill_rows,
+      prefill_chunks=chunks,
+      page_buckets=page_buckets(max_pages),
+      decode_steps=decode_steps,
+      stop_width=stop_width,
+      weight_update=weight_update,
+    )
+    self._model_for_cache = model
+    self.engine = Engine(self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode)
+
+  # ---------------------------------------------------------------- engine callables (engine thread)
+  def _make_cache(self):
+    c = self.engine_config
+    return self._model_for_cache.init_paged_cache(c.num_pages, c.page_size, self._cache_dtype)
+
+  def _run_prefill(self, decode, cache, a: dict):
+    graphdef, params = decode
+    before = programs.TRACES[0]
+    out = programs.prefill_chunk(
+      graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
+      a["last_index"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
+      page_size=self.engine_config.page_size, activation=self.activation,
+    )  # fmt: skip
+    self.trace_count += programs.TRACES[0] - before
+    return out
+
+  def _run_decode(self, decode, cache, a: dict):
+    graphdef, params = decode
+    before = programs.TRACES[0]
+    out = programs.decode_block(
+      graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["block_tables"], a["live"],
+      a["remaining"], a["stop_ids"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
+      page_size=self.engine_config.page_size, num_steps=self.engine_config.decode_steps, activation=self.activation,
+    )  # fmt: skip
+    self.trace_count += programs.TRACES[0] - before
+    return out
+
+  # ---------------------------------------------------------------- protocol
+  def _submit(self, prompt, params: SamplingParams, label: str, future: Future | None = None) -> Future:
+    self._validate(prompt, params, label)
+    if len(params.stop_token_ids) > self.engine_config.stop_width:
+      raise ValueError(
+        f"{label}: {len(params.stop_token_ids)} stop ids; the sampler takes at most stop_width="
+        f"{self.engine_config.stop_width}"
+      )
+    (seed,) = self._row_seeds([params])
+    return self.engine.submit(prompt, params, seed, future)
+
+  def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
+    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+      self._validate(prompt, params, f"request {i}")
+    futures = [self._submit(p, q, f"request {i}") for i, (p, q) in enumerate(zip(prompts, params_list))]
+    return [f.wait() for f in futures]
+
+  def generate(self, prompts, params) -> list[SampleResult]:
+    return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
+
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+    """One request, admitted into a slot at the next step boundary; returns when its row stops."""
+    token = trio.lowlevel.current_trio_token()
+    event = trio.Event()
+
+    def wake():
+      try:
+        token.run_sync_soon(event.set)
+      except trio.RunFinishedError:
+        pass
+
+    future = self._submit(prompt, params, "agenerate request", Future(wake))
+    try:
+      await event.wait()
+    except BaseException:
+      self.engine.cancel(future)
+      raise
+    return future.wait(0)
+
+  def update_weights(self, params: Any) -> SyncStats:
+    """As JaxSampler.update_weights; the new weights land in the engine at a step boundary
+    (`weight_update`: drain or recompute) and every request submitted after this call runs on them."""
+    stats = super().update_weights(params)
+    self.engine.update_weights(self._decode)
+    return stats
+
+  def metrics(self, reset: bool = False) -> dict[str, float]:
+    return self.engine.metrics(reset)
+
+  def close(self) -> None:
+    self.engine.close()

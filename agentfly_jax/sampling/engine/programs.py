@@ -1,0 +1,160 @@
+"""The engine's two jitted programs over the paged KV cache: a prefill chunk and a block of decode steps.
+
+    first, first_lp, cache = prefill_chunk(graphdef, params, rest, cache, tokens, positions, valid, tables, ...)
+    toks, lps, emitted, stopped, cache = decode_block(graphdef, params, rest, cache, tokens, positions, ...)
+
+Shapes are static per engine: R prefill rows x C chunk tokens, S decode slots, P pages per block table (a few
+buckets), K decode steps per call, the stop-id width; a change of request mix changes none of them, so the
+programs compile once each (`TRACES[0]` counts traces). The cache is donated: pages update in place.
+
+Randomness: token i of a request (i = 0 for the token sampled from the prompt's last position) is drawn with
+`fold_in(key(seed), i)`, the JAX sampler's convention (sampling/decode.py), so a seeded request gives the same
+tokens whichever slot, batch or chunking it runs in, and after a preemption.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentfly_jax.models.paged_attention import PageTable
+from agentfly_jax.models.sharding import activation_sharding
+from agentfly_jax.sampling.next_token import sample_next_tokens
+
+TRACES = [0]  # traces of the programs here (each is one compilation)
+
+
+def _sample(logits, temperature, top_k, top_p, seeds, steps):
+  """One token per row from logits float32[B, V] with row keys fold_in(key(seed), step)."""
+  keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seeds, steps)
+  return sample_next_tokens(logits, temperature, top_k, top_p, keys)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("page_size", "activation"), donate_argnums=(3,))
+def prefill_chunk(
+  graphdef,
+  params,
+  rest,
+  cache,
+  tokens,
+  positions,
+  valid,
+  block_tables,
+  last_index,
+  temperature,
+  top_k,
+  top_p,
+  seeds,
+  steps,
+  *,
+  page_size: int,
+  activation=None,
+):
+  """Writes a chunk of R rows' tokens into their pages and samples each row's next token.
+
+  Args:
+    tokens / positions int32[R, C], valid bool[R, C] (False: padding); block_tables int32[R, P];
+    last_index int32[R]: the chunk column whose logits are sampled (the row's last valid token);
+    temperature / top_p float32[R], top_k int32[R], seeds uint32[R], steps int32[R] (the token index drawn).
+  Returns:
+    (token int32[R], logprob float32[R], cache). Rows whose prompt continues past the chunk ignore theirs.
+  """
+  TRACES[0] += 1
+  mesh, rules = activation or (None, None)
+  with activation_sharding(mesh, None if rules is None else dict(rules)):
+    model = nnx.merge(graphdef, params, rest)
+    table = PageTable.build(block_tables, positions, valid, page_size)
+    hidden, cache = model.hidden_states(tokens, cache=cache, pages=table)
+    last = jnp.take_along_axis(hidden, last_index[:, None, None], axis=1)[:, 0]
+    logits = model.logits_from_hidden(last).astype(jnp.float32)
+    token, logprob = _sample(logits, temperature, top_k, top_p, seeds, steps)
+  return token, logprob, cache
+
+
+@functools.partial(
+  jax.jit, static_argnums=(0,), static_argnames=("page_size", "num_steps", "activation"), donate_argnums=(3,)
+)
+def decode_block(
+  graphdef,
+  params,
+  rest,
+  cache,
+  tokens,
+  positions,
+  block_tables,
+  live,
+  remaining,
+  stop_ids,
+  temperature,
+  top_k,
+  top_p,
+  seeds,
+  steps,
+  *,
+  page_size: int,
+  num_steps: int,
+  activation=None,
+):
+  """Up to `num_steps` decode steps of S slots, on device, stopping early when no slot is live.
+
+  Each step feeds every live slot's pending token at its position (writing its key / value), samples the
+  next token and records it; a slot stops after a stop id or `remaining` tokens.
+
+  Args:
+    tokens int32[S] (the pending token), positions int32[S] (its position), block_tables int32[S, P],
+    live bool[S], remaining int32[S] (tokens the slot may still emit), stop_ids int32[S, N] (-1 = none),
+    temperature / top_p float32[S], top_k int32[S], seeds uint32[S], steps int32[S] (index of the next token).
+  Returns:
+    (out_tokens int32[S, K], out_logprobs float32[S, K], emitted int32[S], stopped bool[S], cache): slot s
+    emitted out_tokens[s, :emitted[s]]; its new pending token is the last of them.
+  """
+  TRACES[0] += 1
+  mesh, rules = activation or (None, None)
+  slots = tokens.shape[0]
+
+  def cond(carry):
+    i, live = carry[0], carry[4]
+    return (i < num_steps) & jnp.any(live)
+
+  def body(carry):
+    i, cache, tok, pos, live, out_t, out_lp, emitted, stopped = carry
+    model = nnx.merge(graphdef, params, rest)
+    table = PageTable.build(block_tables, pos[:, None], live[:, None], page_size)
+    hidden, cache = model.hidden_states(tok[:, None], cache=cache, pages=table)
+    logits = model.logits_from_hidden(hidden[:, 0]).astype(jnp.float32)
+    new, lp = _sample(logits, temperature, top_k, top_p, seeds, steps + emitted)
+    out_t = out_t.at[:, i].set(jnp.where(live, new, 0))
+    out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
+    emitted = emitted + live.astype(jnp.int32)
+    hit = live & jnp.any(new[:, None] == stop_ids, axis=-1)
+    stopped = stopped | hit
+    still = live & ~hit & (emitted < remaining)
+    return (
+      i + 1,
+      cache,
+      jnp.where(live, new, tok),
+      pos + live.astype(jnp.int32),
+      still,
+      out_t,
+      out_lp,
+      emitted,
+      stopped,
+    )
+
+  with activation_sharding(mesh, None if rules is None else dict(rules)):
+    init = (
+      jnp.int32(0),
+      cache,
+      tokens,
+      positions,
+      live & (remaining > 0),
+      jnp.zeros((slots, num_steps), jnp.int32),
+      jnp.zeros((slots, num_steps), jnp.float32),
+      jnp.zeros((slots,), jnp.int32),
+      jnp.zeros((slots,), bool),
+    )
+    _, cache, _, _, _, out_t, out_lp, emitted, stopped = jax.lax.while_loop(cond, body, init)
+  return out_t, out_lp, emitted, stopped, cache

@@ -1,0 +1,465 @@
+"""The continuous-batching engine: requests enter and leave decode slots at step boundaries.
+
+    engine = Engine(run_prefill, run_decode, config, model_params)   # see PagedJaxSampler for the callables
+    future = engine.submit(prompt_ids, sampling_params, seed)        # any thread; future.wait() -> SampleResult
+    engine.update_weights(decode_params)                              # lands between steps (mode: drain | recompute)
+
+One engine thread owns the slots, the page pool and the device cache. Each turn of its loop:
+  1. a pending weight update lands when its mode allows (drain: once no row runs; recompute: now, every running
+     row preempted and re-prefilled on the new weights, keeping the tokens it wrote);
+  2. waiting requests are admitted into free slots, first come first served: the longest cached whole-page
+     prefix of their tokens is reused (a chain's previous turn, a group's shared prompt) and pages for the rest
+     are allocated; a request whose next page another row is prefilling now waits for it (prefilled once);
+  3. one prefill chunk (at most R rows x C tokens) runs, so a long prompt never stalls decoding for more than
+     one chunk;
+  4. one decode block (K steps on device) runs over every decoding slot; rows that stop hand their caller the
+     result at once and free their slot and pages (full pages stay cached for the next turn).
+When pages run out, the most recently admitted running row is preempted: its pages are released and it
+waits at the head of the queue; on resume it prefills prompt + the tokens it wrote (recompute) and continues
+with the same random stream, so preemption never changes a token's distribution.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from agentfly_jax.models.paged_attention import SINK_PAGE
+from agentfly_jax.sampling.engine.pages import PagePool
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+
+WEIGHT_UPDATE_MODES = ("drain", "recompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Static sizes of one engine (each a compiled shape: none changes with the request mix).
+
+  num_slots: decode rows; num_pages / page_size: the cache; max_len: a sequence's context; prefill_rows /
+  prefill_chunks: rows per prefill call and its token-chunk buckets; page_buckets: block-table widths;
+  decode_steps: decode steps per device call (stop checks every step on device); stop_width: stop ids a row
+  may carry; weight_update: "drain" (rows in flight finish on the old weights) or "recompute".
+  """
+
+  num_slots: int
+  num_pages: int
+  page_size: int
+  max_len: int
+  prefill_rows: int
+  prefill_chunks: tuple[int, ...]
+  page_buckets: tuple[int, ...]
+  decode_steps: int
+  stop_width: int
+  weight_update: str = "drain"
+
+
+class Future:
+  """A request's result, set once by the engine thread; `callback` (set before submit) runs then."""
+
+  def __init__(self, callback: Callable[[], None] | None = None):
+    self._event = threading.Event()
+    self.callback = callback
+    self.result: SampleResult | None = None
+    self.error: BaseException | None = None
+
+  def _set(self, result=None, error=None) -> None:
+    self.result, self.error = result, error
+    self._event.set()
+    if self.callback is not None:
+      self.callback()
+
+  def done(self) -> bool:
+    return self._event.is_set()
+
+  def wait(self, timeout: float | None = None) -> SampleResult:
+    if not self._event.wait(timeout):
+      raise TimeoutError("the engine did not finish the request in time")
+    if self.error is not None:
+      raise self.error
+    return self.result
+
+
+@dataclasses.dataclass(eq=False)
+class _Seq:
+  prompt: list
+  params: SamplingParams
+  seed: int
+  max_new: int
+  future: Future
+  arrival: float
+  out: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  versions: list = dataclasses.field(default_factory=list)
+  pages: list = dataclasses.field(default_factory=list)
+  computed: int = 0  # positions whose keys / values are in the pages
+  slot: int | None = None
+  prefilling: bool = False
+  admitted: float | None = None
+  cancelled: bool = False
+
+  @property
+  def tokens(self) -> list:
+    return self.prompt + self.out
+
+
+class Engine:
+  """Continuous batching over `config.num_slots` slots and a paged cache (see the module docstring).
+
+  run_prefill(params, cache, arrays: dict) -> (token[R], logprob[R], cache) and run_decode(params, cache,
+  arrays: dict) -> (tokens[S, K], logprobs[S, K], emitted[S], stopped[S], cache) run the jitted programs;
+  `make_cache()` builds the zero pages (called in the engine thread, and again after a failure).
+  """
+
+  def __init__(self, run_prefill, run_decode, make_cache, config: EngineConfig, params: Any):
+    if config.weight_update not in WEIGHT_UPDATE_MODES:
+      raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_MODES}, got {config.weight_update!r}")
+    self.config = config
+    self._run_prefill, self._run_decode, self._make_cache = run_prefill, run_decode, make_cache
+    self.pool = PagePool(config.num_pages, config.page_size)
+    self._params = params
+    self.version = 0
+    self._cache = None
+    self._slots: list[_Seq | None] = [None] * config.num_slots
+    self._waiting: collections.deque[_Seq] = collections.deque()
+    self._inbox: list[_Seq] = []
+    self._update: Any = None  # pending (params, mode)
+    self._lock = threading.Condition()
+    self._thread: threading.Thread | None = None
+    self._closed = False
+    self.reset_metrics()
+
+  # ---------------------------------------------------------------- callers (any thread)
+  def submit(self, prompt, params: SamplingParams, seed: int, future: Future | None = None) -> Future:
+    prompt = [int(t) for t in prompt]
+    max_new = min(params.max_new_tokens, self.config.max_len - len(prompt))
+    need = self.pool.pages_for(len(prompt) + max_new)
+    if need > self.pool.capacity:
+      raise ValueError(
+        f"request of {len(prompt)} prompt + {max_new} new tokens needs {need} pages of {self.config.page_size}; "
+        f"the whole KV cache holds {self.pool.capacity} (raise sampler.kv_cache_pages / kv_cache_gib)"
+      )
+    future = future or Future()
+    seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter())
+    with self._lock:
+      if self._closed:
+        raise RuntimeError("the engine is closed")
+      self._inbox.append(seq)
+      self._ensure_thread()
+      self._lock.notify_all()
+    return future
+
+  def cancel(self, future: Future) -> None:
+    """Drops the request of `future` at the next step boundary (its pages are released)."""
+    with self._lock:
+      for seq in self._inbox:
+        if seq.future is future:
+          seq.cancelled = True
+      for seq in list(self._waiting) + [s for s in self._slots if s is not None]:
+        if seq.future is future:
+          seq.cancelled = True
+      self._lock.notify_all()
+
+  def update_weights(self, params: Any) -> None:
+    """New decode params, landing at the next step boundary allowed by `config.weight_update`; admission waits
+    until then, so a request submitted after this call runs on the new weights."""
+    with self._lock:
+      self._update = params
+      self._ensure_thread()
+      self._lock.notify_all()
+
+  def wait_idle(self, timeout: float = 60.0) -> None:
+    """Blocks until no request is queued or running and no weight update is pending (tests)."""
+    deadline = time.monotonic() + timeout
+    with self._lock:
+      while self._inbox or self._waiting or any(self._slots) or self._update is not None:
+        if not self._lock.wait(max(0.0, deadline - time.monotonic())):
+          raise TimeoutError("engine still busy")
+
+  def close(self) -> None:
+    with self._lock:
+      self._closed = True
+      self._lock.notify_all()
+    if self._thread is not None:
+      self._thread.join(timeout=30)
+
+  # ---------------------------------------------------------------- metrics
+  def reset_metrics(self) -> None:
+    self._m = collections.Counter()
+    self._waits: list[float] = []
+    self._occupancy: list[float] = []
+    self._max_pages = 0
+
+  def metrics(self, reset: bool = False) -> dict[str, float]:
+    """Since the last reset: slot occupancy, KV pages used, preemptions, queue wait, prefill / decode tok/s,
+    the share of decode row-steps that produced a token."""
+    m = self._m
+    out = {
+      "sampler/slot_occupancy": float(np.mean(self._occupancy)) if self._occupancy else 0.0,
+      "sampler/kv_pages_used_max": float(self._max_pages),
+      "sampler/kv_pages_total": float(self.pool.capacity),
+      "sampler/preemptions": float(m["preemptions"]),
+      "sampler/queue_wait_s_mean": float(np.mean(self._waits)) if self._waits else 0.0,
+      "sampler/queue_wait_s_max": float(np.max(self._waits)) if self._waits else 0.0,
+      "sampler/prefill_tokens": float(m["prefill_tokens"]),
+      "sampler/prefix_hit_tokens": float(m["prefix_hit_tokens"]),
+      "sampler/decode_tokens": float(m["decode_tokens"]),
+      "sampler/prefill_tok_s": m["prefill_tokens"] / m["prefill_s"] if m["prefill_s"] else 0.0,
+      "sampler/decode_tok_s": m["decode_tokens"] / m["decode_s"] if m["decode_s"] else 0.0,
+      "sampler/decode_row_step_use": m["decode_tokens"] / m["decode_row_steps"] if m["decode_row_steps"] else 0.0,
+      "sampler/requests": float(m["requests"]),
+    }
+    if reset:
+      self.reset_metrics()
+    return out
+
+  # ---------------------------------------------------------------- engine thread
+  def _ensure_thread(self) -> None:
+    if self._thread is None or not self._thread.is_alive():
+      self._thread = threading.Thread(target=self._loop, name="paged-engine", daemon=True)
+      self._thread.start()
+
+  def _loop(self) -> None:
+    while True:
+      with self._lock:
+        while not (self._closed or self._inbox or self._waiting or any(self._slots) or self._update is not None):
+          self._lock.wait()
+        if self._closed:
+          self._fail_all(RuntimeError("the engine was closed"))
+          return
+        self._waiting.extend(self._inbox)
+        self._m["requests"] += len(self._inbox)
+        self._inbox.clear()
+      try:
+        self._step()
+      except BaseException as e:  # a failed program: every request in flight gets the error, the engine lives
+        self._fail_all(e)
+        self._cache = None
+      with self._lock:
+        self._lock.notify_all()
+
+  def _fail_all(self, error: BaseException) -> None:
+    for seq in list(self._waiting) + [s for s in self._slots if s is not None] + self._inbox:
+      self._drop(seq)
+      seq.future._set(error=error)
+    self._waiting.clear()
+    self._inbox.clear()
+
+  def _step(self) -> None:
+    if self._cache is None:
+      self._cache = self._make_cache()
+    self._drop_cancelled()
+    self._land_update()
+    if self._update is None:
+      self._admit()
+    self._prefill()
+    self._decode()
+    self._max_pages = max(self._max_pages, self.pool.in_use())
+
+  def _running(self) -> list[_Seq]:
+    return [s for s in self._slots if s is not None]
+
+  def _drop(self, seq: _Seq) -> None:
+    """Releases seq's slot and pages (nothing registered)."""
+    if seq.slot is not None:
+      self._slots[seq.slot] = None
+      seq.slot = None
+    self.pool.release(seq.pages)
+    seq.pages, seq.computed = [], 0
+
+  def _drop_cancelled(self) -> None:
+    for seq in [s for s in self._waiting if s.cancelled] + [s for s in self._running() if s.cancelled]:
+      if seq in self._waiting:
+        self._waiting.remove(seq)
+      self._drop(seq)
+      seq.future._set(error=RuntimeError("request cancelled"))
+
+  def _land_update(self) -> None:
+    if self._update is None:
+      return
+    if self.config.weight_update == "drain" and self._running():
+      return  # rows in flight finish on the weights they started with
+    for seq in sorted(self._running(), key=lambda s: s.admitted, reverse=True):
+      self._preempt(seq, count=False)
+    with self._lock:
+      self._params, self._update = self._update, None
+    self.pool.invalidate()
+    self.version += 1
+
+  def _admit(self) -> None:
+    ps = self.config.page_size
+    skipped = []
+    while self._waiting and None in self._slots:
+      seq = self._waiting.popleft()
+      tokens = seq.tokens
+      # Recompute at least the last token (its logits are needed) and never write into a shared page.
+      limit = (len(tokens) - 1) // ps
+      hit = self.pool.peek(tokens, limit)
+      if hit < limit and self._being_prefilled(tokens, (hit + 1) * ps):
+        skipped.append(seq)  # another row writes this page now: take it from the cache once it is there
+        continue
+      hit_pages = self.pool.match(tokens, limit)
+      new = self.pool.allocate(self.pool.pages_for(len(tokens)) - len(hit_pages))
+      if new is None:
+        self.pool.release(hit_pages)
+        self._waiting.appendleft(seq)
+        break
+      seq.pages, seq.computed, seq.prefilling = hit_pages + new, len(hit_pages) * ps, True
+      seq.slot = self._slots.index(None)
+      self._slots[seq.slot] = seq
+      if seq.admitted is None:
+        seq.admitted = time.perf_counter()
+        self._waits.append(seq.admitted - seq.arrival)
+      self._m["prefix_hit_tokens"] += seq.computed
+    self._waiting.extendleft(reversed(skipped))
+
+  def _being_prefilled(self, tokens: list, n: int) -> bool:
+    return any(
+      s.prefilling and s.computed < n <= len(s.prompt) + len(s.out) and s.tokens[:n] == tokens[:n]
+      for s in self._running()
+    )
+
+  def _preempt(self, seq: _Seq, count: bool = True) -> None:
+    """Back to the head of the queue, its pages released; resumes by recomputing prompt + what it wrote."""
+    self._drop(seq)
+    seq.prefilling = False
+    self._waiting.appendleft(seq)
+    if count:
+      self._m["preemptions"] += 1
+
+  def _table(self, seqs: list[_Seq], pages_needed: int) -> np.ndarray:
+    width = next((b for b in self.config.page_buckets if b >= pages_needed), None)
+    if width is None:
+      raise RuntimeError(f"a row needs {pages_needed} pages; the widest block table is {self.config.page_buckets[-1]}")
+    table = np.full((len(seqs), width), SINK_PAGE, np.int32)
+    for i, seq in enumerate(seqs):
+      if seq is not None:
+        table[i, : len(seq.pages)] = seq.pages
+    return table
+
+  def _sampling_rows(self, seqs: list) -> dict:
+    n = len(seqs)
+    temperature, top_p = np.zeros((n,), np.float32), np.ones((n,), np.float32)
+    top_k, seeds = np.zeros((n,), np.int32), np.zeros((n,), np.uint32)
+    steps = np.zeros((n,), np.int32)
+    for i, seq in enumerate(seqs):
+      if seq is not None:
+        p = seq.params
+        temperature[i], top_k[i], top_p[i], seeds[i], steps[i] = p.temperature, p.top_k, p.top_p, seq.seed, len(seq.out)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, steps=steps)
+
+  def _prefill(self) -> None:
+    cfg = self.config
+    rows = sorted((s for s in self._running() if s.prefilling), key=lambda s: s.admitted)[: cfg.prefill_rows]
+    if not rows:
+      return
+    want = max(len(s.tokens) - s.computed for s in rows)
+    chunk = next((c for c in cfg.prefill_chunks if c >= want), cfg.prefill_chunks[-1])
+    r = cfg.prefill_rows
+    tokens, positions = np.zeros((r, chunk), np.int32), np.zeros((r, chunk), np.int32)
+    valid, last = np.zeros((r, chunk), bool), np.zeros((r,), np.int32)
+    taken = []
+    for i, seq in enumerate(rows):
+      seq_tokens = seq.tokens
+      n = min(chunk, len(seq_tokens) - seq.computed)
+      tokens[i, :n] = seq_tokens[seq.computed : seq.computed + n]
+      positions[i, :n] = np.arange(seq.computed, seq.computed + n)
+      valid[i, :n], last[i] = True, n - 1
+      taken.append(n)
+    padded = rows + [None] * (r - len(rows))
+    arrays = dict(
+      tokens=tokens,
+      positions=positions,
+      valid=valid,
+      block_tables=self._table(padded, max(len(s.pages) for s in rows)),
+      last_index=last,
+      **self._sampling_rows(padded),
+    )
+    start = time.perf_counter()
+    token, logprob, self._cache = self._run_prefill(self._params, self._cache, arrays)
+    token, logprob = np.asarray(token), np.asarray(logprob)
+    self._m["prefill_s"] += time.perf_counter() - start
+    self._m["prefill_tokens"] += sum(taken)
+    for i, (seq, n) in enumerate(zip(rows, taken)):
+      seq.computed += n
+      if seq.computed < len(seq.tokens):
+        continue
+      seq.prefilling = False
+      self.pool.register(seq.tokens, seq.pages, seq.computed)
+      self._emit(seq, [int(token[i])], [float(logprob[i])], stopped=int(token[i]) in seq.params.stop_token_ids)
+
+  def _emit(self, seq: _Seq, tokens: list, logprobs: list, stopped: bool) -> None:
+    seq.out.extend(tokens)
+    seq.logprobs.extend(logprobs)
+    seq.versions.extend([self.version] * len(tokens))
+    if stopped or len(seq.out) >= seq.max_new:
+      self.pool.register(seq.tokens, seq.pages, seq.computed)
+      self._drop(seq)
+      seq.future._set(
+        SampleResult(
+          token_ids=list(seq.out),
+          logprobs=list(seq.logprobs),
+          finish_reason="stop" if stopped else "length",
+          token_versions=list(seq.versions),
+        )
+      )
+
+  def _reserve_decode_pages(self, rows: list[_Seq]) -> list[_Seq]:
+    """Pages for every decoding row's next block, preempting the latest admitted rows when the pool is short."""
+    k = self.config.decode_steps
+    rows = sorted(rows, key=lambda s: s.admitted)
+    while rows:
+      short = []
+      for seq in rows:
+        need = self.pool.pages_for(seq.computed + min(k, seq.max_new - len(seq.out))) - len(seq.pages)
+        if need > 0:
+          short.append((seq, need))
+      if sum(n for _, n in short) <= self.pool.available():
+        for seq, need in short:
+          seq.pages.extend(self.pool.allocate(need))
+        return rows
+      self._preempt(rows.pop())  # the most recently admitted
+    return rows
+
+  def _decode(self) -> None:
+    cfg = self.config
+    rows = self._reserve_decode_pages([s for s in self._running() if not s.prefilling])
+    if not rows:
+      return
+    slots: list[_Seq | None] = [None] * cfg.num_slots
+    for seq in rows:
+      slots[seq.slot] = seq
+    s = cfg.num_slots
+    tokens, positions = np.zeros((s,), np.int32), np.zeros((s,), np.int32)
+    live, remaining = np.zeros((s,), bool), np.zeros((s,), np.int32)
+    stop_ids = np.full((s, cfg.stop_width), -1, np.int32)
+    for seq in rows:
+      i = seq.slot
+      tokens[i], positions[i], live[i] = seq.out[-1], seq.computed, True
+      remaining[i] = seq.max_new - len(seq.out)
+      stop = seq.params.stop_token_ids[: cfg.stop_width]
+      stop_ids[i, : len(stop)] = stop
+    arrays = dict(
+      tokens=tokens,
+      positions=positions,
+      block_tables=self._table(slots, max(len(q.pages) for q in rows)),
+      live=live,
+      remaining=remaining,
+      stop_ids=stop_ids,
+      **self._sampling_rows(slots),
+    )
+    start = time.perf_counter()
+    out_t, out_lp, emitted, stopped, self._cache = self._run_decode(self._params, self._cache, arrays)
+    out_t, out_lp, emitted, stopped = (np.asarray(x) for x in (out_t, out_lp, emitted, stopped))
+    self._m["decode_s"] += time.perf_counter() - start
+    self._m["decode_tokens"] += int(emitted.sum())
+    self._m["decode_row_steps"] += len(rows) * int(emitted.max())
+    self._occupancy.append(len(rows) / s)
+    for seq in rows:
+      i, n = seq.slot, int(emitted[seq.slot])
+      seq.computed += n
+      self._emit(seq, out_t[i, :n].tolist(), out_lp[i, :n].tolist(), stopped=bool(stopped[i]))
