@@ -243,6 +243,12 @@ def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir:
       lora=lora_cfg,
       engine={"gpu_memory_utilization": spec.gpu.vllm_mem_fraction} if spec.gpu.vllm_mem_fraction else {},
       prefix_cache_tokens=r.prefix_cache_tokens,
+      paged=dict(
+        page_size=r.kv_page_size,
+        kv_cache_gib=r.kv_cache_gib or None,
+        decode_steps=r.decode_steps,
+        weight_update=r.weight_update,
+      ),
     ),
   )
 

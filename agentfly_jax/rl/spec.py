@@ -147,6 +147,10 @@ class RolloutSection(Section):
   partial: bool = False  # async: chains span policy versions, groups carry over steps (rl/partial_rollout.py)
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
   prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
+  kv_page_size: int = 16  # jax_paged: tokens per KV page (sampling/engine)
+  kv_cache_gib: float = 0.0  # jax_paged: the paged cache's budget; 0 = every slot can hold max_len tokens at once
+  decode_steps: int = 4  # jax_paged: decode steps per device call (admission and retirement between calls)
+  weight_update: str = "drain"  # jax_paged: rows in flight at a weight update: drain (old weights) | recompute
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
@@ -161,6 +165,10 @@ class RolloutSection(Section):
     self.need("mode", self.mode in ("sync", "async")[self.partial :], "must be 'sync' or 'async' (partial: 'async')")
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
       self.at_least(name, 0)
+    for name in ("kv_page_size", "decode_steps"):
+      self.at_least(name, 1)
+    self.need("kv_cache_gib", self.kv_cache_gib >= 0, "must be >= 0 (0 = sized for every slot at max_len)")
+    self.need("weight_update", self.weight_update in ("drain", "recompute"), "must be 'drain' or 'recompute'")
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("branch_temperature", 0 <= self.branch_temperature < float("inf"), "must be >= 0 (0 = off)")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")

@@ -43,6 +43,7 @@ class SamplerRequest:
   lora: Any = None
   engine: dict = dataclasses.field(default_factory=dict)
   prefix_cache_tokens: int = 0  # the JAX sampler's multi-turn prefix cache (0 = off)
+  paged: dict = dataclasses.field(default_factory=dict)  # jax_paged: page_size, kv_cache_gib, decode_steps, ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +69,23 @@ def build_jax_sampler(r: SamplerRequest) -> SamplerBuild:
   )
 
 
+def build_paged_sampler(r: SamplerRequest) -> SamplerBuild:
+  from agentfly_jax.sampling.engine import PagedJaxSampler
+
+  return SamplerBuild(
+    PagedJaxSampler(
+      r.model,
+      r.tokenizer,
+      num_slots=r.max_batch_size,
+      max_len=r.max_len,
+      seed=r.seed,
+      mesh=r.mesh,
+      sharding_rules=r.rules,
+      **r.paged,
+    )
+  )
+
+
 def build_vllm_sampler(r: SamplerRequest) -> SamplerBuild:
   from agentfly_jax.models import save_pretrained
   from agentfly_jax.models.lora import merge_lora
@@ -89,7 +107,11 @@ def build_vllm_sampler(r: SamplerRequest) -> SamplerBuild:
   return SamplerBuild(sampler, model_dir)
 
 
-_SAMPLERS: dict[str, Callable[[SamplerRequest], SamplerBuild]] = {"jax": build_jax_sampler, "vllm": build_vllm_sampler}
+_SAMPLERS: dict[str, Callable[[SamplerRequest], SamplerBuild]] = {
+  "jax": build_jax_sampler,
+  "jax_paged": build_paged_sampler,
+  "vllm": build_vllm_sampler,
+}
 
 
 def register_sampler(name: str, build: Callable[[SamplerRequest], SamplerBuild]) -> None:

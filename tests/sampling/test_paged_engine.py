@@ -13,7 +13,16 @@ from agentfly_jax.sampling import JaxSampler, SamplingParams
 from agentfly_jax.sampling.engine import PagedJaxSampler, PagePool
 from sampler_testing import full_logits, log_softmax64, make_model, reference_greedy
 
-ENGINE = dict(max_len=96, page_size=4, prefill_rows=2, prefill_chunks=(8, 32), decode_steps=3)
+# few static shapes (each one compilation): 2 prefill shapes, 1 decode batch, 2 block-table widths
+ENGINE = dict(
+  max_len=96,
+  page_size=4,
+  prefill_tokens=32,
+  prefill_chunks=(8, 32),
+  decode_steps=3,
+  decode_batches=(4,),
+  page_buckets=(8, 24),
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +89,7 @@ def test_seeded_sampling_is_independent_of_slot_placement(model, engine):
   prompts, _ = mixed_workload(1, 8)
   params = [SamplingParams(temperature=1.0, max_new_tokens=12, seed=7 + i) for i in range(8)]
   first = engine.generate(prompts, params)
-  other = PagedJaxSampler(model, num_slots=3, **{**ENGINE, "decode_steps": 2})
+  other = PagedJaxSampler(model, num_slots=3, **{**ENGINE, "decode_steps": 2, "decode_batches": (3,)})
   order = list(reversed(range(8)))
   second = other.generate([prompts[i] for i in order], [params[i] for i in order])
   for j, i in enumerate(order):
@@ -167,7 +176,7 @@ def test_weight_update_mid_stream_drain_and_recompute(model):
   prompt = [7, 8, 9, 10, 11]
   greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
   for mode in ("drain", "recompute"):
-    sampler = PagedJaxSampler(old, num_slots=2, weight_update=mode, **{**ENGINE, "decode_steps": 1})
+    sampler = PagedJaxSampler(old, num_slots=4, weight_update=mode, **{**ENGINE, "decode_steps": 1})
     got = {}
 
     async def main():
@@ -199,12 +208,16 @@ def test_weight_update_mid_stream_drain_and_recompute(model):
 
 def test_compilations_stay_bounded_as_the_request_mix_changes(model):
   # its own static sizes (page_size 2, chunks 4 / 16), so its programs are traced here, not shared with others'
-  sampler = PagedJaxSampler(model, num_slots=4, **{**ENGINE, "page_size": 2, "prefill_chunks": (4, 16)})
+  sampler = PagedJaxSampler(
+    model,
+    num_slots=4,
+    **{**ENGINE, "page_size": 2, "prefill_chunks": (4, 16), "decode_batches": (2, 4), "page_buckets": (8, 48)},
+  )
   for seed in range(3):
     prompts, params = mixed_workload(10 + seed, 12)
     sampler.generate(prompts, params)
   config = sampler.engine_config
-  bound = len(config.page_buckets) * (len(config.prefill_chunks) + 1)
+  bound = len(config.page_buckets) * (len(config.prefill_chunks) + len(config.decode_batches))
   assert 0 < sampler.trace_count <= bound
   prompts, params = mixed_workload(99, 12)
   sampler.generate(prompts, params)

@@ -24,10 +24,10 @@ from agentfly_jax.sampling.engine import programs
 from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
 from agentfly_jax.sampling.jax_sampler import JaxSampler
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
-from agentfly_jax.sampling.requests import per_request_params
+from agentfly_jax.sampling.requests import per_request_params, power_of_two_buckets
 
 
-def page_buckets(max_pages: int, smallest: int = 4, factor: int = 4) -> tuple[int, ...]:
+def default_page_buckets(max_pages: int, smallest: int = 4, factor: int = 2) -> tuple[int, ...]:
   """Block-table widths: smallest, smallest * factor, ... and max_pages (each one decode and prefill shape)."""
   out, b = [], max(1, smallest)
   while b < max_pages:
@@ -52,7 +52,12 @@ class PagedJaxSampler(JaxSampler):
     page_size: tokens per page.
     kv_cache_pages / kv_cache_gib: the cache's size, in pages or GiB (one of them; neither: every slot can
       hold max_len tokens at once, so nothing is ever preempted). Page 0 is the sink.
-    prefill_rows / prefill_chunks: rows per prefill call and the chunk-length buckets (tokens per row a call).
+    prefill_tokens / prefill_chunks: a prefill call's token budget and its chunk lengths (each chunk one shape:
+      prefill_tokens // chunk rows of chunk tokens; the engine picks the one that writes the most tokens).
+    decode_batches: decode batch sizes (default: powers of two up to num_slots; the running rows are packed
+      into the smallest that holds them).
+    page_buckets: block-table widths in pages (default: 4, 8, 16, ... up to max_len's pages); a call gathers
+      the smallest that holds its longest row.
     decode_steps: decode steps per device call (stop checks on device each step; admission between calls).
     stop_width: most stop ids a request may carry.
     weight_update: "drain" (rows in flight finish on the weights they started with) or "recompute" (rows in
@@ -69,8 +74,10 @@ class PagedJaxSampler(JaxSampler):
     page_size: int = 16,
     kv_cache_pages: int | None = None,
     kv_cache_gib: float | None = None,
-    prefill_rows: int = 4,
-    prefill_chunks: Sequence[int] = (32, 256),
+    prefill_tokens: int = 128,
+    prefill_chunks: Sequence[int] = (8, 32, 128),
+    decode_batches: Sequence[int] | None = None,
+    page_buckets: Sequence[int] | None = None,
     decode_steps: int = 4,
     stop_width: int = 16,
     weight_update: str = "drain",
@@ -94,7 +101,7 @@ class PagedJaxSampler(JaxSampler):
     for name, value, low in (
       ("num_slots", num_slots, 1),
       ("page_size", page_size, 1),
-      ("prefill_rows", prefill_rows, 1),
+      ("prefill_tokens", prefill_tokens, 1),
       ("decode_steps", decode_steps, 1),
       ("stop_width", stop_width, 1),
     ):
@@ -105,6 +112,7 @@ class PagedJaxSampler(JaxSampler):
     chunks = tuple(sorted({int(c) for c in prefill_chunks}))
     if not chunks or chunks[0] < 1:
       raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
+    batches = self._check_buckets(decode_batches or power_of_two_buckets(1, num_slots), num_slots, "decode_batches")
     cfg = model.config
     self._cache_dtype = cfg.compute_dtype
     max_pages = -(-self.max_len // page_size)
@@ -125,9 +133,10 @@ class PagedJaxSampler(JaxSampler):
       num_pages=int(kv_cache_pages),
       page_size=page_size,
       max_len=self.max_len,
-      prefill_rows=prefill_rows,
+      prefill_tokens=prefill_tokens,
       prefill_chunks=chunks,
-      page_buckets=page_buckets(max_pages),
+      decode_batches=batches,
+      page_buckets=self._check_buckets(page_buckets or default_page_buckets(max_pages), max_pages, "page_buckets"),
       decode_steps=decode_steps,
       stop_width=stop_width,
       weight_update=weight_update,

@@ -40,18 +40,22 @@ WEIGHT_UPDATE_MODES = ("drain", "recompute")
 class EngineConfig:
   """Static sizes of one engine (each a compiled shape: none changes with the request mix).
 
-  num_slots: decode rows; num_pages / page_size: the cache; max_len: a sequence's context; prefill_rows /
-  prefill_chunks: rows per prefill call and its token-chunk buckets; page_buckets: block-table widths;
-  decode_steps: decode steps per device call (stop checks every step on device); stop_width: stop ids a row
-  may carry; weight_update: "drain" (rows in flight finish on the old weights) or "recompute".
+  num_slots: sequences running at once; num_pages / page_size: the cache; max_len: a sequence's context;
+  prefill_tokens / prefill_chunks: a prefill call's token budget and its chunk lengths (one shape each:
+  prefill_tokens // chunk rows x chunk tokens); decode_batches: decode batch sizes (the running rows are packed
+  into the smallest that holds them: a row's slot is only its place in the queue, its keys / values are found
+  through its block table); page_buckets: block-table widths; decode_steps: decode steps per device call (stop
+  checks every step on device); stop_width: stop ids a row may carry; weight_update: "drain" (rows in flight
+  finish on the old weights) or "recompute".
   """
 
   num_slots: int
   num_pages: int
   page_size: int
   max_len: int
-  prefill_rows: int
+  prefill_tokens: int
   prefill_chunks: tuple[int, ...]
+  decode_batches: tuple[int, ...]
   page_buckets: tuple[int, ...]
   decode_steps: int
   stop_width: int
@@ -211,6 +215,10 @@ class Engine:
       "sampler/prefill_tok_s": m["prefill_tokens"] / m["prefill_s"] if m["prefill_s"] else 0.0,
       "sampler/decode_tok_s": m["decode_tokens"] / m["decode_s"] if m["decode_s"] else 0.0,
       "sampler/decode_row_step_use": m["decode_tokens"] / m["decode_row_steps"] if m["decode_row_steps"] else 0.0,
+      "sampler/decode_batch_use": m["decode_tokens"] / m["decode_padded_row_steps"]
+      if m["decode_padded_row_steps"]
+      else 0.0,
+      "sampler/prefill_chunk_use": m["prefill_tokens"] / m["prefill_row_tokens"] if m["prefill_row_tokens"] else 0.0,
       "sampler/requests": float(m["requests"]),
     }
     if reset:
@@ -352,14 +360,22 @@ class Engine:
         temperature[i], top_k[i], top_p[i], seeds[i], steps[i] = p.temperature, p.top_k, p.top_p, seq.seed, len(seq.out)
     return dict(temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds, steps=steps)
 
+  def _prefill_shape(self, rows: list[_Seq]) -> tuple[int, int]:
+    """(rows, chunk) of the prefill shape that writes the most tokens of the oldest waiting rows."""
+    best = None
+    for chunk in self.config.prefill_chunks:
+      r = max(1, self.config.prefill_tokens // chunk)
+      useful = sum(min(chunk, len(s.tokens) - s.computed) for s in rows[:r])
+      if best is None or useful > best[0]:
+        best = (useful, r, chunk)
+    return best[1], best[2]
+
   def _prefill(self) -> None:
-    cfg = self.config
-    rows = sorted((s for s in self._running() if s.prefilling), key=lambda s: s.admitted)[: cfg.prefill_rows]
-    if not rows:
+    waiting = sorted((s for s in self._running() if s.prefilling), key=lambda s: s.admitted)
+    if not waiting:
       return
-    want = max(len(s.tokens) - s.computed for s in rows)
-    chunk = next((c for c in cfg.prefill_chunks if c >= want), cfg.prefill_chunks[-1])
-    r = cfg.prefill_rows
+    r, chunk = self._prefill_shape(waiting)
+    rows = waiting[:r]
     tokens, positions = np.zeros((r, chunk), np.int32), np.zeros((r, chunk), np.int32)
     valid, last = np.zeros((r, chunk), bool), np.zeros((r,), np.int32)
     taken = []
@@ -384,6 +400,7 @@ class Engine:
     token, logprob = np.asarray(token), np.asarray(logprob)
     self._m["prefill_s"] += time.perf_counter() - start
     self._m["prefill_tokens"] += sum(taken)
+    self._m["prefill_row_tokens"] += r * chunk
     for i, (seq, n) in enumerate(zip(rows, taken)):
       seq.computed += n
       if seq.computed < len(seq.tokens):
@@ -430,27 +447,24 @@ class Engine:
     rows = self._reserve_decode_pages([s for s in self._running() if not s.prefilling])
     if not rows:
       return
-    slots: list[_Seq | None] = [None] * cfg.num_slots
-    for seq in rows:
-      slots[seq.slot] = seq
-    s = cfg.num_slots
-    tokens, positions = np.zeros((s,), np.int32), np.zeros((s,), np.int32)
-    live, remaining = np.zeros((s,), bool), np.zeros((s,), np.int32)
-    stop_ids = np.full((s, cfg.stop_width), -1, np.int32)
-    for seq in rows:
-      i = seq.slot
+    b = next((x for x in cfg.decode_batches if x >= len(rows)), cfg.decode_batches[-1])
+    tokens, positions = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+    live, remaining = np.zeros((b,), bool), np.zeros((b,), np.int32)
+    stop_ids = np.full((b, cfg.stop_width), -1, np.int32)
+    for i, seq in enumerate(rows):
       tokens[i], positions[i], live[i] = seq.out[-1], seq.computed, True
       remaining[i] = seq.max_new - len(seq.out)
       stop = seq.params.stop_token_ids[: cfg.stop_width]
       stop_ids[i, : len(stop)] = stop
+    padded = rows + [None] * (b - len(rows))
     arrays = dict(
       tokens=tokens,
       positions=positions,
-      block_tables=self._table(slots, max(len(q.pages) for q in rows)),
+      block_tables=self._table(padded, max(len(q.pages) for q in rows)),
       live=live,
       remaining=remaining,
       stop_ids=stop_ids,
-      **self._sampling_rows(slots),
+      **self._sampling_rows(padded),
     )
     start = time.perf_counter()
     out_t, out_lp, emitted, stopped, self._cache = self._run_decode(self._params, self._cache, arrays)
@@ -458,8 +472,9 @@ class Engine:
     self._m["decode_s"] += time.perf_counter() - start
     self._m["decode_tokens"] += int(emitted.sum())
     self._m["decode_row_steps"] += len(rows) * int(emitted.max())
-    self._occupancy.append(len(rows) / s)
-    for seq in rows:
-      i, n = seq.slot, int(emitted[seq.slot])
+    self._m["decode_padded_row_steps"] += b * int(emitted.max())
+    self._occupancy.append(len(rows) / cfg.num_slots)
+    for i, seq in enumerate(rows):
+      n = int(emitted[i])
       seq.computed += n
       self._emit(seq, out_t[i, :n].tolist(), out_lp[i, :n].tolist(), stopped=bool(stopped[i]))
