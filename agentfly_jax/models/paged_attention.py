@@ -9,9 +9,9 @@ position p of that row in page `block_tables[b, p // page_size]` at offset `p % 
 the allocator never hands it out, padding tokens write there and padding entries of a block table point there
 (their keys sit at positions past the row's length, which the causal mask hides).
 
-The XLA path here (CPU / GPU) gathers a row's pages into one [S = P * page_size] key / value run and attends
-over it with a causal mask on positions; `P` is a static bucket (the engine picks the smallest that holds the
-longest live row), so the gather reads no more than that. On TPU `attention_impl="pallas"` sends decode steps
+The XLA path here (CPU / GPU) gathers a few pages of every row at a time and folds them in with an online
+softmax, visiting only the blocks up to the longest row's last position: one compiled program for every
+context length, reading only the keys there are (`paged_attend`). On TPU `attention_impl="pallas"` sends decode steps
 to JAX's Pallas paged-attention kernel (`pallas_paged_decode`), which reads pages in place.
 """
 
@@ -77,21 +77,25 @@ class PageTable:
     write_slots: int32[B, T] flat slot (page * page_size + offset) each token's key / value goes to (padding
       tokens: the sink page).
     page_size: static.
+    block_pages: static, pages per block of the attention loop (`paged_attend`; P is a multiple of it).
   """
 
   block_tables: jax.Array
   positions: jax.Array
   write_slots: jax.Array
   page_size: int = dataclasses.field(metadata=dict(static=True))
+  block_pages: int = dataclasses.field(default=8, metadata=dict(static=True))
 
   @classmethod
-  def build(cls, block_tables: jax.Array, positions: jax.Array, valid: jax.Array, page_size: int) -> "PageTable":
+  def build(
+    cls, block_tables: jax.Array, positions: jax.Array, valid: jax.Array, page_size: int, block_pages: int = 8
+  ) -> "PageTable":
     """block_tables int32[B, P], positions int32[B, T], valid bool[B, T] (False: padding, writes to the sink)."""
     page_index = jnp.clip(positions // page_size, 0, block_tables.shape[1] - 1)
     pages = jnp.take_along_axis(block_tables, page_index, axis=1)
     slots = pages * page_size + positions % page_size
     sink = SINK_PAGE * page_size + positions % page_size
-    return cls(block_tables, positions, jnp.where(valid, slots, sink).astype(jnp.int32), page_size)
+    return cls(block_tables, positions, jnp.where(valid, slots, sink).astype(jnp.int32), page_size, block_pages)
 
 
 def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
@@ -103,25 +107,49 @@ def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array
 
 
 def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision):
-  """Causal attention of q [B, T, H, hd] (RoPE applied) over each row's pages.
+  """Causal attention of q [B, T, H, hd] (RoPE applied) over each row's pages, a block of pages at a time.
 
-  k_pages / v_pages: [N, page, KVH, hd] (this layer, the new tokens already written). Query t of row b sees the
-  row's positions <= table.positions[b, t]. Returns [B, T, H * hd].
+  k_pages / v_pages: [N, page, KVH, hd] (this layer, the new tokens already written); table.block_tables'
+  width must be a multiple of `table.block_pages`. Query t of row b sees the row's positions <= table.positions[b, t].
+  Blocks of keys are gathered and folded in with an online softmax (flash-decoding), and only the blocks
+  up to the longest row's last position are visited (a loop with a data-dependent trip count), so one
+  compiled program serves every context length at the cost of the keys it really reads.
+  Returns [B, T, H * hd].
   """
   b, t, h, hd = q.shape
   kvh = k_pages.shape[2]
   g = h // kvh
-  p = table.block_tables.shape[1]
-  s = p * table.page_size
-  keys = k_pages[table.block_tables].reshape(b, s, kvh, hd).astype(dtype)  # [B, S, KVH, hd]
-  values = v_pages[table.block_tables].reshape(b, s, kvh, hd).astype(dtype)
-  q = q.reshape(b, t, kvh, g, hd)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, precision=precision).astype(jnp.float32) / math.sqrt(hd)
-  allowed = jnp.arange(s)[None, None, :] <= table.positions[:, :, None]  # [B, T, S]
-  scores = jnp.where(allowed[:, None, None], scores, -1e30)
-  probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, values, precision=precision)
-  return out.reshape(b, t, h * hd)
+  width, block_pages = table.block_tables.shape[1], table.block_pages
+  if width % block_pages:
+    raise ValueError(f"block-table width {width} is not a multiple of block_pages={block_pages}")
+  span = block_pages * table.page_size
+  q = (q.reshape(b, t, kvh, g, hd) / math.sqrt(hd)).astype(dtype)
+  positions = table.positions[:, :, None]  # [B, T, 1]
+  num_blocks = jnp.minimum(jnp.max(table.positions) // span + 1, width // block_pages)
+
+  def body(i, carry):
+    m, l, acc = carry
+    pages = jax.lax.dynamic_slice_in_dim(table.block_tables, i * block_pages, block_pages, axis=1)
+    keys = k_pages[pages].reshape(b, span, kvh, hd).astype(dtype)
+    values = v_pages[pages].reshape(b, span, kvh, hd).astype(dtype)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, precision=precision).astype(jnp.float32)
+    allowed = (i * span + jnp.arange(span))[None, None, :] <= positions  # [B, T, S]
+    scores = jnp.where(allowed[:, None, None], scores, -jnp.inf)
+    m_new = jnp.maximum(m, scores.max(-1))  # block 0 always holds position 0: finite from the first block
+    scale = jnp.exp(m - m_new)
+    p = jnp.exp(scores - m_new[..., None])
+    l = l * scale + p.sum(-1)
+    acc = acc * scale[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p.astype(dtype), values, precision=precision)
+    return m_new, l, acc
+
+  init = (
+    jnp.full((b, kvh, g, t), -jnp.inf, jnp.float32),
+    jnp.zeros((b, kvh, g, t), jnp.float32),
+    jnp.zeros((b, kvh, g, t, hd), jnp.float32),
+  )
+  _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+  out = acc / l[..., None]  # [B, KVH, G, T, hd]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)
 
 
 def pallas_paged_decode(q, k_pages, v_pages, table: PageTable, *, pages_per_compute_block: int = 8):

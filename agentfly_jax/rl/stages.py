@@ -206,6 +206,14 @@ def prefix_cache_metrics(sampler, mark) -> dict[str, float]:
   }
 
 
+def engine_metrics(sampler) -> dict[str, float]:
+  """A continuous-batching sampler's counters since the last call (slot occupancy, KV pages, preemptions,
+  queue waits, prefill / decode tok/s: sampling/engine/scheduler.Engine.metrics), reset; {} for samplers
+  without them."""
+  metrics = getattr(sampler, "metrics", None)
+  return dict(metrics(reset=True)) if callable(metrics) else {}
+
+
 def release_prefix_cache(sampler) -> None:
   """Frees the sampler's stored keys / values (a synchronous step's update is about to change the
   weights they belong to, and the update needs the memory)."""

@@ -13,7 +13,7 @@ from agentfly_jax.sampling import JaxSampler, SamplingParams
 from agentfly_jax.sampling.engine import PagedJaxSampler, PagePool
 from sampler_testing import full_logits, log_softmax64, make_model, reference_greedy
 
-# few static shapes (each one compilation): 2 prefill shapes, 1 decode batch, 2 block-table widths
+# few static shapes (each one compilation): 2 prefill shapes, 1 decode batch; blocks of 2 pages (8 tokens)
 ENGINE = dict(
   max_len=96,
   page_size=4,
@@ -21,7 +21,7 @@ ENGINE = dict(
   prefill_chunks=(8, 32),
   decode_steps=3,
   decode_batches=(4,),
-  page_buckets=(8, 24),
+  attention_block_pages=2,
 )
 
 
@@ -32,7 +32,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def reference(model):
-  return JaxSampler(model, max_batch_size=8, max_len=96, batch_buckets=(8,))
+  # one program: every request fits the 48-token prompt and 24-token bucket
+  return JaxSampler(
+    model, max_batch_size=8, max_len=96, batch_buckets=(8,), prompt_buckets=(48,), new_token_buckets=(24,)
+  )
 
 
 @pytest.fixture(scope="module")
@@ -211,13 +214,13 @@ def test_compilations_stay_bounded_as_the_request_mix_changes(model):
   sampler = PagedJaxSampler(
     model,
     num_slots=4,
-    **{**ENGINE, "page_size": 2, "prefill_chunks": (4, 16), "decode_batches": (2, 4), "page_buckets": (8, 48)},
+    **{**ENGINE, "page_size": 2, "prefill_chunks": (4, 16), "decode_batches": (2, 4)},
   )
   for seed in range(3):
     prompts, params = mixed_workload(10 + seed, 12)
     sampler.generate(prompts, params)
   config = sampler.engine_config
-  bound = len(config.page_buckets) * (len(config.prefill_chunks) + len(config.decode_batches))
+  bound = len(config.prefill_chunks) + len(config.decode_batches)
   assert 0 < sampler.trace_count <= bound
   prompts, params = mixed_workload(99, 12)
   sampler.generate(prompts, params)

@@ -27,15 +27,6 @@ from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncSta
 from agentfly_jax.sampling.requests import per_request_params, power_of_two_buckets
 
 
-def default_page_buckets(max_pages: int, smallest: int = 4, factor: int = 2) -> tuple[int, ...]:
-  """Block-table widths: smallest, smallest * factor, ... and max_pages (each one decode and prefill shape)."""
-  out, b = [], max(1, smallest)
-  while b < max_pages:
-    out.append(b)
-    b *= factor
-  return tuple(out) + (max_pages,)
-
-
 def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int) -> int:
   """How many pages of `page_size` tokens fit `kv_cache_gib` GiB for a model config (keys + values, all layers)."""
   per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * itemsize
@@ -56,8 +47,8 @@ class PagedJaxSampler(JaxSampler):
       prefill_tokens // chunk rows of chunk tokens; the engine picks the one that writes the most tokens).
     decode_batches: decode batch sizes (default: powers of two up to num_slots; the running rows are packed
       into the smallest that holds them).
-    page_buckets: block-table widths in pages (default: 4, 8, 16, ... up to max_len's pages); a call gathers
-      the smallest that holds its longest row.
+    attention_block_pages: pages the attention loop gathers at a time (it visits the blocks up to the longest
+      row's position only: models/paged_attention.paged_attend).
     decode_steps: decode steps per device call (stop checks on device each step; admission between calls).
     stop_width: most stop ids a request may carry.
     weight_update: "drain" (rows in flight finish on the weights they started with) or "recompute" (rows in
@@ -77,7 +68,7 @@ class PagedJaxSampler(JaxSampler):
     prefill_tokens: int = 128,
     prefill_chunks: Sequence[int] = (8, 32, 128),
     decode_batches: Sequence[int] | None = None,
-    page_buckets: Sequence[int] | None = None,
+    attention_block_pages: int = 8,
     decode_steps: int = 4,
     stop_width: int = 16,
     weight_update: str = "drain",
@@ -104,6 +95,7 @@ class PagedJaxSampler(JaxSampler):
       ("prefill_tokens", prefill_tokens, 1),
       ("decode_steps", decode_steps, 1),
       ("stop_width", stop_width, 1),
+      ("attention_block_pages", attention_block_pages, 1),
     ):
       if not isinstance(value, int) or value < low:
         raise ValueError(f"PagedJaxSampler: {name} must be an int >= {low}, got {value!r}")
@@ -136,7 +128,8 @@ class PagedJaxSampler(JaxSampler):
       prefill_tokens=prefill_tokens,
       prefill_chunks=chunks,
       decode_batches=batches,
-      page_buckets=self._check_buckets(page_buckets or default_page_buckets(max_pages), max_pages, "page_buckets"),
+      table_width=-(-max_pages // attention_block_pages) * attention_block_pages,
+      block_pages=attention_block_pages,
       decode_steps=decode_steps,
       stop_width=stop_width,
       weight_update=weight_update,
@@ -155,7 +148,8 @@ class PagedJaxSampler(JaxSampler):
     out = programs.prefill_chunk(
       graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
       a["last_index"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
-      page_size=self.engine_config.page_size, activation=self.activation,
+      page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
+      activation=self.activation,
     )  # fmt: skip
     self.trace_count += programs.TRACES[0] - before
     return out
@@ -166,7 +160,8 @@ class PagedJaxSampler(JaxSampler):
     out = programs.decode_block(
       graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["block_tables"], a["live"],
       a["remaining"], a["stop_ids"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
-      page_size=self.engine_config.page_size, num_steps=self.engine_config.decode_steps, activation=self.activation,
+      page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
+      num_steps=self.engine_config.decode_steps, activation=self.activation,
     )  # fmt: skip
     self.trace_count += programs.TRACES[0] - before
     return out

@@ -3,8 +3,9 @@
     first, first_lp, cache = prefill_chunk(graphdef, params, rest, cache, tokens, positions, valid, tables, ...)
     toks, lps, emitted, stopped, cache = decode_block(graphdef, params, rest, cache, tokens, positions, ...)
 
-Shapes are static per engine: R prefill rows x C chunk tokens, S decode slots, P pages per block table (a few
-buckets), K decode steps per call, the stop-id width; a change of request mix changes none of them, so the
+Shapes are static per engine: a few prefill shapes (R rows x C chunk tokens), a few decode batch sizes, one
+block-table width (attention visits only the blocks of pages in use: models/paged_attention.paged_attend), K
+decode steps per call, the stop-id width; a change of request mix changes none of them, so the
 programs compile once each (`TRACES[0]` counts traces). The cache is donated: pages update in place.
 
 Randomness: token i of a request (i = 0 for the token sampled from the prompt's last position) is drawn with
@@ -33,7 +34,9 @@ def _sample(logits, temperature, top_k, top_p, seeds, steps):
   return sample_next_tokens(logits, temperature, top_k, top_p, keys)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("page_size", "activation"), donate_argnums=(3,))
+@functools.partial(
+  jax.jit, static_argnums=(0,), static_argnames=("page_size", "block_pages", "activation"), donate_argnums=(3,)
+)
 def prefill_chunk(
   graphdef,
   params,
@@ -51,6 +54,7 @@ def prefill_chunk(
   steps,
   *,
   page_size: int,
+  block_pages: int,
   activation=None,
 ):
   """Writes a chunk of R rows' tokens into their pages and samples each row's next token.
@@ -66,7 +70,7 @@ def prefill_chunk(
   mesh, rules = activation or (None, None)
   with activation_sharding(mesh, None if rules is None else dict(rules)):
     model = nnx.merge(graphdef, params, rest)
-    table = PageTable.build(block_tables, positions, valid, page_size)
+    table = PageTable.build(block_tables, positions, valid, page_size, block_pages)
     hidden, cache = model.hidden_states(tokens, cache=cache, pages=table)
     last = jnp.take_along_axis(hidden, last_index[:, None, None], axis=1)[:, 0]
     logits = model.logits_from_hidden(last).astype(jnp.float32)
@@ -75,7 +79,10 @@ def prefill_chunk(
 
 
 @functools.partial(
-  jax.jit, static_argnums=(0,), static_argnames=("page_size", "num_steps", "activation"), donate_argnums=(3,)
+  jax.jit,
+  static_argnums=(0,),
+  static_argnames=("page_size", "block_pages", "num_steps", "activation"),
+  donate_argnums=(3,),
 )
 def decode_block(
   graphdef,
@@ -95,6 +102,7 @@ def decode_block(
   steps,
   *,
   page_size: int,
+  block_pages: int,
   num_steps: int,
   activation=None,
 ):
@@ -122,7 +130,7 @@ def decode_block(
   def body(carry):
     i, cache, tok, pos, live, out_t, out_lp, emitted, stopped = carry
     model = nnx.merge(graphdef, params, rest)
-    table = PageTable.build(block_tables, pos[:, None], live[:, None], page_size)
+    table = PageTable.build(block_tables, pos[:, None], live[:, None], page_size, block_pages)
     hidden, cache = model.hidden_states(tok[:, None], cache=cache, pages=table)
     logits = model.logits_from_hidden(hidden[:, 0]).astype(jnp.float32)
     new, lp = _sample(logits, temperature, top_k, top_p, seeds, steps + emitted)

@@ -44,7 +44,8 @@ class EngineConfig:
   prefill_tokens / prefill_chunks: a prefill call's token budget and its chunk lengths (one shape each:
   prefill_tokens // chunk rows x chunk tokens); decode_batches: decode batch sizes (the running rows are packed
   into the smallest that holds them: a row's slot is only its place in the queue, its keys / values are found
-  through its block table); page_buckets: block-table widths; decode_steps: decode steps per device call (stop
+  through its block table); table_width: pages per block table (max_len's, rounded up to block_pages, the
+  attention loop's block); decode_steps: decode steps per device call (stop
   checks every step on device); stop_width: stop ids a row may carry; weight_update: "drain" (rows in flight
   finish on the old weights) or "recompute".
   """
@@ -56,7 +57,8 @@ class EngineConfig:
   prefill_tokens: int
   prefill_chunks: tuple[int, ...]
   decode_batches: tuple[int, ...]
-  page_buckets: tuple[int, ...]
+  table_width: int
+  block_pages: int
   decode_steps: int
   stop_width: int
   weight_update: str = "drain"
@@ -339,11 +341,8 @@ class Engine:
     if count:
       self._m["preemptions"] += 1
 
-  def _table(self, seqs: list[_Seq], pages_needed: int) -> np.ndarray:
-    width = next((b for b in self.config.page_buckets if b >= pages_needed), None)
-    if width is None:
-      raise RuntimeError(f"a row needs {pages_needed} pages; the widest block table is {self.config.page_buckets[-1]}")
-    table = np.full((len(seqs), width), SINK_PAGE, np.int32)
+  def _table(self, seqs: list) -> np.ndarray:
+    table = np.full((len(seqs), self.config.table_width), SINK_PAGE, np.int32)
     for i, seq in enumerate(seqs):
       if seq is not None:
         table[i, : len(seq.pages)] = seq.pages
@@ -391,7 +390,7 @@ class Engine:
       tokens=tokens,
       positions=positions,
       valid=valid,
-      block_tables=self._table(padded, max(len(s.pages) for s in rows)),
+      block_tables=self._table(padded),
       last_index=last,
       **self._sampling_rows(padded),
     )
@@ -460,7 +459,7 @@ class Engine:
     arrays = dict(
       tokens=tokens,
       positions=positions,
-      block_tables=self._table(padded, max(len(q.pages) for q in rows)),
+      block_tables=self._table(padded),
       live=live,
       remaining=remaining,
       stop_ids=stop_ids,
