@@ -166,6 +166,43 @@ class PagedJaxSampler(JaxSampler):
     self.trace_count += programs.TRACES[0] - before
     return out
 
+  def warmup(self) -> float:
+    """Compiles (or loads from the compile cache) every program the engine can run: each prefill shape and
+    each decode batch, on padding rows that write only the sink page. Returns the seconds it took."""
+    import time
+
+    import numpy as np
+
+    c = self.engine_config
+    start = time.perf_counter()
+
+    def rows(n):
+      return dict(
+        temperature=np.ones((n,), np.float32),
+        top_k=np.zeros((n,), np.int32),
+        top_p=np.ones((n,), np.float32),
+        seeds=np.zeros((n,), np.uint32),
+        steps=np.zeros((n,), np.int32),
+      )
+
+    with self.engine.paused():
+      cache = self.engine.take_cache()
+      for chunk in c.prefill_chunks:
+        r = max(1, c.prefill_tokens // chunk)
+        zeros = np.zeros((r, chunk), np.int32)
+        arrays = dict(tokens=zeros, positions=zeros, valid=np.zeros((r, chunk), bool), last_index=zeros[:, 0])
+        table = np.zeros((r, c.table_width), np.int32)
+        _, _, cache = self._run_prefill(self._decode, cache, dict(arrays, block_tables=table, **rows(r)))
+      for b in c.decode_batches:
+        zeros = np.zeros((b,), np.int32)
+        arrays = dict(tokens=zeros, positions=zeros, live=np.zeros((b,), bool), remaining=zeros)
+        arrays.update(
+          block_tables=np.zeros((b, c.table_width), np.int32), stop_ids=np.full((b, c.stop_width), -1, np.int32)
+        )
+        *_, cache = self._run_decode(self._decode, cache, dict(arrays, **rows(b)))
+      self.engine.put_cache(cache)
+    return time.perf_counter() - start
+
   # ---------------------------------------------------------------- protocol
   def _submit(self, prompt, params: SamplingParams, label: str, future: Future | None = None) -> Future:
     self._validate(prompt, params, label)

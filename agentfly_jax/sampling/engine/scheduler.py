@@ -22,6 +22,7 @@ with the same random stream, so preemption never changes a token's distribution.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -135,6 +136,7 @@ class Engine:
     self._inbox: list[_Seq] = []
     self._update: Any = None  # pending (params, mode)
     self._lock = threading.Condition()
+    self._step_lock = threading.Lock()  # held by the engine thread for a whole step
     self._thread: threading.Thread | None = None
     self._closed = False
     self.reset_metrics()
@@ -185,6 +187,22 @@ class Engine:
       while self._inbox or self._waiting or any(self._slots) or self._update is not None:
         if not self._lock.wait(max(0.0, deadline - time.monotonic())):
           raise TimeoutError("engine still busy")
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Holds the engine thread at a step boundary while the caller uses the cache (`take_cache`)."""
+    with self._step_lock:
+      yield
+
+  def take_cache(self):
+    """The device cache (built if need be), for a caller holding `paused()`; give it back with `put_cache`."""
+    if self._cache is None:
+      self._cache = self._make_cache()
+    cache, self._cache = self._cache, None
+    return cache
+
+  def put_cache(self, cache) -> None:
+    self._cache = cache
 
   def close(self) -> None:
     with self._lock:
@@ -245,7 +263,8 @@ class Engine:
         self._m["requests"] += len(self._inbox)
         self._inbox.clear()
       try:
-        self._step()
+        with self._step_lock:
+          self._step()
       except BaseException as e:  # a failed program: every request in flight gets the error, the engine lives
         self._fail_all(e)
         self._cache = None
