@@ -1,6 +1,7 @@
 """Run in the 8-device child process (tests/eight_device_checks.py): the JAX sampler with params
 sharded on a (fsdp=2, tp=4) mesh samples the same tokens and log-probs as unsharded, and its CPU
-decode copy keeps the (transposed) sharding. Prints SHARDED_OK."""
+decode copy keeps the (transposed) sharding (prints SHARDED_OK); the paged engine on that mesh samples the same
+tokens too (prints PAGED_SHARDED_OK)."""
 
 import jax
 import numpy as np
@@ -8,6 +9,7 @@ from flax import nnx
 
 from agentfly_jax.models import make_mesh, shard_model
 from agentfly_jax.sampling import JaxSampler, SamplingParams
+from agentfly_jax.sampling.engine import PagedJaxSampler
 from sampler_testing import PROMPTS, make_model
 
 
@@ -33,6 +35,13 @@ def main():
     assert g.token_ids == w.token_ids, (g, w)
     np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-4, atol=1e-4)
   print("SHARDED_OK")
+  paged = PagedJaxSampler(
+    model, num_slots=4, max_len=32, page_size=4, mesh=mesh, decode_batches=(4,), prefill_chunks=(8,), prefill_tokens=32
+  )
+  for g, w in zip(paged.generate(PROMPTS, params), want):
+    assert g.token_ids == w.token_ids, (g, w)
+    np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-4, atol=1e-4)
+  print("PAGED_SHARDED_OK")
 
 
 if __name__ == "__main__":

@@ -238,3 +238,9 @@ def test_bad_requests_are_refused_clearly_and_lose_nothing(model):
     PagedJaxSampler(model, weight_update="sometimes", **ENGINE)
   ok = sampler.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=4))[0]  # still serving
   assert ok.token_ids == reference_greedy(model, [1, 2, 3], 4)
+
+
+@pytest.mark.slow
+@pytest.mark.eight_devices("sampler_sharding")
+def test_params_sharded_on_an_8_device_mesh(eight_device_check):
+  assert eight_device_check["ok"] and "PAGED_SHARDED_OK" in eight_device_check["output"], eight_device_check["output"]

@@ -139,8 +139,15 @@ class PagedJaxSampler(JaxSampler):
 
   # ---------------------------------------------------------------- engine callables (engine thread)
   def _make_cache(self):
+    """Zero pages; on a mesh of several devices replicated over it (the params' devices)."""
     c = self.engine_config
-    return self._model_for_cache.init_paged_cache(c.num_pages, c.page_size, self._cache_dtype)
+    cache = self._model_for_cache.init_paged_cache(c.num_pages, c.page_size, self._cache_dtype)
+    if self.activation is not None:
+      import jax
+      from jax.sharding import NamedSharding, PartitionSpec
+
+      cache = jax.device_put(cache, NamedSharding(self.activation[0], PartitionSpec()))
+    return cache
 
   def _run_prefill(self, decode, cache, a: dict):
     graphdef, params = decode
