@@ -39,7 +39,7 @@ import trio
 
 from agentfly_jax.agents.agent_loops import agent_style, call_agent
 from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
-from agentfly_jax.agents.rollout import validate_rows
+from agentfly_jax.agents.rollout import check_chain_timeout, validate_rows
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
@@ -60,7 +60,7 @@ async def _run_chain(
   chain_id: int,
   ssl_context,
   base_url: str,
-  chain_timeout_s: float | None,
+  chain_timeout_s: float,
   thread_limiter: trio.CapacityLimiter,
   host: TrioHost,
 ) -> list[Trajectory]:
@@ -129,7 +129,7 @@ async def endpoint_rollout(
   seed: int | None = 0,
   group_offset: int = 0,
   max_n: int = 1,
-  chain_timeout_s: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
   tool_threads: int = 128,
   model_name: str = "policy",
   gather_s: float = 0.05,
@@ -146,7 +146,8 @@ async def endpoint_rollout(
       for a synchronous function).
     max_turns: requests per chain (more get an error reply).
     max_n: most choices (`n`) per request.
-    chain_timeout_s: wall-clock limit per chain (None: none).
+    chain_timeout_s: wall-clock seconds per chain (> 0): past it the agent is cancelled (an outside harness's
+      process tree killed) and the chain ends with finish "timeout".
     model_name: the model id the agent must ask for.
     gather_s: how long the endpoint may hold a request for the other chains' requests of the
       turn (one sampler batch instead of many small ones; `ChatEndpoint`).
@@ -165,6 +166,7 @@ async def endpoint_rollout(
       f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
       f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment"
     )
+  check_chain_timeout("endpoint_rollout", chain_timeout_s)
   validate_rows(agent, rows)
   endpoint = ChatEndpoint(
     agent,

@@ -15,6 +15,8 @@ tokenizing only the new template text -> repeat. A chain stops with a `finish_re
   "max_turns"            `max_turns` model turns were generated
   "max_tokens_per_turn"  a turn hit `max_tokens_per_turn` without ending
   "max_total_tokens"     the context reached `max_total_tokens`
+  "timeout"              the chain ran past `chain_timeout_s` (its turn or tool call cancelled; scored on the
+                         prediction so far, counted as a failed chain by rl/chain_failures.py)
   "error"                an exception (logged; reward 0, `Trajectory.error` holds it)
 The reward is computed inside the chain as soon as it finishes (overlapping other chains). One
 chain failing never stops the others.
@@ -92,6 +94,14 @@ class _Config:
   thread_limiter: trio.CapacityLimiter
   shared_turns: int = 0
   branch_temperature: float | None = None
+  chain_timeout_s: float = STANDALONE.chain_timeout_s
+
+
+def check_chain_timeout(caller: str, chain_timeout_s) -> None:
+  """`chain_timeout_s` must be a finite number of seconds > 0 (every chain has a limit)."""
+  ok = isinstance(chain_timeout_s, (int, float)) and not isinstance(chain_timeout_s, bool)
+  if not ok or not 0 < chain_timeout_s < math.inf:
+    raise ValueError(f"{caller}: chain_timeout_s must be a finite number of seconds > 0, got {chain_timeout_s!r}")
 
 
 def shared_chain_id(chain_id: int, turn: int, shared_turns: int) -> int:
@@ -291,7 +301,11 @@ async def _run_chain(agent: RolloutAgent, row: dict, group_id: int, chain_id: in
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
   reward, metrics, error, frame = 0.0, {}, None, None
   try:
-    await _play_turns(agent, chain, envs, cfg)
+    with trio.move_on_after(cfg.chain_timeout_s) as deadline:
+      await _play_turns(agent, chain, envs, cfg)
+    if deadline.cancelled_caught:  # the token record stays whole: a turn's ids, mask, log-probs are appended at once
+      log.warning("rollout chain (group %d, chain %d) timed out after %.1f s", group_id, chain_id, cfg.chain_timeout_s)
+      chain.finish("timeout")
     if chain.prediction is None:  # no model turn at all (the prompt filled the context)
       chain.prediction = ""
     if agent.reward_fn is not None:
@@ -360,6 +374,7 @@ def make_config(
   tool_threads: int,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
 ) -> _Config:
   """The built-in chains' shared settings for one run (`rollout`, `stream_rollout.stream_groups`): the
   env provider made on first use, a run id for the chains' env keys, the tool-thread limiter."""
@@ -379,6 +394,7 @@ def make_config(
     thread_limiter=trio.CapacityLimiter(tool_threads),
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    chain_timeout_s=chain_timeout_s,
   )
 
 
@@ -399,6 +415,7 @@ async def rollout(
   group_offset: int = 0,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
 ) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
@@ -431,6 +448,7 @@ async def rollout(
       other turns keep `sampling_params.temperature`); None = that temperature at every turn.
       The sampler's log-probs of that turn are at this temperature (the loss's importance
       correction, `loss.tis_cap`, sees the difference).
+    chain_timeout_s: wall-clock seconds per chain (> 0); a chain past it ends with finish "timeout".
   """
   check_chain_args(
     "rollout",
@@ -443,6 +461,7 @@ async def rollout(
   )
   check_shared_turns("rollout", shared_turns, seed)
   check_branch_temperature("rollout", branch_temperature)
+  check_chain_timeout("rollout", chain_timeout_s)
   validate_rows(agent, rows)
   cfg = make_config(
     agent,
@@ -456,6 +475,7 @@ async def rollout(
     tool_threads=tool_threads,
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    chain_timeout_s=chain_timeout_s,
   )
 
   async def run_chain(row, group_id, chain_id):

@@ -20,6 +20,7 @@ import trio
 
 from agentfly_jax.agents.rollout import _run_chain, make_config, validate_rows
 from agentfly_jax.agents.rollout_driver import drive_chains
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
 
 POLL_S = 0.002  # how often a waiting stream re-checks may_start / stopped
@@ -42,6 +43,7 @@ async def stream_groups(
   env_provider=None,
   seed: int | None = 0,
   tool_threads: int = 128,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
 ) -> None:
   """Runs groups until `stopped()` (see the module docstring)."""
 
@@ -55,6 +57,7 @@ async def stream_groups(
     env_provider=env_provider,
     seed=seed,
     tool_threads=tool_threads,
+    chain_timeout_s=chain_timeout_s,
   )
   limiter = trio.CapacityLimiter(concurrency)  # shared by all groups' chains
 

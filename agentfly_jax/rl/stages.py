@@ -87,6 +87,7 @@ def rollout(
     env_provider=env_provider,
     shared_turns=r.shared_turns,
     branch_temperature=(r.branch_temperature or None) if temperature is None else None,  # not in evals
+    chain_timeout_s=r.chain_timeout_s,
   )
   return distributed.gather_objects(trajs)
 
