@@ -136,6 +136,7 @@ async def endpoint_rollout(
   env_provider=None,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  max_body_bytes: int = STANDALONE.endpoint_max_body_bytes,
 ) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
@@ -149,6 +150,7 @@ async def endpoint_rollout(
     chain_timeout_s: wall-clock seconds per chain (> 0): past it the agent is cancelled (an outside harness's
       process tree killed) and the chain ends with finish "timeout".
     model_name: the model id the agent must ask for.
+    max_body_bytes: the endpoint's largest request body (413 beyond it).
     gather_s: how long the endpoint may hold a request for the other chains' requests of the
       turn (one sampler batch instead of many small ones; `ChatEndpoint`).
     env_provider: accepted as `rollout.rollout` takes it (the trainer passes its own); a black-box
@@ -182,6 +184,7 @@ async def endpoint_rollout(
     gather_s=gather_s,
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    max_body_bytes=max_body_bytes,
   )
   thread_limiter = trio.CapacityLimiter(tool_threads)
   ssl_context = ssl.create_default_context()  # built once: the chains' clients share it

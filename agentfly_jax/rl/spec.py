@@ -155,12 +155,14 @@ class RolloutSection(Section):
   # finish "timeout", a failed chain for error_patience. No "off": a chain that never ends would stall the run
   # (the slowest recorded rollout, experiments/results/*/metrics.jsonl, took 101 s for all of a step's chains)
   chain_timeout_s: float = 600.0
+  # the OpenAI-compatible endpoint's largest request body (task.agent_fn / agent_cmd): 413 beyond it, never read whole
+  endpoint_max_body_bytes: int = 4_194_304
 
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
     sizes = ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens")
-    for name in (*sizes, "concurrency", "max_batch_size", "error_patience"):
+    for name in (*sizes, "concurrency", "max_batch_size", "error_patience", "endpoint_max_body_bytes"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async")[self.partial :], "must be 'sync' or 'async' (partial: 'async')")
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):

@@ -62,7 +62,7 @@ def rollout(
   if agent_fn is not None:
     from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
 
-    run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
+    run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn, max_body_bytes=r.endpoint_max_body_bytes)
   params = SamplingParams(
     temperature=r.temperature if temperature is None else temperature,
     top_p=r.top_p,
