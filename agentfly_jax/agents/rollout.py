@@ -37,6 +37,7 @@ import trio
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
@@ -95,6 +96,7 @@ class _Config:
   shared_turns: int = 0
   branch_temperature: float | None = None
   chain_timeout_s: float = STANDALONE.chain_timeout_s
+  reward_only_fields: tuple[str, ...] = REWARD_ONLY_FIELDS  # never in the agent's prompt (data/row_fields.py)
 
 
 def check_chain_timeout(caller: str, chain_timeout_s) -> None:
@@ -229,7 +231,7 @@ class _ChainBuilder:
 
 async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
   """Model turns and tool calls until the chain finishes (sets `chain.finish_reason`)."""
-  tok, row = agent.tokenizer, chain.row
+  tok, row = agent.tokenizer, agent_view(chain.row, cfg.reward_only_fields)  # the env's reset gets the whole row
   stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
   tools = agent.tools_for_row(row)
   tool_map = {t.name: t for t in tools}
@@ -343,9 +345,10 @@ def check_branch_temperature(caller: str, branch_temperature) -> None:
     raise ValueError(f"{caller}: branch_temperature must be None or a finite number > 0, got {branch_temperature!r}")
 
 
-def validate_rows(agent: RolloutAgent, rows: Sequence[dict]) -> None:
-  """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
-  fields the reward needs. Raises ValueError naming the row index and field."""
+def validate_rows(agent: RolloutAgent, rows: Sequence[dict], reward_only: Sequence[str] = REWARD_ONLY_FIELDS) -> None:
+  """Checks every row before anything runs: a string `question`, valid `tools` (the agent is shown the
+  row without its `reward_only` fields, as in its chains), and the dataset fields the reward needs.
+  Raises ValueError naming the row index and field."""
   if isinstance(rows, dict) or not isinstance(rows, Sequence):
     raise TypeError(f"rollout: rows must be a list of dicts, got {type(rows).__name__}")
   for i, row in enumerate(rows):
@@ -354,7 +357,7 @@ def validate_rows(agent: RolloutAgent, rows: Sequence[dict]) -> None:
     if not isinstance(row.get("question"), str):
       raise ValueError(f"rollout: row {i} field 'question' must be a string, got {row.get('question')!r:.80}")
     try:
-      agent.tools_for_row(row)
+      agent.tools_for_row(agent_view(row, reward_only))
       if agent.reward_fn is not None:
         agent.reward_fn.bind(None, [], row, None)
     except (ValueError, KeyError) as e:
@@ -375,6 +378,7 @@ def make_config(
   shared_turns: int = 0,
   branch_temperature: float | None = None,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> _Config:
   """The built-in chains' shared settings for one run (`rollout`, `stream_rollout.stream_groups`): the
   env provider made on first use, a run id for the chains' env keys, the tool-thread limiter."""
@@ -395,6 +399,7 @@ def make_config(
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
     chain_timeout_s=chain_timeout_s,
+    reward_only_fields=check_reward_only(reward_only_fields, "rollout: reward_only_fields"),
   )
 
 
@@ -416,6 +421,7 @@ async def rollout(
   shared_turns: int = 0,
   branch_temperature: float | None = None,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
@@ -449,6 +455,8 @@ async def rollout(
       The sampler's log-probs of that turn are at this temperature (the loss's importance
       correction, `loss.tis_cap`, sees the difference).
     chain_timeout_s: wall-clock seconds per chain (> 0); a chain past it ends with finish "timeout".
+    reward_only_fields: row fields the agent's prompt and per-row tools never see (the reward and the
+      env's reset get the whole row; data/row_fields.py).
   """
   check_chain_args(
     "rollout",
@@ -462,7 +470,8 @@ async def rollout(
   check_shared_turns("rollout", shared_turns, seed)
   check_branch_temperature("rollout", branch_temperature)
   check_chain_timeout("rollout", chain_timeout_s)
-  validate_rows(agent, rows)
+  check_reward_only(reward_only_fields, "rollout: reward_only_fields")
+  validate_rows(agent, rows, reward_only_fields)
   cfg = make_config(
     agent,
     sampler=sampler,
@@ -476,6 +485,7 @@ async def rollout(
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
     chain_timeout_s=chain_timeout_s,
+    reward_only_fields=reward_only_fields,
   )
 
   async def run_chain(row, group_id, chain_id):
