@@ -170,6 +170,11 @@ class ChatEndpoint:
     self._locks[key] = trio.Lock()
     return key
 
+  def bind_chain(self, key: str, host: str) -> None:
+    """From now on the chain's key is taken only from the client address `host` (its harness's sandbox
+    reaches the endpoint from an address of its own: agents/harness_sandbox.py); from anywhere else: 401."""
+    self.chains[key].client_host = host
+
   def close_chain(self, key: str) -> ChainRecord:
     """Forgets the key (later requests with it get 401) and returns its record."""
     record = self.chains.pop(key)
@@ -216,17 +221,17 @@ class ChatEndpoint:
       self.sampling_params, temperature=temperature, max_new_tokens=budget, stop_token_ids=self.stop_ids, seed=seed
     )
 
-  def chain_of(self, key: str | None) -> ChainRecord:
-    """The open chain of an API key; 401 for an unknown one."""
+  def chain_of(self, key: str | None, client_host: str | None = None) -> ChainRecord:
+    """The open chain of an API key sent from `client_host` (None: not known, a direct call); 401 for an
+    unknown key, or for a bound chain's key (`bind_chain`) sent from another address."""
     chain = self.chains.get(key) if key else None
     if chain is None:
-      raise EndpointError(
-        401,
-        "api_key: unknown chain key (send the chain's key as 'Authorization: Bearer <key>')",
-        "api_key",
-        "invalid_api_key",
-        "authentication_error",
-      )
+      why = "unknown chain key (send the chain's key as 'Authorization: Bearer <key>')"
+    elif chain.client_host is not None and client_host is not None and client_host != chain.client_host:
+      log.warning("endpoint: the key of chain %s was sent from outside its sandbox (%s)", key_label(key), client_host)
+      why, chain = "this chain's key is bound to its own sandbox and was sent from elsewhere", None
+    if chain is None:
+      raise EndpointError(401, f"api_key: {why}", "api_key", "invalid_api_key", "authentication_error")
     return chain
 
   def _prepare(self, chain: ChainRecord, request: ChatRequest) -> Prepared:
@@ -370,7 +375,7 @@ def _make_app(endpoint: ChatEndpoint):
     auth = request.headers.get("authorization", "")
     key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-chain-key")
     try:
-      endpoint.chain_of(key)  # an unknown key is refused before its body is read
+      endpoint.chain_of(key, request.client.host if request.client else "")  # refused before the body is read
       raw = await read_body(request, endpoint.max_body_bytes)
       return JSONResponse(await endpoint.complete(key, raw))
     except EndpointError as e:

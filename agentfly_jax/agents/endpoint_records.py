@@ -152,6 +152,7 @@ class ChainRecord:
     self.last_text: str | None = None  # the last completion's text (a fallback prediction)
     self.limit_hit: str | None = None  # "max_turns" / "max_total_tokens" once refused for it
     self.clamped_requests = 0  # requests whose max_tokens was clamped to the run's per-turn limit
+    self.client_host: str | None = None  # set: the key is taken only from this address (a harness's sandbox)
 
   def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
     """The prompt ids of a request (template-form `messages`): continues the segment whose

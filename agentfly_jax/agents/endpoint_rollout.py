@@ -68,6 +68,8 @@ async def _run_chain(
 ) -> list[Trajectory]:
   key = endpoint.open_chain(group_id, chain_id, row)  # the record (trainer side) keeps the whole row
   answer, finish, error, frame = None, "agent_done", None, None
+  if getattr(agent_fn, "sandbox", "off") != "off":  # a sandboxed harness: its key is bound to its sandbox
+    agent_fn = functools.partial(agent_fn, bind=functools.partial(endpoint.bind_chain, key))
   try:
     answer, timed_out = await call_agent(
       style,

@@ -17,6 +17,14 @@ exits, every process it left behind (a daemon that double-forked and called sets
 the chain goes on, so its stdout ends with the command and nothing it started outlives the chain. At the
 chain's timeout (`chain_timeout_s`: the rollout cancels the chain) the supervisor is sent SIGTERM and kills
 the whole tree the same way (SIGKILL of its session after `STOP_GRACE_S` if it has not exited by then).
+
+By default (`sandbox="bwrap"`; `task.agent_sandbox`) the command runs in a bubblewrap sandbox of its own
+(agents/harness_sandbox.py): private /proc and network (its one way out is its endpoint, from an address the
+chain's key is bound to), read-only mounts of only its program, its path arguments and `task.agent_mounts`,
+an environment holding only OPENAI_BASE_URL, OPENAI_API_KEY, AGENTFLY_ROW, PATH, HOME and the variables named
+in `task.agent_env`. Its row is the agent-visible one (data/row_fields.py). `sandbox="off"` runs it on the
+host with the trainer's environment. Measured: 8 concurrent chains of a standard-library harness, 0.97 s
+sandboxed vs 0.71 s on the host (medians of 5, 2-core CPU at load 4-5).
 """
 
 from __future__ import annotations
@@ -34,6 +42,14 @@ import tempfile
 from typing import Sequence
 
 import trio
+
+from agentfly_jax.agents.harness_sandbox import (
+  chain_bridge,
+  check_sandbox,
+  harness_mounts,
+  sandbox_command,
+  source_host,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,25 +155,64 @@ async def run_harness(
   return process.returncode, bytes(out.data), bytes(err.data)
 
 
+SANDBOXES = ("bwrap", "off")
+
+
 def command_agent(
   cmd: str | Sequence[str],
   *,
   where: str = "agent_cmd",
   stderr_tail: int = 2000,
   max_answer_bytes: int = MAX_ANSWER_BYTES,
+  sandbox: str = "bwrap",
+  env_names: Sequence[str] = (),
+  mounts: Sequence[str] = (),
 ):
-  """`async def run(client, row)` that runs `cmd` for the chain (see the module docstring)."""
-  words = command_words(cmd, where)
+  """`async def run(client, row)` that runs `cmd` for the chain (see the module docstring).
 
-  async def run(client, row: dict) -> str:
+  Args:
+    sandbox: "bwrap": each chain's process in a bubblewrap sandbox of its own (agents/harness_sandbox.py) whose
+      environment holds only OPENAI_BASE_URL, OPENAI_API_KEY, AGENTFLY_ROW, PATH, HOME and `env_names`; "off":
+      on the host, with the trainer's whole environment.
+    env_names: variables of the trainer's environment the sandboxed harness also gets (those that are set).
+    mounts: host folders the sandbox shows read-only beside the harness's program and path arguments.
+  """
+  words = command_words(cmd, where)
+  if sandbox not in SANDBOXES:
+    raise ValueError(f"{where}: agent_sandbox={sandbox!r}: must be one of {list(SANDBOXES)}")
+  for name in env_names:
+    if not isinstance(name, str) or not name or "=" in name:
+      raise ValueError(f"{where}: agent_env: {name!r} is not a variable name")
+  if sandbox == "bwrap":
+    check_sandbox(where)
+    try:
+      visible = harness_mounts(words, mounts)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+
+  async def run(client, row: dict, bind=None) -> str:
+    """`bind(host)`, when given, binds the chain's key to its sandbox's address (the endpoint rollout's)."""
     row_json = json.dumps(row, ensure_ascii=False, default=str)
-    env = {
-      **os.environ,
+    given = {
       "OPENAI_BASE_URL": str(client.base_url).rstrip("/"),
       "OPENAI_API_KEY": client.api_key,
       "AGENTFLY_ROW": row_json,
     }
-    code, stdout, stderr = await run_harness(words, env=env, stdin=row_json.encode(), max_stdout=max_answer_bytes)
+    if sandbox == "off":
+      result = await run_harness(
+        words, env={**os.environ, **given}, stdin=row_json.encode(), max_stdout=max_answer_bytes
+      )
+    else:
+      env = {**{n: os.environ[n] for n in env_names if n in os.environ}, **given}
+      host, port = source_host(), client.base_url.port
+      if bind is not None:
+        bind(host)
+      async with chain_bridge(port, host) as socket_dir:
+        args = sandbox_command(words, env=env, socket_dir=socket_dir, port=port, mounts=visible)
+        result = await run_harness(
+          args, env={"PATH": "/usr/bin:/bin"}, stdin=row_json.encode(), max_stdout=max_answer_bytes
+        )
+    code, stdout, stderr = result
     if code != 0:
       tail = stderr.decode(errors="replace")[-stderr_tail:].strip()
       raise HarnessError(f"{where}: {shlex.join(words)!r} exited with status {code}; stderr: {tail}")
@@ -166,6 +221,7 @@ def command_agent(
   run.agent_loop = "trio"
   run.__qualname__ = run.__name__ = f"command_agent({shlex.join(words)!r})"
   run.command = words
+  run.sandbox = sandbox
   return run
 
 

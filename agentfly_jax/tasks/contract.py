@@ -276,6 +276,10 @@ class Task:
       its stdout the answer (agents/harness.py).
     reward_only_fields: the row fields no agent receives, only the reward (default `REWARD_ONLY_FIELDS`:
       answer, hidden tests, gold actions, ...; data/row_fields.py).
+    agent_sandbox: where `agent_cmd` runs: "bwrap" (a bubblewrap sandbox per chain: agents/harness_sandbox.py)
+      or "off" (on the host, with the trainer's environment).
+    agent_env: names of the trainer's environment variables the sandboxed harness also gets.
+    agent_mounts: host folders the sandbox shows read-only (besides the command's program and path arguments).
   """
 
   tools: Sequence[Any] = ()
@@ -290,6 +294,9 @@ class Task:
   agent_fn: Callable | None = None
   agent_cmd: str | Sequence[str] | None = None
   reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS
+  agent_sandbox: str = "bwrap"
+  agent_env: Sequence[str] = ()
+  agent_mounts: Sequence[str] = ()
 
   def __post_init__(self):
     if self.reward is None:
@@ -300,7 +307,13 @@ class Task:
 
       if self.agent_fn is not None:
         raise ValueError("Task.agent_cmd and Task.agent_fn are both given: give one agent")
-      self.agent_fn = command_agent(self.agent_cmd, where="Task.agent_cmd")
+      self.agent_fn = command_agent(
+        self.agent_cmd,
+        where="Task.agent_cmd",
+        sandbox=self.agent_sandbox,
+        env_names=tuple(self.agent_env),
+        mounts=tuple(self.agent_mounts),
+      )
     if self.agent_fn is not None:
       check_agent_fn(self.agent_fn, "Task.agent_fn")
     if not self.rows:

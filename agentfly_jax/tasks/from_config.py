@@ -55,6 +55,9 @@ class UserTaskSection:
       through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
       built-in agent loop.
     agent_cmd: an outside harness command run per chain against the endpoint (agents/harness.py).
+    agent_sandbox: where agent_cmd runs: "bwrap" (a bubblewrap sandbox per chain) | "off" (on the host).
+    agent_env: comma-separated names of the trainer's environment variables the sandboxed harness also gets.
+    agent_mounts: comma-separated host folders its sandbox shows read-only (beside its program and arguments).
     reward_only_fields: comma-separated row fields no agent sees, only the reward ("" = the module's
       REWARD_ONLY_FIELDS, else data/row_fields.REWARD_ONLY_FIELDS).
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
@@ -74,6 +77,9 @@ class UserTaskSection:
   demo_policy: str = ""
   agent: str = ""
   agent_cmd: str = ""
+  agent_sandbox: str = "bwrap"
+  agent_env: str = ""
+  agent_mounts: str = ""
   reward_only_fields: str = ""
   mcp_servers: str = ""
   gym_id: str = ""
@@ -85,6 +91,8 @@ class UserTaskSection:
       value = getattr(self, f.name)
       if not isinstance(value, str):
         raise ValueError(f"config.task.{f.name}={value!r}: must be a string")
+    if self.agent_sandbox not in ("bwrap", "off"):
+      raise ValueError(f"config.task.agent_sandbox={self.agent_sandbox!r}: must be 'bwrap' or 'off'")
 
 
 def custom_task_config(**overrides) -> ml_collections.ConfigDict:
@@ -340,6 +348,9 @@ def _custom_task(config):
     agent_factory=agent_factory,
     agent_fn=_resolve_agent_fn(t.agent),
     agent_cmd=_resolve_agent_cmd(t),
+    agent_sandbox=t.agent_sandbox,
+    agent_env=_names(t.agent_env),
+    agent_mounts=_names(t.agent_mounts),
     reward_only_fields=_reward_only(t, parts),
   )
   # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS), read only then:
@@ -358,6 +369,10 @@ def _custom_task(config):
     return rows
 
   return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)
+
+
+def _names(text: str) -> tuple[str, ...]:
+  return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
 def _reward_only(t, parts) -> tuple[str, ...]:

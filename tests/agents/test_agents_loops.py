@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import trio
 
+import agentfly_jax
 from agentfly_jax.agents import load_tokenizer, run_rollout
 from agentfly_jax.agents.agent_loops import agent_style
 from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
@@ -100,7 +101,16 @@ def sync_agent(client, row):  # the synchronous openai.OpenAI client, in a worke
 def test_every_agent_style_gives_the_builtin_agents_trajectories(tok, agent, agent_fn, style):
   rows, chains = lookup.make_rows(3, seed=5), 2
   if agent_fn == "harness":  # one process per chain (~3 s of imports each): one chain
-    agent_fn = Task(reward=lookup.code_match, rows=rows, agent_cmd=[sys.executable, HARNESS]).agent_fn
+    # sandboxed: the repository (its agentfly_jax, which the harness imports) shown read-only, PYTHONPATH passed on
+    repo = os.path.dirname(os.path.dirname(agentfly_jax.__file__))
+    task = Task(
+      reward=lookup.code_match,
+      rows=rows,
+      agent_cmd=[sys.executable, HARNESS],
+      agent_mounts=[repo],
+      agent_env=["PYTHONPATH"],
+    )
+    agent_fn = task.agent_fn
     rows, chains = rows[:1], 1
   assert agent_style(agent_fn) == style
   builtin = run_rollout(agent, rows, sampler=ScriptedSampler(lookup_script(tok)), num_chains=chains)

@@ -5,7 +5,9 @@ does not hold the chain."""
 
 import os
 import sys
+import threading
 import time
+import uuid
 
 import pytest
 import trio
@@ -44,17 +46,37 @@ class HangsAfterFirstTurn(ScriptedSampler):
     return await super().agenerate(prompt, params)
 
 
-def _alive(pid: int) -> bool:
-  return os.path.exists(f"/proc/{pid}")
+def _pids_with(marker: str) -> list[int]:
+  """The host pids whose command line holds `marker`."""
+  out = []
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        with open(f"/proc/{name}/cmdline", "rb") as f:
+          if marker.encode() in f.read().split(b"\0"):
+            out.append(int(name))
+      except OSError:
+        pass
+  return out
 
 
-def _wait_for(path: str, timeout_s: float = 10.0) -> str:
-  deadline = time.monotonic() + timeout_s
-  while not os.path.exists(path):
-    assert time.monotonic() < deadline, f"{path} never written"
-    time.sleep(0.01)
-  with open(path) as f:
-    return f.read()
+def _rollout_watching(marker: str, **kwargs):
+  """run_endpoint_rollout in a thread; meanwhile the pids of the daemon carrying `marker` (from the host's /proc).
+  Returns (trajectories, daemon pids, wall seconds)."""
+  out, seen = {}, set()
+
+  def go():
+    start = time.monotonic()
+    out["trajs"] = run_endpoint_rollout(**kwargs)
+    out["wall"] = time.monotonic() - start
+
+  thread = threading.Thread(target=go)
+  thread.start()
+  while thread.is_alive():
+    seen |= set(_pids_with(marker))
+    time.sleep(0.02)
+  thread.join()
+  return out["trajs"], sorted(seen), out["wall"]
 
 
 def test_a_builtin_chain_past_its_timeout_ends_as_timeout_and_keeps_its_first_turn(tok, agent):
@@ -98,37 +120,37 @@ def test_chain_timeout_must_be_positive_and_finite(tok, agent):
     )
 
 
-def test_a_hanging_harness_is_killed_with_its_detached_daemon_at_the_timeout(tok, agent, tmp_path):
-  pidfile = str(tmp_path / "daemon.pid")
-  start = time.monotonic()
-  [t] = run_endpoint_rollout(
-    agent,
-    lookup.make_rows(1, 0),
-    command_agent([sys.executable, HOSTILE, "hang", pidfile]),
+@pytest.mark.parametrize("sandbox", ["bwrap", "off"])
+def test_a_hanging_harness_is_killed_with_its_detached_daemon_at_the_timeout(tok, agent, sandbox):
+  marker = f"agentfly-test-daemon-{uuid.uuid4().hex}"
+  [t], daemons, wall = _rollout_watching(
+    marker,
+    agent=agent,
+    rows=lookup.make_rows(1, 0),
+    agent_fn=command_agent([sys.executable, HOSTILE, "hang", marker], sandbox=sandbox),
     sampler=ScriptedSampler(lookup_script(tok)),
     chain_timeout_s=3.0,
   )
-  elapsed = time.monotonic() - start
-  daemon = int(_wait_for(pidfile))
   assert (t.finish_reason, t.num_turns) == ("timeout", 1)
-  assert 3.0 <= elapsed < 3.0 + 5, elapsed
-  assert not _alive(daemon), f"the harness's daemon {daemon} outlived its chain"
+  assert 3.0 <= wall < 3.0 + 5, wall
+  assert daemons, "the harness's daemon was never seen running"
+  assert not _pids_with(marker), f"the harness's daemon {daemons} outlived its chain"
   assert rollout_metrics([t])["rollout/finish/timeout"] == 1.0
 
 
-def test_a_daemon_holding_the_harness_stdout_does_not_hold_its_chain(tok, agent, tmp_path):
-  pidfile = str(tmp_path / "daemon.pid")
-  start = time.monotonic()
-  [t] = run_endpoint_rollout(
-    agent,
-    lookup.make_rows(1, 0),
-    command_agent([sys.executable, HOSTILE, "daemon", pidfile]),
+@pytest.mark.parametrize("sandbox", ["bwrap", "off"])
+def test_a_daemon_holding_the_harness_stdout_does_not_hold_its_chain(tok, agent, sandbox):
+  marker = f"agentfly-test-daemon-{uuid.uuid4().hex}"
+  [t], daemons, wall = _rollout_watching(
+    marker,
+    agent=agent,
+    rows=lookup.make_rows(1, 0),
+    agent_fn=command_agent([sys.executable, HOSTILE, "daemon", marker], sandbox=sandbox),
     sampler=ScriptedSampler(lookup_script(tok)),
     chain_timeout_s=60.0,
   )
-  elapsed = time.monotonic() - start
-  daemon = int(_wait_for(pidfile))
   assert t.finish_reason == "agent_done", t.error
   assert t.prediction == "the harness's answer"  # its stdout, read to the end
-  assert elapsed < 10, f"the chain waited {elapsed:.1f} s on a daemon holding stdout (it sleeps 300 s)"
-  assert not _alive(daemon), f"the harness's daemon {daemon} outlived its chain"
+  assert wall < 10, f"the chain waited {wall:.1f} s on a daemon holding stdout (it sleeps 300 s)"
+  assert daemons, "the harness's daemon was never seen running"
+  assert not _pids_with(marker), f"the harness's daemon {daemons} outlived its chain"

@@ -110,19 +110,18 @@ def test_an_agent_fn_never_gets_the_reward_only_fields(tok, leaky_agent):
   _assert_unseen(json.dumps(rows_got) + "".join(tok.decode(p) for p, _ in sampler.calls), SECRET, TESTS)
 
 
-def test_a_harness_never_gets_the_reward_only_fields(tok, leaky_agent, tmp_path):
-  dump = tmp_path / "what_the_harness_got.json"
+def test_a_harness_never_gets_the_reward_only_fields(tok, leaky_agent):
   [t] = run_endpoint_rollout(
     leaky_agent,
     [ROW],
-    command_agent([sys.executable, HOSTILE, "env", str(dump)]),
+    command_agent([sys.executable, HOSTILE, "env"]),  # answers its environment, argv and stdin
     sampler=ScriptedSampler(lookup_script(tok)),
     chain_timeout_s=60,
   )
   assert t.finish_reason == "agent_done" and t.reward == 1.0, t.error
-  got = json.loads(dump.read_text())
+  got = json.loads(t.prediction)
   assert json.loads(got["env"]["AGENTFLY_ROW"]) == json.loads(got["stdin"]) == agent_view(ROW, REWARD_ONLY_FIELDS)
-  _assert_unseen(dump.read_text(), SECRET, TESTS)
+  _assert_unseen(t.prediction, SECRET, TESTS)
 
 
 def test_bad_reward_only_fields_are_named():
