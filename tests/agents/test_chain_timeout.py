@@ -23,8 +23,11 @@ from agentfly_jax.sampling.scripted import ScriptedSampler
 from agentfly_jax.tasks import lookup
 
 from endpoint_testlib import WARMSTART, lookup_script
+from envservers_helpers import sandbox_unavailable_reason
 
 HOSTILE = os.path.join(os.path.dirname(__file__), "harness_hostile.py")
+NO_SANDBOX = sandbox_unavailable_reason()
+SANDBOXES = [pytest.param("bwrap", marks=pytest.mark.skipif(NO_SANDBOX is not None, reason=str(NO_SANDBOX))), "off"]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +119,15 @@ def test_chain_timeout_must_be_positive_and_finite(tok, agent):
     run_rollout(agent, lookup.make_rows(1, 0), sampler=ScriptedSampler(lookup_script(tok)), chain_timeout_s=0)
   with pytest.raises(ValueError, match="endpoint_rollout: chain_timeout_s must be .* got None"):
     run_endpoint_rollout(
-      agent, lookup.make_rows(1, 0), command_agent([sys.executable, HOSTILE]), sampler=None, chain_timeout_s=None
+      agent,
+      lookup.make_rows(1, 0),
+      command_agent([sys.executable, HOSTILE], sandbox="off"),
+      sampler=None,
+      chain_timeout_s=None,
     )
 
 
-@pytest.mark.parametrize("sandbox", ["bwrap", "off"])
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_a_hanging_harness_is_killed_with_its_detached_daemon_at_the_timeout(tok, agent, sandbox):
   marker = f"agentfly-test-daemon-{uuid.uuid4().hex}"
   [t], daemons, wall = _rollout_watching(
@@ -132,13 +139,13 @@ def test_a_hanging_harness_is_killed_with_its_detached_daemon_at_the_timeout(tok
     chain_timeout_s=3.0,
   )
   assert (t.finish_reason, t.num_turns) == ("timeout", 1)
-  assert 3.0 <= wall < 3.0 + 5, wall
+  assert 3.0 <= wall < 3.0 + 10, wall  # + starting the harness, stopping its tree and the endpoint (a busy CPU)
   assert daemons, "the harness's daemon was never seen running"
   assert not _pids_with(marker), f"the harness's daemon {daemons} outlived its chain"
   assert rollout_metrics([t])["rollout/finish/timeout"] == 1.0
 
 
-@pytest.mark.parametrize("sandbox", ["bwrap", "off"])
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_a_daemon_holding_the_harness_stdout_does_not_hold_its_chain(tok, agent, sandbox):
   marker = f"agentfly-test-daemon-{uuid.uuid4().hex}"
   [t], daemons, wall = _rollout_watching(
@@ -151,6 +158,6 @@ def test_a_daemon_holding_the_harness_stdout_does_not_hold_its_chain(tok, agent,
   )
   assert t.finish_reason == "agent_done", t.error
   assert t.prediction == "the harness's answer"  # its stdout, read to the end
-  assert wall < 10, f"the chain waited {wall:.1f} s on a daemon holding stdout (it sleeps 300 s)"
+  assert wall < 20, f"the chain waited {wall:.1f} s on a daemon holding stdout (it sleeps 300 s)"
   assert daemons, "the harness's daemon was never seen running"
   assert not _pids_with(marker), f"the harness's daemon {daemons} outlived its chain"

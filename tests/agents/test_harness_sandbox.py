@@ -23,6 +23,9 @@ from agentfly_jax.sampling.scripted import ScriptedSampler
 from agentfly_jax.tasks import Task, lookup
 
 from endpoint_testlib import WARMSTART, lookup_script
+from envservers_helpers import sandbox_unavailable_reason
+
+pytestmark = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason()))
 
 HOSTILE = os.path.join(os.path.dirname(__file__), "harness_hostile.py")
 REPO = os.path.dirname(os.path.dirname(agentfly_jax.__file__))
@@ -62,11 +65,11 @@ def test_its_environment_holds_only_what_it_is_given(tok, agent, monkeypatch):
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
 def test_no_other_chain_s_key_is_visible_in_its_proc(tok, agent, sandbox):
-  rows = [dict(r, linger=1.5) for r in lookup.make_rows(3, 0)]  # three harnesses alive at once
+  rows = [dict(r, linger=2.0) for r in lookup.make_rows(3, 0)]  # three harnesses alive at once
   answers = _answers(tok, agent, ["proc"], rows=rows, sandbox=sandbox)
   stolen = [set(a["keys"]) - {a["own"]} for a in answers]
-  if sandbox == "off":  # the leak the sandbox closes: each harness reads its siblings' keys from /proc
-    assert all(len(s) == 2 for s in stolen), stolen
+  if sandbox == "off":  # the leak the sandbox closes: a harness reads its siblings' keys from /proc
+    assert any(stolen), stolen
     return
   assert stolen == [set(), set(), set()]
   assert all(len(a["pids"]) < 10 for a in answers), [a["pids"] for a in answers]

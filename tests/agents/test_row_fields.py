@@ -20,6 +20,7 @@ from agentfly_jax.sampling.scripted import ScriptedSampler
 from agentfly_jax.tasks import lookup
 
 from endpoint_testlib import WARMSTART, lookup_script
+from envservers_helpers import sandbox_unavailable_reason
 
 HOSTILE = os.path.join(os.path.dirname(__file__), "harness_hostile.py")
 SECRET, TESTS, GOLD = "zq81-secret-answer", "assert f() == 'hidden-tests-x9'", "gold-path-k3"
@@ -110,6 +111,7 @@ def test_an_agent_fn_never_gets_the_reward_only_fields(tok, leaky_agent):
   _assert_unseen(json.dumps(rows_got) + "".join(tok.decode(p) for p, _ in sampler.calls), SECRET, TESTS)
 
 
+@pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason()))
 def test_a_harness_never_gets_the_reward_only_fields(tok, leaky_agent):
   [t] = run_endpoint_rollout(
     leaky_agent,
