@@ -28,9 +28,11 @@ list the template cannot render (400), `n` over the run's limit (400), a prompt 
 more requests than `max_turns` (400). A body over `OFFLOAD_BYTES` is parsed, rendered and tokenized in a
 worker thread, so one heavy request never holds the event loop the other chains' requests share. Chain
 keys are logged as `key_label(key)` (a prefix and a hash), never in full. `usage` counts the prompt ids
-the sampler was sent and the ids it returned. `max_tokens` / `max_completion_tokens` above the run's per-turn limit is clamped to it (the
-choice's `finish_reason` is "length" where the completion was cut; `ChainRecord.clamped_requests`
-counts them, the step metric `rollout/clamped_max_tokens`), so an agent's own setting never breaks it.
+the sampler was sent and the ids it returned. `max_tokens` / `max_completion_tokens` above the run's
+per-turn limit is clamped to it (the choice's `finish_reason` is "length" where the completion was cut;
+`ChainRecord.clamped_requests` counts them, the step metric `rollout/clamped_max_tokens`), so an agent's
+own setting never breaks it. A chain whose harness runs sandboxed is bound to its sandbox's address
+(`bind_chain`): its key sent from anywhere else is a 401.
 
 Served under trio by hypercorn's trio worker (`serve_endpoint`): the app runs in the same trio
 loop as the rollout, so a request awaits `sampler.agenerate` directly and concurrent chains are
@@ -71,7 +73,8 @@ OFFLOAD_BYTES = 64 << 10
 
 
 def key_label(key: str | None) -> str:
-  """How a chain key is logged: never in full (its first 12 characters and a hash of the rest)."""
+  """How a chain key is logged: never in full (its first 12 characters, "sk-chain-" and at least 3 of the
+  ids, so none of its random part, and 8 hex digits of its sha256)."""
   if not key:
     return "<no key>"
   return f"{key[:12]}…{hashlib.sha256(key.encode()).hexdigest()[:8]}"

@@ -1,23 +1,28 @@
 """The bubblewrap sandbox of one outside harness (agents/harness.py), and its one way out.
 
   mounts = harness_mounts(words, extra=("/path/to/my/agent",))
-  async with chain_bridge(endpoint_port, source_host) as socket_path:   # the trainer's end
-    args = sandbox_command(words, env=env, socket_dir=..., port=endpoint_port, mounts=mounts)
+  async with chain_bridge(endpoint_port, source_host) as socket_dir:    # the trainer's end
+    args = sandbox_command(words, env=env, socket_dir=socket_dir, port=endpoint_port, mounts=mounts)
 
 The walls are the SWE env's (envservers/envs/bwrap.py): private PID, IPC, UTS, cgroup and network
 namespaces (`--unshare-all`), every capability dropped, `--die-with-parent`, `--new-session`; the host's
 /usr (+ /bin, /lib*, the loader cache, the time zone) and nothing else but what the harness needs, all
 read-only: the prefix of its program (a venv and the interpreter it was made from), the folders of the
-command's path arguments, the folders the user names (`task.agent_mounts`); the envservers package's data
-(the SWE and Harbor tasks' hidden tests and fixes) sealed under an empty tmpfs wherever one of those exposes it
-(the package's code stays: a harness may import agentfly_jax, which imports it); a private /proc (no other chain's process, so no other chain's key, is
-visible), a size-capped tmpfs /tmp (also HOME); a cleared environment holding only what the harness is given.
-The network namespace has only loopback: harness_net.py listens there on the endpoint's port and carries each
-connection through a Unix socket, the one path out, to `chain_bridge`, which connects to the endpoint from a
-loopback address of the chain's own (127.x.y.z); the endpoint takes the chain's key only from that address
-(`ChatEndpoint.bind_chain`), so a key used from another sandbox, or from the host, is refused.
+command's path arguments, the folders the user names (`task.agent_mounts`); the envservers package's
+data (the SWE and Harbor tasks' hidden tests and fixes) sealed under an empty tmpfs wherever one of
+those exposes it (the package's code stays: a harness may import agentfly_jax, which imports it); a
+private /proc (no other chain's process, so no other chain's key, is visible), a size-capped tmpfs /tmp
+(also HOME); the working directory as on the host, empty but for mounts under it; a cleared
+environment holding only what the harness is given.
 
-The harness runs as the trainer's user, without capabilities; what it can read is what is mounted.
+The network namespace has only loopback: harness_net.py listens there on the endpoint's port and carries
+each connection through a Unix socket, the one path out, to `chain_bridge`, which connects to the endpoint
+from a loopback address of the chain's own (127.x.y.z); the endpoint takes the chain's key only from that
+address (`ChatEndpoint.bind_chain`), so a key used from another sandbox, or from the host, is refused.
+
+The harness runs as the trainer's user, without capabilities; what it can read is what is mounted. Unlike
+the SWE env's sandboxes it gets no rlimits and no memory cgroup: its CPU, memory and process count are the
+trainer user's.
 """
 
 from __future__ import annotations

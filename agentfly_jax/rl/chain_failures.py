@@ -5,8 +5,9 @@
 
 A failed chain is one that raised (the built-in rollout's or a black-box agent's: `finish_reason ==
 "error"`; it trains nothing) or ran past the chain timeout (`"timeout"`, config.rollout.chain_timeout_s:
-its tokens train, scored on what it had answered, but a run whose chains hang is failing all the same). When every chain of a step failed, or the share of failed chains stays above
-`max_error_share` for `patience` steps in a row, training goes on on nothing; the guard raises
+its tokens train, scored on what it had answered, but a run whose chains hang is failing all the same).
+When every chain of a step failed, or the share of failed chains stays above `max_error_share` for
+`patience` steps in a row, training goes on on nothing; the guard raises
 instead, naming the first failed chain's exception (`Trajectory.error`) and where it was raised
 (`Trajectory.error_frame`, the traceback's last frame). Segments of one chain count once.
 """

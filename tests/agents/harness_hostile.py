@@ -10,6 +10,7 @@ to its endpoint with urllib (the row from stdin), then misbehaves. What it found
   harness_hostile.py reach PORT       answers whether it could connect to 127.0.0.1:PORT and the endpoint's host
   harness_hostile.py steal            sends one request with the key in its row's `other_key`: answers the status
   harness_hostile.py read PATH        answers whether it could read PATH
+  harness_hostile.py flood MB         writes MB megabytes of "x" to stdout and to stderr, then exits 0
 """
 
 import json
@@ -104,6 +105,11 @@ def main(mode: str, arg: str) -> None:
         print(json.dumps({"read": f.read()}))
     except OSError as e:
       print(json.dumps({"error": type(e).__name__}))
+  elif mode == "flood":
+    chunk = "x" * (1 << 20)
+    for _ in range(int(arg)):
+      sys.stdout.write(chunk)
+      sys.stderr.write(chunk)
   else:
     raise SystemExit(f"harness_hostile.py: unknown mode {mode!r}")
 

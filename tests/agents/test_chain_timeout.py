@@ -161,3 +161,15 @@ def test_a_daemon_holding_the_harness_stdout_does_not_hold_its_chain(tok, agent,
   assert wall < 20, f"the chain waited {wall:.1f} s on a daemon holding stdout (it sleeps 300 s)"
   assert daemons, "the harness's daemon was never seen running"
   assert not _pids_with(marker), f"the harness's daemon {daemons} outlived its chain"
+
+
+def test_a_harness_flooding_stdout_and_stderr_keeps_only_what_the_chain_needs(tok, agent):
+  [t] = run_endpoint_rollout(
+    agent,
+    lookup.make_rows(1, 0),
+    command_agent([sys.executable, HOSTILE, "flood", "64"], sandbox="off", max_answer_bytes=1 << 16),
+    sampler=ScriptedSampler(lookup_script(tok)),
+    chain_timeout_s=60.0,
+  )
+  assert t.finish_reason == "agent_done", t.error
+  assert t.prediction == "x" * (1 << 16)  # the first max_answer_bytes of 64 MB
