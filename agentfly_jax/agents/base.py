@@ -104,7 +104,7 @@ class Agent:
     """Rolls the agent out: `rows_or_messages` is a question, a row, a list of rows or a chat
     conversation; returns a `RunResult` (trajectories, rewards, and a transcript per chain with
     the model-written, trained-on tokens in ⟦ ⟧). Other keywords: temperature, sampling_params,
-    max_tokens_per_turn, max_total_tokens, seed, env_provider, color (ANSI instead of ⟦ ⟧)."""
+    max_tokens_per_turn, max_total_tokens, seed, env_provider, color (ANSI instead of ⟦ ⟧), chain_timeout_s."""
     from agentfly_jax.agents.run import run_agent
 
     return run_agent(self, rows_or_messages, num_chains=num_chains, max_turns=max_turns, sampler=sampler, **kwargs)

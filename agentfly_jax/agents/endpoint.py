@@ -20,12 +20,19 @@ key) the endpoint records the exact prompt and completion ids and the sampler's 
 re-tokenising the text the agent saw. `GET /v1/models` lists the one model.
 
 Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`, the
-message naming the field) and leave every chain's record as it was: malformed JSON (400), an
-unknown model (404), a message list the template cannot render (400), `n` over the run's limit
-(400), a prompt over the context (400), more requests than `max_turns` (400), an unknown chain key
-(401). `max_tokens` / `max_completion_tokens` above the run's per-turn limit is clamped to it (the
-choice's `finish_reason` is "length" where the completion was cut; `ChainRecord.clamped_requests`
-counts them, the step metric `rollout/clamped_max_tokens`), so an agent's own setting never breaks it.
+message naming the field) and leave every chain's record as it was (a refused request is no turn):
+an unknown chain key (401, before the body is read), a body over `max_body_bytes` (413, read chunk by
+chunk and refused as soon as it is over), malformed JSON or JSON nested too deep (400), any field of
+the wrong type or shape (400 naming it: agents/endpoint_request.py), an unknown model (404), a message
+list the template cannot render (400), `n` over the run's limit (400), a prompt over the context (400),
+more requests than `max_turns` (400). A body over `OFFLOAD_BYTES` is parsed, rendered and tokenized in a
+worker thread, so one heavy request never holds the event loop the other chains' requests share. Chain
+keys are logged as `key_label(key)` (a prefix and a hash), never in full. `usage` counts the prompt ids
+the sampler was sent and the ids it returned. `max_tokens` / `max_completion_tokens` above the run's
+per-turn limit is clamped to it (the choice's `finish_reason` is "length" where the completion was cut;
+`ChainRecord.clamped_requests` counts them, the step metric `rollout/clamped_max_tokens`), so an agent's
+own setting never breaks it. A chain whose harness runs sandboxed is bound to its sandbox's address
+(`bind_chain`): its key sent from anywhere else is a 401.
 
 Served under trio by hypercorn's trio worker (`serve_endpoint`): the app runs in the same trio
 loop as the rollout, so a request awaits `sampler.agenerate` directly and concurrent chains are
@@ -36,9 +43,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
-import math
 import secrets
 import time
 import uuid
@@ -46,7 +54,8 @@ from typing import Any
 
 import trio
 
-from agentfly_jax.agents.endpoint_records import ChainRecord, message_key, template_message
+from agentfly_jax.agents.endpoint_records import ChainRecord, Prepared, message_key, template_message
+from agentfly_jax.agents.endpoint_request import ChatRequest, EndpointError, parse_request, read_body
 from agentfly_jax.agents.rollout import (
   _request_seed,
   check_branch_temperature,
@@ -58,25 +67,17 @@ from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
-_TOOL_CHOICES = ("auto", "none", "required")
+# Bodies over this many bytes are parsed, rendered and tokenized in a worker thread (smaller ones inline: the
+# hop would cost more than the work); either way the event loop the other chains share is never held long.
+OFFLOAD_BYTES = 64 << 10
 
 
-class EndpointError(Exception):
-  """An OpenAI-style error reply: HTTP status + error.message (naming the field) / param / code."""
-
-  def __init__(
-    self,
-    status: int,
-    message: str,
-    param: str | None = None,
-    code: str | None = None,
-    kind: str = "invalid_request_error",
-  ):
-    super().__init__(message)
-    self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-  def body(self) -> dict:
-    return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+def key_label(key: str | None) -> str:
+  """How a chain key is logged: never in full (its first 12 characters, "sk-chain-" and at least 3 of the
+  ids, so none of its random part, and 8 hex digits of its sha256)."""
+  if not key:
+    return "<no key>"
+  return f"{key[:12]}…{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 class _SchemaTool:
@@ -87,16 +88,6 @@ class _SchemaTool:
     self.name = schema["function"]["name"]
     self.description = schema["function"].get("description", "")
     self.parameters = schema["function"].get("parameters") or {"type": "object", "properties": {}}
-
-
-@dataclasses.dataclass
-class _Request:
-  messages: list[dict]
-  tools: list[dict] | None
-  tool_choice: Any
-  temperature: float | None
-  max_tokens: int | None
-  n: int
 
 
 class ChatEndpoint:
@@ -124,6 +115,7 @@ class ChatEndpoint:
       work, reach the sampler together and are batched as one: a group is let through as soon
       as every open chain is held or sampling, or when no request came for `gather_s`, or
       10 x `gather_s` after its first request. 0 = no holding.
+    max_body_bytes: the largest request body read (413 beyond it, refused before it is read whole).
   """
 
   def __init__(
@@ -142,6 +134,7 @@ class ChatEndpoint:
     gather_s: float = 0.0,
     shared_turns: int = 0,
     branch_temperature: float | None = None,
+    max_body_bytes: int = STANDALONE.endpoint_max_body_bytes,
   ):
     check_shared_turns("ChatEndpoint", shared_turns, seed)
     check_branch_temperature("ChatEndpoint", branch_temperature)
@@ -149,6 +142,7 @@ class ChatEndpoint:
       ("max_tokens_per_turn", max_tokens_per_turn),
       ("max_total_tokens", max_total_tokens),
       ("max_n", max_n),
+      ("max_body_bytes", max_body_bytes),
     ]:
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"ChatEndpoint: {name} must be an int >= 1, got {value!r}")
@@ -159,6 +153,10 @@ class ChatEndpoint:
     self.fixed_temperature, self.branch_temperature = fixed_temperature, branch_temperature
     self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
     self.chains: dict[str, ChainRecord] = {}
+    self.max_body_bytes = max_body_bytes
+    # per chain: held while a request's prompt is prepared (maybe in a worker thread) and while replies are
+    # recorded, so a thread never reads a segment the trio thread is extending
+    self._locks: dict[str, trio.Lock] = {}
     self.created = int(time.time())
     self.gather_s = float(gather_s)
     self._gate: trio.Event | None = None  # the group of held requests (see `_gather`)
@@ -172,11 +170,18 @@ class ChatEndpoint:
     """A new chain's API key (its requests are recorded under it)."""
     key = f"sk-chain-{group_id}-{chain_id}-{secrets.token_hex(8)}"
     self.chains[key] = ChainRecord(key, group_id, chain_id, row)
+    self._locks[key] = trio.Lock()
     return key
+
+  def bind_chain(self, key: str, host: str) -> None:
+    """From now on the chain's key is taken only from the client address `host` (its harness's sandbox
+    reaches the endpoint from an address of its own: agents/harness_sandbox.py); from anywhere else: 401."""
+    self.chains[key].client_host = host
 
   def close_chain(self, key: str) -> ChainRecord:
     """Forgets the key (later requests with it get 401) and returns its record."""
     record = self.chains.pop(key)
+    self._locks.pop(key, None)
     self._maybe_open_gate()  # one chain fewer to wait for
     return record
 
@@ -209,81 +214,7 @@ class ChatEndpoint:
         self._open_gate()  # no request for gather_s (or held 10 x gather_s): let the group go
 
   # -- one request -------------------------------------------------------------------------------
-  def _parse(self, body: Any) -> _Request:
-    if not isinstance(body, dict):
-      raise EndpointError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    if body.get("model") != self.model_name:
-      raise EndpointError(
-        404,
-        f"model: {body.get('model')!r} does not exist; this endpoint serves [{self.model_name!r}]",
-        "model",
-        "model_not_found",
-      )
-    if body.get("stream"):
-      raise EndpointError(
-        400, "stream: streaming replies are not supported; send stream=false", "stream", "unsupported_parameter"
-      )
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-      raise EndpointError(400, f"messages must be a non-empty list of messages, got {str(raw)[:80]}", "messages")
-    try:
-      messages = [template_message(m, i) for i, m in enumerate(raw)]
-    except ValueError as e:
-      raise EndpointError(400, str(e), str(e).split(" ", 1)[0].rstrip(":")) from None
-    tools = body.get("tools")
-    if tools is not None:
-      if not isinstance(tools, list):
-        raise EndpointError(400, f"tools must be a list, got {type(tools).__name__}", "tools")
-      for j, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not (
-          isinstance(t, dict)
-          and t.get("type", "function") == "function"
-          and isinstance(fn, dict)
-          and isinstance(fn.get("name"), str)
-          and fn["name"]
-        ):
-          raise EndpointError(
-            400,
-            f"tools[{j}] must be {{'type': 'function', 'function': {{'name': "
-            f"..., 'parameters': {{...}}}}}}, got {str(t)[:120]}",
-            f"tools[{j}]",
-          )
-      tools = tools or None
-    choice = body.get("tool_choice")
-    if (
-      choice is not None
-      and choice not in _TOOL_CHOICES
-      and not (isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str))
-    ):
-      raise EndpointError(
-        400,
-        f"tool_choice must be one of {list(_TOOL_CHOICES)} or "
-        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
-        "tool_choice",
-      )
-    temperature = body.get("temperature")
-    if temperature is not None and not (
-      isinstance(temperature, (int, float))
-      and not isinstance(temperature, bool)
-      and math.isfinite(temperature)
-      and 0 <= temperature <= 2
-    ):
-      raise EndpointError(400, f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
-    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(field)
-    if max_tokens is not None:
-      if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise EndpointError(400, f"{field} must be an integer >= 1, got {max_tokens!r}", field)
-      max_tokens = min(max_tokens, self.max_tokens_per_turn)  # clamped (counted in `complete`), never a 400
-    n = body.get("n", 1) if body.get("n") is not None else 1
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-      raise EndpointError(400, f"n must be an integer >= 1, got {n!r}", "n")
-    if n > self.max_n:
-      raise EndpointError(400, f"n={n} is over this run's limit of {self.max_n} choice(s) per request", "n")
-    return _Request(messages, tools, choice, temperature, max_tokens, n)
-
-  def _params(self, request: _Request, budget: int, seed: int | None, turn: int) -> SamplingParams:
+  def _params(self, request: ChatRequest, budget: int, seed: int | None, turn: int) -> SamplingParams:
     temperature = self.sampling_params.temperature
     if request.temperature is not None and not self.fixed_temperature:
       temperature = float(request.temperature)
@@ -293,49 +224,68 @@ class ChatEndpoint:
       self.sampling_params, temperature=temperature, max_new_tokens=budget, stop_token_ids=self.stop_ids, seed=seed
     )
 
-  async def complete(self, key: str | None, body: Any) -> dict:
-    """One chat completion for chain `key` (the OpenAI reply as a dict); raises EndpointError."""
+  def chain_of(self, key: str | None, client_host: str | None = None) -> ChainRecord:
+    """The open chain of an API key sent from `client_host` (None: not known, a direct call); 401 for an
+    unknown key, or for a bound chain's key (`bind_chain`) sent from another address."""
     chain = self.chains.get(key) if key else None
     if chain is None:
+      why = "unknown chain key (send the chain's key as 'Authorization: Bearer <key>')"
+    elif chain.client_host is not None and client_host is not None and client_host != chain.client_host:
+      log.warning("endpoint: the key of chain %s was sent from outside its sandbox (%s)", key_label(key), client_host)
+      why, chain = "this chain's key is bound to its own sandbox and was sent from elsewhere", None
+    if chain is None:
+      raise EndpointError(401, f"api_key: {why}", "api_key", "invalid_api_key", "authentication_error")
+    return chain
+
+  def _prepare(self, chain: ChainRecord, request: ChatRequest) -> Prepared:
+    """The request's prompt ids (rendered and tokenized: `ChainRecord.prepare`); 400 when the template fails."""
+    schema_tools = [_SchemaTool(t) for t in request.tools or ()]
+    template_tools = self.agent.template_tools(schema_tools) if schema_tools else None
+    tools_key = json.dumps(request.tools, sort_keys=True, default=str)
+    try:
+      return chain.prepare(self.agent, request.messages, tools_key, template_tools)
+    except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
       raise EndpointError(
-        401,
-        "api_key: unknown chain key (send the chain's key as 'Authorization: Bearer <key>')",
-        "api_key",
-        "invalid_api_key",
-        "authentication_error",
-      )
-    request = self._parse(body)
+        400, f"messages: the chat template cannot render them: {type(e).__name__}: {e}", "messages", "template_error"
+      ) from None
+
+  async def complete(self, key: str | None, body: Any) -> dict:
+    """One chat completion for chain `key` (the OpenAI reply as a dict); `body`: the request's bytes or its
+    parsed JSON. Raises EndpointError; a refused request changes nothing of the chain (no turn counted)."""
+    chain = self.chain_of(key)
+    heavy = len(body) > OFFLOAD_BYTES if isinstance(body, (bytes, bytearray)) else False
+
+    async def off_loop(fn, *args):  # a heavy request's CPU work in a worker thread
+      return await trio.to_thread.run_sync(fn, *args) if heavy else fn(*args)
+
+    parse = functools.partial(
+      parse_request, model_name=self.model_name, max_tokens_per_turn=self.max_tokens_per_turn, max_n=self.max_n
+    )
+    request = await off_loop(parse, body)
     if self.max_turns is not None and chain.num_requests >= self.max_turns:
       chain.limit_hit = "max_turns"
       raise EndpointError(
         400, f"messages: this chain already made max_turns={self.max_turns} requests", "messages", "max_turns_exceeded"
       )
-    agent = self.agent
-    schema_tools = [_SchemaTool(t) for t in request.tools or ()]
-    template_tools = agent.template_tools(schema_tools) if schema_tools else None
-    tools_key = json.dumps(request.tools, sort_keys=True, default=str)
-    try:
-      prepared = chain.prepare(agent, request.messages, tools_key, template_tools)
-    except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
-      raise EndpointError(
-        400, f"messages: the chat template cannot render them: {type(e).__name__}: {e}", "messages", "template_error"
-      ) from None
-    room = self.max_total_tokens - len(prepared.prompt_ids)
+    lock = self._locks.get(key) or trio.Lock()
+    async with lock:
+      prepared = await off_loop(self._prepare, chain, request)
+    prompt_tokens = len(prepared.prompt_ids)  # what the sampler is sent (before any reply is recorded)
+    room = self.max_total_tokens - prompt_tokens
     if room <= 0:
       chain.limit_hit = "max_total_tokens"
       raise EndpointError(
         400,
-        f"messages: the prompt has {len(prepared.prompt_ids)} tokens, this run's context is {self.max_total_tokens}",
+        f"messages: the prompt has {prompt_tokens} tokens, this run's context is {self.max_total_tokens}",
         "messages",
         "context_length_exceeded",
       )
     budget = min(request.max_tokens or self.max_tokens_per_turn, room)
     turn = chain.num_requests
     chain.num_requests += 1
-    asked = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(asked, int) and asked > self.max_tokens_per_turn:
+    if request.asked_max_tokens is not None and request.asked_max_tokens > self.max_tokens_per_turn:
       chain.clamped_requests += 1
-    chain.note_tool_results(body["messages"])
+    chain.note_tool_results(request.raw_messages)
     results: list[Any] = [None] * request.n
 
     async def sample(i):
@@ -354,10 +304,9 @@ class ChatEndpoint:
             nursery.start_soon(sample, i)
     finally:
       self._sampling -= 1
-    choices, completion_tokens = [], 0
-    for i, result in enumerate(results):
-      choices.append(self._choice(chain, prepared, request, turn, i, result, budget))
-      completion_tokens += len(result.token_ids)
+    async with lock:
+      choices = [self._choice(chain, prepared, request, turn, i, r, budget) for i, r in enumerate(results)]
+    completion_tokens = sum(len(r.token_ids) for r in results)
     return {
       "id": f"chatcmpl-{uuid.uuid4().hex}",
       "object": "chat.completion",
@@ -365,9 +314,9 @@ class ChatEndpoint:
       "model": self.model_name,
       "choices": choices,
       "usage": {
-        "prompt_tokens": len(prepared.prompt_ids),
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": len(prepared.prompt_ids) + completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
       },
     }
 
@@ -429,16 +378,13 @@ def _make_app(endpoint: ChatEndpoint):
     auth = request.headers.get("authorization", "")
     key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-chain-key")
     try:
-      raw = await request.body()
-      try:
-        body = json.loads(raw)
-      except ValueError as e:
-        raise EndpointError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-      return JSONResponse(await endpoint.complete(key, body))
+      endpoint.chain_of(key, request.client.host if request.client else "")  # refused before the body is read
+      raw = await read_body(request, endpoint.max_body_bytes)
+      return JSONResponse(await endpoint.complete(key, raw))
     except EndpointError as e:
       return error_response(e)
     except Exception as e:  # a sampler failure: the agent sees a 500, other chains go on
-      log.warning("endpoint: request of chain %s failed", key, exc_info=True)
+      log.warning("endpoint: request of chain %s failed", key_label(key), exc_info=True)
       return error_response(
         EndpointError(500, f"the sampler failed: {type(e).__name__}: {e}", None, "sampler_error", "server_error")
       )

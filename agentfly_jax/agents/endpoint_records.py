@@ -57,9 +57,12 @@ def template_message(message: Any, i: int) -> dict:
       f"role the chat template knows), got {role!r}"
     )
   out = {"role": role, "content": message_text(message.get("content"), f"{where}.content")}
+  for field in ("name", "tool_call_id"):
+    if message.get(field) is not None and not isinstance(message[field], str):
+      raise ValueError(f"{where}.{field} must be a string, got {type(message[field]).__name__}")
   if role == "tool":
     if message.get("name"):
-      out["name"] = str(message["name"])
+      out["name"] = message["name"]
   calls = message.get("tool_calls")
   if role == "assistant" and calls:
     if not isinstance(calls, list):
@@ -74,7 +77,11 @@ def _template_call(call: Any, where: str) -> dict:
     raise ValueError(
       f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}, got {str(call)[:120]!r}"
     )
+  if call.get("id") is not None and not isinstance(call["id"], str):
+    raise ValueError(f"{where}.id must be a string, got {type(call['id']).__name__}")
   arguments = fn.get("arguments", {})
+  if not isinstance(arguments, (str, dict)):
+    raise ValueError(f"{where}.function.arguments must be a JSON string or an object, got {type(arguments).__name__}")
   if isinstance(arguments, str):
     try:
       arguments = json.loads(arguments) if arguments.strip() else {}
@@ -145,6 +152,7 @@ class ChainRecord:
     self.last_text: str | None = None  # the last completion's text (a fallback prediction)
     self.limit_hit: str | None = None  # "max_turns" / "max_total_tokens" once refused for it
     self.clamped_requests = 0  # requests whose max_tokens was clamped to the run's per-turn limit
+    self.client_host: str | None = None  # set: the key is taken only from this address (a harness's sandbox)
 
   def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
     """The prompt ids of a request (template-form `messages`): continues the segment whose
@@ -166,7 +174,7 @@ class ChainRecord:
       base.ids += new_ids
       base.mask += [False] * len(new_ids)
       base.logps += [0.0] * len(new_ids)
-      return Prepared(base.ids, seg, base, seg.version, messages, keys, template_tools)
+      return Prepared(list(base.ids), seg, base, seg.version, messages, keys, template_tools)
     ids = agent.tokenizer.encode(agent.render(messages, template_tools, add_generation_prompt=True))
     base = Segment(
       ids=list(ids), mask=[False] * len(ids), logps=[0.0] * len(ids), prompt_length=len(ids), tools_key=tools_key
@@ -213,8 +221,8 @@ class ChainRecord:
   def note_tool_results(self, raw_messages: list) -> None:
     """Pairs `tool` messages (by tool_call_id) with the calls they answer; ok = not 'Error...'."""
     for m in raw_messages:
-      if isinstance(m, dict) and m.get("role") == "tool":
-        record = self.tool_calls.get(m.get("tool_call_id"))
+      if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+        record = self.tool_calls.get(m["tool_call_id"])
         if record is not None and record["observation"] is None:
           try:
             text = message_text(m.get("content"), "content")

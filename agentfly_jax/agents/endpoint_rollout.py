@@ -39,8 +39,9 @@ import trio
 
 from agentfly_jax.agents.agent_loops import agent_style, call_agent
 from agentfly_jax.agents.endpoint import ChatEndpoint, serve_endpoint
-from agentfly_jax.agents.rollout import validate_rows
+from agentfly_jax.agents.rollout import check_chain_timeout, validate_rows
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
@@ -60,17 +61,20 @@ async def _run_chain(
   chain_id: int,
   ssl_context,
   base_url: str,
-  chain_timeout_s: float | None,
+  chain_timeout_s: float,
   thread_limiter: trio.CapacityLimiter,
   host: TrioHost,
+  reward_only_fields: Sequence[str],
 ) -> list[Trajectory]:
-  key = endpoint.open_chain(group_id, chain_id, row)
+  key = endpoint.open_chain(group_id, chain_id, row)  # the record (trainer side) keeps the whole row
   answer, finish, error, frame = None, "agent_done", None, None
+  if getattr(agent_fn, "sandbox", "off") != "off":  # a sandboxed harness: its key is bound to its sandbox
+    agent_fn = functools.partial(agent_fn, bind=functools.partial(endpoint.bind_chain, key))
   try:
     answer, timed_out = await call_agent(
       style,
       agent_fn,
-      row,
+      agent_view(row, reward_only_fields),  # the agent never sees the reward's own fields
       base_url=base_url,
       api_key=key,
       ssl_context=ssl_context,
@@ -129,13 +133,15 @@ async def endpoint_rollout(
   seed: int | None = 0,
   group_offset: int = 0,
   max_n: int = 1,
-  chain_timeout_s: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
   tool_threads: int = 128,
   model_name: str = "policy",
   gather_s: float = 0.05,
   env_provider=None,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  max_body_bytes: int = STANDALONE.endpoint_max_body_bytes,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> list[Trajectory]:
   """Runs `agent_fn(client, row)` `num_chains` times per row, concurrently, against one endpoint
   over `sampler`; returns the trajectories row-major (a chain's segments in order), group_id =
@@ -146,8 +152,12 @@ async def endpoint_rollout(
       for a synchronous function).
     max_turns: requests per chain (more get an error reply).
     max_n: most choices (`n`) per request.
-    chain_timeout_s: wall-clock limit per chain (None: none).
+    chain_timeout_s: wall-clock seconds per chain (> 0): past it the agent is cancelled (an outside harness's
+      process tree killed) and the chain ends with finish "timeout".
     model_name: the model id the agent must ask for.
+    max_body_bytes: the endpoint's largest request body (413 beyond it).
+    reward_only_fields: row fields the agent's `row` (a harness's AGENTFLY_ROW / stdin) never holds; the
+      reward gets the whole row (data/row_fields.py).
     gather_s: how long the endpoint may hold a request for the other chains' requests of the
       turn (one sampler batch instead of many small ones; `ChatEndpoint`).
     env_provider: accepted as `rollout.rollout` takes it (the trainer passes its own); a black-box
@@ -165,7 +175,9 @@ async def endpoint_rollout(
       f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
       f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment"
     )
-  validate_rows(agent, rows)
+  check_chain_timeout("endpoint_rollout", chain_timeout_s)
+  reward_only_fields = check_reward_only(reward_only_fields, "endpoint_rollout: reward_only_fields")
+  validate_rows(agent, rows, reward_only_fields)
   endpoint = ChatEndpoint(
     agent,
     sampler,
@@ -180,6 +192,7 @@ async def endpoint_rollout(
     gather_s=gather_s,
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    max_body_bytes=max_body_bytes,
   )
   thread_limiter = trio.CapacityLimiter(tool_threads)
   ssl_context = ssl.create_default_context()  # built once: the chains' clients share it
@@ -201,6 +214,7 @@ async def endpoint_rollout(
           chain_timeout_s,
           thread_limiter,
           host,
+          reward_only_fields,
         )
 
       results = await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)

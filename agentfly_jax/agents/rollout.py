@@ -15,6 +15,8 @@ tokenizing only the new template text -> repeat. A chain stops with a `finish_re
   "max_turns"            `max_turns` model turns were generated
   "max_tokens_per_turn"  a turn hit `max_tokens_per_turn` without ending
   "max_total_tokens"     the context reached `max_total_tokens`
+  "timeout"              the chain ran past `chain_timeout_s` (its turn or tool call cancelled; scored on the
+                         prediction so far, counted as a failed chain by rl/chain_failures.py)
   "error"                an exception (logged; reward 0, `Trajectory.error` holds it)
 The reward is computed inside the chain as soon as it finishes (overlapping other chains). One
 chain failing never stops the others.
@@ -35,6 +37,7 @@ import trio
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
 from agentfly_jax.sampling.protocol import SamplingParams
@@ -92,6 +95,15 @@ class _Config:
   thread_limiter: trio.CapacityLimiter
   shared_turns: int = 0
   branch_temperature: float | None = None
+  chain_timeout_s: float = STANDALONE.chain_timeout_s
+  reward_only_fields: tuple[str, ...] = REWARD_ONLY_FIELDS  # never in the agent's prompt (data/row_fields.py)
+
+
+def check_chain_timeout(caller: str, chain_timeout_s) -> None:
+  """`chain_timeout_s` must be a finite number of seconds > 0 (every chain has a limit)."""
+  ok = isinstance(chain_timeout_s, (int, float)) and not isinstance(chain_timeout_s, bool)
+  if not ok or not 0 < chain_timeout_s < math.inf:
+    raise ValueError(f"{caller}: chain_timeout_s must be a finite number of seconds > 0, got {chain_timeout_s!r}")
 
 
 def shared_chain_id(chain_id: int, turn: int, shared_turns: int) -> int:
@@ -219,7 +231,7 @@ class _ChainBuilder:
 
 async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnvs, cfg: _Config) -> None:
   """Model turns and tool calls until the chain finishes (sets `chain.finish_reason`)."""
-  tok, row = agent.tokenizer, chain.row
+  tok, row = agent.tokenizer, agent_view(chain.row, cfg.reward_only_fields)  # the env's reset gets the whole row
   stop_ids = tuple(dict.fromkeys([*cfg.sampling_params.stop_token_ids, *agent.stop_token_ids]))
   tools = agent.tools_for_row(row)
   tool_map = {t.name: t for t in tools}
@@ -291,7 +303,11 @@ async def _run_chain(agent: RolloutAgent, row: dict, group_id: int, chain_id: in
   envs = _ChainEnvs(cfg.provider_getter, f"{cfg.run_id}-g{group_id}-c{chain_id}", row)
   reward, metrics, error, frame = 0.0, {}, None, None
   try:
-    await _play_turns(agent, chain, envs, cfg)
+    with trio.move_on_after(cfg.chain_timeout_s) as deadline:
+      await _play_turns(agent, chain, envs, cfg)
+    if deadline.cancelled_caught:  # the token record stays whole: a turn's ids, mask, log-probs are appended at once
+      log.warning("rollout chain (group %d, chain %d) timed out after %.1f s", group_id, chain_id, cfg.chain_timeout_s)
+      chain.finish("timeout")
     if chain.prediction is None:  # no model turn at all (the prompt filled the context)
       chain.prediction = ""
     if agent.reward_fn is not None:
@@ -329,9 +345,10 @@ def check_branch_temperature(caller: str, branch_temperature) -> None:
     raise ValueError(f"{caller}: branch_temperature must be None or a finite number > 0, got {branch_temperature!r}")
 
 
-def validate_rows(agent: RolloutAgent, rows: Sequence[dict]) -> None:
-  """Checks every row before anything runs: a string `question`, valid `tools`, and the dataset
-  fields the reward needs. Raises ValueError naming the row index and field."""
+def validate_rows(agent: RolloutAgent, rows: Sequence[dict], reward_only: Sequence[str] = REWARD_ONLY_FIELDS) -> None:
+  """Checks every row before anything runs: a string `question`, valid `tools` (the agent is shown the
+  row without its `reward_only` fields, as in its chains), and the dataset fields the reward needs.
+  Raises ValueError naming the row index and field."""
   if isinstance(rows, dict) or not isinstance(rows, Sequence):
     raise TypeError(f"rollout: rows must be a list of dicts, got {type(rows).__name__}")
   for i, row in enumerate(rows):
@@ -340,7 +357,7 @@ def validate_rows(agent: RolloutAgent, rows: Sequence[dict]) -> None:
     if not isinstance(row.get("question"), str):
       raise ValueError(f"rollout: row {i} field 'question' must be a string, got {row.get('question')!r:.80}")
     try:
-      agent.tools_for_row(row)
+      agent.tools_for_row(agent_view(row, reward_only))
       if agent.reward_fn is not None:
         agent.reward_fn.bind(None, [], row, None)
     except (ValueError, KeyError) as e:
@@ -360,6 +377,8 @@ def make_config(
   tool_threads: int,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> _Config:
   """The built-in chains' shared settings for one run (`rollout`, `stream_rollout.stream_groups`): the
   env provider made on first use, a run id for the chains' env keys, the tool-thread limiter."""
@@ -379,6 +398,8 @@ def make_config(
     thread_limiter=trio.CapacityLimiter(tool_threads),
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    chain_timeout_s=chain_timeout_s,
+    reward_only_fields=check_reward_only(reward_only_fields, "rollout: reward_only_fields"),
   )
 
 
@@ -399,6 +420,8 @@ async def rollout(
   group_offset: int = 0,
   shared_turns: int = 0,
   branch_temperature: float | None = None,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> list[Trajectory]:
   """Runs `num_chains` chains per row concurrently; returns trajectories row-major
   (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`), group_id = group_offset + row index.
@@ -431,6 +454,9 @@ async def rollout(
       other turns keep `sampling_params.temperature`); None = that temperature at every turn.
       The sampler's log-probs of that turn are at this temperature (the loss's importance
       correction, `loss.tis_cap`, sees the difference).
+    chain_timeout_s: wall-clock seconds per chain (> 0); a chain past it ends with finish "timeout".
+    reward_only_fields: row fields the agent's prompt and per-row tools never see (the reward and the
+      env's reset get the whole row; data/row_fields.py).
   """
   check_chain_args(
     "rollout",
@@ -443,7 +469,9 @@ async def rollout(
   )
   check_shared_turns("rollout", shared_turns, seed)
   check_branch_temperature("rollout", branch_temperature)
-  validate_rows(agent, rows)
+  check_chain_timeout("rollout", chain_timeout_s)
+  check_reward_only(reward_only_fields, "rollout: reward_only_fields")
+  validate_rows(agent, rows, reward_only_fields)
   cfg = make_config(
     agent,
     sampler=sampler,
@@ -456,6 +484,8 @@ async def rollout(
     tool_threads=tool_threads,
     shared_turns=shared_turns,
     branch_temperature=branch_temperature,
+    chain_timeout_s=chain_timeout_s,
+    reward_only_fields=reward_only_fields,
   )
 
   async def run_chain(row, group_id, chain_id):

@@ -71,6 +71,7 @@ def run_agent(
   seed: int | None = 0,
   env_provider: Any = None,
   color: bool = False,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
 ) -> RunResult:
   """Rolls `agent` out on the rows (see `Agent.run`)."""
   from agentfly_jax.agents.rollout import run_rollout
@@ -93,6 +94,7 @@ def run_agent(
     max_total_tokens=max_total_tokens,
     seed=seed,
     env_provider=env_provider,
+    chain_timeout_s=chain_timeout_s,
   )
   return RunResult(
     trajectories=trajs,

@@ -19,6 +19,8 @@ class StandaloneLimits:
   max_tokens_per_turn: int = 256  # a real model's turn
   max_total_tokens: int = 2048  # a real model's context
   max_batch_size: int = 32  # a sampler's batch (load_sampler)
+  chain_timeout_s: float = 600.0  # a chain's wall-clock limit (finish "timeout"); a chain always has one
+  endpoint_max_body_bytes: int = 4_194_304  # the endpoint's largest request body (413 beyond it)
 
 
 STANDALONE = StandaloneLimits()

@@ -14,12 +14,14 @@ trio thread.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import trio
 
 from agentfly_jax.agents.rollout import _run_chain, make_config, validate_rows
 from agentfly_jax.agents.rollout_driver import drive_chains
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
+from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
 
 POLL_S = 0.002  # how often a waiting stream re-checks may_start / stopped
@@ -42,6 +44,8 @@ async def stream_groups(
   env_provider=None,
   seed: int | None = 0,
   tool_threads: int = 128,
+  chain_timeout_s: float = STANDALONE.chain_timeout_s,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> None:
   """Runs groups until `stopped()` (see the module docstring)."""
 
@@ -55,6 +59,8 @@ async def stream_groups(
     env_provider=env_provider,
     seed=seed,
     tool_threads=tool_threads,
+    chain_timeout_s=chain_timeout_s,
+    reward_only_fields=reward_only_fields,
   )
   limiter = trio.CapacityLimiter(concurrency)  # shared by all groups' chains
 
@@ -70,7 +76,7 @@ async def stream_groups(
         await trio.sleep(POLL_S)
         continue
       row, group_id = next_group()
-      validate_rows(agent, [row])
+      validate_rows(agent, [row], cfg.reward_only_fields)
       nursery.start_soon(group, row, group_id)
       await trio.sleep(0)
     nursery.cancel_scope.cancel()

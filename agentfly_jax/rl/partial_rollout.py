@@ -314,6 +314,8 @@ def start_producer(run, loop, start: int) -> PartialRolloutProducer:
         concurrency=r.concurrency,
         env_provider=p.env_provider,
         seed=spec.seed * 1_000_003 + start,
+        chain_timeout_s=r.chain_timeout_s,
+        reward_only_fields=p.task.reward_only_fields,
       )
     )
 

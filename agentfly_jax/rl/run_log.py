@@ -53,10 +53,11 @@ def progress_bar(spec, *, enabled: bool, initial: int = 0):
 
 
 def postfix(metrics: dict) -> dict[str, str]:
-  """The progress bar's fields of a step: reward, success, the error share when non-zero, throughput."""
+  """The progress bar's fields of a step: reward, success, the error and timeout shares when non-zero, throughput."""
   out = {"reward": f"{metrics['rollout/reward_mean']:.2f}", "success": f"{metrics['rollout/success_rate']:.2f}"}
-  if metrics.get("rollout/finish/error"):
-    out["error"] = f"{metrics['rollout/finish/error']:.2f}"
+  for reason in ("error", "timeout"):
+    if metrics.get(f"rollout/finish/{reason}"):
+      out[reason] = f"{metrics[f'rollout/finish/{reason}']:.2f}"
   return {**out, **throughput.postfix(metrics)}
 
 

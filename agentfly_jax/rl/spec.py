@@ -155,12 +155,18 @@ class RolloutSection(Section):
   branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
   error_patience: int = 3  # that many such steps in a row stop the run (all chains failed: at once); rl/chain_failures
+  # wall-clock limit of one chain (its turns, tools, an outside harness's process tree): past it the chain ends with
+  # finish "timeout", a failed chain for error_patience. No "off": a chain that never ends would stall the run
+  # (the slowest recorded rollout, experiments/results/*/metrics.jsonl, took 101 s for all of a step's chains)
+  chain_timeout_s: float = 600.0
+  # the OpenAI-compatible endpoint's largest request body (task.agent_fn / agent_cmd): 413 beyond it, never read whole
+  endpoint_max_body_bytes: int = 4_194_304
 
   def check(self):
     names = sampler_names()
     self.need("sampler", self.sampler in names, f"unknown sampler; registered: {list(names)}")
     sizes = ("rows_per_step", "num_chains", "max_turns", "max_tokens_per_turn", "max_total_tokens")
-    for name in (*sizes, "concurrency", "max_batch_size", "error_patience"):
+    for name in (*sizes, "concurrency", "max_batch_size", "error_patience", "endpoint_max_body_bytes"):
       self.at_least(name, 1)
     self.need("mode", self.mode in ("sync", "async")[self.partial :], "must be 'sync' or 'async' (partial: 'async')")
     for name in ("max_staleness", "prefix_cache_tokens", "shared_turns"):
@@ -172,6 +178,8 @@ class RolloutSection(Section):
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("branch_temperature", 0 <= self.branch_temperature < float("inf"), "must be >= 0 (0 = off)")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+    finite = 0 < self.chain_timeout_s < float("inf")
+    self.need("chain_timeout_s", finite, "must be a number of seconds > 0 (every chain has a limit; no 0 = off)")
     self.need("vllm_dtype", self.vllm_dtype in ("",) + DTYPES, "must be 'float32', 'bfloat16' or 'float16'")
 
   @property

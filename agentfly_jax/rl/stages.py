@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
 from agentfly_jax.rl import distributed
 from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
 from agentfly_jax.sampling.protocol import SamplingParams, SyncStats
@@ -45,6 +46,7 @@ def rollout(
   end_of_turn_id: int,
   env_provider,
   agent_fn: Callable | None = None,
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
   num_chains: int | None = None,
   temperature: float | None = None,
   seed: int = 0,
@@ -53,7 +55,8 @@ def rollout(
   `num_chains` / `temperature` override it; an overridden temperature, as the greedy eval's, holds at
   every turn: no `branch_temperature`). On several processes each rolls out its share of
   the rows with its own sampler and all get the whole list back. `agent_fn`: a black-box agent
-  run through the OpenAI-compatible endpoint instead of the built-in loop."""
+  run through the OpenAI-compatible endpoint instead of the built-in loop. `reward_only_fields`: the row
+  fields no agent sees (the task's; data/row_fields.py)."""
   from agentfly_jax.agents.rollout import run_rollout
 
   r = rollout_spec
@@ -62,7 +65,7 @@ def rollout(
   if agent_fn is not None:
     from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
 
-    run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn)
+    run = functools.partial(run_endpoint_rollout, agent_fn=agent_fn, max_body_bytes=r.endpoint_max_body_bytes)
   params = SamplingParams(
     temperature=r.temperature if temperature is None else temperature,
     top_p=r.top_p,
@@ -87,6 +90,8 @@ def rollout(
     env_provider=env_provider,
     shared_turns=r.shared_turns,
     branch_temperature=(r.branch_temperature or None) if temperature is None else None,  # not in evals
+    chain_timeout_s=r.chain_timeout_s,
+    reward_only_fields=reward_only_fields,
   )
   return distributed.gather_objects(trajs)
 

@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, check_reward_only
+
 EVAL_SEED_OFFSET = 999_983  # a module without eval rows: make_rows at this seed offset (disjoint rows)
 
 
@@ -43,6 +45,8 @@ class TaskSpec:
       the SFT warm start (None: the task has none).
     agent_factory: `tokenizer -> Agent` (None: a ToolCallAgent over the tools and reward).
     agent_fn: a black-box agent `async def run(client, row)` trained through the endpoint.
+    reward_only_fields: the row fields only the reward (and the env grading the episode) reads: no agent
+      kind ever receives them (data/row_fields.py; default `REWARD_ONLY_FIELDS`).
     source: what the spec was made from (a module or a `Task`).
   """
 
@@ -60,11 +64,14 @@ class TaskSpec:
   scripted_response: Callable | None = None
   agent_factory: Callable | None = None
   agent_fn: Callable | None = None
+  reward_only_fields: tuple[str, ...] = REWARD_ONLY_FIELDS
   source: Any = None
 
   def __post_init__(self):
     if self.reward is None:
       raise ValueError(f"task {self.name!r} has no reward")
+    where = f"task {self.name!r} reward_only_fields"
+    object.__setattr__(self, "reward_only_fields", check_reward_only(self.reward_only_fields, where))
     if self.generate_rows is None and not self.rows:
       raise ValueError(f"task {self.name!r} has neither rows nor a row generator (make_rows)")
 
@@ -117,7 +124,7 @@ class TaskSpec:
 @dataclasses.dataclass(frozen=True)
 class TaskModule:
   """What a task module defines, read once (None: not defined). UPPERCASE globals: TOOLS, REWARD,
-  ROWS (or rows), EVAL_ROWS (or eval_rows), TEST_ROWS (or test_rows), SYSTEM_PROMPT; functions:
+  ROWS (or rows), EVAL_ROWS (or eval_rows), TEST_ROWS (or test_rows), SYSTEM_PROMPT, REWARD_ONLY_FIELDS; functions:
   make_rows, make_eval_rows, make_test_rows, scripted_response (or demo_policy), make_agent,
   tokenizer_corpus, check_rows."""
 
@@ -128,6 +135,7 @@ class TaskModule:
   eval_rows: Sequence | None = None
   test_rows: Sequence | None = None
   system_prompt: str | None = None
+  reward_only_fields: Sequence[str] | None = None
   make_rows: Callable | None = None
   make_eval_rows: Callable | None = None
   make_test_rows: Callable | None = None
@@ -174,6 +182,7 @@ def read_task_module(module: types.ModuleType) -> TaskModule:
     eval_rows=_fixed(_first(module, "EVAL_ROWS", "eval_rows")),
     test_rows=_fixed(_first(module, "TEST_ROWS", "test_rows")),
     system_prompt=_first(module, "SYSTEM_PROMPT"),
+    reward_only_fields=_first(module, "REWARD_ONLY_FIELDS"),
     make_rows=_function(_first(module, "make_rows")),
     make_eval_rows=_function(_first(module, "make_eval_rows")),
     make_test_rows=_function(_first(module, "make_test_rows")),
@@ -216,6 +225,7 @@ def _from_module(module: types.ModuleType, name: str) -> TaskSpec:
     corpus=parts.tokenizer_corpus,
     scripted_response=parts.scripted_response,
     agent_factory=parts.make_agent,
+    reward_only_fields=REWARD_ONLY_FIELDS if parts.reward_only_fields is None else tuple(parts.reward_only_fields),
     source=module,
   )
 
@@ -233,6 +243,7 @@ def _from_task(task, name: str) -> TaskSpec:
     scripted_response=task.scripted_response,
     agent_factory=task.agent_factory,
     agent_fn=task.agent_fn,
+    reward_only_fields=tuple(task.reward_only_fields),
     source=task,
   )
 
@@ -263,6 +274,12 @@ class Task:
     agent_cmd: optional outside harness instead of `agent_fn`: a command (string or word list) run
       once per chain with `OPENAI_BASE_URL` / `OPENAI_API_KEY` / `AGENTFLY_ROW` in its environment,
       its stdout the answer (agents/harness.py).
+    reward_only_fields: the row fields no agent receives, only the reward (default `REWARD_ONLY_FIELDS`:
+      answer, hidden tests, gold actions, ...; data/row_fields.py).
+    agent_sandbox: where `agent_cmd` runs: "bwrap" (a bubblewrap sandbox per chain: agents/harness_sandbox.py)
+      or "off" (on the host, with the trainer's environment).
+    agent_env: names of the trainer's environment variables the sandboxed harness also gets.
+    agent_mounts: host folders the sandbox shows read-only (besides the command's program and path arguments).
   """
 
   tools: Sequence[Any] = ()
@@ -276,16 +293,27 @@ class Task:
   agent_factory: Callable | None = None
   agent_fn: Callable | None = None
   agent_cmd: str | Sequence[str] | None = None
+  reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS
+  agent_sandbox: str = "bwrap"
+  agent_env: Sequence[str] = ()
+  agent_mounts: Sequence[str] = ()
 
   def __post_init__(self):
     if self.reward is None:
       raise ValueError("Task.reward is missing: give a @reward function (or a plain function)")
+    self.reward_only_fields = check_reward_only(self.reward_only_fields, "Task.reward_only_fields")
     if self.agent_cmd:
       from agentfly_jax.agents.harness import command_agent
 
       if self.agent_fn is not None:
         raise ValueError("Task.agent_cmd and Task.agent_fn are both given: give one agent")
-      self.agent_fn = command_agent(self.agent_cmd, where="Task.agent_cmd")
+      self.agent_fn = command_agent(
+        self.agent_cmd,
+        where="Task.agent_cmd",
+        sandbox=self.agent_sandbox,
+        env_names=tuple(self.agent_env),
+        mounts=tuple(self.agent_mounts),
+      )
     if self.agent_fn is not None:
       check_agent_fn(self.agent_fn, "Task.agent_fn")
     if not self.rows:

@@ -55,6 +55,11 @@ class UserTaskSection:
       through the OpenAI-compatible endpoint (`client`: an openai.AsyncOpenAI); "" = the
       built-in agent loop.
     agent_cmd: an outside harness command run per chain against the endpoint (agents/harness.py).
+    agent_sandbox: where agent_cmd runs: "bwrap" (a bubblewrap sandbox per chain) | "off" (on the host).
+    agent_env: comma-separated names of the trainer's environment variables the sandboxed harness also gets.
+    agent_mounts: comma-separated host folders its sandbox shows read-only (beside its program and arguments).
+    reward_only_fields: comma-separated row fields no agent sees, only the reward ("" = the module's
+      REWARD_ONLY_FIELDS, else data/row_fields.REWARD_ONLY_FIELDS).
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
     gym_id: a Gymnasium env id for rows that name none (module agentfly_jax.tasks.gym).
@@ -72,6 +77,10 @@ class UserTaskSection:
   demo_policy: str = ""
   agent: str = ""
   agent_cmd: str = ""
+  agent_sandbox: str = "bwrap"
+  agent_env: str = ""
+  agent_mounts: str = ""
+  reward_only_fields: str = ""
   mcp_servers: str = ""
   gym_id: str = ""
   openenv_url: str = ""
@@ -82,6 +91,8 @@ class UserTaskSection:
       value = getattr(self, f.name)
       if not isinstance(value, str):
         raise ValueError(f"config.task.{f.name}={value!r}: must be a string")
+    if self.agent_sandbox not in ("bwrap", "off"):
+      raise ValueError(f"config.task.agent_sandbox={self.agent_sandbox!r}: must be 'bwrap' or 'off'")
 
 
 def custom_task_config(**overrides) -> ml_collections.ConfigDict:
@@ -337,6 +348,10 @@ def _custom_task(config):
     agent_factory=agent_factory,
     agent_fn=_resolve_agent_fn(t.agent),
     agent_cmd=_resolve_agent_cmd(t),
+    agent_sandbox=t.agent_sandbox,
+    agent_env=_names(t.agent_env),
+    agent_mounts=_names(t.agent_mounts),
+    reward_only_fields=_reward_only(t, parts),
   )
   # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS), read only then:
   # its rows are checked as the eval rows are, when they are read
@@ -354,6 +369,19 @@ def _custom_task(config):
     return rows
 
   return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)
+
+
+def _names(text: str) -> tuple[str, ...]:
+  return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _reward_only(t, parts) -> tuple[str, ...]:
+  """config.task.reward_only_fields, else the module's REWARD_ONLY_FIELDS, else the default set."""
+  from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, check_reward_only
+
+  if t.reward_only_fields:
+    return check_reward_only(t.reward_only_fields, f"config.task.reward_only_fields={t.reward_only_fields!r}")
+  return REWARD_ONLY_FIELDS if parts.reward_only_fields is None else tuple(parts.reward_only_fields)
 
 
 def _resolve_agent_cmd(t) -> str | None:
@@ -446,6 +474,7 @@ def task_fingerprint(task, train_rows=None) -> str:
   agent_fn = task.agent_fn
   if agent_fn is not None:  # only then: the fingerprints of tasks without one stay as they were
     content["agent_fn"] = _source(agent_fn)
+    content["reward_only_fields"] = list(task.reward_only_fields)  # what of each row the agent is given
     if getattr(agent_fn, "command", None):  # an outside harness: its command
       content["agent_cmd"] = list(agent_fn.command)
   text = json.dumps(content, sort_keys=True, default=str)

@@ -11,11 +11,15 @@ container image (and the field), which the bubblewrap sandbox does not run.
 
 from __future__ import annotations
 
+from agentfly_jax.data import row_fields
 from agentfly_jax.tasks.swe import REWARD, TOOLS  # the swe task's tools and reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from envservers.api import harbor_tasks
 
 ENV = "swe"
+# the task directory holds its tests/ and solution/: the env reads it, the agent gets instruction.md as the env's
+# first observation
+REWARD_ONLY_FIELDS = (*row_fields.REWARD_ONLY_FIELDS, "harbor_task")
 QUESTION = "Do the task below in the repository, then submit."
 SYSTEM_PROMPT = (
   "You work in a repository at /repo. Tools: bash(command) runs a shell command in /repo; "

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from agentfly_jax.data import row_fields
 from agentfly_jax.rewards.qa import f1
 from agentfly_jax.tasks.multihop_kb import generate_kb, parse_passage
 from agentfly_jax.tools.builtin import answer
@@ -32,6 +33,9 @@ SYSTEM_PROMPT = (
 )
 TOOLS = (retrieve, answer)
 REWARD = f1
+# the gold answer, and the gold retrievals (each hop's query, the supporting passages): only the reward and
+# the SFT demos read them
+REWARD_ONLY_FIELDS = (*row_fields.REWARD_ONLY_FIELDS, "hops", "supporting_titles")
 KB_SEED = 0
 
 

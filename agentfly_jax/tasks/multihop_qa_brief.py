@@ -29,6 +29,7 @@ import numpy as np
 
 from agentfly_jax.tasks.multihop_qa import (
   REWARD,
+  REWARD_ONLY_FIELDS,  # noqa: F401
   SYSTEM_PROMPT,
   TOOLS,
   _sample,

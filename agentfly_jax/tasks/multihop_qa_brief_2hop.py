@@ -5,6 +5,7 @@ of the held-out split; so a chain's reward cannot come from answering after one 
 
 from agentfly_jax.tasks.multihop_qa_brief import (  # noqa: F401
   REWARD,
+  REWARD_ONLY_FIELDS,
   SYSTEM_PROMPT,
   TOOLS,
   make_agent,

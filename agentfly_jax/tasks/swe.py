@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentfly_jax.data import row_fields
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
@@ -77,6 +78,9 @@ async def hidden_tests_reward(env) -> dict:
 
 TOOLS = (bash, view, str_replace, submit)
 REWARD = hidden_tests_reward
+# the task id names the task's sealed files (its reference fix, its hidden tests): the env reads them by it, the
+# agent gets the issue as the env's first observation
+REWARD_ONLY_FIELDS = (*row_fields.REWARD_ONLY_FIELDS, "task_id")
 
 
 def _rows(task_ids: list[str], split: str) -> list[dict]:

@@ -16,6 +16,7 @@ import hashlib
 
 import numpy as np
 
+from agentfly_jax.data import row_fields
 from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
@@ -61,6 +62,7 @@ async def purchase_reward(env) -> dict:
 
 TOOLS = (shop, valid_actions)
 REWARD = purchase_reward
+REWARD_ONLY_FIELDS = (*row_fields.REWARD_ONLY_FIELDS, "goal")  # the goal product (its asin, name, values): the env's
 
 
 @functools.lru_cache(maxsize=2)

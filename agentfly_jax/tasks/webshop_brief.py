@@ -29,6 +29,7 @@ from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.webshop import (
   ENV,
+  REWARD_ONLY_FIELDS,  # noqa: F401
   SYSTEM_PROMPT,
   catalog,
   expert_policy,  # noqa: F401

@@ -1,7 +1,8 @@
 """Harbor-format tasks (Terminal-Bench 2.0 task directories) on the `swe` env.
 
 A task directory holds `instruction.md` (the task, the episode's opening text), `task.toml`
-(optional here: metadata, [verifier], [agent], [environment]), `environment/` (the task's files:
+(optional here: metadata, [verifier], [agent], [environment]; `[verifier] timeout_sec` limits the grading
+run, `[agent] timeout_sec` the episode: envservers/envs/swe.py honours both), `environment/` (the task's files:
 here the repository copied to /repo, the agent's working directory), `tests/test.sh` (the
 reward) and `solution/` (the reference, never sent anywhere). A row names one as
 {"harbor_task": "/abs/task-dir"}.
@@ -106,7 +107,23 @@ def _load_task(path: str, stamp: tuple) -> SweTask:
     problem_statement=text,
     test_command="",
     grader=GRADER,
+    grade_timeout_s=_timeout(config, "verifier", what),
+    agent_timeout_s=_timeout(config, "agent", what),
   )
+
+
+def _timeout(config: dict, table: str, what: str) -> float | None:
+  """task.toml's `[table] timeout_sec` (None: not given); ValueError naming the field unless a number > 0."""
+  section = config.get(table, {})
+  if not isinstance(section, dict):
+    raise ValueError(f"{what}: task.toml field {table!r} must be a table")
+  value = section.get("timeout_sec")
+  if value is None:
+    return None
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+  if not ok:
+    raise ValueError(f"{what}: task.toml field '{table}.timeout_sec' = {value!r}: must be a number of seconds > 0")
+  return float(value)
 
 
 def grade_command() -> str:

@@ -220,8 +220,10 @@ def parse_lines(lines: Any) -> tuple[int, int | None]:
 class SweEnv(ServerEnv):
   """Options (server flag `--env-opt swe.NAME=VALUE`):
   timeout_s: wall-clock limit of one command (default 30); cpu_s: its CPU seconds (30).
-  grade_timeout_s: limit of the hidden-test run (default 120); test_timeout_s: of one hidden
-    test (default 10; 0 = none; needs pytest-timeout in the server venv).
+  grade_timeout_s: limit of the hidden-test run (default 120; a task's own, Harbor's [verifier] timeout_sec,
+    replaces it when given, and a task asking for more is refused at reset); test_timeout_s: of one hidden
+    test (default 10; 0 = none; needs pytest-timeout in the server venv). A task's own episode limit
+    (Harbor's [agent] timeout_sec) ends its episode: the first step past it grades the repository as it is.
   memory_mb: address-space limit per process (default 1024); max_procs (default 64);
     max_open_files (default 256); file_size_mb: largest file (default 32).
   repo_mb / tmp_mb: sizes of the /repo and /tmp tmpfs (default 128 / 64); repo_archive_mb:
@@ -293,6 +295,7 @@ class SweEnv(ServerEnv):
     self.sandbox: Sandbox | None = None
     self.task: swe_tasks.SweTask | None = None
     self.result: dict | None = None
+    self.deadline: float | None = None  # time.monotonic() when the task's own episode limit passes
     self.steps = 0
     self.timings: dict[str, float] = {}
 
@@ -312,6 +315,12 @@ class SweEnv(ServerEnv):
 
   async def reset(self, row: dict | None) -> str:
     task = harbor_tasks.resolve_row(row)  # ValueError naming the field: the env stays usable
+    if task.grade_timeout_s is not None and task.grade_timeout_s > self.grade_timeout_s:
+      raise ValueError(
+        f"field 'harbor_task': the task's [verifier] timeout_sec = {task.grade_timeout_s:g} is over this env's "
+        f"grade_timeout_s = {self.grade_timeout_s:g} (its calls' limit); start the server with "
+        f"--env-opt swe.grade_timeout_s={task.grade_timeout_s:g}"
+      )
     archive = swe_tasks.repo_archive(task.repo, self.archive_bytes)
     if self.task is not None or self.sandbox is None:  # a used sandbox: start from a fresh one
       await self.close()
@@ -327,6 +336,7 @@ class SweEnv(ServerEnv):
       )
     self.timings["load_s"] = time.perf_counter() - started
     self.task, self.result, self.steps = task, None, 0
+    self.deadline = None if task.agent_timeout_s is None else time.monotonic() + task.agent_timeout_s
     tests = f" Its tests run with: {task.test_command}" if task.test_command else ""
     return (
       f"{task.problem_statement.strip()}\n\nThe repository is at /repo (the working "
@@ -345,6 +355,8 @@ class SweEnv(ServerEnv):
       )
     if self.result is not None:
       return StepOutcome("Error: the episode is over (already submitted).", done=True, info={"error": "EpisodeOver"})
+    if self.deadline is not None and time.monotonic() >= self.deadline:
+      return await self._agent_time_over()
     if isinstance(action, str):
       action = {"action": "bash", "command": action}
     if not isinstance(action, dict) or action.get("action") not in ACTIONS:
@@ -375,6 +387,24 @@ class SweEnv(ServerEnv):
     info = {key: reply[key] for key in ("exit_code", "timed_out", "bytes") if key in reply}
     return StepOutcome(reply["output"], info=info)
 
+  async def _agent_time_over(self) -> StepOutcome:
+    """The task's episode limit ([agent] timeout_sec) has passed: the repository is graded as it is."""
+    result = await self.grade()
+    self.result = result
+    return StepOutcome(
+      f"The task's time limit for the agent ([agent] timeout_sec = {self.task.agent_timeout_s:g}) is over; the "
+      f"repository was graded as it is: {result['passed']} of {result['total']} hidden tests pass.",
+      reward=result["reward"],
+      done=True,
+      info={"passed": result["passed"], "total": result["total"], "agent_timed_out": True},
+    )
+
+  def _command_timeout_s(self) -> float:
+    """A command's limit: the env's, or what is left of the task's episode limit when that is less."""
+    if self.deadline is None:
+      return self.timeout_s
+    return max(1.0, min(self.timeout_s, self.deadline - time.monotonic()))
+
   def _request(self, kind: str, action: dict) -> dict:
     """The driver request of a bash / view / str_replace action; ValueError naming the
     argument."""
@@ -382,7 +412,7 @@ class SweEnv(ServerEnv):
       command = action.get("command")
       if not isinstance(command, str) or not command.strip():
         raise ValueError("bash needs argument 'command' (a non-empty string)")
-      return {"op": "bash", "command": command, "timeout_s": self.timeout_s}
+      return {"op": "bash", "command": command, "timeout_s": self._command_timeout_s()}
     path = action.get("path")
     if not isinstance(path, str) or not path.strip():
       raise ValueError(f"{kind} needs argument 'path' (a file under /repo)")
@@ -402,6 +432,7 @@ class SweEnv(ServerEnv):
       return {"reward": 0.0, "passed": 0, "total": 0, "error": snap["error"], "cases": []}
     tests = swe_tasks.repo_archive(self.task.hidden_tests, self.archive_bytes)
     grader = self._sandbox(grading=True)
+    limit_s = self.task.grade_timeout_s or self.grade_timeout_s  # the task's own limit, when it gives one
     try:
       await grader.start()
       for archive, dest in ((snap["tar_b64"], "/repo"), (tests, HIDDEN_DIR)):
@@ -410,8 +441,8 @@ class SweEnv(ServerEnv):
           raise EnvCrashed(f"the grading sandbox could not unpack {dest}: {loaded['error']}")
       if self.task.grader == harbor_tasks.GRADER:
         reply = await grader.request(
-          {"op": "bash", "command": harbor_tasks.grade_command(), "timeout_s": self.grade_timeout_s},
-          self.grade_timeout_s + 10.0,
+          {"op": "bash", "command": harbor_tasks.grade_command(), "timeout_s": limit_s},
+          limit_s + 10.0,
         )
         return self._harbor_result(reply, started)
       targets = " ".join(shlex.quote(f"{HIDDEN_DIR}/{node}") for node in self.task.selected_tests)
@@ -419,10 +450,10 @@ class SweEnv(ServerEnv):
         {
           "op": "grade",
           "command": f"{self.grade_command} {targets or HIDDEN_DIR}",
-          "timeout_s": self.grade_timeout_s,
+          "timeout_s": limit_s,
           "junit": "/tmp/junit.xml",
         },
-        self.grade_timeout_s + 10.0,
+        limit_s + 10.0,
       )
     finally:
       await grader.close()

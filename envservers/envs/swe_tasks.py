@@ -70,6 +70,8 @@ class SweTask:
   bug: Edit | None = None
   selected_tests: tuple[str, ...] = ()
   grader: str = "pytest"  # "harbor": tests/test.sh grades (harbor_tasks.py)
+  grade_timeout_s: float | None = None  # the task's own limit of its grading run (Harbor: [verifier] timeout_sec)
+  agent_timeout_s: float | None = None  # the task's own limit of an episode (Harbor: [agent] timeout_sec)
 
 
 def shipped_task_path(task_id: str) -> str | None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import trio
 
+import agentfly_jax
 from agentfly_jax.agents import load_tokenizer, run_rollout
 from agentfly_jax.agents.agent_loops import agent_style
 from agentfly_jax.agents.endpoint_rollout import run_endpoint_rollout
@@ -26,8 +27,10 @@ from agentfly_jax.tasks.lookup import lookup as lookup_tool
 from agentfly_jax.tasks.lookup_agent import LOOKUP_SCHEMA
 
 from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output, lookup_script
+from envservers_helpers import sandbox_unavailable_reason
 
 HARNESS = os.path.join(os.path.dirname(__file__), "harness_lookup_agent.py")
+SANDBOX = "bwrap" if sandbox_unavailable_reason() is None else "off"  # harnesses in bubblewrap where it runs
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,17 @@ def sync_agent(client, row):  # the synchronous openai.OpenAI client, in a worke
 def test_every_agent_style_gives_the_builtin_agents_trajectories(tok, agent, agent_fn, style):
   rows, chains = lookup.make_rows(3, seed=5), 2
   if agent_fn == "harness":  # one process per chain (~3 s of imports each): one chain
-    agent_fn = Task(reward=lookup.code_match, rows=rows, agent_cmd=[sys.executable, HARNESS]).agent_fn
+    # sandboxed: the repository (its agentfly_jax, which the harness imports) shown read-only, PYTHONPATH passed on
+    repo = os.path.dirname(os.path.dirname(agentfly_jax.__file__))
+    task = Task(
+      reward=lookup.code_match,
+      rows=rows,
+      agent_cmd=[sys.executable, HARNESS],
+      agent_mounts=[repo],
+      agent_env=["PYTHONPATH"],
+      agent_sandbox=SANDBOX,
+    )
+    agent_fn = task.agent_fn
     rows, chains = rows[:1], 1
   assert agent_style(agent_fn) == style
   builtin = run_rollout(agent, rows, sampler=ScriptedSampler(lookup_script(tok)), num_chains=chains)
@@ -159,7 +172,12 @@ def test_a_chain_failing_before_any_request_is_visible_and_stops_the_run(tok, ag
 
 
 def test_a_harness_that_exits_before_any_request_names_its_command(tok, agent):
-  task = Task(reward=lookup.code_match, rows=lookup.make_rows(1, 0), agent_cmd=[sys.executable, HARNESS, "--fail"])
+  task = Task(
+    reward=lookup.code_match,
+    rows=lookup.make_rows(1, 0),
+    agent_cmd=[sys.executable, HARNESS, "--fail"],
+    agent_sandbox=SANDBOX,
+  )
   [t] = run_endpoint_rollout(agent, lookup.make_rows(1, 0), task.agent_fn, sampler=ScriptedSampler(lookup_script(tok)))
   assert t.finish_reason == "error" and "exited with status 3; stderr: harness: no config here" in t.error
   with pytest.raises(ValueError, match="Task.agent_cmd=.*program 'no-such-harness-xyz' not found"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 import trio
@@ -92,3 +93,57 @@ def test_shipped_tasks_graded_by_test_sh_through_the_server(tmp_path):
   for name in ("fix-word-count", "csv-column-sum"):
     assert out[name, True][2].reward == 1.0 and out[name, True][2].done, out[name, True][2].observation
   assert out["after"][2].reward == 1.0  # the server served on after the bad row
+
+
+def test_the_task_s_own_timeouts_are_read_and_bad_ones_named(tmp_path):
+  task = harbor_tasks.load_task(os.path.join(harbor_tasks.SHIPPED_DIR, "csv-column-sum"))
+  assert (task.grade_timeout_s, task.agent_timeout_s) == (60.0, 300.0)
+  bad = _copy_task(tmp_path)
+  (bad / "task.toml").write_text('[verifier]\ntimeout_sec = "soon"\n')
+  with pytest.raises(ValueError, match=r"'fix-word-count'.*'verifier.timeout_sec' = 'soon': must be a number"):
+    harbor_tasks.load_task(str(bad))
+  (bad / "task.toml").write_text("agent = 3\n")
+  with pytest.raises(ValueError, match=r"task.toml field 'agent' must be a table"):
+    harbor_tasks.load_task(str(bad))
+
+
+@needs_sandbox
+@pytest.mark.timeout(240)
+def test_the_task_s_verifier_and_agent_timeouts_are_honoured(tmp_path):
+  slow_grade = _copy_task(tmp_path, "fix-word-count")
+  (slow_grade / "task.toml").write_text("[verifier]\ntimeout_sec = 2.0\n")
+  (slow_grade / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 60\necho 1 > /logs/verifier/reward.txt\n")
+  short_agent = _copy_task(tmp_path, "csv-column-sum")
+  (short_agent / "task.toml").write_text("[agent]\ntimeout_sec = 1.5\n")
+  too_long = tmp_path / "too-long"
+  shutil.copytree(os.path.join(harbor_tasks.SHIPPED_DIR, "csv-column-sum"), too_long)
+  (too_long / "task.toml").write_text("[verifier]\ntimeout_sec = 900\n")
+
+  async def main():
+    manager = EnvManager([server.address])
+    out = {}
+    env = await manager.acquire("swe", "slow-grade")
+    await env.reset({"question": "solve", "harbor_task": str(slow_grade)})
+    started = time.monotonic()
+    out["graded"] = await env.step({"action": "submit"})
+    out["grade_s"] = time.monotonic() - started
+    await manager.release("swe", "slow-grade")
+    env = await manager.acquire("swe", "short-agent")
+    await env.reset({"question": "solve", "harbor_task": str(short_agent)})
+    out["before"] = await env.step({"action": "bash", "command": "sleep 3; echo late"})
+    out["after"] = await env.step({"action": "bash", "command": "echo more"})
+    await manager.release("swe", "short-agent")
+    env = await manager.acquire("swe", "too-long")
+    with pytest.raises(Exception, match=r"timeout_sec = 900 is over this env's grade_timeout_s = 120"):
+      await env.reset({"question": "solve", "harbor_task": str(too_long)})
+    await manager.release("swe", "too-long")
+    await manager.aclose()
+    return out
+
+  with running_server("swe=2:0", options=OPTIONS) as server:
+    out = trio.run(main)
+  assert out["graded"].reward == 0.0 and out["graded"].done  # the 60 s test.sh stopped at the task's 2 s
+  assert out["grade_s"] < 30, out["grade_s"]
+  assert "late" not in out["before"].observation  # the command ran under what was left of the 1.5 s
+  assert out["after"].done and "[agent] timeout_sec = 1.5" in out["after"].observation
+  assert out["after"].info.get("agent_timed_out") is True

@@ -55,3 +55,18 @@ def test_segments_of_a_chain_count_once_and_bad_settings_are_named():
     ChainFailureGuard(max_error_share=1.5)
   with pytest.raises(ValueError, match="patience=0: must be an int >= 1"):
     ChainFailureGuard(patience=0)
+
+
+def test_timed_out_chains_are_failed_chains_and_shown():
+  from agentfly_jax.rl.run_log import postfix
+
+  trajs = [_traj(0, 0, "timeout"), _traj(0, 1, "error"), _traj(0, 2, "agent_done"), _traj(0, 3, "agent_done")]
+  share, first, failed, chains = error_share(trajs)
+  assert (share, first is trajs[0], failed, chains) == (0.5, True, 2, 4)
+  guard = ChainFailureGuard(max_error_share=0.25, patience=1)
+  with pytest.raises(ChainsFailedError, match=r"\(2 of 4: 1 finish=error, 1 finish=timeout at this step\)"):
+    guard.check(2, trajs)
+  with pytest.raises(ChainsFailedError, match=r"every chain failed \(1 of 1 finish=timeout\).*chain_timeout_s"):
+    ChainFailureGuard().check(3, trajs[:1])
+  bar = postfix({"rollout/reward_mean": 0.0, "rollout/success_rate": 0.0, "rollout/finish/timeout": 0.25})
+  assert bar["timeout"] == "0.25" and "error" not in bar

@@ -173,3 +173,32 @@ def test_a_task_object_becomes_the_contract():
   a, b = spec.make_rows(50, seed=9), spec.make_rows(50, seed=9)
   assert a == b and len({r["question"] for r in a}) == 5
   assert np.all([isinstance(r, dict) for r in a])
+
+
+def test_reward_only_fields_are_declared_per_task(old_style_module, tmp_path):
+  from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
+
+  # a built-in task's own set; the default where a task declares none
+  assert task_spec(get_task("webshop"), name="webshop").reward_only_fields == (*REWARD_ONLY_FIELDS, "goal")
+  assert task_spec(get_task("multihop_qa")).reward_only_fields[-2:] == ("hops", "supporting_titles")
+  assert task_spec(get_task("lookup")).reward_only_fields == REWARD_ONLY_FIELDS and "answer" in REWARD_ONLY_FIELDS
+  # a user module's global, the config field over it, a Task's argument
+  (tmp_path / "old_style_task.py").write_text(OLD_STYLE_MODULE + '\nREWARD_ONLY_FIELDS = ("answer", "gold")\n')
+  assert build_task(set_custom_task(default_config(), module=old_style_module)).reward_only_fields == ("answer", "gold")
+  flagged = set_custom_task(default_config(), module=old_style_module, reward_only_fields="answer, hint")
+  assert build_task(flagged).reward_only_fields == ("answer", "hint")
+  rows = [{"question": "q", "answer": "a"}]
+  task = Task(reward=lambda prediction, answer: 1.0, rows=rows, reward_only_fields=["answer", "path"])
+  assert task.spec().reward_only_fields == ("answer", "path")
+
+  async def agent_fn(client, row):
+    return ""
+
+  # what a black-box agent is given is part of what the task trains on
+  split = task_fingerprint(Task(reward=task.reward, rows=rows, agent_fn=agent_fn, reward_only_fields=["path"]))
+  assert split != task_fingerprint(Task(reward=task.reward, rows=rows, agent_fn=agent_fn))
+  with pytest.raises(ValueError, match="Task.reward_only_fields: 'question' cannot be reward-only"):
+    Task(reward=task.reward, rows=rows, reward_only_fields=["question"])
+  bad = set_custom_task(default_config(), module=old_style_module, reward_only_fields="answer,question")
+  with pytest.raises(ValueError, match="config.task.reward_only_fields='answer,question': 'question' cannot"):
+    build_task(bad)
