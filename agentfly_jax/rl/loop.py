@@ -131,18 +131,15 @@ def run_step(run: Run, loop: LoopState, step: int, producer=None) -> tuple[LoopS
   if producer is None:
     env_mark = env_usage_mark(p.env_provider)  # the step reports only its own acquires ...
     tools_before = tool_counts(tools)  # ... and its own tool calls (not the last eval's)
-    prefix_mark = stages.prefix_cache_mark(p.sampler)
-    stages.engine_metrics(p.sampler)  # the engine's counters from here: this step's rollout
+    sampler_mark = stages.sampler_mark(p.sampler)
     trajs = rollout_step(run, loop.data_position, step)
-    rollout_metrics = stages.prefix_cache_metrics(p.sampler, prefix_mark)  # sampler/prefix_*
-    rollout_metrics.update(stages.engine_metrics(p.sampler))  # sampler/slot_occupancy, kv_pages_*, ...
+    rollout_metrics = stages.sampler_metrics(p.sampler, sampler_mark)  # sampler/prefix_*, slot_occupancy, ...
     stages.release_prefix_cache(p.sampler)  # stale after this step's update; frees memory for it
   else:
     from agentfly_jax.rl.async_rollout import staleness_metrics
 
     env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
-    batch = producer.get(step)
-    trajs = batch.trajectories
+    trajs = (batch := producer.get(step)).trajectories
     rollout_metrics = partial_rollout.batch_metrics(producer, batch, step, spec, staleness_metrics)  # async/*
     rollout_metrics.update(stages.engine_metrics(p.sampler))  # the engine's work since the last step
   t_rollout = time.perf_counter()

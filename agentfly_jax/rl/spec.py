@@ -131,7 +131,7 @@ class MeshSection(Section):
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(Section):
   NAME: ClassVar[str] = "rollout"
-  sampler: str = "jax"  # a registered sampler (sampling/registry.py): jax | vllm | ...
+  sampler: str = "jax"  # a registered sampler (sampling/registry.py): jax (the paged engine) | jax_static | vllm | ...
   rows_per_step: int = 8
   num_chains: int = 8
   max_turns: int = 3
@@ -146,11 +146,11 @@ class RolloutSection(Section):
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
   partial: bool = False  # async: chains span policy versions, groups carry over steps (rl/partial_rollout.py)
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
-  prefix_cache_tokens: int = 0  # JAX sampler: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
-  kv_page_size: int = 16  # jax_paged: tokens per KV page (sampling/engine)
-  kv_cache_gib: float = 0.0  # jax_paged: the paged cache's budget; 0 = every slot can hold max_len tokens at once
-  decode_steps: int = 4  # jax_paged: decode steps per device call (admission and retirement between calls)
-  weight_update: str = "drain"  # jax_paged: rows in flight at a weight update: drain (old weights) | recompute
+  prefix_cache_tokens: int = 0  # jax_static: keys/values kept across turns, in tokens (0 = off; prefix_cache.py)
+  kv_page_size: int = 16  # jax: tokens per KV page (sampling/engine; whole-page prefixes shared across turns)
+  kv_cache_gib: float = 1.0  # jax: the paged cache's budget (at most what every slot at max_len needs); 0 = that
+  decode_steps: int = 4  # jax: decode steps per device call (admission and retirement between calls)
+  weight_update: str = "drain"  # jax: rows in flight at a weight update: drain (old weights) | recompute
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
@@ -421,7 +421,7 @@ class RunSpec:
     if self.algo not in ALGORITHMS:
       fail("algo", self.algo, f"unknown algorithm; known: {sorted(ALGORITHMS)}")
     self._check_task()
-    if self.mesh.sampler_devices and self.rollout.sampler != "jax":
+    if self.mesh.sampler_devices and self.rollout.sampler not in ("jax", "jax_static"):
       fail(
         "mesh.sampler_devices",
         self.mesh.sampler_devices,

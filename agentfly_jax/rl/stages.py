@@ -190,25 +190,28 @@ class SamplerWeights:
     return stats
 
 
-def prefix_cache_mark(sampler):
-  """A snapshot of the sampler's prefix-cache counters (None: it has no prefix cache)."""
+def sampler_mark(sampler):
+  """A snapshot of the sampler's prefix-cache counters (None: it has no prefix cache); a continuous-batching
+  engine's counters restart here (`engine_metrics`)."""
+  engine_metrics(sampler)
   store = getattr(sampler, "prefix_store", None)
   return None if store is None else dataclasses.replace(store.stats)
 
 
-def prefix_cache_metrics(sampler, mark) -> dict[str, float]:
-  """The prefix cache's work since `mark` (prefix_cache_mark): sampler/prefilled_tokens, the
-  prompt tokens whose keys / values were computed, and sampler/prefix_reused_frac, the share of
-  prompt tokens reused from earlier calls ({} without a prefix cache)."""
+def sampler_metrics(sampler, mark) -> dict[str, float]:
+  """The sampler's work since `mark` (sampler_mark): the engine's (`engine_metrics`) and the prefix cache's,
+  sampler/prefilled_tokens, the prompt tokens whose keys / values were computed, and sampler/prefix_reused_frac,
+  the share of prompt tokens reused from earlier calls ({} without either)."""
+  out = engine_metrics(sampler)
   store = getattr(sampler, "prefix_store", None)
   if store is None or mark is None:
-    return {}
+    return out
   prefilled = store.stats.prefilled_tokens - mark.prefilled_tokens
   reused = store.stats.reused_tokens - mark.reused_tokens
-  return {
-    "sampler/prefilled_tokens": float(prefilled),
-    "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1),
-  }
+  out.update(
+    {"sampler/prefilled_tokens": float(prefilled), "sampler/prefix_reused_frac": reused / max(prefilled + reused, 1)}
+  )
+  return out
 
 
 def engine_metrics(sampler) -> dict[str, float]:

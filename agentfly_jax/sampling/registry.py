@@ -1,7 +1,7 @@
 """Samplers by name (`config.rollout.sampler`): a builder per name, from one `SamplerRequest`.
 
     register_sampler("mine", build_mine)     # build_mine(request) -> SamplerBuild
-    sampler_names()                          # ("jax", "vllm", "mine")
+    sampler_names()                          # ("jax", "jax_static", "vllm", "mine")
     build = build_sampler("jax", request)    # build.sampler, build.model_dir
 
 The run config's `rollout.sampler` is checked against `sampler_names()`, so a registered sampler
@@ -42,8 +42,8 @@ class SamplerRequest:
   pretrained: str = ""
   lora: Any = None
   engine: dict = dataclasses.field(default_factory=dict)
-  prefix_cache_tokens: int = 0  # the JAX sampler's multi-turn prefix cache (0 = off)
-  paged: dict = dataclasses.field(default_factory=dict)  # jax_paged: page_size, kv_cache_gib, decode_steps, ...
+  prefix_cache_tokens: int = 0  # jax_static's multi-turn prefix cache (0 = off; the engine always shares pages)
+  paged: dict = dataclasses.field(default_factory=dict)  # jax (the engine): page_size, kv_cache_gib, decode_steps, ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +108,8 @@ def build_vllm_sampler(r: SamplerRequest) -> SamplerBuild:
 
 
 _SAMPLERS: dict[str, Callable[[SamplerRequest], SamplerBuild]] = {
-  "jax": build_jax_sampler,
-  "jax_paged": build_paged_sampler,
+  "jax": build_paged_sampler,  # the continuous-batching engine over a paged KV cache (sampling/engine)
+  "jax_static": build_jax_sampler,  # one padded batch per call, run to its slowest row (sampling/jax_sampler.py)
   "vllm": build_vllm_sampler,
 }
 

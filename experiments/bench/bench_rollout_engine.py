@@ -1,5 +1,6 @@
-"""Rollout-engine benchmark: an agentic multi-turn workload through the static JAX sampler, the paged
-continuous-batching JAX engine, vLLM's AsyncLLM driven request by request, and the project's VllmSampler.
+"""Rollout-engine benchmark: an agentic multi-turn workload through the static JAX sampler (`jax_static`), the
+paged continuous-batching JAX engine (`jax`), vLLM's AsyncLLM driven request by request (`vllm_async`), and the
+project's VllmSampler (`vllm`).
 
     .venv/bin/python experiments/bench/bench_rollout_engine.py [--models=tiny,smollm2 --chains=32,64 --rounds=3]
 
@@ -30,7 +31,7 @@ from bench_common import RESULTS_DIR, WorkerProcess, cpu_name, load_note
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny (the demo's warm-start policy) and/or smollm2")
-flags.DEFINE_list("engines", ["jax", "jax_paged", "vllm_async", "vllm"], "engines to time")
+flags.DEFINE_list("engines", ["jax_static", "jax", "vllm_async", "vllm"], "engines to time")
 flags.DEFINE_list("chains", ["32", "64"], "chains per agentic workload")
 flags.DEFINE_integer("turns", 4, "turns per chain")
 flags.DEFINE_bool("grpo", True, "also the GRPO case (8 chains a prompt) at the first chain count")
@@ -164,11 +165,11 @@ def _build(model: str, engine: str, max_len: int, slots: int):
     return _AsyncLLMEngine(folder, max_len, slots), folder
   from agentfly_jax.models import from_pretrained
 
-  if engine == "jax":
+  if engine == "jax_static":
     from agentfly_jax.sampling import JaxSampler
 
     return _TrioEngine(JaxSampler(from_pretrained(folder), max_batch_size=slots, max_len=max_len)), folder
-  if engine == "jax_paged":
+  if engine == "jax":
     from agentfly_jax.sampling.engine import PagedJaxSampler
 
     sampler = PagedJaxSampler(from_pretrained(folder), num_slots=slots, max_len=max_len)
@@ -283,18 +284,18 @@ def table(results: dict) -> str:
   rows = results["rows"]
   for row in rows:
     paged = next(
-      (x for x in rows if x["engine"] == "jax_paged" and all(x[k] == row[k] for k in ("model", "case", "chains"))),
+      (x for x in rows if x["engine"] == "jax" and all(x[k] == row[k] for k in ("model", "case", "chains"))),
       None,
     )
     ratio = ""
-    if paged is not None and row["engine"] != "jax_paged":
+    if paged is not None and row["engine"] != "jax":
       ratio = ", ".join(f"{a / b:.2f}x" for a, b in zip(row["walls_s"], paged["walls_s"]))
     walls = ", ".join(f"{w:.1f}" for w in row["walls_s"])
     lines.append(
       f"| {row['model']} | {row['case']} | {row['chains']} | {row['engine']} | {row['wall_s_median']:.1f} | {walls} "
       f"| {row['tokens']} | {row['warm_s']:.0f} | {ratio} |"
     )
-  paged_rows = [r for r in rows if r["engine"] == "jax_paged"]
+  paged_rows = [r for r in rows if r["engine"] == "jax"]
   if paged_rows:
     lines += [
       "",

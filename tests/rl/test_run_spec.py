@@ -40,7 +40,7 @@ def _with(field, value):
     ("model.lora.rank", -1, "integer >= 0"),
     ("mesh.fsdp", 0, "integer >= 1"),
     ("rollout.mode", "batch", "'sync' or 'async'"),
-    ("rollout.sampler", "sglang", "registered: ['jax', 'jax_paged', 'vllm'"),
+    ("rollout.sampler", "sglang", "registered: ['jax', 'jax_static', 'vllm'"),
     ("rollout.temperature", -0.5, ">= 0"),
     ("rollout.max_staleness", 1.5, "an integer"),
     ("rollout.prefix_cache_tokens", -1, "integer >= 0"),

@@ -41,8 +41,9 @@ class PagedJaxSampler(JaxSampler):
     num_slots: decode rows run together (requests beyond wait in the queue).
     max_len: a sequence's context (prompt + new tokens).
     page_size: tokens per page.
-    kv_cache_pages / kv_cache_gib: the cache's size, in pages or GiB (one of them; neither: every slot can
-      hold max_len tokens at once, so nothing is ever preempted). Page 0 is the sink.
+    kv_cache_pages / kv_cache_gib: the cache's size, in pages, or a budget in GiB (capped at what every slot at
+      max_len needs); neither: every slot can hold max_len tokens at once, so nothing is ever preempted. Page 0
+      is the sink.
     prefill_tokens / prefill_chunks: a prefill call's token budget and its chunk lengths (each chunk one shape:
       prefill_tokens // chunk rows of chunk tokens; the engine picks the one that writes the most tokens).
     decode_batches: decode batch sizes (default: powers of two up to num_slots; the running rows are packed
@@ -113,7 +114,13 @@ class PagedJaxSampler(JaxSampler):
     if kv_cache_gib is not None:
       import jax.numpy as jnp
 
-      kv_cache_pages = pages_for_budget(kv_cache_gib, cfg, page_size, jnp.dtype(cfg.compute_dtype).itemsize)
+      budget = pages_for_budget(kv_cache_gib, cfg, page_size, jnp.dtype(cfg.compute_dtype).itemsize)
+      if budget < max_pages + 1:
+        raise ValueError(
+          f"PagedJaxSampler: kv_cache_gib={kv_cache_gib} holds {budget} pages of {page_size} tokens; one sequence "
+          f"of max_len={self.max_len} needs {max_pages} (+ the sink page): raise kv_cache_gib or lower max_len"
+        )
+      kv_cache_pages = min(budget, num_slots * max_pages + 1)  # never more than every slot at max_len needs
     if kv_cache_pages is None:
       kv_cache_pages = num_slots * max_pages + 1
     if kv_cache_pages < 2:
