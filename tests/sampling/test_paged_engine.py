@@ -240,6 +240,28 @@ def test_bad_requests_are_refused_clearly_and_lose_nothing(model):
   assert ok.token_ids == reference_greedy(model, [1, 2, 3], 4)
 
 
+def test_a_failed_program_fails_its_requests_and_the_engine_serves_on(model):
+  sampler = PagedJaxSampler(model, num_slots=2, **ENGINE)
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=5)
+  sampler.generate([[4, 5, 6, 7, 8, 9]], greedy)  # cached pages from before the failure
+  real, calls = sampler.engine._run_prefill, []
+
+  def flaky(*args):
+    calls.append(1)
+    if len(calls) == 1:
+      raise RuntimeError("device lost")
+    return real(*args)
+
+  sampler.engine._run_prefill = flaky
+  with pytest.raises(RuntimeError, match="device lost"):
+    sampler.generate([[1, 2, 3], [3, 2, 1]], greedy)
+  got = sampler.generate([[4, 5, 6, 7, 8, 9, 10]], greedy)[0]  # its old pages are gone with the cache
+  assert got.token_ids == reference_greedy(model, [4, 5, 6, 7, 8, 9, 10], 5)
+  sampler.engine.wait_idle()
+  sampler.engine.pool.check()
+  assert sampler.engine.pool.in_use() == 0
+
+
 @pytest.mark.slow
 @pytest.mark.eight_devices("sampler_sharding")
 def test_params_sharded_on_an_8_device_mesh(eight_device_check):

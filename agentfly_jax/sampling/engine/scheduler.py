@@ -267,7 +267,8 @@ class Engine:
           self._step()
       except BaseException as e:  # a failed program: every request in flight gets the error, the engine lives
         self._fail_all(e)
-        self._cache = None
+        self._cache = None  # rebuilt (zeros) at the next step: no cached page holds its keys any more
+        self.pool.invalidate()
       with self._lock:
         self._lock.notify_all()
 
