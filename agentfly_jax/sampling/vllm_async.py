@@ -162,6 +162,12 @@ class AsyncEngine:
       finally:
         self._open.set()
 
+  def run(self, fn: Callable[[Any], Awaitable[Any]], timeout: float | None = None) -> Any:
+    """Blocking: `await fn(async_llm)` on the loop, beside the sampler's requests (no gate);
+    e.g. `engine.run(lambda llm: drive_requests(llm, requests))`."""
+    self._check_open()
+    return self._call(fn(self._llm), timeout=timeout)
+
   def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list:
     """Blocking: `AsyncLLM.collective_rpc` with admission paused (one result per worker)."""
 
@@ -242,6 +248,17 @@ async def wait_in_trio(future: concurrent.futures.Future) -> Any:
   return future.result()
 
 
+async def generate_one(llm: Any, prompt_ids: Sequence[int], params: Any, request_id: str, **kwargs) -> Any:
+  """One request on a bare `AsyncLLM` (from its loop): its final RequestOutput."""
+  from vllm.inputs import TokensPrompt
+
+  final = None
+  prompt = TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids])
+  async for out in llm.generate(prompt, params, request_id=request_id, **kwargs):
+    final = out
+  return final
+
+
 async def drive_requests(
   llm: Any, requests: Sequence[tuple[Sequence[int], Any]], *, start_times: Sequence[float] | None = None
 ) -> list[dict]:
@@ -249,7 +266,8 @@ async def drive_requests(
   of feeding vLLM: every request admitted at the engine's next step).
 
   Args:
-    llm: a running `vllm.v1.engine.async_llm.AsyncLLM` (call from its own loop).
+    llm: a running `vllm.v1.engine.async_llm.AsyncLLM` (call from its own loop, e.g. through
+      `AsyncEngine.run`).
     requests: (prompt token ids, vllm.SamplingParams) each.
     start_times: optional seconds after the call at which each request is submitted (a
       workload's arrival times); default all at once.
@@ -257,22 +275,19 @@ async def drive_requests(
     One dict per request, in order: {"output": final RequestOutput, "submitted_s",
     "finished_s"} (seconds since the call).
   """
-  from vllm.inputs import TokensPrompt
-
   if start_times is not None and len(start_times) != len(requests):
     raise ValueError(f"drive_requests: {len(start_times)} start_times for {len(requests)} requests")
   t0 = time.perf_counter()
-  prefix = f"drive-{id(requests)}-"
+  prefix = f"drive-{next(_DRIVE_IDS)}-"
 
   async def one(i: int, prompt_ids, params) -> dict:
     if start_times is not None:
       await asyncio.sleep(max(0.0, float(start_times[i]) - (time.perf_counter() - t0)))
     submitted = time.perf_counter() - t0
-    final = None
-    async for out in llm.generate(
-      TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids]), params, request_id=f"{prefix}{i}"
-    ):
-      final = out
-    return {"output": final, "submitted_s": submitted, "finished_s": time.perf_counter() - t0}
+    output = await generate_one(llm, prompt_ids, params, f"{prefix}{i}")
+    return {"output": output, "submitted_s": submitted, "finished_s": time.perf_counter() - t0}
 
   return list(await asyncio.gather(*(one(i, p, s) for i, (p, s) in enumerate(requests))))
+
+
+_DRIVE_IDS = itertools.count()

@@ -186,3 +186,21 @@ def test_close_leaves_no_engine_process(tmp_path):
   assert not thread.is_alive()
   with pytest.raises(RuntimeError, match="closed"):
     sampler.generate(PROMPTS[:1], greedy(3))
+
+
+def test_drive_requests_feeds_a_bare_async_llm(setup):
+  """The benchmark reference: vLLM's AsyncLLM fed request by request at given arrival times."""
+  from agentfly_jax.sampling.vllm_async import drive_requests
+
+  sampler, model_a, _ = setup
+  _load(sampler, model_a)
+  params = [greedy(MAX_LEN - 16), greedy(4), greedy(6)]
+  want = [r.token_ids for r in sampler.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], params)]
+  engine_params = sampler._engine_params_list([PROMPTS[1], PROMPTS[0], PROMPTS[2]], params)
+  requests = list(zip([PROMPTS[1], PROMPTS[0], PROMPTS[2]], engine_params))
+  runs = sampler.engine.run(lambda llm: drive_requests(llm, requests, start_times=[0.0, 0.2, 0.2]))
+  assert [list(r["output"].outputs[0].token_ids) for r in runs] == want
+  assert runs[1]["submitted_s"] >= 0.2 and runs[2]["submitted_s"] >= 0.2
+  assert runs[1]["finished_s"] < runs[0]["finished_s"]  # admitted beside the long one
+  with pytest.raises(ValueError, match="2 start_times for 3 requests"):
+    sampler.engine.run(lambda llm: drive_requests(llm, requests, start_times=[0.0, 0.1]))
