@@ -124,7 +124,8 @@ class VllmSampler:
     import vllm
 
     self._vllm = vllm
-    llm_kwargs.setdefault("distributed_executor_backend", "uni")
+    if self.in_process:
+      llm_kwargs.setdefault("distributed_executor_backend", "uni")
     self.lora = lora
     self._lora_request = None
     self._lora_dirs: list[str] = []
