@@ -17,12 +17,13 @@ Two engines (`engine=`):
   request never waits for a long one that started before it. `generate` submits its prompts the
   same way and blocks. `update_weights` closes admission, waits for the requests in flight to
   finish (on the old weights), loads, and reopens: requests submitted meanwhile run on the new
-  weights. AsyncLLM's engine core is a child process, so weights travel as one safetensors blob.
+  weights. AsyncLLM's engine core is a child process, so weights travel as one safetensors file
+  on /dev/shm (see `vllm_sync`).
 * "batch": the synchronous `vllm.LLM`; concurrent `agenerate` calls are gathered into batches
   (`BatchingScheduler`), and a request that arrives while a batch runs waits for all of it. Its
   engine core runs in this process by default (`in_process=True`, which sets
   `VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weight sync hands vLLM DLPack views of the JAX arrays.
-  `in_process=False` keeps vLLM's engine process and syncs through safetensors bytes.
+  `in_process=False` keeps vLLM's engine process and syncs as the async engine does.
 
 A child engine process needs an `if __name__ == "__main__":` guard in scripts. On CPU vLLM needs
 head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE` (set from `kv_cache_gib`).
@@ -30,10 +31,12 @@ head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE` (set fr
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,6 +50,16 @@ from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 _ENGINES = ("async", "batch")
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_samplers() -> None:
+  for sampler in list(_LIVE):
+    try:
+      sampler.close()
+    except Exception:  # one failed shutdown must not stop the others
+      pass
 
 
 def _only_adapters(params) -> bool:
@@ -142,6 +155,7 @@ class VllmSampler:
       logprobs_mode="processed_logprobs",
       **llm_kwargs,
     )
+    _LIVE.add(self)  # closed at exit if nobody else closes it (engine processes, LoRA folders)
     self._seed_rng = np.random.default_rng(seed)
     self._lock = threading.Lock()  # batch: one generate / update at a time
     self._seed_lock = threading.Lock()  # the seed draws (callers on several threads)
@@ -197,8 +211,27 @@ class VllmSampler:
     if self.lora is not None and _only_adapters(params):
       nbytes = self._load_adapters(params)
       return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start, path="lora_request")
-    payload = list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process else vllm_sync.safetensors_blob(params)
+    if self.in_process:
+      payload = list(vllm_sync.iter_hf_torch_tensors(params))
+      nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload)
+    else:  # a tmpfs file where there is one, else the bytes (see vllm_sync)
+      payload = vllm_sync.safetensors_file(params) or vllm_sync.safetensors_blob(params)
+      nbytes = os.path.getsize(payload) if isinstance(payload, str) else len(payload)
     args = (payload, refresh_tied_lm_head, packed_cpu_path)
+    try:
+      reports = self._load_weights(args)
+    finally:
+      if isinstance(payload, str):
+        os.unlink(payload)
+    return SyncStats(
+      bytes=nbytes, seconds=time.perf_counter() - start, path="+".join(sorted({r["path"] for r in reports}))
+    )  # one report per worker
+
+  def _load_weights(self, args: tuple) -> list[dict]:
+    """Runs `vllm_sync.reload_worker_weights(worker, *args)` on every worker with no request in
+    flight, then drops the prefix cache; one report per worker."""
+    from agentfly_jax.sampling import vllm_sync
+
     if self.engine is not None:
 
       async def load(llm):
@@ -206,15 +239,11 @@ class VllmSampler:
         await llm.reset_prefix_cache()
         return reports
 
-      reports = self.engine.exclusive(load)
-    else:
-      with self._lock:
-        reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=args)
-        self.llm.reset_prefix_cache()
-    nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process else len(payload)
-    return SyncStats(
-      bytes=nbytes, seconds=time.perf_counter() - start, path="+".join(sorted({r["path"] for r in reports}))
-    )  # one report per worker
+      return self.engine.exclusive(load)
+    with self._lock:
+      reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=args)
+      self.llm.reset_prefix_cache()
+    return reports
 
   def _load_adapters(self, adapters) -> int:
     """Writes the adapters as a PEFT folder and makes it the LoRA of every later request (a new
@@ -256,6 +285,7 @@ class VllmSampler:
     and loop thread). Idempotent."""
     import shutil
 
+    _LIVE.discard(self)
     for folder in getattr(self, "_lora_dirs", []):
       shutil.rmtree(folder, ignore_errors=True)
     engine, self.engine = getattr(self, "engine", None), None

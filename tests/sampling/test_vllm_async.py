@@ -6,6 +6,7 @@ close() leaves no engine process behind."""
 
 import time
 
+import jax
 import psutil
 import pytest
 import trio
@@ -204,3 +205,35 @@ def test_drive_requests_feeds_a_bare_async_llm(setup):
   assert runs[1]["finished_s"] < runs[0]["finished_s"]  # admitted beside the long one
   with pytest.raises(ValueError, match="2 start_times for 3 requests"):
     sampler.engine.run(lambda llm: drive_requests(llm, requests, start_times=[0.0, 0.1]))
+
+
+def test_weights_travel_as_a_tmpfs_file_or_as_bytes(setup, monkeypatch, tmp_path):
+  """The child engine gets a safetensors file's path (removed after the load); with no tmpfs
+  folder, the bytes themselves. Either way the engine ends up with the new weights."""
+  from agentfly_jax.sampling import vllm_sync
+
+  sampler, model_a, model_b = setup
+  _load(sampler, model_b)
+  want_b = [r.token_ids for r in sampler.generate(PROMPTS, greedy(12))]
+  _load(sampler, model_a)
+  assert [r.token_ids for r in sampler.generate(PROMPTS, greedy(12))] != want_b
+  files = []
+  make_file = vllm_sync.safetensors_file
+
+  def recording(params, folder=None):
+    files.append(make_file(params, str(tmp_path)))
+    return files[-1]
+
+  monkeypatch.setattr(vllm_sync, "safetensors_file", recording)
+  stats = sampler.update_weights(nnx.state(model_b, nnx.Param))
+  assert len(files) == 1 and files[0].startswith(str(tmp_path)) and files[0].endswith(".safetensors")
+  assert not list(tmp_path.iterdir())  # removed after the load
+  assert stats.bytes >= sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model_b, nnx.Param)))  # float32
+  assert [r.token_ids for r in sampler.generate(PROMPTS, greedy(12))] == want_b
+
+  monkeypatch.setattr(vllm_sync, "safetensors_file", make_file)
+  _load(sampler, model_a)
+  monkeypatch.setattr(vllm_sync, "SHM_DIR", str(tmp_path / "missing"))
+  assert vllm_sync.safetensors_file(nnx.state(model_b, nnx.Param)) is None
+  assert sampler.update_weights(nnx.state(model_b, nnx.Param)).path == "packed"
+  assert [r.token_ids for r in sampler.generate(PROMPTS, greedy(12))] == want_b
