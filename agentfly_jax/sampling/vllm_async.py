@@ -245,6 +245,8 @@ async def wait_in_trio(future: concurrent.futures.Future) -> Any:
   except BaseException:
     future.cancel()
     raise
+  if future.cancelled():  # not by this task: the engine was closed under it
+    raise RuntimeError("AsyncEngine: the request was cancelled on the engine's side (engine closed)")
   return future.result()
 
 

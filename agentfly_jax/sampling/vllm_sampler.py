@@ -53,6 +53,14 @@ _ENGINES = ("async", "batch")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
+def _remove_folders(folders: list[str]) -> None:
+  import shutil
+
+  for folder in folders:
+    shutil.rmtree(folder, ignore_errors=True)
+  folders.clear()
+
+
 @atexit.register
 def _close_live_samplers() -> None:
   for sampler in list(_LIVE):
@@ -142,6 +150,8 @@ class VllmSampler:
     self.lora = lora
     self._lora_request = None
     self._lora_dirs: list[str] = []
+    # the adapter folders go with the sampler even if it is dropped unclosed, or at exit
+    self._remove_lora_dirs = weakref.finalize(self, _remove_folders, self._lora_dirs)
     if lora is not None:
       llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in _VLLM_LORA_RANKS if r >= lora.rank))
     engine_args = dict(
@@ -283,11 +293,9 @@ class VllmSampler:
   def close(self) -> None:
     """Shuts the engine down (frees its KV cache and worker; the async engine's child process
     and loop thread). Idempotent."""
-    import shutil
-
     _LIVE.discard(self)
-    for folder in getattr(self, "_lora_dirs", []):
-      shutil.rmtree(folder, ignore_errors=True)
+    if hasattr(self, "_remove_lora_dirs"):
+      self._remove_lora_dirs()
     engine, self.engine = getattr(self, "engine", None), None
     if engine is not None:
       engine.close()

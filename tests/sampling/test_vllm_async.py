@@ -177,14 +177,32 @@ def test_bad_requests_are_refused_before_the_engine(setup):
 def test_close_leaves_no_engine_process(tmp_path):
   save_pretrained(make_model("qwen2", seed=3, vocab_size=VOCAB), str(tmp_path))
   before = {p.pid for p in psutil.Process().children(recursive=True)}
-  with VllmSampler(str(tmp_path), max_model_len=128, max_num_seqs=4) as sampler:
+  with VllmSampler(str(tmp_path), max_model_len=MAX_LEN, max_num_seqs=4) as sampler:
     engine_procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert engine_procs, "the async engine should run its core in a child process"
     assert len(sampler.generate(PROMPTS[:2], greedy(3))[1].token_ids) == 3
-    thread = sampler.engine._thread
+    engine = sampler.engine
+    errors = []
+
+    async def main():  # closed under a waiting caller: it gets an error, not a hang
+      async def waiting():
+        try:
+          await sampler.agenerate(PROMPTS[0], greedy(MAX_LEN - 16))
+        except RuntimeError as e:
+          errors.append(str(e))
+
+      with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+          nursery.start_soon(waiting)
+          while engine.in_flight == 0:
+            await trio.sleep(0.001)
+          await trio.to_thread.run_sync(sampler.close)
+
+    trio.run(main)
+    assert len(errors) == 1 and "engine closed" in errors[0]
   gone, alive = psutil.wait_procs(engine_procs, timeout=30)
   assert not alive, f"engine processes left behind: {alive}"
-  assert not thread.is_alive()
+  assert not engine._thread.is_alive()
   with pytest.raises(RuntimeError, match="closed"):
     sampler.generate(PROMPTS[:1], greedy(3))
 
