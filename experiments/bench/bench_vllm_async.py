@@ -1,6 +1,6 @@
 """The vLLM sampler's two engines side by side: AsyncLLM request by request vs `vllm.LLM` batches.
 
-  .venv/bin/python experiments/bench/bench_vllm_async.py [--layers=4] [--rounds=3] [--chains=16]
+  .venv/bin/python experiments/bench/bench_vllm_async.py [--layers=4] [--rounds=3] [--chains=32]
   -> experiments/results/bench_vllm_async.{json,md}
 
 One random-init model of SmolLM2-135M's shapes (`--layers` of its 30 decoder layers), float32, on
@@ -35,8 +35,8 @@ from absl import app, flags  # noqa: E402
 
 _LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers of the SmolLM2-shaped model.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed rounds per engine (after one warm-up each).")
-_CHAINS = flags.DEFINE_integer("chains", 16, "Chains in the agentic workload.")
-_TURNS = flags.DEFINE_integer("turns", 3, "Turns per chain.")
+_CHAINS = flags.DEFINE_integer("chains", 32, "Chains in the agentic workload.")
+_TURNS = flags.DEFINE_integer("turns", 4, "Turns per chain.")
 _LONG = flags.DEFINE_integer("long_tokens", 96, "Tokens of a long turn / the long request.")
 _SHORT = flags.DEFINE_integer("short_tokens", 8, "Tokens of a short turn / the short request.")
 _LATENCY_LONG = flags.DEFINE_integer("latency_long_tokens", 256, "Tokens of part 1's long request.")
