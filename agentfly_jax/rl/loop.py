@@ -13,9 +13,9 @@ target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift
 metrics; epochs x minibatches of `train_step`; metrics fetched once) -> `sync` (the sampler's
 weights) -> (evaluate) -> metrics (rl/run_log.py; process 0) -> checkpoint (rl/checkpoints.py).
 
-What changes from step to step is the `LoopState`; what does not is the `Run` (rl/run.py). Async
-runs take each step's batch from a producer thread (rl/async_rollout.py, rl/partial_rollout.py).
-Step counters (tool calls, env acquires) are differences of snapshots taken before the rollout.
+What changes from step to step is the `LoopState`; what does not is the `Run` (rl/run.py). Every mode takes
+each step's batch from one rollout stream (rl/rollout_stream.py): staleness 0 in this thread (sync), or a
+producer thread (async, partial); step counters (tool calls, env acquires) are differences of snapshots.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from agentfly_jax.envs.pool_metrics import env_pool_metrics, env_usage_mark
+from agentfly_jax.envs.pool_metrics import env_pool_metrics
 from agentfly_jax.metrics import read_jsonl, truncate_jsonl
-from agentfly_jax.rl import checkpoints, distributed, partial_rollout, run_log, stages, throughput
+from agentfly_jax.rl import checkpoints, distributed, run_log, stages, throughput
 from agentfly_jax.rl.chain_failures import ChainFailureGuard
 from agentfly_jax.rl.evaluation import evaluate
-from agentfly_jax.rl.run import Run, new_state, open_run, rollout, rows_at
+from agentfly_jax.rl.rollout_stream import open_stream
+from agentfly_jax.rl.run import Run, new_state, open_run
 from agentfly_jax.rl.sft_cache import sft_params
 from agentfly_jax.rl.turn_rewards import needs_turn_arrays
 from agentfly_jax.tools.limits import tool_counts, tool_metrics
@@ -69,11 +69,10 @@ def train_run(run: Run, *, before_step: Callable[[int], None] | None = None) -> 
     run_log.write_run_record(run)
   loop, start = start_loop(run)
   loop.tools_seen = tool_counts(run.parts.agent.tools.values())  # counts start with the run's own rollouts
-  producer = start_sampling(run, loop, start)
+  stream = open_stream(run, loop, start)
   writer = run_log.open_writers(run.spec, run.workdir) if primary else None
-  loop = run_steps(run, loop, start, producer, writer, before_step)
-  if producer is not None:
-    producer.close()
+  loop = run_steps(run, loop, start, stream, writer, before_step)
+  stream.close()
   run.checkpointer.wait()
   distributed.barrier("train_done")
   if not primary:
@@ -116,32 +115,14 @@ def start_loop(run: Run) -> tuple[LoopState, int]:
   return LoopState(state, ref_params, 0, **counters), 0
 
 
-def rollout_step(run: Run, position: int, step: int) -> list:
-  """The trajectories of step `step`, whose rows start at data position `position`."""
-  rows = rows_at(run, position, run.spec.rollout.rows_per_step)
-  return rollout(run, rows, seed=run.spec.seed * 1_000_003 + step)
-
-
-def run_step(run: Run, loop: LoopState, step: int, producer=None) -> tuple[LoopState, dict]:
-  """One RL step: rollout (or the async producer's batch), prepare, update, weight sync / publish,
-  (eval). Returns the new loop state + metrics."""
+def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, dict]:
+  """One RL step: the stream's batch (rl/rollout_stream.py: sync, async or partial), prepare, update,
+  the new weights published, (eval). Returns the new loop state + metrics."""
   spec, p = run.spec, run.parts
   t0 = time.perf_counter()
   tools = p.agent.tools.values()
-  if producer is None:
-    env_mark = env_usage_mark(p.env_provider)  # the step reports only its own acquires ...
-    tools_before = tool_counts(tools)  # ... and its own tool calls (not the last eval's)
-    sampler_mark = stages.sampler_mark(p.sampler)
-    trajs = rollout_step(run, loop.data_position, step)
-    rollout_metrics = stages.sampler_metrics(p.sampler, sampler_mark)  # sampler/prefix_*, slot_occupancy, ...
-    stages.release_prefix_cache(p.sampler)  # stale after this step's update; frees memory for it
-  else:
-    from agentfly_jax.rl.async_rollout import staleness_metrics
-
-    env_mark, tools_before = None, loop.tools_seen  # the producer's rollouts since the last step
-    trajs = (batch := producer.get(step)).trajectories
-    rollout_metrics = partial_rollout.batch_metrics(producer, batch, step, spec, staleness_metrics)  # async/*
-    rollout_metrics.update(stages.engine_metrics(p.sampler))  # the engine's work since the last step
+  got = stream.get(step, loop)
+  trajs = got.trajectories
   t_rollout = time.perf_counter()
   loop.chain_guard.check(step, trajs)  # every chain failed, or too many for too long: ChainsFailedError
   tools_seen = tool_counts(tools)
@@ -153,17 +134,14 @@ def run_step(run: Run, loop: LoopState, step: int, producer=None) -> tuple[LoopS
     cut_turn_penalty=spec.dapo.cut_turn_penalty,  # a chain cut at max_tokens_per_turn scores below a wrong answer
     turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
   )
-  arrays = partial_rollout.after_prepare(arrays, trajs, step, spec, metrics)  # partial: stale turns leave the loss
+  arrays = stream.after_prepare(arrays, trajs, step, metrics)  # partial: stale turns leave the loss
   metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
-  metrics.update(tool_metrics(tools, since=tools_before))  # tools/<name>/calls, errors, wait_s
-  metrics.update(rollout_metrics)
+  metrics.update(tool_metrics(tools, since=got.tools_before))  # tools/<name>/calls, errors, wait_s
+  metrics.update(got.metrics)  # sampler/*, async/*
   state, update_metrics = stages.update(run.update, loop.state, loop.ref_params, arrays, step)
   metrics.update(update_metrics)
   t_train = time.perf_counter()
-  if producer is None:
-    sync_metrics = stages.sync(run.weights, state.params)
-  else:
-    producer.publish(step, state.params)
+  sync_metrics = stream.publish(step, state.params)  # sync: loaded now; async: before the producer's next batch
   t_sync = time.perf_counter()
   if spec.eval.every and step % spec.eval.every == 0:
     metrics.update(evaluate(run, state.params, seed=spec.seed))
@@ -176,51 +154,25 @@ def run_step(run: Run, loop: LoopState, step: int, producer=None) -> tuple[LoopS
       "time/step_s": time.perf_counter() - t0,
     }
   )
-  if producer is None:
-    metrics.update(sync_metrics)
-  metrics.update(env_pool_metrics(p.env_provider, env_mark))  # env/<type>/in_use, ...
+  metrics.update(sync_metrics)
+  metrics.update(env_pool_metrics(p.env_provider, got.env_mark))  # env/<type>/in_use, ...
   metrics.update(loop.meter.step_metrics(trajs, arrays, metrics))  # throughput/*, time/split/*, tok/s
   position = loop.data_position + spec.rollout.rows_per_step
   return dataclasses.replace(loop, state=state, data_position=position, tools_seen=tools_seen), metrics
 
 
-def start_sampling(run: Run, loop: LoopState, start: int):
-  """Loads the sampler with the loop's params; async: starts and returns the rollout producer (its
-  steps after `start`, from the loop's data position), else None."""
-  spec = run.spec
-  if not spec.asynchronous:
-    run.weights.load(loop.state.params)
-    return None
-  if spec.rollout.partial:  # chains span policy versions; groups carry over steps
-    return partial_rollout.start_producer(run, loop, start)
-  from agentfly_jax.rl.async_rollout import RolloutProducer
-
-  run.weights.load(jax.tree.map(jnp.copy, loop.state.params))  # a copy: the train step donates the params
-  pos0 = loop.data_position
-  return RolloutProducer(
-    lambda s: rollout_step(run, pos0 + (s - start - 1) * spec.rollout.rows_per_step, s),
-    run.weights,
-    first_step=start + 1,
-    last_step=spec.train.steps,
-    max_staleness=spec.rollout.max_staleness,
-    start_version=start,
-  ).start()
-
-
-def run_steps(run: Run, loop: LoopState, start: int, producer, writer, before_step=None) -> LoopState:
+def run_steps(run: Run, loop: LoopState, start: int, stream, writer, before_step=None) -> LoopState:
   """Steps start+1 .. train.steps: each step's metrics written (`writer`: process 0's, else None),
   checkpoints every `checkpoint.every` and at the end, the progress bar advanced."""
   spec = run.spec
   bar = run_log.progress_bar(spec, enabled=spec.log.progress and writer is not None, initial=start)
-  t_loop, trainer_wait = time.perf_counter(), 0.0
+  t_loop = time.perf_counter()
   loop.meter.reset()  # the first step's sampler / env busy time starts here
   for step in range(start + 1, spec.train.steps + 1):
     if before_step is not None:
       before_step(step)
-    loop, metrics = run_step(run, loop, step, producer)
-    if producer is not None:
-      trainer_wait += metrics["time/rollout_s"]
-      metrics.update(async_idle_metrics(producer, trainer_wait, time.perf_counter() - t_loop))
+    loop, metrics = run_step(run, loop, step, stream)
+    metrics.update(stream.idle_metrics(metrics, time.perf_counter() - t_loop))  # async/*_idle_frac
     if writer is not None:
       writer.write(step, metrics)
     if (spec.checkpoint.every and step % spec.checkpoint.every == 0) or step == spec.train.steps:
@@ -239,12 +191,3 @@ def warm_start_critic(critic_params, policy_params):
     if path in flat_p and flat_p[path].shape == var.shape:
       flat_c[path] = flat_p[path]
   return nnx.from_flat_state(flat_c)
-
-
-def async_idle_metrics(producer, trainer_wait_s: float, wall_s: float) -> dict:
-  """async/trainer_idle_frac (the trainer's wait for batches over the loop's wall time so far) and
-  async/sampler_idle_frac (the producer's idle over its idle + busy time)."""
-  return {
-    "async/trainer_idle_frac": trainer_wait_s / wall_s,
-    "async/sampler_idle_frac": producer.idle_s / max(1e-9, producer.idle_s + producer.busy_s),
-  }
