@@ -74,6 +74,9 @@ DRAIN_S = 1.0  # after the supervisor exits, the time its pipes get to deliver w
 MAX_ANSWER_BYTES = 1 << 20  # stdout kept as the answer
 STDERR_KEPT = 64 << 10  # the tail of stderr kept for the error message
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_reaper.py")
+# rlimits of a harness and everything it starts (harness_reaper --limits): address space (generous: node
+# and JIT runtimes reserve large virtual ranges), the largest file it may write, open files
+HARNESS_LIMITS = (16384, 1024, 4096)  # MiB, MiB, count
 
 
 class _Kept:
@@ -117,18 +120,25 @@ async def _stop(process) -> None:
 
 
 async def run_harness(
-  words: Sequence[str], *, env: dict, stdin: bytes, max_stdout: int = MAX_ANSWER_BYTES, max_stderr: int = STDERR_KEPT
+  words: Sequence[str],
+  *,
+  env: dict,
+  stdin: bytes,
+  max_stdout: int = MAX_ANSWER_BYTES,
+  max_stderr: int = STDERR_KEPT,
+  limits: tuple[int, int, int] = HARNESS_LIMITS,
 ) -> tuple[int, bytes, bytes]:
-  """Runs `words` under the supervisor (module docstring) with `stdin` as its input; returns (exit status,
-  the first `max_stdout` bytes of stdout, the last `max_stderr` of stderr) once the command has exited and
-  everything it started is dead. Cancelled (the chain's timeout): the tree is killed, then Cancelled raises."""
+  """Runs `words` under the supervisor (module docstring) with `stdin` as its input and `limits` (memory MiB,
+  file size MiB, open files; 0 = unchanged) on its whole tree; returns (exit status, the first `max_stdout`
+  bytes of stdout, the last `max_stderr` of stderr) once the command has exited and everything it started
+  is dead. Cancelled (the chain's timeout): the tree is killed, then Cancelled raises."""
   out, err = _Kept(max_stdout, tail=False), _Kept(max_stderr, tail=True)
   with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: a harness that never reads it blocks nothing
     stdin_file.write(stdin)
     stdin_file.flush()
     stdin_file.seek(0)
     process = await trio.lowlevel.open_process(
-      [sys.executable, "-I", "-S", REAPER, "--", *words],
+      [sys.executable, "-I", "-S", REAPER, "--limits", ",".join(str(int(x)) for x in limits), "--", *words],
       stdin=stdin_file,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """The supervisor of one outside harness: runs the command, and when it exits (or on SIGTERM) kills every
 process it left behind, then exits with the command's status.
 
-  python -I -S harness_reaper.py -- COMMAND [ARGS...]
+  python -I -S harness_reaper.py [--limits MEMORY_MB,FILE_SIZE_MB,OPEN_FILES] -- COMMAND [ARGS...]
 
 Run by agents/harness.py, one per chain, in a session of its own. It makes itself the child subreaper
 (prctl PR_SET_CHILD_SUBREAPER), so every descendant of the command stays its descendant even after it
@@ -11,6 +11,9 @@ command runs in a process group of its own. When the command exits, or when the 
 until it has no child left, every child it has (orphans re-parented to it included), reaping them. So
 when the supervisor has exited, nothing the harness started is alive, and nothing holds its stdout open.
 
+`--limits`: rlimits the command and everything it starts inherit (address space, the size of a file it
+writes: a larger write fails with EFBIG, open files; no core files); 0 leaves that one as it is.
+
 Standard library only, no agentfly_jax import (it runs with -I -S: a fresh interpreter starts in ~20 ms).
 Exit status: the command's, 128 + N when a signal N ended it, 125 when the supervisor could not start it
 (the reason on stderr), 143 when it was stopped by SIGTERM.
@@ -18,6 +21,7 @@ Exit status: the command's, 128 + N when a signal N ended it, 125 when the super
 
 import ctypes
 import os
+import resource
 import signal
 import sys
 import time
@@ -84,9 +88,25 @@ def status_of(wait_status: int) -> int:
   return os.WEXITSTATUS(wait_status)
 
 
+def set_limits(spec: str) -> None:
+  """rlimits from "MEMORY_MB,FILE_SIZE_MB,OPEN_FILES" (0: that one unchanged), and no core files."""
+  memory_mb, file_mb, open_files = (int(x) for x in spec.split(","))
+  mb = 1024 * 1024
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG instead of killing
+  for kind, value in ((resource.RLIMIT_AS, memory_mb * mb), (resource.RLIMIT_FSIZE, file_mb * mb)):
+    if value:
+      resource.setrlimit(kind, (value, value))
+  if open_files:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def main(argv: list[str]) -> int:
+  limits = None
+  if len(argv) >= 2 and argv[0] == "--limits":
+    limits, argv = argv[1], argv[2:]
   if len(argv) < 2 or argv[0] != "--":
-    print("harness_reaper: usage: harness_reaper.py -- COMMAND [ARGS...]", file=sys.stderr)
+    print("harness_reaper: usage: harness_reaper.py [--limits M,F,N] -- COMMAND [ARGS...]", file=sys.stderr)
     return 125
   command = argv[1:]
   parent = os.getppid()
@@ -105,6 +125,8 @@ def main(argv: list[str]) -> int:
       signal.signal(signal.SIGTERM, signal.SIG_DFL)
       signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
       os.setpgid(0, 0)
+      if limits:
+        set_limits(limits)
       os.execvp(command[0], command)
     except BaseException as e:
       print(f"harness_reaper: cannot run {command[0]!r}: {e}", file=sys.stderr)
