@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import threading
 import time
@@ -183,6 +184,9 @@ class VllmSampler:
         max_wait_s=max_wait_s,
         validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
       )
+    # the engine's arguments on vLLM's log, configured by now (vllm.LLM prints its non-default ones, AsyncLLM not)
+    args = {k: v for k, v in engine_args.items() if k != "model"}
+    logging.getLogger("vllm").info("VllmSampler %s engine args: %s", engine, args)
 
   # ---------------------------------------------------------------- protocol
   def generate(

@@ -59,7 +59,8 @@ def test_async_staleness_0_is_sync_and_staleness_2_stays_bounded(tmp_path):
       # (queue waits, tok/s, which rows shared a decode batch: timing). The same tokens either way; the
       # sampler's log-probs may differ in the last float bits with the rows a batch held (mismatch/*).
       if not (k.startswith(("time/", "env/", "sync/", "sampler/"))):
-        assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (a["step"], k, v, b[k])
+        tol = 1e-5 if k.startswith("mismatch/") else 1e-6  # trainer - sampler log-probs: float noise itself
+        assert b[k] == pytest.approx(v, rel=1e-5, abs=tol), (a["step"], k, v, b[k])
     assert b["async/staleness"] == 0 and b["async/staleness_hist/0"] == 1.0
   assert sync[-1]["actor/grad_norm"] > 0
   _assert_throughput_consistent(sync)

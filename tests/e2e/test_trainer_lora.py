@@ -22,12 +22,12 @@ LORA = [
   "--config.train.lr=0.001",
   "--config.checkpoint.every=1",
   "--config.log.tensorboard=False",
-  "--config.rollout.prefix_cache_tokens=4096",  # the JAX sampler's prefix cache on
 ]
 
 
 def _no_times(records):
-  return {r["step"]: {k: v for k, v in r.items() if not k.startswith("time/")} for r in records}
+  """The records without wall-clock times and the JAX engine's timing-dependent counters (queue waits, tok/s)."""
+  return {r["step"]: {k: v for k, v in r.items() if not k.startswith(("time/", "sampler/"))} for r in records}
 
 
 def _checkpoint_arrays(step_dir):
@@ -44,9 +44,9 @@ def test_lora_grpo_jax_sampler_checkpoints_and_resume(tmp_path):
   for r in full:
     assert np.isfinite(r["actor/pg_loss"]) and np.isfinite(r["actor/kl_ref"])
     assert r["actor/grad_norm"] > 0
-    # the cache's counters reach the metrics (its reuse: tests/sampling/test_prefix_cache.py; this
-    # policy's ~30-token prompts are under PrefixStore.min_hit), the log-probs stay the trainer's
-    assert r["sampler/prefilled_tokens"] > 0 and 0 <= r["sampler/prefix_reused_frac"] < 1
+    # the JAX engine's counters reach the metrics (a chain's second turn reuses its first turn's pages), and
+    # with the adapters synced the sampler's log-probs stay the trainer's
+    assert r["sampler/decode_tokens"] > 0 and r["sampler/prefix_hit_tokens"] > 0 and r["sampler/preemptions"] == 0
     assert r["mismatch/max_abs_diff"] < 1e-3, r
   # tiny lookup policy: 2 layers x 7 projections x (A, B), rank 4 -> the adapters' bytes
   with open(tmp_path / "full" / "config.json") as f:

@@ -174,7 +174,7 @@ def test_the_run_config_reaches_the_jax_sampler(model):
       model=model, policy=model, tokenizer=None, tokenizer_dir="", workdir="", seed=0,
       max_batch_size=4, max_len=64, dtype="float32", prefix_cache_tokens=tokens,
     )  # fmt: skip
-    return build_sampler("jax", request).sampler
+    return build_sampler("jax_static", request).sampler  # the engine ("jax") shares whole pages instead
 
   assert build(0).prefix_store is None
   assert build(5000).prefix_store.max_tokens == 5000
