@@ -15,6 +15,8 @@ runs), then lowers and compiles the programs the trainer builds, with the traine
   train_step   the policy step (+ the critic's for PPO) on one minibatch of micro-batches
   sft_step     the SFT warm-start step
   sampler      the JAX sampler's prefill + decode loop (KV cache) at the rollout batch
+  engine_prefill / engine_decode   the paged engine's prefill chunk and block of decode steps (the jax_paged
+               sampler at the rollout's sizes; its KV cache's bytes a chip in the row: rl/scale/aot_engine.py)
   weight_sync  the copy of the params from the trainer's shardings to the sampler's
 Per program and per chip: argument / output / alias / temporary bytes, the peak (args + outputs -
 aliased + temps) against the chip's HBM, FLOPs, compile time -> `<out>.json` + `<out>.md`. The train
@@ -45,7 +47,9 @@ flags.DEFINE_string(
   "model", "", "A preset name (models/presets.py) or an HF config.json / folder; '' = the config's model."
 )
 flags.DEFINE_list(
-  "programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"], "Which programs to compile."
+  "programs",
+  ["prepare", "train_step", "sft_step", "sampler", "engine_prefill", "engine_decode", "weight_sync"],
+  "Which programs to compile.",
 )
 flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
 flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")

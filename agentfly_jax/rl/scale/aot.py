@@ -16,15 +16,13 @@ import json
 import os
 import re
 
-from agentfly_jax.rl.scale import aot_gpu
+from agentfly_jax.rl.scale import aot_engine, aot_gpu, aot_programs
 from agentfly_jax.rl.scale.aot_programs import (  # noqa: F401 (re-exported: the compile half's public names)
-  COMPILERS,
   GIB,
   AbstractRun,
   abstract_model,
   abstract_run,
   compile_program,
-  compile_rows,
   model_flops,
   oom_row,
   per_device_bytes,
@@ -40,7 +38,13 @@ HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}  # per chip
 HBM_GIB.update({gpu: aot_gpu.hbm_gib(gpu) for gpu in aot_gpu.GPUS})  # the device memory a GPU reports
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
 _GPU_TOPOLOGY = re.compile(r"^(%s):(\d+)$" % "|".join(aot_gpu.GPUS))
-PROGRAMS = tuple(COMPILERS)  # prepare, train_step, sft_step, sampler, weight_sync: the report's order
+# the report's order: the trainer's programs, the static sampler's, the paged engine's (rl/scale/aot_engine.py), the sync
+COMPILERS = {
+  **{k: v for k, v in aot_programs.COMPILERS.items() if k != "weight_sync"},
+  **aot_engine.COMPILERS,
+  "weight_sync": aot_programs.COMPILERS["weight_sync"],
+}
+PROGRAMS = tuple(COMPILERS)
 
 
 class BadInput(ValueError):
@@ -49,6 +53,11 @@ class BadInput(ValueError):
 
 class DoesNotFit(RuntimeError):
   """A compiled program's peak exceeds the chip's HBM (exit 2)."""
+
+
+def compile_rows(run: AbstractRun, programs, chips: int) -> list[dict]:
+  """One row per program in `programs`, compiled in COMPILERS' order (the report's)."""
+  return [compile_one(run, chips) for name, compile_one in COMPILERS.items() if name in programs]
 
 
 # ---------------------------------------------------------------- inputs
