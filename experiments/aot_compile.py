@@ -29,7 +29,9 @@ work is done by agentfly_jax/rl/scale/aot.py.
 
 from __future__ import annotations
 
+import datetime
 import os
+import subprocess
 import sys
 
 from absl import app, flags
@@ -79,6 +81,17 @@ from agentfly_jax.rl.scale.aot import (  # noqa: E402
 GIB = 1024**3
 
 
+def _commit() -> str:
+  """The compiling tree's commit (short), "+dirty" with uncommitted changes; "" outside a git checkout."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"], capture_output=True, text=True)
+  except OSError:
+    return ""
+  return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv):
   del argv
   if FLAGS.replan:
@@ -106,6 +119,7 @@ def main(argv):
   except BadInput as e:
     print(f"aot_compile: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
+  report.update(date=datetime.date.today().isoformat(), commit=_commit())
   write_report(report, out)
   print(f"aot_compile: wrote {out}.json and {out}.md", flush=True)
   if FLAGS.table:

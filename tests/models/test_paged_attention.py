@@ -134,13 +134,40 @@ def test_megacore_mode_splits_only_two_core_chips():
     assert megacore_mode(kind, kv_heads=4, batch=8) is None
 
 
+def test_a_scanned_model_over_pages_equals_its_forward_without_a_cache():
+  """The scanned model over a stacked paged cache: a prompt in two chunks then two decode steps give the hidden
+  states of one forward over the whole sequence without a cache; a cache in the other layout is refused."""
+  cfg = tiny_config("qwen2", vocab_size=64, scan_layers=True)
+  model = CausalLM(cfg, rngs=nnx.Rngs(1))
+  cache = model.init_paged_cache(16, PAGE, jnp.float32)
+  assert cache.stacked and not cache.heads_first
+  ids = jnp.asarray([[5, 9, 4, 1, 7, 2, 11, 3, 8, 6], [8, 8, 5, 13, 2, 40, 41, 9, 0, 0]], jnp.int32)
+  tables = [[3, 1, 2, 0, 0, 0], [4, 5, 6, 7, 0, 0]]
+  step = jax.jit(lambda c, i, t: model.hidden_states(i, cache=c, pages=t))
+  other = PagedKVCache.zeros(2, 16, PAGE, cfg.num_key_value_heads, cfg.head_dim, stacked=True, heads_first=True)
+  with pytest.raises(ValueError, match="heads_first=True"):
+    step(other, ids[:, :1], _table(tables, [[0], [0]]))
+  hidden = []
+  for lo, hi in ((0, 6), (6, 8), (8, 9), (9, 10)):  # chunk, chunk, one decode step, another
+    h, cache = step(cache, ids[:, lo:hi], _table(tables, np.arange(lo, hi)[None].repeat(2, 0)))
+    hidden.append(np.asarray(h))
+  np.testing.assert_allclose(np.concatenate(hidden, axis=1), np.asarray(model.hidden_states(ids)[0]), atol=2e-5)
+
+
 @pytest.mark.slow
-def test_a_pallas_model_decodes_through_the_kernel_to_the_xla_models_hidden_states():
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_a_pallas_model_decodes_through_the_kernel_to_the_xla_models_hidden_states(scan_layers):
   """attention_impl "pallas": init_paged_cache lays the pages out heads first, a prefill chunk (T > 1) takes
   the XLA path over them and a decode step (T = 1) the kernel (interpreted); both equal the "flash" model's
   hidden states on its own pages-first cache (both caches bfloat16, the kernel's read precision)."""
   cfg = tiny_config(
-    "qwen2", vocab_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_impl="pallas"
+    "qwen2",
+    vocab_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    attention_impl="pallas",
+    scan_layers=scan_layers,
   )
   pallas = CausalLM(cfg, rngs=nnx.Rngs(0))
   xla = CausalLM(dataclasses.replace(cfg, attention_impl="flash"), rngs=nnx.Rngs(0))

@@ -93,7 +93,7 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   assert report["chips"] == 4 and report["mesh"]["fsdp"] == 4 and report["scan_layers"]
   assert report["attention_impl"] == "pallas"
   rows = {r["program"]: r for r in report["rows"]}
-  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
+  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "engine_prefill", "engine_decode", "weight_sync"}
   for name, row in rows.items():
     assert row["fits"] and row["hbm_bytes"] == 16 * 1024**3, name
     assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]

@@ -359,5 +359,12 @@ def _write_table(reports: list[dict], prefix: str) -> None:
         f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | "
         f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |"
       )
+  dated = [r for r in reports if r.get("date")]
+  if dated:
+    lines += ["", "Compiled on (date, commit of the compiling tree):", ""]
+    lines += [
+      f"- {r['label']} on {r['topology']}, {', '.join(x['program'] for x in r['rows'])}: {r['date']}, {r['commit']}"
+      for r in dated
+    ]
   with open(prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
