@@ -82,11 +82,13 @@ GIB = 1024**3
 
 
 def _commit() -> str:
-  """The compiling tree's commit (short), "+dirty" with uncommitted changes; "" outside a git checkout."""
+  """The compiling tree's commit (short), "+dirty" with uncommitted changes to tracked files outside
+  experiments/results (where the tables themselves are written); "" outside a git checkout."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  status = ["git", "-C", root, "status", "--porcelain", "-uno", "--", ".", ":!experiments/results"]
   try:
     head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"], capture_output=True, text=True)
+    dirty = subprocess.run(status, capture_output=True, text=True)
   except OSError:
     return ""
   return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

@@ -407,3 +407,16 @@ def test_paged_engine_programs_compile_for_tpu_with_the_cache_in_their_arguments
     assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
   assert "4 slots x 2 steps" in rows["engine_decode"]["micro_batch"]
   assert rows["engine_prefill"]["micro_batch"].startswith("1x128 chunk")
+
+
+def test_an_engine_row_that_does_not_fit_is_advised_a_smaller_kv_cache():
+  from agentfly_jax.rl.scale import aot
+
+  g = aot.GIB
+  row = dict(program="engine_decode", peak_bytes=60 * g, cache_bytes=20 * g, hbm_bytes=32 * g)
+  advice = aot.fit_advice({"remat": "full", "chips": 8, "micro_batch_size": 8}, row)
+  assert advice.startswith("--config.rollout.kv_cache_gib=") and "20.00 GiB a chip now" in advice
+  gib = float(advice.split("=")[1].split()[0])
+  assert 0.85 * 32 * g <= 20 * g + 2 * gib * g <= 0.9 * 32 * g + 0.01 * g  # the rest + twice the cache: ~90 % of HBM
+  heavy = dict(row, peak_bytes=60 * g, cache_bytes=5 * g)
+  assert "without its KV cache the program still needs 50.00 GiB" in aot.fit_advice({}, heavy)

@@ -222,6 +222,8 @@ def run(spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 
 
 def fit_advice(report: dict, row: dict) -> str:
   """What would fit, estimated from the row's bytes (state vs temporaries)."""
+  if "cache_bytes" in row:
+    return _engine_fit_advice(row)
   hbm, peak = row["hbm_bytes"], row["peak_bytes"]
   fixed = row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
   tips = []
@@ -235,6 +237,23 @@ def fit_advice(report: dict, row: dict) -> str:
   chips = report["chips"] * peak / (hbm * 0.9)
   tips.append(f"a topology of >= {int(-(-chips // 1))} chips with mesh.fsdp over them (the state splits over fsdp)")
   return "; or ".join(tips)
+
+
+def _engine_fit_advice(row: dict) -> str:
+  """A paged engine row's advice: a smaller KV cache (rollout.kv_cache_gib, the cache's bytes a chip: every chip
+  holds every page), assuming its peak grows by twice the cache (the cache argument + the temporary copy XLA
+  keeps of it, as the committed TPU rows measure: temp >= cache)."""
+  other = row["peak_bytes"] - 2 * row["cache_bytes"]
+  gib = (row["hbm_bytes"] * 0.9 - other) / 2 / GIB
+  if gib <= 0:
+    return (
+      f"without its KV cache the program still needs {other / GIB:.2f} GiB a chip: more chips, or "
+      "--config.rollout.max_batch_size smaller (fewer decode slots)"
+    )
+  return (
+    f"--config.rollout.kv_cache_gib={gib:.2f} (the cache is {row['cache_bytes'] / GIB:.2f} GiB a chip now, "
+    "sized for every slot at max_len; a smaller one preempts rows when full)"
+  )
 
 
 def write_report(report: dict, out: str) -> None:
