@@ -15,7 +15,7 @@ runs), then lowers and compiles the programs the trainer builds, with the traine
   train_step   the policy step (+ the critic's for PPO) on one minibatch of micro-batches
   sft_step     the SFT warm-start step
   sampler      the JAX sampler's prefill + decode loop (KV cache) at the rollout batch
-  engine_prefill / engine_decode   the paged engine's prefill chunk and block of decode steps (the jax_paged
+  engine_prefill / engine_decode   the paged engine's prefill chunk and block of decode steps (the jax
                sampler at the rollout's sizes; its KV cache's bytes a chip in the row: rl/scale/aot_engine.py)
   weight_sync  the copy of the params from the trainer's shardings to the sampler's
 Per program and per chip: argument / output / alias / temporary bytes, the peak (args + outputs -

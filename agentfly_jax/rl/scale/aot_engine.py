@@ -1,5 +1,5 @@
 """The paged engine's programs (sampling/engine/programs.py) as AOT rows: `prefill_chunk` and `decode_block`
-compiled from abstract values at the sizes the run's `jax_paged` sampler would use.
+compiled from abstract values at the sizes the run's JAX sampler (`rollout.sampler=jax`, the paged engine) would use.
 
     rows = [compile_engine_prefill(run, chips), compile_engine_decode(run, chips)]   # AbstractRun of aot_programs
 
@@ -18,7 +18,7 @@ from agentfly_jax.rl.scale.aot_programs import GIB, AbstractRun, _sds, compile_p
 
 
 def engine_sizes(run: AbstractRun):
-  """The EngineConfig the run's jax_paged sampler would build (rl/setup.py passes the same rollout fields)."""
+  """The EngineConfig the run's JAX sampler (the paged engine) would build (rl/setup.py passes the same rollout fields)."""
   from agentfly_jax.sampling.engine.paged_sampler import engine_config
 
   r = run.spec.rollout
