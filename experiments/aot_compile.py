@@ -15,6 +15,8 @@ runs), then lowers and compiles the programs the trainer builds, with the traine
   train_step   the policy step (+ the critic's for PPO) on one minibatch of micro-batches
   sft_step     the SFT warm-start step
   sampler      the JAX sampler's prefill + decode loop (KV cache) at the rollout batch
+  engine_prefill / engine_decode   the paged engine's prefill chunk and block of decode steps (the jax
+               sampler at the rollout's sizes; its KV cache's bytes a chip in the row: rl/scale/aot_engine.py)
   weight_sync  the copy of the params from the trainer's shardings to the sampler's
 Per program and per chip: argument / output / alias / temporary bytes, the peak (args + outputs -
 aliased + temps) against the chip's HBM, FLOPs, compile time -> `<out>.json` + `<out>.md`. The train
@@ -27,7 +29,9 @@ work is done by agentfly_jax/rl/scale/aot.py.
 
 from __future__ import annotations
 
+import datetime
 import os
+import subprocess
 import sys
 
 from absl import app, flags
@@ -45,7 +49,9 @@ flags.DEFINE_string(
   "model", "", "A preset name (models/presets.py) or an HF config.json / folder; '' = the config's model."
 )
 flags.DEFINE_list(
-  "programs", ["prepare", "train_step", "sft_step", "sampler", "weight_sync"], "Which programs to compile."
+  "programs",
+  ["prepare", "train_step", "sft_step", "sampler", "engine_prefill", "engine_decode", "weight_sync"],
+  "Which programs to compile.",
 )
 flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
 flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")
@@ -75,6 +81,19 @@ from agentfly_jax.rl.scale.aot import (  # noqa: E402
 GIB = 1024**3
 
 
+def _commit() -> str:
+  """The compiling tree's commit (short), "+dirty" with uncommitted changes to tracked files outside
+  experiments/results (where the tables themselves are written); "" outside a git checkout."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  status = ["git", "-C", root, "status", "--porcelain", "-uno", "--", ".", ":!experiments/results"]
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(status, capture_output=True, text=True)
+  except OSError:
+    return ""
+  return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv):
   del argv
   if FLAGS.replan:
@@ -102,6 +121,7 @@ def main(argv):
   except BadInput as e:
     print(f"aot_compile: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
+  report.update(date=datetime.date.today().isoformat(), commit=_commit())
   write_report(report, out)
   print(f"aot_compile: wrote {out}.json and {out}.md", flush=True)
   if FLAGS.table:

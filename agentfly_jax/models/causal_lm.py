@@ -25,7 +25,7 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
-from agentfly_jax.models.paged_attention import PagedKVCache, PageTable
+from agentfly_jax.models.paged_attention import PagedKVCache, PageTable, cache_heads_first
 from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
@@ -176,7 +176,8 @@ class _Base(nnx.Module):
     )
 
   def init_paged_cache(self, num_pages: int, page_size: int, dtype=None) -> PagedKVCache:
-    """Zero key / value pages (models/paged_attention.py; stacked with scan_layers)."""
+    """Zero key / value pages (models/paged_attention.py; stacked with scan_layers, heads first with
+    attention_impl "pallas")."""
     cfg = self.config
     return PagedKVCache.zeros(
       cfg.num_hidden_layers,
@@ -186,6 +187,7 @@ class _Base(nnx.Module):
       cfg.head_dim,
       dtype or cfg.compute_dtype,
       stacked=cfg.scan_layers,
+      heads_first=cache_heads_first(cfg.attention_impl),
     )
 
   def hidden_states(
@@ -294,23 +296,27 @@ class _Base(nnx.Module):
     cfg = self.config
     if not isinstance(cache, PagedKVCache) or not isinstance(pages, PageTable):
       raise ValueError("a paged forward needs cache=PagedKVCache (model.init_paged_cache) and pages=PageTable")
-    if cache.num_layers != cfg.num_hidden_layers or cache.stacked != cfg.scan_layers:
+    heads_first = cache_heads_first(cfg.attention_impl)
+    if (
+      cache.num_layers != cfg.num_hidden_layers or cache.stacked != cfg.scan_layers or cache.heads_first != heads_first
+    ):
       raise ValueError(
-        f"the paged cache has {cache.num_layers} layers ({'stacked' if cache.stacked else 'per layer'}); the model "
-        f"has {cfg.num_hidden_layers} (scan_layers={cfg.scan_layers}): use model.init_paged_cache"
+        f"the paged cache has {cache.num_layers} layers ({'stacked' if cache.stacked else 'per layer'}, "
+        f"heads_first={cache.heads_first}); the model has {cfg.num_hidden_layers} (scan_layers={cfg.scan_layers}, "
+        f"attention_impl={cfg.attention_impl!r}): use model.init_paged_cache"
       )
     chex.assert_equal_shape([input_ids, pages.positions, pages.write_slots])
     cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     if cfg.scan_layers:
       x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, pages, cache, None, cfg.remat, cfg.compute_dtype)
-      return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(k=kv[0], v=kv[1])
+      return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(kv[0], kv[1], heads_first)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):
       x, (k, v) = layer(x, cos, sin, pages, (cache.k[i], cache.v[i]), None)
       new_k.append(k)
       new_v.append(v)
-    return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(k=tuple(new_k), v=tuple(new_v))
+    return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(tuple(new_k), tuple(new_v), heads_first)
 
 
 class CausalLM(_Base):

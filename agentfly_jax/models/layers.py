@@ -17,7 +17,8 @@ from flax import nnx
 
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
-from agentfly_jax.models.paged_attention import PageTable, paged_attend, pallas_paged_decode, write_pages
+from agentfly_jax.models.paged_attention import PageTable, cache_heads_first, paged_attend, write_pages
+from agentfly_jax.models.pallas_paged_attention import pallas_paged_decode
 from agentfly_jax.models.pallas_attention import pallas_causal_attention
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain, logical_axes, param_with_axes
 
@@ -354,12 +355,17 @@ class Attention(nnx.Module):
 
   def _paged(self, q, k, v, kv, table: PageTable):
     """Writes k / v [B, T, KVH, hd] into this layer's pages at `table.write_slots`, then attends over each
-    row's pages (models/paged_attention.py). Returns (out [B, T, D], (k_pages, v_pages))."""
-    k_pages, v_pages = write_pages(kv[0], k, table.write_slots), write_pages(kv[1], v, table.write_slots)
+    row's pages (models/paged_attention.py; attention_impl "pallas": pages stored heads first, decode steps
+    through the Pallas kernel). Returns (out [B, T, D], (k_pages, v_pages))."""
+    heads_first = cache_heads_first(self.attention_impl)
+    k_pages = write_pages(kv[0], k, table.write_slots, heads_first=heads_first)
+    v_pages = write_pages(kv[1], v, table.write_slots, heads_first=heads_first)
     if self.attention_impl == "pallas" and q.shape[1] == 1:
       out = pallas_paged_decode(q, k_pages, v_pages, table)
     else:
-      out = paged_attend(q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision)
+      out = paged_attend(
+        q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision, heads_first=heads_first
+      )
     return self.o_proj(out.astype(self.dtype)), (k_pages, v_pages)
 
   def _attend_within(self, q, k, v, mask):

@@ -12,7 +12,13 @@ the allocator never hands it out, padding tokens write there and padding entries
 The XLA path here (CPU / GPU) gathers a few pages of every row at a time and folds them in with an online
 softmax, visiting only the blocks up to the longest row's last position: one compiled program for every
 context length, reading only the keys there are (`paged_attend`). On TPU `attention_impl="pallas"` sends decode steps
-to JAX's Pallas paged-attention kernel (`pallas_paged_decode`), which reads pages in place.
+to JAX's Pallas paged-attention kernel (models/pallas_paged_attention.py), which reads pages in place; prefill chunks
+(T > 1) still take `paged_attend`.
+
+Layouts (`heads_first`, static, `cache_heads_first(attention_impl)`): the XLA path stores a layer's pages
+[N, page, KVH, hd] (a token's keys for every kv head side by side: one scatter row per token); the Pallas
+kernel DMAs one (kv head, page) tile [page, hd] at a time and takes [KVH, N, page, hd], so a "pallas" cache is
+stored that way and no step transposes the whole cache. Both paths read either layout.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from agentfly_jax.models.sharding import constrain, spec_for_axes
+
 SINK_PAGE = 0  # never allocated: padding tokens write here, padding block-table entries point here
 
 
@@ -32,22 +40,46 @@ class PagedKVCache:
   """Key / value pages, one pair per decoder layer.
 
   Attributes:
-    k, v: tuple of num_layers arrays [num_pages, page_size, num_kv_heads, head_dim], or (`stacked`, the scanned
-      model's layout) one array [num_layers, num_pages, page_size, num_kv_heads, head_dim] each.
+    k, v: tuple of num_layers arrays [num_pages, page_size, num_kv_heads, head_dim] ([num_kv_heads, num_pages,
+      page_size, head_dim] when `heads_first`), or (`stacked`, the scanned model's layout) one array with a
+      leading num_layers dim each.
+    heads_first: static, the Pallas kernel's layout (module docstring).
   """
 
   k: tuple | jax.Array
   v: tuple | jax.Array
+  heads_first: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   @classmethod
-  def zeros(cls, num_layers, num_pages, page_size, num_kv_heads, head_dim, dtype=jnp.float32, *, stacked=False):
-    shape = (num_pages, page_size, num_kv_heads, head_dim)
+  def zeros(
+    cls,
+    num_layers,
+    num_pages,
+    page_size,
+    num_kv_heads,
+    head_dim,
+    dtype=jnp.float32,
+    *,
+    stacked=False,
+    heads_first=False,
+  ):
+    if heads_first:
+      shape = (num_kv_heads, num_pages, page_size, head_dim)
+    else:
+      shape = (num_pages, page_size, num_kv_heads, head_dim)
     if stacked:
-      return cls(k=jnp.zeros((num_layers, *shape), dtype), v=jnp.zeros((num_layers, *shape), dtype))
+      return cls(jnp.zeros((num_layers, *shape), dtype), jnp.zeros((num_layers, *shape), dtype), heads_first)
     return cls(
-      k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-      v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      heads_first,
     )
+
+  def axes(self) -> tuple:
+    """The logical axes (models/sharding.py) of each k / v array: kv heads by `act_kv_heads`, pages whole (every
+    row of a batch may read any page)."""
+    layer = ("act_kv_heads", None, None, None) if self.heads_first else (None, None, "act_kv_heads", None)
+    return (None, *layer) if self.stacked else layer
 
   @property
   def stacked(self) -> bool:
@@ -59,11 +91,34 @@ class PagedKVCache:
 
   @property
   def page_size(self) -> int:
-    return (self.k if self.stacked else self.k[0]).shape[-3]
+    return (self.k if self.stacked else self.k[0]).shape[-2 if self.heads_first else -3]
 
   @property
   def num_pages(self) -> int:
-    return (self.k if self.stacked else self.k[0]).shape[-4]
+    return (self.k if self.stacked else self.k[0]).shape[-3 if self.heads_first else -4]
+
+
+def cache_heads_first(attention_impl: str) -> bool:
+  """Whether a model with `attention_impl` stores its pages heads first (the Pallas kernel's layout)."""
+  return attention_impl == "pallas"
+
+
+def cache_shardings(cache: PagedKVCache, mesh, rules=None) -> PagedKVCache:
+  """NamedShardings of `cache`'s arrays on `mesh` by `rules` (models/sharding.py; `cache.axes()`), as a
+  PagedKVCache of shardings (for jax.device_put, or abstract arrays: rl/scale/aot_engine.py)."""
+  from jax.sharding import NamedSharding
+
+  axes = cache.axes()
+  sh = lambda x: NamedSharding(mesh, spec_for_axes(axes, x.shape, rules, mesh, where="the paged KV cache"))
+  return PagedKVCache(*jax.tree.map(sh, (cache.k, cache.v)), cache.heads_first)
+
+
+def constrain_cache(cache: PagedKVCache) -> PagedKVCache:
+  """`cache` with every array constrained to `cache.axes()` under the active activation_sharding (unchanged
+  outside one), so a program's cache comes out with the sharding it went in with (it is donated)."""
+  axes = cache.axes()
+  k, v = jax.tree.map(lambda x: constrain(x, axes), (cache.k, cache.v))
+  return PagedKVCache(k, v, cache.heads_first)
 
 
 @jax.tree_util.register_dataclass
@@ -98,26 +153,33 @@ class PageTable:
     return cls(block_tables, positions, jnp.where(valid, slots, sink).astype(jnp.int32), page_size, block_pages)
 
 
-def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
-  """pages [N, page, KVH, hd] with new [B, T, KVH, hd] written at flat slots int32[B, T]."""
-  n, page, kvh, hd = pages.shape
-  flat = pages.reshape(n * page, kvh, hd)
-  flat = flat.at[slots.reshape(-1)].set(new.reshape(-1, kvh, hd).astype(pages.dtype), mode="drop")
+def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array, *, heads_first: bool = False) -> jax.Array:
+  """pages [N, page, KVH, hd] (heads_first: [KVH, N, page, hd]) with new [B, T, KVH, hd] written at flat slots
+  int32[B, T] (page * page_size + offset)."""
+  kvh, hd = new.shape[2:]
+  new = new.reshape(-1, kvh, hd).astype(pages.dtype)
+  if heads_first:
+    _, n, page, _ = pages.shape
+    flat = pages.reshape(kvh, n * page, hd).at[:, slots.reshape(-1)].set(new.transpose(1, 0, 2), mode="drop")
+    return flat.reshape(kvh, n, page, hd)
+  n, page = pages.shape[:2]
+  flat = pages.reshape(n * page, kvh, hd).at[slots.reshape(-1)].set(new, mode="drop")
   return flat.reshape(n, page, kvh, hd)
 
 
-def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision):
+def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision, heads_first: bool = False):
   """Causal attention of q [B, T, H, hd] (RoPE applied) over each row's pages, a block of pages at a time.
 
-  k_pages / v_pages: [N, page, KVH, hd] (this layer, the new tokens already written); table.block_tables'
-  width must be a multiple of `table.block_pages`. Query t of row b sees the row's positions <= table.positions[b, t].
+  k_pages / v_pages: [N, page, KVH, hd] (heads_first: [KVH, N, page, hd]; this layer, the new tokens already
+  written); table.block_tables' width must be a multiple of `table.block_pages`. Query t of row b sees the row's
+  positions <= table.positions[b, t].
   Blocks of keys are gathered and folded in with an online softmax (flash-decoding), and only the blocks
   up to the longest row's last position are visited (a loop with a data-dependent trip count), so one
   compiled program serves every context length at the cost of the keys it really reads.
   Returns [B, T, H * hd].
   """
   b, t, h, hd = q.shape
-  kvh = k_pages.shape[2]
+  kvh = k_pages.shape[0 if heads_first else 2]
   g = h // kvh
   width, block_pages = table.block_tables.shape[1], table.block_pages
   if width % block_pages:
@@ -126,20 +188,25 @@ def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision):
   q = (q.reshape(b, t, kvh, g, hd) / math.sqrt(hd)).astype(dtype)
   positions = table.positions[:, :, None]  # [B, T, 1]
   num_blocks = jnp.minimum(jnp.max(table.positions) // span + 1, width // block_pages)
+  keys_of = "kbsd" if heads_first else "bskd"
+
+  def gather(pages_array, pages):  # this block's keys / values: [KVH, B, S, hd] or [B, S, KVH, hd]
+    if heads_first:
+      return pages_array[:, pages].reshape(kvh, b, span, hd).astype(dtype)
+    return pages_array[pages].reshape(b, span, kvh, hd).astype(dtype)
 
   def body(i, carry):
     m, l, acc = carry
     pages = jax.lax.dynamic_slice_in_dim(table.block_tables, i * block_pages, block_pages, axis=1)
-    keys = k_pages[pages].reshape(b, span, kvh, hd).astype(dtype)
-    values = v_pages[pages].reshape(b, span, kvh, hd).astype(dtype)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, precision=precision).astype(jnp.float32)
+    keys, values = gather(k_pages, pages), gather(v_pages, pages)
+    scores = jnp.einsum(f"btkgd,{keys_of}->bkgts", q, keys, precision=precision).astype(jnp.float32)
     allowed = (i * span + jnp.arange(span))[None, None, :] <= positions  # [B, T, S]
     scores = jnp.where(allowed[:, None, None], scores, -jnp.inf)
     m_new = jnp.maximum(m, scores.max(-1))  # block 0 always holds position 0: finite from the first block
     scale = jnp.exp(m - m_new)
     p = jnp.exp(scores - m_new[..., None])
     l = l * scale + p.sum(-1)
-    acc = acc * scale[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p.astype(dtype), values, precision=precision)
+    acc = acc * scale[..., None] + jnp.einsum(f"bkgts,{keys_of}->bkgtd", p.astype(dtype), values, precision=precision)
     return m_new, l, acc
 
   init = (
@@ -150,25 +217,3 @@ def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision):
   _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
   out = acc / l[..., None]  # [B, KVH, G, T, hd]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd)
-
-
-def pallas_paged_decode(q, k_pages, v_pages, table: PageTable, *, pages_per_compute_block: int = 8):
-  """One decode step (T = 1) through JAX's Pallas TPU paged-attention kernel, reading pages in place.
-
-  q [B, 1, H, hd]; k_pages / v_pages [N, page, KVH, hd] (the kernel wants [KVH, N, page, hd]: a transpose the
-  TPU engine keeps out of the loop by storing that layout would be the next step; here it is per call).
-  Returns [B, 1, H * hd]. TPU only (the kernel lowers through Mosaic).
-  """
-  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-
-  b, t, h, hd = q.shape
-  if t != 1:
-    raise ValueError(f"pallas_paged_decode takes one query token per row, got {t}")
-  lengths = table.positions[:, 0] + 1
-  k = jnp.transpose(k_pages, (2, 0, 1, 3))
-  v = jnp.transpose(v_pages, (2, 0, 1, 3))
-  block = min(pages_per_compute_block, table.block_tables.shape[1])
-  out = paged_attention(
-    q[:, 0] / math.sqrt(hd), k, v, lengths, table.block_tables, pages_per_compute_block=block
-  )  # [B, H, hd]
-  return out.reshape(b, 1, h * hd).astype(q.dtype)

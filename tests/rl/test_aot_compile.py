@@ -93,7 +93,7 @@ def test_grpo_programs_compile_for_v5e_2x2(tmp_path):
   assert report["chips"] == 4 and report["mesh"]["fsdp"] == 4 and report["scan_layers"]
   assert report["attention_impl"] == "pallas"
   rows = {r["program"]: r for r in report["rows"]}
-  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
+  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "engine_prefill", "engine_decode", "weight_sync"}
   for name, row in rows.items():
     assert row["fits"] and row["hbm_bytes"] == 16 * 1024**3, name
     assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
@@ -376,3 +376,47 @@ def test_memory_plan_is_within_15_percent_of_every_recorded_xla_row(table):
         checked.append((r["label"], r["topology"], r["scan_layers"], round(ratio, 3)))
   assert len(checked) >= 8
   assert all(0.85 <= ratio <= 1.15 for *_, ratio in checked), checked
+
+
+def test_paged_engine_programs_compile_for_tpu_with_the_cache_in_their_arguments():
+  """The paged engine's prefill chunk and decode block (rl/scale/aot_engine.py) compiled for v5p:2x2x1 from
+  abstract values, attention_impl "pallas" as in configs/tpu/ (decode steps through the Pallas paged-attention
+  kernel under shard_map, megacore split by kv head on v5p): each row's cache bytes a chip are the sampler's
+  whole cache (kv heads on tp = 1, so every chip holds every page), inside its argument bytes and aliased out
+  (the cache is donated)."""
+  from agentfly_jax.rl.scale import aot, aot_engine
+
+  config = lookup_config(fsdp=4)
+  config.model.scan_layers = True
+  config.model.attention_impl = "pallas"
+  config.model.dtype = "bfloat16"
+  config.rollout.update(max_batch_size=4, max_total_tokens=48, max_tokens_per_turn=16, kv_page_size=16)
+  config.rollout.decode_steps = 2
+  spec = RunSpec.from_config(config)
+  report = aot.run(spec, "v5p:2x2x1", programs=("engine_prefill", "engine_decode"))
+  rows = {r["program"]: r for r in report["rows"]}
+  assert list(rows) == ["engine_prefill", "engine_decode"] and report["attention_impl"] == "pallas"
+  cfg = aot.model_config(spec, None, "config")
+  sizes = aot_engine.engine_sizes(aot.abstract_run(spec, cfg, aot.topology_devices("v5p:2x2x1"), 64))
+  assert sizes.num_pages == 4 * 4 + 1 and sizes.table_width == 8  # 4 slots x 64 tokens / 16 + the sink
+  cache = 2 * cfg.num_hidden_layers * sizes.num_pages * 16 * cfg.num_key_value_heads * cfg.head_dim * 2  # bf16
+  for name, row in rows.items():
+    assert row["cache_bytes"] == cache and row["cache_pages"] == sizes.num_pages, name
+    assert cache <= row["argument_bytes"] and cache <= row["alias_bytes"], (name, row)
+    assert row["fits"] and row["temp_bytes"] >= 0 and row["flops"] > 0, name
+    assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+  assert "4 slots x 2 steps" in rows["engine_decode"]["micro_batch"]
+  assert rows["engine_prefill"]["micro_batch"].startswith("1x128 chunk")
+
+
+def test_an_engine_row_that_does_not_fit_is_advised_a_smaller_kv_cache():
+  from agentfly_jax.rl.scale import aot
+
+  g = aot.GIB
+  row = dict(program="engine_decode", peak_bytes=60 * g, cache_bytes=20 * g, hbm_bytes=32 * g)
+  advice = aot.fit_advice({"remat": "full", "chips": 8, "micro_batch_size": 8}, row)
+  assert advice.startswith("--config.rollout.kv_cache_gib=") and "20.00 GiB a chip now" in advice
+  gib = float(advice.split("=")[1].split()[0])
+  assert 0.85 * 32 * g <= 20 * g + 2 * gib * g <= 0.9 * 32 * g + 0.01 * g  # the rest + twice the cache: ~90 % of HBM
+  heavy = dict(row, peak_bytes=60 * g, cache_bytes=5 * g)
+  assert "without its KV cache the program still needs 50.00 GiB" in aot.fit_advice({}, heavy)

@@ -16,15 +16,13 @@ import json
 import os
 import re
 
-from agentfly_jax.rl.scale import aot_gpu
+from agentfly_jax.rl.scale import aot_engine, aot_gpu, aot_programs
 from agentfly_jax.rl.scale.aot_programs import (  # noqa: F401 (re-exported: the compile half's public names)
-  COMPILERS,
   GIB,
   AbstractRun,
   abstract_model,
   abstract_run,
   compile_program,
-  compile_rows,
   model_flops,
   oom_row,
   per_device_bytes,
@@ -40,7 +38,13 @@ HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}  # per chip
 HBM_GIB.update({gpu: aot_gpu.hbm_gib(gpu) for gpu in aot_gpu.GPUS})  # the device memory a GPU reports
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
 _GPU_TOPOLOGY = re.compile(r"^(%s):(\d+)$" % "|".join(aot_gpu.GPUS))
-PROGRAMS = tuple(COMPILERS)  # prepare, train_step, sft_step, sampler, weight_sync: the report's order
+# the report's order: the trainer's programs, the static sampler's, the paged engine's (rl/scale/aot_engine.py), the sync
+COMPILERS = {
+  **{k: v for k, v in aot_programs.COMPILERS.items() if k != "weight_sync"},
+  **aot_engine.COMPILERS,
+  "weight_sync": aot_programs.COMPILERS["weight_sync"],
+}
+PROGRAMS = tuple(COMPILERS)
 
 
 class BadInput(ValueError):
@@ -49,6 +53,11 @@ class BadInput(ValueError):
 
 class DoesNotFit(RuntimeError):
   """A compiled program's peak exceeds the chip's HBM (exit 2)."""
+
+
+def compile_rows(run: AbstractRun, programs, chips: int) -> list[dict]:
+  """One row per program in `programs`, compiled in COMPILERS' order (the report's)."""
+  return [compile_one(run, chips) for name, compile_one in COMPILERS.items() if name in programs]
 
 
 # ---------------------------------------------------------------- inputs
@@ -213,6 +222,8 @@ def run(spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 
 
 def fit_advice(report: dict, row: dict) -> str:
   """What would fit, estimated from the row's bytes (state vs temporaries)."""
+  if "cache_bytes" in row:
+    return _engine_fit_advice(row)
   hbm, peak = row["hbm_bytes"], row["peak_bytes"]
   fixed = row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
   tips = []
@@ -226,6 +237,23 @@ def fit_advice(report: dict, row: dict) -> str:
   chips = report["chips"] * peak / (hbm * 0.9)
   tips.append(f"a topology of >= {int(-(-chips // 1))} chips with mesh.fsdp over them (the state splits over fsdp)")
   return "; or ".join(tips)
+
+
+def _engine_fit_advice(row: dict) -> str:
+  """A paged engine row's advice: a smaller KV cache (rollout.kv_cache_gib, the cache's bytes a chip: every chip
+  holds every page), assuming its peak grows by twice the cache (the cache argument + the temporary copy XLA
+  keeps of it, as the committed TPU rows measure: temp >= cache)."""
+  other = row["peak_bytes"] - 2 * row["cache_bytes"]
+  gib = (row["hbm_bytes"] * 0.9 - other) / 2 / GIB
+  if gib <= 0:
+    return (
+      f"without its KV cache the program still needs {other / GIB:.2f} GiB a chip: more chips, or "
+      "--config.rollout.max_batch_size smaller (fewer decode slots)"
+    )
+  return (
+    f"--config.rollout.kv_cache_gib={gib:.2f} (the cache is {row['cache_bytes'] / GIB:.2f} GiB a chip now, "
+    "sized for every slot at max_len; a smaller one preempts rows when full)"
+  )
 
 
 def write_report(report: dict, out: str) -> None:
@@ -350,5 +378,12 @@ def _write_table(reports: list[dict], prefix: str) -> None:
         f"{row['hbm_bytes'] / GIB:.0f} | {'yes' if row['fits'] else 'NO'} | {tf(row['flops'])} | "
         f"{mf} | {g(row.get('floor_bytes'))} | {g(plan)} | {ratio} |"
       )
+  dated = [r for r in reports if r.get("date")]
+  if dated:
+    lines += ["", "Compiled on (date, commit of the compiling tree):", ""]
+    lines += [
+      f"- {r['label']} on {r['topology']}, {', '.join(x['program'] for x in r['rows'])}: {r['date']}, {r['commit']}"
+      for r in dated
+    ]
   with open(prefix + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")

@@ -1,7 +1,7 @@
 """A run's programs as abstract values, compiled and measured (the compile half of rl/scale/aot.py).
 
     run = abstract_run(spec, cfg, devices, seq_len)   # AbstractRun: abstract params, state, update
-    rows = compile_rows(run, ("prepare", "train_step"), chips)   # one row per program, bytes a chip
+    row = COMPILERS["train_step"](run, chips)         # one row per program, bytes a chip (aot.compile_rows)
 
 Every array is a `jax.ShapeDtypeStruct` carrying its sharding on the topology's devices; nothing
 is allocated and nothing runs. A program XLA refuses for lack of HBM is a row that does not fit
@@ -527,8 +527,3 @@ COMPILERS = {
   "sampler": compile_sampler,
   "weight_sync": compile_weight_sync,
 }
-
-
-def compile_rows(run: AbstractRun, programs, chips: int) -> list[dict]:
-  """One row per program in `programs`, compiled in COMPILERS' order (the report's)."""
-  return [compile_one(run, chips) for name, compile_one in COMPILERS.items() if name in programs]

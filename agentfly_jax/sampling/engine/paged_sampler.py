@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import trio
 from flax import nnx
 
+from agentfly_jax.models.paged_attention import cache_shardings
 from agentfly_jax.sampling.engine import programs
 from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
 from agentfly_jax.sampling.jax_sampler import JaxSampler
@@ -31,6 +32,73 @@ def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int)
   """How many pages of `page_size` tokens fit `kv_cache_gib` GiB for a model config (keys + values, all layers)."""
   per_page = 2 * config.num_hidden_layers * page_size * config.num_key_value_heads * config.head_dim * itemsize
   return int(kv_cache_gib * 2**30 // per_page)
+
+
+def engine_config(
+  cfg,
+  *,
+  num_slots: int,
+  max_len: int,
+  page_size: int = 16,
+  kv_cache_pages: int | None = None,
+  kv_cache_gib: float | None = None,
+  prefill_tokens: int = 128,
+  prefill_chunks: Sequence[int] = (8, 32, 128),
+  decode_batches: Sequence[int] | None = None,
+  attention_block_pages: int = 8,
+  decode_steps: int = 4,
+  stop_width: int = 16,
+  weight_update: str = "drain",
+) -> EngineConfig:
+  """The static sizes of an engine for a model config `cfg` (PagedJaxSampler's arguments, checked; the AOT
+  tool's engine rows read the same: rl/scale/aot_engine.py)."""
+  for name, value, low in (
+    ("num_slots", num_slots, 1),
+    ("page_size", page_size, 1),
+    ("prefill_tokens", prefill_tokens, 1),
+    ("decode_steps", decode_steps, 1),
+    ("stop_width", stop_width, 1),
+    ("attention_block_pages", attention_block_pages, 1),
+  ):
+    if not isinstance(value, int) or value < low:
+      raise ValueError(f"PagedJaxSampler: {name} must be an int >= {low}, got {value!r}")
+  if weight_update not in WEIGHT_UPDATE_MODES:
+    raise ValueError(f"PagedJaxSampler: weight_update must be one of {WEIGHT_UPDATE_MODES}, got {weight_update!r}")
+  chunks = tuple(sorted({int(c) for c in prefill_chunks}))
+  if not chunks or chunks[0] < 1:
+    raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
+  batches = JaxSampler._check_buckets(decode_batches or power_of_two_buckets(1, num_slots), num_slots, "decode_batches")
+  max_pages = -(-max_len // page_size)
+  if kv_cache_pages is not None and kv_cache_gib is not None:
+    raise ValueError("PagedJaxSampler: give kv_cache_pages or kv_cache_gib, not both")
+  if kv_cache_gib is not None:
+    import jax.numpy as jnp
+
+    budget = pages_for_budget(kv_cache_gib, cfg, page_size, jnp.dtype(cfg.compute_dtype).itemsize)
+    if budget < max_pages + 1:
+      raise ValueError(
+        f"PagedJaxSampler: kv_cache_gib={kv_cache_gib} holds {budget} pages of {page_size} tokens; one sequence "
+        f"of max_len={max_len} needs {max_pages} (+ the sink page): raise kv_cache_gib or lower max_len"
+      )
+    kv_cache_pages = min(budget, num_slots * max_pages + 1)  # never more than every slot at max_len needs
+  if kv_cache_pages is None:
+    kv_cache_pages = num_slots * max_pages + 1
+  if kv_cache_pages < 2:
+    raise ValueError(f"PagedJaxSampler: the KV cache needs at least 2 pages (page 0 is the sink), got {kv_cache_pages}")
+  return EngineConfig(
+    num_slots=num_slots,
+    num_pages=int(kv_cache_pages),
+    page_size=page_size,
+    max_len=max_len,
+    prefill_tokens=prefill_tokens,
+    prefill_chunks=chunks,
+    decode_batches=batches,
+    table_width=-(-max_pages // attention_block_pages) * attention_block_pages,
+    block_pages=attention_block_pages,
+    decode_steps=decode_steps,
+    stop_width=stop_width,
+    weight_update=weight_update,
+  )
 
 
 class PagedJaxSampler(JaxSampler):
@@ -90,57 +158,22 @@ class PagedJaxSampler(JaxSampler):
       mesh=mesh,
       sharding_rules=sharding_rules,
     )
-    for name, value, low in (
-      ("num_slots", num_slots, 1),
-      ("page_size", page_size, 1),
-      ("prefill_tokens", prefill_tokens, 1),
-      ("decode_steps", decode_steps, 1),
-      ("stop_width", stop_width, 1),
-      ("attention_block_pages", attention_block_pages, 1),
-    ):
-      if not isinstance(value, int) or value < low:
-        raise ValueError(f"PagedJaxSampler: {name} must be an int >= {low}, got {value!r}")
-    if weight_update not in WEIGHT_UPDATE_MODES:
-      raise ValueError(f"PagedJaxSampler: weight_update must be one of {WEIGHT_UPDATE_MODES}, got {weight_update!r}")
-    chunks = tuple(sorted({int(c) for c in prefill_chunks}))
-    if not chunks or chunks[0] < 1:
-      raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
-    batches = self._check_buckets(decode_batches or power_of_two_buckets(1, num_slots), num_slots, "decode_batches")
-    cfg = model.config
-    self._cache_dtype = cfg.compute_dtype
-    max_pages = -(-self.max_len // page_size)
-    if kv_cache_pages is not None and kv_cache_gib is not None:
-      raise ValueError("PagedJaxSampler: give kv_cache_pages or kv_cache_gib, not both")
-    if kv_cache_gib is not None:
-      import jax.numpy as jnp
-
-      budget = pages_for_budget(kv_cache_gib, cfg, page_size, jnp.dtype(cfg.compute_dtype).itemsize)
-      if budget < max_pages + 1:
-        raise ValueError(
-          f"PagedJaxSampler: kv_cache_gib={kv_cache_gib} holds {budget} pages of {page_size} tokens; one sequence "
-          f"of max_len={self.max_len} needs {max_pages} (+ the sink page): raise kv_cache_gib or lower max_len"
-        )
-      kv_cache_pages = min(budget, num_slots * max_pages + 1)  # never more than every slot at max_len needs
-    if kv_cache_pages is None:
-      kv_cache_pages = num_slots * max_pages + 1
-    if kv_cache_pages < 2:
-      raise ValueError(
-        f"PagedJaxSampler: the KV cache needs at least 2 pages (page 0 is the sink), got {kv_cache_pages}"
-      )
-    self.engine_config = EngineConfig(
+    self.engine_config = engine_config(
+      model.config,
       num_slots=num_slots,
-      num_pages=int(kv_cache_pages),
-      page_size=page_size,
       max_len=self.max_len,
+      page_size=page_size,
+      kv_cache_pages=kv_cache_pages,
+      kv_cache_gib=kv_cache_gib,
       prefill_tokens=prefill_tokens,
-      prefill_chunks=chunks,
-      decode_batches=batches,
-      table_width=-(-max_pages // attention_block_pages) * attention_block_pages,
-      block_pages=attention_block_pages,
+      prefill_chunks=prefill_chunks,
+      decode_batches=decode_batches,
+      attention_block_pages=attention_block_pages,
       decode_steps=decode_steps,
       stop_width=stop_width,
       weight_update=weight_update,
     )
+    self._cache_dtype = model.config.compute_dtype
     self._model_for_cache = model
     self.engine = Engine(self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode)
 
@@ -149,12 +182,12 @@ class PagedJaxSampler(JaxSampler):
     """Zero pages; on a mesh of several devices replicated over it (the params' devices)."""
     c = self.engine_config
     cache = self._model_for_cache.init_paged_cache(c.num_pages, c.page_size, self._cache_dtype)
-    if self.activation is not None:
-      import jax
-      from jax.sharding import NamedSharding, PartitionSpec
+    if self.activation is None:
+      return cache
+    import jax
 
-      cache = jax.device_put(cache, NamedSharding(self.activation[0], PartitionSpec()))
-    return cache
+    mesh, rules = self.activation
+    return jax.device_put(cache, cache_shardings(cache, mesh, dict(rules)))
 
   def _run_prefill(self, decode, cache, a: dict):
     graphdef, params = decode

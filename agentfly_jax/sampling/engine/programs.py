@@ -6,7 +6,8 @@
 Shapes are static per engine: a few prefill shapes (R rows x C chunk tokens), a few decode batch sizes, one
 block-table width (attention visits only the blocks of pages in use: models/paged_attention.paged_attend), K
 decode steps per call, the stop-id width; a change of request mix changes none of them, so the
-programs compile once each (`TRACES[0]` counts traces). The cache is donated: pages update in place.
+programs compile once each (`TRACES[0]` counts traces). The cache is donated: pages update in place; on a mesh
+it leaves each program with the sharding it came in with (`constrain_cache`: kv heads by act_kv_heads, pages whole).
 
 Randomness: token i of a request (i = 0 for the token sampled from the prompt's last position) is drawn with
 `fold_in(key(seed), i)`, the JAX sampler's convention (sampling/decode.py), so a seeded request gives the same
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentfly_jax.models.paged_attention import PageTable
+from agentfly_jax.models.paged_attention import PageTable, constrain_cache
 from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.sampling.next_token import sample_next_tokens
 
@@ -72,6 +73,7 @@ def prefill_chunk(
     model = nnx.merge(graphdef, params, rest)
     table = PageTable.build(block_tables, positions, valid, page_size, block_pages)
     hidden, cache = model.hidden_states(tokens, cache=cache, pages=table)
+    cache = constrain_cache(cache)
     last = jnp.take_along_axis(hidden, last_index[:, None, None], axis=1)[:, 0]
     logits = model.logits_from_hidden(last).astype(jnp.float32)
     token, logprob = _sample(logits, temperature, top_k, top_p, seeds, steps)
@@ -165,4 +167,5 @@ def decode_block(
       jnp.zeros((slots,), bool),
     )
     _, cache, _, _, _, out_t, out_lp, emitted, stopped = jax.lax.while_loop(cond, body, init)
+    cache = constrain_cache(cache)
   return out_t, out_lp, emitted, stopped, cache
