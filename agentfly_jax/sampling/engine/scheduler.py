@@ -149,7 +149,8 @@ class Engine:
     if need > self.pool.capacity:
       raise ValueError(
         f"request of {len(prompt)} prompt + {max_new} new tokens needs {need} pages of {self.config.page_size}; "
-        f"the whole KV cache holds {self.pool.capacity} (raise sampler.kv_cache_pages / kv_cache_gib)"
+        f"the whole KV cache holds {self.pool.capacity} (raise rollout.kv_cache_gib, or the sampler's "
+        "kv_cache_pages / kv_cache_gib)"
       )
     future = future or Future()
     seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter())
