@@ -73,7 +73,13 @@ def test_lora_grpo_jax_sampler_checkpoints_and_resume(tmp_path):
   part = tmp_path / "part"
   run_train(part, "--config.train.steps=1", *LORA)
   resumed = run_train(part, "--config.train.steps=2", *LORA)
-  assert _no_times(resumed) == _no_times(full)
+  # the same tokens; the sampler's log-probs (hence mismatch/*) may differ in the last float bits with the rows
+  # the engine's decode batches held
+  for step, record in _no_times(full).items():
+    got = _no_times(resumed)[step]
+    assert set(got) == set(record)
+    for k, v in record.items():
+      assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-5 if k.startswith("mismatch/") else 1e-6), (step, k)
 
 
 @pytest.mark.slow
