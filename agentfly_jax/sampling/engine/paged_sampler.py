@@ -25,7 +25,7 @@ from agentfly_jax.sampling.engine import programs
 from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
 from agentfly_jax.sampling.jax_sampler import JaxSampler
 from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
-from agentfly_jax.sampling.requests import per_request_params, power_of_two_buckets
+from agentfly_jax.sampling.requests import power_of_two_buckets
 
 
 def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int) -> int:
@@ -266,9 +266,6 @@ class PagedJaxSampler(JaxSampler):
       self._validate(prompt, params, f"request {i}")
     futures = [self._submit(p, q, f"request {i}") for i, (p, q) in enumerate(zip(prompts, params_list))]
     return [f.wait() for f in futures]
-
-  def generate(self, prompts, params) -> list[SampleResult]:
-    return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
   async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
     """One request, admitted into a slot at the next step boundary; returns when its row stops."""
