@@ -105,6 +105,26 @@ def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_in
   return jax.lax.scan(scan_body(body, remat), x, (state, kvs, jnp.arange(num_layers, dtype=jnp.int32)))
 
 
+def scan_paged_layers(layers: DecoderLayer, x, cos, sin, pages, cache, remat):
+  """The stacked decoder layers over x [B, T, D] and a stacked paged cache k / v [L, ...]: the cache rides in
+  the scan's carry and each layer writes and reads its own slice through its index (a scatter and gathers on
+  the whole array, in place), so a step moves only the keys it writes and reads. (As scan inputs and outputs
+  the stack would be copied whole every step.) Returns (x, (k, v))."""
+  graphdef, state = nnx.split(layers)
+
+  def body(carry, xs):
+    h, k, v = carry
+    layer_state, index = xs
+    h, (k, v) = nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, pages, (k, v, index), None)
+    return (h, k, v), None
+
+  num_layers = jax.tree.leaves(state)[0].shape[0]
+  (x, k, v), _ = jax.lax.scan(
+    scan_body(body, remat), (x, cache.k, cache.v), (state, jnp.arange(num_layers, dtype=jnp.int32))
+  )
+  return x, (k, v)
+
+
 def embed_lookup(embed: nnx.Embed, input_ids: jax.Array, compute_dtype) -> jax.Array:
   """Rows of the embedding table for int ids [...] -> [..., D] in `compute_dtype`, gathered from the
   table in its own dtype and cast after: `nnx.Embed` casts the whole [V, D] table first, which
@@ -309,7 +329,10 @@ class _Base(nnx.Module):
     cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     if cfg.scan_layers:
-      x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, pages, cache, None, cfg.remat, cfg.compute_dtype)
+      if cfg.attention_impl == "pallas":  # the kernel reads one layer's pages: the layers' slices as scan inputs
+        x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, pages, cache, None, cfg.remat, cfg.compute_dtype)
+      else:
+        x, kv = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat)
       return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(kv[0], kv[1], heads_first)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):

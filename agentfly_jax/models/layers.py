@@ -356,11 +356,15 @@ class Attention(nnx.Module):
   def _paged(self, q, k, v, kv, table: PageTable):
     """Writes k / v [B, T, KVH, hd] into this layer's pages at `table.write_slots`, then attends over each
     row's pages (models/paged_attention.py; attention_impl "pallas": pages stored heads first, decode steps
-    through the Pallas kernel). Returns (out [B, T, D], (k_pages, v_pages))."""
+    through the Pallas kernel). kv: (k_pages, v_pages), or (k, v, layer index) for the scanned layers' stacked
+    pages. Returns (out [B, T, D], (k_pages, v_pages))."""
     heads_first = cache_heads_first(self.attention_impl)
-    k_pages = write_pages(kv[0], k, table.write_slots, heads_first=heads_first)
-    v_pages = write_pages(kv[1], v, table.write_slots, heads_first=heads_first)
-    if self.attention_impl == "pallas" and q.shape[1] == 1:
+    layer = kv[2] if len(kv) == 3 else None  # (k, v, index): every layer's stacked pages, this one's by index
+    k_pages = write_pages(kv[0], k, table.write_slots, heads_first=heads_first, layer=layer)
+    v_pages = write_pages(kv[1], v, table.write_slots, heads_first=heads_first, layer=layer)
+    if layer is not None:
+      out = paged_attend(q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision, layer=layer)
+    elif self.attention_impl == "pallas" and q.shape[1] == 1:
       out = pallas_paged_decode(q, k_pages, v_pages, table)
     else:
       out = paged_attend(

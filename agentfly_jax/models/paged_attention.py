@@ -153,11 +153,20 @@ class PageTable:
     return cls(block_tables, positions, jnp.where(valid, slots, sink).astype(jnp.int32), page_size, block_pages)
 
 
-def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array, *, heads_first: bool = False) -> jax.Array:
+def write_pages(
+  pages: jax.Array, new: jax.Array, slots: jax.Array, *, heads_first: bool = False, layer: jax.Array | None = None
+) -> jax.Array:
   """pages [N, page, KVH, hd] (heads_first: [KVH, N, page, hd]) with new [B, T, KVH, hd] written at flat slots
-  int32[B, T] (page * page_size + offset)."""
+  int32[B, T] (page * page_size + offset). `layer`: pages is the stacked [L, N, page, KVH, hd] of every layer
+  and this one's slice is written (int32 scalar)."""
   kvh, hd = new.shape[2:]
   new = new.reshape(-1, kvh, hd).astype(pages.dtype)
+  if layer is not None:
+    if heads_first:
+      raise ValueError("a layer-indexed write needs the [L, N, page, KVH, hd] layout (not heads first)")
+    num_layers, n, page = pages.shape[:3]
+    flat = pages.reshape(num_layers, n * page, kvh, hd).at[layer, slots.reshape(-1)].set(new, mode="drop")
+    return flat.reshape(num_layers, n, page, kvh, hd)
   if heads_first:
     _, n, page, _ = pages.shape
     flat = pages.reshape(kvh, n * page, hd).at[:, slots.reshape(-1)].set(new.transpose(1, 0, 2), mode="drop")
@@ -167,11 +176,14 @@ def write_pages(pages: jax.Array, new: jax.Array, slots: jax.Array, *, heads_fir
   return flat.reshape(n, page, kvh, hd)
 
 
-def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision, heads_first: bool = False):
+def paged_attend(
+  q, k_pages, v_pages, table: PageTable, *, dtype, precision, heads_first: bool = False, layer: jax.Array | None = None
+):
   """Causal attention of q [B, T, H, hd] (RoPE applied) over each row's pages, a block of pages at a time.
 
   k_pages / v_pages: [N, page, KVH, hd] (heads_first: [KVH, N, page, hd]; this layer, the new tokens already
-  written); table.block_tables' width must be a multiple of `table.block_pages`. Query t of row b sees the row's
+  written; with `layer`, an int32 scalar: the stacked [L, ...] pages of every layer, this layer's read);
+  table.block_tables' width must be a multiple of `table.block_pages`. Query t of row b sees the row's
   positions <= table.positions[b, t].
   Blocks of keys are gathered and folded in with an online softmax (flash-decoding), and only the blocks
   up to the longest row's last position are visited (a loop with a data-dependent trip count), so one
@@ -179,7 +191,7 @@ def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision, hea
   Returns [B, T, H * hd].
   """
   b, t, h, hd = q.shape
-  kvh = k_pages.shape[0 if heads_first else 2]
+  kvh = k_pages.shape[0 if heads_first else 2 + (layer is not None)]
   g = h // kvh
   width, block_pages = table.block_tables.shape[1], table.block_pages
   if width % block_pages:
@@ -193,6 +205,8 @@ def paged_attend(q, k_pages, v_pages, table: PageTable, *, dtype, precision, hea
   def gather(pages_array, pages):  # this block's keys / values: [KVH, B, S, hd] or [B, S, KVH, hd]
     if heads_first:
       return pages_array[:, pages].reshape(kvh, b, span, hd).astype(dtype)
+    if layer is not None:
+      return pages_array[layer, pages].reshape(b, span, kvh, hd).astype(dtype)
     return pages_array[pages].reshape(b, span, kvh, hd).astype(dtype)
 
   def body(i, carry):
