@@ -329,10 +329,7 @@ class _Base(nnx.Module):
     cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     if cfg.scan_layers:
-      if cfg.attention_impl == "pallas":  # the kernel reads one layer's pages: the layers' slices as scan inputs
-        x, kv = scan_decoder_layers(self.model.layers, x, cos, sin, pages, cache, None, cfg.remat, cfg.compute_dtype)
-      else:
-        x, kv = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat)
+      x, kv = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat)
       return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(kv[0], kv[1], heads_first)
     new_k, new_v = [], []
     for i, layer in enumerate(self.model.layers):

@@ -362,13 +362,11 @@ class Attention(nnx.Module):
     layer = kv[2] if len(kv) == 3 else None  # (k, v, index): every layer's stacked pages, this one's by index
     k_pages = write_pages(kv[0], k, table.write_slots, heads_first=heads_first, layer=layer)
     v_pages = write_pages(kv[1], v, table.write_slots, heads_first=heads_first, layer=layer)
-    if layer is not None:
-      out = paged_attend(q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision, layer=layer)
-    elif self.attention_impl == "pallas" and q.shape[1] == 1:
-      out = pallas_paged_decode(q, k_pages, v_pages, table)
+    if self.attention_impl == "pallas" and q.shape[1] == 1:
+      out = pallas_paged_decode(q, k_pages, v_pages, table, layer=layer)
     else:
       out = paged_attend(
-        q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision, heads_first=heads_first
+        q, k_pages, v_pages, table, dtype=self.dtype, precision=self.precision, heads_first=heads_first, layer=layer
       )
     return self.o_proj(out.astype(self.dtype)), (k_pages, v_pages)
 

@@ -161,9 +161,11 @@ def write_pages(
   and this one's slice is written (int32 scalar)."""
   kvh, hd = new.shape[2:]
   new = new.reshape(-1, kvh, hd).astype(pages.dtype)
+  if layer is not None and heads_first:  # [L, KVH, N, page, hd]
+    num_layers, _, n, page, _ = pages.shape
+    flat = pages.reshape(num_layers, kvh, n * page, hd).at[layer, :, slots.reshape(-1)].set(new, mode="drop")
+    return flat.reshape(num_layers, kvh, n, page, hd)
   if layer is not None:
-    if heads_first:
-      raise ValueError("a layer-indexed write needs the [L, N, page, KVH, hd] layout (not heads first)")
     num_layers, n, page = pages.shape[:3]
     flat = pages.reshape(num_layers, n * page, kvh, hd).at[layer, slots.reshape(-1)].set(new, mode="drop")
     return flat.reshape(num_layers, n, page, kvh, hd)
@@ -191,7 +193,7 @@ def paged_attend(
   Returns [B, T, H * hd].
   """
   b, t, h, hd = q.shape
-  kvh = k_pages.shape[0 if heads_first else 2 + (layer is not None)]
+  kvh = k_pages.shape[(0 if heads_first else 2) + (layer is not None)]
   g = h // kvh
   width, block_pages = table.block_tables.shape[1], table.block_pages
   if width % block_pages:
@@ -203,6 +205,8 @@ def paged_attend(
   keys_of = "kbsd" if heads_first else "bskd"
 
   def gather(pages_array, pages):  # this block's keys / values: [KVH, B, S, hd] or [B, S, KVH, hd]
+    if heads_first and layer is not None:  # [L, KVH, N, page, hd] -> [B, bp, KVH, page, hd] -> heads first
+      return pages_array[layer, :, pages].transpose(2, 0, 1, 3, 4).reshape(kvh, b, span, hd).astype(dtype)
     if heads_first:
       return pages_array[:, pages].reshape(kvh, b, span, hd).astype(dtype)
     if layer is not None:

@@ -46,15 +46,18 @@ def megacore_mode(device_kind: str, kv_heads: int, batch: int) -> str | None:
   return "batch" if batch % 2 == 0 else None
 
 
-def _paged_attention(q, k_pages, v_pages, lengths, page_indices, *, pages_per_compute_block: int, megacore_mode):
-  """The kernel on q [B, H, hd] (unscaled), pages [KVH, N, page, hd], lengths int32[B], page_indices int32[B, P].
+def _paged_attention(
+  q, k_pages, v_pages, lengths, page_indices, layer=None, *, pages_per_compute_block: int, megacore_mode
+):
+  """The kernel on q [B, H, hd] (unscaled), pages [KVH, N, page, hd] (with `layer`, an int32 scalar: every
+  layer's [L, KVH, N, page, hd], layer `layer` read in place), lengths int32[B], page_indices int32[B, P].
   Returns [B, H, hd] in q's dtype."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import tpu as pltpu
   from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pak
 
   b, h, hd = q.shape
-  kvh, _, page_size, _ = k_pages.shape
+  kvh, _, page_size, _ = k_pages.shape[-4:]
   pages_per_sequence = page_indices.shape[1]
   if pages_per_sequence % pages_per_compute_block:
     raise ValueError(f"{pages_per_sequence} pages a row is not a multiple of {pages_per_compute_block} a block")
@@ -89,11 +92,21 @@ def _paged_attention(q, k_pages, v_pages, lengths, page_indices, *, pages_per_co
     attn_logits_soft_cap=None,
     megacore_mode=megacore_mode,
   )
+  prefetch = [lengths, page_indices.reshape(-1), jnp.zeros((1,), jnp.int32), jnp.ones((1,), jnp.int32)]
+  if layer is not None:  # the layer's pages as views of the stacked arrays (their DMAs read them in place)
+    inner = kernel
+
+    def kernel(layer_ref, *refs):
+      refs = list(refs)
+      refs[5], refs[7] = refs[5].at[layer_ref[0]], refs[7].at[layer_ref[0]]  # k / v pages (HBM refs)
+      return inner(*refs)
+
+    prefetch.insert(0, jnp.reshape(layer, (1,)).astype(jnp.int32))
   stats = jax.ShapeDtypeStruct(q.shape, jnp.float32)  # running max / sum, broadcast over head_dim
   out, _, _ = pl.pallas_call(
     kernel,
     grid_spec=pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=4,  # lengths, page indices, buffer index, init flag
+      num_scalar_prefetch=len(prefetch),  # (layer,) lengths, page indices, buffer index, init flag
       in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY), None, pl.BlockSpec(memory_space=pl.ANY), None],
       out_specs=[q_spec, q_spec, q_spec],
       grid=grid,
@@ -108,17 +121,7 @@ def _paged_attention(q, k_pages, v_pages, lengths, page_indices, *, pages_per_co
     ),
     compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
     out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), stats, stats],
-  )(
-    lengths,
-    page_indices.reshape(-1),
-    jnp.zeros((1,), jnp.int32),
-    jnp.ones((1,), jnp.int32),
-    q,
-    k_pages,
-    None,
-    v_pages,
-    None,
-  )
+  )(*prefetch, q, k_pages, None, v_pages, None)
   return out.reshape(b, h, hd).astype(out_dtype)
 
 
@@ -129,7 +132,7 @@ def _parts(mesh, axes) -> int:
   return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
 
 
-def pallas_paged_decode(q, k_pages, v_pages, table: PageTable, *, device_kind: str | None = None):
+def pallas_paged_decode(q, k_pages, v_pages, table: PageTable, *, layer=None, device_kind: str | None = None):
   """One decode step (T = 1) through the Pallas TPU paged-attention kernel, reading pages in place.
 
   q [B, 1, H, hd] (RoPE applied); k_pages / v_pages [KVH, N, page, hd] (heads first); table: block tables
@@ -139,34 +142,39 @@ def pallas_paged_decode(q, k_pages, v_pages, table: PageTable, *, device_kind: s
   runs under `shard_map`: rows split by act_batch, kv heads (and with them their query heads) by act_kv_heads,
   every kv head's pages whole on its shards. `device_kind` picks `megacore_mode` (default: the mesh's devices',
   else the default device's).
+  `layer` (an int32 scalar): the pages are the scanned layers' stacked [L, KVH, N, page, hd] and this layer's
+  are read in place.
   Returns [B, 1, H * hd] in q's dtype. TPU only (Mosaic), or Pallas' TPU interpret mode.
   """
   b, t, h, hd = q.shape
   if t != 1:
     raise ValueError(f"pallas_paged_decode takes one query token per row, got {t}")
-  kvh = k_pages.shape[0]
+  stacked = layer is not None
+  kvh = k_pages.shape[int(stacked)]
   lengths = (table.positions[:, 0] + 1).astype(jnp.int32)
   tables = table.block_tables.astype(jnp.int32)
-  active = active_mesh_specs((("act_kv_heads", None, None, None), k_pages.shape), (("act_batch",), (b,)))
+  pages_axes = (None,) * stacked + ("act_kv_heads", None, None, None)
+  active = active_mesh_specs((pages_axes, k_pages.shape), (("act_batch",), (b,)))
   if device_kind is None:
     device_kind = (active[0].devices.flat[0] if active else jax.devices()[0]).device_kind
   shard_b, shard_kvh = b, kvh
   if active is not None:
     mesh, (pages_spec, (rows,)) = active
-    shard_b, shard_kvh = b // _parts(mesh, rows), kvh // _parts(mesh, pages_spec[0])
+    shard_b, shard_kvh = b // _parts(mesh, rows), kvh // _parts(mesh, pages_spec[int(stacked)])
   kernel = functools.partial(
     _paged_attention,
     pages_per_compute_block=table.block_pages,
     megacore_mode=megacore_mode(device_kind, shard_kvh, shard_b),
   )
   if active is not None:
-    q_spec = P(rows, pages_spec[0], None)  # query head i reads kv head i // (H / KVH): split alike
+    q_spec = P(rows, pages_spec[int(stacked)], None)  # query head i reads kv head i // (H / KVH): split alike
     kernel = jax.shard_map(
       kernel,
       mesh=mesh,
-      in_specs=(q_spec, pages_spec, pages_spec, P(rows), P(rows, None)),
+      in_specs=(q_spec, pages_spec, pages_spec, P(rows), P(rows, None)) + ((P(),) if stacked else ()),
       out_specs=q_spec,
       check_vma=False,
     )
-  out = kernel((q[:, 0] / math.sqrt(hd)).astype(q.dtype), k_pages, v_pages, lengths, tables)  # [B, H, hd]
+  args = (layer,) if stacked else ()
+  out = kernel((q[:, 0] / math.sqrt(hd)).astype(q.dtype), k_pages, v_pages, lengths, tables, *args)  # [B, H, hd]
   return out.reshape(b, 1, h * hd).astype(q.dtype)
