@@ -20,6 +20,22 @@ def test_load_rows_json_and_jsonl(tmp_path):
   assert load_rows(jl) == rows
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_jsonl_files_read_line_by_line_at_any_length(tmp_path, n):
+  """A `.jsonl` file is JSON Lines whatever its length: one row (the Harbor docstring's form) is one
+  object, which whole-file JSON would read as a dict; blank lines are skipped; errors name the line."""
+  rows = [{"question": f"q{i}", "answer": str(i)} for i in range(n)]
+  path = tmp_path / "rows.jsonl"
+  path.write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")
+  assert load_rows(path) == rows
+  path.write_text(json.dumps(rows[0]) + "\n" + '{"answer": "x"}\n')
+  with pytest.raises(ValueError, match=r"row 1 \(line 2\) has no field 'question'"):
+    load_rows(path)
+  path.write_text(json.dumps(rows))  # a JSON list in a .jsonl file: its one line is no row object
+  with pytest.raises(ValueError, match=r"row 0 \(line 1\) must be a JSON object"):
+    load_rows(path)
+
+
 @pytest.mark.parametrize(
   "content, message",
   [
