@@ -34,9 +34,9 @@ def test_gym_id_fills_rows_and_a_bad_id_stops_before_training():
   assert task.rows[0]["gym_id"] == "CliffWalking-v1" and task.eval_rows[0]["gym_id"] == "CliffWalking-v1"
   assert [t.name for t in task.tools] == ["act"]
   assert {r["seed"] for r in task.rows}.isdisjoint({r["seed"] for r in task.eval_rows})
-  with pytest.raises(ValueError, match="NoSuchGame-v0"):
+  with pytest.raises(ValueError, match=r"config\.task\.gym_id='NoSuchGame-v0'"):
     build_task(_config(gym_id="NoSuchGame-v0"))
-  with pytest.raises(ValueError, match="no_such_module"):
+  with pytest.raises(ValueError, match=r"config\.task\.gym_id='no_such_module:Game-v0'.*no_such_module"):
     build_task(_config(gym_id="no_such_module:Game-v0"))
 
 
