@@ -97,6 +97,14 @@ class TaskSpec:
       raise ValueError(f"task {self.name!r} has no locked test split (make_test_rows)")
     return list(self.generate_test_rows(n, seed))
 
+  def split_rows(self, split: str, n: int, seed: int) -> list[dict]:
+    """n rows of `split`: "train" (make_rows), "dev" (make_eval_rows: the evals during training) or
+    "test" (make_test_rows: the locked split, for a final evaluation only)."""
+    make = {"train": self.make_rows, "dev": self.make_eval_rows, "test": self.make_test_rows}.get(split)
+    if make is None:
+      raise ValueError(f"split {split!r}: must be 'train', 'dev' or 'test'")
+    return make(n, seed)
+
   def tokenizer_corpus(self) -> list[str]:
     if self.corpus is not None:
       return list(self.corpus())
