@@ -33,7 +33,7 @@ from typing import Any
 import ml_collections
 
 from agentfly_jax.data.dataset import load_rows, validate_row
-from agentfly_jax.tools.registry import import_user_module
+from agentfly_jax.user_code import import_user_module
 
 _NUM_GENERATED_ROWS = 2000  # rows drawn from a module's make_rows (the trainer's stream length)
 _NUM_GENERATED_EVAL = 512
@@ -322,7 +322,7 @@ def _custom_task(config):
     check_rows_fit(eval_rows, eval_source, tools, reward)
   demo = parts.scripted_response
   if t.demo_policy:
-    from agentfly_jax.tools.registry import resolve_object
+    from agentfly_jax.user_code import resolve_object
 
     try:
       demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
@@ -401,7 +401,7 @@ def _resolve_agent_fn(spec: str):
   if not spec:
     return None
   from agentfly_jax.tasks import check_agent_fn
-  from agentfly_jax.tools.registry import resolve_object
+  from agentfly_jax.user_code import resolve_object
 
   where = f"config.task.agent={spec!r}"
   try:
