@@ -114,7 +114,7 @@ def open_for_evaluation(
   if os.path.exists(record):
     with open(record) as f:
       trained = json.load(f)
-    if trained["fingerprint"] != task_fingerprint(run.parts.task, run.parts.train_rows):
+    if trained["fingerprint"] != task_fingerprint(run.parts.task, run.parts.train_stream.rows):
       changed = (
         f"{workdir} was trained on a task ({trained['name']!r}) whose content (rows, tools, reward, demo policy) "
         "differs from what its config.json rebuilds (a Task given in Python, or edited task files)"
