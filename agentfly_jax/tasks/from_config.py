@@ -5,19 +5,15 @@
   config.task = custom_task_config(train_path="rows.jsonl", tools="calculator,answer",
                                    reward="exact_match")        # names, or 'module:function'
 
-`build_task(spec)` is what train.py, evaluate.py, sweep.py and `build_run` all call, so a run's
-saved config.json rebuilds exactly its task. Everything is checked before a model is built: rows
-(file, row / line, field), the fields the reward reads, tool names, the module's import, and a
-demonstration policy when `config.sft.steps > 0`. `task_fingerprint` hashes the task's content
-(rows, tool names + schemas + code, reward, demo policy) for the SFT cache key.
-
-A task module may define (all optional but a reward and rows, which may come from the config):
-  TOOLS (else every @tool in the module), REWARD (else its one @reward), ROWS or
-  make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed) (the dev split), TEST_ROWS or
-  make_test_rows(n, seed) (the locked test split, read only by experiments/learning_report.py), SYSTEM_PROMPT,
-  scripted_response(prompt_text, use_tool, rng) (the SFT demonstration policy; also `demo_policy`),
-  make_agent(tokenizer) (given `system_prompt=` too when it takes one), tokenizer_corpus(),
-  check_rows(rows, source) -> rows (its own checks of every row, e.g. swe's sandbox runs).
+`build_task(spec)` makes the run's task once (train.py before anything is built, handing it to
+`build_run`; evaluation through rl/checkpoints.open_for_evaluation, sweep.py), so a run's saved
+config.json rebuilds exactly its task. A module (built-in or `config.task.module`) is read by
+tasks/contract.from_module, the config's fields over it; rows are checked as they enter the task
+(file, row / line, field; the fields the reward reads; tool names; the module's check_rows), and
+`config.task.gym_id` / `openenv_url` / `openenv_app` become the task's row defaults. Also checked
+before a model is built: the module's import, and a demonstration policy when `config.sft.steps > 0`.
+`task_fingerprint` hashes the task's content (rows, tool names + schemas + code, reward, demo policy)
+for the SFT cache key. What a task module may define: tasks/contract.py.
 """
 
 from __future__ import annotations
