@@ -3,8 +3,11 @@
 - Warm: `warm` idle instances are kept started ahead of demand (up to the cap).
 - Cap: never more than `cap` live instances (starting, idle, bound, or closing).
 - Binding: acquire(key) for the same key returns the same instance until release(key).
-- Release: a reusable instance is reset and goes back to the idle set; others are closed and
-  replaced in the background.
+- Release: a reusable instance goes back to the idle set as it is (the next chain's `reset(row)`
+  starts its episode: one reset per chain, with the chain's row); others are closed and replaced
+  in the background. A chain whose first call on a used instance is not a reset gets a reset
+  without a row first; when that fails it is counted (`reset_failures`), the instance recycled
+  and the call refused with the env's error.
 - Recycling: an instance whose call crashed (EnvCrashed) or ran past its wall-clock limit is
   closed; the chain keeps its binding and gets a fresh instance at its next call.
 - Lazy scale-up: instances beyond `warm` start only when a chain asks and all are busy.
@@ -44,6 +47,7 @@ class Instance:
     self.lock = trio.Lock()
     self.broken = False
     self.closing = False
+    self.used = False  # released by a chain since its last reset (it holds that chain's state)
 
 
 class _RateWindow:
@@ -246,16 +250,28 @@ class EnvPool:
     if inst.broken or not inst.env.reusable or self._closing:
       await self._close_instance(inst)
       return
-    try:
-      async with inst.lock:
-        with trio.fail_after(self.call_timeout_s or inst.env.call_timeout_s):
-          await inst.env.reset(None)
-    except BaseException:
-      inst.broken = True
-      await self._close_instance(inst)
-      return
-    self.idle.append(inst)
+    inst.used = True
+    self.idle.append(inst)  # no reset here: the next chain's reset(row) starts its episode
     self._notify()
+
+  async def _reset_used(self, key: Hashable, inst: Instance, op: str) -> None:
+    """Resets (without a row) a used instance whose chain called `op` before any reset; a failing
+    reset is counted, recycles the instance and raises PoolError naming the env's error."""
+    try:
+      with trio.fail_after(self.call_timeout_s or inst.env.call_timeout_s):
+        await inst.env.reset(None)
+    except Exception as e:
+      self.counters["reset_failures"] += 1
+      self._recycle(key, inst)
+      raise PoolError(
+        protocol.ENV_ERROR,
+        f"env {self.name!r}: the chain called {op!r} before reset, and resetting the reused instance "
+        f"without a row failed ({type(e).__name__}: {e}); call reset(row) first",
+      ) from e
+    except BaseException:  # cancelled from outside mid-reset: its state is unknown
+      self._recycle(key, inst)
+      raise
+    inst.used = False
 
   def release_all(self, keys) -> None:
     """Releases every key in `keys` (a closed connection's chains)."""
@@ -292,6 +308,8 @@ class EnvPool:
     try:
       if inst.broken:
         raise EnvCrashed(f"env {self.name!r} instance {inst.id} was recycled")
+      if inst.used and op != "reset":
+        await self._reset_used(key, inst, op)
       try:
         # A bare CancelScope: trio.move_on_after's contextmanager costs more per call.
         with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
@@ -310,6 +328,8 @@ class EnvPool:
         self.counters["timeouts"] += 1
         self._recycle(key, inst)
         raise CallTimeout(f"{self.name}.{op} ran past its {limit:g} s wall-clock limit")
+      if op == "reset":
+        inst.used = False
     finally:
       inst.lock.release()
     return result, restarted
@@ -346,6 +366,7 @@ class EnvPool:
           "recycled",
           "exhausted",
           "start_failures",
+          "reset_failures",
         )
       },
     }

@@ -73,20 +73,14 @@ def counted_step(records: list[dict], budget_minutes: float, saved_steps: list[i
 
 def evaluate_locked_test(workdir: str, step: int, num_rows: int) -> dict:
   """Greedy success on the task's locked test split of the checkpoint `step` of `workdir` (the run
-  rebuilt from its config.json); the only reader of `make_test_rows`."""
-  from agentfly_jax.rl.config import migrate
-  from agentfly_jax.rl.trainer import Trainer
+  rebuilt from its config.json, opened by rl/checkpoints.open_for_evaluation); the only reader of
+  `make_test_rows` here."""
+  from agentfly_jax.rl.checkpoints import open_for_evaluation
+  from agentfly_jax.rl.run import rollout
 
-  with open(os.path.join(workdir, "config.json")) as f:
-    config = migrate(json.load(f))
-  config.log.progress = False  # (its chains run at most a training step's at once: stages.rollout)
-  trainer = Trainer(config, workdir)
-  policy, critic = trainer.run.parts.policy, trainer.run.parts.critic
-  state = trainer.new_state(policy.params, critic_params=critic.params if critic is not None else None)
-  state, _ = trainer.run.checkpointer.restore(step, state)
-  trainer.run.parts.sampler.update_weights(state.params)
-  rows = trainer.run.parts.task.make_test_rows(num_rows, seed=TEST_SEED)
-  trajs = trainer.rollout(rows, num_chains=1, temperature=0.0, seed=TEST_SEED)
+  opened = open_for_evaluation(workdir, step)  # (its chains run at most a training step's at once: stages.rollout)
+  rows = opened.run.parts.task.split_rows("test", num_rows, seed=TEST_SEED)
+  trajs = rollout(opened.run, rows, num_chains=1, temperature=0.0, seed=TEST_SEED)
   return {"step": step, **locked_test_score(trajs, f"locked test of {workdir} step {step}")}
 
 

@@ -27,9 +27,9 @@ OUT = flags.DEFINE_string("out", None, "JSON output path.", required=True)
 
 
 def main(_):
+  from agentfly_jax.rl.checkpoints import open_for_evaluation
   from agentfly_jax.rl.config import migrate
   from agentfly_jax.rl.run import rows_at
-  from agentfly_jax.rl.trainer import Trainer
   from agentfly_jax.rl import stages
   from agentfly_jax.agents.display import mask_segments
   from agentfly_jax.tasks import webshop_brief as wb
@@ -37,12 +37,10 @@ def main(_):
   config = migrate(json.load(open(os.path.join(W.value, "config.json"))))
   config.log.progress = False
   config.rollout.branch_temperature = BT.value
-  tr = Trainer(config, W.value)
-  state = tr.new_state(tr.run.parts.policy.params)
-  state, _ = tr.run.checkpointer.restore(STEP.value, state)
-  tr.run.parts.sampler.update_weights(state.params)
+  tr = open_for_evaluation(W.value, STEP.value, config=config)
+  state = tr.state
   rows = rows_at(tr.run, 0, N.value) if SPLIT.value == "train" else tr.run.parts.eval_rows[: N.value]
-  spec = tr.spec.rollout
+  spec = tr.run.spec.rollout
   trajs = stages.rollout(
     tr.run.parts.agent,
     rows,

@@ -19,6 +19,9 @@ class GuessObservation(Observation):
   message: str
 
 
+RESETS: list = []  # the seed of every reset this server process ran (GET /resets reads it)
+
+
 class NumberEnvironment(Environment):
   SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -28,6 +31,7 @@ class NumberEnvironment(Environment):
     self.secret = 1
 
   def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
+    RESETS.append(seed)
     self.secret = random.Random(seed).randint(1, 20)
     self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
     return GuessObservation(message="Guess a number from 1 to 20.", done=False, reward=0.0)
@@ -49,3 +53,9 @@ class NumberEnvironment(Environment):
 
 app = create_app(NumberEnvironment, GuessAction, GuessObservation, env_name="number_guess", max_concurrent_envs=8)
 app_one = create_app(NumberEnvironment, GuessAction, GuessObservation, env_name="number_guess", max_concurrent_envs=1)
+
+
+@app.get("/resets")
+def resets() -> list:
+  """The seeds of the resets this server ran, in order (None: a reset without a seed)."""
+  return RESETS

@@ -37,6 +37,7 @@ import trio
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
+from agentfly_jax.data.dataset import validate_row
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
@@ -346,16 +347,14 @@ def check_branch_temperature(caller: str, branch_temperature) -> None:
 
 
 def validate_rows(agent: RolloutAgent, rows: Sequence[dict], reward_only: Sequence[str] = REWARD_ONLY_FIELDS) -> None:
-  """Checks every row before anything runs: a string `question`, valid `tools` (the agent is shown the
-  row without its `reward_only` fields, as in its chains), and the dataset fields the reward needs.
-  Raises ValueError naming the row index and field."""
+  """Checks every row before anything runs: the row's shape by the one row rule (data/dataset.validate_row:
+  a non-empty string `question`, `tools` a list of names), then what this agent needs: the row's tools
+  among its own (the agent is shown the row without its `reward_only` fields, as in its chains) and the
+  dataset fields its reward reads. Raises ValueError naming the row index and field."""
   if isinstance(rows, dict) or not isinstance(rows, Sequence):
     raise TypeError(f"rollout: rows must be a list of dicts, got {type(rows).__name__}")
   for i, row in enumerate(rows):
-    if not isinstance(row, dict):
-      raise ValueError(f"rollout: row {i} is a {type(row).__name__}, not a dict")
-    if not isinstance(row.get("question"), str):
-      raise ValueError(f"rollout: row {i} field 'question' must be a string, got {row.get('question')!r:.80}")
+    validate_row(row, i, "rollout")
     try:
       agent.tools_for_row(agent_view(row, reward_only))
       if agent.reward_fn is not None:

@@ -1,5 +1,6 @@
-"""Dataset rows: a JSON file holding a list of objects, each with a string `question` and any
-optional fields (e.g. `answer`, `tools`); the fields reach rewards by parameter name.
+"""Dataset rows: a JSON file holding a list of objects (or a `.jsonl` file, one object a line), each
+with a string `question` and any optional fields (e.g. `answer`, `tools`); the fields reach rewards
+by parameter name.
 
   rows = load_rows("data/train.json")    # [{"question": "...", "answer": "..."}, ...]
 
@@ -29,29 +30,40 @@ def validate_row(row: Any, index: int, source: str = "rows", line: int | None = 
   return row
 
 
+def _json_lines(text: str, path: str) -> tuple[list, list[int]]:
+  """The objects of a JSON Lines text, one a line (blank lines skipped), and their line numbers."""
+  data, lines = [], []
+  for line_no, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      data.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg} at column {e.colno})") from None
+    lines.append(line_no)
+  return data, lines
+
+
 def load_rows(path: str | os.PathLike) -> list[dict]:
-  """Loads and validates a JSON list of rows, or JSON Lines (one object per line: a `.jsonl`
-  file, or a file of several objects, one a line). Errors name the file
-  and the line (JSON Lines rows: "row i (line n)")."""
+  """Loads and validates a file of rows: a `.jsonl` file is JSON Lines (one object a line, any number
+  of rows, one included); any other file is a JSON list of rows (or, when it does not parse as one
+  JSON value, JSON Lines). Errors name the file and the row (JSON Lines rows: "row i (line n)")."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"dataset file {path} does not exist")
   with open(path, encoding="utf-8") as f:
     text = f.read()
-  try:
-    data, lines = json.loads(text), None
-  except json.JSONDecodeError as e:
-    if not (path.endswith(".jsonl") or text.lstrip().startswith("{")):
-      raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    data, lines = [], []
-    for line_no, line in enumerate(text.splitlines(), 1):
-      if not line.strip():
-        continue
-      try:
-        data.append(json.loads(line))
-      except json.JSONDecodeError as le:
-        raise ValueError(f"{path}: line {line_no} is not valid JSON ({le.msg} at column {le.colno})") from None
-      lines.append(line_no)
+  if path.endswith(".jsonl"):
+    data, lines = _json_lines(text, path)
+  else:
+    try:
+      data, lines = json.loads(text), None
+    except json.JSONDecodeError as e:
+      if not text.lstrip().startswith("{"):
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+      data, lines = _json_lines(text, path)
+    if isinstance(data, dict):
+      raise ValueError(f"{path}: expected a JSON list of rows, got dict (one row a line: name the file .jsonl)")
   if not isinstance(data, list):
     raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
   if not data:

@@ -7,6 +7,7 @@
   live        instances alive (any state)            cap         the pools' caps
   crashes     calls that crashed an instance         recycled    instances closed and replaced
   timeouts    calls past their wall-clock limit      start_failures
+  reset_failures  resets of reused instances (a chain's first call not a reset) that failed
   acquire_wait_s / acquire_wait_max_s   mean / max seconds this trainer's acquires waited since
                                         the mark (client side, back-off included)
 Counters are cumulative since each server started. And this trainer's own (client-side) counts
@@ -36,6 +37,7 @@ POOL_KEYS = {
   "recycled": "recycled",
   "timeouts": "timeouts",
   "start_failures": "start_failures",
+  "reset_failures": "reset_failures",
 }
 
 

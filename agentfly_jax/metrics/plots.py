@@ -10,6 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+_LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def plot_curves(
   records: Sequence[dict],
   keys: Sequence[str],
@@ -22,11 +25,13 @@ def plot_curves(
   """Plots metric `keys` against `step` from JSONL-style records into a PNG at `path`.
 
   `labels` maps a key to its legend text (default: the key). A series logged at fewer than half
-  the steps of the densest one (e.g. a periodic greedy eval) is drawn with point markers.
+  the steps of the densest one (e.g. a periodic greedy eval) is drawn with point markers. Each
+  series has its own line style, and each is drawn thinner than the one before it, so series with
+  the same values (a 0/1 reward and the success rate) both stay visible.
   """
   fig, ax = plt.subplots(figsize=(7, 4))
   counts = [sum(isinstance(r.get(k), (int, float)) for r in records) for k in keys]
-  for key, count in zip(keys, counts):
+  for i, (key, count) in enumerate(zip(keys, counts)):
     pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
     if not pts:
       continue
@@ -37,7 +42,15 @@ def plot_curves(
         for i in range(len(values))
       ]
     sparse = count < max(counts) / 2
-    ax.plot(steps, values, label=(labels or {}).get(key, key), marker="o" if sparse else None)
+    ax.plot(
+      steps,
+      values,
+      label=(labels or {}).get(key, key),
+      marker="o" if sparse else None,
+      linestyle=_LINE_STYLES[i % len(_LINE_STYLES)],
+      linewidth=max(1.0, 3.5 - 1.2 * i),
+      markersize=max(3.0, 7.0 - 2.0 * i),
+    )
   ax.set_xlabel("step")
   ax.set_title(title)
   ax.grid(alpha=0.3)

@@ -7,7 +7,7 @@ list_rewards()
 
 from __future__ import annotations
 
-from agentfly_jax.tools.registry import Listing
+from agentfly_jax.user_code import Listing
 
 BUILTIN_REWARDS: dict[str, str] = {
   "exact_match": "agentfly_jax.rewards.qa:exact_match",

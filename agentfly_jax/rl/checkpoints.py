@@ -4,17 +4,22 @@ LoRA run's base identity), and the KL reference kept apart so keep-last-N never 
     save(run, step, state, data_position)
     state, data_position = restore(run, step, state)      # a LoRA checkpoint only onto its own base
     ref_params = kl_reference(run, state.params, resumed=False)   # None without KL
+    opened = open_for_evaluation(workdir, step=None)         # a saved run, its checkpoint on the sampler
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from agentfly_jax.checkpoint import Checkpointer
-from agentfly_jax.rl.run import Run
+from agentfly_jax.rl.run import Run, open_run
+from agentfly_jax.rl.spec import RunSpec
 
 
 def checkpoint_meta(run: Run, data_position: int) -> dict:
@@ -66,3 +71,65 @@ def kl_reference(run: Run, params, *, resumed: bool):
     ref_ckpt.save(0, {"params": ref}, {})
   ref_ckpt.close()
   return ref
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedRun:
+  """A saved run opened for evaluation: the run rebuilt from its config.json, the TrainState of
+  checkpoint `step` (already on the run's sampler), and, when the task the config rebuilds differs
+  from the one the run trained on (task.json's fingerprint), why (else None)."""
+
+  run: Run
+  state: Any
+  step: int
+  task_changed: str | None = None
+
+
+def open_for_evaluation(
+  workdir: str, step: int | None = None, *, config=None, task=None, allow_changed_task: bool = False
+) -> OpenedRun:
+  """The run saved in `workdir` (config.json, read only; `config`: this config instead, e.g. the saved
+  one with a rollout field changed), its checkpoint `step` (default the latest)
+  restored through `restore` (a LoRA checkpoint only onto the base it was trained on) and pushed to
+  the run's sampler; the run's compiled programs load from its compile cache. `task`: a Task /
+  TaskSpec given in Python instead of the config's. FileNotFoundError when the folder holds no run
+  or no checkpoint; ValueError when the task does not rebuild, the LoRA base differs, or the task's
+  content differs from the one trained on (unless `allow_changed_task`: then `task_changed` says why)."""
+  from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
+  from agentfly_jax.tasks.from_config import task_fingerprint
+
+  workdir = os.path.abspath(workdir)
+  path = os.path.join(workdir, "config.json")
+  if config is None:
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"{path} not found (is {workdir} a run directory written by training?)")
+    with open(path) as f:
+      config = json.load(f)
+  spec = RunSpec.from_config(config)  # a run saved by any version (migrated inside): today's fields
+  enable_compile_cache(spec.train.compile_cache)
+  spec = dataclasses.replace(spec, log=dataclasses.replace(spec.log, progress=False))
+  run = open_run(spec, workdir, task=task)
+  changed = None
+  record = os.path.join(workdir, "task.json")
+  if os.path.exists(record):
+    with open(record) as f:
+      trained = json.load(f)
+    if trained["fingerprint"] != task_fingerprint(run.parts.task, run.parts.train_stream.rows):
+      changed = (
+        f"{workdir} was trained on a task ({trained['name']!r}) whose content (rows, tools, reward, demo policy) "
+        "differs from what its config.json rebuilds (a Task given in Python, or edited task files)"
+      )
+      if not allow_changed_task:
+        raise ValueError(changed)
+  step = run.checkpointer.latest_step() if step is None else step
+  if step is None or step not in run.checkpointer.all_steps():
+    raise FileNotFoundError(
+      f"{run.checkpointer.directory}: no checkpoint"
+      + ("" if step is None else f" of step {step}")
+      + f" (saved steps: {run.checkpointer.all_steps()})"
+    )
+  policy, critic = run.parts.policy, run.parts.critic
+  state = run.states.new(policy.params, critic_params=critic.params if critic is not None else None)
+  state, _ = restore(run, step, state)
+  run.parts.sampler.update_weights(state.params)
+  return OpenedRun(run=run, state=state, step=step, task_changed=changed)

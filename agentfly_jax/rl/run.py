@@ -89,7 +89,7 @@ def open_run(spec: RunSpec, workdir: str, *, task=None, parts: RunParts | None =
     update=PolicyUpdate(model_parts, spec, loss_cfg, spec.algorithm.estimator, parts.mesh, states.sharding),
     weights=SamplerWeights(parts.sampler, parts.sampler_shardings),
     checkpointer=Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=spec.checkpoint.keep),
-    task_fingerprint=task_fingerprint(parts.task, parts.train_rows),
+    task_fingerprint=task_fingerprint(parts.task, parts.train_stream.rows),
   )
 
 
@@ -100,8 +100,9 @@ def new_state(run: Run, params, optimizer=None, critic_params=None, *, sharding=
 
 
 def rows_at(run: Run, position: int, n: int) -> list[dict]:
-  """Rows position..position+n of the run's endless, per-epoch reshuffled training stream."""
-  return stages.rows_at(run.parts.train_rows, run.spec.seed, position, n)
+  """Rows position..position+n of the run's training stream (data/row_stream.RowStream: every row
+  once per epoch, reshuffled per epoch by the run's seed)."""
+  return run.parts.train_stream.at(position, n)
 
 
 def rollout(run: Run, rows, *, sampler=None, num_chains=None, temperature=None, seed=0) -> list:

@@ -32,7 +32,8 @@ class ModelHalves:
 @dataclasses.dataclass(frozen=True)
 class RunParts:
   """What `build_run` makes from a RunSpec: the task (tasks/contract.TaskSpec), tokenizer, agent,
-  env provider, sampler, meshes, the policy's (and PPO's critic's) halves, the row streams."""
+  env provider, sampler, meshes, the policy's (and PPO's critic's) halves, the training row stream
+  and the eval rows."""
 
   spec: Any
   task: Any
@@ -48,7 +49,7 @@ class RunParts:
   sampler_shardings: Any  # its params' shardings there (None: no sub-mesh)
   policy: ModelHalves
   critic: ModelHalves | None
-  train_rows: list
+  train_stream: Any  # data/row_stream.RowStream over the task's epoch rows
   eval_rows: list
   lora: Any = None  # models.lora.LoRAConfig when model.lora.rank > 0
   base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
@@ -266,14 +267,19 @@ def check_backend(spec, backend: str | None = None) -> None:
 
 
 def build_run(spec, workdir: str, task=None) -> RunParts:
-  """Every part of a run from its RunSpec (`task`: a Task / TaskSpec given in Python instead of
-  `spec.task`); the tokenizer of a random-init model is trained into `workdir/tokenizer`."""
+  """Every part of a run from its RunSpec; `task`: the task already built (tasks/from_config.build_task,
+  as train.py does before anything is built) or a Task given in Python, else `build_task(spec)` here.
+  The tokenizer of a random-init model is trained into `workdir/tokenizer`."""
   from agentfly_jax.agents import load_tokenizer
+  from agentfly_jax.data.row_stream import RowStream
   from agentfly_jax.envs.provider import DeferredEnvProvider
-  from agentfly_jax.tasks.from_config import build_task
+  from agentfly_jax.tasks.from_config import build_task, check_demo_policy
 
   check_backend(spec)
-  task = build_task(spec, task)
+  if task is None:
+    task = build_task(spec)
+  else:
+    check_demo_policy(spec, task)
   tok_dir = build_tokenizer_dir(spec, task, workdir)
   tokenizer = load_tokenizer(tok_dir)
   end_of_turn = _end_of_turn_id(tokenizer, tok_dir)
@@ -285,7 +291,7 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   critic = _critic_halves(spec, tokenizer.vocab_size, mesh)
   built = _build_sampler(spec, sampler_model, model, tokenizer, tok_dir, workdir, mesh, sampler_mesh, lora_cfg)
   agent = task.make_agent(tokenizer)
-  train_rows = task.make_rows(2000, seed=spec.seed)
+  train_stream = RowStream(task.epoch_rows(spec.seed), spec.seed)
   eval_rows = task.make_eval_rows(spec.eval.num_rows, spec.seed) if spec.eval.num_rows else []
   return RunParts(
     spec=spec,
@@ -306,7 +312,7 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
     else jax.tree.map(lambda x: x.sharding, nnx.state(sampler_model, trainable_filter(spec))),
     policy=policy,
     critic=critic,
-    train_rows=train_rows,
+    train_stream=train_stream,
     eval_rows=eval_rows,
     lora=lora_cfg,
     base_identity=identity,

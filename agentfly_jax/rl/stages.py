@@ -1,6 +1,6 @@
 """The stages of one RL step as plain functions: each takes what it uses and returns what it makes.
 
-    rows = rows_at(train_rows, seed, position, n)
+    rows = train_stream.at(position, n)                                    # data/row_stream.RowStream
     trajs = rollout(agent, rows, sampler=..., rollout_spec=spec.rollout, ...)
     arrays, metrics = prepare(trajs, pad_id=..., dynamic_sampling=...)     # host arrays or None
     state, metrics = update(policy_update, state, ref_params, arrays, step)
@@ -19,22 +19,11 @@ import threading
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
 from agentfly_jax.rl import distributed
 from agentfly_jax.rl.batching import drop_zero_variance_groups, rollout_metrics, train_arrays
 from agentfly_jax.sampling.protocol import SamplingParams, SyncStats
-
-
-def rows_at(train_rows: list[dict], seed: int, position: int, n: int) -> list[dict]:
-  """Rows position..position+n of the endless, per-epoch reshuffled training stream."""
-  out, total = [], len(train_rows)
-  for p in range(position, position + n):
-    epoch, i = divmod(p, total)
-    perm = np.random.default_rng([seed, epoch]).permutation(total)
-    out.append(train_rows[int(perm[i])])
-  return out
 
 
 def rollout(

@@ -1,11 +1,12 @@
-"""Built-in tasks (dataset generator + tools + reward + demonstration policy), by name; `Task`
-for a user's own task; the contract every task becomes (tasks/contract.py: `TaskSpec`)."""
+"""Built-in tasks (dataset generator + tools + reward + demonstration policy), by name; the one task
+type, `TaskSpec`, constructed as `Task(...)` for a user's own task, or read from a task module by
+`from_module` (tasks/contract.py)."""
 
 from __future__ import annotations
 
 import importlib
 
-from agentfly_jax.tasks.contract import Task, TaskSpec, check_agent_fn, task_spec  # noqa: F401
+from agentfly_jax.tasks.contract import Task, TaskSpec, check_agent_fn, from_module, task_spec  # noqa: F401
 
 _TASKS = {
   "lookup": "agentfly_jax.tasks.lookup",
@@ -36,4 +37,4 @@ def get_task(name: str):
   return importlib.import_module(_TASKS[name])
 
 
-__all__ = ["get_task", "task_names", "Task", "TaskSpec", "task_spec"]
+__all__ = ["get_task", "task_names", "Task", "TaskSpec", "from_module", "task_spec"]

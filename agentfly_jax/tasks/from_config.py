@@ -5,25 +5,20 @@
   config.task = custom_task_config(train_path="rows.jsonl", tools="calculator,answer",
                                    reward="exact_match")        # names, or 'module:function'
 
-`build_task(spec)` is what train.py, evaluate.py, sweep.py and `build_run` all call, so a run's
-saved config.json rebuilds exactly its task. Everything is checked before a model is built: rows
-(file, row / line, field), the fields the reward reads, tool names, the module's import, and a
-demonstration policy when `config.sft.steps > 0`. `task_fingerprint` hashes the task's content
-(rows, tool names + schemas + code, reward, demo policy) for the SFT cache key.
-
-A task module may define (all optional but a reward and rows, which may come from the config):
-  TOOLS (else every @tool in the module), REWARD (else its one @reward), ROWS or
-  make_rows(n, seed), EVAL_ROWS or make_eval_rows(n, seed) (the dev split), TEST_ROWS or
-  make_test_rows(n, seed) (the locked test split, read only by experiments/learning_report.py), SYSTEM_PROMPT,
-  scripted_response(prompt_text, use_tool, rng) (the SFT demonstration policy; also `demo_policy`),
-  make_agent(tokenizer) (given `system_prompt=` too when it takes one), tokenizer_corpus(),
-  check_rows(rows, source) -> rows (its own checks of every row, e.g. swe's sandbox runs).
+`build_task(spec)` makes the run's task once (train.py before anything is built, handing it to
+`build_run`; evaluation through rl/checkpoints.open_for_evaluation, sweep.py), so a run's saved
+config.json rebuilds exactly its task. A module (built-in or `config.task.module`) is read by
+tasks/contract.from_module, the config's fields over it; rows are checked as they enter the task
+(file, row / line, field; the fields the reward reads; tool names; the module's check_rows), and
+`config.task.gym_id` / `openenv_url` / `openenv_app` become the task's row defaults. Also checked
+before a model is built: the module's import, and a demonstration policy when `config.sft.steps > 0`.
+`task_fingerprint` hashes the task's content (rows, tool names + schemas + code, reward, demo policy)
+for the SFT cache key. What a task module may define: tasks/contract.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import inspect
 import json
@@ -32,11 +27,8 @@ from typing import Any
 
 import ml_collections
 
-from agentfly_jax.data.dataset import load_rows, validate_row
-from agentfly_jax.tools.registry import import_user_module
-
-_NUM_GENERATED_ROWS = 2000  # rows drawn from a module's make_rows (the trainer's stream length)
-_NUM_GENERATED_EVAL = 512
+from agentfly_jax.data.dataset import load_rows
+from agentfly_jax.user_code import import_user_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,11 +139,11 @@ def absolutize_paths(config) -> None:
 
 
 def build_task(config, task: Any = None):
-  """The run's task as the trainer's contract (tasks/contract.TaskSpec), validated; ValueError
-  names the problem. `task` (a `Task` or TaskSpec given in Python) is taken instead of
-  `config.task`, after the checks that need the config. `config`: a ConfigDict, or a RunSpec
-  (anything with `task`, `sft.steps` and `seed`)."""
-  from agentfly_jax.tasks.contract import task_spec
+  """The run's task (tasks/contract.TaskSpec), checked; ValueError names the problem. `task` (a
+  `Task` given in Python, or a task module) is taken instead of `config.task`, after the checks that
+  need the config. `config`: a ConfigDict, or a RunSpec (anything with `task`, `sft.steps` and `seed`).
+  Called once per run (train.py, before anything is built; `build_run` takes what it made)."""
+  from agentfly_jax.tasks.contract import from_module, task_spec
 
   if task is None:
     if is_custom(config):
@@ -160,10 +152,12 @@ def build_task(config, task: Any = None):
       from agentfly_jax.tasks import get_task
 
       try:
-        task = get_task(config.task)
+        module = get_task(config.task)
       except ValueError as e:
         raise ValueError(f"config.task={config.task!r}: {e}") from None
-  task = task_spec(task, task_name(config))
+      task = from_module(module, config.task)
+  task = task_spec(task)
+  task.probe(config.seed)
   check_demo_policy(config, task)
   return task
 
@@ -193,195 +187,129 @@ def import_task_module(spec: str):
     raise ValueError(f"{where}: the module does not import: {type(e).__name__}: {e}") from None
 
 
-def _module_objects(module, cls) -> list:
-  """The module's public `cls` instances: those defined in it, else (none defined) imported ones."""
-  found = [v for k, v in vars(module).items() if isinstance(v, cls) and not k.startswith("_")]
-  own = [v for v in found if getattr(v.fn, "__module__", None) == module.__name__]
-  return own or found
-
-
-def _resolve_tools(spec: str, parts) -> list:
-  """`parts`: the task module's (contract.TaskModule) or None."""
-  from agentfly_jax.tools import Tool
+def _resolve_tools(spec: str, module) -> list:
+  """config.task.tools: names of the module's tools, built-ins or 'module:function' ("" = the module's)."""
+  from agentfly_jax.tasks.contract import module_tools
   from agentfly_jax.tools.registry import get_tool
 
-  module = parts.module if parts is not None else None
-  module_tools = {}
-  if module is not None:
-    found = parts.tools
-    for t in found if found is not None else _module_objects(module, Tool):
-      module_tools[t.name] = t
+  own = {t.name: t for t in module_tools(module)} if module is not None else {}
   if not spec:
-    return list(module_tools.values())
+    return list(own.values())
   tools = []
   for name in filter(None, (n.strip() for n in spec.split(","))):
-    if name in module_tools:
-      tools.append(module_tools[name])
+    if name in own:
+      tools.append(own[name])
       continue
     try:
       tools.append(get_tool(name))
     except ValueError as e:
-      extra = f" (the module's tools: {sorted(module_tools)})" if module is not None else ""
+      extra = f" (the module's tools: {sorted(own)})" if module is not None else ""
       raise ValueError(f"config.task.tools={spec!r}: {e}{extra}") from None
   return tools
 
 
-def _resolve_reward(spec: str, parts):
+def _resolve_reward(spec: str, module):
+  """config.task.reward: a @reward of the module, a built-in name or 'module:function'."""
   from agentfly_jax.rewards import Reward
   from agentfly_jax.rewards.registry import get_reward
+  from agentfly_jax.tasks.contract import module_objects
 
-  module = parts.module if parts is not None else None
-  if spec:
-    local = [r for r in _module_objects(module, Reward) if r.name == spec] if module else []
-    if local:
-      return local[0]
-    try:
-      return get_reward(spec)
-    except ValueError as e:
-      raise ValueError(f"config.task.reward={spec!r}: {e}") from None
-  if module is not None:
-    found = parts.reward
-    if found is not None:
-      return found if isinstance(found, Reward) else Reward(found)
-    rewards = _module_objects(module, Reward)
-    if len(rewards) == 1:
-      return rewards[0]
-    if len(rewards) > 1:
-      raise ValueError(
-        f"config.task.module={module.__name__!r} defines several rewards "
-        f"{[r.name for r in rewards]}; name one with config.task.reward or REWARD"
-      )
-  raise ValueError(
-    "config.task.reward is empty and no task module defines a @reward: set "
-    "config.task.reward to a built-in name or 'module:function'"
-  )
+  local = [r for r in module_objects(module, Reward) if r.name == spec] if module is not None else []
+  if local:
+    return local[0]
+  try:
+    return get_reward(spec)
+  except ValueError as e:
+    raise ValueError(f"config.task.reward={spec!r}: {e}") from None
 
 
-def _module_rows(rows, make, n: int, seed: int):
-  """A module's fixed rows, else its generator's n rows, else None."""
-  if rows is not None:
-    return list(rows)
-  return list(make(n, seed)) if make is not None else None
-
-
-def _fill_row_fields(rows: list[dict], t: UserTaskSection) -> list[dict]:
-  """Rows with config.task's gym_id / openenv_url / openenv_app where they name no env of their own."""
-  if t.gym_id:
-    rows = [{**r, "gym_id": r.get("gym_id") or t.gym_id} for r in rows]
+def _row_defaults(t: UserTaskSection) -> dict:
+  """Row fields config.task fills where a row sets none (the env a Gymnasium / OpenEnv row runs in)."""
   if t.openenv_url and t.openenv_app:
     raise ValueError("config.task.openenv_url and config.task.openenv_app are both set; set one")
-  if t.openenv_url or t.openenv_app:
-    fill = {"openenv_url": t.openenv_url} if t.openenv_url else {"openenv_app": t.openenv_app}
-    rows = [r if r.get("openenv_url") or r.get("openenv_app") else {**r, **fill} for r in rows]
-  return rows
+  defaults = {"gym_id": t.gym_id} if t.gym_id else {}
+  if t.openenv_url or t.openenv_app:  # both keys: a row naming either server keeps its own
+    defaults.update(openenv_url=t.openenv_url, openenv_app=t.openenv_app)
+  return defaults
 
 
 def _custom_task(config):
-  from agentfly_jax.tasks import Task
-  from agentfly_jax.tasks.contract import TaskModule, read_task_module, task_spec, locked_rows_generator
+  """The user task of config.task: its module read by `contract.from_module` (as a built-in's),
+  then the config's fields over it (rows from files, tools, reward, MCP servers, agent, ...)."""
+  from agentfly_jax.tasks.contract import TaskSpec, from_module
 
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
-  parts = read_task_module(module) if module is not None else TaskModule(module=None)
-  mod_label = f"module {t.module}" if module is not None else ""
+  defaults = _row_defaults(t)
+  fields: dict = {"name": t.name or "custom", "row_defaults": defaults, "row_sources": {}}
   if t.train_path:
-    rows, source = load_rows(t.train_path), t.train_path
-  else:
-    rows, source = _module_rows(parts.rows, parts.make_rows, _NUM_GENERATED_ROWS, config.seed), mod_label
-    if rows is None:
-      raise ValueError(
-        "the task has no training rows: set config.task.train_path (a JSON / JSONL "
-        "file of rows) or define ROWS / make_rows(n, seed) in config.task.module"
-      )
-    rows = [validate_row(r, i, f"{source} rows") for i, r in enumerate(rows)]
-    if not rows:
-      raise ValueError(f"{source}: the training rows are empty")
-  rows = _fill_row_fields(rows, t)
-  eval_rows, eval_source = [], source
+    fields.update(rows=load_rows(t.train_path), generate_rows=None)
+    fields["row_sources"]["rows"] = t.train_path
   if t.eval_path:
-    eval_rows, eval_source = load_rows(t.eval_path), t.eval_path
-  elif module is not None:
-    eval_rows = _module_rows(parts.eval_rows, parts.make_eval_rows, _NUM_GENERATED_EVAL, config.seed) or []
-    eval_source = f"{mod_label} eval rows"
-    eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
-  eval_rows = _fill_row_fields(eval_rows, t)
-  tools = _resolve_tools(t.tools, parts if module is not None else None)
-  reward = _resolve_reward(t.reward, parts if module is not None else None)
+    fields.update(eval_rows=load_rows(t.eval_path), generate_eval_rows=None)
+    fields["row_sources"]["eval_rows"] = t.eval_path
+  if module is not None:
+    label = f"module {t.module}"
+    fields["row_sources"] = {
+      "rows": f"{label} rows",
+      "eval_rows": f"{label} eval rows",
+      "test_rows": f"{label} test rows",
+      **fields["row_sources"],
+    }
+  if module is None and not t.train_path:
+    raise ValueError(
+      "the task has no training rows: set config.task.train_path (a JSON / JSONL "
+      "file of rows) or define ROWS / make_rows(n, seed) in config.task.module"
+    )
+  if t.tools or module is not None:
+    fields["tools"] = _resolve_tools(t.tools, module)
+  if t.reward:
+    fields["reward"] = _resolve_reward(t.reward, module)
+  elif module is None:
+    raise ValueError(
+      "config.task.reward is empty and no task module defines a @reward: set "
+      "config.task.reward to a built-in name or 'module:function'"
+    )
   if t.mcp_servers:
     from agentfly_jax.tools.mcp import tools_from_config
 
     try:
-      tools += tools_from_config(t.mcp_servers)
+      fields["tools"] = list(fields.get("tools", ())) + tools_from_config(t.mcp_servers)
     except (RuntimeError, ValueError) as e:
       raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: {e}") from None
-    names = [x.name for x in tools]
+    names = [x.name for x in fields["tools"]]
     if len(set(names)) != len(names):
       raise ValueError(f"config.task.mcp_servers={t.mcp_servers!r}: tool names clash: {sorted(names)}")
-  check_rows_fit(rows, source, tools, reward)
-  if eval_rows:
-    check_rows_fit(eval_rows, eval_source, tools, reward)
-  demo = parts.scripted_response
+  if t.system_prompt:
+    fields["system_prompt"] = t.system_prompt
   if t.demo_policy:
-    from agentfly_jax.tools.registry import resolve_object
+    from agentfly_jax.user_code import resolve_object
 
     try:
-      demo = resolve_object(t.demo_policy, kind="demo policy", builtins={})
+      fields["scripted_response"] = resolve_object(t.demo_policy, kind="demo policy", builtins={})
     except ValueError as e:
       raise ValueError(f"config.task.demo_policy={t.demo_policy!r}: {e}") from None
-  check = parts.check_rows
-  if check is not None:  # the module's own row checks (e.g. swe: each row run in the sandbox)
-    rows = check(rows, source or "rows")
-    eval_rows = check(eval_rows, eval_source or "eval rows") if eval_rows else eval_rows
-  corpus_fn = parts.tokenizer_corpus
-  system_prompt = t.system_prompt or parts.system_prompt or ""
-  agent_factory = parts.make_agent
-  if agent_factory is not None and "system_prompt" in inspect.signature(agent_factory).parameters:
-    agent_factory = functools.partial(agent_factory, system_prompt=system_prompt)
-  custom = Task(
-    tools=tools,
-    reward=reward,
-    rows=rows,
-    eval_rows=eval_rows,
-    system_prompt=system_prompt,
-    corpus=list(corpus_fn()) if corpus_fn is not None else (),
-    scripted_response=demo,
-    agent_factory=agent_factory,
-    agent_fn=_resolve_agent_fn(t.agent),
-    agent_cmd=_resolve_agent_cmd(t),
-    agent_sandbox=t.agent_sandbox,
-    agent_env=_names(t.agent_env),
-    agent_mounts=_names(t.agent_mounts),
-    reward_only_fields=_reward_only(t, parts),
-  )
-  # the module's locked test split (make_test_rows at the final evaluation's seed, or TEST_ROWS), read only then:
-  # its rows are checked as the eval rows are, when they are read
-  generate = locked_rows_generator(parts.make_test_rows, parts.test_rows)
-  if generate is None:
-    return custom
+  if t.reward_only_fields:
+    from agentfly_jax.data.row_fields import check_reward_only
 
-  def test_rows(n: int, seed: int) -> list[dict]:
-    where = f"{mod_label} test rows"
-    rows = _fill_row_fields([validate_row(r, i, where) for i, r in enumerate(generate(n, seed))], t)
-    if rows:
-      check_rows_fit(rows, where, tools, reward)
-    if rows and check is not None:
-      rows = check(rows, where)
-    return rows
-
-  return dataclasses.replace(task_spec(custom, task_name(config)), generate_test_rows=test_rows)
+    where = f"config.task.reward_only_fields={t.reward_only_fields!r}"
+    fields["reward_only_fields"] = check_reward_only(t.reward_only_fields, where)
+  agent_fn, agent_cmd = _resolve_agent_fn(t.agent), _resolve_agent_cmd(t)
+  if agent_fn is not None or agent_cmd:
+    fields.update(
+      agent_fn=agent_fn,
+      agent_cmd=agent_cmd,
+      agent_sandbox=t.agent_sandbox,
+      agent_env=_names(t.agent_env),
+      agent_mounts=_names(t.agent_mounts),
+    )
+  if module is not None:
+    return from_module(module, **fields)
+  return TaskSpec(**fields)
 
 
 def _names(text: str) -> tuple[str, ...]:
   return tuple(w.strip() for w in text.split(",") if w.strip())
-
-
-def _reward_only(t, parts) -> tuple[str, ...]:
-  """config.task.reward_only_fields, else the module's REWARD_ONLY_FIELDS, else the default set."""
-  from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, check_reward_only
-
-  if t.reward_only_fields:
-    return check_reward_only(t.reward_only_fields, f"config.task.reward_only_fields={t.reward_only_fields!r}")
-  return REWARD_ONLY_FIELDS if parts.reward_only_fields is None else tuple(parts.reward_only_fields)
 
 
 def _resolve_agent_cmd(t) -> str | None:
@@ -401,7 +329,7 @@ def _resolve_agent_fn(spec: str):
   if not spec:
     return None
   from agentfly_jax.tasks import check_agent_fn
-  from agentfly_jax.tools.registry import resolve_object
+  from agentfly_jax.user_code import resolve_object
 
   where = f"config.task.agent={spec!r}"
   try:
@@ -410,40 +338,6 @@ def _resolve_agent_fn(spec: str):
     raise ValueError(f"{where}: {e}") from None
   check_agent_fn(fn, where)
   return fn
-
-
-def reward_fields(reward) -> list[str]:
-  """The dataset fields a reward must find in every row (parameters without defaults that are
-  not prediction / trajectory / row / env)."""
-  from agentfly_jax.rewards.reward import _SPECIAL
-
-  return [
-    n
-    for n, p in reward.signature.parameters.items()
-    if n not in _SPECIAL and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-  ]
-
-
-def check_rows_fit(rows: list[dict], source: str, tools: list, reward) -> None:
-  """Every field the reward reads is in every row, and a row's `tools` names only task tools."""
-  for field in reward_fields(reward):
-    lacking = [i for i, r in enumerate(rows) if field not in r]
-    if len(lacking) == len(rows):
-      raise ValueError(
-        f"reward {reward.name!r} reads field {field!r}, which no row of {source} has (row fields: {sorted(rows[0])})"
-      )
-    if lacking:
-      raise ValueError(
-        f"{source}: row {lacking[0]} has no field {field!r}, which reward "
-        f"{reward.name!r} reads ({len(lacking)} of {len(rows)} rows lack it)"
-      )
-  names = {t.name for t in tools}
-  for i, r in enumerate(rows):
-    unknown = [n for n in r.get("tools") or () if n not in names]
-    if unknown:
-      raise ValueError(
-        f"{source}: row {i} field 'tools' names unknown tool(s) {unknown}; the task's tools: {sorted(names)}"
-      )
 
 
 # --------------------------------------------------------------------------- content hash

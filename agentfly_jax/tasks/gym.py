@@ -62,7 +62,10 @@ def check_gym_id(gym_id: str, where: str) -> None:
   try:
     gymnasium.make(gym_id).close()
   except (gymnasium.error.Error, ImportError, AttributeError) as e:
-    raise ValueError(f"{where}: gym id {gym_id!r} is not a registered Gymnasium environment: {e}") from None
+    raise ValueError(
+      f"{where}: config.task.gym_id={gym_id!r} (or the rows' field 'gym_id') is not a registered "
+      f"Gymnasium environment: {e}"
+    ) from None
 
 
 def check_rows(rows: list[dict], source: str) -> list[dict]:

@@ -332,7 +332,7 @@ def test_async_rollout_inside_trio_and_bad_arguments():
   assert len(trajs) == 2
   with pytest.raises(ValueError, match="num_chains"):
     run_rollout(agent, [{"question": "q"}], sampler=sampler, num_chains=0)
-  with pytest.raises(ValueError, match="row 1 field 'question'"):
+  with pytest.raises(ValueError, match="rollout: row 1 has no field 'question'"):
     run_rollout(agent, [{"question": "q"}, {"prompt": "x"}], sampler=sampler)
   with pytest.raises(ValueError, match="row 0.*needs dataset field 'answer'"):
     run_rollout(

@@ -10,7 +10,7 @@ from agentfly_jax.envs.pool_metrics import env_pool_metrics, pool_metrics_from_s
 
 def test_metrics_sum_servers_and_average_waits_on_random_inputs():
   rng = np.random.default_rng(7)
-  keys = ("in_use", "idle", "live", "cap", "crashes", "recycled", "timeouts", "start_failures")
+  keys = ("in_use", "idle", "live", "cap", "crashes", "recycled", "timeouts", "start_failures", "reset_failures")
   stats = {
     f"10.0.0.{i}:1": {"pools": {env: {k: int(rng.integers(0, 50)) for k in keys} for env in ("webshop", "textworld")}}
     for i in range(3)
@@ -24,6 +24,7 @@ def test_metrics_sum_servers_and_average_waits_on_random_inputs():
     assert out[f"env/{env}/warm"] == sum(p["idle"] for p in pools)
     assert out[f"env/{env}/in_use_now"] == sum(p["in_use"] for p in pools)
     assert out[f"env/{env}/crashes"] == sum(p["crashes"] for p in pools)
+    assert out[f"env/{env}/reset_failures"] == sum(p["reset_failures"] for p in pools)
     assert out[f"env/{env}/in_use"] == peaks[env]
   assert out["env/webshop/acquire_wait_s"] == pytest.approx(np.mean(waits["webshop"]))
   assert out["env/webshop/acquire_wait_max_s"] == pytest.approx(max(waits["webshop"]))

@@ -74,6 +74,35 @@ def test_bad_ids_and_actions_are_named_and_the_server_serves_on(gym_server):
   assert stats["crashes"] == 0
 
 
+def test_released_instances_are_reused_and_each_chain_resets_with_its_row():
+  """A server with no default gym id: chains that name theirs in the row reuse one released
+  instance (same instance, same worker process: no new env process per chain); a chain whose first
+  call on a used instance is no reset gets the pool's reset without a row, which fails for this
+  env: counted and named, not silent."""
+
+  async def main(server):
+    manager = EnvManager([server.address])
+    seen = []
+    for chain in ("a", "b", "c"):
+      env = await manager.acquire("gymnasium", chain)
+      seen.append((env.info["instance_id"], env.info["worker_pid"]))
+      assert await env.reset({"gym_id": "CliffWalking-v1", "seed": 0}) == "36"
+      assert (await env.step("0")).observation == "24"
+      await manager.release("gymnasium", chain)
+    env = await manager.acquire("gymnasium", "no-reset")
+    with pytest.raises(Exception, match="reset"):
+      await env.compute_reward("return")
+    await manager.release("gymnasium", "no-reset")
+    stats = (await server_stats(server.address))["pools"]["gymnasium"]
+    await manager.aclose()
+    return seen, stats
+
+  with running_server("gymnasium=1:1") as server:
+    seen, stats = trio.run(main, server)
+  assert len(set(seen)) == 1, seen
+  assert stats["reset_failures"] == 1 and stats["recycled"] == 1 and stats["crashes"] == 0
+
+
 def test_options_are_checked_when_the_server_starts():
   with pytest.raises(ValueError, match="max_steps"):
     GymnasiumEnv(max_steps=0)

@@ -6,6 +6,7 @@ OpenEnv's; a URL that does not answer is an error naming it, and the server serv
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -108,6 +109,33 @@ def test_openenv_server_at_a_url_and_a_bad_url(tmp_path):
       return stats
 
     assert trio.run(bad_url)
+
+
+def test_each_chain_resets_the_openenv_server_once_with_its_seed():
+  """Two chains in turn on one instance: the user's server sees one reset per chain, each with the
+  row's seed (a released instance is not reset again without a row)."""
+  with openenv_server() as url:
+    with running_server("openenv=1:0", options=(f"openenv.url={url}",)) as server:
+
+      async def main():
+        manager = EnvManager([server.address])
+        ids = []
+        for chain, seed in (("a", 7), ("b", 3)):
+          env = await manager.acquire("openenv", chain)
+          ids.append(env.info["instance_id"])
+          await env.reset({"seed": seed})
+          await env.step("10")
+          await manager.release("openenv", chain)
+        await trio.sleep(0.5)  # what the server does after the last release, in the background
+        stats = (await manager.server_stats())[server.address]["pools"]["openenv"]
+        await manager.aclose()
+        return ids, stats
+
+      ids, stats = trio.run(main)
+      with urllib.request.urlopen(url + "/resets", timeout=5) as reply:
+        resets = json.loads(reply.read())
+  assert resets == [7, 3] and ids[0] == ids[1]
+  assert stats["recycled"] == 0 and stats["reset_failures"] == 0
 
 
 def test_openenv_app_started_per_pool(monkeypatch):

@@ -66,3 +66,23 @@ def test_jsonl_resume_truncation_and_plot(tmp_path):
   tb.write(0, {"a": 1.0, "skip": "text"})
   tb.close()
   assert any(f.startswith("events") for f in os.listdir(tmp_path / "tb"))
+
+
+def _pixels_of(png: str, rgb: tuple[int, int, int], tolerance: int = 40) -> int:
+  from PIL import Image
+
+  image = np.asarray(Image.open(png).convert("RGB"), dtype=np.int32)
+  return int((np.abs(image - np.array(rgb)).max(axis=-1) <= tolerance).sum())
+
+
+def test_identical_curves_stay_visible(tmp_path):
+  """Reward and success logged as the same values (a 0/1 reward): the second line drawn must not
+  hide the first. Pixels of the first line's colour (matplotlib's C0) with both plotted are a good
+  share of those with the first alone (the legend's sample alone is a small share)."""
+  rng = np.random.default_rng(3)
+  values = rng.uniform(0, 1, size=40).round(2)
+  records = [{"step": i, "reward": float(v), "success": float(v)} for i, v in enumerate(values)]
+  c0 = (31, 119, 180)
+  alone = _pixels_of(plot_curves(records, ["reward"], str(tmp_path / "alone.png")), c0)
+  both = _pixels_of(plot_curves(records, ["reward", "success"], str(tmp_path / "both.png")), c0)
+  assert both >= 0.3 * alone, (both, alone)

@@ -49,15 +49,6 @@ def test_sync_reports_the_bytes_the_push_moved():
   assert weights.load(params) is None and silent.pushes == 1
 
 
-def test_rows_at_is_a_reshuffled_endless_stream():
-  rows = [{"question": f"q{i}"} for i in range(5)]
-  first = stages.rows_at(rows, 3, 0, 5)
-  assert sorted(r["question"] for r in first) == [f"q{i}" for i in range(5)]  # one epoch: each row once
-  assert stages.rows_at(rows, 3, 2, 6) == first[2:] + stages.rows_at(rows, 3, 5, 3)
-  assert stages.rows_at(rows, 3, 0, 5) == first and stages.rows_at(rows, 4, 0, 5) != first
-  assert stages.rows_at(rows, 3, 5, 5) != first  # the next epoch is shuffled anew
-
-
 def _traj(group, reward, n_gen):
   ids = np.arange(8)
   mask = np.zeros(8, bool)

@@ -47,9 +47,14 @@ def test_module_and_rows_make_the_task(user_task):
   )
   assert [t.name for t in task.tools] == ["calculator", "mirror_word"] and task.reward.name == "exact_match"
   # a full task module (the lookup demo: TOOLS, REWARD, make_rows, a demo policy, its own agent)
+  # read by the same from_module as the built-in: its generators stay generators (rows drawn per seed)
   lookup = build_task(_config(module="agentfly_jax.tasks.lookup"))
-  assert [t.name for t in lookup.tools] == ["lookup"] and len(lookup.rows) == 2000
+  builtin = build_task(default_config())
+  assert [t.name for t in lookup.tools] == ["lookup"] and lookup.rows == () and lookup.generate_rows is not None
   assert lookup.scripted_response is not None and lookup.agent_factory is not None
+  for split in ("train", "dev", "test"):
+    assert lookup.split_rows(split, 6, seed=5) == builtin.split_rows(split, 6, seed=5)
+    assert lookup.split_rows(split, 6, seed=5) != lookup.split_rows(split, 6, seed=6)
 
 
 def test_fingerprint_covers_rows_tools_reward_and_demo(user_task):

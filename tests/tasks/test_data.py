@@ -7,7 +7,7 @@ import pytest
 import transformers
 
 from agentfly_jax.agents import Trajectory, pad_batch
-from agentfly_jax.data import build_tiny_tokenizer, load_rows
+from agentfly_jax.data import RowStream, build_tiny_tokenizer, load_rows
 
 
 def test_load_rows_json_and_jsonl(tmp_path):
@@ -18,6 +18,22 @@ def test_load_rows_json_and_jsonl(tmp_path):
   jl = tmp_path / "train.jsonl"
   jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
   assert load_rows(jl) == rows
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_jsonl_files_read_line_by_line_at_any_length(tmp_path, n):
+  """A `.jsonl` file is JSON Lines whatever its length: one row (the Harbor docstring's form) is one
+  object, which whole-file JSON would read as a dict; blank lines are skipped; errors name the line."""
+  rows = [{"question": f"q{i}", "answer": str(i)} for i in range(n)]
+  path = tmp_path / "rows.jsonl"
+  path.write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")
+  assert load_rows(path) == rows
+  path.write_text(json.dumps(rows[0]) + "\n" + '{"answer": "x"}\n')
+  with pytest.raises(ValueError, match=r"row 1 \(line 2\) has no field 'question'"):
+    load_rows(path)
+  path.write_text(json.dumps(rows))  # a JSON list in a .jsonl file: its one line is no row object
+  with pytest.raises(ValueError, match=r"row 0 \(line 1\) must be a JSON object"):
+    load_rows(path)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +60,24 @@ def test_malformed_files_name_file_row_and_field(tmp_path, content, message):
 def test_missing_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.json"):
     load_rows(tmp_path / "nope.json")
+
+
+def test_row_stream_is_real_epochs_reshuffled_per_epoch():
+  """Every row once per epoch (a file's rows form real epochs), each epoch in its own seeded order,
+  positions read the same across calls and epoch boundaries (a resumed run reads on where it stopped)."""
+  rng = np.random.default_rng()
+  n = int(rng.integers(5, 40))
+  rows = [{"question": f"q{i}"} for i in range(n)]
+  stream = RowStream(rows, seed=3)
+  epochs = [stream.at(e * n, n) for e in range(4)]
+  for epoch in epochs:
+    assert sorted(r["question"] for r in epoch) == sorted(r["question"] for r in rows)
+  assert len({tuple(r["question"] for r in e) for e in epochs}) == 4  # reshuffled per epoch
+  k = int(rng.integers(1, n))
+  assert stream.at(k, 2 * n) == epochs[0][k:] + epochs[1] + epochs[2][:k]
+  assert RowStream(rows, seed=3).at(0, n) == epochs[0] and RowStream(rows, seed=4).at(0, n) != epochs[0]
+  with pytest.raises(ValueError, match="no rows"):
+    RowStream([], seed=0)
 
 
 @pytest.mark.parametrize(

@@ -31,12 +31,15 @@ def _config(**task_fields):
 
 def test_gym_id_fills_rows_and_a_bad_id_stops_before_training():
   task = build_task(_config())
-  assert task.rows[0]["gym_id"] == "CliffWalking-v1" and task.eval_rows[0]["gym_id"] == "CliffWalking-v1"
+  rows, eval_rows = task.make_rows(8, seed=0), task.make_eval_rows(8, seed=0)
+  assert rows[0]["gym_id"] == "CliffWalking-v1" and eval_rows[0]["gym_id"] == "CliffWalking-v1"
   assert [t.name for t in task.tools] == ["act"]
-  assert {r["seed"] for r in task.rows}.isdisjoint({r["seed"] for r in task.eval_rows})
-  with pytest.raises(ValueError, match="NoSuchGame-v0"):
+  assert {r["seed"] for r in rows}.isdisjoint({r["seed"] for r in eval_rows})
+  # the seed picks the rows (evaluate.py --seed): the env seeds of the dev rows follow it
+  assert [r["seed"] for r in task.make_eval_rows(3, seed=7)] != [r["seed"] for r in eval_rows[:3]]
+  with pytest.raises(ValueError, match=r"config\.task\.gym_id='NoSuchGame-v0'"):
     build_task(_config(gym_id="NoSuchGame-v0"))
-  with pytest.raises(ValueError, match="no_such_module"):
+  with pytest.raises(ValueError, match=r"config\.task\.gym_id='no_such_module:Game-v0'.*no_such_module"):
     build_task(_config(gym_id="no_such_module:Game-v0"))
 
 

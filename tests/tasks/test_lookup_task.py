@@ -32,7 +32,7 @@ def test_task_registry_and_user_task_errors():
 
   with pytest.raises(ValueError, match="unknown task 'nope'"):
     get_task("nope")
-  with pytest.raises(ValueError, match=r"Task.rows\[1\]"):
+  with pytest.raises(ValueError, match=r"Task.rows: row 1"):
     Task(tools=[lookup.lookup], reward=lookup.code_match, rows=[{"question": "a"}, {"q": "b"}])
   t = Task(tools=[lookup.lookup], reward=lookup.code_match, rows=[{"question": "a", "answer": "x"}] * 3)
   assert len(t.make_rows(5, seed=1)) == 5 and t.spec().tools == (lookup.lookup,)

@@ -39,9 +39,11 @@ def _config(**task_fields):
 def test_openenv_url_fills_rows_and_a_dead_url_stops_before_training():
   with openenv_server() as url:
     task = build_task(_config(openenv_url=url))
-  assert task.rows[0]["openenv_url"] == url and task.eval_rows[0]["openenv_url"] == url
+    rows, eval_rows = task.make_rows(8, seed=0), task.make_eval_rows(8, seed=0)
+    assert task.make_eval_rows(2, seed=3) != eval_rows[:2]  # the seed picks the env seeds
+  assert rows[0]["openenv_url"] == url and eval_rows[0]["openenv_url"] == url
   assert [t.name for t in task.tools] == ["act"]
-  assert {r["seed"] for r in task.rows}.isdisjoint({r["seed"] for r in task.eval_rows})
+  assert {r["seed"] for r in rows}.isdisjoint({r["seed"] for r in eval_rows})
   dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
   with pytest.raises(ValueError, match=r"config\.task\.openenv_url=.*" + dead.replace(".", r"\.")):
     build_task(_config(openenv_url=dead))

@@ -1,5 +1,6 @@
-"""Every task becomes one typed contract (tasks/contract.TaskSpec): built-in task modules, user
-modules written the old way (UPPERCASE globals) and `Task` objects alike."""
+"""One task type (tasks/contract.TaskSpec, constructed as `Task(...)`): built-in task modules and
+user modules are read by the one `from_module` (UPPERCASE globals, or @tool / @reward found), rows
+are checked once as they enter the task, fixed rows stream in real epochs."""
 
 import textwrap
 
@@ -8,7 +9,7 @@ import pytest
 
 from agentfly_jax.rl.config import default_config
 from agentfly_jax.tasks import Task, TaskSpec, get_task, task_spec
-from agentfly_jax.tasks.contract import read_task_module
+from agentfly_jax.tasks.contract import from_module
 from agentfly_jax.tasks.from_config import build_task, set_custom_task, task_fingerprint
 from agent_testlib import tokenizer_dir
 
@@ -79,7 +80,7 @@ def test_env_types_come_from_the_tools_and_the_reward():
 def test_a_module_without_make_agent_gets_the_default_agent():
   math_calc = get_task("math_calc")
   spec = task_spec(math_calc)
-  assert spec.agent_factory is None and read_task_module(math_calc).make_agent is None
+  assert spec.agent_factory is None and from_module(math_calc).agent_factory is None
   agent = spec.make_agent(tokenizer_dir())
   assert sorted(agent.tools) == sorted(t.name for t in math_calc.TOOLS)
   assert math_calc.SYSTEM_PROMPT in agent.system_prompt
@@ -99,7 +100,7 @@ def test_an_old_style_user_module_still_loads(old_style_module):
 
   direct = task_spec(importlib.import_module(old_style_module))
   assert direct.tools == spec.tools and direct.reward is spec.reward and direct.name == old_style_module
-  assert direct.rows == spec.rows and direct.eval_rows == tuple(spec.eval_rows)
+  assert direct.rows == spec.rows and direct.eval_rows == spec.eval_rows
   with pytest.raises(ValueError, match="task 'custom' has no locked test split"):  # it defines none
     spec.make_test_rows(3, 0)
 
@@ -125,13 +126,12 @@ def test_a_user_module_s_locked_test_split_reaches_the_contract(old_style_module
   generated = build_task(set_custom_task(default_config(), module="generated_test_task"))
   assert [r["question"] for r in generated.make_test_rows(2, seed=4242)] == ["shout s4242-0", "shout s4242-1"]
   assert generated.name == "custom" and generated.make_eval_rows(5, 0) == [{"question": "shout e", "answer": "E"}]
-  # a bad test row is named when the split is read (the final evaluation), as a bad eval row is at the start
+  # a bad fixed test row is named as the task is made (rows are checked once, as they enter the task)
   (tmp_path / "bad_test_task.py").write_text(
     source + "TEST_ROWS = [{'question': 'shout a', 'answer': 'A'}, {'answer': 'B'}]\n"
   )
-  bad = build_task(set_custom_task(default_config(), module="bad_test_task"))
   with pytest.raises(ValueError, match=r"module bad_test_task test rows.*1.*question"):
-    bad.make_test_rows(2, 0)
+    build_task(set_custom_task(default_config(), module="bad_test_task"))
   import sys
 
   for name in ("fixed_test_task", "generated_test_task", "bad_test_task"):
@@ -151,8 +151,13 @@ def test_a_task_object_becomes_the_contract():
     corpus=["extra text"],
   )
   spec = task_spec(task)
-  assert spec.tools == (lookup.lookup,) and spec.reward is lookup.code_match and spec.source is task
-  assert spec.make_rows(7, seed=0) == task.make_rows(7, seed=0)
+  assert Task is TaskSpec and spec is task  # one type
+  assert spec.tools == (lookup.lookup,) and spec.reward is lookup.code_match and spec.source is None
+  # fixed rows form real epochs: every row once per epoch, reshuffled per epoch
+  drawn = spec.make_rows(15, seed=0)
+  for e in range(3):
+    assert sorted(r["question"] for r in drawn[5 * e : 5 * e + 5]) == [r["question"] for r in rows]
+  assert drawn[:5] != drawn[5:10] or drawn[5:10] != drawn[10:]
   assert [r["question"] for r in spec.make_eval_rows(10, 0)] == ["q0", "q1"]
   corpus = spec.tokenizer_corpus()
   assert corpus[:2] == ["Find codes.", "extra text"] and "q0 0" in corpus
@@ -169,6 +174,8 @@ def test_a_task_object_becomes_the_contract():
     task_spec({"tools": []})
   with pytest.raises(ValueError, match="has neither rows nor a row generator"):
     TaskSpec(name="empty", tools=(), reward=lookup.code_match)
+  with pytest.raises(ValueError, match=r"Task.rows: row 1 has no field 'question'"):
+    Task(tools=[lookup.lookup], reward=lookup.code_match, rows=[rows[0], {"answer": "1"}])
   # the same rows drawn either way, seeded
   a, b = spec.make_rows(50, seed=9), spec.make_rows(50, seed=9)
   assert a == b and len({r["question"] for r in a}) == 5

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from agentfly_jax.tools.registry import import_user_module, resolve_object
+from agentfly_jax.user_code import import_user_module, resolve_object
 
 TOOL_MODULE = "def shout(word: str) -> str:\n  return word.upper()\n"
 
