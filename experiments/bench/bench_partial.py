@@ -56,6 +56,10 @@ _ENGINE_MODES = flags.DEFINE_list("engine_modes", ["sync", "partial1"], "Real-en
 _ENGINE_ROWS = flags.DEFINE_integer("engine_rows", 4, "Real-engine rollout.rows_per_step.")
 _ENGINE_CHAINS = flags.DEFINE_integer("engine_chains", 4, "Real-engine rollout.num_chains.")
 _ENGINE_WARMUP = flags.DEFINE_bool("engine_warmup", True, "One unrecorded real-engine run per mode first (fills the compile cache).")
+_ENGINE_REUSE = flags.DEFINE_bool(
+  "engine_reuse", False, "Tabulate the real-engine runs already in --workdir (their metrics.jsonl) instead of running them."
+)
+_ENGINE_LOAD = flags.DEFINE_string("engine_load", "", "With --engine_reuse: the machine's load while those runs ran.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/bench_partial", "Where the real-engine runs write.")
 
 
@@ -223,12 +227,18 @@ def _engine_run(mode: str, rep: int) -> dict:
     overrides += [f"--config.rollout.partial={mode.startswith('partial')}"]
   cmd = train_command(ROOT, "configs/lookup_grpo.py", workdir, _ENGINE_STEPS.value, *overrides)
   t0 = time.perf_counter()
-  subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": ROOT})
-  process_s = time.perf_counter() - t0
+  if not _ENGINE_REUSE.value:
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": ROOT})
+  process_s = time.perf_counter() - t0 if not _ENGINE_REUSE.value else None
   records = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["step"] >= 1]
   chains = _ENGINE_ROWS.value * _ENGINE_CHAINS.value
   turns = [r["rollout/turns_mean"] * chains for r in records]
   steady = [(r, n) for r, n in zip(records, turns) if r["step"] >= _ENGINE_STEADY.value]
+  # A step whose update compiled a program for a new batch shape (train_s > 3x the run's median; the
+  # shapes follow the sampled lengths, so each run meets its own) is left out of the rates, in every mode.
+  median_train = float(np.median([r["time/train_s"] for r, _ in steady]))
+  compiled = [r["step"] for r, _ in steady if r["time/train_s"] > 3 * median_train]
+  steady = [(r, n) for r, n in steady if r["step"] not in compiled]
   wall = sum(r["time/step_s"] for r, _ in steady)
   staleness = max((r.get("async/staleness", 0.0) for r in records), default=0.0)
   assert staleness <= k, (mode, staleness)
@@ -238,6 +248,7 @@ def _engine_run(mode: str, rep: int) -> dict:
     "repeat": rep,
     "process_s": process_s,
     "steady_steps": len(steady),
+    "compile_steps_left_out": len(compiled),
     "steady_s": wall,
     "steps_per_s": len(steady) / wall,
     "trained_turns_per_s": sum(n for _, n in steady) / wall,
@@ -256,7 +267,8 @@ def _summary(runs: list) -> dict:
   modes = {}
   for mode in dict.fromkeys(x["mode"] for x in runs):
     mine = [x for x in runs if x["mode"] == mode]
-    modes[mode] = {k: float(np.mean([x[k] for x in mine])) for k in mine[0] if k not in ("mode", "repeat")}
+    keys = [k for k in mine[0] if k not in ("mode", "repeat") and mine[0][k] is not None]
+    modes[mode] = {k: float(np.mean([x[k] for x in mine])) for k in keys}
   for m in modes.values():
     m["vs_sync"] = m["steps_per_s"] / modes["sync"]["steps_per_s"]
     m["trained_turns_vs_sync"] = m["trained_turns_per_s"] / modes["sync"]["trained_turns_per_s"]
@@ -275,7 +287,7 @@ def main(_):
   modes = _summary(runs)
   load1 = os.getloadavg()[0]
   engine_runs = []
-  for mode in _ENGINE_MODES.value if _ENGINE_STEPS.value and _ENGINE_WARMUP.value else []:
+  for mode in _ENGINE_MODES.value if _ENGINE_STEPS.value and _ENGINE_WARMUP.value and not _ENGINE_REUSE.value else []:
     print(json.dumps({"warmup": _engine_run(mode, -1)}))
   for rep in range(_ENGINE_REPEATS.value if _ENGINE_STEPS.value else 0):
     for mode in _ENGINE_MODES.value:
@@ -288,7 +300,7 @@ def main(_):
     "commit": commit,
     "machine": machine(),
     "load": load_note(load0),
-    "load_engine": load_note(load1) if engine_runs else None,
+    "load_engine": (_ENGINE_LOAD.value if _ENGINE_REUSE.value else load_note(load1)) if engine_runs else None,
     "settings": {
       k: f.value
       for k, f in [
@@ -346,19 +358,21 @@ def main(_):
       f"experiments/train.py, configs/lookup_grpo.py (tiny policy, lookup tool), rollout.sampler=jax, "
       f"{_ENGINE_ROWS.value} rows x {_ENGINE_CHAINS.value} chains per step, lr 3e-4, {_ENGINE_STEPS.value} steps "
       f"per run x {_ENGINE_REPEATS.value} (modes interleaved, after one unrecorded run per mode that fills the compile "
-      f"cache), rates over steps >= {_ENGINE_STEADY.value}; "
+      f"cache), rates over steps >= {_ENGINE_STEADY.value} "
+      f"but those whose update compiled a new batch shape (train s > 3x the run's median); "
       f"{result['load_engine']}. Sampled turns: the engine's requests; wasted: sampled, never trained.",
       "",
       "| mode | trained turns/s | vs sync | wasted share | steps/s | vs sync | rollout-wait share | train s/step | "
-      "turns/chain | staleness max | sampled success |",
-      "|---|---|---|---|---|---|---|---|---|---|---|",
+      "turns/chain | staleness max | sampled success | steps measured (compiles left out) |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, m in engine.items():
       lines.append(
         f"| {mode} | {m['trained_turns_per_s']:.2f} | {m['trained_turns_vs_sync']:.2f}x | "
         f"{100 * m['wasted_share']:.1f} % | {m['steps_per_s']:.3f} | {m['vs_sync']:.2f}x | "
         f"{100 * m['rollout_wait_share']:.0f} % | {m['train_s_mean']:.2f} | {m['turns_mean']:.2f} | "
-        f"{m['staleness_max']:.0f} | {m['success_mean']:.2f} |"
+        f"{m['staleness_max']:.0f} | {m['success_mean']:.2f} | {m['steady_steps']:.1f} "
+        f"({m['compile_steps_left_out']:.1f}) |"
       )
   write_results(_OUT.value, result, "\n".join(lines) + "\n")
 
