@@ -51,5 +51,7 @@ def test_partial_rollouts_learn_to_use_the_tool(tmp_path):
   # Not asserted: the sampled chains. At step 12 they sit at the peak of the guess branch's transient (the cut
   # chains recede by step ~20: experiments/results/partial_stability.md); the greedy policy learned in every run.
   # Every trained turn within the bound, none masked (the producer schedules by deadline and asserts it).
-  for r in records:
-    assert r["async/staleness"] <= 1 and r["async/staleness_hist/0"] + r["async/staleness_hist/1"] == 1.0, r
+  steps = [r for r in records if "async/staleness" in r]
+  assert len(steps) == 12
+  for r in steps:
+    assert r["async/staleness"] <= 1 and r["async/staleness_hist/0"] + r["async/staleness_hist/1"] == pytest.approx(1), r
