@@ -134,7 +134,6 @@ def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, d
     cut_turn_penalty=spec.dapo.cut_turn_penalty,  # a chain cut at max_tokens_per_turn scores below a wrong answer
     turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
   )
-  arrays = stream.after_prepare(arrays, trajs, step, metrics)  # partial: stale turns leave the loss
   metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
   metrics.update(tool_metrics(tools, since=got.tools_before))  # tools/<name>/calls, errors, wait_s
   metrics.update(got.metrics)  # sampler/*, async/*

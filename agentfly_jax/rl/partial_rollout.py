@@ -1,31 +1,40 @@
 """Partial rollouts (config.rollout.mode="async", rollout.partial=True): chains span policy versions.
 
     producer = PartialRolloutProducer(run_stream, weights, rows_per_step=R, max_staleness=k, ...).start()
-    batch = producer.get(step)            # StepBatch: the first R groups to finish, in finishing order
+    batch = producer.get(step)            # StepBatch: R finished groups, earliest deadline first
     producer.publish(step, params)        # loaded at the next turn boundary, not the next batch
 
 Unlike rl/async_rollout.py (a step's batch rolled out whole under one version, so the slowest chain
-holds the step), one continuous rollout (agents/stream_rollout.py) keeps up to
-(max_staleness + 1) * R groups started and not yet consumed (max_staleness 0: the sync loop); a step takes the first R groups that
-finished, and a long group carries over into a later step. A group starts only when the newest
-version is recent enough for the step that will (in finishing order) take it. New weights are loaded between sampler
-requests (`VersionGate`: new requests wait while the in-flight ones drain, then the load), so a chain
-cut by an update resumes its next turn with the new weights; the JAX sampler re-prefills the context
-(its prefix cache is cleared on a load), vLLM too (it resets its prefix cache on a load).
+holds the step), one continuous rollout (agents/stream_rollout.py) keeps groups starting while others
+run; a step takes R finished groups and a long group carries over into a later step. New weights are
+loaded between sampler requests (`VersionGate`: new requests wait while the in-flight ones drain, then
+the load), so a chain cut by an update resumes its next turn with the new weights (the JAX samplers
+re-prefill the context: their prefix caches are cleared on a load; vLLM resets its own).
 
-Versions: every turn records the version that sampled it (`Trajectory.policy_versions`, one per turn:
-the sampler result's `policy_version`); its log-probs are that version's, so decoupled PPO's
-behaviour term is per token. Staleness per token segment: a request is sampled only with a version v
-such that (the next step to consume - 1) - v <= max_staleness; a turn that is older than that when its
-group is finally consumed at step s ((s - 1) - v > max_staleness) is left out of the loss
-(`mask_stale_segments`: its tokens stay as context; the Trajectory keeps its action mask).
+The staleness contract: every turn a step trains on was sampled by a version v with
+(step - 1) - v <= max_staleness, and every sampled turn is trained (none is masked or dropped; with
+max_staleness 0 this is the sync loop). It is kept by scheduling, as AReaL bounds staleness at
+admission, made exact by deadlines:
+  - a group started while the newest version is v is due at step v + k + 1 (its turns are sampled by
+    v or newer: a request never starts on weights older than the newest published);
+  - admission: a group starts only while the steps up to its deadline can take every group started and
+    not consumed (ahead + 1 <= R * (v + k + 2 - next_step)): an earliest-deadline-first schedule of
+    them exists;
+  - consumption (`choose_groups`): a step takes the R earliest-deadline finished groups, and waits while
+    a group due now is unfinished or what is left would overfill a later step. While it waits no
+    group is admitted (the bound is full), so the sampler runs only the late chains: the carried-over
+    chains go first by construction;
+  - `check_staleness` asserts the contract on every batch.
+Off-policyness inside the bound is corrected in the loss: every turn records the version that sampled
+it (`Trajectory.policy_versions`: the sampler result's `policy_version`) and its tokens' sampler
+log-probs are that version's, the behaviour term of decoupled PPO (rl/core/losses.decoupled_ppo_loss,
+clipped against the proximal policy, the trainer's params when the batch arrives).
 On a resume the stream restarts at the checkpoint's data position (R rows per step done); chains in
-flight at the save are not kept.
+flight at the save are not kept. No group starts past the run's last step (`total_groups`).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import threading
@@ -38,7 +47,6 @@ import numpy as np
 
 from agentfly_jax.agents.busy_clock import BusyClock
 from agentfly_jax.rl.async_rollout import StepBatch
-from agentfly_jax.rl.turn_rewards import turn_spans
 
 
 class VersionGate:
@@ -107,7 +115,8 @@ class PartialRolloutProducer:
   """The producer thread of partial rollouts; the interface of async_rollout.RolloutProducer
   (start / get / publish / close, busy_s / idle_s). `run_stream(sampler, next_group, on_group,
   may_start, stopped)` runs agents/stream_rollout.stream_groups with the run's settings (trio.run
-  in this thread); `row_at(k)` is the k-th row of the stream."""
+  in this thread); `row_at(k)` is the k-th row of the stream; `total_groups`: how many groups the
+  run consumes (None: unbounded), none started past it."""
 
   def __init__(
     self,
@@ -118,16 +127,18 @@ class PartialRolloutProducer:
     rows_per_step: int,
     max_staleness: int,
     start_version: int,
+    total_groups: int | None = None,
   ):
     if max_staleness < 0:
       raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     self._run_stream, self._row_at, self._weights = run_stream, row_at, weights
-    self.rows_per_step, self.max_staleness = rows_per_step, max_staleness
-    self.capacity = (max_staleness + 1) * rows_per_step  # groups started and not yet consumed
+    self.rows_per_step, self.max_staleness, self.total_groups = rows_per_step, max_staleness, total_groups
     self.gate = VersionGate(weights, max_staleness, start_version)
-    self._cond = threading.Condition()
-    self._ready: collections.deque = collections.deque()  # finished groups: (group_id, trajectories)
+    self._cond = threading.Condition()  # guards the counters below; taken before gate.lock, never after
+    self._deadline: dict[int, int] = {}  # started, not consumed: group id -> the last step that may take it
+    self._ready: dict[int, list] = {}  # finished, not consumed: group id -> trajectories (in finishing order)
     self._started = self._consumed = 0
+    self.trainer_waits = 0  # steps that waited for a due group after R others had finished
     self._error: BaseException | None = None
     self._stop = False
     self._t0 = time.perf_counter()
@@ -153,18 +164,31 @@ class PartialRolloutProducer:
       self.gate.published = (version, copy)
 
   def get(self, step: int) -> StepBatch:
-    """The first `rows_per_step` groups to finish (group ids renumbered 0..R-1 in finishing order)."""
+    """`rows_per_step` finished groups for step `step`, earliest deadline first (group ids renumbered
+    0..R-1 in that order): every group due at `step` is among them (waited for), and the groups left leave
+    every later step feasible (`choose_groups`). Raises AssertionError if a token is past the bound."""
     t0 = time.perf_counter()
     with self._cond:
-      self._cond.wait_for(lambda: self._error is not None or len(self._ready) >= self.rows_per_step)
-      if self._error is not None:
-        raise RuntimeError("the partial rollout failed") from self._error
-      groups = [self._ready.popleft() for _ in range(self.rows_per_step)]
+      waited = False
+      while True:
+        if self._error is not None:
+          raise RuntimeError("the partial rollout failed") from self._error
+        chosen = choose_groups(self._deadline, list(self._ready), step, self.rows_per_step)
+        if chosen is not None:
+          break
+        waited = waited or len(self._ready) >= self.rows_per_step
+        self._cond.wait()
+      self.trainer_waits += waited
+      groups = [self._ready.pop(g) for g in chosen]
+      for g in chosen:
+        del self._deadline[g]
       self._consumed += self.rows_per_step
-    with self.gate.lock:
-      self.gate.next_step = step + 1
-    trajs = [dataclasses.replace(t, group_id=i) for i, (_, group) in enumerate(groups) for t in group]
+      with self.gate.lock:
+        self.gate.next_step = step + 1
+      self._cond.notify_all()
+    trajs = [dataclasses.replace(t, group_id=i) for i, group in enumerate(groups) for t in group]
     versions = [v for t in trajs for v in t.policy_versions]
+    check_staleness(versions, step, self.max_staleness)
     oldest = min(versions) if versions else step - 1
     return StepBatch(step, trajs, oldest, 0.0, time.perf_counter() - t0)
 
@@ -179,23 +203,26 @@ class PartialRolloutProducer:
     with self._cond:
       k = self._started
       self._started += 1
+      with self.gate.lock:  # the newest version: the group's first request samples with it or a newer one
+        self._deadline[k] = self.gate.published[0] + self.max_staleness + 1
     return self._row_at(k), k
 
   def _on_group(self, group_id, trajs) -> None:
     with self._cond:
-      self._ready.append((group_id, trajs))
+      self._ready[group_id] = trajs
       self._cond.notify_all()
 
   def _may_start(self) -> bool:
-    """Room for a group, and the newest version recent enough for the step that will take it
-    (FIFO: `ahead // R` steps after the next one)."""
+    """Admission: a group started now under the newest version v is due at step v + k + 1; it may start
+    only while the steps up to then can take every group started and not consumed, this one too:
+    ahead + 1 <= R * (v + k + 2 - next_step) (the bound is then kept without dropping a token)."""
     with self._cond:
+      if self.total_groups is not None and self._started >= self.total_groups:
+        return False
       ahead = self._started - self._consumed
-    if ahead >= self.capacity:
-      return False
-    with self.gate.lock:
-      version, next_step = self.gate.published[0], self.gate.next_step
-    return (next_step - 1 + ahead // self.rows_per_step) - version <= self.max_staleness
+      with self.gate.lock:
+        version, next_step = self.gate.published[0], self.gate.next_step
+    return ahead + 1 <= self.rows_per_step * (version + self.max_staleness + 2 - next_step)
 
   def _run(self):
     try:
@@ -212,10 +239,44 @@ class PartialRolloutProducer:
         self._cond.notify_all()
 
 
+def choose_groups(deadlines: dict, ready: list, step: int, rows: int) -> list | None:
+  """The `rows` finished groups step `step` takes, or None while it must wait. deadlines: every group
+  started and not consumed -> the last step that may take it; ready: the finished ones, in finishing
+  order. The choice is the `rows` earliest-deadline finished groups (finishing order breaks ties); it stands
+  when what is left fits the steps after: for every deadline d, the groups left due by d <= rows * (d - step)
+  (so a group due at `step` is always taken, and no later step is ever handed more than it can take).
+
+  >>> choose_groups({0: 3, 1: 2, 2: 3}, [0, 2], step=2, rows=2)   # group 1 is due at step 2: wait for it
+  >>> choose_groups({0: 3, 1: 2, 2: 3}, [0, 1, 2], step=2, rows=2)
+  [1, 0]
+  """
+  if len(ready) < rows:
+    return None
+  order = {g: i for i, g in enumerate(ready)}
+  chosen = sorted(ready, key=lambda g: (deadlines[g], order[g]))[:rows]
+  taken = set(chosen)
+  left = sorted(d for g, d in deadlines.items() if g not in taken)
+  for i, d in enumerate(left):  # i + 1 groups left are due by d
+    if i + 1 > rows * (d - step):
+      return None
+  return chosen
+
+
+def check_staleness(versions: list, step: int, max_staleness: int) -> None:
+  """AssertionError if a token of step `step`'s batch was sampled by a version older than the bound:
+  (step - 1) - v > max_staleness (admission and `choose_groups` keep it; this checks them)."""
+  over = [v for v in versions if (step - 1) - v > max_staleness]
+  if over:
+    raise AssertionError(
+      f"partial rollout: step {step} holds turns of version {min(over)} "
+      f"(staleness {(step - 1) - min(over)}) past max_staleness={max_staleness}"
+    )
+
+
 def staleness_metrics(batch: StepBatch, step: int, max_staleness: int, weight_loads: int) -> dict:
   """async/* metrics of a partial batch: staleness of its oldest turn, the share of turns per
-  staleness (those past the bound: async/staleness_hist/over, masked out of the loss), the share of
-  chains that span several versions, the producer's weight loads so far (`weight_loads`)."""
+  staleness (each within the bound: `check_staleness`), the share of chains that span several
+  versions, the producer's weight loads so far (`weight_loads`)."""
   versions = [v for t in batch.trajectories for v in t.policy_versions]
   stale = [step - 1 - v for v in versions]
   out = {
@@ -229,40 +290,7 @@ def staleness_metrics(batch: StepBatch, step: int, max_staleness: int, weight_lo
   }
   for k in range(max_staleness + 1):
     out[f"async/staleness_hist/{k}"] = sum(1 for s in stale if s == k) / max(1, len(stale))
-  out["async/staleness_hist/over"] = sum(1 for s in stale if s > max_staleness) / max(1, len(stale))
   return out
-
-
-def mask_stale_segments(arrays: dict | None, trajs: list, step: int, max_staleness: int) -> tuple[dict | None, dict]:
-  """(arrays with the action tokens of turns older than the bound at `step` ((step - 1) - v >
-  max_staleness) taken out of `action_mask` (a copy; target-aligned: a turn's tokens [a, b) of the
-  trajectory are positions [a - 1, b - 1)), {"async/stale_tokens_masked": how many}). `trajs`: the
-  trajectories of `arrays`' rows, in order."""
-  if arrays is None:
-    return arrays, {"async/stale_tokens_masked": 0.0}
-  mask = np.array(arrays["action_mask"], bool)
-  masked = 0
-  for i, t in enumerate(trajs):
-    spans = turn_spans(t.action_mask)
-    if len(t.policy_versions) != len(spans):
-      continue  # versions not recorded per turn: nothing to judge
-    for (a, b), v in zip(spans, t.policy_versions):
-      if (step - 1) - v > max_staleness:
-        masked += int(mask[i, a - 1 : b - 1].sum())
-        mask[i, a - 1 : b - 1] = False
-  return {**arrays, "action_mask": mask}, {"async/stale_tokens_masked": float(masked)}
-
-
-def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str, cut_turn_penalty: float = 0.0) -> list:
-  """The trajectories whose rows `stages.prepare` put into its arrays, in order (the same scores
-  decide which groups dynamic sampling drops)."""
-  trajs = [t for t in trajs if len(t.token_ids)]  # as stages.prepare: a chain with no tokens has no row
-  if not dynamic_sampling:
-    return trajs
-  from agentfly_jax.rl.batching import drop_zero_variance_groups
-  from agentfly_jax.rl.stages import scored
-
-  return drop_zero_variance_groups(scored(trajs, score_metric, cut_turn_penalty))[0]
 
 
 def check_partial(rollout_spec, agent_fn=None) -> None:
@@ -327,29 +355,15 @@ def start_producer(run, loop, start: int) -> PartialRolloutProducer:
     rows_per_step=r.rows_per_step,
     max_staleness=r.max_staleness,
     start_version=start,
+    total_groups=(spec.train.steps - start) * r.rows_per_step,
   ).start()
-
-
-def after_prepare(arrays: dict | None, trajs: list, step: int, spec, metrics: dict) -> dict | None:
-  """The trainer's hook after `stages.prepare` (rl/loop.run_step): with partial rollouts,
-  `mask_stale_segments` on the rows prepare kept (`kept_trajectories`) under the run's bound, its
-  metric added to `metrics`; otherwise `arrays` as they are."""
-  if not (spec.asynchronous and spec.rollout.partial):
-    return arrays
-  kept = kept_trajectories(
-    trajs,
-    dynamic_sampling=spec.dapo.dynamic_sampling,
-    score_metric=spec.loss.score_metric,
-    cut_turn_penalty=spec.dapo.cut_turn_penalty,
-  )
-  arrays, stale = mask_stale_segments(arrays, kept, step, spec.rollout.max_staleness)
-  metrics.update(stale)
-  return arrays
 
 
 def batch_metrics(producer, batch: StepBatch, step: int, spec, plain: Callable) -> dict:
   """The async/* metrics of a step's batch: the partial producer's per-turn ones
   (`staleness_metrics`), else `plain` (async_rollout.staleness_metrics)."""
   if spec.rollout.partial:
-    return staleness_metrics(batch, step, spec.rollout.max_staleness, producer.gate.loads)
+    out = staleness_metrics(batch, step, spec.rollout.max_staleness, producer.gate.loads)
+    out["async/trainer_waits"] = float(producer.trainer_waits)
+    return out
   return plain(batch, step, spec.rollout.max_staleness)

@@ -10,8 +10,8 @@ The loop (rl/loop.run_step) knows only this interface. The policies:
     weights of the last update, and `publish` loads the new weights at once (`InlineStream`);
   - bounded staleness (mode "async"): a producer thread rolls out step batches with the newest version at
     most `max_staleness` updates old (rl/async_rollout.RolloutProducer);
-  - partial (mode "async", partial): chains span policy versions and groups carry over steps
-    (rl/partial_rollout.PartialRolloutProducer).
+  - partial (mode "async", partial): chains span policy versions and groups carry over steps, every
+    token within the bound by scheduling, none masked (rl/partial_rollout.PartialRolloutProducer).
 The counters a step reports (tool calls, env acquires, the sampler's work) are differences of snapshots:
 around the rollout for the inline stream, since the last step for the producers.
 """
@@ -68,9 +68,6 @@ class InlineStream:
   def publish(self, step: int, params) -> dict:
     return stages.sync(self.run.weights, params)
 
-  def after_prepare(self, arrays, trajs: list, step: int, metrics: dict):
-    return arrays
-
   def idle_metrics(self, step_metrics: dict, wall_s: float) -> dict:
     return {}
 
@@ -97,10 +94,6 @@ class ProducerStream:
   def publish(self, step: int, params) -> dict:
     self.producer.publish(step, params)
     return {}
-
-  def after_prepare(self, arrays, trajs: list, step: int, metrics: dict):
-    """Partial rollouts: turns past the staleness bound leave the loss (partial_rollout.after_prepare)."""
-    return partial_rollout.after_prepare(arrays, trajs, step, self.run.spec, metrics)
 
   def idle_metrics(self, step_metrics: dict, wall_s: float) -> dict:
     """async/trainer_idle_frac (the trainer's wait for batches over the loop's wall time so far, `wall_s`)

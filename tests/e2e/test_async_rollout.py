@@ -84,8 +84,8 @@ def test_partial_rollouts_train_with_per_turn_versions(tmp_path):
   trainer, records = _train(config, tmp_path / "partial")
   assert [r["step"] for r in records] == [1, 2, 3, 4]
   for r in records:
-    assert r["async/staleness_hist/over"] + sum(r[f"async/staleness_hist/{k}"] for k in range(3)) == pytest.approx(1)
-    assert r["async/stale_tokens_masked"] >= 0 and "actor/behaviour_weight_mean" in r
+    assert sum(r[f"async/staleness_hist/{k}"] for k in range(3)) == pytest.approx(1)  # every turn within the bound
+    assert r["async/staleness"] <= 2 and "actor/behaviour_weight_mean" in r
   assert records[-1]["async/weight_loads"] >= 1  # published versions are loaded mid-stream
   assert trainer.run.loss_cfg.policy_loss == "decoupled_ppo"
   _assert_throughput_consistent(records)

@@ -15,7 +15,8 @@ a transient of the guess branch RL leaves, in every mode: the wrong code words g
 repeats `The code is` to the turn cap while the first token moves to the tool call more slowly; the cut chains peak
 at steps 6-9 and recede by step ~20 (3 seeds run to 24 steps: sampled success 0.59-0.92 at step 24). A cut-turn
 penalty, halved negative advantages and a lower lr did not shorten it. So this 12-step test (CI time) asserts the
-greedy policy and the staleness masking, not the sampled chains, which stop at the transient's peak."""
+greedy policy and the staleness bound (every trained turn within it), not the sampled chains, which stop at the
+transient's peak."""
 
 import importlib.util
 import os
@@ -49,8 +50,8 @@ def test_partial_rollouts_learn_to_use_the_tool(tmp_path):
   assert greedy[12] >= 0.5, greedy
   # Not asserted: the sampled chains. At step 12 they sit at the peak of the guess branch's transient (the cut
   # chains recede by step ~20: experiments/results/partial_stability.md); the greedy policy learned in every run.
-  # A long group consumed later than planned can hold turns past the bound (how many depends on
-  # timing); the bound holds as masking: a step with such turns masks tokens, one without masks none.
-  for r in records:
-    if "async/staleness_hist/over" in r:
-      assert (r["async/staleness_hist/over"] > 0) == (r["async/stale_tokens_masked"] > 0), r
+  # Every trained turn within the bound, none masked (the producer schedules by deadline and asserts it).
+  steps = [r for r in records if "async/staleness" in r]
+  assert len(steps) == 12
+  for r in steps:
+    assert r["async/staleness"] <= 1 and r["async/staleness_hist/0"] + r["async/staleness_hist/1"] == pytest.approx(1), r

@@ -161,10 +161,8 @@ def test_score_metric_replaces_the_reward_for_advantages_and_names_a_missing_one
 def test_a_cut_chain_scores_its_reward_minus_the_cut_turn_penalty():
   """`dapo.cut_turn_penalty`: a chain that ended because a turn ran to max_tokens_per_turn trains on
   reward - penalty (below a wrong answer's 0), on top of `score_metric`; dynamic sampling sees the
-  penalised scores (a group of zeros with a cut chain has a spread) and the partial-rollout hook's
-  `kept_trajectories` keeps exactly the rows prepare kept; the logged rewards stay the rollout's."""
+  penalised scores (a group of zeros with a cut chain has a spread); the logged rewards stay the rollout's."""
   from agentfly_jax.rl import stages
-  from agentfly_jax.rl.partial_rollout import kept_trajectories
   from agentfly_jax.rl.spec import RunSpec
 
   rng = np.random.default_rng(11)
@@ -181,13 +179,11 @@ def test_a_cut_chain_scores_its_reward_minus_the_cut_turn_penalty():
   np.testing.assert_allclose(arrays["rewards"], want, rtol=1e-6)
   assert metrics["dapo/groups_dropped"] == 1  # (group 3's only chain has no tokens: no row, no group)
   assert metrics["rollout/reward_mean"] == pytest.approx(np.mean(flat + [0.0]))  # logged: the rollout's rewards
-  kept = kept_trajectories(trajs, dynamic_sampling=True, score_metric="", cut_turn_penalty=pen)
-  assert [(t.group_id, t.chain_id) for t in kept] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
   on_metric, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="success", cut_turn_penalty=pen)
   np.testing.assert_allclose(
     on_metric["rewards"], [float(r > 0.5) - pen * (i in (1, 4)) for i, r in enumerate(flat)], rtol=1e-6
   )
-  assert len(kept_trajectories(trajs, dynamic_sampling=False, score_metric="")) == len(on_metric["rewards"]) == 9
+  assert len(on_metric["rewards"]) == 9
   plain, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
   np.testing.assert_allclose(plain["rewards"], flat, rtol=1e-6)  # 0: off
   c = _config(None)
