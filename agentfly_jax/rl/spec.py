@@ -275,6 +275,7 @@ class LossSection(Section):
   behaviour_cap: float = 2.0  # async, max_staleness > 0: decoupled PPO's behaviour weight cap
   neg_adv_weight: float = 1.0  # negative advantages x this (0: learn only from above-mean chains)
   score_metric: str = ""  # "" = advantages from the reward; else from this reward metric (e.g. "success")
+  router_aux_coef: float = 0.0  # mixture-of-experts policy: x HF's router load-balancing loss (0 = off)
 
   def check(self):
     known = losses.policy_loss_names()
@@ -285,6 +286,7 @@ class LossSection(Section):
     self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
     self.need("neg_adv_weight", self.neg_adv_weight >= 0, "must be >= 0 (1 = plain advantages)")
+    self.need("router_aux_coef", self.router_aux_coef >= 0, "must be >= 0 (0 = off)")
     self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0, "needs 0 <= clip_low < 1, clip_high >= 0")
     self.need("dual_clip", not self.dual_clip or self.dual_clip > 1, "dual-clip constant must be > 1 (or 0 to disable)")
 
