@@ -214,14 +214,21 @@ def expert_parallel_setup(num_experts: int):
 
 def expert_parallel(block: Experts, x, experts, weights, mesh, ep_axes, rules):
   """Experts under shard_map with all_to_all token exchange. x [B, T, D], experts int32[B, T, k],
-  weights [B, T, k] -> [B, T, D]; token rows split as the rule "act_batch" splits them (replicated
-  over the other mesh axes), experts over `ep_axes`, expert widths as the rule "moe_mlp" (less the
-  expert axes)."""
+  weights [B, T, k] -> [B, T, D]; token rows split over the rule "act_batch"'s mesh axes and
+  `ep_axes` (replicated over the others), experts over `ep_axes`, expert widths as the rule
+  "moe_mlp" (less the expert axes)."""
   ep = _axis_size(mesh, ep_axes)
   e_loc = block.num_experts // ep
+  ep_tuple = tuple(ep_axes)
   ep_axes = ep_axes[0] if len(ep_axes) == 1 else ep_axes
   b = x.shape[0]
-  batch_axes = spec_for_axes(("act_batch",), (b,), rules, mesh, where="the MoE tokens")[0]
+  # token rows: split as the rule "act_batch" says, and over the expert axes too (expert parallel
+  # is data parallel for the tokens) where the batch divides
+  row_rules = {
+    **rules,
+    "act_batch": tuple(rules.get("act_batch", ())) + tuple(a for a in ep_tuple if a not in rules.get("act_batch", ())),
+  }
+  batch_axes = spec_for_axes(("act_batch",), (b,), row_rules, mesh, where="the MoE tokens")[0]
   width = block.gate_proj.out_features
   mlp_rules = {**rules, "moe_mlp": tuple(a for a in rules.get("moe_mlp", ()) if a not in ep_axes)}
   mlp_axes = spec_for_axes(("moe_mlp",), (width,), mlp_rules, mesh, where="the MoE experts")[0]

@@ -76,7 +76,7 @@ DEFAULT_RULES: dict[str, Any] = {
   "router": None,  # the router's E outputs (small: whole)
   # Activations (`constrain`, under `activation_sharding`): rows split over fsdp (data
   # parallel), heads / MLP hidden / vocab over tp; the model width of activations is kept whole.
-  "act_batch": ("fsdp", "expert"),
+  "act_batch": "fsdp",
   "act_length": None,
   "act_embed": None,
   "act_heads": "tp",

@@ -22,8 +22,17 @@ from tests.models.test_models_hf import hf_logits, left_padded_batch, randomize_
 # dense layer in between (decoder_sparse_step 2 + mlp_only_layers) and attention biases.
 VARIANTS = [
   ("all-sparse-norm", dict(norm_topk_prob=True, num_hidden_layers=2)),
-  ("mixed-raw-bias", dict(norm_topk_prob=False, num_hidden_layers=4, decoder_sparse_step=2,
-                          mlp_only_layers=[3], attention_bias=True, tie_word_embeddings=True)),
+  (
+    "mixed-raw-bias",
+    dict(
+      norm_topk_prob=False,
+      num_hidden_layers=4,
+      decoder_sparse_step=2,
+      mlp_only_layers=[3],
+      attention_bias=True,
+      tie_word_embeddings=True,
+    ),
+  ),
 ]
 
 
