@@ -66,7 +66,9 @@ class ExpertLinear(Linear):
     self.bias = nnx.data(None)
     self.in_features, self.out_features = d_in, d_out
     self.dtype = cfg.compute_dtype
-    self.precision = cfg.matmul_precision
+    # bfloat16 operands: the default precision (TPU lowers ragged_dot to a Mosaic kernel that
+    # refuses an fp32 contract precision on bf16 inputs)
+    self.precision = cfg.matmul_precision if jnp.dtype(cfg.compute_dtype) == jnp.float32 else None
     self.kernel_layout = "in_out"
     self.lora_a = nnx.data(None)
     self.lora_b = nnx.data(None)

@@ -400,10 +400,9 @@ def state_shardings(
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, batch: dict) -> dict:
-  """Micro-batch arrays [M, mb, ...]: the mb (batch) axis is split over 'fsdp' (data parallel), and
-  over 'expert' too on an expert-parallel mesh (models.make_mesh(expert=n))."""
-  rows = ("fsdp", "expert") if "expert" in mesh.axis_names else "fsdp"
-  return {k: NamedSharding(mesh, P(None, rows)) for k in batch}
+  """Micro-batch arrays [M, mb, ...]: the mb (batch) axis is split over 'fsdp' (data parallel); on an
+  expert-parallel mesh the rows are split over 'expert' only inside the experts (models/moe.py)."""
+  return {k: NamedSharding(mesh, P(None, "fsdp")) for k in batch}
 
 
 def jit_step(step_fn, state_sh, batch_sh, frozen=None):
