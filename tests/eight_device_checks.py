@@ -47,6 +47,12 @@ def _lora_mesh():
   lora_mesh_check.main()
 
 
+def _moe_ep():
+  import moe_ep_check
+
+  moe_ep_check.main()
+
+
 def _trainer_mesh(algo):
   def check():
     import mesh_trainer_check
@@ -62,6 +68,7 @@ CHECKS = {
   "sampler_sharding": _sampler_sharding,  # tests/sampling/test_jax_sampler.py
   "lora_mesh": _lora_mesh,  # tests/models/test_models_lora_mesh.py
   "activation_sharding": _activation_sharding,  # tests/models/test_models_activation_sharding.py
+  "moe_ep": _moe_ep,  # tests/models/test_moe_ep.py
   "trainer_mesh_grpo": _trainer_mesh("grpo"),  # tests/multidevice/test_trainer_mesh.py
   "trainer_mesh_ppo": _trainer_mesh("ppo"),
 }

@@ -33,8 +33,9 @@ from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
 from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
 
 
-def _apply_layer(graphdef, state, x, cos, sin, mask, kv, cache_index):
-  return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, cache_index)
+def _apply_layer(graphdef, state, x, cos, sin, mask, kv, cache_index, routed=None):
+  out = nnx.merge(graphdef, state)(x, cos, sin, mask, kv, cache_index, routed)
+  return out if len(out) == 3 else (*out, None)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -78,15 +79,18 @@ def stacked_decoder_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
   @nnx.split_rngs(splits=cfg.num_hidden_layers)
   @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
   def make(layer_rngs):
-    return DecoderLayer(cfg, rngs=layer_rngs)
+    return DecoderLayer(cfg, rngs=layer_rngs)  # ModelConfig.validate: scanned layers are all alike
 
   return make(rngs)
 
 
-def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat, compute_dtype=None):
+def scan_decoder_layers(
+  layers: DecoderLayer, x, cos, sin, mask, cache, cache_index, remat, compute_dtype=None, routed=None
+):
   """Runs the stacked decoder layers over x [B, T, D] with `lax.scan` (one layer per iteration,
-  under the remat policy `remat`); `cache`: a stacked KVCache or None. Returns (x, (k, v) stacked
-  [L, ...] or None).
+  under the remat policy `remat`); `cache`: a stacked KVCache or None. Returns (x, ((k, v) stacked
+  [L, ...] or None, RouterOut stacked [L, ...] or None)); `routed` int32[L, B, T, k] replayed
+  experts (a mixture-of-experts model) or None.
 
   Without a cache (training, scoring) each layer's weights are cast to `compute_dtype` inside
   the loop (`tied_to_iteration`); with one (prefill, decode) XLA may cast the whole stack once
@@ -95,34 +99,38 @@ def scan_decoder_layers(layers: DecoderLayer, x, cos, sin, mask, cache, cache_in
   tie = cache is None and compute_dtype is not None
 
   def body(h, xs):
-    layer_state, kv, index = xs
+    layer_state, kv, index, route_in = xs
     if tie:
       layer_state = tied_to_iteration(layer_state, index, compute_dtype)
-    return nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, mask, kv, cache_index)
+    out = _apply_layer(graphdef, layer_state, constrain(h, HIDDEN_AXES), cos, sin, mask, kv, cache_index, route_in)
+    return out[0], (out[1], out[2])
 
   kvs = None if cache is None else (cache.k, cache.v)
   num_layers = jax.tree.leaves(state)[0].shape[0]
-  return jax.lax.scan(scan_body(body, remat), x, (state, kvs, jnp.arange(num_layers, dtype=jnp.int32)))
+  return jax.lax.scan(scan_body(body, remat), x, (state, kvs, jnp.arange(num_layers, dtype=jnp.int32), routed))
 
 
-def scan_paged_layers(layers: DecoderLayer, x, cos, sin, pages, cache, remat):
+def scan_paged_layers(layers: DecoderLayer, x, cos, sin, pages, cache, remat, routed=None):
   """The stacked decoder layers over x [B, T, D] and a stacked paged cache k / v [L, ...]: the cache rides in
   the scan's carry and each layer writes and reads its own slice through its index (a scatter and gathers on
   the whole array, in place), so a step moves only the keys it writes and reads. (As scan inputs and outputs
-  the stack would be copied whole every step.) Returns (x, (k, v))."""
+  the stack would be copied whole every step.) `routed`: as scan_decoder_layers. Returns (x, ((k, v), RouterOut
+  stacked [L, ...] or None))."""
   graphdef, state = nnx.split(layers)
 
   def body(carry, xs):
     h, k, v = carry
-    layer_state, index = xs
-    h, (k, v) = nnx.merge(graphdef, layer_state)(constrain(h, HIDDEN_AXES), cos, sin, pages, (k, v, index), None)
-    return (h, k, v), None
+    layer_state, index, route_in = xs
+    h, (k, v), route = _apply_layer(
+      graphdef, layer_state, constrain(h, HIDDEN_AXES), cos, sin, pages, (k, v, index), None, route_in
+    )
+    return (h, k, v), route
 
   num_layers = jax.tree.leaves(state)[0].shape[0]
-  (x, k, v), _ = jax.lax.scan(
-    scan_body(body, remat), (x, cache.k, cache.v), (state, jnp.arange(num_layers, dtype=jnp.int32))
+  (x, k, v), routes = jax.lax.scan(
+    scan_body(body, remat), (x, cache.k, cache.v), (state, jnp.arange(num_layers, dtype=jnp.int32), routed)
   )
-  return x, (k, v)
+  return x, ((k, v), routes)
 
 
 def embed_lookup(embed: nnx.Embed, input_ids: jax.Array, compute_dtype) -> jax.Array:
@@ -171,7 +179,7 @@ class Transformer(nnx.Module):
     if cfg.scan_layers:
       self.layers = stacked_decoder_layers(cfg, rngs)
     else:
-      self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+      self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs, layer_idx=i) for i in range(cfg.num_hidden_layers)])
     self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
 
 
@@ -221,22 +229,58 @@ class _Base(nnx.Module):
     segment_ids=None,
     from_empty_cache: bool = False,
     pages: PageTable | None = None,
+    routed_experts: jax.Array | None = None,
+    with_router: bool = False,
   ):
-    """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one).
+    """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one);
+    with `with_router` (static) also the sparse layers' routing, a models/moe.py RouterOut stacked
+    [Lm, B, T, ...] (Lm = len(config.moe_layers); None for a dense model).
 
     Args: see `CausalLM.__call__`; `from_empty_cache` (static): `cache` holds nothing yet and
     input_ids fill its slots [0, T) (a prefill): they attend among themselves as without a cache
     (the Pallas kernel / flash blocks, no [B, H, T, S] scores over the whole cache); the result
     equals the plain cached call at cache_index 0. `pages` (with a PagedKVCache `cache`): where each token
     reads and writes (models/paged_attention.py); its positions are the RoPE positions.
+    `routed_experts` int32[Lm, B, T, k] (a mixture-of-experts model): the experts each sparse layer
+    sends each token to (router replay; the weights still come from the router's probabilities).
     """
+    x, new_cache, routes = self._hidden_states(
+      input_ids, positions, attention_mask, cache, cache_index, segment_ids, from_empty_cache, pages, routed_experts
+    )
+    return (x, new_cache, routes) if with_router else (x, new_cache)
+
+  def _route_inputs(self, routed_experts, b: int, t: int):
+    """Per decoder layer: its slice of routed_experts [Lm, B, T, k], or None."""
+    cfg = self.config
+    n = cfg.num_hidden_layers
+    if routed_experts is None:
+      return [None] * n
+    if not cfg.is_moe:
+      raise ValueError("routed_experts (router replay) was given to a dense model")
+    chex.assert_shape(routed_experts, (len(cfg.moe_layers), b, t, cfg.num_experts_per_tok))
+    slot = {layer: j for j, layer in enumerate(cfg.moe_layers)}
+    return [routed_experts[slot[i]] if i in slot else None for i in range(n)]
+
+  def _stack_routes(self, routes):
+    """The sparse layers' RouterOuts (unrolled: a list with None at dense layers) stacked, or None."""
+    if not self.config.is_moe:
+      return None
+    from agentfly_jax.models.moe import stacked_routes
+
+    if not isinstance(routes, list):
+      return routes
+    return stacked_routes([r for r in routes if r is not None])
+
+  def _hidden_states(
+    self, input_ids, positions, attention_mask, cache, cache_index, segment_ids, from_empty_cache, pages, routed_experts
+  ):
     chex.assert_rank(input_ids, 2)
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
       raise TypeError(f"input_ids must be an integer array [B, T], got dtype {input_ids.dtype}")
     b, t = input_ids.shape
     cfg = self.config
     if isinstance(cache, PagedKVCache) or pages is not None:
-      return self._paged_hidden_states(input_ids, cache, pages)
+      return self._paged_hidden_states(input_ids, cache, pages, routed_experts)
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index was given without cache")
@@ -292,27 +336,29 @@ class _Base(nnx.Module):
     chex.assert_shape(positions, (b, t))
     cos, sin = rope_tables(positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
+    route_in = self._route_inputs(routed_experts, b, t)
     if cfg.scan_layers:
-      x, kv = scan_decoder_layers(
-        self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat, cfg.compute_dtype
+      x, (kv, routes) = scan_decoder_layers(
+        self.model.layers, x, cos, sin, mask, cache, cache_index, cfg.remat, cfg.compute_dtype, routed_experts
       )
       new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1], num_kv_heads=cache.num_kv_heads)
-      return constrain(self.model.norm(x), HIDDEN_AXES), new_cache
-    new_k, new_v = [], []
+      return constrain(self.model.norm(x), HIDDEN_AXES), new_cache, self._stack_routes(routes)
+    new_k, new_v, routes = [], [], []
     for i, layer in enumerate(self.model.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
       graphdef, state = nnx.split(layer)  # remat policy per decoder layer (models/remat.py)
       call = checkpointed(functools.partial(_apply_layer, graphdef), cfg.remat)
-      x, kv = call(state, x, cos, sin, mask, kv, cache_index)
+      x, kv, route = call(state, x, cos, sin, mask, kv, cache_index, route_in[i])
+      routes.append(route)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
     x = constrain(self.model.norm(x), HIDDEN_AXES)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
-    return x, new_cache
+    return x, new_cache, self._stack_routes(routes)
 
-  def _paged_hidden_states(self, input_ids, cache: PagedKVCache, pages: PageTable):
-    """hidden_states over a paged cache: (hidden [B, T, D], the updated PagedKVCache)."""
+  def _paged_hidden_states(self, input_ids, cache: PagedKVCache, pages: PageTable, routed_experts=None):
+    """hidden_states over a paged cache: (hidden [B, T, D], the updated PagedKVCache, routes or None)."""
     cfg = self.config
     if not isinstance(cache, PagedKVCache) or not isinstance(pages, PageTable):
       raise ValueError("a paged forward needs cache=PagedKVCache (model.init_paged_cache) and pages=PageTable")
@@ -328,15 +374,27 @@ class _Base(nnx.Module):
     chex.assert_equal_shape([input_ids, pages.positions, pages.write_slots])
     cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
+    b, t = input_ids.shape
+    route_in = self._route_inputs(routed_experts, b, t)
     if cfg.scan_layers:
-      x, kv = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat)
-      return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(kv[0], kv[1], heads_first)
-    new_k, new_v = [], []
+      x, (kv, routes) = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat, routed_experts)
+      return (
+        constrain(self.model.norm(x), HIDDEN_AXES),
+        PagedKVCache(kv[0], kv[1], heads_first),
+        self._stack_routes(routes),
+      )
+    new_k, new_v, routes = [], [], []
     for i, layer in enumerate(self.model.layers):
-      x, (k, v) = layer(x, cos, sin, pages, (cache.k[i], cache.v[i]), None)
+      out = layer(x, cos, sin, pages, (cache.k[i], cache.v[i]), None, route_in[i])
+      x, (k, v) = out[0], out[1]
+      routes.append(out[2] if len(out) == 3 else None)
       new_k.append(k)
       new_v.append(v)
-    return constrain(self.model.norm(x), HIDDEN_AXES), PagedKVCache(tuple(new_k), tuple(new_v), heads_first)
+    return (
+      constrain(self.model.norm(x), HIDDEN_AXES),
+      PagedKVCache(tuple(new_k), tuple(new_v), heads_first),
+      self._stack_routes(routes),
+    )
 
 
 class CausalLM(_Base):

@@ -1,6 +1,6 @@
 """ModelConfig: the architecture of a decoder-only causal LM, with HF `config.json` field names.
 
-One config describes the Qwen2/Qwen2.5, Qwen3 and Llama 3 families (SmolLM2 is a Llama):
+One config describes the Qwen2/Qwen2.5, Qwen3, Qwen3-MoE and Llama 3 families (SmolLM2 is a Llama):
 
     cfg = ModelConfig.from_hf_dict(json.load(open("config.json")))
     cfg.to_hf_dict()                         # -> dict HF transformers reads back
@@ -14,12 +14,18 @@ from typing import Any
 
 import jax.numpy as jnp
 
-MODEL_TYPES = ("qwen2", "qwen3", "llama")
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe")
+_ARCHITECTURES = {
+  "qwen2": "Qwen2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+  "llama": "LlamaForCausalLM",
+  "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 _CRITIC_ARCHITECTURES = {
   "qwen2": "Qwen2ForTokenClassification",
   "qwen3": "Qwen3ForTokenClassification",
   "llama": "LlamaForTokenClassification",
+  "qwen3_moe": "Qwen3MoeForTokenClassification",
 }
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _ROPE_TYPES = ("default", "llama3", "linear")
@@ -63,7 +69,12 @@ class ModelConfig:
   scan_layers (True: the decoder layers are one `DecoderLayer` whose params carry a leading
   [num_hidden_layers] axis (logical name "layers"), run under `lax.scan`; compile time stays flat
   in depth; `models/layer_stack.py` converts states between the two layouts).
-  Qwen2 always has q/k/v biases (no o bias); Qwen3 always has q/k RMSNorm.
+  Qwen2 always has q/k/v biases (no o bias); Qwen3 and Qwen3-MoE always have q/k RMSNorm.
+  Mixture of experts (model_type "qwen3_moe", HF names; models/moe.py): num_experts (0 = dense),
+  num_experts_per_tok (top k), moe_intermediate_size (each expert's SwiGLU width), norm_topk_prob
+  (the k routing weights renormalised to sum to 1), decoder_sparse_step / mlp_only_layers (which
+  layers are sparse: `is_moe_layer`; the others are a dense MLP of intermediate_size),
+  router_aux_loss_coef (kept for the HF config; the trainer's coefficient is loss.router_aux_coef).
   """
 
   model_type: str = "qwen2"
@@ -95,6 +106,13 @@ class ModelConfig:
   attention_impl: str = "flash"
   fuse_projections: bool = True
   scan_layers: bool = False
+  num_experts: int = 0
+  num_experts_per_tok: int = 8
+  moe_intermediate_size: int = 768
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple = ()
+  router_aux_loss_coef: float = 0.001
 
   def __post_init__(self):
     if self.head_dim is None:
@@ -103,6 +121,7 @@ class ModelConfig:
     object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
     if self.rope_scaling is not None:
       object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+    object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers or ()))
     self.validate()
 
   def validate(self) -> None:
@@ -142,10 +161,54 @@ class ModelConfig:
       remat_name(self.remat)
     except ValueError as e:
       raise ValueError(f"ModelConfig.remat: {e}") from None
+    self._validate_moe()
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
       raise ValueError(
         f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; expected one of {_ROPE_TYPES}"
       )
+
+  def _validate_moe(self) -> None:
+    if self.model_type != "qwen3_moe":
+      if self.num_experts:
+        raise ValueError(f"ModelConfig.num_experts={self.num_experts} needs model_type 'qwen3_moe'")
+      return
+    if not (isinstance(self.num_experts, int) and self.num_experts >= 0):
+      raise ValueError(f"ModelConfig.num_experts must be an int >= 0, got {self.num_experts!r}")
+    if self.num_experts:
+      for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        value = getattr(self, name)
+        if not (isinstance(value, int) and value >= 1):
+          raise ValueError(f"ModelConfig.{name} must be an int >= 1, got {value!r}")
+      if self.num_experts_per_tok > self.num_experts:
+        raise ValueError(
+          f"ModelConfig.num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})"
+        )
+    bad = [i for i in self.mlp_only_layers if not (isinstance(i, int) and 0 <= i < self.num_hidden_layers)]
+    if bad:
+      raise ValueError(f"ModelConfig.mlp_only_layers {bad} are not layer indices in [0, {self.num_hidden_layers})")
+    if self.scan_layers and len({self.is_moe_layer(i) for i in range(self.num_hidden_layers)}) > 1:
+      raise ValueError(
+        "ModelConfig.scan_layers needs every decoder layer alike, but mlp_only_layers="
+        f"{list(self.mlp_only_layers)} / decoder_sparse_step={self.decoder_sparse_step} mix sparse and dense layers"
+      )
+
+  @property
+  def is_moe(self) -> bool:
+    """True when some decoder layer is a sparse mixture of experts."""
+    return any(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
+  def is_moe_layer(self, layer_idx: int) -> bool:
+    """Layer `layer_idx` is a sparse MoE block (HF Qwen3MoeDecoderLayer's rule)."""
+    return (
+      self.num_experts > 0
+      and layer_idx not in self.mlp_only_layers
+      and (layer_idx + 1) % self.decoder_sparse_step == 0
+    )
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the sparse decoder layers (the order of router outputs and replayed routes)."""
+    return tuple(i for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
 
   def __hash__(self):  # rope_scaling is a dict; nnx keeps the config as static module metadata
     return hash(tuple((f.name, repr(getattr(self, f.name))) for f in dataclasses.fields(self)))
@@ -174,7 +237,7 @@ class ModelConfig:
 
   @property
   def qk_norm(self) -> bool:
-    return self.model_type == "qwen3"
+    return self.model_type in ("qwen3", "qwen3_moe")
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
@@ -213,6 +276,8 @@ class ModelConfig:
       kwargs["rope_scaling"] = None if rope_type == "default" else rope
     if kwargs.get("head_dim") is None:
       kwargs.pop("head_dim", None)
+    if model_type == "qwen3_moe" and "num_experts" not in kwargs and "num_local_experts" in hf:
+      kwargs["num_experts"] = hf["num_local_experts"]
     kwargs.update(overrides)
     try:
       return cls(**kwargs)
@@ -248,7 +313,18 @@ class ModelConfig:
     }
     if self.model_type == "llama":
       out["mlp_bias"] = self.mlp_bias
-    if self.model_type in ("qwen2", "qwen3"):
+    if self.model_type == "qwen3_moe":
+      out.update(
+        num_experts=self.num_experts,
+        num_experts_per_tok=self.num_experts_per_tok,
+        moe_intermediate_size=self.moe_intermediate_size,
+        norm_topk_prob=self.norm_topk_prob,
+        decoder_sparse_step=self.decoder_sparse_step,
+        mlp_only_layers=list(self.mlp_only_layers),
+        router_aux_loss_coef=self.router_aux_loss_coef,
+        output_router_logits=False,
+      )
+    if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
       out["use_sliding_window"] = False
       out["sliding_window"] = None
       out["max_window_layers"] = self.num_hidden_layers
@@ -269,6 +345,7 @@ def tiny_config(
 
   head_dim 32 (or 64) keeps vLLM's CPU attention happy. `overrides` are any ModelConfig fields,
   e.g. `rope_scaling={"rope_type": "llama3", ...}`, `dtype="bfloat16"`, `remat=True`.
+  "qwen3_moe": 8 experts of width 64, 2 a token (renormalised), every layer sparse.
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"tiny_config: model_type {model_type!r} is not one of {MODEL_TYPES}")
@@ -289,5 +366,7 @@ def tiny_config(
     eos_token_id=None,
     pad_token_id=None,
   )
+  if model_type == "qwen3_moe":  # 8 experts of width 64, top 2
+    kwargs.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
   kwargs.update(overrides)
   return ModelConfig(**kwargs)

@@ -9,6 +9,9 @@ The HF layout: Linear weights are [out, in] (ours: kernel [in, out], so transpos
 embedding is [V, D] in both, norms are `.weight` (ours: `.scale`). `hf_name(path)` maps a
 parameter path of our module tree to its HF name and whether it is transposed. A scanned model's
 stacked params ([L, ...], `scan_layers`) are read and written as their L per-layer HF tensors.
+A mixture-of-experts layer's expert kernels (mlp.experts.gate_proj.kernel [E, in, out],
+models/moe.py) are read and written as HF checkpoints store them, E tensors
+mlp.experts.<e>.gate_proj.weight [out, in] (`per_expert`); the router is mlp.gate.weight [E, D].
 """
 
 from __future__ import annotations
@@ -64,9 +67,32 @@ def hf_name(path: tuple) -> tuple[str, bool]:
   return ".".join(prefix + [suffix]), transposed
 
 
+def is_expert_path(path: tuple) -> bool:
+  """True for an expert kernel path (..., 'experts', <proj>, 'kernel' | 'lora_a' | 'lora_b'), no expert index."""
+  keys = [str(p) for p in path]
+  return len(keys) >= 3 and keys[-3] == "experts"
+
+
+def per_expert(path: tuple, value) -> Iterator[tuple[tuple, Any]]:
+  """(path, value) as it is, or for an expert kernel [E, ...] one (path with the expert index
+  after 'experts', value[e]) per expert: the names HF checkpoints use."""
+  if not is_expert_path(path):
+    yield path, value
+    return
+  j = len(path) - 2
+  for e in range(value.shape[0]):
+    yield path[:j] + (e,) + path[j:], value[e]
+
+
 def _params_flat(model_or_state) -> list[tuple[tuple, Any]]:
-  """(path, value) per param in the unrolled layout (a stacked param gives one per layer)."""
-  return [item for path, value in _params_flat_as_stored(model_or_state) for item in per_layer(path, value)]
+  """(path, value) per param in the unrolled, per-expert layout (a stacked param gives one per
+  layer, an expert kernel one per expert)."""
+  return [
+    item
+    for path, value in _params_flat_as_stored(model_or_state)
+    for layer_item in per_layer(path, value)
+    for item in per_expert(*layer_item)
+  ]
 
 
 def _params_flat_as_stored(model_or_state) -> list[tuple[tuple, Any]]:
@@ -256,10 +282,13 @@ def from_pretrained(
     overrides["param_dtype"] = param_dtype
   cfg = ModelConfig.from_hf_dict(hf, source=os.path.join(folder, "config.json"), **overrides)
   cls = Critic if critic else CausalLM
+  files_early = _tensor_files(folder)
+  if cfg.is_moe:
+    _check_expert_count(cfg, files_early, folder)
   abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed)))
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
-  files = _tensor_files(folder)
+  files = files_early
   head_init = None
   specs = None
   if mesh is not None:
@@ -304,14 +333,20 @@ def from_pretrained(
       array = array.T
     return np.asarray(array, dtype=dtype)
 
+  def read_layer(path, shape, dtype):
+    """An unrolled param: an expert kernel [E, ...] from its E per-expert tensors."""
+    if is_expert_path(path):
+      return np.stack([read(p, tuple(shape[1:]), dtype) for p, _ in per_expert(path, np.empty(shape[:1]))])
+    return read(path, tuple(shape), dtype)
+
   try:
     for path, var in flat:
       if is_stacked_path(path):  # scanned layers: the L per-layer tensors, stacked
         array = np.stack(
-          [read(p, tuple(var.shape[1:]), var.dtype) for p, _ in per_layer(path, np.empty(var.shape[:1]))]
+          [read_layer(p, tuple(var.shape[1:]), var.dtype) for p, _ in per_layer(path, np.empty(var.shape[:1]))]
         )
       else:
-        array = read(path, tuple(var.shape), var.dtype)
+        array = read_layer(path, tuple(var.shape), var.dtype)
       if specs is not None:
         sharding = jax.sharding.NamedSharding(mesh, specs(path, var, sharding_rules, mesh))
         value = jax.device_put(array, sharding)
@@ -326,6 +361,36 @@ def from_pretrained(
   if unused:
     log.warning("from_pretrained(%s): ignored %d checkpoint tensors, e.g. %s", folder, len(unused), unused[:5])
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _check_expert_count(cfg: ModelConfig, files: dict, folder: str) -> None:
+  """ValueError naming num_experts when the checkpoint's expert tensors / router rows do not
+  match the config's count."""
+  import re
+
+  config_path = os.path.join(folder, "config.json")
+  layer = cfg.moe_layers[0]
+  pattern = re.compile(rf"^model\.layers\.{layer}\.mlp\.experts\.(\d+)\.gate_proj\.weight$")
+  found = {int(m.group(1)) for name in files for m in [pattern.match(name)] if m}
+  if "model.layers.%d.mlp.experts.gate_up_proj" % layer in files:
+    raise ValueError(
+      f"{folder}: expert weights are stored fused (mlp.experts.gate_up_proj); expected the per-expert "
+      "tensors mlp.experts.<e>.gate_proj.weight HF checkpoints hold"
+    )
+  gate = f"model.layers.{layer}.mlp.gate.weight"
+  rows = None
+  if gate in files:
+    reader = SafetensorsFile(files[gate])
+    try:
+      rows = reader.shape(gate)[0]
+    finally:
+      reader.close()
+  n = len(found) if found else rows
+  if n != cfg.num_experts or (rows is not None and rows != cfg.num_experts):
+    raise ValueError(
+      f"{folder}: the checkpoint holds {n} experts in layer {layer} (router {gate} has {rows} rows) "
+      f"but num_experts={cfg.num_experts} in {config_path} (or the num_experts override)"
+    )
 
 
 # ---- saving -------------------------------------------------------------------------------

@@ -91,6 +91,8 @@ class Linear(nnx.Module):
   for models/sharding.py (None: unnamed params, which `partition_specs` refuses).
   """
 
+  transposable = True  # `set_kernel_layout` may swap its kernel (models/moe.py's ExpertLinear: False)
+
   def __init__(
     self,
     d_in: int,
@@ -263,7 +265,7 @@ def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:
   if layout not in KERNEL_LAYOUTS:
     raise ValueError(f"kernel layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
   for _, module in nnx.iter_modules(model):
-    if isinstance(module, Linear) and module.kernel_layout != layout:
+    if isinstance(module, Linear) and module.transposable and module.kernel_layout != layout:
       names = logical_axes(module.kernel)  # the last two dims swap (a scanned model's are [L, ., .])
       kernel = jnp.swapaxes(module.kernel[...], -1, -2)
       module.kernel = param_with_axes(kernel, None if names is None else (*names[:-2], names[-1], names[-2]))
@@ -482,18 +484,33 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  """Pre-norm block: x + attn(norm(x)); then + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)); then + mlp(norm(x)). In a mixture-of-experts model
+  (cfg.is_moe) layer `layer_idx`'s mlp is a models/moe.py SparseMoeBlock where cfg.is_moe_layer."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer_idx: int = 0):
     norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
     self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
     self.self_attn = Attention(cfg, rngs=rngs)
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm)
-    self.mlp = MLP(cfg, rngs=rngs)
+    self.returns_route = cfg.is_moe
+    self.sparse = cfg.is_moe_layer(layer_idx)
+    if self.sparse:
+      from agentfly_jax.models.moe import SparseMoeBlock  # moe.py builds on this file's Linear
 
-  def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
-    """x [B, T, D] -> ([B, T, D], new (k, v) or None); see Attention for the other args."""
+      self.mlp = SparseMoeBlock(cfg, rngs=rngs)
+    else:
+      self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, cos, sin, mask, kv=None, cache_index=None, routed=None):
+    """x [B, T, D] -> ([B, T, D], new (k, v) or None); see Attention for the other args. In a
+    mixture-of-experts model: ([B, T, D], new (k, v) or None, RouterOut or None (a dense layer)),
+    `routed` int32[B, T, k] the experts to use (router replay) or None (the router's top k)."""
     attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
     x = x + attn_out
-    x = x + self.mlp(self.post_attention_layernorm(x))
-    return constrain(x, HIDDEN_AXES), new_kv
+    h = self.post_attention_layernorm(x)
+    if self.sparse:
+      y, route = self.mlp(h, routed)
+    else:
+      y, route = self.mlp(h), None
+    x = constrain(x + y, HIDDEN_AXES)
+    return (x, new_kv, route) if self.returns_route else (x, new_kv)

@@ -10,7 +10,9 @@ Each targeted `layers.Linear` owns `lora_a` [in, rank] and `lora_b` [rank, out] 
 its kernel's: [L, ...] in a stacked layer), `nnx.LoRAParam`s (a subclass of nnx.Param) in
 float32, with logical axes (in's name, "lora_rank") / ("lora_rank", out's name); y = x W (+ b) +
 (x A) B * alpha / rank, B zero-initialised (the model is unchanged until B trains). The adapter
-is applied in `Linear.__call__` and in `layers.fused_linear`. Only the decoder layers' seven
+is applied in `Linear.__call__` and in `layers.fused_linear` (a mixture-of-experts model's
+experts, targets expert_gate / expert_up / expert_down: lora_a [E, in, r], lora_b [E, r, out],
+applied with the grouped matmuls of models/moe.py). Only the decoder layers' seven
 projections can be targets: the lm_head's and the critic head's kernels are read directly by the
 chunked log-prob scan and the value head.
 
@@ -44,7 +46,11 @@ TARGET_NAMES = {
   "up": "mlp.up_proj",
   "down": "mlp.down_proj",
 }
-ALL_TARGETS = tuple(TARGET_NAMES)
+ALL_TARGETS = tuple(TARGET_NAMES)  # the dense projections (the default)
+# a mixture-of-experts layer's experts (models/moe.py ExpertLinear: one adapter per expert)
+TARGET_NAMES.update(
+  expert_gate="mlp.experts.gate_proj", expert_up="mlp.experts.up_proj", expert_down="mlp.experts.down_proj"
+)
 
 
 def _parse_targets(targets, field: str) -> tuple[str, ...]:

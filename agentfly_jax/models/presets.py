@@ -27,6 +27,19 @@ _QWEN3 = dict(
   use_sliding_window=False,
 )
 
+_QWEN3_MOE = dict(
+  _QWEN3,
+  model_type="qwen3_moe",
+  vocab_size=151936,
+  num_key_value_heads=4,
+  num_experts_per_tok=8,
+  num_experts=128,
+  norm_topk_prob=True,
+  decoder_sparse_step=1,
+  mlp_only_layers=[],
+  tie_word_embeddings=False,
+)
+
 PRESETS: dict[str, dict] = {
   "qwen2.5-0.5b": dict(
     _QWEN2,
@@ -77,6 +90,22 @@ PRESETS: dict[str, dict] = {
     num_attention_heads=32,
     num_key_value_heads=8,
     tie_word_embeddings=False,
+  ),
+  "qwen3-30b-a3b": dict(
+    _QWEN3_MOE,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+  ),
+  "qwen3-235b-a22b": dict(
+    _QWEN3_MOE,
+    hidden_size=4096,
+    intermediate_size=12288,
+    moe_intermediate_size=1536,
+    num_hidden_layers=94,
+    num_attention_heads=64,
   ),
   "llama3.1-8b": dict(
     model_type="llama",

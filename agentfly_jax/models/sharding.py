@@ -47,6 +47,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("fsdp", "tp")
+EXPERT_AXIS = "expert"  # optional: a mesh has it only with expert parallelism (make_mesh(expert=n))
+OPTIONAL_AXES = (EXPERT_AXIS,)  # a rule naming one a mesh lacks treats it as size 1
 DEFAULT_RULES: dict[str, Any] = {
   "vocab": "tp",  # vocabulary rows of the embedding / lm_head columns
   "embed": "fsdp",  # the model width D of weight matrices (FSDP)
@@ -66,6 +68,12 @@ DEFAULT_RULES: dict[str, Any] = {
   "score": None,  # the critic's value head output (size 1)
   "lora_rank": None,  # LoRA adapters' rank dim (models/lora.py; small: kept whole)
   "layers": None,  # the stacked decoder layers' leading axis (model.scan_layers)
+  # Mixture of experts (models/moe.py): experts [E, D, I] split over the optional 'expert' mesh
+  # axis (expert parallel: tokens exchanged with all_to_all), their widths as the dense MLP's.
+  "experts": "expert",
+  "moe_mlp": "tp",
+  "moe_mlp_in": ("tp", "fsdp"),
+  "router": None,  # the router's E outputs (small: whole)
   # Activations (`constrain`, under `activation_sharding`): rows split over fsdp (data
   # parallel), heads / MLP hidden / vocab over tp; the model width of activations is kept whole.
   "act_batch": "fsdp",
@@ -142,6 +150,7 @@ def spec_for_axes(
       )
     targets = resolved[name]
     if sizes is not None:
+      targets = tuple(a for a in targets if a in sizes or a not in OPTIONAL_AXES)
       unknown = [a for a in targets if a not in sizes]
       if unknown:
         raise ValueError(
@@ -179,15 +188,24 @@ def partition_specs(model, mesh: Mesh | None = None, rules: Mapping | None = Non
   )
 
 
-def make_mesh(fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
-  """A ('fsdp', 'tp') mesh over the first fsdp * tp devices (fsdp=-1: all devices / tp)."""
+def make_mesh(fsdp: int = 1, tp: int = 1, devices=None, *, expert: int = 1) -> Mesh:
+  """A ('fsdp', 'tp') mesh over the first fsdp * tp devices (fsdp=-1: all devices / (tp * expert));
+  with `expert` > 1 an ('fsdp', 'expert', 'tp') mesh of fsdp * expert * tp devices (expert
+  parallelism for mixture-of-experts models: rule "experts" -> 'expert'; rows split over fsdp and
+  expert)."""
   devices = list(jax.devices() if devices is None else devices)
   if fsdp == -1:
-    fsdp = len(devices) // tp
-  if fsdp < 1 or tp < 1 or fsdp * tp > len(devices):
-    raise ValueError(f"make_mesh: fsdp={fsdp} x tp={tp} needs {fsdp * tp} devices, have {len(devices)}")
-  grid = np.array(devices[: fsdp * tp], dtype=object).reshape(fsdp, tp)
-  return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    fsdp = len(devices) // (tp * expert)
+  n = fsdp * tp * expert
+  if fsdp < 1 or tp < 1 or expert < 1 or n > len(devices):
+    raise ValueError(
+      f"make_mesh: fsdp={fsdp} x expert={expert} x tp={tp} needs {n} devices, have {len(devices)}"
+    )
+  if expert == 1:
+    grid = np.array(devices[:n], dtype=object).reshape(fsdp, tp)
+    return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  grid = np.array(devices[:n], dtype=object).reshape(fsdp, expert, tp)
+  return Mesh(grid, ("fsdp", EXPERT_AXIS, "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 def shard_model(model, mesh: Mesh, rules: Mapping | None = None):
@@ -250,6 +268,11 @@ def active_mesh_specs(*arrays: tuple) -> tuple | None:
     return None
   mesh, rules = active
   return mesh, [spec_for_axes(tuple(axes), tuple(shape), rules, mesh, where="an activation") for axes, shape in arrays]
+
+
+def active_rules() -> tuple | None:
+  """(mesh, resolved rules) of the active `activation_sharding`, or None outside one."""
+  return getattr(_ACTIVE, "value", None)
 
 
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:

@@ -108,6 +108,15 @@ def model_config(spec, vocab_size: int):
     num_attention_heads=m.num_heads,
     num_key_value_heads=m.num_kv_heads,
     head_dim=m.head_dim,
+    **(
+      dict(
+        num_experts=m.num_experts,
+        num_experts_per_tok=m.num_experts_per_tok,
+        moe_intermediate_size=m.moe_intermediate_size,
+      )
+      if m.family == "qwen3_moe"
+      else {}
+    ),
     **ours,
   )
 
@@ -161,19 +170,20 @@ def training_and_sampler_meshes(spec, devices=None):
   m = spec.mesh
   n = m.sampler_devices
   if not n:
-    return make_mesh(m.fsdp, m.tp, devices), None
+    return make_mesh(m.fsdp, m.tp, devices, expert=m.expert), None
   if jax.process_count() > 1 and devices is None:
     raise ValueError(
       "config.mesh.sampler_devices > 0 runs on one process (each process of a "
       "multi-host run samples on its own local devices)"
     )
   devices = jax.local_devices() if devices is None else list(devices)
-  if m.fsdp * m.tp + n > len(devices):
+  if m.fsdp * m.tp * m.expert + n > len(devices):
     raise ValueError(
       f"config.mesh: fsdp={m.fsdp} x tp={m.tp} trainer devices + sampler_devices={n} "
-      f"need {m.fsdp * m.tp + n} devices; this host has {len(devices)}"
+      f"need {m.fsdp * m.tp * m.expert + n} devices; this host has {len(devices)}"
     )
-  return make_mesh(m.fsdp, m.tp, devices[: m.fsdp * m.tp]), make_mesh(1, n, devices[-n:])
+  k = m.fsdp * m.tp * m.expert
+  return make_mesh(m.fsdp, m.tp, devices[:k], expert=m.expert), make_mesh(1, n, devices[-n:])
 
 
 def _end_of_turn_id(tokenizer, tok_dir: str) -> int:

@@ -27,6 +27,9 @@ from agentfly_jax.rl.spec_section import Section, _typed, fail
 from agentfly_jax.sampling.registry import sampler_names
 
 DTYPES = ("float32", "bfloat16", "float16")
+ROUTER_REPLAY = ("off", "rollout")
+# samplers that record each sampled token's routed experts (router replay needs one)
+ROUTING_SAMPLERS: tuple[str, ...] = ()
 
 # algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
 ALGORITHMS = {
@@ -90,6 +93,13 @@ class ModelSection(Section):
   param_dtype: str = "float32"  # master params, hence gradients and AdamW moments (keep float32)
   scan_layers: bool = False  # decoder layers stacked [L, ...] under lax.scan (compile time flat in depth)
   aot_preset: str = ""  # experiments/aot_compile.py: a preset model shape when `pretrained` is ""
+  # family qwen3_moe (random init): experts per sparse layer, top k, each expert's width
+  num_experts: int = 8
+  num_experts_per_tok: int = 2
+  moe_intermediate_size: int = 64
+  # mixture of experts: "rollout" = the train step routes each token to the experts the sampler
+  # recorded for it (router replay); "off" = the trainer's router decides
+  router_replay: str = "off"
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 
   def check(self):
@@ -100,6 +110,10 @@ class ModelSection(Section):
     self.need("attention_impl", self.attention_impl in ATTENTION_IMPLS, f"must be one of {ATTENTION_IMPLS}")
     for name in ("dtype", "param_dtype"):
       self.need(name, getattr(self, name) in DTYPES, "must be 'float32', 'bfloat16' or 'float16'")
+    for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+      self.at_least(name, 1)
+    self.need("num_experts_per_tok", self.num_experts_per_tok <= self.num_experts, "must be <= num_experts")
+    self.need("router_replay", self.router_replay in ROUTER_REPLAY, f"must be one of {ROUTER_REPLAY}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +121,9 @@ class MeshSection(Section):
   NAME: ClassVar[str] = "mesh"
   fsdp: int = 1
   tp: int = 1
+  # mixture of experts: experts split over an 'expert' mesh axis of this size (tokens exchanged
+  # with all_to_all; rows split over fsdp x expert); must divide the model's num_experts
+  expert: int = 1
   # >0: the JAX sampler gets its own sub-mesh, the last `sampler_devices` local devices (tensor
   # parallel over them), and the trainer's (fsdp, tp) mesh takes the first fsdp * tp devices: on
   # GPU, rollout and training run on separate chips (with rollout.mode=async they overlap); each
@@ -121,6 +138,7 @@ class MeshSection(Section):
   def check(self):
     self.at_least("fsdp", 1)
     self.at_least("tp", 1)
+    self.at_least("expert", 1)
     self.at_least("sampler_devices", 0, " (0 = share the trainer's)")
     try:
       resolve_rules(self.rules)
@@ -275,6 +293,7 @@ class LossSection(Section):
   behaviour_cap: float = 2.0  # async, max_staleness > 0: decoupled PPO's behaviour weight cap
   neg_adv_weight: float = 1.0  # negative advantages x this (0: learn only from above-mean chains)
   score_metric: str = ""  # "" = advantages from the reward; else from this reward metric (e.g. "success")
+  router_aux_coef: float = 0.0  # mixture-of-experts policy: x HF's router load-balancing loss (0 = off)
 
   def check(self):
     known = losses.policy_loss_names()
@@ -285,6 +304,7 @@ class LossSection(Section):
     self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
     self.need("neg_adv_weight", self.neg_adv_weight >= 0, "must be >= 0 (1 = plain advantages)")
+    self.need("router_aux_coef", self.router_aux_coef >= 0, "must be >= 0 (0 = off)")
     self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0, "needs 0 <= clip_low < 1, clip_high >= 0")
     self.need("dual_clip", not self.dual_clip or self.dual_clip > 1, "dual-clip constant must be > 1 (or 0 to disable)")
 
@@ -428,6 +448,20 @@ class RunSpec:
         f"a sampler sub-mesh is for the JAX sampler (rollout.sampler={self.rollout.sampler!r}; "
         f"vLLM places itself: set its gpu_memory_utilization instead)",
       )
+    if self.model.router_replay != "off" and self.rollout.sampler not in ROUTING_SAMPLERS:
+      fail(
+        "model.router_replay",
+        self.model.router_replay,
+        f"router replay needs a sampler that records each token's routed experts; rollout.sampler="
+        f"{self.rollout.sampler!r} records none (recording samplers: {list(ROUTING_SAMPLERS)})",
+      )
+    if self.mesh.expert > 1 and self.model.family == "qwen3_moe" and not self.model.pretrained:
+      if self.model.num_experts % self.mesh.expert:
+        fail(
+          "mesh.expert",
+          self.mesh.expert,
+          f"the expert-parallel degree must divide model.num_experts={self.model.num_experts}",
+        )
     algo = self.algorithm
     if self.loss.estimator in ("gae", "turn_gae") and not algo.critic:
       fail("loss.estimator", self.loss.estimator, f"GAE needs a critic; algo={self.algo!r} has none (use algo='ppo')")

@@ -103,21 +103,21 @@ class Router(nnx.Module):
   """A module models/sharding.py has never heard of: it only names its dims."""
 
   def __init__(self, d: int, experts: int):
-    self.gate = param_with_axes(jnp.ones((d, experts)), ("embed", "experts"))
-    self.temperature = param_with_axes(jnp.ones((experts,)), ("experts",))
+    self.gate = param_with_axes(jnp.ones((d, experts)), ("embed", "slots"))
+    self.temperature = param_with_axes(jnp.ones((experts,)), ("slots",))
     self.free = param_with_axes(jnp.ones((4, d)), (None, "embed"))
 
 
 def test_a_new_module_is_sharded_by_its_names_and_a_rule():
   router = Router(128, 8)
-  specs = dict(nnx.to_flat_state(partition_specs(router, FakeMesh, {**DEFAULT_RULES, "experts": "tp"})))
+  specs = dict(nnx.to_flat_state(partition_specs(router, FakeMesh, {**DEFAULT_RULES, "slots": "tp"})))
   assert specs == {("gate",): P("fsdp", "tp"), ("temperature",): P("tp"), ("free",): P(None, "fsdp")}
-  shard_model(router, make_mesh(1, 1), {**DEFAULT_RULES, "experts": "tp"})  # places on a real mesh
+  shard_model(router, make_mesh(1, 1), {**DEFAULT_RULES, "slots": "tp"})  # places on a real mesh
   assert router.gate[...].sharding.spec == P("fsdp", "tp")
 
 
 def test_unknown_or_missing_logical_names_are_clear_errors():
-  with pytest.raises(ValueError, match=r"parameter gate: logical axis 'experts' has no sharding rule"):
+  with pytest.raises(ValueError, match=r"parameter gate: logical axis 'slots' has no sharding rule"):
     partition_specs(Router(128, 8), FakeMesh)
 
   class Unnamed(nnx.Module):

@@ -13,7 +13,9 @@ target_ids[t] = token t+1 of the trajectory from input_ids[:t+1]; the shift is d
   behaviour_logprobs f32 (decoupled PPO), is_weights f32 (sampler/trainer mismatch correction),
   returns f32 + old_values f32 (critic, PPO); segment_ids int32 + positions int32 (packed
   rows, `rl/packing.py`: attention stays within a segment, positions restart, seq-mean losses count
-  segments).
+  segments); mixture-of-experts policies: routed_experts int32[M, mb, L, Lm, k] (the sampler's
+  experts for each input token's Lm sparse layers: replayed when given, `model.router_replay`),
+  rollout_experts (the same, only measured: routing mismatch).
 The jitted step has explicit in/out shardings on the (fsdp, tp) mesh and donates the state.
 """
 
@@ -50,6 +52,7 @@ class LossConfig:
   logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens, in the smallest of these
   # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
   behaviour_cap: float = 2.0  # decoupled_ppo: cap of the behaviour importance weight
+  router_aux_coef: float = 0.0  # mixture of experts: x HF's load-balancing loss (models/moe.py)
 
 
 def _packing(segment_ids, positions) -> dict:
@@ -86,11 +89,32 @@ def policy_logprobs_entropy(
   positions=None,
   loss_mask=None,
   capacity=(),
+  routed_experts=None,
+  with_router: bool = False,
 ):
   """(log-probs, entropies of the predicting softmax) f32[B, L] of each target token; args as
   `policy_logprobs`. `chunk` > 0: chunked over tokens, no [B, L, V] logits
   (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and `capacity` (fractions
-  of L) only at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits."""
+  of L) only at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits.
+  A mixture-of-experts policy: `routed_experts` int32[Lm, B, L, k] replayed; `with_router`: also
+  its RouterOut (models/moe.py) as a third output."""
+  if with_router or routed_experts is not None:
+    hidden, _, routes = model.hidden_states(
+      input_ids,
+      attention_mask=attention_mask,
+      routed_experts=routed_experts,
+      with_router=True,
+      **_packing(segment_ids, positions),
+    )
+    if chunk:
+      lp, ent = model.token_logprobs_entropy(
+        hidden, target_ids, temperature=temperature, chunk=chunk, loss_mask=loss_mask, capacity=capacity
+      )
+    else:
+      logits = model.logits_from_hidden(hidden).astype(jnp.float32)
+      lp = losses.token_logprobs(logits, target_ids, temperature=temperature)
+      ent = losses.entropy_from_logits(logits / temperature)
+    return (lp, ent, routes) if with_router else (lp, ent)
   if chunk:
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
     return model.token_logprobs_entropy(
@@ -113,7 +137,9 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
   model = nnx.merge(graphdef, params, rest)
   seg = mb.get("segment_ids")
   mask = mb["action_mask"]
-  lp, entropy = policy_logprobs_entropy(
+  moe = getattr(model.config, "is_moe", False)
+  routed = mb.get("routed_experts")
+  out = policy_logprobs_entropy(
     model,
     mb["input_ids"],
     mb["target_ids"],
@@ -124,7 +150,10 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
     mb.get("positions"),
     loss_mask=mask,
     capacity=cfg.logits_capacity,
+    routed_experts=None if routed is None else jnp.moveaxis(routed, 2, 0),  # [B, L, Lm, k] -> [Lm, B, L, k]
+    with_router=moe,
   )
+  lp, entropy = out[0], out[1]
   packed = {} if seg is None else {"segment_ids": seg}
   loss_fn = losses.get_policy_loss(cfg.policy_loss)
   extra = {}
@@ -159,7 +188,26 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
     metrics["actor/kl_ref"] = kl_sum / safe
     if cfg.kl_coef:
       total = total + cfg.kl_coef * kl_sum
+  if moe:
+    total = total + _router_terms(model.config, out[2], mb, cfg, denom, metrics)
   return total, (denom, metrics)
+
+
+def _router_terms(model_cfg, routes, mb, cfg: LossConfig, denom, metrics):
+  """A mixture-of-experts policy's router metrics (into `metrics`) and its load-balancing term
+  (router_aux_coef x HF's loss over the real tokens, weighted by the micro-batch's `denom`, so the
+  step's loss holds the denominator-weighted mean over micro-batches)."""
+  from agentfly_jax.models import moe
+
+  tokens = mb["attention_mask"]
+  aux = moe.load_balancing_loss(routes.logits, routes.experts, tokens, model_cfg.num_experts)
+  metrics["router/aux_loss"] = aux
+  metrics.update(moe.router_metrics(routes.experts, tokens, model_cfg.num_experts))
+  rollout = mb.get("routed_experts", mb.get("rollout_experts"))
+  if rollout is not None:  # the trainer router's own top-k against the sampler's routes, on the action tokens
+    own = jax.lax.top_k(routes.logits, model_cfg.num_experts_per_tok)[1]
+    metrics["router/rollout_mismatch"] = moe.routing_mismatch(own, jnp.moveaxis(rollout, 2, 0), mb["action_mask"])
+  return cfg.router_aux_coef * aux * denom if cfg.router_aux_coef else 0.0
 
 
 def _critic_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
@@ -352,7 +400,8 @@ def state_shardings(
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, batch: dict) -> dict:
-  """Micro-batch arrays [M, mb, ...]: the mb (batch) axis is split over 'fsdp' (data parallel)."""
+  """Micro-batch arrays [M, mb, ...]: the mb (batch) axis is split over 'fsdp' (data parallel); on an
+  expert-parallel mesh the rows are split over 'expert' only inside the experts (models/moe.py)."""
   return {k: NamedSharding(mesh, P(None, "fsdp")) for k in batch}
 
 

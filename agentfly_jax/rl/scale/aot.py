@@ -106,11 +106,12 @@ def topology_devices(name: str):
 def check_mesh(spec, chips: int, topology: str) -> None:
   m = spec.mesh
   tp = m.tp
-  fsdp = chips // tp if m.fsdp == -1 else m.fsdp
-  used = fsdp * tp + m.sampler_devices
+  fsdp = chips // (tp * m.expert) if m.fsdp == -1 else m.fsdp
+  used = fsdp * tp * m.expert + m.sampler_devices
   if fsdp < 1 or tp < 1 or used != chips:
     raise BadInput(
       f"mesh fsdp={m.fsdp} x tp={m.tp}"
+      + (f" x expert={m.expert}" if m.expert > 1 else "")
       + (f" + sampler_devices={m.sampler_devices}" if m.sampler_devices else "")
       + f" = {used} chips does not divide the {chips} chips "
       f"of {topology} (set --config.mesh.fsdp / --config.mesh.tp so that they use all {chips})"
