@@ -51,10 +51,16 @@ class JudgeServer:
           if index <= server.fail_first:
             return self._send(500, {"error": {"message": "scripted failure"}})
           text = server.reply(body["messages"])
-          self._send(200, {
-            "id": f"c{index}", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-          })
+          self._send(
+            200,
+            {
+              "id": f"c{index}",
+              "object": "chat.completion",
+              "created": 0,
+              "model": body["model"],
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            },
+          )
         finally:
           with server._lock:
             server.in_flight -= 1

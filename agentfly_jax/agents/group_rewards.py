@@ -40,8 +40,9 @@ def group_scorer(reward_fn):
       error, frame = f"{type(e).__name__}: {e}", last_frame(e)
       out = list(trajs)
       for i in live:
-        out[i] = dataclasses.replace(trajs[i], reward=0.0, reward_metrics={}, finish_reason="error", error=error,
-                                     error_frame=frame)
+        out[i] = dataclasses.replace(
+          trajs[i], reward=0.0, reward_metrics={}, finish_reason="error", error=error, error_frame=frame
+        )
       return out
     out = list(trajs)
     for i, result in zip(live, results):

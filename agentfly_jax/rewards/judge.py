@@ -182,7 +182,9 @@ class GroupJudgeReward(JudgeReward):
       text, cached = await self.calls.reply(messages)
       blocks = parse_ranking(text, n)
       scores = [self.unparsed_score] * n if blocks is None else rank_scores(blocks, n)
-      judged = [{"reward": s, "judge/unparsed": float(blocks is None), "judge/cache_hit": float(cached)} for s in scores]
+      judged = [
+        {"reward": s, "judge/unparsed": float(blocks is None), "judge/cache_hit": float(cached)} for s in scores
+      ]
     out = []
     for p, t, j in zip(predictions, trajectories, judged):
       out.append(normalize_reward(self.name, await self.mix(j, p, t, row, None)))

@@ -1,7 +1,7 @@
 """Judge models: chat messages in, reply text out; reached over an OpenAI-compatible URL or run in this process.
 
     client = OpenAIJudge("http://127.0.0.1:8000/v1", model="judge")      # any vLLM / OpenAI server
-    client = SamplerJudge(sampler, tokenizer)                            # a second model on its own sampler
+    client = SamplerJudge(sampler, tokenizer)      # agents/sampler_judge.py: a second model on its own sampler
     calls = JudgeCalls(client, max_concurrency=8, timeout_s=60, retries=2, cache_size=4096)
     text, cached = await calls.reply(messages)                           # under trio (the rollout's loop)
 
@@ -86,29 +86,6 @@ class OpenAIJudge:
     return response.choices[0].message.content or ""
 
 
-class SamplerJudge:
-  """A judge model run in this process on its own sampler (any `Sampler`: sampling/): the messages rendered
-  with `tokenizer`'s chat template (agents.load_tokenizer), sampled up to `max_tokens` or its end-of-turn id,
-  the reply decoded without special tokens."""
-
-  def __init__(self, sampler, tokenizer, *, name: str = "in_process", temperature: float = 0.0, max_tokens: int = 256):
-    from agentfly_jax.agents import load_tokenizer
-
-    self.sampler, self.tokenizer = sampler, load_tokenizer(tokenizer)
-    self.temperature, self.max_tokens = temperature, max_tokens
-    end = self.tokenizer.token_to_id("<|im_end|>")
-    self.stop_ids = tuple(i for i in (end, self.tokenizer.eos_token_id) if i is not None)
-    self.key = f"sampler:{name}:{temperature}:{max_tokens}"
-
-  async def complete(self, messages: list[dict]) -> str:
-    from agentfly_jax.sampling.protocol import SamplingParams
-
-    ids = self.tokenizer.encode(self.tokenizer.render(messages, add_generation_prompt=True))
-    params = SamplingParams(temperature=self.temperature, max_new_tokens=self.max_tokens, stop_token_ids=self.stop_ids)
-    result = await self.sampler.agenerate(ids, params)
-    return self.tokenizer.decode([t for t in result.token_ids if t not in self.stop_ids], skip_special_tokens=True)
-
-
 def messages_key(client_key: str, messages: list[dict]) -> str:
   return hashlib.sha256(json.dumps([client_key, messages], sort_keys=True).encode()).hexdigest()
 
@@ -128,7 +105,11 @@ class JudgeCalls:
     backoff_s: float = 0.5,
     cache_size: int = 4096,
   ):
-    for name, value, low in (("max_concurrency", max_concurrency, 1), ("retries", retries, 0), ("cache_size", cache_size, 0)):
+    for name, value, low in (
+      ("max_concurrency", max_concurrency, 1),
+      ("retries", retries, 0),
+      ("cache_size", cache_size, 0),
+    ):
       if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"JudgeCalls: {name} must be an integer >= {low}, got {value!r}")
     if not timeout_s > 0:

@@ -23,6 +23,7 @@ from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
 from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.core.train_state import LR_SCHEDULES
+from agentfly_jax.rl.judge_spec import JudgeSection
 from agentfly_jax.rl.spec_section import Section, _typed, fail
 from agentfly_jax.sampling.registry import sampler_names
 
@@ -389,6 +390,7 @@ SECTIONS = {
   "eval": EvalSection,
   "checkpoint": CheckpointSection,
   "log": LogSection,
+  "judge": JudgeSection,
 }
 
 
@@ -413,6 +415,7 @@ class RunSpec:
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   log: LogSection = dataclasses.field(default_factory=LogSection)
+  judge: JudgeSection = dataclasses.field(default_factory=JudgeSection)  # a judge model's reward (rl/judge_spec.py)
   custom_task: bool = False  # a Task object given in Python: config.task only names it
 
   def __post_init__(self):

@@ -165,7 +165,9 @@ def build_task(config, task: Any = None):
         raise ValueError(f"config.task={config.task!r}: {e}") from None
   task = task_spec(task, task_name(config))
   check_demo_policy(config, task)
-  return task
+  from agentfly_jax.tasks.judged import with_judge
+
+  return with_judge(config, task)  # config.judge: a judge model's reward (the URL probed here)
 
 
 def check_demo_policy(config, task) -> None:
@@ -306,7 +308,14 @@ def _custom_task(config):
     eval_rows = [validate_row(r, i, eval_source) for i, r in enumerate(eval_rows)]
   eval_rows = _fill_row_fields(eval_rows, t)
   tools = _resolve_tools(t.tools, parts if module is not None else None)
-  reward = _resolve_reward(t.reward, parts if module is not None else None)
+  try:
+    reward = _resolve_reward(t.reward, parts if module is not None else None)
+  except ValueError:
+    from agentfly_jax.tasks.judged import NO_RULE, judging
+
+    if t.reward or not judging(config):
+      raise
+    reward = NO_RULE  # no rule reward: config.judge scores the task alone (tasks/judged.py)
   if t.mcp_servers:
     from agentfly_jax.tools.mcp import tools_from_config
 
