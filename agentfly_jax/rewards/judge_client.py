@@ -31,7 +31,10 @@ class JudgeError(RuntimeError):
 class JudgeClient(Protocol):
   key: str  # the judge's identity in the cache (URL + model, or the in-process model's name)
 
-  async def complete(self, messages: list[dict]) -> str: ...
+  async def complete(self, messages: list[dict], schema: dict | None = None) -> str:
+    """The reply to `messages`; `schema`: the JSON schema the reply should follow (a client may constrain its
+    decoding to it, or ignore it)."""
+    ...
 
 
 class _PerRun:
@@ -50,8 +53,9 @@ class _PerRun:
 
 class OpenAIJudge:
   """A judge behind an OpenAI-compatible chat-completions URL (`base_url` ends in /v1), through the `openai`
-  SDK's AsyncOpenAI (its own retries off: `JudgeCalls` retries). `json_mode` asks for a JSON object reply
-  (response_format); `extra_body` goes into every request (e.g. vLLM's structured-output options)."""
+  SDK's AsyncOpenAI (its own retries off: `JudgeCalls` retries). `json_mode`: the reply constrained to the
+  reward's JSON schema (response_format json_schema: vLLM's structured outputs), or to any JSON object when there
+  is none; `extra_body` goes into every request."""
 
   def __init__(
     self,
@@ -75,10 +79,12 @@ class OpenAIJudge:
 
     return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=None)
 
-  async def complete(self, messages: list[dict]) -> str:
+  async def complete(self, messages: list[dict], schema: dict | None = None) -> str:
     kwargs: dict[str, Any] = dict(model=self.model, messages=messages, temperature=self.temperature)
     kwargs["max_tokens"] = self.max_tokens
-    if self.json_mode:
+    if self.json_mode and schema is not None:
+      kwargs["response_format"] = {"type": "json_schema", "json_schema": {"name": "judgement", "schema": schema}}
+    elif self.json_mode:
       kwargs["response_format"] = {"type": "json_object"}
     if self.extra_body:
       kwargs["extra_body"] = self.extra_body
@@ -86,8 +92,8 @@ class OpenAIJudge:
     return response.choices[0].message.content or ""
 
 
-def messages_key(client_key: str, messages: list[dict]) -> str:
-  return hashlib.sha256(json.dumps([client_key, messages], sort_keys=True).encode()).hexdigest()
+def messages_key(client_key: str, messages: list[dict], schema: dict | None = None) -> str:
+  return hashlib.sha256(json.dumps([client_key, messages, schema], sort_keys=True).encode()).hexdigest()
 
 
 class JudgeCalls:
@@ -122,9 +128,10 @@ class JudgeCalls:
     self.calls = self.hits = self.failures = 0
     self.latency_s = 0.0
 
-  async def reply(self, messages: list[dict]) -> tuple[str, bool]:
-    """(the judge's reply to `messages`, whether it came without a request of its own)."""
-    key = messages_key(self.client.key, messages)
+  async def reply(self, messages: list[dict], schema: dict | None = None) -> tuple[str, bool]:
+    """(the judge's reply to `messages` (`schema`: the JSON schema asked for), whether it came without a request
+    of its own)."""
+    key = messages_key(self.client.key, messages, schema)
     while key in self._inflight:  # an equal request is being sent: its reply, unless it failed
       await self._inflight[key].wait()
     if key in self._cache:
@@ -133,7 +140,7 @@ class JudgeCalls:
       return self._cache[key], True
     done = self._inflight[key] = trio.Event()
     try:
-      text = await self._call(messages)
+      text = await self._call(messages, schema)
       if self.cache_size:
         self._cache[key] = text
         while len(self._cache) > self.cache_size:
@@ -143,7 +150,7 @@ class JudgeCalls:
       del self._inflight[key]
       done.set()
 
-  async def _call(self, messages: list[dict]) -> str:
+  async def _call(self, messages: list[dict], schema: dict | None) -> str:
     last = None
     for attempt in range(self.retries + 1):
       async with self._limiter.get():
@@ -151,7 +158,7 @@ class JudgeCalls:
         try:
           self.calls += 1
           with trio.fail_after(self.timeout_s):
-            text = await self.client.complete(messages)
+            text = await self.client.complete(messages, schema)
           self.latency_s += time.perf_counter() - start
           return text
         except trio.TooSlowError:

@@ -164,6 +164,32 @@ def _fmt(x: float) -> str:
   return str(int(x)) if float(x).is_integer() else str(x)
 
 
+def scores_schema(rubric: Rubric) -> dict:
+  """The JSON schema of a per-chain reply: {"scores": {criterion: number on the scale}} (integers when both ends
+  of the scale are)."""
+  lo, hi = rubric.scale
+  integral = lo.is_integer() and hi.is_integer()
+  number = {"type": "integer", "minimum": int(lo), "maximum": int(hi)} if integral else {"type": "number"}
+  if not integral:
+    number.update(minimum=lo, maximum=hi)
+  names = [c.name for c in rubric.criteria]
+  scores = {
+    "type": "object",
+    "properties": {n: number for n in names},
+    "required": names,
+    "additionalProperties": False,
+  }
+  return {"type": "object", "properties": {"scores": scores}, "required": ["scores"], "additionalProperties": False}
+
+
+def ranking_schema(n: int) -> dict:
+  """The JSON schema of a group reply: {"ranking": [n labels "1".."n"]} (ties and repeats are not excluded by it:
+  `parse_ranking` checks the permutation)."""
+  labels = {"type": "string", "enum": [str(i + 1) for i in range(n)]}
+  ranking = {"type": "array", "items": labels, "minItems": n, "maxItems": n}
+  return {"type": "object", "properties": {"ranking": ranking}, "required": ["ranking"], "additionalProperties": False}
+
+
 def last_json_object(text: str) -> dict | None:
   """The last top-level JSON object in `text` (judges wrap it in prose or ``` fences), or None."""
   decoder = json.JSONDecoder()
