@@ -437,6 +437,8 @@ def test_the_teacher_program_needs_a_teacher():
 def test_a_larger_teachers_forward_compiles_beside_prepare(tmp_path):
   """On-policy distillation's teacher (2x the student's width, 3 layers) on the student's mesh: its params split
   over the 4 chips, more FLOPs than the student's own log-prob pass in prepare."""
+  import jax
+
   from agentfly_jax.models import tiny_config
 
   teacher = tmp_path / "teacher"
@@ -459,6 +461,12 @@ def test_a_larger_teachers_forward_compiles_beside_prepare(tmp_path):
   assert list(rows) == ["prepare", "teacher"]
   t = rows["teacher"]
   assert t["fits"] and t["micro_batch"].startswith("teacher teacher: 8x64")
-  params = 668 * 256 * 2 + 3 * (4 * 256 * 256 + 3 * 256 * 512)  # embeddings (untied) + layers, roughly
-  assert t["argument_bytes"] >= 4 * params / 4 * 0.9  # f32 params split over 4 chips
+  import numpy as np
+  from flax import nnx
+
+  from agentfly_jax.models import CausalLM
+
+  shapes = nnx.state(nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  assert 4 * params / 4 <= t["argument_bytes"] < 4 * params  # f32 params split over the 4 chips
   assert t["flops"] > rows["prepare"]["flops"] > 0
