@@ -72,12 +72,13 @@ class OpenAIJudge:
     self.api_key, self.temperature, self.max_tokens = api_key, temperature, max_tokens
     self.json_mode, self.extra_body = json_mode, dict(extra_body or {})
     self.key = f"openai:{self.base_url}:{model}:{temperature}:{max_tokens}:{json_mode}:{sorted(self.extra_body)}"
+    import openai  # here, not inside a call's timeout (its first import takes seconds)
+
+    self._openai = openai
     self._client = _PerRun(self._new_client)
 
   def _new_client(self):
-    import openai
-
-    return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=None)
+    return self._openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=None)
 
   async def complete(self, messages: list[dict], schema: dict | None = None) -> str:
     kwargs: dict[str, Any] = dict(model=self.model, messages=messages, temperature=self.temperature)

@@ -150,13 +150,13 @@ def test_retries_then_success_and_failure_after_every_attempt():
 
 
 def test_timeout_is_per_attempt():
-  with JudgeServer(_scores_reply, delay_s=1.5) as server:
+  with JudgeServer(_scores_reply, delay_s=5.0) as server:
     calls = JudgeCalls(OpenAIJudge(server.base_url, "judge"), timeout_s=0.2, retries=1, backoff_s=0.01)
     start = time.perf_counter()
     with pytest.raises(JudgeError, match="timeout_s=0.2"):
       trio.run(calls.reply, _msgs("right"))
-    assert time.perf_counter() - start < 1.2  # two cut attempts, not a 1.5 s reply
-    assert len(server.requests) == 2
+    assert time.perf_counter() - start < 4.0  # two cut attempts, not two 5 s replies
+    assert calls.calls == 2 and calls.failures == 2  # (a loaded machine may cut the second before it is sent)
 
 
 def test_concurrency_limit_holds_at_the_server():
@@ -226,13 +226,13 @@ def _agent(reward_fn):
 
 def test_chain_judging_runs_while_other_chains_still_roll_out():
   tok = agent_tokenizer()
-  sampler = _TimedSampler(lambda prompt: tok.encode("right<|im_end|>"), slow_s=1.0)
+  sampler = _TimedSampler(lambda prompt: tok.encode("right<|im_end|>"), slow_s=2.0)
   with JudgeServer(_scores_reply) as server:
     r = judge_reward(JudgeCalls(OpenAIJudge(server.base_url, "judge")), RUBRIC)
     rows = [{"question": "fast one"}, {"question": "slow one"}]
     trajs = run_rollout(_agent(r), rows, sampler=sampler, num_chains=2, max_turns=1)
     first_judged = server.requests[0][0]
-    assert first_judged < max(sampler.returned) - 0.5  # judged a second before the slow chains ended
+    assert first_judged < max(sampler.returned) - 1.0  # judged well before the slow chains ended
     assert [t.reward for t in trajs] == pytest.approx([(2 * 1.0 + 0.6) / 3] * 4)
     assert len(server.requests) == 2  # one per distinct prompt: the chains of a row share theirs (cache)
 
