@@ -119,4 +119,12 @@ def with_judge(config, task):
     base=base,
     weight=section.weight if base is not None else 1.0,
   )
+  factory = task.agent_factory
+  if factory is not None:  # a task's own agent carries its rule reward: the judge's replaces it there too
+    task = dataclasses.replace(task, agent_factory=lambda tokenizer: _judged_agent(factory(tokenizer), reward))
   return dataclasses.replace(task, reward=reward)
+
+
+def _judged_agent(agent, reward):
+  agent.reward_fn = reward
+  return agent

@@ -70,6 +70,9 @@ def test_built_in_task_mixes_the_judge_with_its_rule_reward():
     got = trio.run(task.reward.compute, "4", [], row)
     assert got["rule/reward"] == expected_rule
     assert got["reward"] == pytest.approx(0.5 * 1.0 + 0.5 * expected_rule)
+    from agent_testlib import agent_tokenizer
+
+    assert task.make_agent(agent_tokenizer()).reward_fn is task.reward  # the task's own agent scores with the judge
     group = build_task(_spec(url=server.base_url, criteria=CRITERIA, mode="group"))
     assert isinstance(group.reward, GroupJudgeReward) and group.reward.weight == 1.0
 
