@@ -175,6 +175,11 @@ async def endpoint_rollout(
       f"endpoint_rollout: reward {agent.reward_fn.name!r} is bound to environment "
       f"{agent.reward_fn.env_name!r}; a black-box agent's chains hold no environment"
     )
+  if agent.reward_fn is not None and agent.reward_fn.group:
+    raise ValueError(
+      f"endpoint_rollout: reward {agent.reward_fn.name!r} scores a row's chains together (a group reward); "
+      "a black-box agent's chains are scored one by one: use a per-chain reward (judge.mode='chain')"
+    )
   check_chain_timeout("endpoint_rollout", chain_timeout_s)
   reward_only_fields = check_reward_only(reward_only_fields, "endpoint_rollout: reward_only_fields")
   validate_rows(agent, rows, reward_only_fields)
@@ -217,7 +222,9 @@ async def endpoint_rollout(
           reward_only_fields,
         )
 
-      results = await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)
+      results = await drive_chains(
+        rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset, on_group=None
+      )  # (no group rewards here: refused above)
   return [t for chain_trajs in results for t in chain_trajs]
 
 

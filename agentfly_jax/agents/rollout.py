@@ -36,6 +36,7 @@ import trio
 
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
+from agentfly_jax.agents.group_rewards import group_scorer
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.data.dataset import validate_row
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
@@ -311,7 +312,7 @@ async def _run_chain(agent: RolloutAgent, row: dict, group_id: int, chain_id: in
       chain.finish("timeout")
     if chain.prediction is None:  # no model turn at all (the prompt filled the context)
       chain.prediction = ""
-    if agent.reward_fn is not None:
+    if agent.reward_fn is not None and not agent.reward_fn.group:  # a group reward: after the group (group_rewards.py)
       env = await envs.get(agent.reward_fn.env_name) if agent.reward_fn.env_name else None
       with ENV_CLOCK:
         metrics = await agent.reward_fn.compute(
@@ -490,7 +491,10 @@ async def rollout(
   async def run_chain(row, group_id, chain_id):
     return await _run_chain(agent, row, group_id, chain_id, cfg)
 
-  return await drive_chains(rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset)
+  on_group = group_scorer(agent.reward_fn)
+  return await drive_chains(
+    rows, num_chains, run_chain, concurrency=concurrency, group_offset=group_offset, on_group=on_group
+  )
 
 
 def run_rollout(agent: RolloutAgent, rows: Sequence[dict], **kwargs) -> list[Trajectory]:

@@ -9,6 +9,8 @@ The driver starts `num_chains` chains per row in one trio nursery, at most `conc
 group_id = group_offset + row index, chain_id = 0 .. num_chains - 1, and returns their results
 row-major (`[row0 chain0, row0 chain1, ..., row1 chain0, ...]`). A runner never raises for its
 chain's own failure (it returns a trajectory saying so); an exception that escapes it is the rollout's.
+`on_group(results) -> results` (optional) gets a group's `num_chains` results as soon as its last chain ends,
+outside the chain limiter (a group reward: rewards/judge.py), while other groups still run.
 """
 
 from __future__ import annotations
@@ -37,15 +39,23 @@ async def drive_chains(
   *,
   concurrency: int | trio.CapacityLimiter,
   group_offset: int = 0,
+  on_group: Callable[[list], Awaitable[list]] | None = None,
 ) -> list:
   """Runs `run_chain(row, group_offset + g, c)` for every row g and chain c concurrently; returns the
-  results row-major. `concurrency`: how many chains run at once, or a limiter shared with other calls."""
+  results row-major. `concurrency`: how many chains run at once, or a limiter shared with other calls.
+  `on_group`: see the module docstring."""
   limiter = concurrency if isinstance(concurrency, trio.CapacityLimiter) else trio.CapacityLimiter(concurrency)
   results: list = [None] * (len(rows) * num_chains)
+  pending = [num_chains] * len(rows)
 
   async def chain(index, row, group_id, chain_id):
     async with limiter:
       results[index] = await run_chain(row, group_id, chain_id)
+    g = index // num_chains
+    pending[g] -= 1
+    if on_group is not None and pending[g] == 0:  # the group's last chain: its group reward, here
+      start = g * num_chains
+      results[start : start + num_chains] = await on_group(results[start : start + num_chains])
 
   async with trio.open_nursery() as nursery:
     for g, row in enumerate(rows):

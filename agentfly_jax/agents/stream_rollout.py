@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import trio
 
+from agentfly_jax.agents.group_rewards import group_scorer
 from agentfly_jax.agents.rollout import _run_chain, make_config, validate_rows
 from agentfly_jax.agents.rollout_driver import drive_chains
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
@@ -63,12 +64,16 @@ async def stream_groups(
     reward_only_fields=reward_only_fields,
   )
   limiter = trio.CapacityLimiter(concurrency)  # shared by all groups' chains
+  score_group = group_scorer(agent.reward_fn)  # a group reward: each group scored when its last chain ends
 
   async def run_chain(row, group_id, chain_id):
     return await _run_chain(agent, row, group_id, chain_id, cfg)
 
   async def group(row, group_id):
-    on_group(group_id, await drive_chains([row], num_chains, run_chain, concurrency=limiter, group_offset=group_id))
+    trajs = await drive_chains(
+      [row], num_chains, run_chain, concurrency=limiter, group_offset=group_id, on_group=score_group
+    )
+    on_group(group_id, trajs)
 
   async with trio.open_nursery() as nursery:
     while not stopped():

@@ -50,6 +50,12 @@ class AgentTokenizer:
     tid = self._backend.token_to_id(token)
     return None if tid is None else int(tid)
 
+  def get_vocab(self) -> dict[str, int]:
+    """token -> id, added tokens included."""
+    if self._is_hf:
+      return dict(self._backend.get_vocab())
+    return dict(self._backend.get_vocab(with_added_tokens=True))
+
   @property
   def vocab_size(self) -> int:
     if self._is_hf:

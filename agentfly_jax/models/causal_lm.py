@@ -26,7 +26,8 @@ from flax import nnx
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.paged_attention import PagedKVCache, PageTable, cache_heads_first
-from agentfly_jax.models.layers import DecoderLayer, RMSNorm, linear, rope_inv_freq, rope_tables
+from agentfly_jax.models.decoder_layer import DecoderLayer
+from agentfly_jax.models.layers import RMSNorm, linear, rope_inv_freq, rope_tables
 from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain

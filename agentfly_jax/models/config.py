@@ -200,9 +200,7 @@ class ModelConfig:
   def is_moe_layer(self, layer_idx: int) -> bool:
     """Layer `layer_idx` is a sparse MoE block (HF Qwen3MoeDecoderLayer's rule)."""
     return (
-      self.num_experts > 0
-      and layer_idx not in self.mlp_only_layers
-      and (layer_idx + 1) % self.decoder_sparse_step == 0
+      self.num_experts > 0 and layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
     )
 
   @property

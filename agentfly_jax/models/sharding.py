@@ -198,9 +198,7 @@ def make_mesh(fsdp: int = 1, tp: int = 1, devices=None, *, expert: int = 1) -> M
     fsdp = len(devices) // (tp * expert)
   n = fsdp * tp * expert
   if fsdp < 1 or tp < 1 or expert < 1 or n > len(devices):
-    raise ValueError(
-      f"make_mesh: fsdp={fsdp} x expert={expert} x tp={tp} needs {n} devices, have {len(devices)}"
-    )
+    raise ValueError(f"make_mesh: fsdp={fsdp} x expert={expert} x tp={tp} needs {n} devices, have {len(devices)}")
   if expert == 1:
     grid = np.array(devices[:n], dtype=object).reshape(fsdp, tp)
     return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)

@@ -30,7 +30,10 @@ _SPECIAL = ("prediction", "trajectory", "row", "env")
 
 
 class Reward:
-  """A reward function plus how to call it from a finished chain."""
+  """A reward function plus how to call it from a finished chain. `group` True: a reward of a row's chains
+  together (`compute_group`, rewards/judge.py), computed when the group's last chain ends."""
+
+  group = False
 
   def __init__(self, fn: Callable, *, name: str | None = None, env: str | None = None):
     if not callable(fn):

@@ -77,6 +77,7 @@ def open_run(spec: RunSpec, workdir: str, *, task=None, parts: RunParts | None =
     critic.graphdef if critic is not None else None,
     critic.rest if critic is not None else None,
     critic_optimizer,
+    teacher=parts.teacher,
   )
   return Run(
     spec=spec,

@@ -53,6 +53,7 @@ class RunParts:
   eval_rows: list
   lora: Any = None  # models.lora.LoRAConfig when model.lora.rank > 0
   base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
+  teacher: ModelHalves | None = None  # on-policy distillation's teacher (rl/teacher.py), sharded on `mesh`
 
 
 def build_tokenizer_dir(spec, task, workdir: str) -> str:
@@ -230,6 +231,24 @@ def _critic_halves(spec, vocab_size: int, mesh) -> ModelHalves | None:
   return _split(spec, critic_model, mesh, critic=True)
 
 
+def _teacher_halves(spec, tokenizer, mesh) -> ModelHalves | None:
+  """On-policy distillation's teacher (config.teacher, rl/teacher.py), its vocabulary checked against the
+  student's first, loaded sharded on `mesh` (forward only: no remat), split; None without one."""
+  from agentfly_jax.models import from_pretrained, partition_specs
+  from agentfly_jax.rl.teacher import check_same_vocabulary
+
+  t = spec.teacher
+  if not t.pretrained:
+    return None
+  check_same_vocabulary(t.pretrained, tokenizer)
+  numerics = {**model_numerics(spec), "remat": False}
+  if t.dtype:
+    numerics.update(dtype=t.dtype, param_dtype=t.dtype)
+  model = from_pretrained(t.pretrained, mesh=mesh, sharding_rules=spec.mesh.rules, **numerics)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  return ModelHalves(graphdef, params, rest, partition_specs(params, mesh, spec.mesh.rules))
+
+
 def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir: str, mesh, sampler_mesh, lora_cfg):
   """The rollout sampler `spec.rollout.sampler` names (sampling/registry.py), built on the
   sampler's model (and `model`, the policy, for samplers that read it)."""
@@ -299,6 +318,7 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   lora_cfg = spec.model.lora.lora_config()
   identity = None if lora_cfg is None else base_identity(spec, model)
   critic = _critic_halves(spec, tokenizer.vocab_size, mesh)
+  teacher = _teacher_halves(spec, tokenizer, mesh)  # None without config.teacher.pretrained
   built = _build_sampler(spec, sampler_model, model, tokenizer, tok_dir, workdir, mesh, sampler_mesh, lora_cfg)
   agent = task.make_agent(tokenizer)
   train_stream = RowStream(task.epoch_rows(spec.seed), spec.seed)
@@ -326,4 +346,5 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
     eval_rows=eval_rows,
     lora=lora_cfg,
     base_identity=identity,
+    teacher=teacher,
   )

@@ -23,7 +23,9 @@ from agentfly_jax.models.sharding import DEFAULT_RULES, resolve_rules
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
 from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.core.train_state import LR_SCHEDULES
+from agentfly_jax.rl.judge_spec import JudgeSection
 from agentfly_jax.rl.spec_section import Section, _typed, fail
+from agentfly_jax.rl.teacher import TeacherSection, check_distill
 from agentfly_jax.sampling.registry import sampler_names
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -294,6 +296,7 @@ class LossSection(Section):
   neg_adv_weight: float = 1.0  # negative advantages x this (0: learn only from above-mean chains)
   score_metric: str = ""  # "" = advantages from the reward; else from this reward metric (e.g. "success")
   router_aux_coef: float = 0.0  # mixture-of-experts policy: x HF's router load-balancing loss (0 = off)
+  distill_weight: float = 0.0  # in [0, 1]: the teacher's reverse-KL advantage's share (rl/core/distill.py); 0 = off
 
   def check(self):
     known = losses.policy_loss_names()
@@ -305,6 +308,7 @@ class LossSection(Section):
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
     self.need("neg_adv_weight", self.neg_adv_weight >= 0, "must be >= 0 (1 = plain advantages)")
     self.need("router_aux_coef", self.router_aux_coef >= 0, "must be >= 0 (0 = off)")
+    self.need("distill_weight", 0 <= self.distill_weight <= 1, "must be in [0, 1] (0 = off, 1 = distillation alone)")
     self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0, "needs 0 <= clip_low < 1, clip_high >= 0")
     self.need("dual_clip", not self.dual_clip or self.dual_clip > 1, "dual-clip constant must be > 1 (or 0 to disable)")
 
@@ -409,6 +413,8 @@ SECTIONS = {
   "eval": EvalSection,
   "checkpoint": CheckpointSection,
   "log": LogSection,
+  "judge": JudgeSection,
+  "teacher": TeacherSection,
 }
 
 
@@ -433,6 +439,8 @@ class RunSpec:
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   log: LogSection = dataclasses.field(default_factory=LogSection)
+  judge: JudgeSection = dataclasses.field(default_factory=JudgeSection)  # a judge model's reward (rl/judge_spec.py)
+  teacher: TeacherSection = dataclasses.field(default_factory=TeacherSection)  # on-policy distillation (rl/teacher.py)
   custom_task: bool = False  # a Task object given in Python: config.task only names it
 
   def __post_init__(self):
@@ -469,6 +477,7 @@ class RunSpec:
       fail("rollout.num_chains", self.rollout.num_chains, f"{self.algo} needs >= 2 chains per group")
     if self.train.skip_zero_adv_rows and (self.loss.kl_coef or self.loss.entropy_coef or algo.critic):
       fail("train.skip_zero_adv_rows", True, "a row with no advantage still trains a KL, entropy or critic term")
+    check_distill(self)
 
   def _check_task(self):
     if isinstance(self.task, str):

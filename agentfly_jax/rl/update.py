@@ -29,7 +29,7 @@ from agentfly_jax.rl.batching import (
 )
 from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.packing import pack_index, take_packed
-from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare
+from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare, make_teacher_logprobs
 from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
 from agentfly_jax.rl.spec_section import view
 
@@ -44,6 +44,7 @@ class ModelParts:
   critic_graphdef: Any = None
   critic_rest: Any = None
   critic_optimizer: Any = None
+  teacher: Any = None  # on-policy distillation: the teacher's rl/setup.ModelHalves (None: no teacher)
 
 
 def put_global(x: np.ndarray, sharding) -> jax.Array:
@@ -156,6 +157,9 @@ class PolicyUpdate:
       return adv, metrics
 
     self._advantages = jax.jit(advantages_and_metrics, out_shardings=self._replicated)
+    self.teacher = parts.teacher
+    if parts.teacher is not None:  # its log-probs of the batch's tokens, before each prepare (rl/core/distill.py)
+      self._teacher = make_teacher_logprobs(parts.teacher.graphdef, prep_cfg, mesh=mesh, rules=rules)
 
   def minibatch_layout(self) -> tuple[int, int]:
     """(rows per micro-batch, micro-batches per minibatch) of this run's train steps."""
@@ -217,9 +221,10 @@ class PolicyUpdate:
         rows_trained = {"train/rows_trained": np.float32(0)}
         return state, UpdateMetrics([adv_metrics, rows_trained], time.perf_counter() - t0, None)
     num_rows = len(arrays["group_ids"])
-    batch, prep_metrics = self.prepare(
-      state.params, ref_params, state.critic_params, self.put_arrays(arrays), self.frozen
-    )
+    device_arrays = self.put_arrays(arrays)
+    if self.teacher is not None:
+      device_arrays["teacher_logprobs"] = self._teacher(self.teacher.params, self.teacher.rest, device_arrays)
+    batch, prep_metrics = self.prepare(state.params, ref_params, state.critic_params, device_arrays, self.frozen)
     jax.block_until_ready(batch)
     prepare_s = time.perf_counter() - t0  # old (+ ref) log-probs, values, advantages
     micro_size, num_micro = self.minibatch_layout()

@@ -159,7 +159,9 @@ def build_task(config, task: Any = None):
   task = task_spec(task)
   task.probe(config.seed)
   check_demo_policy(config, task)
-  return task
+  from agentfly_jax.tasks.judged import with_judge
+
+  return with_judge(config, task)  # config.judge: a judge model's reward (the URL probed here)
 
 
 def check_demo_policy(config, task) -> None:
@@ -236,7 +238,7 @@ def _row_defaults(t: UserTaskSection) -> dict:
 def _custom_task(config):
   """The user task of config.task: its module read by `contract.from_module` (as a built-in's),
   then the config's fields over it (rows from files, tools, reward, MCP servers, agent, ...)."""
-  from agentfly_jax.tasks.contract import TaskSpec, from_module
+  from agentfly_jax.tasks.contract import TaskSpec, from_module, module_reward
 
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
@@ -263,8 +265,12 @@ def _custom_task(config):
     )
   if t.tools or module is not None:
     fields["tools"] = _resolve_tools(t.tools, module)
+  from agentfly_jax.tasks.judged import NO_RULE, judging
+
   if t.reward:
     fields["reward"] = _resolve_reward(t.reward, module)
+  elif judging(config) and (module is None or module_reward(module) is None):
+    fields["reward"] = NO_RULE  # no rule reward: config.judge scores the task alone (tasks/judged.py)
   elif module is None:
     raise ValueError(
       "config.task.reward is empty and no task module defines a @reward: set "

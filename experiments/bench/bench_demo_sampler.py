@@ -92,8 +92,9 @@ def main(argv):
   load0 = os.getloadavg()[0]
   results = {
     "date": time.strftime("%Y-%m-%d"),
-    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT)
-    .stdout.strip(),
+    "commit": subprocess.run(
+      ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+    ).stdout.strip(),
     "machine": cpu_name(),
     "steps": FLAGS.steps,
     "runs": [],

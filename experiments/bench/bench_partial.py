@@ -52,12 +52,18 @@ _OUT = flags.DEFINE_string("out", "experiments/results/bench_partial", "Output p
 _ENGINE_STEPS = flags.DEFINE_integer("engine_steps", 8, "Real-engine runs: RL steps per run (0: no real-engine part).")
 _ENGINE_REPEATS = flags.DEFINE_integer("engine_repeats", 1, "Real-engine runs per mode (interleaved).")
 _ENGINE_STEADY = flags.DEFINE_integer("engine_steady_from", 3, "Real-engine trained turns/s counts steps >= this.")
-_ENGINE_MODES = flags.DEFINE_list("engine_modes", ["sync", "partial1"], "Real-engine modes: sync, async<k>, partial<k>.")
+_ENGINE_MODES = flags.DEFINE_list(
+  "engine_modes", ["sync", "partial1"], "Real-engine modes: sync, async<k>, partial<k>."
+)
 _ENGINE_ROWS = flags.DEFINE_integer("engine_rows", 4, "Real-engine rollout.rows_per_step.")
 _ENGINE_CHAINS = flags.DEFINE_integer("engine_chains", 4, "Real-engine rollout.num_chains.")
-_ENGINE_WARMUP = flags.DEFINE_bool("engine_warmup", True, "One unrecorded real-engine run per mode first (fills the compile cache).")
+_ENGINE_WARMUP = flags.DEFINE_bool(
+  "engine_warmup", True, "One unrecorded real-engine run per mode first (fills the compile cache)."
+)
 _ENGINE_REUSE = flags.DEFINE_bool(
-  "engine_reuse", False, "Tabulate the real-engine runs already in --workdir (their metrics.jsonl) instead of running them."
+  "engine_reuse",
+  False,
+  "Tabulate the real-engine runs already in --workdir (their metrics.jsonl) instead of running them.",
 )
 _ENGINE_LOAD = flags.DEFINE_string("engine_load", "", "With --engine_reuse: the machine's load while those runs ran.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/bench_partial", "Where the real-engine runs write.")

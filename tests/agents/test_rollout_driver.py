@@ -60,7 +60,7 @@ def test_both_runners_go_through_the_driver_and_number_groups_and_chains_alike(a
     monkeypatch.setattr(importlib.import_module(f"agentfly_jax.agents.{module}"), "drive_chains", spy)
   rows = lookup.make_rows(3, seed=1)
   builtin, served = _both(agent, rows, num_chains=2, group_offset=7, concurrency=3)
-  assert calls == [(3, 2, {"concurrency": 3, "group_offset": 7})] * 2
+  assert calls == [(3, 2, {"concurrency": 3, "group_offset": 7, "on_group": None})] * 2  # per-chain rewards
   ids = [(g, c) for g in (7, 8, 9) for c in (0, 1)]
   assert [(t.group_id, t.chain_id) for t in builtin] == ids
   assert [(t.group_id, t.chain_id) for t in served] == ids

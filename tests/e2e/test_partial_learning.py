@@ -54,4 +54,6 @@ def test_partial_rollouts_learn_to_use_the_tool(tmp_path):
   steps = [r for r in records if "async/staleness" in r]
   assert len(steps) == 12
   for r in steps:
-    assert r["async/staleness"] <= 1 and r["async/staleness_hist/0"] + r["async/staleness_hist/1"] == pytest.approx(1), r
+    assert r["async/staleness"] <= 1 and r["async/staleness_hist/0"] + r["async/staleness_hist/1"] == pytest.approx(
+      1
+    ), r

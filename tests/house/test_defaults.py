@@ -22,6 +22,9 @@ MODEL_SHAPE_FIELDS = (
   "head_dim",
   "intermediate_size",
   "vocab_size",
+  "num_experts",
+  "num_experts_per_tok",
+  "moe_intermediate_size",
 )
 
 # "path:function:parameter" -> why its default differs from the spec's field of that name.

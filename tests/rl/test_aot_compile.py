@@ -420,3 +420,53 @@ def test_an_engine_row_that_does_not_fit_is_advised_a_smaller_kv_cache():
   assert 0.85 * 32 * g <= 20 * g + 2 * gib * g <= 0.9 * 32 * g + 0.01 * g  # the rest + twice the cache: ~90 % of HBM
   heavy = dict(row, peak_bytes=60 * g, cache_bytes=5 * g)
   assert "without its KV cache the program still needs 50.00 GiB" in aot.fit_advice({}, heavy)
+
+
+def test_the_teacher_program_needs_a_teacher():
+  from agentfly_jax.rl.scale import aot
+
+  with pytest.raises(aot.BadInput, match=r"config.teacher.pretrained='': the teacher program needs a teacher"):
+    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", programs=("teacher",))
+  config = lookup_config(fsdp=4)
+  config.teacher.pretrained, config.loss.distill_weight = "gpt2-xl", 1.0
+  with pytest.raises(aot.BadInput, match=r"config.teacher.pretrained='gpt2-xl': neither a preset"):
+    aot.run(RunSpec.from_config(config), "v5e:2x2", programs=("teacher",))
+
+
+@pytest.mark.slow
+def test_a_larger_teachers_forward_compiles_beside_prepare(tmp_path):
+  """On-policy distillation's teacher (2x the student's width, 3 layers) on the student's mesh: its params split
+  over the 4 chips, more FLOPs than the student's own log-prob pass in prepare."""
+  import jax
+
+  from agentfly_jax.models import tiny_config
+
+  teacher = tmp_path / "teacher"
+  teacher.mkdir()
+  cfg = tiny_config("qwen2", vocab_size=668, hidden_size=256, intermediate_size=512, num_hidden_layers=3)
+  (teacher / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  out = tmp_path / "distill"
+  proc = aot(
+    "--config=configs/lookup_grpo.py",
+    "--topology=v5e:2x2",
+    "--config.mesh.fsdp=4",
+    f"--config.teacher.pretrained={teacher}",
+    "--config.loss.distill_weight=1.0",
+    "--programs=prepare,teacher",
+    f"--out={out}",
+    *TINY,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  rows = {r["program"]: r for r in json.loads((tmp_path / "distill.json").read_text())["rows"]}
+  assert list(rows) == ["prepare", "teacher"]
+  t = rows["teacher"]
+  assert t["fits"] and t["micro_batch"].startswith("teacher teacher: 8x64")
+  import numpy as np
+  from flax import nnx
+
+  from agentfly_jax.models import CausalLM
+
+  shapes = nnx.state(nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  assert 4 * params / 4 <= t["argument_bytes"] < 4 * params  # f32 params split over the 4 chips
+  assert t["flops"] > rows["prepare"]["flops"] > 0

@@ -23,6 +23,7 @@ from flax import nnx
 from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl.core import advantages as adv_lib
+from agentfly_jax.rl.core.distill import distill_advantages, distill_metrics
 from agentfly_jax.rl.core.shaping import overlong_penalty
 from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entropy
 
@@ -42,6 +43,7 @@ class PrepareConfig:
   overlong_factor: float = 1.0
   behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
   neg_adv_weight: float = 1.0  # negative advantages x this (0: only above-baseline tokens train)
+  distill_weight: float = 0.0  # with arrays["teacher_logprobs"]: the reverse-KL advantage's share (rl/core/distill.py)
 
 
 def chunked_rows(fn, chunk: int, *arrays):
@@ -167,6 +169,10 @@ def prepare_batch(
     values = chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays, cfg.chunk)
     batch["old_values"] = values
   batch["advantages"], ret, adv_metrics = batch_advantages(cfg, arrays, values)
+  if "teacher_logprobs" in arrays:  # on-policy distillation: the teacher's log-probs of these tokens
+    t_lp, mask = arrays["teacher_logprobs"], arrays["action_mask"]
+    batch["advantages"] = distill_advantages(batch["advantages"], t_lp, batch["old_logprobs"], mask, cfg.distill_weight)
+    adv_metrics.update(distill_metrics(t_lp, batch["old_logprobs"], mask))
   if critic_params is not None:
     batch["returns"] = ret.astype(jnp.float32)
   return batch, {**metrics, **adv_metrics}
@@ -205,3 +211,17 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
       )
 
   return jax.jit(prepare)
+
+
+def make_teacher_logprobs(graphdef, cfg: PrepareConfig, *, mesh=None, rules=None):
+  """The jitted `teacher(params, rest, arrays) -> f32[B, L]`: the teacher's log-probs (temperature 1) of the
+  target tokens of `arrays` (input_ids, target_ids, attention_mask, action_mask [B, L]), `cfg.chunk` rows per
+  forward pass, 0 off the action tokens; activations constrained by `rules` on a multi-device `mesh`."""
+  cfg = dataclasses.replace(cfg, temperature=1.0)
+  keys = ("input_ids", "target_ids", "attention_mask", "action_mask")
+
+  def teacher(params, rest, arrays):
+    with activation_sharding(mesh, rules):
+      return action_logprobs(graphdef, params, rest, {k: arrays[k] for k in keys}, cfg)
+
+  return jax.jit(teacher)

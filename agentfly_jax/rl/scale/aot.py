@@ -16,7 +16,7 @@ import json
 import os
 import re
 
-from agentfly_jax.rl.scale import aot_engine, aot_gpu, aot_programs
+from agentfly_jax.rl.scale import aot_engine, aot_gpu, aot_programs, aot_teacher
 from agentfly_jax.rl.scale.aot_programs import (  # noqa: F401 (re-exported: the compile half's public names)
   GIB,
   AbstractRun,
@@ -40,7 +40,9 @@ _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
 _GPU_TOPOLOGY = re.compile(r"^(%s):(\d+)$" % "|".join(aot_gpu.GPUS))
 # the report's order: the trainer's programs, the static sampler's, the paged engine's (rl/scale/aot_engine.py), the sync
 COMPILERS = {
-  **{k: v for k, v in aot_programs.COMPILERS.items() if k != "weight_sync"},
+  "prepare": aot_programs.COMPILERS["prepare"],
+  **aot_teacher.COMPILERS,  # on-policy distillation's teacher forward, beside prepare (rl/scale/aot_teacher.py)
+  **{k: v for k, v in aot_programs.COMPILERS.items() if k not in ("prepare", "weight_sync")},
   **aot_engine.COMPILERS,
   "weight_sync": aot_programs.COMPILERS["weight_sync"],
 }
@@ -209,6 +211,11 @@ def run(spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 
   _check_programs(programs)
   generation, chips = parse_topology(topology)
   cfg = _checked_model_config(spec, model, chips, topology)
+  if "teacher" in programs:
+    try:
+      aot_teacher.teacher_config(spec)
+    except ValueError as e:
+      raise BadInput(str(e)) from None
   devices = topology_devices(topology)
   hbm = (hbm_gib or HBM_GIB[generation]) * GIB
   abstract = abstract_run(spec, cfg, devices, seq_len or spec.rollout.max_total_tokens)
