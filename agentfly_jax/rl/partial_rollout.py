@@ -253,7 +253,7 @@ def mask_stale_segments(arrays: dict | None, trajs: list, step: int, max_stalene
   return {**arrays, "action_mask": mask}, {"async/stale_tokens_masked": float(masked)}
 
 
-def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str, cut_turn_penalty: float = 0.0) -> list:
+def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str) -> list:
   """The trajectories whose rows `stages.prepare` put into its arrays, in order (the same scores
   decide which groups dynamic sampling drops)."""
   trajs = [t for t in trajs if len(t.token_ids)]  # as stages.prepare: a chain with no tokens has no row
@@ -262,7 +262,7 @@ def kept_trajectories(trajs: list, *, dynamic_sampling: bool, score_metric: str,
   from agentfly_jax.rl.batching import drop_zero_variance_groups
   from agentfly_jax.rl.stages import scored
 
-  return drop_zero_variance_groups(scored(trajs, score_metric, cut_turn_penalty))[0]
+  return drop_zero_variance_groups(scored(trajs, score_metric))[0]
 
 
 def check_partial(rollout_spec, agent_fn=None) -> None:
@@ -270,10 +270,8 @@ def check_partial(rollout_spec, agent_fn=None) -> None:
   built-in chains only: no endpoint agent (task.agent_fn), no shared opening turns."""
   if agent_fn is not None:
     raise ValueError("config.rollout.partial=True: not with an endpoint agent (task.agent_fn); use partial=False")
-  if rollout_spec.shared_turns or rollout_spec.branch_temperature:
-    raise ValueError(
-      "config.rollout.partial=True: not with rollout.shared_turns / rollout.branch_temperature (set them 0)"
-    )
+  if rollout_spec.shared_turns:
+    raise ValueError("config.rollout.partial=True: not with rollout.shared_turns (set it 0)")
 
 
 def start_producer(run, loop, start: int) -> PartialRolloutProducer:
@@ -340,7 +338,6 @@ def after_prepare(arrays: dict | None, trajs: list, step: int, spec, metrics: di
     trajs,
     dynamic_sampling=spec.dapo.dynamic_sampling,
     score_metric=spec.loss.score_metric,
-    cut_turn_penalty=spec.dapo.cut_turn_penalty,
   )
   arrays, stale = mask_stale_segments(arrays, kept, step, spec.rollout.max_staleness)
   metrics.update(stale)

@@ -143,8 +143,6 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
     **extra,
     **packed,
   )
-  if "skipped_denom" in mb:  # rows left out of the step (all-0 advantages) still count in the mean
-    denom = denom + jnp.sum(mb["skipped_denom"])
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)
