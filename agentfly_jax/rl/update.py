@@ -78,6 +78,18 @@ class UpdateMetrics:
     return out
 
 
+def default_prepare_config(estimator: str, **fields) -> PrepareConfig:
+  """The prepare call of a default run (`RunSpec()` on one device: its rows per forward pass, its loss's
+  temperature and chunking, the spec's gamma / lam / DAPO settings) for `estimator`, with `fields`
+  replaced: a PrepareConfig outside a run (tests, benchmarks)."""
+  from agentfly_jax.rl.programs import default_loss_config
+  from agentfly_jax.rl.spec import RunSpec
+
+  spec = RunSpec()
+  chunk = micro_batch_layout(spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, 1)[0]
+  return dataclasses.replace(prepare_config(spec, default_loss_config(), estimator, chunk), **fields)
+
+
 def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   """The prepare call's config from the run's typed sections and its loss (`loss_cfg`: the
   temperature and the log-prob chunking it trains with; decoupled PPO needs the sampler's

@@ -31,6 +31,7 @@ from bench_common import REPO_ROOT as ROOT  # this folder is on sys.path: the sc
 
 flags.DEFINE_string("serve", "", "internal: run as the worker of this mode (full | lora)")
 flags.DEFINE_integer("num_layers", 30, "decoder layers of the SmolLM2-135M-shaped model")
+flags.DEFINE_integer("vocab_size", 0, "vocabulary of the model (0 = SmolLM2's 49,152)")
 flags.DEFINE_integer("batch", 8, "rows per train step")
 flags.DEFINE_integer("seq", 256, "tokens per row")
 flags.DEFINE_integer("micro_batch", 4, "rows per micro-batch")
@@ -53,13 +54,15 @@ class Worker:
     from agentfly_jax.models import CausalLM, ModelConfig
     from agentfly_jax.models.lora import LoRAConfig, apply_lora
     from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-    from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+    from agentfly_jax.rl.core.train_step import make_train_step
+    from agentfly_jax.rl.programs import default_loss_config
     from agentfly_jax.sampling import JaxSampler
     from bench_common import SMOLLM2_135M_SHAPES
 
     self.jax, self.np, self.nnx = jax, np, nnx
     self.mode = mode
-    cfg = ModelConfig(**{**SMOLLM2_135M_SHAPES, "num_hidden_layers": FLAGS.num_layers})
+    shapes = {**SMOLLM2_135M_SHAPES, "num_hidden_layers": FLAGS.num_layers}
+    cfg = ModelConfig(**{**shapes, **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {})})
     model = CausalLM(cfg, rngs=nnx.Rngs(0))
     if mode == "lora":
       apply_lora(model, LoRAConfig(rank=FLAGS.rank, alpha=2.0 * FLAGS.rank), rngs=nnx.Rngs(1))
@@ -70,7 +73,7 @@ class Worker:
     opt = make_optimizer(lr=1e-4)
     self.state = create_train_state(params, opt)
     self.opt_bytes = _nbytes(self.state.opt_state)
-    step = make_train_step(graphdef, rest, opt, LossConfig(policy_loss="ppo", agg="seq-mean-token-mean"))
+    step = make_train_step(graphdef, rest, opt, default_loss_config(policy_loss="ppo", agg="seq-mean-token-mean"))
     self.rest = rest
     self.step = jax.jit(step, donate_argnums=(0,))  # the base goes in as an argument (never a constant)
     rng = np.random.default_rng(0)
@@ -174,6 +177,7 @@ def run() -> dict:
   env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
   args = [
     f"--num_layers={FLAGS.num_layers}",
+    f"--vocab_size={FLAGS.vocab_size}",
     f"--batch={FLAGS.batch}",
     f"--seq={FLAGS.seq}",
     f"--micro_batch={FLAGS.micro_batch}",
@@ -217,7 +221,7 @@ def run() -> dict:
     "machine": machine(),
     "load": load_note(load0),
     "setup": {
-      "model": f"SmolLM2-135M shapes, {FLAGS.num_layers} layers, float32, random init",
+      "model": f"SmolLM2-135M shapes, {FLAGS.num_layers} layers, vocabulary {FLAGS.vocab_size or 49152}, float32, random init",
       "batch": FLAGS.batch,
       "seq": FLAGS.seq,
       "micro_batch": FLAGS.micro_batch,

@@ -57,7 +57,8 @@ def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> 
   from flax import nnx
   from agentfly_jax.models import CausalLM, make_mesh, partition_specs, tiny_config
   from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+  from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step, state_shardings
+  from agentfly_jax.rl.programs import default_loss_config
 
   mesh = make_mesh(fsdp, tp)
   cfg = tiny_config("llama", tie_word_embeddings=True, remat=remat, **SIZES[size])
@@ -76,7 +77,7 @@ def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> 
   }
   batch_sh = batch_sharding(mesh, keys)
   batch = {k: jax.ShapeDtypeStruct((1, micro, seq), dt) for k, dt in keys.items()}  # jit_step has in_shardings
-  step = jit_step(make_train_step(graphdef, rest, opt, LossConfig()), state_sh, batch_sh)
+  step = jit_step(make_train_step(graphdef, rest, opt, default_loss_config()), state_sh, batch_sh)
   mem = step.lower(state, batch).compile().memory_analysis()
   n_params = sum(int(x.size) for x in jax.tree.leaves(params))
   return {

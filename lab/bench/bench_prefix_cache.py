@@ -31,6 +31,14 @@ _REPLY = flags.DEFINE_integer("reply", 32, "Most tokens a reply takes (greedy)."
 _OBS = flags.DEFINE_integer("obs", 150, "Observation tokens appended each turn.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rollouts per configuration.")
 _LAYERS = flags.DEFINE_integer("layers", 30, "Decoder layers of the SmolLM2-135M-shaped model (SmolLM2's 30).")
+_VOCAB = flags.DEFINE_integer("vocab_size", 0, "Vocabulary (0 = SmolLM2's 49,152); prompt ids are drawn below it.")
+
+
+def _top_id() -> int:
+  """The prompts' token ids are drawn in [10, this)."""
+  return min(40000, _VOCAB.value or 40000)
+
+
 _OUT = flags.DEFINE_string("out", os.path.join(RESULTS_DIR, "bench_prefix_cache"), "Output path (no extension).")
 
 
@@ -39,15 +47,17 @@ def rollout(sampler, rng_seed: int) -> tuple[float, list, int]:
   from agentfly_jax.sampling import SamplingParams
 
   rng = np.random.default_rng(rng_seed)
-  system = rng.integers(10, 40000, size=_SYSTEM.value).tolist()
-  prompts = [system + rng.integers(10, 40000, size=_TASK.value).tolist() for _ in range(_CHAINS.value)]
+  system = rng.integers(10, _top_id(), size=_SYSTEM.value).tolist()
+  prompts = [system + rng.integers(10, _top_id(), size=_TASK.value).tolist() for _ in range(_CHAINS.value)]
   params = SamplingParams(temperature=0.0, max_new_tokens=_REPLY.value)
   replies, prompt_tokens, t0 = [], 0, time.perf_counter()
   for _ in range(_TURNS.value):
     results = sampler.generate(prompts, params)
     prompt_tokens += sum(map(len, prompts))
     replies.append([r.token_ids for r in results])
-    prompts = [p + r.token_ids + rng.integers(10, 40000, size=_OBS.value).tolist() for p, r in zip(prompts, results)]
+    prompts = [
+      p + r.token_ids + rng.integers(10, _top_id(), size=_OBS.value).tolist() for p, r in zip(prompts, results)
+    ]
   return time.perf_counter() - t0, replies, prompt_tokens
 
 
@@ -58,7 +68,8 @@ def main(_):
   from agentfly_jax.models import CausalLM, ModelConfig
   from agentfly_jax.sampling import JaxSampler
 
-  cfg = ModelConfig(**{**SMOLLM2_135M_SHAPES, "num_hidden_layers": _LAYERS.value})
+  shapes = {**SMOLLM2_135M_SHAPES, "num_hidden_layers": _LAYERS.value}
+  cfg = ModelConfig(**{**shapes, **({"vocab_size": _VOCAB.value} if _VOCAB.value else {})})
   model = CausalLM(cfg, rngs=nnx.Rngs(0))
   longest = _SYSTEM.value + _TASK.value + _TURNS.value * (_REPLY.value + _OBS.value)
   max_len = 1 << (longest - 1).bit_length()
@@ -86,7 +97,7 @@ def main(_):
   result = {
     "machine": machine(),
     "jax": jax.__version__,
-    "model": f"SmolLM2-135M shape ({_LAYERS.value} layers), random init, float32",
+    "model": f"SmolLM2-135M shape ({_LAYERS.value} layers, vocabulary {cfg.vocab_size}), random init, float32",
     "chains": _CHAINS.value,
     "turns": _TURNS.value,
     "tokens": {"system": _SYSTEM.value, "task": _TASK.value, "reply": _REPLY.value, "obs": _OBS.value},

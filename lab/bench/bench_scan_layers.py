@@ -25,6 +25,7 @@ flags.DEFINE_integer("step_depth", 8, "Decoder layers for the step-time rows.")
 flags.DEFINE_string("shape", "4x256", "Micro-batch rows x tokens.")
 flags.DEFINE_integer("repeats", 5, "Timed steps per layout (interleaved).")
 flags.DEFINE_string("out", "", "Output prefix; '' = lab/results/bench_scan_layers.")
+flags.DEFINE_integer("vocab_size", 0, "Vocabulary (0 = SmolLM2's 49,152).")
 FLAGS = flags.FLAGS
 
 SMOLLM2_WIDTHS = dict(
@@ -46,9 +47,11 @@ def build(depth: int, scan: bool, b: int, t: int):
 
   from agentfly_jax.models import CausalLM, tiny_config
   from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+  from agentfly_jax.rl.core.train_step import make_train_step
+  from agentfly_jax.rl.programs import default_loss_config
 
-  cfg = tiny_config("llama", num_hidden_layers=depth, scan_layers=scan, remat="full", **SMOLLM2_WIDTHS)
+  widths = {**SMOLLM2_WIDTHS, **({"vocab_size": FLAGS.vocab_size} if FLAGS.vocab_size else {})}
+  cfg = tiny_config("llama", num_hidden_layers=depth, scan_layers=scan, remat="full", **widths)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
   opt = make_optimizer(lr=1e-5)
   rng = np.random.default_rng(0)
@@ -62,7 +65,7 @@ def build(depth: int, scan: bool, b: int, t: int):
     old_logprobs=np.full((1, b, t), -2.0, np.float32),
     advantages=rng.standard_normal((1, b, t)).astype(np.float32),
   )
-  step = jax.jit(make_train_step(graphdef, rest, opt, LossConfig()), donate_argnums=(0,))
+  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config()), donate_argnums=(0,))
   return step, create_train_state(params, opt), {k: jax.numpy.asarray(v) for k, v in batch.items()}
 
 
@@ -108,7 +111,7 @@ def main(argv):
   ratio = step_rows[1]["median_s"] / step_rows[0]["median_s"]
   report = {
     "machine": machine_line(),
-    "model": "SmolLM2-135M widths, random init, float32, remat full",
+    "model": f"SmolLM2-135M widths (vocabulary {FLAGS.vocab_size or 49152}), random init, float32, remat full",
     "compile": compile_rows,
     "step": step_rows,
     "scanned_over_unrolled_step_time": ratio,

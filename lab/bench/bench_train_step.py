@@ -200,7 +200,7 @@ def parse_variant(variant: str) -> tuple[dict, dict, str]:
   lcN LossConfig.logits_chunk, acN ModelConfig.attention_chunk, remat0/1, prec<name> matmul_precision,
   fuse0/1 ModelConfig.fuse_projections, scan0/1 ModelConfig.scan_layers, attn<flash|checkpoint> ModelConfig.attention_impl,
   capN LossConfig.logits_capacity = N / 100 (cap0: log-probs at every position),
-  wgradautodiff (bench only: `layers.dense` replaced by a plain dot_general differentiated by
+  wgradautodiff (bench only: `cpu_kernels.dense` replaced by a plain dot_general differentiated by
   JAX, the formulation before its written-out backward),
   xla<name> the worker's XLA_FLAGS (bench_common.XLA_CPU_VARIANTS: xlanoynn, xlaonednn, ...).
   Returns (model overrides, loss overrides, XLA variant name or '', 'autodiff' or '')."""
@@ -250,19 +250,22 @@ class JaxStep:
     from agentfly_jax.models import Critic, from_pretrained
     from agentfly_jax.rl.batching import to_microbatches
     from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-    from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+    from agentfly_jax.rl.core.train_step import make_train_step
+    from agentfly_jax.rl.programs import default_loss_config
 
     model_overrides, loss_overrides, _, wgrad = parse_variant(variant)
-    if wgrad == "autodiff":  # the A/B of layers.dense's written-out backward
-      from agentfly_jax.models import layers
+    if wgrad == "autodiff":  # the A/B of cpu_kernels.dense's written-out backward
+      from agentfly_jax.models import cpu_kernels
 
-      layers.dense = lambda x, k, in_out, precision: layers._dense_fwd_only(x, k, in_out, precision)
+      cpu_kernels.dense = cpu_kernels.plain_dense
     model = from_pretrained(model_folder(name), **model_overrides)
     critic = None
     if "ppo" in FLAGS.steps:
       critic = Critic.from_causal_lm(model)
       critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
-    loss_cfg = LossConfig(clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP, **loss_overrides)
+    loss_cfg = default_loss_config(
+      clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP, **loss_overrides
+    )
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
     cg, cp, cr = nnx.split(critic, nnx.Param, ...) if critic is not None else (None, None, None)

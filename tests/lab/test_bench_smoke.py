@@ -48,7 +48,7 @@ SMOKE = {
   ),
   # JAX: tiny models or one SmolLM2-shaped layer, one timed round
   "bench_scan_layers.py": (
-    "--depths= --step_depth=1 --shape=1x16 --repeats=1 --out={tmp}/bench_scan_layers",
+    "--depths= --step_depth=1 --vocab_size=512 --shape=1x16 --repeats=1 --out={tmp}/bench_scan_layers",
     ["bench_scan_layers.json", "bench_scan_layers.md"],
     (),
   ),
@@ -58,12 +58,14 @@ SMOKE = {
     (),
   ),
   "bench_prefix_cache.py": (
-    "--layers=1 --chains=2 --turns=2 --system=8 --task=4 --reply=4 --obs=4 --repeats=1 --out={tmp}/bench_prefix_cache",
+    "--layers=1 --vocab_size=512 --chains=2 --turns=2 --system=8 --task=4 --reply=4 --obs=4 --repeats=1"
+    " --out={tmp}/bench_prefix_cache",
     ["bench_prefix_cache.json", "bench_prefix_cache.md"],
     (),
   ),
   "bench_lora.py": (
-    "--num_layers=1 --batch=2 --seq=16 --micro_batch=1 --steps=1 --rank=2 --decode_batch=1 --decode_tokens=2"
+    "--num_layers=1 --vocab_size=512 --batch=2 --seq=16 --micro_batch=1 --steps=1 --rank=2 --decode_batch=1"
+    " --decode_tokens=2"
     " --out={tmp}/bench_lora",
     ["bench_lora.json", "bench_lora.md"],
     (),
@@ -93,7 +95,7 @@ SMOKE = {
     (),
   ),
   "bench_rollout_engine.py": (
-    "--models=tiny --engines=jax_static,jax --chains=2 --turns=1 --nogrpo --rounds=1 --max_len=256"
+    "--models=tiny --engines=jax --chains=2 --turns=1 --nogrpo --rounds=1 --max_len=256"
     " --out={tmp}/bench_rollout_engine",
     ["bench_rollout_engine.json", "bench_rollout_engine.md"],
     (),

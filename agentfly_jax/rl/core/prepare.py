@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models.sharding import activation_sharding
-from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl.core import advantages as adv_lib
 from agentfly_jax.rl.core.shaping import overlong_penalty
 from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entropy
@@ -29,18 +28,21 @@ from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entro
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
+  """The prepare call's static settings. No defaults here: a run's come from its spec
+  (rl/update.prepare_config), a standalone one's from a default run's (rl/update.default_prepare_config)."""
+
   estimator: str  # advantage estimator name (rl/core/advantages.py)
-  chunk: int = 16  # rows per forward pass
-  logits_chunk: int = 256  # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
-  logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens (LossConfig.logits_capacity)
-  temperature: float = 1.0  # the sampler's temperature (log-probs of logits / T)
-  gamma: float = 1.0
-  lam: float = 1.0
-  tis_cap: float = 0.0  # > 0: is_weights = min(exp(old - sampler), tis_cap)
-  overlong_max_tokens: int = 0  # DAPO soft overlong penalty (buffer 0 = off)
-  overlong_buffer: int = 0
-  overlong_factor: float = 1.0
-  behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
+  chunk: int  # rows per forward pass
+  logits_chunk: int  # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
+  logits_capacity: tuple  # log-probs only at action tokens (LossConfig.logits_capacity)
+  temperature: float  # the sampler's temperature (log-probs of logits / T)
+  gamma: float
+  lam: float
+  tis_cap: float  # > 0: is_weights = min(exp(old - sampler), tis_cap)
+  overlong_max_tokens: int  # DAPO soft overlong penalty (buffer 0 = off)
+  overlong_buffer: int
+  overlong_factor: float
+  behaviour_logprobs: bool  # pass the sampler's log-probs on (decoupled PPO)
 
 
 def chunked_rows(fn, chunk: int, *arrays):
