@@ -2,7 +2,8 @@
 process, so none rots: it parses its flags, imports what the library has today, measures and writes
 its JSON + table. The numbers are not checked (a benchmark's result is its table, not a test); that
 the script ran to the end and wrote its results is. Helpers (imported by the scripts, not run) are
-listed in HELPERS; a new script without a smoke row fails test_every_bench_script_has_a_smoke_row."""
+listed in HELPERS; a new script without a smoke row fails test_every_bench_script_has_a_smoke_row.
+lab/report_sft_rl_run.py re-renders a committed record."""
 
 import os
 import subprocess
@@ -13,7 +14,6 @@ from train_cli import ROOT
 
 BENCH = os.path.join(ROOT, "lab", "bench")
 HELPERS = {"bench_common.py", "bench_machine.py", "bench_train_step_report.py", "torch_reference_step.py"}
-DEMO = ["--config=configs/lookup_grpo.py"]
 
 # script -> (flags at smoke size, with {tmp} the test's folder; the files it must write; marks)
 SMOKE = {
@@ -145,3 +145,17 @@ def test_bench_script_runs_at_smoke_size(script, tmp_path):
   assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
   missing = [name for name in outputs if not os.path.exists(os.path.join(tmp_path, name))]
   assert not missing, f"{script} did not write {missing}"
+
+
+def test_report_sft_rl_run_renders_a_committed_record(tmp_path):
+  """lab/report_sft_rl_run.py on lab/results/smollm2_arithmetic (its metrics.jsonl and config.json):
+  the curve and a README naming the run's steps and headline metric."""
+  record = os.path.join(ROOT, "lab", "results", "smollm2_arithmetic")
+  cmd = [sys.executable, os.path.join(ROOT, "lab", "report_sft_rl_run.py"), f"--workdir={record}", f"--out={tmp_path}"]
+  proc = subprocess.run(
+    cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "curve.png").stat().st_size > 0
+  readme = (tmp_path / "README.md").read_text()
+  assert "success" in readme and "metrics.jsonl" in readme
