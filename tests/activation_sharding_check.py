@@ -57,7 +57,9 @@ def check_train_step(cfg, mesh, label):
   outs, counts = [], []
   for constrained in (False, True):
     kw = dict(mesh=mesh, rules=None) if constrained else {}
-    step = jit_step(make_train_step(graphdef, rest, opt, default_loss_config(), **kw), state_sh, batch_sh)
+    step = jit_step(
+      make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean"), **kw), state_sh, batch_sh
+    )
     state = jax.jit(lambda p: create_train_state(p, opt), out_shardings=state_sh)(params)
     counts.append(n_constraints(step.lower(state, batch)))
     for _ in range(2):

@@ -50,7 +50,7 @@ def batch():
 def run(mesh):
   model = build()
   opt = make_optimizer(lr=1e-2)
-  cfg = default_loss_config(kl_coef=0.0)
+  cfg = default_loss_config(agg="token-mean", kl_coef=0.0)
   if mesh is None:
     g, params, rest = nnx.split(model, nnx.LoRAParam, ...)
     step = jax.jit(make_train_step(g, rest, opt, cfg))

@@ -30,7 +30,11 @@ def run(fsdp, tp, batch):
   sh = state_shardings(state, mesh, specs, optimizer=opt)
   state = jax.device_put(state, sh)
   mb = to_microbatches(batch, np.arange(B), 4)
-  step = jit_step(make_train_step(graphdef, rest, opt, default_loss_config(kl_coef=0.0)), sh, batch_sharding(mesh, mb))
+  step = jit_step(
+    make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean", kl_coef=0.0)),
+    sh,
+    batch_sharding(mesh, mb),
+  )
   mb = {k: jax.device_put(v, s) for (k, v), s in zip(mb.items(), batch_sharding(mesh, mb).values())}
   for _ in range(2):
     state, metrics = step(state, mb)

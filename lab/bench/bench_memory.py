@@ -77,7 +77,7 @@ def measure(size: str, fsdp: int, tp: int, remat: str, micro: int, seq: int) -> 
   }
   batch_sh = batch_sharding(mesh, keys)
   batch = {k: jax.ShapeDtypeStruct((1, micro, seq), dt) for k, dt in keys.items()}  # jit_step has in_shardings
-  step = jit_step(make_train_step(graphdef, rest, opt, default_loss_config()), state_sh, batch_sh)
+  step = jit_step(make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean")), state_sh, batch_sh)
   mem = step.lower(state, batch).compile().memory_analysis()
   n_params = sum(int(x.size) for x in jax.tree.leaves(params))
   return {

@@ -65,7 +65,7 @@ def build(depth: int, scan: bool, b: int, t: int):
     old_logprobs=np.full((1, b, t), -2.0, np.float32),
     advantages=rng.standard_normal((1, b, t)).astype(np.float32),
   )
-  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config()), donate_argnums=(0,))
+  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean")), donate_argnums=(0,))
   return step, create_train_state(params, opt), {k: jax.numpy.asarray(v) for k, v in batch.items()}
 
 

@@ -263,9 +263,8 @@ class JaxStep:
     if "ppo" in FLAGS.steps:
       critic = Critic.from_causal_lm(model)
       critic.score.kernel.set_value(jax.numpy.asarray(value_head(model.config.hidden_size))[:, None])
-    loss_cfg = default_loss_config(
-      clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP, **loss_overrides
-    )
+    fixed = dict(agg="token-mean", clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL_CLIP, value_clip=VALUE_CLIP)
+    loss_cfg = default_loss_config(**{**fixed, **loss_overrides})  # token-mean: the PyTorch reference's
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
     g, p, r = nnx.split(model, nnx.Param, ...)
     cg, cp, cr = nnx.split(critic, nnx.Param, ...) if critic is not None else (None, None, None)

@@ -138,7 +138,7 @@ def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
     old_logprobs=np.full((1, 4, 24), -5.0, np.float32),
     advantages=rng.normal(size=(1, 4, 24)).astype(np.float32),
   )
-  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config(logits_capacity=())))
+  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean", logits_capacity=())))
   new_state, metrics = step(state, batch)
   assert float(metrics["actor/grad_norm"]) > 0
   for (path, old), (_, new) in zip(nnx.to_flat_state(adapters), nnx.to_flat_state(new_state.params)):

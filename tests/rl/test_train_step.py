@@ -106,7 +106,7 @@ def test_microbatching_equals_full_batch_and_reference_gradient(agg):
 def test_sharded_jit_with_donation_matches_plain_jit():
   rng = np.random.default_rng(7)
   batch = _batch(rng)
-  cfg = default_loss_config()
+  cfg = default_loss_config(agg="token-mean")
   expected, _, _ = _run(cfg, batch, micro=4, steps=2)
   model = _model(0)
   mesh = make_mesh(1, 1)
@@ -149,7 +149,7 @@ def test_ppo_critic_learns_returns():
       graphdef,
       rest,
       opt,
-      default_loss_config(value_clip=100.0),
+      default_loss_config(agg="token-mean", value_clip=100.0),
       critic_graphdef=cg,
       critic_rest=cr,
       critic_optimizer=copt,
