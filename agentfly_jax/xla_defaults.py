@@ -8,7 +8,7 @@
   B8xT256 on the project's 2-core CPU, PPO step (actor + critic) XLA temporaries 9.9 -> 4.6 GiB,
   peak RSS 13.99 -> 8.70 GiB (torch: 10.47); speed against torch's step: PPO 0.71x -> 0.67x,
   policy 0.77x -> 0.81x, CPU seconds equal, i.e. within run-to-run noise
-  (experiments/results/bench_train_step_ab_scheduler.md).
+  (lab/results/bench_train_step_ab_scheduler.md).
 
 A flag the user already put in XLA_FLAGS (with any value) is left as it is; set
 AGENTFLY_XLA_DEFAULTS=0 to add none. XLA aborts on a flag it does not know, so the flags are

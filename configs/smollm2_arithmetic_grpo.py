@@ -5,7 +5,7 @@ with the calculator on arithmetic questions (tasks/arithmetic.py), GRPO, float32
 
 The model's chat template ignores `tools`, so the task's agent writes the calculator's schema into
 the system prompt with a worked example (PromptedToolCallAgent; formats measured in
-experiments/results/smollm2_tool_formats.md). Sizes fit a 2-core CPU (params + Adam ~2.2 GB):
+lab/results/smollm2_tool_formats.md). Sizes fit a 2-core CPU (params + Adam ~2.2 GB):
 small groups, two turns (call, then answer), short turns.
 """
 

@@ -11,7 +11,7 @@ hold adapters + the base's sha256, and each weight sync moves the adapters only.
 larger learning rate than the full fine-tune (B starts at zero; PEFT recipes use ~1e-4 to 1e-3):
 SFT 5e-4 and RL 2e-4 here, against 5e-5 and 2e-5 there. The KL reference (loss.kl_coef > 0)
 would be the base + the adapters of RL step 0 (after SFT), with no copy of the base.
-Recorded run (experiments/results/smollm2_arithmetic_lora/, `--config.train.steps=5`): greedy
+Recorded run (lab/results/smollm2_arithmetic_lora/, `--config.train.steps=5`): greedy
 held-out success 0.0 before and after SFT, 0.625 after 5 GRPO steps (tool calls 1.0 per chain);
 SFT NLL 1.176 -> 0.045; 18.6 MiB per weight sync.
 Export the result for HF: `agentfly_jax.models.export_peft(model, folder)` or a merged HF folder

@@ -3,7 +3,7 @@
   nice -n 5 .venv/bin/python experiments/train.py --config=configs/smollm2_arithmetic_sft_grpo.py \
       --workdir=runs/smol_sft_grpo
 
-SmolLM2 makes no valid tool call on its own (experiments/results/smollm2_tool_formats.md), so GRPO
+SmolLM2 makes no valid tool call on its own (lab/results/smollm2_tool_formats.md), so GRPO
 alone sees reward 0 in every chain (zero advantages). The SFT phase (`sft.steps`) trains on the
 task's scripted demos (tasks/arithmetic.py `scripted_response`): a calculator call then "The answer
 is <result>." in a fraction `sft.tool_use_prob` of them, and "The answer is <guess>." (the guessed
@@ -11,7 +11,7 @@ number left out of the loss) in the rest. So SFT teaches the call format and rea
 answer, and leaves the *decision* to call the tool mostly off: greedy success after SFT is low,
 sampled rollouts call the tool sometimes (reward variance in most groups), and RL learns to call it.
 metrics.jsonl step 0 holds the greedy held-out success before SFT (`eval_pre_sft/*`), after SFT
-(`eval/*`) and the SFT NLL; results in experiments/results/smollm2_arithmetic/.
+(`eval/*`) and the SFT NLL; results in lab/results/smollm2_arithmetic/.
 Sizes for a 2-core CPU: 4 questions x 4 chains, two turns, task `arithmetic_brief` (the tool in
 one line of the system prompt, no worked example: SFT teaches the format, and every training
 step costs ~2.3x less than with the ~330-token hermes prompt + example of `arithmetic`).

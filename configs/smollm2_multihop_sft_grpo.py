@@ -12,7 +12,7 @@ first 24 2-hop questions of the test split (entities never asked about in traini
 format and copying names out of passages on demos that retrieve in a fraction
 `sft.tool_use_prob` of the questions (the rest answer a guess, left out of the loss), so the
 decision to retrieve stays partly off and RL has reward variance to learn it from.
-Results: experiments/results/smollm2_multihop/ (experiments/report_sft_rl_run.py).
+Results: lab/results/smollm2_multihop/ (lab/report_sft_rl_run.py).
 """
 
 from agentfly_jax.rl.config import config_beside

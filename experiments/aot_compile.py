@@ -54,16 +54,16 @@ flags.DEFINE_list(
   "Which programs to compile.",
 )
 flags.DEFINE_integer("seq_len", 0, "Tokens per training row; 0 = rollout.max_total_tokens.")
-flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = experiments/results/aot_<config name>_<topology>.")
+flags.DEFINE_string("out", "", "Output prefix for .json / .md; '' = lab/results/aot_<config name>_<topology>.")
 flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip in GiB; 0 = the generation's (HBM_GIB).")
 flags.DEFINE_string(
-  "table", "", "Also add this report to a collected table <table>.{json,md} (e.g. experiments/results/aot_tpu)."
+  "table", "", "Also add this report to a collected table <table>.{json,md} (e.g. lab/results/aot_tpu)."
 )
 flags.DEFINE_string(
   "replan",
   "",
   "Only re-estimate the memory_plan column of a collected table <replan>.{json,md} with today's "
-  "rl/scale/memory_plan.py (no compile; e.g. experiments/results/aot_tpu).",
+  "rl/scale/memory_plan.py (no compile; e.g. lab/results/aot_tpu).",
 )
 flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
@@ -83,9 +83,9 @@ GIB = 1024**3
 
 def _commit() -> str:
   """The compiling tree's commit (short), "+dirty" with uncommitted changes to tracked files outside
-  experiments/results (where the tables themselves are written); "" outside a git checkout."""
+  lab/results (where the tables themselves are written); "" outside a git checkout."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  status = ["git", "-C", root, "status", "--porcelain", "-uno", "--", ".", ":!experiments/results"]
+  status = ["git", "-C", root, "status", "--porcelain", "-uno", "--", ".", ":!lab/results"]
   try:
     head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(status, capture_output=True, text=True)
@@ -112,7 +112,8 @@ def main(argv):
   if not FLAGS.topology:
     raise app.UsageError("--topology is required (e.g. v5e:2x2)")
   out = FLAGS.out or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "lab",
     "results",
     f"aot_{spec.name}_{FLAGS.topology.replace(':', '_')}",
   )

@@ -4,19 +4,18 @@
   .venv/bin/python experiments/learning_report.py --config=configs/lookup_grpo.py --algos=grpo,rloo,reinforce_pp,ppo
 
 Per seed: `Trainer(config).train()` (its eval during training reads the task's dev split only),
-then the counted checkpoint is picked by the config's rule (`eval.counted_checkpoint`, fixed
-before the run: "last_within_budget" = the last saved step whose cumulative step wall time is
-within `eval.budget_minutes`, 0 = the last step), and `evaluate_locked_test` scores it, and the
-step-0 checkpoint (after the SFT warm start, before RL), greedily on the task's locked test split
+then the counted checkpoint is picked by the rule fixed before the run (the last saved step whose
+cumulative step wall time is within the config's `eval.budget_minutes`, 0 = the last step), and
+`evaluate_locked_test` scores it and the step-0 checkpoint (after the SFT warm start, before RL), greedily on the task's locked test split
 (`make_test_rows`: read nowhere else). Nothing is selected on the test split: the counted step
 comes from the config and the wall clock only. The training and each test evaluation run in a
 child process of their own (`in_child`: memory goes back between phases); a finished training
 (`trained.json` in the workdir) and each test score (`test_step<k>.json`) are kept for a run of the
 same config, so a crash in a later phase re-runs only that phase.
 
-Writes experiments/results/learning/<name>/: seed<k>/metrics.jsonl, report.json (per-seed test
+Writes lab/results/learning/<name>/: seed<k>/metrics.jsonl, report.json (per-seed test
 before -> after, counted step, wall, machine), dev_success.png (greedy dev success per step per
-seed and their mean); then re-renders experiments/results/LEARNING.md from every report.json.
+seed and their mean); then re-renders lab/results/LEARNING.md from every report.json.
 `--algos=a,b,...`: one report per algorithm (`algos_<task>_<algo>`, or `algos_<x>_<algo>` for a
 config named `algos_<x>_<config.algo>`; config.algo overridden), the algorithm-comparison table. Workdirs (checkpoints) go to runs/learning/<name>/ (git-ignored).
 """
@@ -39,9 +38,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/lookup_grpo.py", "m
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Number of seeds (0, 1, ..., N-1 added to config.seed).")
 _ALGOS = flags.DEFINE_list("algos", [], "Algorithm comparison: one report per algorithm (config.algo).")
 _TEST_ROWS = flags.DEFINE_integer("test_rows", 64, "Rows of the locked test split.")
-_OUT = flags.DEFINE_string("out", os.path.join(ROOT, "experiments", "results", "learning"), "Results root.")
+_OUT = flags.DEFINE_string("out", os.path.join(ROOT, "lab", "results", "learning"), "Results root.")
 _RUNS = flags.DEFINE_string("runs", os.path.join(ROOT, "runs", "learning"), "Workdirs (checkpoints).")
-_TABLE = flags.DEFINE_string("table", os.path.join(ROOT, "experiments", "results", "LEARNING.md"), "Summary table.")
+_TABLE = flags.DEFINE_string("table", os.path.join(ROOT, "lab", "results", "LEARNING.md"), "Summary table.")
 _NOTE = flags.DEFINE_string("note", "", "Machine note for the table (e.g. how busy it was).")
 _METRIC = flags.DEFINE_enum("metric", "success", ["success", "reward"], "Table metric (reward: mean F1 for QA).")
 _RESUME = flags.DEFINE_bool(
@@ -398,10 +397,10 @@ def goals_section(reports: dict) -> str:
       "|---|---|---|",
       *rows,
       "",
-      "A seed takes up to 90 min of a ~18 GiB job on this 2-core CPU, so the seeds are run a few per session",
+      "A seed takes up to 90 min of a ~18 GiB job on this 2-core CPU, so the seeds are run a few at a time",
       "(`--max_new_seeds=1`); a seed is kept only while the config it ran is unchanged (`same_run`: its records",
       "hold its config, brought up to today's fields by spec.migrate).",
-      "The earlier SmolLM2 numbers (experiments/results/smollm2_multihop/, smollm2_webshop/) are single-seed,",
+      "The earlier SmolLM2 numbers (lab/results/smollm2_multihop/, smollm2_webshop/) are single-seed,",
       "pre-split runs (their held-out rows shared entities / catalogue products with training, and the shop's",
       "counted attempt was chosen after looking at its held-out score): they are **not counted** here.",
       "",
@@ -433,12 +432,12 @@ def render_table(out_root: str, table: str) -> None:
     "",
     "Greedy success (or mean reward, F1 for QA: the row says which) on each task's **locked test split** (rows only",
     "the final evaluation reads; dev rows drive the evals during training), before RL (step 0: after the SFT warm",
-    "start) and at the counted checkpoint (the config's `eval.counted_checkpoint` rule, fixed before the run).",
+    "start) and at the counted checkpoint (the last saved within the config's `eval.budget_minutes`, fixed before the run).",
     "Mean ± std over seeds.",
     "'sampled success, RL steps 1-10': the T=1 rollouts' success (mean reward in a reward row) in the first 10",
     "steps (how fast a run learns).",
-    "Wall times are from a 2-core CPU shared with other engineers' jobs: not comparable between rows.",
-    "Rendered from experiments/results/learning/*/report.json.",
+    "Wall times are from a 2-core CPU shared with other jobs: not comparable between rows.",
+    "Rendered from lab/results/learning/*/report.json.",
     "",
     "## Seeds",
     "",
@@ -478,7 +477,6 @@ def run_report(config, name: str, comparison: bool) -> None:
     "name": name,
     "algo": config.algo,
     "steps": config.train.steps,
-    "counted_checkpoint": config.eval.counted_checkpoint,
     "budget_minutes": config.eval.budget_minutes,
     "comparison": comparison,
     "metric": _METRIC.value,

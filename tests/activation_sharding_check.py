@@ -16,9 +16,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
-from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
+from agentfly_jax.rl.core.prepare import make_prepare
+from agentfly_jax.rl.update import default_prepare_config
 from agentfly_jax.rl.core.train_state import create_train_state
-from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.programs import default_loss_config
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 
 
@@ -55,7 +57,9 @@ def check_train_step(cfg, mesh, label):
   outs, counts = [], []
   for constrained in (False, True):
     kw = dict(mesh=mesh, rules=None) if constrained else {}
-    step = jit_step(make_train_step(graphdef, rest, opt, LossConfig(), **kw), state_sh, batch_sh)
+    step = jit_step(
+      make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean"), **kw), state_sh, batch_sh
+    )
     state = jax.jit(lambda p: create_train_state(p, opt), out_shardings=state_sh)(params)
     counts.append(n_constraints(step.lower(state, batch)))
     for _ in range(2):
@@ -84,7 +88,7 @@ def check_prepare_and_sampler(model, mesh, label):
   arrays = {k: jax.device_put(v, rows) for k, v in arrays.items()}
   outs = []
   for kw in ({}, dict(mesh=mesh)):
-    prepare = make_prepare(graphdef, rest, PrepareConfig(estimator="grpo", chunk=4), **kw)
+    prepare = make_prepare(graphdef, rest, default_prepare_config(estimator="grpo", chunk=4), **kw)
     outs.append(jax.device_get(prepare(params, params, None, arrays)))
   for a, b in zip(jax.tree.leaves(outs[1]), jax.tree.leaves(outs[0])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=label)

@@ -14,7 +14,8 @@ from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_mode
 from agentfly_jax.models.layers import Linear
 from agentfly_jax.models.lora import LoRAConfig, apply_lora
 from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.programs import default_loss_config
 
 
 def build():
@@ -49,7 +50,7 @@ def batch():
 def run(mesh):
   model = build()
   opt = make_optimizer(lr=1e-2)
-  cfg = LossConfig(kl_coef=0.0)
+  cfg = default_loss_config(agg="token-mean", kl_coef=0.0)
   if mesh is None:
     g, params, rest = nnx.split(model, nnx.LoRAParam, ...)
     step = jax.jit(make_train_step(g, rest, opt, cfg))

@@ -13,7 +13,8 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, make_mesh, partition_specs, shard_model, tiny_config
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.core.train_state import create_train_state
-from agentfly_jax.rl.core.train_step import LossConfig, batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step, state_shardings
+from agentfly_jax.rl.programs import default_loss_config
 
 B, T, V = 8, 16, 128
 
@@ -29,7 +30,11 @@ def run(fsdp, tp, batch):
   sh = state_shardings(state, mesh, specs, optimizer=opt)
   state = jax.device_put(state, sh)
   mb = to_microbatches(batch, np.arange(B), 4)
-  step = jit_step(make_train_step(graphdef, rest, opt, LossConfig(kl_coef=0.0)), sh, batch_sharding(mesh, mb))
+  step = jit_step(
+    make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean", kl_coef=0.0)),
+    sh,
+    batch_sharding(mesh, mb),
+  )
   mb = {k: jax.device_put(v, s) for (k, v), s in zip(mb.items(), batch_sharding(mesh, mb).values())}
   for _ in range(2):
     state, metrics = step(state, mb)

@@ -16,33 +16,19 @@ The rollout, the endpoint and the sampler run in trio (agents/endpoint_rollout.p
   (`trio.to_thread`, under the rollout's thread limiter).
 
 Why a loop in a thread and not trio-asyncio: it leaves the trio endpoint and sampler exactly as they
-were (the asyncio agents' HTTP requests reach the endpoint over loopback as any client's do), and
-trio-asyncio was slower and invasive when tried (0.16.0 + greenlet installed cleanly on 3.11): the agent
-at 1.19x-1.26x the trio agent (GC off, 10 reps, load 2-5) against ~1.0x for the loop thread, and once its
-loop had run, the loop thread's chains in the same process failed (it replaces asyncio's event loop
-policy process-wide). The two threads share the GIL: the loop thread buys compatibility, not parallelism.
+were (the asyncio agents' HTTP requests reach the endpoint over loopback as any client's do); trio-asyncio
+was slower and, once its loop had run, broke the loop thread's chains in the same process (it replaces
+asyncio's event loop policy process-wide). The two threads share the GIL: the loop thread buys
+compatibility, not parallelism.
 
 Why the asyncio chains' HTTP goes through aiohttp (httpx-aiohttp's transport; `USE_AIOHTTP`, env
 AGENTFLY_ASYNCIO_AIOHTTP=0 for httpx's own): the gap to the trio agent was the client's HTTP stack, not the
 thread hand-over. httpcore reaches sockets through anyio on asyncio (h11 in pure Python; on trio it uses its
-native backend); aiohttp uses asyncio's streams and its C parser. A/B with the garbage collector off
-(the ~0.1-0.2 s full collections fall in some runs and not others, making walls bimodal), 64 chains, 10-15
-interleaved reps: httpx 1.11x / aiohttp 1.03x the trio agent (load ~1), httpx 1.02x / aiohttp 0.93x (load ~3).
+native backend); aiohttp uses asyncio's streams and its C parser. The GIL switch interval is left at the
+interpreter's 5 ms (lowering it while the loop thread hosts a chain gave no consistent gain).
 
-Why the GIL switch interval is left alone: lowering it to 0.5 ms while the loop thread hosts a chain (a
-scoped, counted setting, tried and removed) gave no consistent gain against the interpreter's 5 ms. GC
-off: 1.11x vs 1.12x (load ~1), 0.95x vs 0.86x (load ~5); in the benchmark (21 reps, GC on, median / mean
-ratios to the trio agent): 0.99x / 1.02x vs 1.04x / 1.01x and 1.00x / 0.99x vs 1.04x / 1.03x (aiohttp,
-load 1.5-3.2), 1.07x / 0.92x vs 1.11x / 0.98x and 1.18x / 1.11x vs 0.91x / 0.95x (httpx, load 2.7-5.1).
-
-Measured (experiments/bench/bench_endpoint.py, results/bench_endpoint.md: 2-core CPU, 64 chains of the
-lookup agent on the JAX sampler, 21 shuffled interleaved reps per side, GC on, medians of the runs that
-compiled nothing): the shipped configuration (aiohttp, 5 ms) at 0.99x the trio agent (0.398 / 0.403 s,
-means 0.99x, load 1.8 -> 2.8; httpx's own transport in the same run 1.20x, mean 1.09x), 1.04x in two
-earlier runs (means 1.01x, 1.03x; load 1.5 -> 2.9, 2.2 -> 3.2), and with httpx-aiohttp's transport (the
-committed table; load 3.6, shared) 1.07x (mean 1.01x, less GC 0.95x; httpx's own 0.89x / 1.00x / 1.03x in
-that run: under that load the two transports are within noise): the <= 1.1x goal met in all four. Before
-(httpx, 5 ms): 1.30x on a quiet machine (9 reps, fixed order).
+The measurements behind each choice (asyncio agent vs trio agent, per transport and switch interval):
+lab/results/agent_loops.md; the current table: lab/results/bench_endpoint.md (lab/bench/bench_endpoint.py).
 """
 
 from __future__ import annotations

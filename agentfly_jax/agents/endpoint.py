@@ -58,10 +58,8 @@ from agentfly_jax.agents.endpoint_records import ChainRecord, Prepared, message_
 from agentfly_jax.agents.endpoint_request import ChatRequest, EndpointError, parse_request, read_body
 from agentfly_jax.agents.rollout import (
   _request_seed,
-  check_branch_temperature,
   check_shared_turns,
   shared_chain_id,
-  turn_temperature,
 )
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
@@ -106,8 +104,6 @@ class ChatEndpoint:
     seed: base seed; request k of chain (g, c) gets the seed the built-in rollout gives turn k.
     shared_turns: a group's chains send their first `shared_turns` requests with the same seeds
       (as the built-in rollout's `shared_turns`; a deterministic agent then shares its opening).
-    branch_temperature: with `fixed_temperature`, request `shared_turns` of a chain is sampled at
-      this temperature (the built-in rollout's `branch_temperature`); None = no such turn.
     fixed_temperature: use `sampling_params.temperature` whatever the request asks (training:
       the loss assumes the run's temperature); False honours the request's `temperature`.
     gather_s: hold requests while other open chains may still send theirs, so that a turn's
@@ -133,11 +129,9 @@ class ChatEndpoint:
     fixed_temperature: bool = False,
     gather_s: float = 0.0,
     shared_turns: int = 0,
-    branch_temperature: float | None = None,
     max_body_bytes: int = STANDALONE.endpoint_max_body_bytes,
   ):
     check_shared_turns("ChatEndpoint", shared_turns, seed)
-    check_branch_temperature("ChatEndpoint", branch_temperature)
     for name, value in [
       ("max_tokens_per_turn", max_tokens_per_turn),
       ("max_total_tokens", max_total_tokens),
@@ -150,7 +144,7 @@ class ChatEndpoint:
     self.sampling_params = sampling_params or SamplingParams()
     self.max_tokens_per_turn, self.max_total_tokens = max_tokens_per_turn, max_total_tokens
     self.max_turns, self.max_n, self.seed, self.shared_turns = max_turns, max_n, seed, shared_turns
-    self.fixed_temperature, self.branch_temperature = fixed_temperature, branch_temperature
+    self.fixed_temperature = fixed_temperature
     self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
     self.chains: dict[str, ChainRecord] = {}
     self.max_body_bytes = max_body_bytes
@@ -214,12 +208,10 @@ class ChatEndpoint:
         self._open_gate()  # no request for gather_s (or held 10 x gather_s): let the group go
 
   # -- one request -------------------------------------------------------------------------------
-  def _params(self, request: ChatRequest, budget: int, seed: int | None, turn: int) -> SamplingParams:
+  def _params(self, request: ChatRequest, budget: int, seed: int | None) -> SamplingParams:
     temperature = self.sampling_params.temperature
     if request.temperature is not None and not self.fixed_temperature:
       temperature = float(request.temperature)
-    elif self.fixed_temperature:
-      temperature = turn_temperature(temperature, turn, self.shared_turns, self.branch_temperature)
     return dataclasses.replace(
       self.sampling_params, temperature=temperature, max_new_tokens=budget, stop_token_ids=self.stop_ids, seed=seed
     )
@@ -291,7 +283,7 @@ class ChatEndpoint:
     async def sample(i):
       chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
       seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
-      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), self._params(request, budget, seed, turn))
+      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), self._params(request, budget, seed))
 
     await self._gather()
     self._sampling += 1

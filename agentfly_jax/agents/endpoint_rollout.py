@@ -139,7 +139,6 @@ async def endpoint_rollout(
   gather_s: float = 0.05,
   env_provider=None,
   shared_turns: int = 0,
-  branch_temperature: float | None = None,
   max_body_bytes: int = STANDALONE.endpoint_max_body_bytes,
   reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> list[Trajectory]:
@@ -196,7 +195,6 @@ async def endpoint_rollout(
     fixed_temperature=True,
     gather_s=gather_s,
     shared_turns=shared_turns,
-    branch_temperature=branch_temperature,
     max_body_bytes=max_body_bytes,
   )
   thread_limiter = trio.CapacityLimiter(tool_threads)

@@ -23,8 +23,7 @@ By default (`sandbox="bwrap"`; `task.agent_sandbox`) the command runs in a bubbl
 chain's key is bound to), read-only mounts of only its program, its path arguments and `task.agent_mounts`,
 an environment holding only OPENAI_BASE_URL, OPENAI_API_KEY, AGENTFLY_ROW, PATH, HOME and the variables named
 in `task.agent_env`. Its row is the agent-visible one (data/row_fields.py). `sandbox="off"` runs it on the
-host with the trainer's environment. Measured: 8 concurrent chains of a standard-library harness, 0.97 s
-sandboxed vs 0.71 s on the host (medians of 5, 2-core CPU at load 4-5).
+host with the trainer's environment. What the sandbox costs a chain: lab/results/harness_sandbox.md.
 """
 
 from __future__ import annotations

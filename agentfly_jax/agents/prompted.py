@@ -5,7 +5,7 @@ would send the model no schema at all).
   agent = PromptedToolCallAgent(tok_dir, tools=[calculator], reward_fn=numeric_match,
                                 tool_format="json_list")
 
-Formats (`TOOL_FORMATS`; measured on SmolLM2-135M-Instruct by experiments/bench/measure_tool_formats.py):
+Formats (`TOOL_FORMATS`; measured on SmolLM2-135M-Instruct by lab/bench/measure_tool_formats.py):
 - "hermes": the tools as JSON in `<tools>...</tools>`, one call per `<tool_call>{...}</tool_call>`.
 - "json_list": the function-calling prompt style of SmolLM2's instruct mix: the tools as a JSON
   list and the calls as one JSON list `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`.

@@ -96,7 +96,6 @@ class _Config:
   run_id: str
   thread_limiter: trio.CapacityLimiter
   shared_turns: int = 0
-  branch_temperature: float | None = None
   chain_timeout_s: float = STANDALONE.chain_timeout_s
   reward_only_fields: tuple[str, ...] = REWARD_ONLY_FIELDS  # never in the agent's prompt (data/row_fields.py)
 
@@ -112,13 +111,6 @@ def shared_chain_id(chain_id: int, turn: int, shared_turns: int) -> int:
   """The chain id a turn's request seed is drawn for: chain 0's for the first `shared_turns`
   turns (every chain of a group samples them with the same seeds), the chain's own after."""
   return chain_id if turn >= shared_turns else 0
-
-
-def turn_temperature(base: float, turn: int, shared_turns: int, branch_temperature: float | None) -> float:
-  """A turn's sampling temperature: `branch_temperature` for turn `shared_turns` (the first a
-  group's chains draw with their own seeds: where they branch), `base` for every other turn and
-  whenever `branch_temperature` is None."""
-  return base if branch_temperature is None or turn != shared_turns else float(branch_temperature)
 
 
 def _request_seed(seed: int | None, group_id: int, chain_id: int, turn: int, fallback: int | None) -> int | None:
@@ -251,7 +243,6 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
     budget = min(cfg.max_tokens_per_turn, room)
     params = dataclasses.replace(
       cfg.sampling_params,
-      temperature=turn_temperature(cfg.sampling_params.temperature, turn, cfg.shared_turns, cfg.branch_temperature),
       max_new_tokens=budget,
       stop_token_ids=stop_ids,
       seed=_request_seed(
@@ -338,15 +329,6 @@ def check_shared_turns(caller: str, shared_turns, seed) -> None:
     raise ValueError(f"{caller}: shared_turns={shared_turns} needs a base seed (the chains share seeds), got seed=None")
 
 
-def check_branch_temperature(caller: str, branch_temperature) -> None:
-  """`branch_temperature` must be None or a finite number > 0 (greedy would not branch)."""
-  if branch_temperature is None:
-    return
-  ok = isinstance(branch_temperature, (int, float)) and not isinstance(branch_temperature, bool)
-  if not ok or not math.isfinite(branch_temperature) or branch_temperature <= 0:
-    raise ValueError(f"{caller}: branch_temperature must be None or a finite number > 0, got {branch_temperature!r}")
-
-
 def validate_rows(agent: RolloutAgent, rows: Sequence[dict], reward_only: Sequence[str] = REWARD_ONLY_FIELDS) -> None:
   """Checks every row before anything runs: the row's shape by the one row rule (data/dataset.validate_row:
   a non-empty string `question`, `tools` a list of names), then what this agent needs: the row's tools
@@ -376,7 +358,6 @@ def make_config(
   seed: int | None,
   tool_threads: int,
   shared_turns: int = 0,
-  branch_temperature: float | None = None,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
   reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> _Config:
@@ -397,7 +378,6 @@ def make_config(
     run_id=uuid.uuid4().hex[:10],
     thread_limiter=trio.CapacityLimiter(tool_threads),
     shared_turns=shared_turns,
-    branch_temperature=branch_temperature,
     chain_timeout_s=chain_timeout_s,
     reward_only_fields=check_reward_only(reward_only_fields, "rollout: reward_only_fields"),
   )
@@ -419,7 +399,6 @@ async def rollout(
   tool_threads: int = 128,
   group_offset: int = 0,
   shared_turns: int = 0,
-  branch_temperature: float | None = None,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
   reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> list[Trajectory]:
@@ -449,11 +428,6 @@ async def rollout(
       seeds (chain 0's): with a deterministic environment and sampler they share that opening
       and branch after it, so the group's reward spread comes from the later turns (e.g. the
       decision on a page the opening reaches); needs `seed`. 0 = every chain its own.
-    branch_temperature: the temperature of turn `shared_turns` alone (the branch: e.g. hotter,
-      so that a near-deterministic policy's chains contrast the decision made there while the
-      other turns keep `sampling_params.temperature`); None = that temperature at every turn.
-      The sampler's log-probs of that turn are at this temperature (the loss's importance
-      correction, `loss.tis_cap`, sees the difference).
     chain_timeout_s: wall-clock seconds per chain (> 0); a chain past it ends with finish "timeout".
     reward_only_fields: row fields the agent's prompt and per-row tools never see (the reward and the
       env's reset get the whole row; data/row_fields.py).
@@ -468,7 +442,6 @@ async def rollout(
     tool_threads=tool_threads,
   )
   check_shared_turns("rollout", shared_turns, seed)
-  check_branch_temperature("rollout", branch_temperature)
   check_chain_timeout("rollout", chain_timeout_s)
   check_reward_only(reward_only_fields, "rollout: reward_only_fields")
   validate_rows(agent, rows, reward_only_fields)
@@ -483,7 +456,6 @@ async def rollout(
     seed=seed,
     tool_threads=tool_threads,
     shared_turns=shared_turns,
-    branch_temperature=branch_temperature,
     chain_timeout_s=chain_timeout_s,
     reward_only_fields=reward_only_fields,
   )

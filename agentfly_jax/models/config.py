@@ -64,7 +64,7 @@ class ModelConfig:
   kernel (`pallas_attention.py`), `attention_chunk` unused. SmolLM2-135M policy step, 2-core CPU, T=2048: flash 23.7 s
   vs checkpoint 30.0 s, chunk 128 23.3 s at 1.8x the compile time; T=256: all within 1 %),
   fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels when a
-  call has >= layers.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay
+  call has >= cpu_kernels.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay
   separate, so names and checkpoints are unchanged; measured 2-8 % faster train step on CPU),
   scan_layers (True: the decoder layers are one `DecoderLayer` whose params carry a leading
   [num_hidden_layers] axis (logical name "layers"), run under `lax.scan`; compile time stays flat

@@ -3,7 +3,9 @@
 Numerics follow HF transformers' Qwen2 / Qwen3 / Llama modules: RMSNorm in float32 then cast
 back, RoPE tables in float32, softmax in float32. Parameter layouts: Linear kernels are
 [in, out] (HF stores [out, in]); see `hf_io.py` for the one name/transpose table. A sampler may
-hold a copy with [out, in] kernels (`set_kernel_layout`), faster for decode GEMMs on CPU.
+hold a copy with [out, in] kernels (`set_kernel_layout`). The dense layer is one `dot_general`;
+the CPU's faster kernels for it (a written-out backward, fused projections, the [out, in] decode
+layout) are in models/cpu_kernels.py, behind its one switch.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentfly_jax.models import cpu_kernels
 from agentfly_jax.models.config import ModelConfig
+from agentfly_jax.models.cpu_kernels import KERNEL_LAYOUTS  # noqa: F401 (re-exported)
 from agentfly_jax.models.flash_attention import _MASK_VALUE, flash_causal_attention
 from agentfly_jax.models.paged_attention import PageTable, cache_heads_first, paged_attend, write_pages
 from agentfly_jax.models.pallas_paged_attention import pallas_paged_decode
@@ -76,17 +80,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
-KERNEL_LAYOUTS = ("in_out", "out_in")
-
-
 class Linear(nnx.Module):
   """y = x W + b over the last dim.  x [..., in] -> [..., out] (compute dtype).
 
   `kernel` is [in, out] (`kernel_layout="in_out"`, the training and checkpoint layout) or
-  [out, in] (`"out_in"`, HF/torch's layout), set by `set_kernel_layout` on a decode copy: XLA's
-  CPU GEMMs at decode sizes (8-32 rows) run ~15-30 % faster reading each output's weights as one
-  contiguous row (measured on the 2-core dev machine, SmolLM2 shapes; ~10 % at 1024 rows).
-  Parameter names and init match `nnx.Linear` (kernel, bias), so checkpoints carry over.
+  [out, in] (`"out_in"`, HF/torch's layout), set by `set_kernel_layout` on a decode copy (the CPU's
+  decode layout: models/cpu_kernels.py). The product is `cpu_kernels.matmul`: one dot_general over
+  the last dim, with the CPU kernel's written-out backward when that switch is on. Parameter names and init match `nnx.Linear` (kernel, bias), so checkpoints carry over.
   `axes` = logical names of the kernel's (in, out) dims; `bias_axis` = the bias's (default: out's),
   for models/sharding.py (None: unnamed params, which `partition_specs` refuses).
   """
@@ -150,12 +150,12 @@ class Linear(nnx.Module):
     """(x A) B * scale: x [..., in] -> [..., out] (compute dtype); this Linear must have adapters."""
     a = self.lora_a[...].astype(self.dtype)
     b = self.lora_b[...].astype(self.dtype)
-    xa = dense(x.astype(self.dtype), a, True, self.precision)
-    return dense(xa, b, True, self.precision) * jnp.asarray(self.lora_scale, self.dtype)
+    xa = cpu_kernels.matmul(x.astype(self.dtype), a, True, self.precision)
+    return cpu_kernels.matmul(xa, b, True, self.precision) * jnp.asarray(self.lora_scale, self.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.kernel[...].astype(self.dtype)
-    y = dense(x.astype(self.dtype), kernel, self.kernel_layout == "in_out", self.precision)
+    y = cpu_kernels.matmul(x.astype(self.dtype), kernel, self.kernel_layout == "in_out", self.precision)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     if self.lora_a is not None:
@@ -172,87 +172,12 @@ def lora_param(value: jax.Array, axes: tuple | None) -> nnx.LoRAParam:
   return nnx.LoRAParam(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
-def _dense_fwd_only(x, kernel, in_out: bool, precision):
-  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0 if in_out else 1,)), ((), ())), precision=precision)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def dense(x: jax.Array, kernel: jax.Array, in_out: bool, precision) -> jax.Array:
-  """x [..., in] @ kernel ([in, out] when `in_out`, else [out, in]) -> [..., out].
-
-  The same product as `dot_general`, with its backward pass written out: dx = dy @ W^T and the
-  weight gradient as one 2-D GEMM over the flattened tokens, contracting the token dim of both
-  operands (x2^T dy2, or dy2^T x2 for an [out, in] kernel). Left to autodiff, XLA:CPU wrote dy
-  transposed ([out, tokens]) in the producing fusion and ran that weight-gradient GEMM with its
-  own emitter at under half of torch's rate; written this way a SmolLM2-sized MLP block's
-  forward + backward took 249 ms instead of 345 ms (2-core CPU).
-  """
-  return _dense_fwd_only(x, kernel, in_out, precision)
-
-
-def _dense_fwd(x, kernel, in_out, precision):
-  return _dense_fwd_only(x, kernel, in_out, precision), (x, kernel)
-
-
-def _dense_bwd(in_out, precision, res, dy):
-  x, kernel = res
-  dx = jax.lax.dot_general(dy, kernel, (((dy.ndim - 1,), (1 if in_out else 0,)), ((), ())), precision=precision)
-  x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-  tokens = (((0,), (0,)), ((), ()))
-  dk = (
-    jax.lax.dot_general(x2, dy2, tokens, precision=precision)
-    if in_out
-    else jax.lax.dot_general(dy2, x2, tokens, precision=precision)
-  )
-  return dx.astype(x.dtype), dk.astype(kernel.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-# Fused projections concatenate their kernels on every call (one extra pass over those weights):
-# that pays when the GEMM has many rows (training, prefill), not at decode, which is bound by
-# reading the weights.
-FUSE_MIN_ROWS = 256
-
-
 def project(x: jax.Array, linears, fuse: bool) -> list[jax.Array]:
-  """[l(x) for l in linears], as one GEMM (`fused_linear`) when `fuse` and x has at least
-  FUSE_MIN_ROWS rows (static shapes: decided at trace time)."""
-  if fuse and math.prod(x.shape[:-1]) >= FUSE_MIN_ROWS:
-    return fused_linear(x, linears)
+  """[l(x) for l in linears], as one GEMM (`cpu_kernels.fused_linear`) where the CPU kernels fuse
+  them (`fuse` = ModelConfig.fuse_projections, the switch on, enough rows)."""
+  if cpu_kernels.fuses(x, fuse):
+    return cpu_kernels.fused_linear(x, linears)
   return [l(x) for l in linears]
-
-
-def fused_linear(x: jax.Array, linears) -> list[jax.Array]:
-  """The `Linear`s (same input width, layout and dtype) applied to x [..., in] as one GEMM over
-  their concatenated kernels: [..., out_i] each, equal to [l(x) for l in linears]. The params stay
-  separate (the concatenation is part of the step; its gradient is a split). LoRA adapters of
-  the Linears (`Linear.add_lora`) are added to their outputs (the x A's as one GEMM too)."""
-  first = linears[0]
-  in_out = first.kernel_layout == "in_out"
-  kernel = jnp.concatenate([l.kernel[...] for l in linears], axis=1 if in_out else 0).astype(first.dtype)
-  y = dense(x.astype(first.dtype), kernel, in_out, first.precision)
-  if any(l.bias is not None for l in linears):
-    y = y + jnp.concatenate(
-      [
-        jnp.zeros((l.out_features,), first.dtype) if l.bias is None else l.bias[...].astype(first.dtype)
-        for l in linears
-      ]
-    )
-  splits = [sum(l.out_features for l in linears[: i + 1]) for i in range(len(linears) - 1)]
-  outs = jnp.split(y, splits, axis=-1)
-  adapted = [i for i, l in enumerate(linears) if l.lora_a is not None]
-  if adapted:  # every x A_i as one GEMM over the concatenated A's, then each B_i
-    a = jnp.concatenate([linears[i].lora_a[...] for i in adapted], axis=-1).astype(first.dtype)
-    xa = dense(x.astype(first.dtype), a, True, first.precision)
-    ranks = [linears[i].lora_a.shape[-1] for i in adapted]
-    parts = jnp.split(xa, [sum(ranks[: j + 1]) for j in range(len(ranks) - 1)], axis=-1)
-    for i, part in zip(adapted, parts):
-      l = linears[i]
-      delta = dense(part, l.lora_b[...].astype(first.dtype), True, first.precision)
-      outs[i] = outs[i] + delta * jnp.asarray(l.lora_scale, first.dtype)
-  return outs
 
 
 def set_kernel_layout(model: nnx.Module, layout: str) -> nnx.Module:

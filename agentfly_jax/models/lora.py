@@ -10,7 +10,7 @@ Each targeted `layers.Linear` owns `lora_a` [in, rank] and `lora_b` [rank, out] 
 its kernel's: [L, ...] in a stacked layer), `nnx.LoRAParam`s (a subclass of nnx.Param) in
 float32, with logical axes (in's name, "lora_rank") / ("lora_rank", out's name); y = x W (+ b) +
 (x A) B * alpha / rank, B zero-initialised (the model is unchanged until B trains). The adapter
-is applied in `Linear.__call__` and in `layers.fused_linear` (a mixture-of-experts model's
+is applied in `Linear.__call__` and in `cpu_kernels.fused_linear` (a mixture-of-experts model's
 experts, targets expert_gate / expert_up / expert_down: lora_a [E, in, r], lora_b [E, r, out],
 applied with the grouped matmuls of models/moe.py). Only the decoder layers' seven
 projections can be targets: the lm_head's and the critic head's kernels are read directly by the

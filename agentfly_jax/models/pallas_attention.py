@@ -8,7 +8,7 @@ from_empty_cache=True)`, the JAX sampler's prefill) through the TPU Pallas flash
 Why: on TPU the kernel keeps no [T, T] scores in HBM, forward or backward (its own fused VJP),
 and it is one Mosaic custom call to compile, where `flash_attention.py` (pure JAX) unrolls a
 block loop of distinct shapes into the program: at Qwen2.5-7B, 2,048-token rows, the policy
-step's compile for v5p:2x2x2 drops by the attention's share (experiments/results/aot_tpu.md).
+step's compile for v5p:2x2x2 drops by the attention's share (lab/results/aot_tpu.md).
 
 T is padded up to a multiple of 128 (the kernel's block granularity) in a segment of its own.
 Masking as `layers.build_attention_mask` without a cache: causal, within a packed segment, real

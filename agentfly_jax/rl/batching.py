@@ -190,8 +190,6 @@ def take_microbatches(batch: dict, idx, valid) -> dict:
     sel = v[idx]
     if k == "action_mask":
       sel = sel & valid[..., None]
-    elif k == "skipped_denom":  # a padding slot's copy of row 0 adds nothing to the denominator
-      sel = sel * valid
     out[k] = sel
   return out
 

@@ -131,7 +131,6 @@ def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, d
     pad_id=p.tokenizer.pad_token_id,
     dynamic_sampling=spec.dapo.dynamic_sampling,
     score_metric=spec.loss.score_metric,
-    cut_turn_penalty=spec.dapo.cut_turn_penalty,  # a chain cut at max_tokens_per_turn scores below a wrong answer
     turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
   )
   metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout

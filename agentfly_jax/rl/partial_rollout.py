@@ -298,10 +298,8 @@ def check_partial(rollout_spec, agent_fn=None) -> None:
   built-in chains only: no endpoint agent (task.agent_fn), no shared opening turns."""
   if agent_fn is not None:
     raise ValueError("config.rollout.partial=True: not with an endpoint agent (task.agent_fn); use partial=False")
-  if rollout_spec.shared_turns or rollout_spec.branch_temperature:
-    raise ValueError(
-      "config.rollout.partial=True: not with rollout.shared_turns / rollout.branch_temperature (set them 0)"
-    )
+  if rollout_spec.shared_turns:
+    raise ValueError("config.rollout.partial=True: not with rollout.shared_turns (set it 0)")
 
 
 def start_producer(run, loop, start: int) -> PartialRolloutProducer:

@@ -34,6 +34,17 @@ def loss_config(spec, *, decoupled: bool = False) -> LossConfig:
   )
 
 
+def default_loss_config(**fields) -> LossConfig:
+  """The loss of a default run (`RunSpec()`: its algorithm's policy loss and aggregation, the spec's
+  clip, KL and log-prob chunking) with `fields` replaced: a LossConfig outside a run (tests, benchmarks)
+  whose values are the spec's, written nowhere else."""
+  import dataclasses
+
+  from agentfly_jax.rl.spec import RunSpec
+
+  return dataclasses.replace(loss_config(RunSpec()), **fields)
+
+
 def policy_optimizers(spec):
   """(the policy's AdamW, the critic's or None when the algorithm has no critic)."""
   t = spec.train

@@ -3,7 +3,7 @@ config, reused by every run that would train the same params.
 
     params, metrics = sft_params(run)             # cached, or trained (+ saved) with sft/* metrics
     path = sft_cache_path(run, steps=2)           # where a 2-step SFT of this run is (or would be) kept
-    params, nll = run_sft(run, steps=2)           # train it (experiments/sft_probe.py: after_step=)
+    params, nll = run_sft(run, steps=2)           # train it (after_step=: a callback after each step)
     save_sft_cache(run, params, steps=2)
     runner = sft_runner(run, optimizer)           # the SFT step program alone (experiments/make_warmstart.py)
 """

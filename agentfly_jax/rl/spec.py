@@ -172,12 +172,11 @@ class RolloutSection(Section):
   decode_steps: int = 4  # jax: decode steps per device call (admission and retirement between calls)
   weight_update: str = "drain"  # jax: rows in flight at a weight update: drain (old weights) | recompute
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
-  branch_temperature: float = 0.0  # > 0: turn `shared_turns` of the training rollouts at this temperature; 0 = off
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
   error_patience: int = 3  # that many such steps in a row stop the run (all chains failed: at once); rl/chain_failures
   # wall-clock limit of one chain (its turns, tools, an outside harness's process tree): past it the chain ends with
   # finish "timeout", a failed chain for error_patience. No "off": a chain that never ends would stall the run
-  # (the slowest recorded rollout, experiments/results/*/metrics.jsonl, took 101 s for all of a step's chains)
+  # (the slowest recorded rollout, lab/results/*/metrics.jsonl, took 101 s for all of a step's chains)
   chain_timeout_s: float = 600.0
   # the OpenAI-compatible endpoint's largest request body (task.agent_fn / agent_cmd): 413 beyond it, never read whole
   endpoint_max_body_bytes: int = 4_194_304
@@ -196,7 +195,6 @@ class RolloutSection(Section):
     self.need("kv_cache_gib", self.kv_cache_gib >= 0, "must be >= 0 (0 = sized for every slot at max_len)")
     self.need("weight_update", self.weight_update in ("drain", "recompute"), "must be 'drain' or 'recompute'")
     self.need("temperature", self.temperature >= 0, "must be >= 0")
-    self.need("branch_temperature", 0 <= self.branch_temperature < float("inf"), "must be >= 0 (0 = off)")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
     finite = 0 < self.chain_timeout_s < float("inf")
     self.need("chain_timeout_s", finite, "must be a number of seconds > 0 (every chain has a limit; no 0 = off)")
@@ -243,8 +241,6 @@ class TrainSection(Section):
   compile_cache: str = "auto"  # JAX's persistent compilation cache (rl/scale/compile_cache.py): auto
   # ($AGENTFLY_COMPILE_CACHE, else $AGENTFLY_CACHE_DIR/xla or ~/.cache/agentfly_jax/xla) | off | a folder
   micro_batch_size: int = 16  # max rows per micro-batch (gradient accumulation); never pads a smaller batch up to it
-  skip_zero_adv_rows: bool = False  # rows with all-0 advantages skip the train steps (rl/update.py)
-  skip_keeps_batch_mean: bool = False  # the skipped rows still count in the loss's mean: the unskipped step
 
   def check(self):
     self.at_least("steps", 0)
@@ -293,7 +289,6 @@ class LossSection(Section):
   lam: float = 1.0
   tis_cap: float = 0.0  # >0: truncated importance weights exp(old - sampler) capped
   behaviour_cap: float = 2.0  # async, max_staleness > 0: decoupled PPO's behaviour weight cap
-  neg_adv_weight: float = 1.0  # negative advantages x this (0: learn only from above-mean chains)
   score_metric: str = ""  # "" = advantages from the reward; else from this reward metric (e.g. "success")
   router_aux_coef: float = 0.0  # mixture-of-experts policy: x HF's router load-balancing loss (0 = off)
   distill_weight: float = 0.0  # in [0, 1]: the teacher's reverse-KL advantage's share (rl/core/distill.py); 0 = off
@@ -306,7 +301,6 @@ class LossSection(Section):
     self.need("agg", self.agg in ("",) + losses.AGG_MODES, f"unknown aggregation; known: {losses.AGG_MODES}")
     self.need("kl_kind", self.kl_kind in losses.KL_KINDS, f"unknown KL estimator; known: {losses.KL_KINDS}")
     self.need("behaviour_cap", self.behaviour_cap > 0, "must be > 0")
-    self.need("neg_adv_weight", self.neg_adv_weight >= 0, "must be >= 0 (1 = plain advantages)")
     self.need("router_aux_coef", self.router_aux_coef >= 0, "must be >= 0 (0 = off)")
     self.need("distill_weight", 0 <= self.distill_weight <= 1, "must be in [0, 1] (0 = off, 1 = distillation alone)")
     self.need("clip_low", 0 <= self.clip_low < 1 and self.clip_high >= 0, "needs 0 <= clip_low < 1, clip_high >= 0")
@@ -330,11 +324,9 @@ class DapoSection(Section):
   dynamic_sampling: bool = False  # drop groups whose rewards have zero variance
   overlong_buffer: int = 0  # tokens; >0 enables the soft overlong penalty
   overlong_penalty: float = 1.0
-  cut_turn_penalty: float = 0.0  # >0: a chain cut at rollout.max_tokens_per_turn scores its reward minus this
 
   def check(self):
     self.at_least("overlong_buffer", 0)
-    self.need("cut_turn_penalty", self.cut_turn_penalty >= 0, "must be a number >= 0 (0 = off)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,14 +351,13 @@ class EvalSection(Section):
   every: int = 10
   num_rows: int = 64
   before_sft: bool = True  # also evaluate the model before its SFT warm start (step 0's eval_pre_sft/*)
-  # the step the locked test split scores (experiments/learning_report.py): last saved within budget_minutes of RL
-  counted_checkpoint: str = "last_within_budget"  # fixed before a run; budget_minutes 0 = the last step
+  # the step the locked test split scores (experiments/learning_report.py): the last saved within budget_minutes
+  # of RL, fixed before a run; 0 = the last step
   budget_minutes: float = 0.0
 
   def check(self):
     self.at_least("every", 0)
     self.at_least("num_rows", 0)
-    self.need("counted_checkpoint", self.counted_checkpoint in ("last_within_budget",), "must be 'last_within_budget'")
     self.need("budget_minutes", self.budget_minutes >= 0, "must be >= 0 (0: no budget, the last step)")
 
 
@@ -475,8 +466,6 @@ class RunSpec:
       fail("loss.estimator", self.loss.estimator, f"GAE needs a critic; algo={self.algo!r} has none (use algo='ppo')")
     if self.rollout.num_chains < 2 and algo.estimator in GROUP_ESTIMATORS:
       fail("rollout.num_chains", self.rollout.num_chains, f"{self.algo} needs >= 2 chains per group")
-    if self.train.skip_zero_adv_rows and (self.loss.kl_coef or self.loss.entropy_coef or algo.critic):
-      fail("train.skip_zero_adv_rows", True, "a row with no advantage still trains a KL, entropy or critic term")
     check_distill(self)
 
   def _check_task(self):
@@ -555,11 +544,32 @@ _OLD_BEHAVIOUR = {
 }
 
 
+# Options removed since: the value under which a saved run behaved as today's code does (the field is dropped);
+# any other value names a behaviour this version no longer has, and loading it is refused.
+_REMOVED = {
+  ("rollout", "branch_temperature"): 0.0,  # turn shared_turns alone sampled at another temperature
+  ("train", "skip_zero_adv_rows"): False,  # tied groups' rows left out of the update (True: see _migrate_skip)
+  ("train", "skip_keeps_batch_mean"): False,  # with the skip: those rows kept in the loss's denominator
+  ("loss", "neg_adv_weight"): 1.0,  # negative advantages scaled
+  ("dapo", "cut_turn_penalty"): 0.0,  # a chain cut at max_tokens_per_turn scored below its reward
+  ("eval", "counted_checkpoint"): "last_within_budget",  # the counted-step rule (it had one value)
+}
+
+
 def migrate(config) -> ml_collections.ConfigDict:
   """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to
   today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`, else today's default);
-  what it has is kept. Nested free mappings (mesh.rules) are merged key by key. A current config comes back equal."""
+  what it has is kept; a removed option at its neutral value is dropped (`_REMOVED`; another value: an error naming
+  it). Nested free mappings (mesh.rules) are merged key by key. A current config comes back equal."""
   saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  saved = {k: dict(v) if isinstance(v, Mapping) else v for k, v in saved.items()}  # (the caller's dict kept)
+  _migrate_skip(saved)
+  for (section, key), neutral in _REMOVED.items():
+    values = saved.get(section)
+    if isinstance(values, dict) and key in values:
+      if values[key] != neutral:
+        fail(f"{section}.{key}", values[key], f"removed option; a saved run loads only with its neutral {neutral!r}")
+      del values[key]
   merged = RunSpec().to_dict()
   for (section, key), value in _OLD_BEHAVIOUR.items():
     if key not in (saved.get(section) or {}):
@@ -567,6 +577,15 @@ def migrate(config) -> ml_collections.ConfigDict:
   _migrate_model_remat(saved)
   _overlay(merged, saved)
   return ml_collections.ConfigDict(merged)
+
+
+def _migrate_skip(saved: dict) -> None:
+  """train.skip_zero_adv_rows with skip_keeps_batch_mean (both True) made the unskipped update at a smaller cost
+  (the tied rows' advantages are 0 and they stayed in the mean): today's update, so both are dropped."""
+  train = saved.get("train")
+  if isinstance(train, dict) and train.get("skip_zero_adv_rows") is True and train.get("skip_keeps_batch_mean") is True:
+    train.pop("skip_zero_adv_rows")
+    train.pop("skip_keeps_batch_mean")
 
 
 def _migrate_model_remat(saved: dict) -> None:

@@ -41,8 +41,7 @@ def rollout(
   seed: int = 0,
 ) -> list:
   """Trajectories of `rows` (group_id = row index) under `rollout_spec` (rl/spec.RolloutSection;
-  `num_chains` / `temperature` override it; an overridden temperature, as the greedy eval's, holds at
-  every turn: no `branch_temperature`). On several processes each rolls out its share of
+  `num_chains` / `temperature` override it, as the greedy eval's does). On several processes each rolls out its share of
   the rows with its own sampler and all get the whole list back. `agent_fn`: a black-box agent
   run through the OpenAI-compatible endpoint instead of the built-in loop. `reward_only_fields`: the row
   fields no agent sees (the task's; data/row_fields.py)."""
@@ -78,34 +77,26 @@ def rollout(
     group_offset=distributed.share_offset(len(rows)),
     env_provider=env_provider,
     shared_turns=r.shared_turns,
-    branch_temperature=(r.branch_temperature or None) if temperature is None else None,  # not in evals
     chain_timeout_s=r.chain_timeout_s,
     reward_only_fields=reward_only_fields,
   )
   return distributed.gather_objects(trajs)
 
 
-def scored(trajs: list, metric: str, cut_turn_penalty: float = 0.0) -> list:
+def scored(trajs: list, metric: str) -> list:
   """The trajectories with `reward` replaced by the score they train on: their reward metric `metric`
   (`loss.score_metric`: advantages from e.g. the success indicator while the shaped reward is logged;
-  "" = the reward), minus `cut_turn_penalty` (`dapo.cut_turn_penalty`) for a chain that ended because a
-  turn ran to `rollout.max_tokens_per_turn` (finish_reason "max_tokens_per_turn"): a cut turn then
-  scores below any answer, not level with a wrong one. A trajectory without that metric: ValueError
-  naming it and the metrics it has."""
-  if not metric and not cut_turn_penalty:
+  "" = the reward). A trajectory without that metric: ValueError naming it and the metrics it has."""
+  if not metric:
     return trajs
   out = []
   for t in trajs:
-    value = t.reward
-    if metric:
-      value = (t.reward_metrics or {}).get(metric)
-      if not isinstance(value, (int, float)):
-        raise ValueError(
-          f"config.loss.score_metric={metric!r}: trajectory (group {t.group_id}, chain {t.chain_id}) has no number "
-          f"under that name; its reward metrics: {sorted(t.reward_metrics or {})}"
-        )
-    if t.finish_reason == "max_tokens_per_turn":
-      value = float(value) - cut_turn_penalty
+    value = (t.reward_metrics or {}).get(metric)
+    if not isinstance(value, (int, float)):
+      raise ValueError(
+        f"config.loss.score_metric={metric!r}: trajectory (group {t.group_id}, chain {t.chain_id}) has no number "
+        f"under that name; its reward metrics: {sorted(t.reward_metrics or {})}"
+      )
     out.append(dataclasses.replace(t, reward=float(value)))
   return out
 
@@ -116,17 +107,15 @@ def prepare(
   pad_id: int,
   dynamic_sampling: bool,
   score_metric: str = "",
-  cut_turn_penalty: float = 0.0,
   turn_level: bool = False,
 ) -> tuple[dict | None, dict]:
   """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
   sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). Rewards
-  are the trajectories' scores (`scored`: the reward or its metric `score_metric`, less
-  `cut_turn_penalty` for a cut chain); rollout/* report the rewards as they were. `turn_level`:
+  are the trajectories' scores (`scored`: the reward or its metric `score_metric`); rollout/* report the rewards as they were. `turn_level`:
   + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators)."""
   metrics: dict[str, Any] = rollout_metrics(trajs)
   trajs = [t for t in trajs if len(t.token_ids)]  # a chain that failed before any request: counted, not trained
-  trajs = scored(trajs, score_metric, cut_turn_penalty)
+  trajs = scored(trajs, score_metric)
   if dynamic_sampling:
     trajs, dropped = drop_zero_variance_groups(trajs)
     metrics["dapo/groups_dropped"] = dropped

@@ -27,9 +27,8 @@ from agentfly_jax.rl.batching import (
   pad_rows,
   take_microbatches,
 )
-from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.packing import pack_index, take_packed
-from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages, make_prepare, make_teacher_logprobs
+from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare, make_teacher_logprobs
 from agentfly_jax.rl.core.train_step import batch_sharding, jit_step, make_train_step
 from agentfly_jax.rl.spec_section import view
 
@@ -80,11 +79,23 @@ class UpdateMetrics:
     return out
 
 
+def default_prepare_config(estimator: str, **fields) -> PrepareConfig:
+  """The prepare call of a default run (`RunSpec()` on one device: its rows per forward pass, its loss's
+  temperature and chunking, the spec's gamma / lam / DAPO settings) for `estimator`, with `fields`
+  replaced: a PrepareConfig outside a run (tests, benchmarks)."""
+  from agentfly_jax.rl.programs import default_loss_config
+  from agentfly_jax.rl.spec import RunSpec
+
+  spec = RunSpec()
+  chunk = micro_batch_layout(spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, 1)[0]
+  return dataclasses.replace(prepare_config(spec, default_loss_config(), estimator, chunk), **fields)
+
+
 def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   """The prepare call's config from the run's typed sections and its loss (`loss_cfg`: the
   temperature and the log-prob chunking it trains with; decoupled PPO needs the sampler's
   log-probs)."""
-  return view(  # gamma, lam, tis_cap, neg_adv_weight: config.loss's
+  return view(  # gamma, lam, tis_cap: config.loss's
     PrepareConfig,
     spec.loss,
     estimator=estimator,
@@ -99,25 +110,12 @@ def prepare_config(spec, loss_cfg, estimator: str, chunk: int) -> PrepareConfig:
   )
 
 
-def few_sizes(n: int) -> int:
-  """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is >= n >= 1: a
-  varying count rounded to few distinct values (few compiles), padding by under 1.5x."""
-  p = 1 << max(0, (n - 1).bit_length() - 1)  # the power of 2 just under (or at) n
-  return next(m for m in (p, 3 * p // 2, 2 * p) if m >= n and m >= 1)
-
-
 class PolicyUpdate:
   """prepare + the minibatch loop for one algorithm/config; jitted functions built once.
   `spec`: the run's RunSpec (parsed once at the script)."""
 
   def __init__(self, parts: ModelParts, spec, loss_cfg, estimator: str, mesh, state_sharding):
     self.spec, self.mesh, self.state_sharding = spec, mesh, state_sharding
-    self.loss_agg = loss_cfg.agg
-    if spec.train.skip_keeps_batch_mean and spec.train.pack_sequences:
-      raise ValueError(
-        "config.train.skip_keeps_batch_mean=True: not with train.pack_sequences (a packed row holds several "
-        "trajectories, so a row's share of the skipped rows' denominator has no place); set one of them False"
-      )
     rules = spec.mesh.rules
     self.prepare_chunk = micro_batch_layout(
       spec.rollout.rows_per_step * spec.rollout.num_chains, spec.train.micro_batch_size, mesh.shape["fsdp"]
@@ -151,12 +149,6 @@ class PolicyUpdate:
     self._takes: dict[tuple, Any] = {}
     self._pack = jax.jit(take_packed)
 
-    # skip_zero_adv_rows' first phase: advantages alone (no forward pass), on every process
-    def advantages_and_metrics(a):
-      adv, _, metrics = batch_advantages(prep_cfg, a)
-      return adv, metrics
-
-    self._advantages = jax.jit(advantages_and_metrics, out_shardings=self._replicated)
     self.teacher = parts.teacher
     if parts.teacher is not None:  # its log-probs of the batch's tokens, before each prepare (rl/core/distill.py)
       self._teacher = make_teacher_logprobs(parts.teacher.graphdef, prep_cfg, mesh=mesh, rules=rules)
@@ -183,43 +175,11 @@ class PolicyUpdate:
     arrays = pad_rows(arrays, self.mesh.shape["fsdp"])
     return {k: put_global(v, self._rows) for k, v in arrays.items()}
 
-  def learning_rows(self, arrays: dict) -> tuple[dict | None, dict]:
-    """`train.skip_zero_adv_rows`' first phase: (the rows of `arrays` with a nonzero advantage at
-    some token, their advantages (of the whole batch's groups) added and inert rows padded up to
-    one of few sizes (1, 2, 3, 4, 6, 8, ... x the fsdp axis: few prepare compiles), or None when
-    no row has one; the advantage metrics of the whole batch). Log-probs are then computed for
-    these rows only. With `train.skip_keeps_batch_mean` each kept row also carries its share of
-    the skipped rows' denominator (`skipped_denom`), so the step's loss is the whole batch's mean
-    and the update the unskipped one (with `train.minibatches=1` exactly)."""
-    num_rows = len(arrays["group_ids"])
-    keys = ("action_mask", "rewards", "group_ids", *(k for k in ("turn_rewards", "anchor_ids") if k in arrays))
-    adv, metrics = self._advantages(self.put_arrays({k: arrays[k] for k in keys}))
-    adv = np.asarray(jax.device_get(adv))[:num_rows]  # replicated: whole on every process
-    keep = np.flatnonzero(np.any(adv != 0, axis=1))
-    if len(keep) == 0:
-      return None, metrics
-    fsdp = self.mesh.shape["fsdp"]
-    rows = {k: np.asarray(v)[keep] for k, v in arrays.items()}
-    rows["advantages"] = adv[keep]
-    if self.spec.train.skip_keeps_batch_mean:  # the skipped rows' share of the loss's denominator, spread
-      skipped = np.setdiff1d(np.arange(num_rows), keep)  # over the rows that train (exact with 1 minibatch)
-      mask = np.asarray(arrays["action_mask"])[skipped]
-      extra = float(losses.denominator(mask, self.loss_agg, norm_len=mask.shape[1])) if len(skipped) else 0.0
-      rows["skipped_denom"] = np.full(len(keep), extra / len(keep), np.float32)
-    return pad_rows(rows, few_sizes(-(-len(keep) // fsdp)) * fsdp), metrics
-
   def __call__(self, state, ref_params, arrays: dict, step: int):
     """arrays: `rl.batching.train_arrays` of the step's trajectories (host numpy).
     Returns (new state, UpdateMetrics: device metric dicts, prepare time, padding)."""
     train = self.spec.train
     t0 = time.perf_counter()
-    skip = train.skip_zero_adv_rows
-    adv_metrics = {}
-    if skip:
-      arrays, adv_metrics = self.learning_rows(arrays)
-      if arrays is None:  # no row learns: the state as it was
-        rows_trained = {"train/rows_trained": np.float32(0)}
-        return state, UpdateMetrics([adv_metrics, rows_trained], time.perf_counter() - t0, None)
     num_rows = len(arrays["group_ids"])
     device_arrays = self.put_arrays(arrays)
     if self.teacher is not None:
@@ -233,13 +193,11 @@ class PolicyUpdate:
     keys = tuple(batch) + (("segment_ids", "positions") if pack else ())
     step_fn, take = self._jitted(keys)
     host_mask = np.asarray(arrays["attention_mask"], bool)
-    training = np.asarray(arrays["group_ids"]) >= 0 if skip else np.ones(num_rows, bool)
-    metrics = [{**prep_metrics, **adv_metrics}, {"train/rows_trained": np.float32(training.sum())}]
+    metrics = [prep_metrics]
     pad = []
     for _ in range(train.epochs):
       perm = rng.permutation(num_rows)
       for rows in np.array_split(perm, train.minibatches):
-        rows = rows[training[rows]]
         if len(rows) == 0:
           continue
         source = batch
@@ -248,8 +206,8 @@ class PolicyUpdate:
           source = self._pack(batch, {k: put_global(v, self._replicated) for k, v in index.items()})
           rows, num_micro_here = np.arange(layout.num_rows), -(-layout.num_rows // micro_size)
           real = int(index["valid"].sum())
-        else:  # skipped rows: fewer micro-batches (one compile per count: 1, 2, 3, 4, 6, 8, 12, ...)
-          num_micro_here = min(num_micro, few_sizes(-(-len(rows) // micro_size))) if skip else num_micro
+        else:
+          num_micro_here = num_micro
           real = int(host_mask[rows].sum())
         pad.append(1.0 - real / (micro_size * max(num_micro_here, -(-len(rows) // micro_size)) * host_mask.shape[1]))
         idx, valid = microbatch_index(rows, micro_size, num_micro_here)

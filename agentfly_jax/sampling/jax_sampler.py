@@ -38,6 +38,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from agentfly_jax.models import cpu_kernels
 from agentfly_jax.models.layers import KERNEL_LAYOUTS, set_kernel_layout
 from agentfly_jax.models.sharding import resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
@@ -108,7 +109,7 @@ class JaxSampler:
       pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     self.pad_id = int(pad_id)
     if kernel_layout == "auto":
-      kernel_layout = "out_in" if jax.default_backend() == "cpu" else "in_out"
+      kernel_layout = cpu_kernels.decode_layout()
     if kernel_layout not in KERNEL_LAYOUTS:
       raise ValueError(f"JaxSampler: kernel_layout must be 'auto' or one of {KERNEL_LAYOUTS}, got {kernel_layout!r}")
     self.kernel_layout = kernel_layout

@@ -4,7 +4,7 @@ its head, so the reliable way is to call `calculator(expression=...)` and state 
 A real tool task for a real small model (SmolLM2-135M-Instruct, `configs/smollm2_*.py`): its chat
 template ignores `tools`, so the agent writes the tool schema into the system prompt
 (`PromptedToolCallAgent`, format `TOOL_FORMAT`, the best of the formats measured by
-experiments/bench/measure_tool_formats.py). Reward: `numeric_match` (the last number of the final
+lab/bench/measure_tool_formats.py). Reward: `numeric_match` (the last number of the final
 message equals the product).
 """
 

@@ -17,7 +17,7 @@ leaves the decision to retrieve partly off for RL (configs/smollm2_multihop_sft_
 `make_two_hop_rows` draws the training rows of the 2-hop kinds only (task `multihop_qa_brief_2hop`,
 tasks/multihop_qa_brief_2hop.py): the held-out split is 2-hop only, and on the mixed rows GRPO's
 sampled reward came from the 1-hop questions (38 % of them), where one retrieval then an answer
-is right (measured: the policy settled on that shortcut; experiments/results/smollm2_multihop/).
+is right (measured: the policy settled on that shortcut; lab/results/smollm2_multihop/).
 """
 
 from __future__ import annotations

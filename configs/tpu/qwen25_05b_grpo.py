@@ -5,7 +5,7 @@ trainer on one fsdp=4 mesh, rows of 1,024 tokens; the small sibling of qwen25_7b
   python experiments/aot_compile.py --config=configs/tpu/qwen25_05b_grpo.py --topology=v5e:2x2   # compile-only
 
 bfloat16 compute, float32 master params, remat "full", scanned layers, activations batch-on-fsdp.
-experiments/results/aot_tpu.md has what XLA reports for these programs on v5e:2x2.
+lab/results/aot_tpu.md has what XLA reports for these programs on v5e:2x2.
 """
 
 from agentfly_jax.rl.config import tpu_grpo_config

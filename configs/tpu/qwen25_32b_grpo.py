@@ -4,7 +4,7 @@ trainer on one fsdp=32 mesh, rows of 2,048 tokens: configs/tpu/qwen25_7b_grpo.py
   python experiments/train.py --config=configs/tpu/qwen25_32b_grpo.py:/ckpt/Qwen2.5-32B-Instruct --workdir=... --coordinator_address=auto
   python experiments/aot_compile.py --config=configs/tpu/qwen25_32b_grpo.py --topology=v5p:4x4x2   # compile-only
 
-experiments/results/aot_tpu.md has what XLA reports for its train step on v5p:4x4x2 (measured with
+lab/results/aot_tpu.md has what XLA reports for its train step on v5p:4x4x2 (measured with
 micro_batch_size 8, i.e. 8 micro-batches of 32 rows, 75 % padding; 32 gives 2 of 32 rows, the same
 per-chip activations since micro-batches run one at a time).
 """

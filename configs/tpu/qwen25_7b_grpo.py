@@ -10,7 +10,7 @@ fsdp=8 mesh, rows of 2,048 tokens.
 Numerics: bfloat16 compute, float32 master params (so float32 grads and Adam moments: 12 bytes a
 param, split over the 8 devices), remat "full" per decoder layer, scanned layers (compile time flat
 in depth), activations constrained batch-on-fsdp (models/sharding.py act_* rules).
-experiments/results/aot_tpu.md has what XLA reports for these programs on v5p:2x2x2: the train step
+lab/results/aot_tpu.md has what XLA reports for these programs on v5p:2x2x2: the train step
 (8 micro-batches of 8 x 2,048) peaks at 24.2 GiB a chip of the 95 (10.6 GiB state + 13.5 GiB
 temporaries), so micro_batch_size could grow; the state alone would fit 4 chips (v5p:2x2x1).
 """

@@ -4,7 +4,7 @@ trainer on one fsdp=8 mesh, rows of 2,048 tokens: configs/tpu/qwen25_7b_grpo.py 
   python experiments/train.py --config=configs/tpu/qwen3_8b_grpo.py:/ckpt/Qwen3-8B --workdir=... --coordinator_address=auto
   python experiments/aot_compile.py --config=configs/tpu/qwen3_8b_grpo.py --topology=v6e:2x4   # compile-only
 
-experiments/results/aot_tpu.md has what XLA reports for its train step on v6e:2x4.
+lab/results/aot_tpu.md has what XLA reports for its train step on v6e:2x4.
 """
 
 from agentfly_jax.rl.config import tpu_grpo_config

@@ -139,29 +139,16 @@ class TemperatureRecorder(SeededSampler):
     return await super().agenerate(prompt, params)
 
 
-def test_branch_temperature_samples_the_branch_turn_alone_hotter(agent):
+def test_shared_turns_keep_the_sampling_temperature_at_every_turn(agent):
   sampler = TemperatureRecorder(agent.tokenizer)
   rows = [{"question": f"q{i}"} for i in range(2)]
   kw = dict(sampler=sampler, num_chains=3, max_turns=5, seed=5, concurrency=1)
-  run_rollout(
-    agent, rows, sampling_params=SamplingParams(temperature=0.7), shared_turns=2, branch_temperature=1.6, **kw
-  )
-  by_turn = collections.defaultdict(set)
-  for turn, t in sampler.temperatures:
-    by_turn[turn].add(t)
-  assert dict(by_turn) == {0: {0.7}, 1: {0.7}, 2: {1.6}, 3: {0.7}}  # 2 x 3 chains, 4 model turns each
-  assert len(sampler.temperatures) == 24
-  sampler.temperatures.clear()  # without a branch temperature every turn keeps the base one
   run_rollout(agent, rows, sampling_params=SamplingParams(temperature=0.7), shared_turns=2, **kw)
+  assert len(sampler.temperatures) == 24  # 2 x 3 chains, 4 model turns each
   assert {t for _, t in sampler.temperatures} == {0.7}
-  for bad in (0, -1.0, float("nan"), True):
-    with pytest.raises(
-      ValueError, match=f"rollout: branch_temperature must be None or a finite number > 0, got {bad!r}"
-    ):
-      run_rollout(agent, rows, shared_turns=2, branch_temperature=bad, **kw)
 
 
-def test_run_rollouts_branch_hot_and_greedy_evals_stay_greedy(agent):
+def test_run_rollouts_sample_at_the_spec_temperature_and_greedy_evals_stay_greedy(agent):
   from agentfly_jax.rl import stages
   from agentfly_jax.rl.spec import RolloutSection
 
@@ -172,18 +159,17 @@ def test_run_rollouts_branch_hot_and_greedy_evals_stay_greedy(agent):
     max_total_tokens=2048,
     temperature=0.9,
     shared_turns=1,
-    branch_temperature=1.5,
   )
   sampler = TemperatureRecorder(agent.tokenizer)
   kw = dict(sampler=sampler, rollout_spec=spec, end_of_turn_id=agent.tokenizer.token_to_id(EOT), env_provider=None)
   stages.rollout(agent, [{"question": "q"}], **kw)
-  assert sorted(set(sampler.temperatures)) == [(0, 0.9), (1, 1.5), (2, 0.9), (3, 0.9)]
+  assert sorted(set(sampler.temperatures)) == [(0, 0.9), (1, 0.9), (2, 0.9), (3, 0.9)]
   sampler.temperatures.clear()
   stages.rollout(agent, [{"question": "q"}], temperature=0.0, num_chains=1, **kw)  # the greedy eval's call
   assert {t for _, t in sampler.temperatures} == {0.0}
 
 
-def test_endpoint_branch_request_is_sampled_at_the_branch_temperature():
+def test_endpoint_requests_of_shared_chains_are_sampled_at_the_run_temperature():
   tok = ToolCallAgent(WARMSTART, tools=[]).tokenizer
   agent = lookup.make_agent(tok)
   eot = tok.token_to_id("<|im_end|>")
@@ -208,8 +194,5 @@ def test_endpoint_branch_request_is_sampled_at_the_branch_temperature():
     seed=4,
     sampling_params=SamplingParams(temperature=0.8),
     shared_turns=1,
-    branch_temperature=1.3,
   )
-  assert dict(temperatures) == {0: {0.8}, 1: {1.3}}
-  with pytest.raises(ValueError, match="ChatEndpoint: branch_temperature must be None or a finite number > 0, got 0"):
-    ChatEndpoint(agent, Recorder(script), branch_temperature=0)
+  assert dict(temperatures) == {0: {0.8}, 1: {0.8}}

@@ -5,7 +5,7 @@ turn's masked-in ids are exactly the ids the sampler returned, and the whole tok
 to the text transformers' `apply_chat_template` renders for the trajectory's messages.
 
 SmolLM2-135M does not call the calculator on its own in any prompt format measured
-(experiments/results/smollm2_tool_formats.md: 0 calls greedy, 0 of 16 sampled at T=1), so the
+(lab/results/smollm2_tool_formats.md: 0 calls greedy, 0 of 16 sampled at T=1), so the
 first turn's call is the task's scripted demo (through `ScriptedPolicySampler`) and SmolLM2 writes
 every turn after the tool's observation: the stream holds prompt, a call, a real calculator
 observation rendered by the template, and SmolLM2's own tokens."""

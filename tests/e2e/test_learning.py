@@ -2,7 +2,7 @@
 held-out success is ~0: it never looks the code up), and a short GRPO run on the multi-turn lookup
 task makes the greedy policy call the tool and copy the code (greedy success >= 0.8). The full
 demo (40 steps, 3 seeds) and GRPO / PPO / RLOO / REINFORCE++ on the locked test keys are recorded by
-experiments/learning_report.py (experiments/results/LEARNING.md)."""
+experiments/learning_report.py (lab/results/LEARNING.md)."""
 
 import os
 

@@ -56,7 +56,7 @@ def _resolves(module: str, name: str | None) -> str | None:
     return f"{module} has no {name}"
 
 
-@pytest.mark.parametrize("folder", ["experiments/", "agentfly_jax/", "tests/"])
+@pytest.mark.parametrize("folder", ["experiments/", "lab/", "agentfly_jax/", "tests/"])
 def test_every_project_import_names_what_exists(folder):
   missing = []
   files = _tracked((folder,))

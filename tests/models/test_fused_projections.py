@@ -1,4 +1,4 @@
-"""Fused projections (ModelConfig.fuse_projections: q/k/v and gate/up each one GEMM over the
+"""The CPU kernels (models/cpu_kernels.py) against the plain path. Fused projections (ModelConfig.fuse_projections: q/k/v and gate/up each one GEMM over the
 concatenated kernels) equal the separate projections: logits and every parameter gradient of a
 random loss (Qwen2: q/k/v biases), and the cached decode path in both kernel layouts (the row
 threshold that keeps decode unfused is lowered here so every path fuses); the
@@ -11,8 +11,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models import CausalLM, tiny_config
-from agentfly_jax.models import layers
-from agentfly_jax.models.layers import fused_linear, set_kernel_layout
+from agentfly_jax.models import cpu_kernels
+from agentfly_jax.models.cpu_kernels import fused_linear
+from agentfly_jax.models.layers import set_kernel_layout
 
 B, T, V = 2, 11, 64
 
@@ -32,7 +33,7 @@ def _model(fuse):
 
 
 def test_fused_projections_match_separate_values_and_grads(monkeypatch):
-  monkeypatch.setattr(layers, "FUSE_MIN_ROWS", 1)  # fuse at these small test shapes too
+  monkeypatch.setattr(cpu_kernels, "FUSE_MIN_ROWS", 1)  # fuse at these small test shapes too
   rng = np.random.default_rng(3)
   ids = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
   attn = jnp.asarray(np.arange(T)[None] < np.array([T, 7])[:, None])
@@ -59,7 +60,7 @@ def test_fused_projections_match_separate_values_and_grads(monkeypatch):
 
 @pytest.mark.slow
 def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
-  monkeypatch.setattr(layers, "FUSE_MIN_ROWS", 1)
+  monkeypatch.setattr(cpu_kernels, "FUSE_MIN_ROWS", 1)
   plain, fused = _model(False), _model(True)
   nnx.update(fused, nnx.state(plain))
   rng = np.random.default_rng(4)
@@ -91,9 +92,9 @@ def test_fused_linear_in_both_kernel_layouts_and_cached_decode(monkeypatch):
 
 @pytest.mark.parametrize("in_out", [True, False])
 def test_dense_custom_vjp_equals_autodiff_of_dot_general(in_out):
-  """layers.dense (its weight gradient written as one 2-D token-contracting GEMM) against
+  """cpu_kernels.dense (its weight gradient written as one 2-D token-contracting GEMM) against
   jax.grad of the plain dot_general, both kernel layouts, [B, T, in] input, random values."""
-  from agentfly_jax.models.layers import dense
+  from agentfly_jax.models.cpu_kernels import dense
 
   rng = np.random.default_rng(int(in_out))
   x = jnp.asarray(rng.normal(size=(3, 7, 12)), jnp.float32)
@@ -112,3 +113,32 @@ def test_dense_custom_vjp_equals_autodiff_of_dot_general(in_out):
   for a, b in zip(ga, gb):
     assert a.shape == b.shape
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_the_plain_path_equals_the_cpu_kernels(monkeypatch):
+  """The model with the CPU kernels switched off (one dot_general per Linear, autodiff's backward, no
+  fused projections) gives the logits and parameter gradients of the model with them on, on random
+  weights and ids; the switch decides at trace time, so each side is traced under its own setting."""
+  monkeypatch.setattr(cpu_kernels, "FUSE_MIN_ROWS", 1)  # the kernels' side fuses at these shapes
+  model = _model(True)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  ids = jnp.asarray(np.random.default_rng(5).integers(0, V, (B, T)), jnp.int32)
+  w = jnp.asarray(np.random.default_rng(6).normal(size=(B, T, V)), jnp.float32)
+
+  def loss(p):
+    return (nnx.merge(graphdef, p, rest)(ids).astype(jnp.float32) * w).sum()
+
+  got = {}
+  for flag in (True, False):
+    with cpu_kernels.forced(flag):
+      assert cpu_kernels.active() is flag
+      got[flag] = jax.value_and_grad(loss)(params)
+  np.testing.assert_allclose(float(got[False][0]), float(got[True][0]), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got[True][1]), jax.tree.leaves(got[False][1])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-5)
+  with cpu_kernels.forced(False):
+    assert cpu_kernels.decode_layout() == "in_out" and not cpu_kernels.fuses(jnp.zeros((4, 300, 8)), True)
+  monkeypatch.setenv("AGENTFLY_CPU_KERNELS", "0")
+  assert not cpu_kernels.active()
+  monkeypatch.setenv("AGENTFLY_CPU_KERNELS", "1")
+  assert cpu_kernels.active() and cpu_kernels.decode_layout() == "out_in"

@@ -13,7 +13,7 @@ from agentfly_jax.models.layers import Linear
 from agentfly_jax.models.lora import LoRAConfig, apply_lora, base_params, merge_lora, params_sha256, target_paths
 from agentfly_jax.models.sharding import make_mesh, partition_specs
 
-# 2 x 160 = 320 rows >= layers.FUSE_MIN_ROWS: the fused q/k/v and gate/up path runs
+# 2 x 160 = 320 rows >= cpu_kernels.FUSE_MIN_ROWS: the fused q/k/v and gate/up path runs
 B, T = 2, 160
 
 
@@ -113,7 +113,8 @@ def test_gradients_equal_autodiff_of_merged_weights():
 
 def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
   from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-  from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+  from agentfly_jax.rl.core.train_step import make_train_step
+  from agentfly_jax.rl.programs import default_loss_config
 
   m = _model(rank=4)
   graphdef, adapters, rest = nnx.split(m, nnx.LoRAParam, ...)
@@ -137,7 +138,7 @@ def test_train_step_moves_only_adapters_and_optimizer_holds_adapters_only():
     old_logprobs=np.full((1, 4, 24), -5.0, np.float32),
     advantages=rng.normal(size=(1, 4, 24)).astype(np.float32),
   )
-  step = jax.jit(make_train_step(graphdef, rest, opt, LossConfig(logits_capacity=())))
+  step = jax.jit(make_train_step(graphdef, rest, opt, default_loss_config(agg="token-mean", logits_capacity=())))
   new_state, metrics = step(state, batch)
   assert float(metrics["actor/grad_norm"]) > 0
   for (path, old), (_, new) in zip(nnx.to_flat_state(adapters), nnx.to_flat_state(new_state.params)):

@@ -212,7 +212,8 @@ def test_checkpoint_of_either_layout_restores_into_the_other(tmp_path, saved_lay
 def test_remat_layers_run_inside_prepare_lax_map(scan):
   """prepare runs the model under lax.map on a model merged outside it: the remat policy must not
   be an nnx transform of those (outer-trace) variables."""
-  from agentfly_jax.rl.core.prepare import PrepareConfig, make_prepare
+  from agentfly_jax.rl.core.prepare import make_prepare
+  from agentfly_jax.rl.update import default_prepare_config
 
   cfg = tiny_config("qwen2", vocab_size=64, num_hidden_layers=2, remat="full", scan_layers=scan)
   graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
@@ -228,6 +229,6 @@ def test_remat_layers_run_inside_prepare_lax_map(scan):
     group_ids=jnp.zeros((4,), jnp.int32),
   )
   batch, _ = jax.eval_shape(
-    make_prepare(graphdef, rest, PrepareConfig(estimator="grpo", chunk=2)), params, None, None, arrays
+    make_prepare(graphdef, rest, default_prepare_config(estimator="grpo", chunk=2)), params, None, None, arrays
   )
   assert batch["old_logprobs"].shape == (4, 8)

@@ -43,12 +43,13 @@ import agentfly_jax, jax, jax.numpy as jnp
 from flax import nnx
 from agentfly_jax.models import CausalLM, Critic, tiny_config
 from agentfly_jax.rl.core.train_state import create_train_state, make_optimizer
-from agentfly_jax.rl.core.train_step import LossConfig, make_train_step
+from agentfly_jax.rl.core.train_step import make_train_step
+from agentfly_jax.rl.programs import default_loss_config
 model = CausalLM(tiny_config("qwen2", vocab_size=512, tie_word_embeddings=True), rngs=nnx.Rngs(0))
 g, p, r = nnx.split(model, nnx.Param, ...)
 cg, cp, cr = nnx.split(Critic.from_causal_lm(model), nnx.Param, ...)
 opt = make_optimizer(lr=1e-4, weight_decay=0.0, max_grad_norm=1.0)
-step = make_train_step(g, r, opt, LossConfig(), critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt)
+step = make_train_step(g, r, opt, default_loss_config(agg="token-mean"), critic_graphdef=cg, critic_rest=cr, critic_optimizer=opt)
 state = create_train_state(p, opt, critic_params=cp, critic_optimizer=opt)
 shape = lambda dtype: jax.ShapeDtypeStruct((1, 8, 128), dtype)
 batch = {k: shape(jnp.int32) for k in ("input_ids", "target_ids")}

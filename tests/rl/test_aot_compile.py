@@ -366,7 +366,7 @@ def test_memory_plan_is_within_15_percent_of_every_recorded_xla_row(table):
   XLA's per-chip peak. Rows XLA refused (it stops before scheduling, in seconds) are left out."""
   from agentfly_jax.rl.scale.aot_programs import estimate_from_inputs
 
-  with open(os.path.join(ROOT, "experiments", "results", table + ".json")) as f:
+  with open(os.path.join(ROOT, "lab", "results", table + ".json")) as f:
     reports = json.load(f)
   checked = []
   for r in reports:

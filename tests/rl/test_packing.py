@@ -14,7 +14,8 @@ from agentfly_jax.models import CausalLM, Critic, tiny_config
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.packing import first_fit_decreasing, pack_batch, padding_fraction, unpack
 from agentfly_jax.rl.core.train_state import create_train_state
-from agentfly_jax.rl.core.train_step import LossConfig, make_train_step, policy_logprobs
+from agentfly_jax.rl.core.train_step import make_train_step, policy_logprobs
+from agentfly_jax.rl.programs import default_loss_config
 
 N, T, V = 9, 24, 64
 
@@ -119,7 +120,7 @@ def test_packed_logprobs_equal_unpacked_and_segments_are_isolated(batch):
   [("ppo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm"), ("decoupled_ppo", "seq-mean-token-mean")],
 )
 def test_packed_train_step_equals_unpacked(batch, policy, agg):
-  cfg = LossConfig(
+  cfg = default_loss_config(
     policy_loss=policy,
     agg=agg,
     kl_coef=0.05,

@@ -12,7 +12,8 @@ from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.models import CausalLM, Critic, tiny_config
 from agentfly_jax.rl.core import advantages as adv_lib
 from agentfly_jax.rl.batching import overlong_penalty, pad_rows, train_arrays
-from agentfly_jax.rl.core.prepare import PrepareConfig, chunked_rows, make_prepare
+from agentfly_jax.rl.core.prepare import chunked_rows, make_prepare
+from agentfly_jax.rl.update import default_prepare_config
 
 V = 64
 CFG = dict(
@@ -84,7 +85,7 @@ def test_prepare_matches_per_trajectory_reference(estimator, chunk, logits_chunk
   cg = cp = cr = None
   if critic is not None:
     cg, cp, cr = _split(critic)
-  cfg = PrepareConfig(
+  cfg = default_prepare_config(
     estimator=estimator,
     chunk=chunk,
     logits_chunk=logits_chunk,

@@ -45,8 +45,6 @@ def _with(field, value):
     ("rollout.max_staleness", 1.5, "an integer"),
     ("rollout.prefix_cache_tokens", -1, "integer >= 0"),
     ("rollout.shared_turns", -2, "integer >= 0"),
-    ("rollout.branch_temperature", -1.0, ">= 0 (0 = off)"),
-    ("rollout.branch_temperature", float("inf"), ">= 0 (0 = off)"),
     ("train.schedule", "step", "('constant', 'cosine', 'linear')"),
     ("train.remat", "dots", "known:"),
     ("train.micro_batch_size", 0, "integer >= 1"),

@@ -1,6 +1,6 @@
 """The SFT warm start's cache (`sft.cache_dir`) and its per-step hook: the params after k steps of
 a longer SFT are a k-step SFT's (constant lr, step i's demos depend on i only), so
-experiments/sft_probe.py can cache several step counts from one SFT under the keys runs read."""
+`run_sft(..., after_step=)` can cache several step counts from one SFT under the keys runs read."""
 
 import copy
 import dataclasses

@@ -13,7 +13,6 @@ from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.batching import to_microbatches
 from agentfly_jax.rl.core.train_state import create_train_state
 from agentfly_jax.rl.core.train_step import (
-  LossConfig,
   batch_sharding,
   jit_step,
   make_sft_step,
@@ -21,6 +20,7 @@ from agentfly_jax.rl.core.train_step import (
   policy_logprobs,
   state_shardings,
 )
+from agentfly_jax.rl.programs import default_loss_config
 
 B, T, V = 8, 24, 64
 
@@ -73,7 +73,7 @@ def _run(cfg, batch, micro, seed=0, steps=1, lr=0.1):
 def test_microbatching_equals_full_batch_and_reference_gradient(agg):
   rng = np.random.default_rng(abs(hash(agg)) % 2**31)
   batch = _batch(rng)
-  cfg = LossConfig(agg=agg, kl_coef=0.05, entropy_coef=0.01, clip_high=0.28)
+  cfg = default_loss_config(agg=agg, kl_coef=0.05, entropy_coef=0.01, clip_high=0.28)
   full, m_full, (graphdef, params0, rest) = _run(cfg, batch, micro=B)
   micro, m_micro, _ = _run(cfg, batch, micro=2)
   for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(micro.params)):
@@ -106,7 +106,7 @@ def test_microbatching_equals_full_batch_and_reference_gradient(agg):
 def test_sharded_jit_with_donation_matches_plain_jit():
   rng = np.random.default_rng(7)
   batch = _batch(rng)
-  cfg = LossConfig()
+  cfg = default_loss_config(agg="token-mean")
   expected, _, _ = _run(cfg, batch, micro=4, steps=2)
   model = _model(0)
   mesh = make_mesh(1, 1)
@@ -146,7 +146,13 @@ def test_ppo_critic_learns_returns():
   state = create_train_state(params, opt, critic_params=cp, critic_optimizer=copt)
   step = jax.jit(
     make_train_step(
-      graphdef, rest, opt, LossConfig(value_clip=100.0), critic_graphdef=cg, critic_rest=cr, critic_optimizer=copt
+      graphdef,
+      rest,
+      opt,
+      default_loss_config(agg="token-mean", value_clip=100.0),
+      critic_graphdef=cg,
+      critic_rest=cr,
+      critic_optimizer=copt,
     )
   )
   mb = to_microbatches(batch, np.arange(B), 4)

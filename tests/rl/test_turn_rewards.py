@@ -13,7 +13,8 @@ from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rl import stages
 from agentfly_jax.rl.config import default_config
 from agentfly_jax.rl.core import advantages as A
-from agentfly_jax.rl.core.prepare import PrepareConfig, batch_advantages
+from agentfly_jax.rl.core.prepare import batch_advantages
+from agentfly_jax.rl.update import default_prepare_config
 from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.turn_rewards import turn_arrays, turn_spans
 from agentfly_jax.sampling.scripted import ScriptedSampler
@@ -81,7 +82,7 @@ def test_prepare_gives_the_turn_estimators_their_arrays():
   plain, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
   assert "turn_rewards" not in plain
   arrays, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False, turn_level=True)
-  adv, _, metrics = batch_advantages(PrepareConfig(estimator="gigpo"), arrays)
+  adv, _, metrics = batch_advantages(default_prepare_config(estimator="gigpo"), arrays)
   # the hand-worked case of test_turn_advantages: turns [0.5, 1] vs [0] -> 2S, S / -2S
   s = 0.5**0.5
   mask = arrays["action_mask"]

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models.sharding import activation_sharding
-from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl.core import advantages as adv_lib
 from agentfly_jax.rl.core.distill import distill_advantages, distill_metrics
 from agentfly_jax.rl.core.shaping import overlong_penalty
@@ -30,20 +29,22 @@ from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entro
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
+  """The prepare call's static settings. No defaults here: a run's come from its spec
+  (rl/update.prepare_config), a standalone one's from a default run's (rl/update.default_prepare_config)."""
+
   estimator: str  # advantage estimator name (rl/core/advantages.py)
-  chunk: int = 16  # rows per forward pass
-  logits_chunk: int = 256  # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
-  logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens (LossConfig.logits_capacity)
-  temperature: float = 1.0  # the sampler's temperature (log-probs of logits / T)
-  gamma: float = 1.0
-  lam: float = 1.0
-  tis_cap: float = 0.0  # > 0: is_weights = min(exp(old - sampler), tis_cap)
-  overlong_max_tokens: int = 0  # DAPO soft overlong penalty (buffer 0 = off)
-  overlong_buffer: int = 0
-  overlong_factor: float = 1.0
-  behaviour_logprobs: bool = False  # pass the sampler's log-probs on (decoupled PPO)
-  neg_adv_weight: float = 1.0  # negative advantages x this (0: only above-baseline tokens train)
-  distill_weight: float = 0.0  # with arrays["teacher_logprobs"]: the reverse-KL advantage's share (rl/core/distill.py)
+  chunk: int  # rows per forward pass
+  logits_chunk: int  # tokens per step of the chunked log-prob scan; 0 = plain [chunk, L, V] logits
+  logits_capacity: tuple  # log-probs only at action tokens (LossConfig.logits_capacity)
+  temperature: float  # the sampler's temperature (log-probs of logits / T)
+  gamma: float
+  lam: float
+  tis_cap: float  # > 0: is_weights = min(exp(old - sampler), tis_cap)
+  overlong_max_tokens: int  # DAPO soft overlong penalty (buffer 0 = off)
+  overlong_buffer: int
+  overlong_factor: float
+  behaviour_logprobs: bool  # pass the sampler's log-probs on (decoupled PPO)
+  distill_weight: float  # with arrays["teacher_logprobs"]: the reverse-KL advantage's share (rl/core/distill.py)
 
 
 def chunked_rows(fn, chunk: int, *arrays):
@@ -115,8 +116,6 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
 
   mask = arrays["action_mask"]
   batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
-  if "skipped_denom" in arrays:  # train.skip_keeps_batch_mean: passed through to the train step
-    batch["skipped_denom"] = arrays["skipped_denom"].astype(jnp.float32)
   old = action_logprobs(graphdef, params, rest, arrays, cfg)
   batch["old_logprobs"] = old
   metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
@@ -130,9 +129,8 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
 
 
 def batch_advantages(cfg: PrepareConfig, arrays: dict, values=None) -> tuple:
-  """(advantages f32[B, L] (negative ones x `cfg.neg_adv_weight`), returns [B, L], metrics) of the
-  scores (rewards + DAPO's overlong penalty) by `cfg.estimator`; `values` f32[B, L] for a critic's
-  estimators. No forward pass: the first phase of `train.skip_zero_adv_rows`."""
+  """(advantages f32[B, L], returns [B, L], metrics) of the scores (rewards + DAPO's overlong penalty)
+  by `cfg.estimator`; `values` f32[B, L] for a critic's estimators. No forward pass."""
   mask = arrays["action_mask"]
   metrics = {}
   scores = arrays["rewards"].astype(jnp.float32)
@@ -149,8 +147,6 @@ def batch_advantages(cfg: PrepareConfig, arrays: dict, values=None) -> tuple:
     turn_rewards=arrays.get("turn_rewards"),  # turn-level estimators (rl/turn_rewards.py)
     anchor_ids=arrays.get("anchor_ids"),
   )
-  if cfg.neg_adv_weight != 1.0:
-    adv = jnp.where(adv < 0, adv * cfg.neg_adv_weight, adv)
   metrics["adv/mean"] = _masked_mean(adv, mask)
   metrics["adv/abs_mean"] = _masked_mean(jnp.abs(adv), mask)
   return adv.astype(jnp.float32), ret, metrics
@@ -161,9 +157,6 @@ def prepare_batch(
 ) -> tuple[dict, dict]:
   """(batch, metrics) of `make_prepare`'s program, unjitted (see there for the arrays)."""
   batch, metrics = _policy_batch(graphdef, rest, cfg, params, ref_params, arrays)
-  if "advantages" in arrays:  # computed beforehand over the whole batch (`batch_advantages`)
-    batch["advantages"] = arrays["advantages"].astype(jnp.float32)
-    return batch, metrics
   values = None
   if critic_params is not None:
     values = chunked_critic_values(critic_graphdef, critic_params, critic_rest, arrays, cfg.chunk)
@@ -186,11 +179,10 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   activations are constrained by `rules` (models/sharding.py `activation_sharding`).
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
-  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]; optional advantages f32[B, L]
-  (then used as they are: `batch_advantages` of a larger batch these rows were taken from).
+  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B].
   ref_params / critic_params may be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
-  action_mask, old_logprobs, advantages (negative ones x `cfg.neg_adv_weight`); + ref_logprobs,
+  action_mask, old_logprobs, advantages; + ref_logprobs,
   is_weights, old_values, returns when on.
   metrics: f32[] scalars: mismatch/*, adv/mean, adv/abs_mean, dapo/overlong_penalty_mean.
   """

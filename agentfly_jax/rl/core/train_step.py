@@ -38,21 +38,24 @@ from agentfly_jax.rl.core.train_state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  policy_loss: str = "ppo"  # registered name in losses: "ppo" | "gspo"
-  clip_low: float = 0.2
-  clip_high: float = 0.28  # > clip_low = DAPO clip-higher (rl/spec.py LossSection's default)
-  dual_clip: float = 3.0
-  agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-  kl_coef: float = 0.0  # KL(policy || reference) penalty in the loss
-  kl_kind: str = "k3"
-  entropy_coef: float = 0.0
-  value_clip: float = 0.5
-  temperature: float = 1.0  # logits / temperature, the sampler's temperature
-  logits_chunk: int = 256  # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
-  logits_capacity: tuple = DEFAULT_CAPACITY  # log-probs only at action tokens, in the smallest of these
+  """The train step's static loss settings. No defaults here: a run's come from its spec
+  (rl/programs.loss_config), a standalone one's from a default run's (rl/programs.default_loss_config)."""
+
+  policy_loss: str  # registered name in losses: "ppo" | "gspo" | "decoupled_ppo"
+  clip_low: float
+  clip_high: float  # > clip_low = DAPO clip-higher
+  dual_clip: float
+  agg: str  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  kl_coef: float  # KL(policy || reference) penalty in the loss
+  kl_kind: str
+  entropy_coef: float
+  value_clip: float
+  temperature: float  # logits / temperature, the sampler's temperature
+  logits_chunk: int  # tokens per chunk of the log-prob/entropy scan; 0 = plain [B, L, V] logits
+  logits_capacity: tuple  # log-probs only at action tokens, in the smallest of these
   # fractions of L that holds every row's (token_stats.at_loss_positions); () = all
-  behaviour_cap: float = 2.0  # decoupled_ppo: cap of the behaviour importance weight
-  router_aux_coef: float = 0.0  # mixture of experts: x HF's load-balancing loss (models/moe.py)
+  behaviour_cap: float  # decoupled_ppo: cap of the behaviour importance weight
+  router_aux_coef: float  # mixture of experts: x HF's load-balancing loss (models/moe.py)
 
 
 def _packing(segment_ids, positions) -> dict:
@@ -172,8 +175,6 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
     **extra,
     **packed,
   )
-  if "skipped_denom" in mb:  # rows left out of the step (all-0 advantages) still count in the mean
-    denom = denom + jnp.sum(mb["skipped_denom"])
   total = pg_sum
   metrics = {f"actor/{k}": v for k, v in pg_metrics.items()}
   safe = jnp.maximum(denom, 1e-8)

@@ -3,7 +3,7 @@
 programs are built and compiled in rl/scale/aot_programs.py).
 
     report = run(config, "v5e:2x2", model="qwen2.5-0.5b")   # rows: one per program, bytes a chip
-    write_report(report, "experiments/results/aot_x")        # .json + .md
+    write_report(report, "lab/results/aot_x")        # .json + .md
     fit_advice(report, row)                                   # what would fit, for a row that does not
 
 Bad input raises `BadInput` (before anything is compiled); the programs are built with the

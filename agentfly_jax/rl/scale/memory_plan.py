@@ -21,10 +21,10 @@ estimates are deliberately simple upper-ish bounds:
   in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept, plus one layer's
   full set) + the float32 logits of one chunk of tokens (the log-softmax and its gradient are fused
   into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x
-  151,936, are 0.5 GiB under a count of three; experiments/results/aot_tpu.md). With
+  151,936, are 0.5 GiB under a count of three; lab/results/aot_tpu.md). With
   `attention_chunk` the s^2 scores are not kept (only one chunk's, transiently). That sum is the
   estimate (`per_chip_jax_parts` 'total', set beside XLA's per-chip numbers in
-  experiments/results/aot_{tpu,gpu}.md, all within 15 %); the split check asks for it times
+  lab/results/aot_{tpu,gpu}.md, all within 15 %); the split check asks for it times
   `JAX_HEADROOM`, a margin for what the estimate misses.
 - vLLM (sampling): weights in its dtype + the KV cache for `max_num_seqs` full-length sequences
   + `VLLM_OVERHEAD_BYTES` (activations of a prefill chunk, sampler buffers, CUDA graphs).
@@ -40,7 +40,7 @@ JAX_HEADROOM = 1.15  # the split check's margin on top of the estimate (fragment
 # params-sized buffers XLA keeps beside the gradients while it accumulates micro-batches on a mesh
 # (the running sum, the summed gradients divided by the token count, the micro-batch's gradients in
 # the compute dtype), measured per backend: TPU 2 (the temporaries are 3.0-3.2x the split float32
-# params on the scanned 8- to 32-chip rows of experiments/results/aot_tpu.md), GPU 1.5 (2.4-2.6x on
+# params on the scanned 8- to 32-chip rows of lab/results/aot_tpu.md), GPU 1.5 (2.4-2.6x on
 # aot_gpu.md); unrolled layers keep more (the per-layer gradients are not written into one stacked
 # buffer: TPU 4.0-4.3x on the 0.5B and 7B); XLA:GPU with unrolled layers adds each layer's gradients
 # into the split sum as they come (no buffer beyond the gradients: Qwen2.5-0.5B / 1.5B / 7B, Llama-3.1-8B
