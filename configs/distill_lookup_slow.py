@@ -24,7 +24,6 @@ def get_config(weight: str = "1.0"):
   c.train.lr = 1e-4
   c.train.steps = 25
   c.eval.every = 5
-  c.eval.counted_checkpoint = "last_within_budget"
   c.eval.budget_minutes = 0.0
   c.checkpoint.every = 5
   c.teacher.pretrained = os.path.join(results, "lookup_teacher")

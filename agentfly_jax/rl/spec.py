@@ -24,6 +24,7 @@ from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, capacity_fractions
 from agentfly_jax.rl.core import advantages, losses
 from agentfly_jax.rl.core.train_state import LR_SCHEDULES
 from agentfly_jax.rl.judge_spec import JudgeSection
+from agentfly_jax.rl.spec_migrate import migrate_saved
 from agentfly_jax.rl.spec_section import Section, _typed, fail
 from agentfly_jax.rl.teacher import TeacherSection, check_distill
 from agentfly_jax.sampling.registry import sampler_names
@@ -538,72 +539,7 @@ def _plain(x):
   return x
 
 
-# What runs saved before a field existed did without it, where it differs from today's default (else: the default).
-_OLD_BEHAVIOUR = {
-  ("train", "logits_capacity"): (),  # before 2026-11: log-probs at every position
-}
-
-
-# Options removed since: the value under which a saved run behaved as today's code does (the field is dropped);
-# any other value names a behaviour this version no longer has, and loading it is refused.
-_REMOVED = {
-  ("rollout", "branch_temperature"): 0.0,  # turn shared_turns alone sampled at another temperature
-  ("train", "skip_zero_adv_rows"): False,  # tied groups' rows left out of the update (True: see _migrate_skip)
-  ("train", "skip_keeps_batch_mean"): False,  # with the skip: those rows kept in the loss's denominator
-  ("loss", "neg_adv_weight"): 1.0,  # negative advantages scaled
-  ("dapo", "cut_turn_penalty"): 0.0,  # a chain cut at max_tokens_per_turn scored below its reward
-  ("eval", "counted_checkpoint"): "last_within_budget",  # the counted-step rule (it had one value)
-}
-
-
 def migrate(config) -> ml_collections.ConfigDict:
-  """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to
-  today's fields: every field it lacks gets the value that version ran with (`_OLD_BEHAVIOUR`, else today's default);
-  what it has is kept; a removed option at its neutral value is dropped (`_REMOVED`; another value: an error naming
-  it). Nested free mappings (mesh.rules) are merged key by key. A current config comes back equal."""
-  saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  saved = {k: dict(v) if isinstance(v, Mapping) else v for k, v in saved.items()}  # (the caller's dict kept)
-  _migrate_skip(saved)
-  for (section, key), neutral in _REMOVED.items():
-    values = saved.get(section)
-    if isinstance(values, dict) and key in values:
-      if values[key] != neutral:
-        fail(f"{section}.{key}", values[key], f"removed option; a saved run loads only with its neutral {neutral!r}")
-      del values[key]
-  merged = RunSpec().to_dict()
-  for (section, key), value in _OLD_BEHAVIOUR.items():
-    if key not in (saved.get(section) or {}):
-      merged[section][key] = value
-  _migrate_model_remat(saved)
-  _overlay(merged, saved)
-  return ml_collections.ConfigDict(merged)
-
-
-def _migrate_skip(saved: dict) -> None:
-  """train.skip_zero_adv_rows with skip_keeps_batch_mean (both True) made the unskipped update at a smaller cost
-  (the tied rows' advantages are 0 and they stayed in the mean): today's update, so both are dropped."""
-  train = saved.get("train")
-  if isinstance(train, dict) and train.get("skip_zero_adv_rows") is True and train.get("skip_keeps_batch_mean") is True:
-    train.pop("skip_zero_adv_rows")
-    train.pop("skip_keeps_batch_mean")
-
-
-def _migrate_model_remat(saved: dict) -> None:
-  """The legacy bool model.remat (before train.remat) as train.remat: True = "full"; train.remat wins when set."""
-  model = saved.get("model")
-  if not isinstance(model, dict) or "remat" not in model:
-    return
-  legacy = model["remat"]
-  saved["model"] = {k: v for k, v in model.items() if k != "remat"}  # (the caller's dict left as it was)
-  if not isinstance(legacy, bool):
-    fail("model.remat", legacy, "legacy field: a bool (use train.remat for a policy name)")
-  if legacy and not (saved.get("train") or {}).get("remat"):
-    saved["train"] = {**(saved.get("train") or {}), "remat": "full"}
-
-
-def _overlay(base: dict, saved: dict) -> None:
-  for key, value in saved.items():
-    if isinstance(value, dict) and isinstance(base.get(key), dict):
-      _overlay(base[key], value)
-    else:
-      base[key] = value
+  """A config saved by any earlier version (its config.json as a dict or ConfigDict) brought up to today's fields
+  (rl/spec_migrate.py). A current config comes back equal."""
+  return ml_collections.ConfigDict(migrate_saved(config, RunSpec().to_dict()))

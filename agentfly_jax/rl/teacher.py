@@ -27,15 +27,12 @@ class TeacherSection(Section):
 
 
 def check_distill(spec) -> None:
-  """loss.distill_weight > 0 needs teacher.pretrained and the reverse; not with train.skip_zero_adv_rows (a row
-  with no reward advantage still has the teacher's)."""
+  """loss.distill_weight > 0 needs teacher.pretrained and the reverse."""
   w, teacher = spec.loss.distill_weight, spec.teacher.pretrained
   if w > 0 and not teacher:
     fail("loss.distill_weight", w, "distillation needs a teacher: set config.teacher.pretrained to an HF folder")
   if teacher and not w:
     fail("teacher.pretrained", teacher, "a teacher is loaded for loss.distill_weight > 0, which is 0")
-  if w > 0 and spec.train.skip_zero_adv_rows:
-    fail("train.skip_zero_adv_rows", True, "a row with no reward advantage still learns from the teacher's")
   if teacher and spec.teacher.dtype not in ("", "float32", "bfloat16", "float16"):
     fail("teacher.dtype", spec.teacher.dtype, "must be '', 'float32', 'bfloat16' or 'float16'")
 

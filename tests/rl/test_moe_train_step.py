@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from agentfly_jax.models import CausalLM, tiny_config  # noqa: E402
 from agentfly_jax.rl.batching import to_microbatches  # noqa: E402
 from agentfly_jax.rl.core.train_state import create_train_state  # noqa: E402
-from agentfly_jax.rl.core.train_step import LossConfig, make_train_step  # noqa: E402
+from agentfly_jax.rl.core.train_step import make_train_step  # noqa: E402
+from agentfly_jax.rl.programs import default_loss_config  # noqa: E402
 
 B, T, V = 4, 12, 64
 CFG = tiny_config("qwen3_moe", vocab_size=V, hidden_size=64, head_dim=16, intermediate_size=96)
@@ -49,7 +50,9 @@ def _step(parts, coef, batch=None):
   opt = optax.sgd(0.1)
   state = create_train_state(jax.tree.map(jnp.copy, params), opt)
   if coef not in _STEPS:  # one jitted step per coefficient (a new batch key set retraces it)
-    _STEPS[coef] = jax.jit(make_train_step(graphdef, rest, opt, LossConfig(router_aux_coef=coef, agg="token-mean")))
+    _STEPS[coef] = jax.jit(
+      make_train_step(graphdef, rest, opt, default_loss_config(router_aux_coef=coef, agg="token-mean"))
+    )
   return _STEPS[coef](state, to_microbatches(b, np.arange(B), 2))
 
 
