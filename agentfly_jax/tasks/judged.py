@@ -28,7 +28,10 @@ NO_RULE = Reward(_no_rule, name="no_rule_reward")  # a user task with no reward 
 
 
 def judging(config) -> bool:
-  """Whether `config` (a RunSpec, or anything with a `judge` section) turns a judge on."""
+  """Whether `config` (a RunSpec, or a config dict with a `judge` section) turns a judge on: a URL or a folder."""
+  if hasattr(config, "get"):  # a config dict (ml_collections or plain)
+    section = config.get("judge") or {}
+    return bool(section.get("url") or section.get("pretrained"))
   section = getattr(config, "judge", None)
   return bool(section is not None and section.enabled)
 
