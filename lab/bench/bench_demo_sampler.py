@@ -21,10 +21,10 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
-
 import bench_common  # noqa: F401  (this folder is on sys.path: the script's own)
+from absl import app, flags
 from bench_common import REPO_ROOT, RESULTS_DIR, cpu_name, load_note
+from bench_machine import write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 12, "training steps per run")
@@ -106,12 +106,7 @@ def main(argv):
         print(json.dumps(r), flush=True)
         results["runs"].append(r)
   results["load"] = load_note(load0)
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out + ".json", "w") as f:
-    json.dump(results, f, indent=1)
-  with open(FLAGS.out + ".md", "w") as f:
-    f.write(table(results))
-  print(table(results))
+  write_results(FLAGS.out, results, table(results))
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ import statistics
 import sys
 import time
 
-from absl import app, flags
-
 import bench_common  # noqa: F401  (this folder is on sys.path: the script's own)
+from absl import app, flags
 from bench_common import RESULTS_DIR, WorkerProcess, cpu_name, load_note
+from bench_machine import write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny (the demo's warm-start policy) and/or smollm2")
@@ -259,12 +259,7 @@ def main(argv):
       }
       results["rows"].append(row)
   results["load"] = load_note(load0)
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out + ".json", "w") as f:
-    json.dump(results, f, indent=1)
-  with open(FLAGS.out + ".md", "w") as f:
-    f.write(table(results))
-  print(table(results))
+  write_results(FLAGS.out, results, table(results))
 
 
 def _commit() -> str:
