@@ -43,7 +43,7 @@ SMOKE = {
   ),
   # 4 s of episodes: the pool's in_use is sampled once a second, so it is seen at the cap
   "bench_envserver_load.py": (
-    "--num_chains=16 --cap=2 --duration_s=4 --out_dir={tmp}",
+    "--num_chains=32 --cap=2 --duration_s=6 --out_dir={tmp}",
     ["bench_envserver_load.json", "bench_envserver_load.md"],
     (),
   ),
