@@ -76,15 +76,8 @@ def test_a_short_request_behind_a_long_one_returns_first(setup):
   assert len(done["long"][1].token_ids) == MAX_LEN - 16
 
 
-def test_concurrent_trio_calls_give_generate_s_tokens(setup):
-  sampler, model_a, _ = setup
-  _load(sampler, model_a)
-  prompts = PROMPTS * 3
-  params = [greedy(3 + i % 5) for i in range(6)] + [
-    SamplingParams(temperature=0.9, top_k=20, max_new_tokens=8, seed=100 + i) for i in range(6)
-  ]
-  want = sampler.generate(prompts, params)
-  sampler.engine.max_in_flight = 0
+def _agenerate_together(sampler, prompts, params) -> list:
+  """Each prompt its own concurrent trio `agenerate` call; the results in prompt order."""
   got = [None] * len(prompts)
 
   async def main():
@@ -96,6 +89,19 @@ def test_concurrent_trio_calls_give_generate_s_tokens(setup):
         nursery.start_soon(chain, i)
 
   trio.run(main)
+  return got
+
+
+def test_concurrent_trio_calls_give_generate_s_tokens(setup):
+  sampler, model_a, _ = setup
+  _load(sampler, model_a)
+  prompts = PROMPTS * 3
+  params = [greedy(3 + i % 5) for i in range(6)] + [
+    SamplingParams(temperature=0.9, top_k=20, max_new_tokens=8, seed=100 + i) for i in range(6)
+  ]
+  want = sampler.generate(prompts, params)
+  sampler.engine.max_in_flight = 0
+  got = _agenerate_together(sampler, prompts, params)
   assert sampler.engine.max_in_flight > 1  # they were in vLLM together
   for g, w in zip(got, want):  # greedy and seeded requests alike
     assert g.token_ids == w.token_ids
@@ -111,17 +117,7 @@ def test_seeded_prompts_beyond_one_step_s_token_budget(setup):
   _load(sampler, model_a)
   prompts = [[(7 * i + j) % (VOCAB - 1) + 1 for j in range(300)] for i in range(12)]  # 3,600 tokens
   params = [SamplingParams(temperature=1.0, max_new_tokens=6, seed=i) for i in range(len(prompts))]
-  got = [None] * len(prompts)
-
-  async def main():
-    async def chain(i):
-      got[i] = await sampler.agenerate(prompts[i], params[i])
-
-    async with trio.open_nursery() as nursery:
-      for i in range(len(prompts)):
-        nursery.start_soon(chain, i)
-
-  trio.run(main)
+  got = _agenerate_together(sampler, prompts, params)
   assert [len(g.token_ids) for g in got] == [6] * len(prompts)
   assert sampler.generate([PROMPTS[0]], greedy(2))[0].token_ids  # the engine serves on
 
