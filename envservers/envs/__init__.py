@@ -3,6 +3,7 @@ ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
 
 from envservers.envs import (
   alfworld_env,
+  image_probe,
   gym_env,
   openenv_env,
   python_sandbox,
