@@ -3,8 +3,8 @@ ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
 
 from envservers.envs import (
   alfworld_env,
-  image_probe,
   gym_env,
+  image_probe,
   openenv_env,
   python_sandbox,
   retrieval,
@@ -12,5 +12,6 @@ from envservers.envs import (
   swe,
   testing,
   textworld_env,
+  visual_qa,
   webshop,
 )  # (registration side effects)
