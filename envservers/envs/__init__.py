@@ -5,6 +5,7 @@ from envservers.envs import (
   alfworld_env,
   gym_env,
   image_probe,
+  miniwob_env,
   openenv_env,
   python_sandbox,
   retrieval,
