@@ -1,7 +1,7 @@
 """The `miniwob` env: action parsing and the GUI reward by hand-worked cases; in a real headless Chromium
 through a real env server, a scripted policy that reads the target from the page's DOM at full task and
 GUI reward on click-test, click-test-2 and click-button, a seeded random clicker low; the browser's
-processes gone after close."""
+processes gone after close; enter-text through click, type and key actions."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_scripted_policy_full_reward_random_clicker_low_through_a_server():
 
 @pytest.mark.slow
 @needs_browser
-def test_close_leaves_no_process_of_the_instance_and_dom_queries_are_off_by_default():
+def test_enter_text_by_click_type_and_keys_and_close_leaves_no_process_of_the_browser():
   env = MiniWoBEnv()
   env.start_blocking()
   try:
@@ -151,6 +151,22 @@ def test_close_leaves_no_process_of_the_instance_and_dom_queries_are_off_by_defa
     assert off.info["error"] == "BadAction" and "expose_dom" in off.observation
     with pytest.raises(ValueError, match="'task'"):
       env.reset_blocking({"task": "../etc/passwd"})
+    # enter-text: click the field, type the name, Tab to Submit, Enter; the first action is the gold one.
+    for typed, want in ((None, 1.0), ("Nobody", -1.0)):
+      obs = env.reset_blocking({"task": "enter-text", "seed": 4, "gold_actions": [{"action": "click", "css": "#tt"}]})
+      name = re.search(r'Enter "(.*)" into', obs[0]["text"]).group(1)
+      box = env.browser.driver.execute_script(
+        "return Object.values(document.querySelector('#tt').getBoundingClientRect().toJSON());"
+      )
+      left, top, width, height = box[:4]
+      outs = [
+        env.step_blocking({"action": "click", "x": left + width / 2, "y": top + height / 2}),
+        env.step_blocking(json.dumps({"action": "type", "text": typed or name})),
+        env.step_blocking({"action": "key", "key": "Tab"}),
+        env.step_blocking({"action": "key", "key": "Enter"}),
+      ]
+      assert [o.done for o in outs] == [False, False, False, True] and outs[-1].reward == want
+      assert env.gui_action()["reward"] == 1.0 and env.task_reward()["reward"] == want
     profile, pids = env.browser.profile_dir, env.browser.pids()
     chromium = [p for p in pids if b"chromium" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(chromium) >= 2 and processes_with(profile)  # the browser and its children carry the profile
