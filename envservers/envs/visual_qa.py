@@ -171,6 +171,17 @@ def _check_scene(row: dict) -> dict:
       raise ValueError(f"visual_qa row field 'solution.scene.shapes[{i}]' needs a shape in {SHAPES} and a colour")
     if not isinstance(item.get("cell"), int) or not 0 <= item["cell"] < GRID * GRID:
       raise ValueError(f"visual_qa row field 'solution.scene.shapes[{i}].cell' must be an int in [0, {GRID * GRID})")
+  text = scene.get("text")
+  if text is not None and (
+    not isinstance(text, dict)
+    or not isinstance(text.get("value"), str)
+    or not 0 < len(text["value"]) <= 12
+    or not isinstance(text.get("cell"), int)
+    or not 0 <= text["cell"] < GRID * GRID
+  ):
+    raise ValueError(
+      "visual_qa row field 'solution.scene.text' must be null or {'value': 1-12 characters, 'cell': int}"
+    )
   if not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
     raise ValueError("visual_qa row needs a str 'question' and a str 'answer'")
   return scene

@@ -105,6 +105,9 @@ def test_scripted_policy_full_reward_random_low_through_a_server(vqa_server):
     await conn.call("acquire", args)
     with pytest.raises(protocol.RemoteError, match="solution"):
       await conn.call("reset", {**args, "row": {"question": "q", "answer": "1"}})
+    broken = {**rows[0], "solution": {**rows[0]["solution"], "scene": {"shapes": [{"shape": "star"}], "text": None}}}
+    with pytest.raises(protocol.RemoteError, match=r"solution.scene.shapes\[0\]"):
+      await conn.call("reset", {**args, "row": broken})
     again, _ = await _play(conn, rows[0], scripted)
     await conn.aclose()
     return good, rand, again
