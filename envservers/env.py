@@ -23,7 +23,9 @@ class EnvCrashed(Exception):
 
 @dataclasses.dataclass
 class StepOutcome:
-  observation: str
+  """One step's result. `observation` is a str or a list of text / image parts (envservers.images)."""
+
+  observation: str | list[dict[str, Any]]
   reward: float | None = None
   done: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -75,8 +77,8 @@ class ServerEnv:
   async def start(self) -> None:
     """Makes the instance ready (warm). Called once before first use."""
 
-  async def reset(self, row: dict | None) -> str:
-    """Starts an episode for a dataset row; returns the first observation."""
+  async def reset(self, row: dict | None) -> str | list[dict[str, Any]]:
+    """Starts an episode for a dataset row; returns the first observation (a str or a list of parts)."""
     return ""
 
   async def step(self, action: Any) -> StepOutcome:

@@ -56,6 +56,7 @@ UNKNOWN_ENV = "UnknownEnv"
 NOT_ACQUIRED = "NotAcquired"  # call for a chain that holds no instance of that env
 POOL_EXHAUSTED = "PoolExhausted"  # every instance up to the cap is in use; retry later
 ENV_ERROR = "EnvError"  # the env raised (message has the exception)
+BAD_OBSERVATION = "BadObservation"  # the env returned an observation outside the part shape / image limits
 SHUTTING_DOWN = "ShuttingDown"
 INTERNAL = "InternalError"
 AUTH_REQUIRED = "AuthRequired"  # first frame of a connection to a token server was not `auth`

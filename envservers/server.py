@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from envservers import auth, protocol
+from envservers import auth, images, protocol
 from envservers.env import EnvCrashed, StepOutcome
 from envservers.registry import ENV_TYPES, make_factory
 from envservers.pool import CallTimeout, EnvPool, PoolError
@@ -27,6 +27,8 @@ from envservers.pool import CallTimeout, EnvPool, PoolError
 log = logging.getLogger("envservers")
 MAX_CHAIN_ID_CHARS = 1024
 _DECODE_IN_THREAD_BYTES = 1024 * 1024
+_CHECK_IN_THREAD_CHARS = 256 * 1024
+_REPLY_RESERVE_BYTES = 64 * 1024  # room in a reply frame for everything besides the observation
 _connection_ids = itertools.count(1)
 
 
@@ -100,6 +102,8 @@ class EnvServer:
     ssl_context: serve TLS (auth.server_ssl_context) instead of plain TCP.
     handshake_timeout_s: a connection that has not finished TLS + authentication by then is
       closed.
+    image_limits: what an observation's images may cost (envservers.images); one over them is a
+      BadObservation (an error observation for `step`), and the server serves on.
   """
 
   def __init__(
@@ -114,6 +118,7 @@ class EnvServer:
     token: bytes | None = None,
     ssl_context=None,
     handshake_timeout_s: float = 10.0,
+    image_limits: images.ImageLimits = images.DEFAULT_IMAGE_LIMITS,
   ):
     env_options = env_options or {}
     call_timeout_s = call_timeout_s or {}
@@ -130,6 +135,7 @@ class EnvServer:
     self.token = token
     self.ssl_context = ssl_context
     self.handshake_timeout_s = handshake_timeout_s
+    self.image_limits = image_limits
     self.server_id = uuid.uuid4().hex
     self.started = time.monotonic()
     # frames: bodies read; bad_frames: bodies that are not a JSON object within the limits;
@@ -486,9 +492,25 @@ class EnvServer:
     row = _arg(args, "row", (dict, type(None)), required=False)
     timeout_s = _timeout_arg(args)
     observation, restarted = await pool.call(key, "reset", (row,), timeout_s=timeout_s)
-    if not isinstance(observation, str):
-      raise TypeError(f"env {pool.name!r} reset returned {type(observation).__name__}, not str")
+    problem = await self._observation_problem(observation)
+    if problem:
+      raise PoolError(protocol.BAD_OBSERVATION, f"env {pool.name!r} reset returned a bad observation: {problem}")
     return {"observation": observation, "restarted": restarted}
+
+  async def _observation_problem(self, observation) -> str | None:
+    """None if `observation` is a str or a list of valid parts within the image limits and fits a
+    reply frame; else what is wrong (images.check_observation; big images are checked in a thread)."""
+    size = images.part_chars(observation)
+    try:
+      if size > _CHECK_IN_THREAD_CHARS:
+        await trio.to_thread.run_sync(images.check_observation, observation, self.image_limits)
+      else:
+        images.check_observation(observation, self.image_limits)
+    except images.ObservationError as e:
+      return str(e)
+    if size > self.max_frame_bytes - _REPLY_RESERVE_BYTES:
+      return f"an observation of {size:,} characters; a reply frame holds at most {self.max_frame_bytes:,} bytes"
+    return None
 
   async def _op_step(self, conn, args):
     pool, key = self._pool(args), self._key(conn, args)
@@ -509,11 +531,15 @@ class EnvServer:
     if not isinstance(outcome, StepOutcome):
       raise TypeError(f"env {pool.name!r} step returned {type(outcome).__name__}, not StepOutcome")
     result = outcome.to_wire()
+    problem = await self._observation_problem(outcome.observation)
+    if problem:  # like other env failures: an error observation, the episode's reward and end kept
+      result["observation"] = f"Error ({protocol.BAD_OBSERVATION}): env {pool.name!r} returned {problem}"
+      result["info"] = {**result["info"], "error": protocol.BAD_OBSERVATION}
     if restarted:
+      note = "[note: the environment had crashed and was restarted; earlier state is lost]\n"
       result["info"] = {**result["info"], "restarted": True}
-      result["observation"] = (
-        "[note: the environment had crashed and was restarted; earlier state is lost]\n" + result["observation"]
-      )
+      obs = result["observation"]
+      result["observation"] = note + obs if isinstance(obs, str) else [images.text_part(note), *obs]
     return result
 
   async def _op_compute_reward(self, conn, args):

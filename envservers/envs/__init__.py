@@ -4,6 +4,8 @@ ScienceWorld's JVM or TextWorld, are imported only when an instance starts)."""
 from envservers.envs import (
   alfworld_env,
   gym_env,
+  image_probe,
+  miniwob_env,
   openenv_env,
   python_sandbox,
   retrieval,
@@ -11,5 +13,6 @@ from envservers.envs import (
   swe,
   testing,
   textworld_env,
+  visual_qa,
   webshop,
 )  # (registration side effects)
