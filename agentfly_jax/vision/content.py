@@ -100,11 +100,11 @@ def content_text(content: str | Sequence[Mapping]) -> str:
   return "".join(p["text"] if p.get("type") == "text" else IMAGE_PLACEHOLDER for p in content)
 
 
-def message_images(messages: Sequence[Mapping]) -> list[tuple[Any, str]]:
+def message_images(messages: Sequence[Mapping], first_index: int = 0) -> list[tuple[Any, str]]:
   """The image parts of `messages` in order, each as (its image value, "messages[i].content[j]"; an image_url
-  part's field ends ".image_url.url")."""
+  part's field ends ".image_url.url"); i counts from `first_index` (messages appended to a longer conversation)."""
   out = []
-  for i, m in enumerate(messages):
+  for i, m in enumerate(messages, start=first_index):
     content = m.get("content") if isinstance(m, Mapping) else None
     if isinstance(content, (list, tuple)):
       for j, p in enumerate(content):

@@ -163,8 +163,9 @@ class VisionProcessor:
     return self.encode_text(tokenizer, text, message_images(messages), max_tokens)
 
 
-def check_text_only(messages: Sequence[Mapping], model: str = "the model") -> None:
-  """Raises ImageError naming the first image part of `messages`: `model` reads text only."""
-  found = message_images(messages)
+def check_text_only(messages: Sequence[Mapping], model: str = "the model", first_index: int = 0) -> None:
+  """Raises ImageError naming the first image part of `messages` (counted from `first_index`): `model` reads
+  text only."""
+  found = message_images(messages, first_index)
   if found:
     raise ImageError(f"{found[0][1]}: an image part, but {model} reads text only (no image processor)")
