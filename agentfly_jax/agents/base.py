@@ -21,6 +21,11 @@ from agentfly_jax.vision.content import normalize_content
 _SENTINEL = "\u2063AGENTFLY_SENTINEL\u2063"
 
 
+def observation_content(out: ToolOutput) -> str | list[dict]:
+  """What the model reads of a tool output: its content parts when it has images, else its text."""
+  return out.observation if out.content is None else out.content
+
+
 def _joined(content: str | list[dict], observation: str | list[dict]) -> str | list[dict]:
   """`content` then a blank line then `observation`; a content list when either is one."""
   if isinstance(content, str) and isinstance(observation, str):
@@ -266,9 +271,6 @@ class Agent:
 
   def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     """Chat messages showing tool outputs (and parse errors) to the model."""
-    messages = [
-      {"role": "tool", "name": call.name, "content": out.observation if out.content is None else out.content}
-      for call, out in results
-    ]
+    messages = [{"role": "tool", "name": call.name, "content": observation_content(out)} for call, out in results]
     messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in errors]
     return messages

@@ -116,3 +116,22 @@ def message_images(messages: Sequence[Mapping], first_index: int = 0) -> list[tu
             url = p.get("image_url")
             out.append((url.get("url") if isinstance(url, Mapping) else url, f"{field}.image_url.url"))
   return out
+
+
+def framed(prefix: str, content: str | list[dict], suffix: str = "") -> str | list[dict]:
+  """`prefix + content + suffix`: a str for text, a content list (text parts around the parts) otherwise."""
+  if isinstance(content, str):
+    return prefix + content + suffix
+  return [{"type": "text", "text": prefix}, *content] + ([{"type": "text", "text": suffix}] if suffix else [])
+
+
+def join_content(pieces: Sequence[str | list[dict]], sep: str) -> str | list[dict]:
+  """`sep.join(pieces)`: a str when every piece is text, else one content list with `sep` text parts between."""
+  if all(isinstance(p, str) for p in pieces):
+    return sep.join(pieces)
+  out: list[dict] = []
+  for i, p in enumerate(pieces):
+    if i:
+      out.append({"type": "text", "text": sep})
+    out.extend([{"type": "text", "text": p}] if isinstance(p, str) else p)
+  return out

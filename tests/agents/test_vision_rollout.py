@@ -143,3 +143,30 @@ def test_an_image_in_the_row_messages_over_the_context_is_an_error_naming_it():
   [traj] = run_rollout(agent, [row], sampler=sampler, num_chains=1, max_turns=1, max_total_tokens=10)
   assert traj.finish_reason == "error" and "row.messages[0].content[1]" not in (traj.error or "")
   assert "messages[0].content[1]: the image needs 16 image tokens" in traj.error
+
+
+def test_every_agent_kind_keeps_a_tool_image_in_its_observation_message():
+  from agentfly_jax.agents import CodeAgent, ReactAgent
+  from agentfly_jax.agents.prompted import PromptedToolCallAgent
+  from agentfly_jax.agents.parsers import ToolCall
+  from agentfly_jax.tools.tool import ToolOutput
+
+  look, images = _image_tools(6)
+  out = ToolOutput(
+    "picture small:<image>",
+    content=[{"type": "text", "text": "picture small:"}, {"type": "image", "image": images["small"]}],
+  )
+  plain = ToolOutput("42")
+  call = ToolCall("look", {"name": "small"})
+  for agent in (
+    ReactAgent(vl_tokenizer(), tools=[look]),
+    CodeAgent(vl_tokenizer()),
+    PromptedToolCallAgent(vl_tokenizer(), tools=[look]),
+  ):
+    [message] = agent.observation_messages([(call, plain), (call, out)], [])
+    content = message["content"]
+    assert [p["type"] for p in content].count("image") == 1, type(agent).__name__
+    assert content[[p["type"] for p in content].index("image")]["image"] is images["small"]
+    text = "".join(p.get("text", "<image>") for p in content)
+    [text_only] = agent.observation_messages([(call, plain), (call, ToolOutput("picture small:<image>"))], [])
+    assert text == text_only["content"], type(agent).__name__
