@@ -5,13 +5,16 @@ Text without images is tokenized as before (`tokenizer.encode`). With images, th
 returns the images with their grids; an agent without one refuses image parts (an ImageError naming the part).
 
   ids, images, grid = encode_with_images(agent, text, new_messages, first_index=len(messages_before))
+  ids, images, grid = await aencode_with_images(...)   # the same; images processed in a worker thread
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import numpy as np
+import trio
 
 from agentfly_jax.vision.content import message_images
 from agentfly_jax.vision.processor import check_text_only
@@ -37,3 +40,14 @@ def encode_with_images(
     check_text_only(messages, f"{type(agent).__name__}'s model", first_index)
   enc = vision.encode_text(agent.tokenizer, text, images, max_tokens)
   return enc.token_ids.tolist(), enc.images, enc.image_grid_thw
+
+
+async def aencode_with_images(
+  agent, text: str, messages: Sequence[Mapping], max_tokens: int | None = None, first_index: int = 0
+) -> tuple[list[int], list, np.ndarray]:
+  """`encode_with_images` inside trio: text alone is tokenized inline as before; with images the decoding and
+  image processing (about 0.17 s for a 768 x 1024 image) run in a worker thread, so other chains go on."""
+  if not message_images(messages):
+    return agent.tokenizer.encode(text), [], np.zeros((0, 3), np.int32)
+  call = functools.partial(encode_with_images, agent, text, messages, max_tokens, first_index)
+  return await trio.to_thread.run_sync(call)

@@ -36,7 +36,7 @@ import trio
 
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
-from agentfly_jax.agents.chain_images import encode_with_images
+from agentfly_jax.agents.chain_images import aencode_with_images
 from agentfly_jax.agents.group_rewards import group_scorer
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.data.dataset import validate_row
@@ -245,7 +245,7 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
     first_observation = envs.first_observations.get(agent.task_env)
   chain.messages = agent.initial_messages(row, tools, first_observation)
   prompt_text = agent.render(chain.messages, template_tools, add_generation_prompt=True)
-  chain.add_prompt(*encode_with_images(agent, prompt_text, chain.messages, cfg.max_total_tokens))
+  chain.add_prompt(*await aencode_with_images(agent, prompt_text, chain.messages, cfg.max_total_tokens))
   for turn in range(cfg.max_turns):
     room = cfg.max_total_tokens - len(chain)
     if room <= 0:
@@ -294,7 +294,7 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
       return chain.finish("max_turns")
     model_end_text = tok.decode(generated[-1:]) if ended else ""
     obs_text = agent.observation_text(chain.messages, new_messages, template_tools, model_end_text)
-    obs_ids, obs_images, obs_grid = encode_with_images(agent, obs_text, new_messages, None, len(chain.messages))
+    obs_ids, obs_images, obs_grid = await aencode_with_images(agent, obs_text, new_messages, None, len(chain.messages))
     chain.messages += new_messages
     if len(chain) + len(obs_ids) >= cfg.max_total_tokens:
       return chain.finish("max_total_tokens")
