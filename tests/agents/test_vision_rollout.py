@@ -170,3 +170,40 @@ def test_every_agent_kind_keeps_a_tool_image_in_its_observation_message():
     text = "".join(p.get("text", "<image>") for p in content)
     [text_only] = agent.observation_messages([(call, plain), (call, ToolOutput("picture small:<image>"))], [])
     assert text == text_only["content"], type(agent).__name__
+
+
+def test_a_task_envs_first_observation_with_an_image_reaches_the_prompt_as_hf_renders_it():
+  from agentfly_jax.tools import LocalEnvProvider, LocalMemoryEnv
+  from agentfly_jax.vision.decode import image_data_url
+
+  look, images = _image_tools(8)
+
+  class Room(LocalMemoryEnv):
+    async def reset(self, row=None):
+      await super().reset(row)
+      return [
+        {"type": "text", "text": "You see:"},
+        {"type": "image_url", "image_url": {"url": image_data_url(images["tall"])}},
+      ]
+
+  agent = ToolCallAgent(vl_tokenizer(), tools=[look], task_env="room", env_provider=LocalEnvProvider({"room": Room}))
+  agent.vision = VisionProcessor()
+  sampler = ScriptedSampler(_script(agent.tokenizer, ["A tall picture."]))
+  [traj] = run_rollout(agent, [{"question": "Describe."}], sampler=sampler, num_chains=1, max_turns=1)
+  assert traj.error is None and len(traj.images) == 1
+  reference = [
+    {
+      "role": "user",
+      "content": [
+        {"type": "text", "text": "Describe."},
+        {"type": "text", "text": "\n\n"},
+        {"type": "text", "text": "You see:"},
+        {"type": "image", "image": images["tall"]},
+      ],
+    }
+  ]
+  hf = hf_processor().apply_chat_template(
+    reference, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="np"
+  )
+  np.testing.assert_array_equal(traj.token_ids[: traj.prompt_length], hf["input_ids"][0])
+  np.testing.assert_array_equal(traj.image_grid_thw, hf["image_grid_thw"])
