@@ -33,7 +33,9 @@ def is_image_value(value: Any) -> bool:
 
 
 def _is_image_part(part: Any) -> bool:
-  return isinstance(part, Mapping) and (part.get("type") in ("image", "image_url") or "image" in part)
+  return isinstance(part, Mapping) and (
+    part.get("type") in ("image", "image_url") or "image" in part or "image_url" in part
+  )
 
 
 def normalize_part(part: Any, field: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
@@ -49,7 +51,7 @@ def normalize_part(part: Any, field: str, max_pixels: int = DEFAULT_MAX_PIXELS) 
     if "image" not in part:
       raise ImageError(f"{field}.image: an image part needs an 'image' (PIL image, uint8 array, bytes or data URL)")
     return {"type": "image", "image": decode_image(part["image"], f"{field}.image", max_pixels)}
-  if kind == "image_url":
+  if kind == "image_url" or (kind is None and "image_url" in part):
     url = part.get("image_url")
     url = url.get("url") if isinstance(url, Mapping) else url
     if not isinstance(url, str):

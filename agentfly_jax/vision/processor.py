@@ -5,7 +5,8 @@ processor (transformers' PIL `Qwen2VLImageProcessorPil`: smart resize, rescale, 
 2 x 2 merge) gives each image its grid (t, h, w); each `<|image_pad|>` is then repeated t*h*w / merge**2 times
 and the text tokenized, which is what `Qwen2_5_VLProcessor.__call__` does.
 
-  vision = VisionProcessor()                                 # Qwen2.5-VL's processor settings
+  vision = VisionProcessor()                                 # transformers' Qwen2-VL image processor defaults
+  vision = VisionProcessor.from_pretrained(model_dir)        # a model's own preprocessor_config.json
   enc = vision.encode(tokenizer, messages, add_generation_prompt=True, max_tokens=4096)
   enc.token_ids        # int32[T]
   enc.pixel_values     # float32[P, 3 * 2 * 14 * 14], the patches of all images in order
@@ -65,8 +66,9 @@ class VisionProcessor:
   """The image processor of a Qwen2-VL / Qwen2.5-VL model and its image-token rule.
 
   Args:
-    image_processor: a transformers Qwen2-VL image processor; default `Qwen2VLImageProcessorPil()` with
-      `min_pixels` / `max_pixels` when given (the model's resize bounds).
+    image_processor: a transformers Qwen2-VL image processor; default `Qwen2VLImageProcessorPil()` (its defaults:
+      images resized to between 56*56 and 28*28*1280 pixels) with `min_pixels` / `max_pixels` when given (a
+      model's resize bounds; Qwen2.5-VL-Instruct's preprocessor_config.json sets its own, read by `from_pretrained`).
     max_pixels_decoded: the largest declared pixel count an image may have before it is decoded at all.
   """
 

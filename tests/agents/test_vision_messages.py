@@ -160,3 +160,23 @@ def test_tool_values_become_parts():
     to_content_parts(["a", b"junk"], "tool 't'")
   encoded = base64.b64encode(image_png_bytes(image)).decode()
   assert to_content_parts([{"type": "image_url", "image_url": {"url": "data:image/png;base64," + encoded}}], "f")
+
+
+def test_a_models_own_resize_bounds_are_read_from_its_folder(tmp_path):
+  from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+  Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16).save_pretrained(tmp_path)
+  image = random_image(np.random.default_rng(13), 400, 300)
+  _, grid = VisionProcessor.from_pretrained(tmp_path).process([image])
+  _, default_grid = VisionProcessor().process([image])
+  assert int(np.prod(grid[0])) // 4 <= 16 < int(np.prod(default_grid[0])) // 4
+  _, small_grid = VisionProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16).process([image])
+  np.testing.assert_array_equal(grid, small_grid)
+  with pytest.raises(FileNotFoundError, match="preprocessor_config.json does not exist"):
+    VisionProcessor.from_pretrained(tmp_path / "missing")
+
+
+def test_an_image_url_part_without_a_type_is_an_image():
+  image = random_image(np.random.default_rng(14), 30, 30)
+  [part] = normalize_content([{"image_url": {"url": image_data_url(image)}}], "content")
+  np.testing.assert_array_equal(np.asarray(part["image"]), np.asarray(image))
