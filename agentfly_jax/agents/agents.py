@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Sequence
 
-from agentfly_jax.agents.base import Agent
+from agentfly_jax.agents.base import Agent, observation_content
+from agentfly_jax.vision.content import framed, join_content
 from agentfly_jax.agents.parsers import ParsedTurn, ToolCall, parse_code_blocks, parse_hermes_tool_calls, parse_react
 from agentfly_jax.rewards.reward import Reward
 from agentfly_jax.tools.tool import Tool, ToolOutput
@@ -75,9 +76,9 @@ class ReactAgent(Agent):
     return parse_react(text)
 
   def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
-    lines = [f"Observation: {out.observation}" for _, out in results]
+    lines = [framed("Observation: ", observation_content(out)) for _, out in results]
     lines += [f"Observation: Error: {e}" for e in errors]
-    return [{"role": "user", "content": "\n".join(lines)}] if lines else []
+    return [{"role": "user", "content": join_content(lines, "\n")}] if lines else []
 
 
 CODE_INSTRUCTIONS = """Solve the task by writing Python code in a ```python code block; it runs
@@ -140,6 +141,6 @@ class CodeAgent(Agent):
     return parse_code_blocks(text, tool_name=self.code_tool_name, argument=getattr(self, "code_argument", "code"))
 
   def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
-    parts = [f"Observation:\n{out.observation}" for _, out in results]
+    parts = [framed("Observation:\n", observation_content(out)) for _, out in results]
     parts += [f"Observation:\nError: {e}" for e in errors]
-    return [{"role": "user", "content": "\n".join(parts)}] if parts else []
+    return [{"role": "user", "content": join_content(parts, "\n")}] if parts else []

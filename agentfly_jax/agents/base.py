@@ -16,8 +16,23 @@ from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.tokenizer import AgentTokenizer, load_tokenizer
 from agentfly_jax.rewards.reward import Reward, reward as make_reward
 from agentfly_jax.tools.tool import Tool, ToolOutput, tool as make_tool
+from agentfly_jax.vision.content import normalize_content
 
 _SENTINEL = "\u2063AGENTFLY_SENTINEL\u2063"
+
+
+def observation_content(out: ToolOutput) -> str | list[dict]:
+  """What the model reads of a tool output: its content parts when it has images, else its text."""
+  return out.observation if out.content is None else out.content
+
+
+def _joined(content: str | list[dict], observation: str | list[dict]) -> str | list[dict]:
+  """`content` then a blank line then `observation`; a content list when either is one."""
+  if isinstance(content, str) and isinstance(observation, str):
+    return f"{content}\n\n{observation}"
+  head = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+  tail = [{"type": "text", "text": observation}] if isinstance(observation, str) else list(observation)
+  return head + [{"type": "text", "text": "\n\n"}] + tail
 
 
 class TemplatePrefixError(ValueError):
@@ -42,6 +57,10 @@ class Agent:
 
   observation_role = "tool"
   sampler = None  # set by `from_pretrained`; `run` uses it when given no sampler
+  # A vision model's image processor (agentfly_jax.vision.processor.VisionProcessor); None: the model reads text
+  # only and an image part in a chain is an error naming it. Set on the agent (`agent.vision = VisionProcessor()`)
+  # with a tokenizer whose chat template renders image parts (e.g. QWEN25_VL_CHAT_TEMPLATE).
+  vision = None
 
   def __init__(
     self,
@@ -199,14 +218,20 @@ class Agent:
   def system_text(self, tools: list[Tool]) -> str | None:
     return self.system_prompt
 
-  def initial_messages(self, row: dict, tools: list[Tool], first_observation: str | None = None) -> list[dict]:
-    """System message (if any) + the row's question (+ the task env's first observation)."""
+  def initial_messages(
+    self, row: dict, tools: list[Tool], first_observation: str | list[dict] | None = None
+  ) -> list[dict]:
+    """System message (if any) + the row's question (+ the task env's first observation: text, or content
+    parts with images, which make the user message a content list)."""
     if not isinstance(row, dict) or not isinstance(row.get("question"), str):
       raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got {row!r:.120}")
     if row.get("messages"):  # a conversation given to agent.run: start from it
       messages = [dict(m) for m in row["messages"]]
+      for i, m in enumerate(messages):
+        if not isinstance(m.get("content"), str) and m.get("content") is not None:
+          m["content"] = normalize_content(m["content"], f"row.messages[{i}].content")
       if first_observation:
-        messages[-1]["content"] = f"{messages[-1]['content']}\n\n{first_observation}"
+        messages[-1]["content"] = _joined(messages[-1]["content"], first_observation)
       return messages
     messages = []
     system = self.system_text(tools)
@@ -214,7 +239,7 @@ class Agent:
       messages.append({"role": "system", "content": system})
     question = row["question"]
     if first_observation:
-      question = f"{question}\n\n{first_observation}"
+      question = _joined(question, first_observation)
     messages.append({"role": "user", "content": question})
     return messages
 
@@ -246,6 +271,6 @@ class Agent:
 
   def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
     """Chat messages showing tool outputs (and parse errors) to the model."""
-    messages = [{"role": "tool", "name": call.name, "content": out.observation} for call, out in results]
+    messages = [{"role": "tool", "name": call.name, "content": observation_content(out)} for call, out in results]
     messages += [{"role": "tool", "name": "error", "content": f"Error: {e}"} for e in errors]
     return messages

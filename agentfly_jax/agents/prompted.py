@@ -23,6 +23,8 @@ import json
 from typing import Any, Callable, Sequence
 
 from agentfly_jax.agents.agents import ToolCallAgent
+from agentfly_jax.agents.base import observation_content
+from agentfly_jax.vision.content import framed, join_content
 from agentfly_jax.agents.parsers import ParsedTurn, ToolCall
 from agentfly_jax.rewards.reward import Reward
 from agentfly_jax.tools.tool import Tool, ToolOutput
@@ -131,7 +133,9 @@ class PromptedToolCallAgent(ToolCallAgent):
     instructions = TOOL_FORMATS[self.tool_format].format(tools=listing)
     return f"{self.system_prompt}\n\n{instructions}" if self.system_prompt else instructions
 
-  def initial_messages(self, row: dict, tools: list[Tool], first_observation: str | None = None) -> list[dict]:
+  def initial_messages(
+    self, row: dict, tools: list[Tool], first_observation: str | list[dict] | None = None
+  ) -> list[dict]:
     messages = super().initial_messages(row, tools, first_observation)
     at = 1 if messages and messages[0]["role"] == "system" else 0
     return messages[:at] + [dict(m) for m in self.example_messages] + messages[at:]
@@ -140,6 +144,6 @@ class PromptedToolCallAgent(ToolCallAgent):
     return {"role": "assistant", "content": text}
 
   def observation_messages(self, results: list[tuple[ToolCall, ToolOutput]], errors: list[str]) -> list[dict]:
-    parts = [f"<tool_response>\n{out.observation}\n</tool_response>" for _, out in results]
+    parts = [framed("<tool_response>\n", observation_content(out), "\n</tool_response>") for _, out in results]
     parts += [f"<tool_response>\nError: {e}\n</tool_response>" for e in errors]
-    return [{"role": "user", "content": "\n".join(parts)}] if parts else []
+    return [{"role": "user", "content": join_content(parts, "\n")}] if parts else []

@@ -36,6 +36,7 @@ import trio
 
 from agentfly_jax.agents.agent_interface import RolloutAgent
 from agentfly_jax.agents.busy_clock import ENV_CLOCK, SAMPLER_CLOCK
+from agentfly_jax.agents.chain_images import aencode_with_images
 from agentfly_jax.agents.group_rewards import group_scorer
 from agentfly_jax.agents.rollout_driver import check_chain_args, drive_chains
 from agentfly_jax.data.dataset import validate_row
@@ -164,6 +165,8 @@ class _ChainBuilder:
     self.env_names: list[str] = []
     self.turn_rewards: list[float] = []  # one per model turn: its tool calls' env step rewards
     self.versions: list = []  # one per model turn: the sampler result's `policy_version` (partial rollouts)
+    self.images: list = []  # the images of the prompt and observations, in token order
+    self.grids: list[np.ndarray] = []  # their image_grid_thw rows, int32[n, 3] per added piece
     self.num_turns = 0
     self.prompt_length = 0
     self.prediction: str | None = None
@@ -172,8 +175,8 @@ class _ChainBuilder:
   def __len__(self) -> int:
     return len(self.ids)
 
-  def add_prompt(self, ids: Sequence[int]) -> None:
-    self.add_observation(ids)
+  def add_prompt(self, ids: Sequence[int], images: Sequence = (), grid: np.ndarray | None = None) -> None:
+    self.add_observation(ids, images, grid)
     self.prompt_length = len(self.ids)
 
   def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float], version=None) -> None:
@@ -188,8 +191,12 @@ class _ChainBuilder:
     self.turn_rewards.append(0.0)
     self.versions.append(version)
 
-  def add_observation(self, ids: Sequence[int]) -> None:
-    """Non-model ids (prompt, tool observations, template text): never trained on."""
+  def add_observation(self, ids: Sequence[int], images: Sequence = (), grid: np.ndarray | None = None) -> None:
+    """Non-model ids (prompt, tool observations, template text, image tokens): never trained on; `images`
+    (with their `grid` rows) are the images whose tokens are among `ids`."""
+    if images:
+      self.images += list(images)
+      self.grids.append(np.asarray(grid, np.int32).reshape(-1, 3))
     self.ids += [int(t) for t in ids]
     self.mask += [False] * len(ids)
     self.logps += [0.0] * len(ids)
@@ -220,6 +227,8 @@ class _ChainBuilder:
       env_names=list(self.env_names),
       turn_rewards=list(self.turn_rewards),
       policy_versions=[int(v) for v in self.versions] if self.versions and None not in self.versions else [],
+      images=list(self.images),
+      image_grid_thw=np.concatenate(self.grids) if self.grids else np.zeros((0, 3), np.int32),
     )
 
 
@@ -235,7 +244,8 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
     await envs.get(agent.task_env)
     first_observation = envs.first_observations.get(agent.task_env)
   chain.messages = agent.initial_messages(row, tools, first_observation)
-  chain.add_prompt(tok.encode(agent.render(chain.messages, template_tools, add_generation_prompt=True)))
+  prompt_text = agent.render(chain.messages, template_tools, add_generation_prompt=True)
+  chain.add_prompt(*await aencode_with_images(agent, prompt_text, chain.messages, cfg.max_total_tokens))
   for turn in range(cfg.max_turns):
     room = cfg.max_total_tokens - len(chain)
     if room <= 0:
@@ -283,11 +293,12 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
       chain.messages += new_messages
       return chain.finish("max_turns")
     model_end_text = tok.decode(generated[-1:]) if ended else ""
-    obs_ids = tok.encode(agent.observation_text(chain.messages, new_messages, template_tools, model_end_text))
+    obs_text = agent.observation_text(chain.messages, new_messages, template_tools, model_end_text)
+    obs_ids, obs_images, obs_grid = await aencode_with_images(agent, obs_text, new_messages, None, len(chain.messages))
     chain.messages += new_messages
     if len(chain) + len(obs_ids) >= cfg.max_total_tokens:
       return chain.finish("max_total_tokens")
-    chain.add_observation(obs_ids)
+    chain.add_observation(obs_ids, obs_images, obs_grid)
   chain.finish("max_turns")
 
 

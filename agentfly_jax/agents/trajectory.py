@@ -49,6 +49,9 @@ class Trajectory:
       (rl/core/turn_advantages.py adds it to the last turn).
     clamped_requests: requests through the endpoint whose `max_tokens` was above the run's
       per-turn limit and was clamped to it (counted on a chain's last segment).
+    images: the chain's images (RGB PIL images), in the order their image tokens appear in `token_ids`
+      (never under `action_mask`); `VisionProcessor.process(images)` rebuilds their pixel values.
+    image_grid_thw: int32[N, 3], each image's (t, h, w) patch grid (N = len(images); [0, 3] without images).
   """
 
   token_ids: np.ndarray
@@ -72,8 +75,20 @@ class Trajectory:
   segment: int = 0
   turn_rewards: list[float] = dataclasses.field(default_factory=list)
   clamped_requests: int = 0
+  images: list = dataclasses.field(default_factory=list)
+  image_grid_thw: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 3), np.int32))
 
   def __post_init__(self):
+    self.image_grid_thw = np.asarray(self.image_grid_thw, dtype=np.int32).reshape(-1, 3)
+    if any(isinstance(im, str) for im in self.images):  # data URLs from `to_json_dict`
+      from agentfly_jax.vision.decode import decode_image
+
+      self.images = [decode_image(im, f"Trajectory.images[{i}]") for i, im in enumerate(self.images)]
+    if len(self.images) != self.image_grid_thw.shape[0]:
+      raise ValueError(
+        f"Trajectory(group {self.group_id}, chain {self.chain_id}): {len(self.images)} images but "
+        f"{self.image_grid_thw.shape[0]} rows of image_grid_thw"
+      )
     self.token_ids = np.asarray(self.token_ids, dtype=np.int32).reshape(-1)
     self.action_mask = np.asarray(self.action_mask, dtype=bool).reshape(-1)
     self.sampler_logprobs = np.asarray(self.sampler_logprobs, dtype=np.float32).reshape(-1)
@@ -90,7 +105,12 @@ class Trajectory:
 
   def to_json_dict(self) -> dict:
     """Plain-Python form (lists, not arrays) for JSON logs; `Trajectory(**d)` rebuilds it."""
-    out = dataclasses.asdict(self)
+    out = dataclasses.asdict(dataclasses.replace(self, images=[], image_grid_thw=np.zeros((0, 3), np.int32)))
+    if self.images:
+      from agentfly_jax.vision.decode import image_data_url
+
+      out["images"] = [image_data_url(im) for im in self.images]
+    out["image_grid_thw"] = self.image_grid_thw.tolist()
     out["token_ids"] = self.token_ids.tolist()
     out["action_mask"] = self.action_mask.tolist()
     out["sampler_logprobs"] = self.sampler_logprobs.tolist()

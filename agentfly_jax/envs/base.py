@@ -14,7 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclasses.dataclass
 class StepResult:
-  observation: str
+  """One step's outcome. `observation` is text, or content parts with images (agentfly_jax/vision/content.py)."""
+
+  observation: str | list[dict]
   reward: float | None = None
   done: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -24,8 +26,8 @@ class StepResult:
 class Env(Protocol):
   """One environment instance, bound to one chain while acquired."""
 
-  async def reset(self, row: dict | None = None) -> str:
-    """Starts an episode for a dataset row; returns the first observation (may be '')."""
+  async def reset(self, row: dict | None = None) -> str | list[dict]:
+    """Starts an episode for a dataset row; returns the first observation (may be ''; content parts with images)."""
     ...
 
   async def step(self, action: Any) -> StepResult:

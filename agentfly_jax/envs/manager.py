@@ -22,6 +22,9 @@
   token fails at once (EnvUnavailable), it is not retried.
 - Containment: a reply that breaks the protocol or has the wrong shape fails only that call (an
   error observation for `step`), and the connection is dropped and reopened at the next call.
+- Observations: a string, or a list of content parts (text, `image_url` data URLs: PROTOCOL.md); a list is
+  normalized with its images decoded and bounded (agentfly_jax/vision), an unusable image is an error
+  observation for `step` (naming the part) and EnvUnavailable for `reset`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from typing import Any, Sequence
 import trio
 
 from agentfly_jax.envs.base import StepResult
+from agentfly_jax.vision.content import normalize_content
+from agentfly_jax.vision.decode import ImageError
 from envservers import auth
 from envservers.client import AuthenticationFailed, BadReply, Connection, ConnectionLost, ServerHung
 from envservers.protocol import (
@@ -151,11 +156,23 @@ class RemoteEnv:
       result = await self._call("reset", {"row": row})
     except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
       raise EnvUnavailable(f"{self!r}: reset failed: {e}") from e
-    return self._take_note() + result["observation"]
+    try:
+      return self._with_note(result["observation"])
+    except ImageError as e:
+      raise EnvUnavailable(f"{self!r}: reset returned an unusable observation: {e}") from e
 
   def _take_note(self) -> str:
     note, self._lost_note = self._lost_note, ""
     return note
+
+  def _with_note(self, observation: str | list) -> str | list[dict]:
+    """The observation after any lost-state note; a list of content parts normalized (images decoded and
+    bounded by agentfly_jax/vision; ImageError names the part)."""
+    note = self._take_note()
+    if isinstance(observation, str):
+      return note + observation
+    parts = normalize_content(observation, "observation")
+    return ([{"type": "text", "text": note}] if note else []) + parts
 
   async def step(self, action: Any) -> StepResult:
     """Runs an action; every failure (server gone, env crashed, bad action) is an observation."""
@@ -179,8 +196,14 @@ class RemoteEnv:
         observation=f"Error: the environment server is unavailable ({e}); the environment state is lost.",
         info={"error": "ConnectionLost"},
       )
+    try:
+      observation = self._with_note(result["observation"])
+    except ImageError as e:
+      return StepResult(
+        observation=f"Error: the environment returned an unusable observation: {e}", info={"error": "BadImage"}
+      )
     return StepResult(
-      observation=self._take_note() + result["observation"],
+      observation=observation,
       reward=result.get("reward"),
       done=bool(result.get("done")),
       info=result.get("info") or {},
@@ -197,8 +220,8 @@ class RemoteEnv:
 def _check_result(op: str, result: dict) -> str | None:
   """None if an op's result has the fields the manager reads, else what is wrong."""
   observation = result.get("observation")
-  if op in ("reset", "step") and not isinstance(observation, str):
-    return f"'observation' must be a string, got {type(observation).__name__}"
+  if op in ("reset", "step") and not isinstance(observation, (str, list)):
+    return f"'observation' must be a string or a list of content parts, got {type(observation).__name__}"
   if op == "step":
     reward, info = result.get("reward"), result.get("info", {})
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):

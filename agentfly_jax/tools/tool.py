@@ -28,6 +28,11 @@ the chain); called directly it gets a fresh environment of its own.
 Limits (`tools/limits.py`): `@tool(max_concurrency=2, rate=(5, 1.0))` lets at most 2 calls run at
 once and at most 5 start in any second, across all chains of the process; every call is counted
 per tool (calls, errors, seconds waited for the limits) for the trainer's step metrics.
+
+Images: a tool may return a PIL image, a uint8 numpy array (H x W x 3), encoded image bytes, or a list
+mixing text and images; `ToolOutput.content` then holds them as content parts (decoded and bounded by
+agentfly_jax/vision) for the next observation message. An image that does not decode is an error
+observation naming the tool.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from agentfly_jax.envs.provider import get_env_provider, set_env_provider  # noq
 from agentfly_jax.tools.limits import ToolLimits
 from agentfly_jax.tools.schema import check_arguments, function_schema
 from agentfly_jax.tools.trio_host import call_from_asyncio
+from agentfly_jax.vision.content import content_text, to_content_parts
+from agentfly_jax.vision.decode import ImageError
 
 DEFAULT_MAX_LENGTH = 4096
 ENV_PARAM = "env"
@@ -55,7 +62,9 @@ ENV_PARAM = "env"
 
 @dataclasses.dataclass
 class ToolOutput:
-  """Result of one tool call: what the model reads, and whether it went well."""
+  """Result of one tool call: what the model reads, and whether it went well. `content` is set when the
+  tool returned an image (alone or in a list with text): the observation message's content parts
+  (agentfly_jax/vision/content.py), images decoded to RGB; `observation` is then its text view."""
 
   observation: str
   ok: bool = True
@@ -63,6 +72,7 @@ class ToolOutput:
   finished: bool = False
   episode_done: bool = False  # the tool returned its environment's step result with done=True
   reward: float | None = None  # the reward of the environment step result the tool returned, if any
+  content: list | None = None  # content parts with images (None: text only)
 
 
 def to_observation_text(value: Any) -> str:
@@ -75,6 +85,8 @@ def to_observation_text(value: Any) -> str:
   observation = getattr(value, "observation", None)
   if isinstance(observation, str):
     return observation
+  if isinstance(observation, list) and all(isinstance(p, dict) and "type" in p for p in observation):
+    return content_text(observation)  # an environment's content parts
   if isinstance(value, (dict, list, tuple, int, float, bool)):
     try:
       return json.dumps(value, ensure_ascii=False, default=str)
@@ -86,13 +98,13 @@ def to_observation_text(value: Any) -> str:
 def _says_done(value: Any) -> bool:
   """True when a tool returned an environment step result (an object with a str `observation`)
   whose `done` is True: the episode is over (a purchase, a game won or lost, a submission)."""
-  return isinstance(getattr(value, "observation", None), str) and bool(getattr(value, "done", False))
+  return isinstance(getattr(value, "observation", None), (str, list)) and bool(getattr(value, "done", False))
 
 
 def _step_reward(value: Any) -> float | None:
   """The numeric `reward` of an environment step result a tool returned (an object with a str
   `observation`), else None."""
-  reward = getattr(value, "reward", None) if isinstance(getattr(value, "observation", None), str) else None
+  reward = getattr(value, "reward", None) if isinstance(getattr(value, "observation", None), (str, list)) else None
   return float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
 
 
@@ -208,8 +220,18 @@ class Tool:
     except Exception as e:  # the model reads the error and may retry
       error = f"tool '{self.name}' raised {type(e).__name__}: {e}"
       return ToolOutput(truncate(f"Error: {error}", self.max_length), ok=False, error=error)
+    try:
+      content = to_content_parts(getattr(value, "observation", value), f"tool '{self.name}' result")
+    except ImageError as e:
+      error = f"tool '{self.name}' returned an unusable image: {e}"
+      return ToolOutput(truncate(f"Error: {error}", self.max_length), ok=False, error=error)
+    if content is not None:
+      for part in content:  # the text parts, each within the tool's limit
+        if part["type"] == "text":
+          part["text"] = truncate(part["text"], self.max_length)
     return ToolOutput(
-      truncate(to_observation_text(value), self.max_length),
+      truncate(content_text(content) if content is not None else to_observation_text(value), self.max_length),
+      content=content,
       ok=True,
       finished=self.is_finish,
       episode_done=_says_done(value),

@@ -13,7 +13,7 @@ from train_cli import ROOT
 # Lower layers first; a module may import its own sub-package and any sub-package of a lower layer.
 LAYERS = [
   ["envservers"],
-  ["agentfly_jax.xla_defaults", "agentfly_jax.user_code"],  # import nothing of agentfly_jax
+  ["agentfly_jax.xla_defaults", "agentfly_jax.user_code", "agentfly_jax.vision"],  # import nothing of agentfly_jax
   ["agentfly_jax.envs"],
   ["agentfly_jax.tools"],
   ["agentfly_jax.rewards"],
