@@ -302,6 +302,8 @@ class _Base(nnx.Module):
     b, t = input_ids.shape
     cfg = self.config
     if isinstance(cache, PagedKVCache) or pages is not None:
+      if inputs_embeds is not None:
+        raise ValueError("inputs_embeds (images) are not supported with a paged cache")
       return self._paged_hidden_states(input_ids, cache, pages, routed_experts)
     if cache is None:
       if cache_index is not None:

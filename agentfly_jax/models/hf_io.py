@@ -262,7 +262,8 @@ def from_pretrained(
   sharding_rules=None,
   **config_overrides,
 ):
-  """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic).
+  """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic); a
+  Qwen2.5-VL folder into a Qwen25VL (no critic).
 
   Tensors are streamed one at a time from the safetensors files into the parameters, so peak
   host memory is about one copy of the weights. The tokenizer files stay in `folder`.

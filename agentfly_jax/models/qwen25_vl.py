@@ -143,6 +143,8 @@ class Qwen25VL(CausalLM):
         raise ValueError(
           "a forward with images under jit needs positions [3, B, T] (models.qwen25_vl.mrope_positions on the host)"
         )
+      if kwargs.get("cache") is not None:
+        raise ValueError("a cached forward with images needs positions [3, B, T] (models.qwen25_vl.mrope_positions)")
       positions, _ = mrope_positions(input_ids, image_grid_thw, cfg, kwargs.get("attention_mask"))
     if positions is not None:
       positions = jnp.asarray(positions)

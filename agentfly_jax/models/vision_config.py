@@ -95,6 +95,8 @@ class VisionConfig:
       raise ValueError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in hf.items() if k in fields}
+    if "in_channels" not in kwargs and "in_chans" in hf:  # transformers 4.x name
+      kwargs["in_channels"] = hf["in_chans"]
     if "num_heads" not in kwargs and "num_attention_heads" in hf:
       kwargs["num_heads"] = hf["num_attention_heads"]
     rope = hf.get("rope_parameters") or {}

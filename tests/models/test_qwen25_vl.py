@@ -106,6 +106,11 @@ def batch(rng, rows):
   return ids, mask, grids, pixels
 
 
+def _saved_name(name: str) -> str:
+  """HF's in-memory parameter name -> the name its checkpoints hold (and ours use)."""
+  return name.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
+
+
 def hf_logits(hf, ids, mask, grids, pixels):
   with torch.no_grad():
     out = hf(
@@ -219,8 +224,7 @@ def test_round_trip_to_hf(vl, tmp_path):
   ours_sd = to_hf_state_dict(model)
   hf_sd = {k: v.numpy() for k, v in loaded.state_dict().items()}
   for name, value in hf.state_dict().items():
-    hf_name = name.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
-    np.testing.assert_array_equal(ours_sd[hf_name], value.numpy(), err_msg=name)
+    np.testing.assert_array_equal(ours_sd[_saved_name(name)], value.numpy(), err_msg=name)
     np.testing.assert_array_equal(hf_sd[name], value.numpy(), err_msg=name)
   assert len(ours_sd) == len(hf.state_dict())
 
@@ -235,10 +239,7 @@ def test_tiny_config_matches_hf_names_and_shapes():
   assert ModelConfig.from_hf_dict(hf_dict) == cfg
   hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**hf_dict))
   assert hf.config.vision_config.depth == cfg.vision.depth and hf.config.image_token_id == cfg.image_token_id
-  hf_shapes = {
-    k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): tuple(v.shape)
-    for k, v in hf.state_dict().items()
-  }
+  hf_shapes = {_saved_name(k): tuple(v.shape) for k, v in hf.state_dict().items()}
   abstract = nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0)))
   ours = {}
   for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
@@ -290,3 +291,46 @@ def test_bad_vision_config_is_refused_by_name():
     tiny_config("qwen2", mrope_section=(4, 6, 6))
   with pytest.raises(ValueError, match=r"image_grid_thw\[0\]"):
     mrope_positions(np.zeros((1, 4), np.int32), [[1, 3, 4]], tiny_config("qwen2_5_vl"))
+
+
+def test_train_step_calls_with_images(vl, forward):
+  """The train step's calls (hidden_states + token_logprobs_entropy, as rl/core/train_step.py makes them)
+  with images added as pixel_values + vision_layout and positions [3, B, T]: HF's log-probs."""
+  _, _, model = vl
+  ids, mask, grids, pixels, _, ref = forward
+  positions, _ = mrope_positions(ids, grids, model.config, mask)
+  targets = np.roll(ids, -1, axis=1)
+  hidden, _ = model.hidden_states(
+    jnp.asarray(ids),
+    attention_mask=jnp.asarray(mask),
+    positions=jnp.asarray(positions),
+    pixel_values=jnp.asarray(pixels),
+    vision_layout=vision_layout(grids, model.config.vision),
+  )
+  lp, _ = model.token_logprobs_entropy(hidden, jnp.asarray(targets), chunk=16)
+  ref_lp = np.take_along_axis(jax.nn.log_softmax(jnp.asarray(ref), axis=-1), targets[..., None], axis=-1)[..., 0]
+  np.testing.assert_allclose(np.asarray(lp)[mask], np.asarray(ref_lp)[mask], atol=2e-4)
+
+
+@pytest.mark.slow  # tracing a 7B-sized model's init: ~30 s on a loaded 2-core CPU
+@pytest.mark.parametrize("name", ["qwen2.5-vl-3b", "qwen2.5-vl-7b"])
+def test_presets_build_as_hf_builds_them(name):
+  """The presets (transformers 4.x config layout) build; their parameters are HF's model's, name by name
+  (HF's built on the meta device, no memory)."""
+  from agentfly_jax.models import ModelConfig, hf_name
+  from agentfly_jax.models.presets import preset_hf_config
+
+  hf_dict = preset_hf_config(name)
+  cfg = ModelConfig.from_hf_dict(hf_dict)
+  assert cfg.mrope_section == (16, 24, 24) and cfg.vision.out_hidden_size == cfg.hidden_size
+  with torch.device("meta"):
+    hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**hf_dict))
+  hf_shapes = {_saved_name(k): tuple(v.shape) for k, v in hf.state_dict().items()}
+  if cfg.tie_word_embeddings:
+    hf_shapes.pop("lm_head.weight")
+  abstract = nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0)))
+  ours = {}
+  for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+    hf_key, transposed = hf_name(path)
+    ours[hf_key] = (var.shape[-1],) + tuple(var.shape[:-1]) if transposed else tuple(var.shape)
+  assert ours == hf_shapes
