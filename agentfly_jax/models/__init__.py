@@ -1,4 +1,4 @@
-"""agentfly_jax.models: Flax NNX causal LMs (Qwen2/2.5, Qwen3, Llama 3), a value-head critic,
+"""agentfly_jax.models: Flax NNX causal LMs (Qwen2/2.5, Qwen3, Llama 3), Qwen2.5-VL, a value-head critic,
 HF safetensors import/export, partition rules, LoRA adapters (+ PEFT files).
 
     from agentfly_jax.models import from_pretrained, save_pretrained, CausalLM, tiny_config
@@ -14,6 +14,9 @@ from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import Linear, set_kernel_layout
 from agentfly_jax.models.lora import LoRAConfig, apply_lora, merge_lora
 from agentfly_jax.models.lora_io import export_peft, load_peft, save_merged
+from agentfly_jax.models.qwen25_vl import Qwen25VL, mrope_positions
+from agentfly_jax.models.vision import VisionLayout, vision_layout
+from agentfly_jax.models.vision_config import VisionConfig
 from agentfly_jax.models.qwen25_tokenizer import qwen25_tokenizer_folder, write_qwen25_tokenizer
 from agentfly_jax.models.sharding import (
   DEFAULT_RULES,
@@ -33,6 +36,9 @@ __all__ = [
   "Linear",
   "LoRAConfig",
   "ModelConfig",
+  "Qwen25VL",
+  "VisionConfig",
+  "VisionLayout",
   "apply_lora",
   "build_attention_mask",
   "convert_gguf_to_hf",
@@ -44,6 +50,7 @@ __all__ = [
   "hf_name",
   "iter_hf_tensors",
   "make_mesh",
+  "mrope_positions",
   "param_with_axes",
   "partition_spec_of",
   "partition_specs",
@@ -56,5 +63,6 @@ __all__ = [
   "spec_for_axes",
   "tiny_config",
   "to_hf_state_dict",
+  "vision_layout",
   "write_qwen25_tokenizer",
 ]

@@ -27,7 +27,7 @@ from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.paged_attention import PagedKVCache, PageTable, cache_heads_first
 from agentfly_jax.models.decoder_layer import DecoderLayer
-from agentfly_jax.models.layers import RMSNorm, linear, rope_inv_freq, rope_tables
+from agentfly_jax.models.layers import RMSNorm, linear, position_tables
 from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
@@ -232,6 +232,8 @@ class _Base(nnx.Module):
     pages: PageTable | None = None,
     routed_experts: jax.Array | None = None,
     with_router: bool = False,
+    pixel_values=None,
+    image_grid_thw=None,
   ):
     """Final-norm hidden states [B, T, D] (compute dtype) and the new cache (None without one);
     with `with_router` (static) also the sparse layers' routing, a models/moe.py RouterOut stacked
@@ -244,7 +246,14 @@ class _Base(nnx.Module):
     reads and writes (models/paged_attention.py); its positions are the RoPE positions.
     `routed_experts` int32[Lm, B, T, k] (a mixture-of-experts model): the experts each sparse layer
     sends each token to (router replay; the weights still come from the router's probabilities).
+    `pixel_values` / `image_grid_thw`: images, only for a vision-language model (models/qwen25_vl.py);
+    a text-only model refuses them by name.
     """
+    if pixel_values is not None or image_grid_thw is not None:
+      raise ValueError(
+        f"pixel_values / image_grid_thw were given to a text-only model (model_type {self.config.model_type!r} "
+        "has no vision tower); images need a qwen2_5_vl model"
+      )
     x, new_cache, routes = self._hidden_states(
       input_ids, positions, attention_mask, cache, cache_index, segment_ids, from_empty_cache, pages, routed_experts
     )
@@ -273,14 +282,28 @@ class _Base(nnx.Module):
     return stacked_routes([r for r in routes if r is not None])
 
   def _hidden_states(
-    self, input_ids, positions, attention_mask, cache, cache_index, segment_ids, from_empty_cache, pages, routed_experts
+    self,
+    input_ids,
+    positions,
+    attention_mask,
+    cache,
+    cache_index,
+    segment_ids,
+    from_empty_cache,
+    pages,
+    routed_experts,
+    inputs_embeds=None,
   ):
+    """hidden_states' body; `inputs_embeds` [B, T, D] (compute dtype): the input vectors to use in
+    place of the embedding rows of input_ids (a vision-language model's, image features scattered in)."""
     chex.assert_rank(input_ids, 2)
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
       raise TypeError(f"input_ids must be an integer array [B, T], got dtype {input_ids.dtype}")
     b, t = input_ids.shape
     cfg = self.config
     if isinstance(cache, PagedKVCache) or pages is not None:
+      if inputs_embeds is not None:
+        raise ValueError("inputs_embeds (images) are not supported with a paged cache")
       return self._paged_hidden_states(input_ids, cache, pages, routed_experts)
     if cache is None:
       if cache_index is not None:
@@ -334,9 +357,14 @@ class _Base(nnx.Module):
         start = cache_index
       if positions is None:
         positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
-    chex.assert_shape(positions, (b, t))
-    cos, sin = rope_tables(positions, rope_inv_freq(cfg))
-    x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
+    if positions.ndim == 3:
+      chex.assert_shape(positions, (3, b, t))
+    else:
+      chex.assert_shape(positions, (b, t))
+    cos, sin = position_tables(positions, cfg)
+    if inputs_embeds is None:
+      inputs_embeds = embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype)
+    x = constrain(inputs_embeds, HIDDEN_AXES)
     route_in = self._route_inputs(routed_experts, b, t)
     if cfg.scan_layers:
       x, (kv, routes) = scan_decoder_layers(
@@ -373,7 +401,7 @@ class _Base(nnx.Module):
         f"attention_impl={cfg.attention_impl!r}): use model.init_paged_cache"
       )
     chex.assert_equal_shape([input_ids, pages.positions, pages.write_slots])
-    cos, sin = rope_tables(pages.positions, rope_inv_freq(cfg))
+    cos, sin = position_tables(pages.positions, cfg)
     x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     b, t = input_ids.shape
     route_in = self._route_inputs(routed_experts, b, t)
@@ -456,7 +484,18 @@ class CausalLM(_Base):
       return stats(hidden, targets)
     return at_loss_positions(stats, hidden, targets, loss_mask, capacity)
 
-  def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None, cache_index=None, segment_ids=None):
+  def __call__(
+    self,
+    input_ids,
+    *,
+    positions=None,
+    attention_mask=None,
+    cache=None,
+    cache_index=None,
+    segment_ids=None,
+    pixel_values=None,
+    image_grid_thw=None,
+  ):
     """Forward pass.
 
     Args:
@@ -471,6 +510,7 @@ class CausalLM(_Base):
       cache_index: int32 scalar write offset into the cache (same for the whole batch).
       segment_ids: int[B, T] (no cache): packed rows, several sequences per row; a token attends
         only to earlier tokens of its own segment, and default positions restart at 0 per segment.
+      pixel_values, image_grid_thw: images (a vision-language model only: models/qwen25_vl.py).
 
     Returns:
       logits float32[B, T, V]; with a cache, (logits, new_cache).
@@ -482,6 +522,8 @@ class CausalLM(_Base):
       cache=cache,
       cache_index=cache_index,
       segment_ids=segment_ids,
+      pixel_values=pixel_values,
+      image_grid_thw=image_grid_thw,
     )
     logits = self.logits_from_hidden(hidden)
     return logits if cache is None else (logits, new_cache)

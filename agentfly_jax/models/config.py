@@ -14,9 +14,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
-MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe")
+from agentfly_jax.models.vision_config import VisionConfig, flat_vl_hf_dict, nest_vl_hf_dict
+
+MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe", "qwen2_5_vl")
 _ARCHITECTURES = {
   "qwen2": "Qwen2ForCausalLM",
+  "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
   "qwen3": "Qwen3ForCausalLM",
   "llama": "LlamaForCausalLM",
   "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -75,6 +78,10 @@ class ModelConfig:
   (the k routing weights renormalised to sum to 1), decoder_sparse_step / mlp_only_layers (which
   layers are sparse: `is_moe_layer`; the others are a dense MLP of intermediate_size),
   router_aux_loss_coef (kept for the HF config; the trainer's coefficient is loss.router_aux_coef).
+  Vision-language (model_type "qwen2_5_vl": a Qwen2 language model + a vision tower, models/qwen25_vl.py):
+  vision (a models/vision_config.py VisionConfig), mrope_section (how the head_dim // 2 rotary
+  frequencies split between temporal / height / width positions; positions may then be [3, B, T]),
+  image_token_id / video_token_id / vision_start_token_id / vision_end_token_id (HF names).
   """
 
   model_type: str = "qwen2"
@@ -113,6 +120,12 @@ class ModelConfig:
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple = ()
   router_aux_loss_coef: float = 0.001
+  vision: VisionConfig | None = None
+  mrope_section: tuple = ()
+  image_token_id: int | None = None
+  video_token_id: int | None = None
+  vision_start_token_id: int | None = None
+  vision_end_token_id: int | None = None
 
   def __post_init__(self):
     if self.head_dim is None:
@@ -122,6 +135,9 @@ class ModelConfig:
     if self.rope_scaling is not None:
       object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
     object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers or ()))
+    object.__setattr__(self, "mrope_section", tuple(self.mrope_section or ()))
+    if isinstance(self.vision, dict):
+      object.__setattr__(self, "vision", VisionConfig(**self.vision))
     self.validate()
 
   def validate(self) -> None:
@@ -162,6 +178,7 @@ class ModelConfig:
     except ValueError as e:
       raise ValueError(f"ModelConfig.remat: {e}") from None
     self._validate_moe()
+    self._validate_vision()
     if self.rope_scaling is not None and self.rope_type not in _ROPE_TYPES:
       raise ValueError(
         f"ModelConfig.rope_scaling rope_type {self.rope_type!r} is not supported; expected one of {_ROPE_TYPES}"
@@ -191,6 +208,31 @@ class ModelConfig:
         "ModelConfig.scan_layers needs every decoder layer alike, but mlp_only_layers="
         f"{list(self.mlp_only_layers)} / decoder_sparse_step={self.decoder_sparse_step} mix sparse and dense layers"
       )
+
+  def _validate_vision(self) -> None:
+    if self.model_type != "qwen2_5_vl":
+      if self.vision is not None or self.mrope_section:
+        raise ValueError(f"ModelConfig.vision / mrope_section need model_type 'qwen2_5_vl', not {self.model_type!r}")
+      return
+    if not isinstance(self.vision, VisionConfig):
+      raise ValueError(f"ModelConfig.vision must be a VisionConfig for model_type 'qwen2_5_vl', got {self.vision!r}")
+    if self.vision.out_hidden_size != self.hidden_size:
+      raise ValueError(
+        f"ModelConfig.vision.out_hidden_size ({self.vision.out_hidden_size}) must equal hidden_size ({self.hidden_size})"
+      )
+    if self.head_dim != self.hidden_size // self.num_attention_heads:
+      raise ValueError(
+        f"ModelConfig.head_dim ({self.head_dim}) must be hidden_size // num_attention_heads for qwen2_5_vl"
+      )
+    section = self.mrope_section
+    if (
+      len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section) or sum(section) * 2 != self.head_dim
+    ):
+      raise ValueError(
+        f"ModelConfig.mrope_section {list(section)} must be 3 ints summing to head_dim // 2 ({self.head_dim // 2})"
+      )
+    if not isinstance(self.image_token_id, int):
+      raise ValueError(f"ModelConfig.image_token_id must be an int for qwen2_5_vl, got {self.image_token_id!r}")
 
   @property
   def is_moe(self) -> bool:
@@ -227,11 +269,11 @@ class ModelConfig:
 
   @property
   def qkv_bias(self) -> bool:
-    return self.model_type == "qwen2" or self.attention_bias
+    return self.model_type in ("qwen2", "qwen2_5_vl") or self.attention_bias
 
   @property
   def o_bias(self) -> bool:
-    return self.model_type != "qwen2" and self.attention_bias
+    return self.model_type not in ("qwen2", "qwen2_5_vl") and self.attention_bias
 
   @property
   def qk_norm(self) -> bool:
@@ -251,6 +293,8 @@ class ModelConfig:
     if not isinstance(hf, dict):
       raise ValueError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
+    if model_type == "qwen2_5_vl":
+      hf = flat_vl_hf_dict(hf, source=source)
     if model_type not in MODEL_TYPES:
       arch = hf.get("architectures")
       raise ValueError(
@@ -322,7 +366,7 @@ class ModelConfig:
         router_aux_loss_coef=self.router_aux_loss_coef,
         output_router_logits=False,
       )
-    if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
+    if self.model_type in ("qwen2", "qwen3", "qwen3_moe", "qwen2_5_vl"):
       out["use_sliding_window"] = False
       out["sliding_window"] = None
       out["max_window_layers"] = self.num_hidden_layers
@@ -333,7 +377,7 @@ class ModelConfig:
       out["num_labels"] = self.num_labels
       out["id2label"] = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
       out["label2id"] = {f"LABEL_{i}": i for i in range(self.num_labels)}
-    return out
+    return nest_vl_hf_dict(out, self) if self.model_type == "qwen2_5_vl" else out
 
 
 def tiny_config(
@@ -344,6 +388,8 @@ def tiny_config(
   head_dim 32 (or 64) keeps vLLM's CPU attention happy. `overrides` are any ModelConfig fields,
   e.g. `rope_scaling={"rope_type": "llama3", ...}`, `dtype="bfloat16"`, `remat=True`.
   "qwen3_moe": 8 experts of width 64, 2 a token (renormalised), every layer sparse.
+  "qwen2_5_vl": a 3-block vision tower (width 64, 2 heads, 4-pixel patches, 2x2 merge, 16-pixel
+  windows, block 1 full attention), mrope_section (4, 6, 6), image token id vocab_size - 3.
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"tiny_config: model_type {model_type!r} is not one of {MODEL_TYPES}")
@@ -366,5 +412,22 @@ def tiny_config(
   )
   if model_type == "qwen3_moe":  # 8 experts of width 64, top 2
     kwargs.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+  if model_type == "qwen2_5_vl":
+    vision = VisionConfig(
+      depth=3,
+      hidden_size=64,
+      intermediate_size=96,
+      num_heads=2,
+      patch_size=4,
+      temporal_patch_size=2,
+      spatial_merge_size=2,
+      window_size=16,
+      fullatt_block_indexes=(1,),
+      out_hidden_size=overrides.get("hidden_size", 128),
+    )
+    kwargs.update(vision=vision, mrope_section=(4, 6, 6), image_token_id=vocab_size - 3)
+    kwargs.update(
+      video_token_id=vocab_size - 4, vision_start_token_id=vocab_size - 2, vision_end_token_id=vocab_size - 1
+    )
   kwargs.update(overrides)
   return ModelConfig(**kwargs)

@@ -6,7 +6,9 @@
     tensors = to_hf_state_dict(model)                      # {hf_name: np.ndarray in HF layout}
 
 The HF layout: Linear weights are [out, in] (ours: kernel [in, out], so transposed), the
-embedding is [V, D] in both, norms are `.weight` (ours: `.scale`). `hf_name(path)` maps a
+embedding is [V, D] in both, norms are `.weight` (ours: `.scale`). A transposed kernel of more
+dims (the vision patch embedding's [C, T, P, P, D], HF's Conv3d weight [D, C, T, P, P]) has its
+output dim moved first (`to_hf_layout`). A qwen2_5_vl folder loads as models/qwen25_vl.py's Qwen25VL. `hf_name(path)` maps a
 parameter path of our module tree to its HF name and whether it is transposed. A scanned model's
 stacked params ([L, ...], `scan_layers`) are read and written as their L per-layer HF tensors.
 A mixture-of-experts layer's expert kernels (mlp.experts.gate_proj.kernel [E, in, out],
@@ -31,6 +33,7 @@ from safetensors.numpy import save_file
 from agentfly_jax.models.causal_lm import CausalLM, Critic
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.layer_stack import is_stacked_path, per_layer
+from agentfly_jax.models.qwen25_vl import Qwen25VL
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,16 @@ def hf_name(path: tuple) -> tuple[str, bool]:
     raise KeyError(f"no HF name for parameter path {'/'.join(map(str, path))}")
   suffix, transposed = _LEAF_TABLE[leaf]
   return ".".join(prefix + [suffix]), transposed
+
+
+def to_hf_layout(array: np.ndarray, transposed: bool) -> np.ndarray:
+  """Our array in HF's layout: a transposed one with its last (output) dim moved first (2-D: `.T`)."""
+  return np.ascontiguousarray(np.moveaxis(array, -1, 0)) if transposed else array
+
+
+def from_hf_layout(array: np.ndarray, transposed: bool) -> np.ndarray:
+  """The inverse of `to_hf_layout`."""
+  return np.moveaxis(array, 0, -1) if transposed else array
 
 
 def is_expert_path(path: tuple) -> bool:
@@ -120,7 +133,7 @@ def iter_hf_tensors(model_or_state) -> Iterator[tuple[str, np.ndarray]]:
   for path, value in _params_flat(model_or_state):
     name, transposed = hf_name(path)
     array = np.asarray(jax.device_get(value))
-    yield name, (np.ascontiguousarray(array.T) if transposed else array)
+    yield name, to_hf_layout(array, transposed)
 
 
 def to_hf_state_dict(model_or_state, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
@@ -249,7 +262,8 @@ def from_pretrained(
   sharding_rules=None,
   **config_overrides,
 ):
-  """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic).
+  """Loads an HF checkpoint folder (Qwen2/2.5, Qwen3, Llama) into a CausalLM (or a Critic); a
+  Qwen2.5-VL folder into a Qwen25VL (no critic).
 
   Tensors are streamed one at a time from the safetensors files into the parameters, so peak
   host memory is about one copy of the weights. The tokenizer files stay in `folder`.
@@ -281,7 +295,11 @@ def from_pretrained(
   if param_dtype is not None:
     overrides["param_dtype"] = param_dtype
   cfg = ModelConfig.from_hf_dict(hf, source=os.path.join(folder, "config.json"), **overrides)
-  cls = Critic if critic else CausalLM
+  if cfg.vision is not None and critic:
+    raise ValueError(
+      f"{folder}: critic=True is not supported for model_type {cfg.model_type!r} (a vision-language model)"
+    )
+  cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
   files_early = _tensor_files(folder)
   if cfg.is_moe:
     _check_expert_count(cfg, files_early, folder)
@@ -323,15 +341,13 @@ def from_pretrained(
         handles[fpath] = SafetensorsFile(fpath)
       array = handles[fpath].get_tensor(name)
       used.add(name)
-    hf_shape = expected[::-1] if transposed else expected
+    hf_shape = (expected[-1],) + tuple(expected[:-1]) if transposed else expected
     if tuple(array.shape) != hf_shape:
       raise ValueError(
         f"{files.get(name, folder)}: tensor {name!r} has shape {tuple(array.shape)}, "
         f"expected {hf_shape} for config {os.path.join(folder, 'config.json')}"
       )
-    if transposed:
-      array = array.T
-    return np.asarray(array, dtype=dtype)
+    return np.asarray(from_hf_layout(array, transposed), dtype=dtype)
 
   def read_layer(path, shape, dtype):
     """An unrolled param: an expert kernel [E, ...] from its E per-expert tensors."""
@@ -459,7 +475,7 @@ def save_pretrained(
       array = np.asarray(jax.device_get(value))
       if np_dtype is not None:
         array = array.astype(np_dtype)
-      arrays[name] = np.ascontiguousarray(array.T if transposed else array)
+      arrays[name] = np.ascontiguousarray(to_hf_layout(array, transposed))
       weight_map[name] = fname
     save_file(arrays, os.path.join(folder, fname), metadata=SAFE_METADATA)
     del arrays

@@ -71,6 +71,32 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, j
   return jnp.cos(emb), jnp.sin(emb)
 
 
+def mrope_tables(positions: jax.Array, inv_freq: jax.Array, section: tuple) -> tuple[jax.Array, jax.Array]:
+  """Multimodal RoPE (Qwen2.5-VL): positions int32[3, B, T] (temporal, height, width), inv_freq
+  f32[hd/2], section (3 ints summing to hd/2) -> (cos, sin) float32[B, T, hd]. The first section[0]
+  frequencies turn with the temporal position, the next section[1] with the height, the last with
+  the width; where the three positions agree (text tokens) this equals `rope_tables`."""
+  axis_of_freq = jnp.repeat(jnp.arange(3), jnp.asarray(section), total_repeat_length=inv_freq.shape[0])
+  per_freq = jnp.moveaxis(jnp.take(positions, axis_of_freq, axis=0), 0, -1)  # [B, T, hd/2]
+  freqs = per_freq.astype(jnp.float32) * inv_freq
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def position_tables(positions: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) float32[B, T, hd] for positions int32[B, T], or [3, B, T] (a model with
+  `mrope_section`: temporal / height / width positions, `mrope_tables`)."""
+  inv_freq = rope_inv_freq(cfg)
+  if positions.ndim == 3:
+    if not cfg.mrope_section or positions.shape[0] != 3:
+      raise ValueError(
+        f"positions of shape {positions.shape} ([3, B, T] multimodal positions) need a model with mrope_section "
+        f"(model_type {cfg.model_type!r} has {cfg.mrope_section or 'none'})"
+      )
+    return mrope_tables(positions, inv_freq, cfg.mrope_section)
+  return rope_tables(positions, inv_freq)
+
+
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   """x [B, T, H, hd], cos/sin [B, T, hd] -> [B, T, H, hd] (HF 'rotate_half' convention)."""
   half = x.shape[-1] // 2

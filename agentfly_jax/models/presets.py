@@ -40,7 +40,54 @@ _QWEN3_MOE = dict(
   tie_word_embeddings=False,
 )
 
+_QWEN25_VL = dict(  # transformers 4.x layout: text fields at the top, rope_scaling names the M-RoPE sections
+  _QWEN2,
+  model_type="qwen2_5_vl",
+  vocab_size=151936,
+  max_position_embeddings=128000,
+  rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+  image_token_id=151655,
+  video_token_id=151656,
+  vision_start_token_id=151652,
+  vision_end_token_id=151653,
+)
+_QWEN25_VL_VISION = dict(
+  depth=32,
+  hidden_size=1280,
+  intermediate_size=3420,
+  num_heads=16,
+  in_channels=3,
+  patch_size=14,
+  temporal_patch_size=2,
+  spatial_merge_size=2,
+  window_size=112,
+  fullatt_block_indexes=[7, 15, 23, 31],
+  tokens_per_second=2,
+  hidden_act="silu",
+)
+
 PRESETS: dict[str, dict] = {
+  "qwen2.5-vl-3b": dict(
+    _QWEN25_VL,
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    vision_config=dict(_QWEN25_VL_VISION, out_hidden_size=2048),
+  ),
+  "qwen2.5-vl-7b": dict(
+    _QWEN25_VL,
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+    vision_config=dict(_QWEN25_VL_VISION, out_hidden_size=3584),
+  ),
   "qwen2.5-0.5b": dict(
     _QWEN2,
     vocab_size=151936,

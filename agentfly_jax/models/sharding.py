@@ -68,6 +68,7 @@ DEFAULT_RULES: dict[str, Any] = {
   "score": None,  # the critic's value head output (size 1)
   "lora_rank": None,  # LoRA adapters' rank dim (models/lora.py; small: kept whole)
   "layers": None,  # the stacked decoder layers' leading axis (model.scan_layers)
+  "vision_patch": None,  # a vision patch's pixel dims (channels, time, height, width) in the patch embedding
   # Mixture of experts (models/moe.py): experts [E, D, I] split over the optional 'expert' mesh
   # axis (expert parallel: tokens exchanged with all_to_all), their widths as the dense MLP's.
   "experts": "expert",
