@@ -302,9 +302,7 @@ class _Base(nnx.Module):
     b, t = input_ids.shape
     cfg = self.config
     if isinstance(cache, PagedKVCache) or pages is not None:
-      if inputs_embeds is not None:
-        raise ValueError("inputs_embeds (images) are not supported with a paged cache")
-      return self._paged_hidden_states(input_ids, cache, pages, routed_experts)
+      return self._paged_hidden_states(input_ids, cache, pages, routed_experts, positions, inputs_embeds)
     if cache is None:
       if cache_index is not None:
         raise ValueError("cache_index was given without cache")
@@ -386,8 +384,12 @@ class _Base(nnx.Module):
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v), num_kv_heads=cache.num_kv_heads)
     return x, new_cache, self._stack_routes(routes)
 
-  def _paged_hidden_states(self, input_ids, cache: PagedKVCache, pages: PageTable, routed_experts=None):
-    """hidden_states over a paged cache: (hidden [B, T, D], the updated PagedKVCache, routes or None)."""
+  def _paged_hidden_states(
+    self, input_ids, cache: PagedKVCache, pages: PageTable, routed_experts=None, positions=None, inputs_embeds=None
+  ):
+    """hidden_states over a paged cache: (hidden [B, T, D], the updated PagedKVCache, routes or None).
+    `positions` int32[B, T] or [3, B, T] (M-RoPE): the RoPE positions when they differ from the cache slots'
+    (pages.positions, the default); `inputs_embeds` [B, T, D]: in place of input_ids' embedding rows."""
     cfg = self.config
     if not isinstance(cache, PagedKVCache) or not isinstance(pages, PageTable):
       raise ValueError("a paged forward needs cache=PagedKVCache (model.init_paged_cache) and pages=PageTable")
@@ -401,9 +403,13 @@ class _Base(nnx.Module):
         f"attention_impl={cfg.attention_impl!r}): use model.init_paged_cache"
       )
     chex.assert_equal_shape([input_ids, pages.positions, pages.write_slots])
-    cos, sin = position_tables(pages.positions, cfg)
-    x = constrain(embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype), HIDDEN_AXES)
     b, t = input_ids.shape
+    if positions is not None:
+      chex.assert_shape(positions, (3, b, t) if positions.ndim == 3 else (b, t))
+    cos, sin = position_tables(pages.positions if positions is None else positions, cfg)
+    if inputs_embeds is None:
+      inputs_embeds = embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype)
+    x = constrain(inputs_embeds, HIDDEN_AXES)
     route_in = self._route_inputs(routed_experts, b, t)
     if cfg.scan_layers:
       x, (kv, routes) = scan_paged_layers(self.model.layers, x, cos, sin, pages, cache, cfg.remat, routed_experts)

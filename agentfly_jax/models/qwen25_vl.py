@@ -118,14 +118,30 @@ class Qwen25VL(CausalLM):
     return self.visual(jnp.asarray(pixel_values), layout)
 
   def hidden_states(
-    self, input_ids, *, pixel_values=None, image_grid_thw=None, vision_layout=None, positions=None, **kwargs
+    self,
+    input_ids,
+    *,
+    pixel_values=None,
+    image_grid_thw=None,
+    vision_layout=None,
+    positions=None,
+    image_embeds=None,
+    image_mask=None,
+    **kwargs,
   ):
     """CausalLM.hidden_states with images: `pixel_values` [N, patch_dim] and `image_grid_thw` int[I, 3]
     (host values), or for a jitted call `vision_layout` (vision.vision_layout) and `positions` [3, B, T]
-    (`mrope_positions`) in place of the grids. Without images, a text-only forward (positions [B, T])."""
+    (`mrope_positions`) in place of the grids. Without images, a text-only forward (positions [B, T]).
+    Or features computed before (`image_features`, the paged engine's chunks): `image_embeds` [B, T, D] taken
+    where `image_mask` bool[B, T] is True, in place of the token embeddings (positions [3, B, T] given)."""
     cfg = self.config
     embeds = None
-    if pixel_values is not None:
+    if image_embeds is not None:
+      if pixel_values is not None or image_mask is None:
+        raise ValueError("image_embeds need image_mask and no pixel_values")
+      tokens = embed_lookup(self.model.embed_tokens, input_ids, cfg.compute_dtype)
+      embeds = jnp.where(image_mask[..., None], image_embeds.astype(tokens.dtype), tokens)
+    elif pixel_values is not None:
       if image_grid_thw is None and vision_layout is None:
         raise ValueError("pixel_values need image_grid_thw (or a vision_layout) to say each image's grid")
       if image_grid_thw is not None:

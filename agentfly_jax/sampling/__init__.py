@@ -5,7 +5,7 @@
 The protocol names import light (no JAX); the samplers load on first use.
 """
 
-from agentfly_jax.sampling.protocol import Sampler, SampleResult, SamplingParams, SyncStats
+from agentfly_jax.sampling.protocol import PromptImages, Sampler, SampleResult, SamplingParams, SyncStats
 
 _LAZY = {
   "JaxSampler": "agentfly_jax.sampling.jax_sampler",
@@ -25,4 +25,4 @@ def __getattr__(name):
   raise AttributeError(f"module 'agentfly_jax.sampling' has no attribute {name!r}")
 
 
-__all__ = ["Sampler", "SampleResult", "SamplingParams", "SyncStats", *_LAZY]
+__all__ = ["PromptImages", "Sampler", "SampleResult", "SamplingParams", "SyncStats", *_LAZY]

@@ -44,7 +44,7 @@ from agentfly_jax.models.sharding import resolve_rules
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.decode import TRACES, generate_rows, generate_rows_from_cache
 from agentfly_jax.sampling.prefix_cache import PrefixStore, cached_batch, computed_rows
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats, refuse_images
 from agentfly_jax.sampling.requests import per_request_params, pick_bucket, power_of_two_buckets, validate_request
 
 
@@ -143,13 +143,16 @@ class JaxSampler:
 
   # ---------------------------------------------------------------- protocol
   def generate(
-    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams], images=None
   ) -> list[SampleResult]:
-    """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
+    """One SampleResult per prompt, in order. `params` is shared, or one per prompt. No images (the paged
+    engine takes them)."""
+    refuse_images(images, "JaxSampler (rollout.sampler=jax_static)")
     return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
     """One request; concurrent trio callers are batched (see `BatchingScheduler`)."""
+    refuse_images([images], "JaxSampler (rollout.sampler=jax_static)")
     return await self.scheduler.submit(prompt, params)
 
   def update_weights(self, params: Any) -> SyncStats:

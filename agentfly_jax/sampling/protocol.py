@@ -8,8 +8,11 @@ returned here are the ids trained on, verbatim.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,51 @@ class SamplingParams:
       raise ValueError(f"SamplingParams.stop_token_ids must be non-negative ids, got {self.stop_token_ids!r}")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptImages:
+  """A prompt's images as the model's processor gives them (vision/processor.VisionProcessor, HF's processor).
+
+  Attributes:
+    pixel_values: float32[N, patch_dim], every image's patches, image after image.
+    image_grid_thw: int64[I, 3], each image's (t, h, w) patch grid, in the order its pad tokens appear in the
+      prompt (image i takes t * h * w rows of pixel_values and t * h * w / merge^2 pad tokens).
+  """
+
+  pixel_values: np.ndarray
+  image_grid_thw: np.ndarray
+
+  def __post_init__(self):
+    pixels = np.asarray(self.pixel_values, np.float32)
+    grid = np.asarray(self.image_grid_thw)
+    if grid.ndim != 2 or grid.shape[1] != 3 or grid.shape[0] < 1 or not np.issubdtype(grid.dtype, np.integer):
+      raise ValueError(f"PromptImages.image_grid_thw must be int [num_images >= 1, 3], got {grid.dtype}{grid.shape}")
+    if pixels.ndim != 2 or pixels.shape[0] != int(np.prod(grid, axis=1).sum()):
+      raise ValueError(
+        f"PromptImages.pixel_values must be [sum of t * h * w = {int(np.prod(grid, axis=1).sum())}, patch_dim], "
+        f"got shape {pixels.shape}"
+      )
+    object.__setattr__(self, "pixel_values", pixels)
+    object.__setattr__(self, "image_grid_thw", grid.astype(np.int64))
+
+  def digests(self) -> list[bytes]:
+    """Per image, a sha256 of its grid and its pixel rows: equal digests, equal images."""
+    out, start = [], 0
+    for t, h, w in self.image_grid_thw.tolist():
+      rows = self.pixel_values[start : start + t * h * w]
+      out.append(hashlib.sha256(np.asarray([t, h, w], np.int64).tobytes() + rows.tobytes()).digest())
+      start += t * h * w
+    return out
+
+
+def refuse_images(images, sampler: str) -> None:
+  """ValueError when a sampler that takes no images got some (`images`: None or one entry per prompt)."""
+  if images is not None and any(im is not None for im in images):
+    raise ValueError(
+      f"{sampler} takes no images; image requests need the paged JAX engine (rollout.sampler=jax, "
+      "PagedJaxSampler) with a vision-language model"
+    )
+
+
 @dataclasses.dataclass
 class SampleResult:
   """One request's output.
@@ -88,11 +136,16 @@ class SyncStats:
 class Sampler(Protocol):
   """What the rollout needs from a sampler."""
 
-  def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[SampleResult]:
-    """Synchronous batch generation: one SampleResult per prompt, in order."""
+  def generate(
+    self, prompts: Sequence[Sequence[int]], params: SamplingParams, images: Sequence[PromptImages | None] | None = None
+  ) -> list[SampleResult]:
+    """Synchronous batch generation: one SampleResult per prompt, in order. `images`: None, or per prompt its
+    PromptImages (None: text only); a sampler that takes no images refuses them (`refuse_images`)."""
     ...
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  async def agenerate(
+    self, prompt: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+  ) -> SampleResult:
     """Async (trio) single request; concurrent callers are batched together by the sampler."""
     ...
 

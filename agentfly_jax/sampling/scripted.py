@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import trio
 
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, refuse_images
 
 
 def scripted_logprob(prompt_length: int, index: int, token_id: int) -> float:
@@ -70,10 +70,12 @@ class ScriptedSampler:
     self.calls.append((prompt, result))
     return result
 
-  def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[SampleResult]:
+  def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, images=None) -> list[SampleResult]:
+    refuse_images(images, type(self).__name__)
     return [self._sample(p, params) for p in prompts]
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
+    refuse_images([images], type(self).__name__)
     if self.delay_s > 0:
       await trio.sleep(self.delay_s)
     return self._sample(prompt, params)

@@ -44,7 +44,7 @@ import numpy as np
 
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import GREEDY_TEMPERATURE
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats, refuse_images
 from agentfly_jax.sampling.requests import per_request_params, validate_request
 from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
@@ -196,14 +196,16 @@ class VllmSampler:
 
   # ---------------------------------------------------------------- protocol
   def generate(
-    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams], images=None
   ) -> list[SampleResult]:
-    """One SampleResult per prompt, in order. `params` is shared, or one per prompt."""
+    """One SampleResult per prompt, in order. `params` is shared, or one per prompt. No images."""
+    refuse_images(images, "VllmSampler (rollout.sampler=vllm)")
     return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
     """One request, from trio. Async engine: its own vLLM request; batch engine: concurrent
     callers are batched (see `BatchingScheduler`)."""
+    refuse_images([images], "VllmSampler (rollout.sampler=vllm)")
     if self.engine is None:
       if self.llm is None:
         raise RuntimeError("VllmSampler: the engine was closed")

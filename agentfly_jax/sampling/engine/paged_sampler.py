@@ -11,6 +11,12 @@ weight handling: kernel layouts, LoRA adapter sync, shape checks); what changes 
 enters a free decode slot at a step boundary and leaves it when it stops (sampling/engine/scheduler.py),
 its keys / values live in pages (models/paged_attention.py) shared by whole-page prefixes across turns and
 across a group's chains (sampling/engine/pages.py). A request that can never fit the cache is refused.
+
+With a vision-language model (Qwen2.5-VL) a request may carry images (`PromptImages`: pixel values + grids):
+the vision tower runs once on them at admission, their features replace the image-pad tokens' embeddings in
+whichever prefill chunks hold those tokens, the prompt takes M-RoPE positions and decoding text positions
+(index + delta); pages holding image tokens are shared only with prompts of the same images
+(sampling/engine/images.py).
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from flax import nnx
 
 from agentfly_jax.models.paged_attention import cache_shardings
 from agentfly_jax.sampling.engine import programs
+from agentfly_jax.sampling.engine.images import image_request
 from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
 from agentfly_jax.sampling.jax_sampler import JaxSampler
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
-from agentfly_jax.sampling.requests import power_of_two_buckets
+from agentfly_jax.sampling.protocol import PromptImages, SampleResult, SamplingParams, SyncStats
+from agentfly_jax.sampling.requests import per_request_params, power_of_two_buckets
 
 
 def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int) -> int:
@@ -175,7 +182,10 @@ class PagedJaxSampler(JaxSampler):
     )
     self._cache_dtype = model.config.compute_dtype
     self._model_for_cache = model
-    self.engine = Engine(self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode)
+    vision = self._run_vision if model.config.vision is not None else None
+    self.engine = Engine(
+      self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode, run_vision=vision
+    )
 
   # ---------------------------------------------------------------- engine callables (engine thread)
   def _make_cache(self):
@@ -195,6 +205,7 @@ class PagedJaxSampler(JaxSampler):
     out = programs.prefill_chunk(
       graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
       a["last_index"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
+      a.get("rope_positions"), a.get("image_embeds"), a.get("image_mask"),
       page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
       activation=self.activation,
     )  # fmt: skip
@@ -207,9 +218,21 @@ class PagedJaxSampler(JaxSampler):
     out = programs.decode_block(
       graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["block_tables"], a["live"],
       a["remaining"], a["stop_ids"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
-      page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
+      a.get("rope_delta"), page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
       num_steps=self.engine_config.decode_steps, activation=self.activation,
     )  # fmt: skip
+    self.trace_count += programs.TRACES[0] - before
+    return out
+
+  def _run_vision(self, decode, request):
+    """The merged features [M, D] of one ImageRequest's images on the decode params."""
+    from agentfly_jax.models.vision import vision_layout
+
+    graphdef, params = decode
+    before = programs.TRACES[0]
+    layout = vision_layout(request.images.image_grid_thw, self._model_for_cache.config.vision)
+    pixels = request.images.pixel_values
+    out = programs.image_features(graphdef, params, self._rest, pixels, layout, activation=self.activation)
     self.trace_count += programs.TRACES[0] - before
     return out
 
@@ -251,23 +274,48 @@ class PagedJaxSampler(JaxSampler):
     return time.perf_counter() - start
 
   # ---------------------------------------------------------------- protocol
-  def _submit(self, prompt, params: SamplingParams, label: str, future: Future | None = None) -> Future:
+  def _submit(
+    self, prompt, params: SamplingParams, label: str, future: Future | None = None, images: PromptImages | None = None
+  ) -> Future:
     self._validate(prompt, params, label)
+    image = None if images is None else image_request(prompt, images, self._model_for_cache.config, label)
     if len(params.stop_token_ids) > self.engine_config.stop_width:
       raise ValueError(
         f"{label}: {len(params.stop_token_ids)} stop ids; the sampler takes at most stop_width="
         f"{self.engine_config.stop_width}"
       )
     (seed,) = self._row_seeds([params])
-    return self.engine.submit(prompt, params, seed, future)
+    return self.engine.submit(prompt, params, seed, future, image)
 
-  def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
-    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+  def generate(
+    self,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    images: Sequence[PromptImages | None] | None = None,
+  ) -> list[SampleResult]:
+    """One SampleResult per prompt, in order; `params` shared or one per prompt; `images` None or one entry per
+    prompt (None: text only). Every request is checked before any is queued."""
+    prompts = list(prompts)
+    images = [None] * len(prompts) if images is None else list(images)
+    if len(images) != len(prompts):
+      raise ValueError(f"got {len(images)} images entries for {len(prompts)} prompts (need one per prompt, or None)")
+    return self._generate_list(prompts, per_request_params(params, len(prompts)), images)
+
+  def _generate_list(self, prompts: list, params_list: list, images: list | None = None) -> list[SampleResult]:
+    images = images or [None] * len(prompts)
+    cfg = self._model_for_cache.config
+    for i, (prompt, params, im) in enumerate(zip(prompts, params_list, images)):
       self._validate(prompt, params, f"request {i}")
-    futures = [self._submit(p, q, f"request {i}") for i, (p, q) in enumerate(zip(prompts, params_list))]
+      if im is not None:
+        image_request(prompt, im, cfg, f"request {i}")
+    futures = [
+      self._submit(p, q, f"request {i}", images=im) for i, (p, q, im) in enumerate(zip(prompts, params_list, images))
+    ]
     return [f.wait() for f in futures]
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  async def agenerate(
+    self, prompt: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+  ) -> SampleResult:
     """One request, admitted into a slot at the next step boundary; returns when its row stops."""
     token = trio.lowlevel.current_trio_token()
     event = trio.Event()
@@ -278,7 +326,7 @@ class PagedJaxSampler(JaxSampler):
       except trio.RunFinishedError:
         pass
 
-    future = self._submit(prompt, params, "agenerate request", Future(wake))
+    future = self._submit(prompt, params, "agenerate request", Future(wake), images)
     try:
       await event.wait()
     except BaseException:

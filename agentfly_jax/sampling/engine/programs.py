@@ -2,6 +2,7 @@
 
     first, first_lp, cache = prefill_chunk(graphdef, params, rest, cache, tokens, positions, valid, tables, ...)
     toks, lps, emitted, stopped, cache = decode_block(graphdef, params, rest, cache, tokens, positions, ...)
+    features = image_features(graphdef, params, rest, pixel_values, layout)   # an image request, once
 
 Shapes are static per engine: a few prefill shapes (R rows x C chunk tokens), a few decode batch sizes, one
 block-table width (attention visits only the blocks of pages in use: models/paged_attention.paged_attend), K
@@ -53,6 +54,9 @@ def prefill_chunk(
   top_p,
   seeds,
   steps,
+  rope_positions=None,
+  image_embeds=None,
+  image_mask=None,
   *,
   page_size: int,
   block_pages: int,
@@ -61,18 +65,23 @@ def prefill_chunk(
   """Writes a chunk of R rows' tokens into their pages and samples each row's next token.
 
   Args:
-    tokens / positions int32[R, C], valid bool[R, C] (False: padding); block_tables int32[R, P];
-    last_index int32[R]: the chunk column whose logits are sampled (the row's last valid token);
-    temperature / top_p float32[R], top_k int32[R], seeds uint32[R], steps int32[R] (the token index drawn).
+    tokens / positions int32[R, C] (positions: cache slots), valid bool[R, C] (False: padding); block_tables
+    int32[R, P]; last_index int32[R]: the chunk column whose logits are sampled (the row's last valid token);
+    temperature / top_p float32[R], top_k int32[R], seeds uint32[R], steps int32[R] (the token index drawn);
+    a chunk holding an image request's tokens (a vision-language model; None otherwise, the text program):
+    rope_positions int32[3, R, C] (M-RoPE), image_embeds float[R, C, D] taken where image_mask bool[R, C].
   Returns:
     (token int32[R], logprob float32[R], cache). Rows whose prompt continues past the chunk ignore theirs.
   """
   TRACES[0] += 1
   mesh, rules = activation or (None, None)
+  images = {}
+  if rope_positions is not None:
+    images = dict(positions=rope_positions, image_embeds=image_embeds, image_mask=image_mask)
   with activation_sharding(mesh, None if rules is None else dict(rules)):
     model = nnx.merge(graphdef, params, rest)
     table = PageTable.build(block_tables, positions, valid, page_size, block_pages)
-    hidden, cache = model.hidden_states(tokens, cache=cache, pages=table)
+    hidden, cache = model.hidden_states(tokens, cache=cache, pages=table, **images)
     cache = constrain_cache(cache)
     last = jnp.take_along_axis(hidden, last_index[:, None, None], axis=1)[:, 0]
     logits = model.logits_from_hidden(last).astype(jnp.float32)
@@ -102,6 +111,7 @@ def decode_block(
   top_p,
   seeds,
   steps,
+  rope_delta=None,
   *,
   page_size: int,
   block_pages: int,
@@ -116,7 +126,9 @@ def decode_block(
   Args:
     tokens int32[S] (the pending token), positions int32[S] (its position), block_tables int32[S, P],
     live bool[S], remaining int32[S] (tokens the slot may still emit), stop_ids int32[S, N] (-1 = none),
-    temperature / top_p float32[S], top_k int32[S], seeds uint32[S], steps int32[S] (index of the next token).
+    temperature / top_p float32[S], top_k int32[S], seeds uint32[S], steps int32[S] (index of the next token);
+    rope_delta int32[S] (a vision-language model; None: text positions = cache positions): a token's RoPE
+    position is its cache position + the row's delta (models/qwen25_vl.py).
   Returns:
     (out_tokens int32[S, K], out_logprobs float32[S, K], emitted int32[S], stopped bool[S], cache): slot s
     emitted out_tokens[s, :emitted[s]]; its new pending token is the last of them.
@@ -133,7 +145,8 @@ def decode_block(
     i, cache, tok, pos, live, out_t, out_lp, emitted, stopped = carry
     model = nnx.merge(graphdef, params, rest)
     table = PageTable.build(block_tables, pos[:, None], live[:, None], page_size, block_pages)
-    hidden, cache = model.hidden_states(tok[:, None], cache=cache, pages=table)
+    rope = {} if rope_delta is None else dict(positions=(pos + rope_delta)[:, None])
+    hidden, cache = model.hidden_states(tok[:, None], cache=cache, pages=table, **rope)
     logits = model.logits_from_hidden(hidden[:, 0]).astype(jnp.float32)
     new, lp = _sample(logits, temperature, top_k, top_p, seeds, steps + emitted)
     out_t = out_t.at[:, i].set(jnp.where(live, new, 0))
@@ -169,3 +182,14 @@ def decode_block(
     _, cache, _, _, _, out_t, out_lp, emitted, stopped = jax.lax.while_loop(cond, body, init)
     cache = constrain_cache(cache)
   return out_t, out_lp, emitted, stopped, cache
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("activation",))
+def image_features(graphdef, params, rest, pixel_values, layout, *, activation=None):
+  """The vision tower on one request's images: pixel_values float32[N, patch_dim], layout (vision.vision_layout
+  of its grids) -> merged features [N / merge^2, D]. One trace per distinct set of grids."""
+  TRACES[0] += 1
+  mesh, rules = activation or (None, None)
+  with activation_sharding(mesh, None if rules is None else dict(rules)):
+    model = nnx.merge(graphdef, params, rest)
+    return model.image_features(pixel_values, vision_layout=layout)

@@ -108,10 +108,18 @@ class _Seq:
   prefilling: bool = False
   admitted: float | None = None
   cancelled: bool = False
+  image: Any = None  # engine/images.ImageRequest of a request with images
+  features: Any = None  # its images' merged features [M, D] (host), computed at admission
+  features_version: int = -1  # the weights' version they were computed with
 
   @property
   def tokens(self) -> list:
     return self.prompt + self.out
+
+  @property
+  def keys(self) -> list:
+    """What its pages are shared by (pages.py): the tokens, an image's pad tokens as the image's digest."""
+    return (self.prompt if self.image is None else list(self.image.keys)) + self.out
 
 
 class Engine:
@@ -119,14 +127,17 @@ class Engine:
 
   run_prefill(params, cache, arrays: dict) -> (token[R], logprob[R], cache) and run_decode(params, cache,
   arrays: dict) -> (tokens[S, K], logprobs[S, K], emitted[S], stopped[S], cache) run the jitted programs;
-  `make_cache()` builds the zero pages (called in the engine thread, and again after a failure).
+  `make_cache()` builds the zero pages (called in the engine thread, and again after a failure);
+  run_vision(params, image_request) -> features [M, D] (a vision-language model; None: text only) runs the
+  vision tower on a request's images, and the programs get M-RoPE positions (engine/images.py).
   """
 
-  def __init__(self, run_prefill, run_decode, make_cache, config: EngineConfig, params: Any):
+  def __init__(self, run_prefill, run_decode, make_cache, config: EngineConfig, params: Any, run_vision=None):
     if config.weight_update not in WEIGHT_UPDATE_MODES:
       raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_MODES}, got {config.weight_update!r}")
     self.config = config
     self._run_prefill, self._run_decode, self._make_cache = run_prefill, run_decode, make_cache
+    self._run_vision = run_vision
     self.pool = PagePool(config.num_pages, config.page_size)
     self._params = params
     self.version = 0
@@ -142,7 +153,10 @@ class Engine:
     self.reset_metrics()
 
   # ---------------------------------------------------------------- callers (any thread)
-  def submit(self, prompt, params: SamplingParams, seed: int, future: Future | None = None) -> Future:
+  def submit(self, prompt, params: SamplingParams, seed: int, future: Future | None = None, image=None) -> Future:
+    """Queues a request (`image`: its engine/images.ImageRequest, or None); its future holds the result."""
+    if image is not None and self._run_vision is None:
+      raise ValueError("the request has images but this engine runs a text-only model")
     prompt = [int(t) for t in prompt]
     max_new = min(params.max_new_tokens, self.config.max_len - len(prompt))
     need = self.pool.pages_for(len(prompt) + max_new)
@@ -153,7 +167,7 @@ class Engine:
         "kv_cache_pages / kv_cache_gib)"
       )
     future = future or Future()
-    seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter())
+    seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter(), image=image)
     with self._lock:
       if self._closed:
         raise RuntimeError("the engine is closed")
@@ -326,7 +340,7 @@ class Engine:
     skipped = []
     while self._waiting and None in self._slots:
       seq = self._waiting.popleft()
-      tokens = seq.tokens
+      tokens = seq.keys
       # Recompute at least the last token (its logits are needed) and never write into a shared page.
       limit = (len(tokens) - 1) // ps
       hit = self.pool.peek(tokens, limit)
@@ -345,12 +359,14 @@ class Engine:
       if seq.admitted is None:
         seq.admitted = time.perf_counter()
         self._waits.append(seq.admitted - seq.arrival)
+      if seq.image is not None and seq.features_version != self.version:
+        seq.features, seq.features_version = np.asarray(self._run_vision(self._params, seq.image)), self.version
       self._m["prefix_hit_tokens"] += seq.computed
     self._waiting.extendleft(reversed(skipped))
 
   def _being_prefilled(self, tokens: list, n: int) -> bool:
     return any(
-      s.prefilling and s.computed < n <= len(s.prompt) + len(s.out) and s.tokens[:n] == tokens[:n]
+      s.prefilling and s.computed < n <= len(s.prompt) + len(s.out) and s.keys[:n] == tokens[:n]
       for s in self._running()
     )
 
@@ -415,6 +431,8 @@ class Engine:
       last_index=last,
       **self._sampling_rows(padded),
     )
+    if any(seq.image is not None for seq in rows):
+      arrays.update(self._image_rows(rows, positions, taken))
     start = time.perf_counter()
     token, logprob, self._cache = self._run_prefill(self._params, self._cache, arrays)
     token, logprob = np.asarray(token), np.asarray(logprob)
@@ -426,15 +444,28 @@ class Engine:
       if seq.computed < len(seq.tokens):
         continue
       seq.prefilling = False
-      self.pool.register(seq.tokens, seq.pages, seq.computed)
+      self.pool.register(seq.keys, seq.pages, seq.computed)
       self._emit(seq, [int(token[i])], [float(logprob[i])], stopped=int(token[i]) in seq.params.stop_token_ids)
+
+  def _image_rows(self, rows: list[_Seq], positions: np.ndarray, taken: list) -> dict:
+    """A chunk's M-RoPE positions int32[3, R, C] and image features [R, C, D] + mask bool[R, C] (text rows:
+    their positions on all three axes, no features)."""
+    rope = np.broadcast_to(positions, (3,) + positions.shape).copy()
+    dim = next(s.features.shape[1] for s in rows if s.image is not None)
+    dtype = next(s.features.dtype for s in rows if s.image is not None)
+    embeds, mask = np.zeros(positions.shape + (dim,), dtype), np.zeros(positions.shape, bool)
+    for i, (seq, n) in enumerate(zip(rows, taken)):
+      if seq.image is not None:
+        rope[:, i, :n] = seq.image.rope_positions(seq.computed, n)
+        embeds[i, :n], mask[i, :n] = seq.image.chunk_embeds(seq.features, seq.computed, n)
+    return dict(rope_positions=rope, image_embeds=embeds, image_mask=mask)
 
   def _emit(self, seq: _Seq, tokens: list, logprobs: list, stopped: bool) -> None:
     seq.out.extend(tokens)
     seq.logprobs.extend(logprobs)
     seq.versions.extend([self.version] * len(tokens))
     if stopped or len(seq.out) >= seq.max_new:
-      self.pool.register(seq.tokens, seq.pages, seq.computed)
+      self.pool.register(seq.keys, seq.pages, seq.computed)
       self._drop(seq)
       seq.future._set(
         SampleResult(
@@ -486,6 +517,8 @@ class Engine:
       stop_ids=stop_ids,
       **self._sampling_rows(padded),
     )
+    if self._run_vision is not None:  # text positions: index + the row's delta (0 for a text request)
+      arrays["rope_delta"] = np.array([0 if s is None or s.image is None else s.image.delta for s in padded], np.int32)
     start = time.perf_counter()
     out_t, out_lp, emitted, stopped, self._cache = self._run_decode(self._params, self._cache, arrays)
     out_t, out_lp, emitted, stopped = (np.asarray(x) for x in (out_t, out_lp, emitted, stopped))
