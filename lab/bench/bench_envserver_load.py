@@ -34,6 +34,7 @@ from bench_common import RESULTS_DIR  # this folder is on sys.path: the script's
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_chains", 1024, "chains running at once")
+flags.DEFINE_float("sample_s", 1.0, "seconds between the monitor's samples of the pool and the server's RSS")
 flags.DEFINE_integer("cap", 16, "python_sandbox instances the server may run at once")
 flags.DEFINE_float("duration_s", 120.0, "how long chains keep starting episodes")
 flags.DEFINE_string("machine", "2-core CPU shared with other jobs", "what ran it (goes into the report)")
@@ -119,7 +120,7 @@ async def _load(address: str, server_pid: int, warm: int) -> dict:
         last, window_end = episodes[0], window_end + 10
       stats = (await manager.server_stats())[address]["pools"]["python_sandbox"]
       samples.append({k: stats[k] for k in ("live", "in_use", "idle", "starting")})
-      with trio.move_on_after(1.0):
+      with trio.move_on_after(FLAGS.sample_s):
         await done.wait()
 
   start = time.monotonic()

@@ -41,9 +41,9 @@ SMOKE = {
     ["bench_envservers.json", "bench_envservers.md"],
     (),
   ),
-  # 4 s of episodes: the pool's in_use is sampled once a second, so it is seen at the cap
+  # 6 s of episodes, the pool sampled every 0.1 s, so its in_use is seen at the cap on a loaded machine too
   "bench_envserver_load.py": (
-    "--num_chains=32 --cap=2 --duration_s=6 --out_dir={tmp}",
+    "--num_chains=32 --cap=2 --duration_s=6 --sample_s=0.1 --out_dir={tmp}",
     ["bench_envserver_load.json", "bench_envserver_load.md"],
     (),
   ),
