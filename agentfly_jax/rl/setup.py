@@ -125,7 +125,7 @@ def model_config(spec, vocab_size: int):
 def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True):
   """The policy (or critic) of `spec`; with `model.lora.rank` > 0 (and `lora`) its projections
   carry LoRA adapters (the critic's only with `model.lora.critic`)."""
-  from agentfly_jax.models import CausalLM, Critic, from_pretrained
+  from agentfly_jax.models import CausalLM, Critic, Qwen25VL, from_pretrained
   from agentfly_jax.models.lora import apply_lora
 
   m = spec.model
@@ -133,7 +133,7 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
     model = from_pretrained(m.pretrained, critic=critic, seed=spec.seed, **model_numerics(spec))
   else:
     cfg = model_config(spec, vocab_size)
-    cls = Critic if critic else CausalLM
+    cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
     model = cls(cfg, rngs=nnx.Rngs(spec.seed + (17 if critic else 0)))
   lora_cfg = m.lora.lora_config()
   if lora and lora_cfg is not None and (not critic or m.lora.critic):
@@ -143,13 +143,17 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
 
 def trainable_filter(spec, *, critic: bool = False):
   """What the optimizer trains: every nnx.Param, or under LoRA the adapters (the critic: its
-  adapters + its value head `score`)."""
+  adapters + its value head `score`). A vision tower (`visual`) trains whole with
+  `model.vision.train`, else it is frozen (in the rest, as LoRA's base)."""
   from agentfly_jax.models.lora import lora_filter
 
   lora = spec.model.lora
+  visual = nnx.All(nnx.Param, nnx.PathContains("visual"))
   if not lora.rank or (critic and not lora.critic):
-    return nnx.Param
-  return lora_filter(nnx.PathContains("score")) if critic else lora_filter()
+    return nnx.Param if spec.model.vision.train else nnx.All(nnx.Param, nnx.Not(visual))
+  if critic:
+    return lora_filter(nnx.PathContains("score"))
+  return lora_filter(visual) if spec.model.vision.train else lora_filter()
 
 
 def base_identity(spec, model) -> dict:
