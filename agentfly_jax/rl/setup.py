@@ -54,6 +54,7 @@ class RunParts:
   lora: Any = None  # models.lora.LoRAConfig when model.lora.rank > 0
   base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
   teacher: ModelHalves | None = None  # on-policy distillation's teacher (rl/teacher.py), sharded on `mesh`
+  model_config: Any = None  # the policy's models.ModelConfig (a vision tower's shapes for the batch's images)
 
 
 def build_tokenizer_dir(spec, task, workdir: str) -> str:
@@ -351,4 +352,5 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
     lora=lora_cfg,
     base_identity=identity,
     teacher=teacher,
+    model_config=model.config,
   )

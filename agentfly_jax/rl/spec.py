@@ -84,6 +84,11 @@ class VisionSection(Section):
 
   NAME: ClassVar[str] = "model.vision"
   train: bool = False
+  # each row's image patches padded up to a multiple of this (rl/vision_batch.py): few shapes, few compilations
+  patch_multiple: int = 256
+
+  def check(self):
+    self.at_least("patch_multiple", 1)
 
 
 @dataclasses.dataclass(frozen=True)

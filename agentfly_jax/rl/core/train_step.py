@@ -33,8 +33,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl.core import losses
-from agentfly_jax.rl.core.vision import vision_inputs
 from agentfly_jax.rl.core.train_state import TrainState
+from agentfly_jax.rl.core.vision import vision_inputs
 
 
 @dataclasses.dataclass(frozen=True)
