@@ -15,6 +15,7 @@ from agentfly_jax.envs.base import StepResult
 from agentfly_jax.rewards import reward
 from agentfly_jax.tasks.worlds import tool_call_text, world_agent
 from agentfly_jax.tools import tool
+from envservers.api import visual_qa_rows
 
 ENV = "visual_qa"
 SYSTEM_PROMPT = "You see a picture and a question about it. Reply with the answer tool: one word or number."
@@ -41,15 +42,11 @@ REWARD = exact_match
 
 
 def make_rows(n: int, seed: int) -> list[dict]:
-  from envservers.envs.visual_qa import make_rows as env_rows
-
-  return env_rows(n, seed, "train")
+  return visual_qa_rows.make_rows(n, seed, "train")
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
-  from envservers.envs.visual_qa import make_rows as env_rows
-
-  return env_rows(n, seed, "test")
+  return visual_qa_rows.make_rows(n, seed, "test")
 
 
 def make_agent(tokenizer, system_prompt: str = SYSTEM_PROMPT, processor=None):
@@ -62,8 +59,6 @@ def make_agent(tokenizer, system_prompt: str = SYSTEM_PROMPT, processor=None):
 
 
 def tokenizer_corpus() -> list[str]:
-  from envservers.envs.visual_qa import make_rows as env_rows
-
-  rows = env_rows(32, 0, "train")
+  rows = visual_qa_rows.make_rows(32, 0, "train")
   texts = [SYSTEM_PROMPT] * 5 + [r["question"] for r in rows]
   return texts + [tool_call_text("answer", answer=r["answer"]) for r in rows]
