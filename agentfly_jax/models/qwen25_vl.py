@@ -94,9 +94,15 @@ def mrope_positions(input_ids, image_grid_thw, cfg: ModelConfig, attention_mask=
 
 def scatter_image_features(embeds: jax.Array, input_ids: jax.Array, features: jax.Array, image_token_id: int):
   """embeds [B, T, D] with each image token's row (input_ids == image_token_id, row-major) replaced by
-  the next row of features [M, D]; M must equal the number of image tokens (checked by the callers)."""
+  the next row of features [M, D]; M must equal the number of image tokens (checked by the callers).
+  Per-row features [B, Mr, D]: row b's image tokens take row b's features in order (features past a
+  row's image tokens, a padded image's, are never taken)."""
   b, t, d = embeds.shape
   is_image = input_ids == image_token_id
+  if features.ndim == 3:
+    take = jnp.clip(jnp.cumsum(is_image, axis=1) - 1, 0, features.shape[1] - 1)
+    rows = jnp.take_along_axis(features, take[..., None], axis=1).astype(embeds.dtype)
+    return jnp.where(is_image[..., None], rows, embeds)
   take = jnp.clip(jnp.cumsum(is_image.reshape(-1)) - 1, 0, features.shape[0] - 1)
   rows = features[take].reshape(b, t, d).astype(embeds.dtype)
   return jnp.where(is_image[..., None], rows, embeds)
@@ -115,7 +121,10 @@ class Qwen25VL(CausalLM):
     """pixel_values [N, patch_dim] -> merged features [N / m^2, D] of the images of image_grid_thw
     (or of their precomputed `vision_layout`)."""
     layout = vision_layout if vision_layout is not None else _layout(image_grid_thw, self.config)
-    return self.visual(jnp.asarray(pixel_values), layout)
+    pixel_values = jnp.asarray(pixel_values)
+    if pixel_values.ndim == 3:  # per-row images [B, P, patch_dim], each row's layout [B, ...]
+      return jax.vmap(self.visual)(pixel_values, VisionLayout(*(jnp.asarray(a) for a in layout)))
+    return self.visual(pixel_values, layout)
 
   def hidden_states(
     self,
@@ -131,7 +140,9 @@ class Qwen25VL(CausalLM):
   ):
     """CausalLM.hidden_states with images: `pixel_values` [N, patch_dim] and `image_grid_thw` int[I, 3]
     (host values), or for a jitted call `vision_layout` (vision.vision_layout) and `positions` [3, B, T]
-    (`mrope_positions`) in place of the grids. Without images, a text-only forward (positions [B, T]).
+    (`mrope_positions`) in place of the grids. Per-row images (the train batch, rl/vision_batch.py):
+    `pixel_values` [B, P, patch_dim] and a `vision_layout` of [B, ...] arrays, each row's own.
+    Without images, a text-only forward (positions [B, T]).
     Or features computed before (`image_features`, the paged engine's chunks): `image_embeds` [B, T, D] taken
     where `image_mask` bool[B, T] is True, in place of the token embeddings (positions [3, B, T] given)."""
     cfg = self.config
@@ -146,6 +157,8 @@ class Qwen25VL(CausalLM):
         raise ValueError("pixel_values need image_grid_thw (or a vision_layout) to say each image's grid")
       if image_grid_thw is not None:
         _check_image_tokens(input_ids, int(image_token_counts(image_grid_thw, cfg).sum()), cfg)
+      elif np.ndim(pixel_values) == 3:  # per-row images: padded images' features are never taken
+        pass
       else:
         _check_image_tokens(input_ids, vision_layout.window_index.shape[0], cfg)
       features = self.image_features(pixel_values, image_grid_thw, vision_layout=vision_layout)

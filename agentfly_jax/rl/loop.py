@@ -132,6 +132,7 @@ def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, d
     dynamic_sampling=spec.dapo.dynamic_sampling,
     score_metric=spec.loss.score_metric,
     turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
+    vision=vision_arrays_of(run),
   )
   metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
   metrics.update(tool_metrics(tools, since=got.tools_before))  # tools/<name>/calls, errors, wait_s
@@ -189,3 +190,13 @@ def warm_start_critic(critic_params, policy_params):
     if path in flat_p and flat_p[path].shape == var.shape:
       flat_c[path] = flat_p[path]
   return nnx.from_flat_state(flat_c)
+
+
+def vision_arrays_of(run) -> tuple | None:
+  """(image processor, policy ModelConfig, patch multiple) of a vision-language policy's run, else None."""
+  cfg = run.parts.model_config
+  if cfg is None or cfg.vision is None:
+    return None
+  if run.parts.agent.vision is None:
+    raise ValueError(f"config.model.family={run.spec.model.family!r} trains on images but the agent has no vision")
+  return run.parts.agent.vision, cfg, run.spec.model.vision.patch_multiple

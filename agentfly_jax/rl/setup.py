@@ -54,6 +54,7 @@ class RunParts:
   lora: Any = None  # models.lora.LoRAConfig when model.lora.rank > 0
   base_identity: dict | None = None  # LoRA: {"source", "sha256"} of the frozen base (checkpoints keep it)
   teacher: ModelHalves | None = None  # on-policy distillation's teacher (rl/teacher.py), sharded on `mesh`
+  model_config: Any = None  # the policy's models.ModelConfig (a vision tower's shapes for the batch's images)
 
 
 def build_tokenizer_dir(spec, task, workdir: str) -> str:
@@ -125,7 +126,7 @@ def model_config(spec, vocab_size: int):
 def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True):
   """The policy (or critic) of `spec`; with `model.lora.rank` > 0 (and `lora`) its projections
   carry LoRA adapters (the critic's only with `model.lora.critic`)."""
-  from agentfly_jax.models import CausalLM, Critic, from_pretrained
+  from agentfly_jax.models import CausalLM, Critic, Qwen25VL, from_pretrained
   from agentfly_jax.models.lora import apply_lora
 
   m = spec.model
@@ -133,7 +134,7 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
     model = from_pretrained(m.pretrained, critic=critic, seed=spec.seed, **model_numerics(spec))
   else:
     cfg = model_config(spec, vocab_size)
-    cls = Critic if critic else CausalLM
+    cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
     model = cls(cfg, rngs=nnx.Rngs(spec.seed + (17 if critic else 0)))
   lora_cfg = m.lora.lora_config()
   if lora and lora_cfg is not None and (not critic or m.lora.critic):
@@ -143,13 +144,17 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
 
 def trainable_filter(spec, *, critic: bool = False):
   """What the optimizer trains: every nnx.Param, or under LoRA the adapters (the critic: its
-  adapters + its value head `score`)."""
+  adapters + its value head `score`). A vision tower (`visual`) trains whole with
+  `model.vision.train`, else it is frozen (in the rest, as LoRA's base)."""
   from agentfly_jax.models.lora import lora_filter
 
   lora = spec.model.lora
+  visual = nnx.All(nnx.Param, nnx.PathContains("visual"))
   if not lora.rank or (critic and not lora.critic):
-    return nnx.Param
-  return lora_filter(nnx.PathContains("score")) if critic else lora_filter()
+    return nnx.Param if spec.model.vision.train else nnx.All(nnx.Param, nnx.Not(visual))
+  if critic:
+    return lora_filter(nnx.PathContains("score"))
+  return lora_filter(visual) if spec.model.vision.train else lora_filter()
 
 
 def base_identity(spec, model) -> dict:
@@ -347,4 +352,5 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
     lora=lora_cfg,
     base_identity=identity,
     teacher=teacher,
+    model_config=model.config,
   )

@@ -78,10 +78,24 @@ class LoraSection(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class VisionSection(Section):
+  """A vision-language policy's vision tower (family qwen2_5_vl): train = False freezes it (no
+  gradient, no optimizer state; it stays the pretrained tower), True trains it with the LM."""
+
+  NAME: ClassVar[str] = "model.vision"
+  train: bool = False
+  # each row's image patches padded up to a multiple of this (rl/vision_batch.py): few shapes, few compilations
+  patch_multiple: int = 256
+
+  def check(self):
+    self.at_least("patch_multiple", 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
   NAME: ClassVar[str] = "model"
   pretrained: str = ""  # HF folder (config.json + safetensors + tokenizer); "" = random init
-  family: str = "qwen2"  # random init: qwen2 | qwen3 | llama
+  family: str = "qwen2"  # random init: qwen2 | qwen3 | llama | qwen3_moe | qwen2_5_vl
   hidden_size: int = 128
   num_layers: int = 2
   num_heads: int = 4
@@ -104,6 +118,7 @@ class ModelSection(Section):
   # recorded for it (router replay); "off" = the trainer's router decides
   router_replay: str = "off"
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
+  vision: VisionSection = dataclasses.field(default_factory=VisionSection)
 
   def check(self):
     self.need("family", self.family in MODEL_TYPES, f"must be one of {MODEL_TYPES}")

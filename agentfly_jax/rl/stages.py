@@ -108,11 +108,14 @@ def prepare(
   dynamic_sampling: bool,
   score_metric: str = "",
   turn_level: bool = False,
+  vision: tuple | None = None,
 ) -> tuple[dict | None, dict]:
   """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
   sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). Rewards
   are the trajectories' scores (`scored`: the reward or its metric `score_metric`); rollout/* report the rewards as they were. `turn_level`:
-  + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators)."""
+  + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators).
+  `vision`: (VisionProcessor, the policy's ModelConfig, patch_multiple) of a vision-language policy:
+  + each row's images (rl/vision_batch.image_arrays)."""
   metrics: dict[str, Any] = rollout_metrics(trajs)
   trajs = [t for t in trajs if len(t.token_ids)]  # a chain that failed before any request: counted, not trained
   trajs = scored(trajs, score_metric)
@@ -126,6 +129,12 @@ def prepare(
     from agentfly_jax.rl.turn_rewards import turn_arrays
 
     arrays.update(turn_arrays(trajs))
+  if vision is not None:
+    from agentfly_jax.rl.vision_batch import image_arrays
+
+    processor, model_cfg, patch_multiple = vision
+    length = arrays["input_ids"].shape[1]
+    arrays.update(image_arrays(trajs, processor, model_cfg, length=length, patch_multiple=patch_multiple))
   return arrays, metrics
 
 

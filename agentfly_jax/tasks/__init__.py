@@ -22,6 +22,7 @@ _TASKS = {
   "multihop_qa_brief": "agentfly_jax.tasks.multihop_qa_brief",
   "multihop_qa_brief_2hop": "agentfly_jax.tasks.multihop_qa_brief_2hop",
   "webshop_brief": "agentfly_jax.tasks.webshop_brief",
+  "visual_qa": "agentfly_jax.tasks.visual_qa",
 }
 
 

@@ -19,41 +19,28 @@ ignored), else 0.0. The env reward `exact_match` gives the same for the episode'
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
-import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from envservers import images
 from envservers.env import BlockingEnv, StepOutcome, env_reward
-from envservers.registry import register_env
-
-SIZE, GRID = 224, 4
-CELL = SIZE // GRID
-COLORS = {
-  "red": (220, 30, 30),
-  "green": (30, 160, 60),
-  "blue": (30, 70, 220),
-  "yellow": (235, 200, 20),
-  "purple": (140, 50, 170),
-  "orange": (245, 130, 20),
-}
-SHAPES = ("circle", "square", "triangle")
-WORDS = tuple(
-  "apple river stone cloud tiger piano lemon house chair green robot ocean train smile water light "
-  "bread candle mango zebra violin pencil rocket garden".split()
+from envservers.envs.visual_qa_rows import (  # noqa: F401 (the rows' home; importable from here too)
+  CELL,
+  COLORS,
+  GRID,
+  KINDS,
+  MAX_SHAPES,
+  SHAPES,
+  SIZE,
+  SPLITS,
+  WORDS,
+  answer_for,
+  make_rows,
+  question_for,
+  split_of,
 )
-KINDS = ("count_color", "count_shape", "count_shape_color", "read_text")
-SPLITS = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}
-MAX_SHAPES = 8
-_TARGET_KEYS = {"count_color": ("color",), "count_shape": ("shape",), "count_shape_color": ("shape", "color")}
-_TARGET_KEYS["read_text"] = ()
-
-
-def _plural(shape: str) -> str:
-  return shape + "s"
+from envservers.registry import register_env
 
 
 def draw_scene(scene: dict) -> Image.Image:
@@ -77,80 +64,6 @@ def draw_scene(scene: dict) -> Image.Image:
     font = ImageFont.load_default(size=22 if len(text["value"]) <= 3 else 15)
     draw.text((col * CELL + CELL // 2, row * CELL + CELL // 2), text["value"], fill=(0, 0, 0), font=font, anchor="mm")
   return image
-
-
-def answer_for(kind: str, scene: dict, target: dict) -> str:
-  """The answer to question `kind` about `scene` (target: the colour / shape asked about)."""
-  shapes = scene["shapes"]
-  if kind == "count_color":
-    return str(sum(s["color"] == target["color"] for s in shapes))
-  if kind == "count_shape":
-    return str(sum(s["shape"] == target["shape"] for s in shapes))
-  if kind == "count_shape_color":
-    return str(sum(s["shape"] == target["shape"] and s["color"] == target["color"] for s in shapes))
-  return scene["text"]["value"]
-
-
-def question_for(kind: str, target: dict) -> str:
-  if kind == "count_color":
-    return f"How many {target['color']} shapes are in the picture? Answer with a number."
-  if kind == "count_shape":
-    return f"How many {_plural(target['shape'])} are in the picture? Answer with a number."
-  if kind == "count_shape_color":
-    return f"How many {target['color']} {_plural(target['shape'])} are in the picture? Answer with a number."
-  return "What word or number is written in black in the picture? Answer with it alone."
-
-
-def _random_item(rng: np.random.Generator) -> tuple[str, dict, dict]:
-  kind = KINDS[int(rng.integers(len(KINDS)))]
-  cells = [int(c) for c in rng.permutation(GRID * GRID)]
-  n = int(rng.integers(1, MAX_SHAPES + 1))
-  shapes = [
-    {"shape": SHAPES[int(rng.integers(len(SHAPES)))], "color": list(COLORS)[int(rng.integers(len(COLORS)))], "cell": c}
-    for c in cells[:n]
-  ]
-  text = None
-  if kind == "read_text":
-    value = WORDS[int(rng.integers(len(WORDS)))] if rng.random() < 0.5 else str(int(rng.integers(0, 1000)))
-    text = {"value": value, "cell": cells[n]}
-  target = {"shape": SHAPES[int(rng.integers(len(SHAPES)))], "color": list(COLORS)[int(rng.integers(len(COLORS)))]}
-  if kind != "read_text" and rng.random() < 0.7:  # mostly ask about something that is there
-    pick = shapes[int(rng.integers(n))]
-    target = {"shape": pick["shape"], "color": pick["color"]}
-  target = {k: target[k] for k in _TARGET_KEYS[kind]}
-  return kind, {"shapes": shapes, "text": text}, target
-
-
-def split_of(kind: str, scene: dict, target: dict) -> str:
-  """The split a scene-and-question belongs to, from a hash of it (8 : 1 : 1)."""
-  key = json.dumps({"kind": kind, "scene": scene, "target": target}, sort_keys=True)
-  bucket = int(hashlib.sha256(key.encode()).hexdigest(), 16) % 10
-  return next(name for name, buckets in SPLITS.items() if bucket in buckets)
-
-
-def make_rows(n: int, seed: int, split: str = "train") -> list[dict]:
-  """`n` rows of `split` (train | dev | test) from `seed`; disjoint across splits for any seeds."""
-  if split not in SPLITS:
-    raise ValueError(f"visual_qa split must be one of {sorted(SPLITS)}, got {split!r}")
-  if not isinstance(n, int) or n < 0:
-    raise ValueError(f"visual_qa: n must be a non-negative int, got {n!r}")
-  rng = np.random.default_rng([seed, list(SPLITS).index(split)])
-  rows, seen = [], set()
-  while len(rows) < n:
-    kind, scene, target = _random_item(rng)
-    key = json.dumps([kind, scene, target], sort_keys=True)
-    if split_of(kind, scene, target) != split or key in seen:
-      continue
-    seen.add(key)
-    rows.append(
-      {
-        "id": f"visual_qa-{split}-{seed}-{len(rows)}",
-        "question": question_for(kind, target),
-        "answer": answer_for(kind, scene, target),
-        "solution": {"kind": kind, "scene": scene, "target": target},
-      }
-    )
-  return rows
 
 
 def normalize(text: str) -> str:

@@ -34,7 +34,7 @@ def _with(field, value):
 @pytest.mark.parametrize(
   "field, value, allowed",
   [
-    ("model.family", "gpt2", "('qwen2', 'qwen3', 'llama', 'qwen3_moe')"),
+    ("model.family", "gpt2", "('qwen2', 'qwen3', 'llama', 'qwen3_moe', 'qwen2_5_vl')"),
     ("model.hidden_size", 0, "integer >= 1"),
     ("model.dtype", "float8", "'float32', 'bfloat16' or 'float16'"),
     ("model.lora.rank", -1, "integer >= 0"),

@@ -25,6 +25,7 @@ from agentfly_jax.rl.core import advantages as adv_lib
 from agentfly_jax.rl.core.distill import distill_advantages, distill_metrics
 from agentfly_jax.rl.core.shaping import overlong_penalty
 from agentfly_jax.rl.core.train_step import critic_values, policy_logprobs_entropy
+from agentfly_jax.rl.core.vision import vision_inputs, vision_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +72,21 @@ def action_logprobs(graphdef, params, rest, arrays: dict, cfg: PrepareConfig):
   """f32[B, L] log-probs (at temperature `cfg.temperature`) of the target tokens under the model
   (graphdef, params, rest), `cfg.chunk` rows per forward pass; 0 off the action tokens."""
   model = nnx.merge(graphdef, params, rest)
-  fn = lambda ids, tg, am, act: policy_logprobs_entropy(  # noqa: E731
-    model, ids, tg, am, cfg.temperature, chunk=cfg.logits_chunk, loss_mask=act, capacity=cfg.logits_capacity
-  )[0]
-  lp = chunked_rows(
-    fn, cfg.chunk, arrays["input_ids"], arrays["target_ids"], arrays["attention_mask"], arrays["action_mask"]
-  )
+  keys = ("input_ids", "target_ids", "attention_mask", "action_mask") + vision_keys(arrays)
+
+  def fn(*xs):
+    rows = dict(zip(keys, xs))
+    return policy_logprobs_entropy(
+      model,
+      *(rows[k] for k in keys[:3]),
+      cfg.temperature,
+      chunk=cfg.logits_chunk,
+      loss_mask=rows["action_mask"],
+      capacity=cfg.logits_capacity,
+      vision=vision_inputs(rows),
+    )[0]
+
+  lp = chunked_rows(fn, cfg.chunk, *(arrays[k] for k in keys))
   return jnp.where(arrays["action_mask"], lp, 0.0)
 
 
@@ -115,7 +125,7 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
   from agentfly_jax.sampling.mismatch import logprob_mismatch_metrics
 
   mask = arrays["action_mask"]
-  batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask")}
+  batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask") + vision_keys(arrays)}
   old = action_logprobs(graphdef, params, rest, arrays, cfg)
   batch["old_logprobs"] = old
   metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
@@ -179,7 +189,8 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
   activations are constrained by `rules` (models/sharding.py `activation_sharding`).
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
-  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B].
+  sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]; a vision-language policy's
+  per-row images (rl/core/vision.py VISION_KEYS), passed on into the batch.
   ref_params / critic_params may be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
   action_mask, old_logprobs, advantages; + ref_logprobs,

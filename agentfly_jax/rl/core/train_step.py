@@ -34,6 +34,7 @@ from agentfly_jax.models.sharding import activation_sharding
 from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
 from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.core.train_state import TrainState
+from agentfly_jax.rl.core.vision import vision_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +95,16 @@ def policy_logprobs_entropy(
   capacity=(),
   routed_experts=None,
   with_router: bool = False,
+  vision: dict | None = None,
 ):
   """(log-probs, entropies of the predicting softmax) f32[B, L] of each target token; args as
   `policy_logprobs`. `chunk` > 0: chunked over tokens, no [B, L, V] logits
   (CausalLM.token_logprobs_entropy), and with `loss_mask` bool[B, L] and `capacity` (fractions
   of L) only at the mask's positions (0 elsewhere; `token_stats.at_loss_positions`); 0: plain logits.
   A mixture-of-experts policy: `routed_experts` int32[Lm, B, L, k] replayed; `with_router`: also
-  its RouterOut (models/moe.py) as a third output."""
+  its RouterOut (models/moe.py) as a third output. A vision-language policy: `vision` its image
+  arguments (rl/core/vision.py vision_inputs: pixel_values, vision_layout, M-RoPE positions)."""
+  vision = vision or {}
   if with_router or routed_experts is not None:
     hidden, _, routes = model.hidden_states(
       input_ids,
@@ -119,9 +123,16 @@ def policy_logprobs_entropy(
       ent = losses.entropy_from_logits(logits / temperature)
     return (lp, ent, routes) if with_router else (lp, ent)
   if chunk:
-    hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
+    hidden, _ = model.hidden_states(
+      input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions), **vision
+    )
     return model.token_logprobs_entropy(
       hidden, target_ids, temperature=temperature, chunk=chunk, loss_mask=loss_mask, capacity=capacity
+    )
+  if vision:
+    logits = model(input_ids, attention_mask=attention_mask, **vision).astype(jnp.float32)
+    return losses.token_logprobs(logits, target_ids, temperature=temperature), losses.entropy_from_logits(
+      logits / temperature
     )
   lp, logits = policy_logprobs(model, input_ids, target_ids, attention_mask, temperature, segment_ids, positions)
   return lp, losses.entropy_from_logits(logits.astype(jnp.float32) / temperature)
@@ -155,6 +166,7 @@ def _policy_micro_loss(graphdef, rest, cfg: LossConfig, params, mb):
     capacity=cfg.logits_capacity,
     routed_experts=None if routed is None else jnp.moveaxis(routed, 2, 0),  # [B, L, Lm, k] -> [Lm, B, L, k]
     with_router=moe,
+    vision=vision_inputs(mb),
   )
   lp, entropy = out[0], out[1]
   packed = {} if seg is None else {"segment_ids": seg}
