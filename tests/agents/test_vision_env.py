@@ -70,8 +70,9 @@ def test_env_image_observations_through_a_real_server(monkeypatch):
   assert good.observation[0]["text"] == "a 45x70 picture:"
   expected = np.asarray(Image.open(io.BytesIO(random_png(45, 70, 3))).convert("RGB"))
   np.testing.assert_array_equal(np.asarray(good.observation[1]["image"]), expected)
-  assert bad.info == {"error": "BadImage"}
-  assert "observation[0].image_url.url: the bytes do not decode as an image" in bad.observation
+  # the server checks every image observation before replying (envservers/images.py): the error comes from it
+  assert bad.info == {"error": "BadObservation"}
+  assert "observation[0]" in bad.observation and "image" in bad.observation
 
   assert traj.error is None and traj.finish_reason == "no_tool_call" and len(traj.images) == 1
   assert traj.tool_calls[0]["observation"] == "a 90x33 picture:<image>"
