@@ -68,6 +68,17 @@ def hf_vl_config():
   return cfg
 
 
+def saved_hf_vl(tmp_path_factory, name: str, seed: int = 5):
+  """A random HF Qwen2.5-VL of hf_vl_config (torch seed 0, weights randomized by `seed`) and the folder it was
+  saved to: (hf_model, folder)."""
+  torch.manual_seed(0)
+  hf = transformers.Qwen2_5_VLForConditionalGeneration(hf_vl_config()).eval()
+  randomize_(hf, seed=seed)
+  folder = tmp_path_factory.mktemp(name)
+  hf.save_pretrained(folder)
+  return hf, str(folder)
+
+
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
   torch.manual_seed(0)

@@ -33,18 +33,12 @@ from agentfly_jax.rl.spec import LoraSection, ModelSection, VisionSection  # noq
 from agentfly_jax.rl.update import default_prepare_config  # noqa: E402
 from agentfly_jax.rl.vision_batch import image_arrays  # noqa: E402
 from agentfly_jax.vision.processor import VisionProcessor  # noqa: E402
-from tests.models.test_models_hf import randomize_  # noqa: E402
-from tests.models.test_qwen25_vl import END, IMAGE, START, hf_vl_config  # noqa: E402
+from tests.models.test_qwen25_vl import END, IMAGE, START, saved_hf_vl  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
-  torch.manual_seed(0)
-  hf = transformers.Qwen2_5_VLForConditionalGeneration(hf_vl_config()).eval()
-  randomize_(hf, seed=5)
-  folder = tmp_path_factory.mktemp("qwen25_vl_train")
-  hf.save_pretrained(folder)
-  return hf, str(folder)
+  return saved_hf_vl(tmp_path_factory, "qwen25_vl_train")
 
 
 def processor():

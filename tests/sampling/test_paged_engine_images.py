@@ -15,8 +15,7 @@ transformers = pytest.importorskip("transformers")
 from agentfly_jax.models import from_pretrained  # noqa: E402
 from agentfly_jax.sampling import PromptImages, SamplingParams  # noqa: E402
 from agentfly_jax.sampling.engine import PagedJaxSampler  # noqa: E402
-from tests.models.test_models_hf import randomize_  # noqa: E402
-from tests.models.test_qwen25_vl import IMAGE, PATCH_DIM, conversation, hf_vl_config  # noqa: E402
+from tests.models.test_qwen25_vl import IMAGE, PATCH_DIM, conversation, saved_hf_vl  # noqa: E402
 
 NEW = 6
 # prefill chunks of 8 and 32 tokens, pages of 4: chunk and page boundaries fall inside every image
@@ -39,11 +38,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
-  torch.manual_seed(0)
-  hf = transformers.Qwen2_5_VLForConditionalGeneration(hf_vl_config()).eval()
-  randomize_(hf, seed=5)
-  folder = tmp_path_factory.mktemp("qwen25_vl_engine")
-  hf.save_pretrained(folder)
+  hf, folder = saved_hf_vl(tmp_path_factory, "qwen25_vl_engine")
   return hf, from_pretrained(folder)
 
 
