@@ -157,7 +157,7 @@ class RemoteEnv:
     except (ConnectionLost, RemoteError, trio.TooSlowError) as e:
       raise EnvUnavailable(f"{self!r}: reset failed: {e}") from e
     try:
-      return self._with_note(result["observation"])
+      return await self._with_note(result["observation"])
     except ImageError as e:
       raise EnvUnavailable(f"{self!r}: reset returned an unusable observation: {e}") from e
 
@@ -165,13 +165,13 @@ class RemoteEnv:
     note, self._lost_note = self._lost_note, ""
     return note
 
-  def _with_note(self, observation: str | list) -> str | list[dict]:
+  async def _with_note(self, observation: str | list) -> str | list[dict]:
     """The observation after any lost-state note; a list of content parts normalized (images decoded and
-    bounded by agentfly_jax/vision; ImageError names the part)."""
+    bounded by agentfly_jax/vision, in a worker thread so other chains go on; ImageError names the part)."""
     note = self._take_note()
     if isinstance(observation, str):
       return note + observation
-    parts = normalize_content(observation, "observation")
+    parts = await trio.to_thread.run_sync(normalize_content, observation, "observation")
     return ([{"type": "text", "text": note}] if note else []) + parts
 
   async def step(self, action: Any) -> StepResult:
@@ -197,7 +197,7 @@ class RemoteEnv:
         info={"error": "ConnectionLost"},
       )
     try:
-      observation = self._with_note(result["observation"])
+      observation = await self._with_note(result["observation"])
     except ImageError as e:
       return StepResult(
         observation=f"Error: the environment returned an unusable observation: {e}", info={"error": "BadImage"}
