@@ -274,11 +274,13 @@ class PagedJaxSampler(JaxSampler):
     return time.perf_counter() - start
 
   # ---------------------------------------------------------------- protocol
-  def _submit(
-    self, prompt, params: SamplingParams, label: str, future: Future | None = None, images: PromptImages | None = None
-  ) -> Future:
+  def _image_request(self, prompt, params: SamplingParams, images: PromptImages | None, label: str):
+    """The checked request's ImageRequest (None for text only); errors name `label`."""
     self._validate(prompt, params, label)
-    image = None if images is None else image_request(prompt, images, self._model_for_cache.config, label)
+    return None if images is None else image_request(prompt, images, self._model_for_cache.config, label)
+
+  def _submit(self, prompt, params: SamplingParams, label: str, future: Future | None = None, image=None) -> Future:
+    """Queues one request checked by `_image_request` (`image`: its ImageRequest, or None)."""
     if len(params.stop_token_ids) > self.engine_config.stop_width:
       raise ValueError(
         f"{label}: {len(params.stop_token_ids)} stop ids; the sampler takes at most stop_width="
@@ -303,13 +305,11 @@ class PagedJaxSampler(JaxSampler):
 
   def _generate_list(self, prompts: list, params_list: list, images: list | None = None) -> list[SampleResult]:
     images = images or [None] * len(prompts)
-    cfg = self._model_for_cache.config
-    for i, (prompt, params, im) in enumerate(zip(prompts, params_list, images)):
-      self._validate(prompt, params, f"request {i}")
-      if im is not None:
-        image_request(prompt, im, cfg, f"request {i}")
+    requests = [
+      self._image_request(p, q, im, f"request {i}") for i, (p, q, im) in enumerate(zip(prompts, params_list, images))
+    ]
     futures = [
-      self._submit(p, q, f"request {i}", images=im) for i, (p, q, im) in enumerate(zip(prompts, params_list, images))
+      self._submit(p, q, f"request {i}", image=r) for i, (p, q, r) in enumerate(zip(prompts, params_list, requests))
     ]
     return [f.wait() for f in futures]
 
@@ -326,7 +326,8 @@ class PagedJaxSampler(JaxSampler):
       except trio.RunFinishedError:
         pass
 
-    future = self._submit(prompt, params, "agenerate request", Future(wake), images)
+    image = self._image_request(prompt, params, images, "agenerate request")
+    future = self._submit(prompt, params, "agenerate request", Future(wake), image)
     try:
       await event.wait()
     except BaseException:
