@@ -55,9 +55,13 @@ def test_trainable_filter_policy_and_critic():
   assert {"score.kernel", "score.bias", "q_proj.lora_a", "down_proj.lora_b"} <= names
   assert not any(n.endswith(".kernel") and not n.startswith("score") for n in names)
   assert len(jax.tree.leaves(rest)) > 0
-  c.model.lora.critic = False
-  assert trainable_filter(RunSpec.from_config(c), critic=True) is nnx.Param
-  assert trainable_filter(RunSpec()) is nnx.Param
+  c.model.lora.critic = False  # the critic then trains whole: every Param, adapters and base
+  _, trained, rest = nnx.split(critic, trainable_filter(RunSpec.from_config(c), critic=True), ...)
+  assert len(nnx.to_flat_state(trained)) == len(nnx.to_flat_state(nnx.state(critic, nnx.Param)))
+  assert not jax.tree.leaves(nnx.state(rest, nnx.Param))
+  plain = CausalLM(tiny_config("qwen2"), rngs=nnx.Rngs(0))
+  _, trained, _ = nnx.split(plain, trainable_filter(RunSpec()), ...)
+  assert len(nnx.to_flat_state(trained)) == len(nnx.to_flat_state(nnx.state(plain, nnx.Param)))
 
 
 @pytest.mark.slow
