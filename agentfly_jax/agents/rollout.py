@@ -43,7 +43,7 @@ from agentfly_jax.data.dataset import validate_row
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
-from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.sampling.protocol import PromptImages, SamplingParams
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class _ChainBuilder:
     self.versions: list = []  # one per model turn: the sampler result's `policy_version` (partial rollouts)
     self.images: list = []  # the images of the prompt and observations, in token order
     self.grids: list[np.ndarray] = []  # their image_grid_thw rows, int32[n, 3] per added piece
+    self.pixels: list[np.ndarray] = []  # their processed patches, float32[p, patch_dim] per added piece
     self.num_turns = 0
     self.prompt_length = 0
     self.prediction: str | None = None
@@ -175,8 +176,8 @@ class _ChainBuilder:
   def __len__(self) -> int:
     return len(self.ids)
 
-  def add_prompt(self, ids: Sequence[int], images: Sequence = (), grid: np.ndarray | None = None) -> None:
-    self.add_observation(ids, images, grid)
+  def add_prompt(self, ids: Sequence[int], images: Sequence = (), grid=None, pixels=None) -> None:
+    self.add_observation(ids, images, grid, pixels)
     self.prompt_length = len(self.ids)
 
   def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float], version=None) -> None:
@@ -191,15 +192,22 @@ class _ChainBuilder:
     self.turn_rewards.append(0.0)
     self.versions.append(version)
 
-  def add_observation(self, ids: Sequence[int], images: Sequence = (), grid: np.ndarray | None = None) -> None:
+  def add_observation(self, ids: Sequence[int], images: Sequence = (), grid=None, pixels=None) -> None:
     """Non-model ids (prompt, tool observations, template text, image tokens): never trained on; `images`
-    (with their `grid` rows) are the images whose tokens are among `ids`."""
+    (with their `grid` rows and processed `pixels`) are the images whose tokens are among `ids`."""
     if images:
       self.images += list(images)
       self.grids.append(np.asarray(grid, np.int32).reshape(-1, 3))
+      self.pixels.append(np.asarray(pixels, np.float32))
     self.ids += [int(t) for t in ids]
     self.mask += [False] * len(ids)
     self.logps += [0.0] * len(ids)
+
+  def prompt_images(self) -> PromptImages | None:
+    """The chain's images so far for the sampler (the pixels its image tokens stand for), None: text only."""
+    if not self.images:
+      return None
+    return PromptImages(np.concatenate(self.pixels), np.concatenate(self.grids))
 
   def finish(self, reason: str, prediction: str | None = None) -> None:
     self.finish_reason = reason
@@ -263,8 +271,12 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
         cfg.sampling_params.seed,
       ),
     )
-    with SAMPLER_CLOCK:
-      result = await cfg.sampler.agenerate(list(chain.ids), params)
+    images = chain.prompt_images()
+    with SAMPLER_CLOCK:  # a text-only chain calls agenerate(ids, params): every sampler takes that
+      if images is None:
+        result = await cfg.sampler.agenerate(list(chain.ids), params)
+      else:
+        result = await cfg.sampler.agenerate(list(chain.ids), params, images=images)
     generated = [int(t) for t in result.token_ids]
     chain.add_model_tokens(generated, result.logprobs, getattr(result, "policy_version", None))
     ended = generated[-1] in stop_ids
@@ -294,11 +306,13 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
       return chain.finish("max_turns")
     model_end_text = tok.decode(generated[-1:]) if ended else ""
     obs_text = agent.observation_text(chain.messages, new_messages, template_tools, model_end_text)
-    obs_ids, obs_images, obs_grid = await aencode_with_images(agent, obs_text, new_messages, None, len(chain.messages))
+    obs_ids, obs_images, obs_grid, obs_pixels = await aencode_with_images(
+      agent, obs_text, new_messages, None, len(chain.messages)
+    )
     chain.messages += new_messages
     if len(chain) + len(obs_ids) >= cfg.max_total_tokens:
       return chain.finish("max_total_tokens")
-    chain.add_observation(obs_ids, obs_images, obs_grid)
+    chain.add_observation(obs_ids, obs_images, obs_grid, obs_pixels)
   chain.finish("max_turns")
 
 

@@ -194,7 +194,35 @@ LLAMA3_SPECIAL_TOKENS = {
   "pad_token": "<|finetune_right_pad_id|>",
 }
 
+# Qwen2.5's tool template with image parts: a message's content may be a list of text / image parts (the
+# OpenAI form); an image part renders as Qwen2.5-VL's placeholder, which the image processor expands to the
+# image's pad tokens (vision/processor.py). Text-only messages render exactly as QWEN25_CHAT_TEMPLATE.
+QWEN25_VL_IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+_CONTENT_MACRO = (
+  "{%- macro render_content(content) %}\n"
+  "  {%- if content is string %}\n"
+  "    {{- content }}\n"
+  "  {%- else %}\n"
+  "    {%- for part in content %}\n"
+  "      {%- if part['type'] == 'image' or part['type'] == 'image_url' or 'image' in part or 'image_url' in part %}\n"
+  "        {{- '" + QWEN25_VL_IMAGE_PLACEHOLDER + "' }}\n"
+  "      {%- elif 'text' in part %}\n"
+  "        {{- part['text'] }}\n"
+  "      {%- endif %}\n"
+  "    {%- endfor %}\n"
+  "  {%- endif %}\n"
+  "{%- endmacro %}\n"
+)
+QWEN25_VL_TOOLS_CHAT_TEMPLATE = _CONTENT_MACRO + QWEN25_CHAT_TEMPLATE.replace(
+  "= messages[0]['content']", "= render_content(messages[0]['content'])"
+).replace("+ message['content']", "+ render_content(message['content'])")
+QWEN25_VL_SPECIAL_TOKENS = dict(
+  QWEN25_SPECIAL_TOKENS,
+  tokens=[*QWEN25_SPECIAL_TOKENS["tokens"], "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+)
+
 CHAT_TEMPLATES = {
   "qwen2.5": (QWEN25_CHAT_TEMPLATE, QWEN25_SPECIAL_TOKENS),
+  "qwen2.5-vl": (QWEN25_VL_TOOLS_CHAT_TEMPLATE, QWEN25_VL_SPECIAL_TOKENS),
   "llama3": (LLAMA3_CHAT_TEMPLATE, LLAMA3_SPECIAL_TOKENS),
 }

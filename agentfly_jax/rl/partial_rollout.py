@@ -101,10 +101,13 @@ class VersionedSampler:
   def __getattr__(self, name):
     return getattr(self.sampler, name)
 
-  async def agenerate(self, prompt, params):
+  async def agenerate(self, prompt, params, images=None):
     version = await self.gate.request()
     try:
-      result = await self.sampler.agenerate(prompt, params)
+      if images is None:
+        result = await self.sampler.agenerate(prompt, params)
+      else:
+        result = await self.sampler.agenerate(prompt, params, images=images)
     finally:
       self.gate.done()
     result.policy_version = version

@@ -65,7 +65,8 @@ def build_tokenizer_dir(spec, task, workdir: str) -> str:
 
   out = os.path.join(workdir, "tokenizer")
   if distributed.is_primary() and not os.path.exists(os.path.join(out, "tokenizer.json")):
-    build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=spec.model.vocab_size, template="qwen2.5")
+    template = "qwen2.5-vl" if spec.model.family == "qwen2_5_vl" else "qwen2.5"  # VL: image parts, vision tokens
+    build_tiny_tokenizer(out, task.tokenizer_corpus(), vocab_size=spec.model.vocab_size, template=template)
   distributed.barrier("tokenizer")  # the other processes read what process 0 wrote
   return out
 
@@ -84,10 +85,11 @@ def model_numerics(spec) -> dict:
   )
 
 
-def model_config(spec, vocab_size: int):
+def model_config(spec, vocab_size: int, special_ids: dict | None = None):
   """The policy's ModelConfig: the HF folder's config.json (`model.pretrained`), else the tiny
   random-init architecture of `model`; numerics (dtype, param_dtype, remat, attention chunking)
-  from `model` either way. `spec`: the run's RunSpec."""
+  from `model` either way. `spec`: the run's RunSpec; `special_ids`: a random-init model's token ids
+  from its tokenizer (`vision_token_ids`: image_token_id, ...)."""
   import json
 
   from agentfly_jax.models import ModelConfig, tiny_config
@@ -119,11 +121,46 @@ def model_config(spec, vocab_size: int):
       if m.family == "qwen3_moe"
       else {}
     ),
+    **(special_ids or {}),
     **ours,
   )
 
 
-def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True):
+def vision_token_ids(tokenizer) -> dict:
+  """A Qwen2.5-VL model's special token ids ({image_token_id, video_token_id, vision_start_token_id,
+  vision_end_token_id}) as `tokenizer` has them; a KeyError-free ValueError naming the missing tokens."""
+  names = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+  }
+  ids = {k: tokenizer.token_to_id(t) for k, t in names.items()}
+  missing = [names[k] for k, v in ids.items() if v is None]
+  if missing:
+    raise ValueError(f"a qwen2_5_vl policy needs the tokens {missing} in its tokenizer")
+  return ids
+
+
+def vision_processor(spec, cfg):
+  """The image processor of a vision-language policy (`cfg` its ModelConfig): a pretrained folder's
+  preprocessor_config.json, else the tiny tower's patch geometry; resize bounds from `model.vision`
+  (min_pixels / max_pixels, 0: the folder's, or a random-init model's TINY_MAX_PIXELS)."""
+  from agentfly_jax.vision.processor import VisionProcessor
+
+  v, folder = spec.model.vision, spec.model.pretrained
+  bounds = {k: getattr(v, k) for k in ("min_pixels", "max_pixels") if getattr(v, k)}
+  if folder and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+    return VisionProcessor.from_pretrained(folder, **bounds)
+  if not folder:
+    bounds.setdefault("max_pixels", TINY_MAX_PIXELS)
+  return VisionProcessor.for_model(cfg.vision, **bounds)
+
+
+TINY_MAX_PIXELS = 128 * 128  # a random-init tower's images: 1,024 patches of 4 x 4 at most, 256 image tokens
+
+
+def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True, special_ids: dict | None = None):
   """The policy (or critic) of `spec`; with `model.lora.rank` > 0 (and `lora`) its projections
   carry LoRA adapters (the critic's only with `model.lora.critic`)."""
   from agentfly_jax.models import CausalLM, Critic, Qwen25VL, from_pretrained
@@ -133,7 +170,7 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
   if m.pretrained:
     model = from_pretrained(m.pretrained, critic=critic, seed=spec.seed, **model_numerics(spec))
   else:
-    cfg = model_config(spec, vocab_size)
+    cfg = model_config(spec, vocab_size, special_ids)
     cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
     model = cls(cfg, rngs=nnx.Rngs(spec.seed + (17 if critic else 0)))
   lora_cfg = m.lora.lora_config()
@@ -208,17 +245,17 @@ def _split(spec, model, mesh, *, critic: bool = False) -> ModelHalves:
   return ModelHalves(graphdef, params, rest, partition_specs(params, mesh, spec.mesh.rules))
 
 
-def _policy_models(spec, vocab_size: int, mesh, sampler_mesh):
+def _policy_models(spec, vocab_size: int, mesh, sampler_mesh, special_ids: dict | None = None):
   """(the policy model sharded on `mesh`, the sampler's model): on several processes each runs
   its own sampler on its local devices (a second, unsharded copy); with a sampler sub-mesh, a
   second copy placed on it (weight syncs copy across); else the policy itself."""
   from agentfly_jax.models import shard_model
 
   rules = spec.mesh.rules
-  model = build_model(spec, vocab_size)
+  model = build_model(spec, vocab_size, special_ids=special_ids)
   sampler_model = model
   if jax.process_count() > 1 or sampler_mesh is not None:
-    sampler_model = build_model(spec, vocab_size)
+    sampler_model = build_model(spec, vocab_size, special_ids=special_ids)
   if sampler_mesh is not None:
     shard_model(sampler_model, sampler_mesh, rules)
   shard_model(model, mesh, rules)
@@ -318,7 +355,8 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   tokenizer = load_tokenizer(tok_dir)
   end_of_turn = _end_of_turn_id(tokenizer, tok_dir)
   mesh, sampler_mesh = training_and_sampler_meshes(spec)
-  model, sampler_model = _policy_models(spec, tokenizer.vocab_size, mesh, sampler_mesh)
+  special_ids = vision_token_ids(tokenizer) if spec.model.family == "qwen2_5_vl" and not spec.model.pretrained else None
+  model, sampler_model = _policy_models(spec, tokenizer.vocab_size, mesh, sampler_mesh, special_ids)
   policy = _split(spec, model, mesh)
   lora_cfg = spec.model.lora.lora_config()
   identity = None if lora_cfg is None else base_identity(spec, model)
@@ -326,6 +364,9 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   teacher = _teacher_halves(spec, tokenizer, mesh)  # None without config.teacher.pretrained
   built = _build_sampler(spec, sampler_model, model, tokenizer, tok_dir, workdir, mesh, sampler_mesh, lora_cfg)
   agent = task.make_agent(tokenizer)
+  cfg = model_config(spec, tokenizer.vocab_size, special_ids)
+  if cfg.vision is not None:  # the agent reads images as the policy's tower takes them
+    agent.vision = vision_processor(spec, cfg)
   train_stream = RowStream(task.epoch_rows(spec.seed), spec.seed)
   eval_rows = task.make_eval_rows(spec.eval.num_rows, spec.seed) if spec.eval.num_rows else []
   return RunParts(

@@ -61,10 +61,10 @@ class ScriptedPolicySampler:
       self._unlearned[tuple(prompt) + tuple(ids)] = unlearned
     return SampleResult(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
-  def generate(self, prompts, params):
+  def generate(self, prompts, params, images=None):  # a script writes from the text; images change nothing
     return [self._one(p, params) for p in prompts]
 
-  async def agenerate(self, prompt, params):
+  async def agenerate(self, prompt, params, images=None):
     return self._one(prompt, params)
 
   def update_weights(self, params) -> None:  # a script has no weights

@@ -86,9 +86,16 @@ class VisionSection(Section):
   train: bool = False
   # each row's image patches padded up to a multiple of this (rl/vision_batch.py): few shapes, few compilations
   patch_multiple: int = 256
+  # the image processor's resize bounds in pixels (0: the pretrained folder's, a random-init tower's 128 * 128)
+  min_pixels: int = 0
+  max_pixels: int = 0
 
   def check(self):
     self.at_least("patch_multiple", 1)
+    self.at_least("min_pixels", 0)
+    self.at_least("max_pixels", 0)
+    if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+      raise ValueError(f"model.vision.min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,10 @@ from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncSta
 from agentfly_jax.sampling.requests import per_request_params, pick_bucket, power_of_two_buckets, validate_request
 
 
+# Top-level modules a push may leave out: frozen, the sampler keeps its own (a vision tower a run does not train).
+FROZEN_PARTS = ("visual",)
+
+
 class JaxSampler:
   """Implements the `Sampler` protocol on a Flax NNX `CausalLM`.
 
@@ -178,6 +182,9 @@ class JaxSampler:
       except Exception:
         pass
     if new_struct != old_struct:
+      params = self._with_held_rest(params)  # the trained part alone (a frozen vision tower): the rest as held
+      new_struct = jax.tree.structure(params)
+    if new_struct != old_struct:
       raise ValueError(
         "JaxSampler.update_weights: params do not match the sampler's model "
         f"(expected the tree of {old_struct.num_leaves} nnx.Param leaves, got "
@@ -194,6 +201,20 @@ class JaxSampler:
     decode = self._decode_copy(params)
     self._params, self._decode = params, decode
     return SyncStats(bytes=_nbytes(params))
+
+  def _with_held_rest(self, params: nnx.State) -> nnx.State:
+    """`params` without a frozen vision tower (a run that trains the LM alone pushes what it trains) completed
+    by the held tower; `params` itself otherwise (what it lacks is not all under FROZEN_PARTS, or it is no State)."""
+    try:
+      new = dict(nnx.to_flat_state(params))
+    except Exception:  # noqa: BLE001 -- not a State: the caller's structure check names the mismatch
+      return params
+    held = dict(nnx.to_flat_state(self._params))
+    missing = set(held) - set(new)
+    if not new or not set(new) <= set(held) or not missing or any(p[0] not in FROZEN_PARTS for p in missing):
+      return params
+    held.update(new)
+    return nnx.from_flat_state(held)
 
   def _update_adapters(self, adapters: nnx.State) -> None:
     """LoRA sync: replaces only the adapters (`nnx.LoRAParam`s, models/lora.py) in the held

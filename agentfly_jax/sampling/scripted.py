@@ -8,6 +8,8 @@ The script maps a prompt (list of ids) to the full reply ids; the sampler then a
 request's stop ids (cuts after the first one, finish_reason "stop") and `max_new_tokens`
 (finish_reason "length"), like a real sampler. Log-probs are a deterministic function of the
 position and token (`scripted_logprob`), distinct per position, so alignment bugs show.
+A script reads token ids alone: a request's images (PromptImages) are kept in `images_seen`, one entry
+per call (None: text only), for tests of what a rollout sends.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import trio
 
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, refuse_images
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams
 
 
 def scripted_logprob(prompt_length: int, index: int, token_id: int) -> float:
@@ -47,9 +49,10 @@ class ScriptedSampler:
       self._script = lambda prompt, _r=replies: _r[len(self.calls) % len(_r)]
     self.delay_s = float(delay_s)
     self.calls: list[tuple[list[int], SampleResult]] = []
+    self.images_seen: list = []  # per call, the request's PromptImages or None
     self.num_weight_updates = 0
 
-  def _sample(self, prompt: Sequence[int], params: SamplingParams) -> SampleResult:
+  def _sample(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
     prompt = [int(t) for t in prompt]
     reply = [int(t) for t in self._script(list(prompt))]
     if not reply:
@@ -68,17 +71,19 @@ class ScriptedSampler:
     logprobs = [scripted_logprob(len(prompt), i, t) for i, t in enumerate(out)]
     result = SampleResult(token_ids=out, logprobs=logprobs, finish_reason=finish)
     self.calls.append((prompt, result))
+    self.images_seen.append(images)
     return result
 
   def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, images=None) -> list[SampleResult]:
-    refuse_images(images, type(self).__name__)
-    return [self._sample(p, params) for p in prompts]
+    images = [None] * len(prompts) if images is None else list(images)
+    if len(images) != len(prompts):
+      raise ValueError(f"got {len(images)} images entries for {len(prompts)} prompts (need one per prompt, or None)")
+    return [self._sample(p, params, im) for p, im in zip(prompts, images)]
 
   async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
-    refuse_images([images], type(self).__name__)
     if self.delay_s > 0:
       await trio.sleep(self.delay_s)
-    return self._sample(prompt, params)
+    return self._sample(prompt, params, images)
 
   def update_weights(self, params: Any) -> None:
     self.num_weight_updates += 1

@@ -97,7 +97,25 @@ class VisionProcessor:
     path = os.path.join(os.fspath(folder), "preprocessor_config.json")
     if not os.path.isfile(path):
       raise FileNotFoundError(f"VisionProcessor.from_pretrained: {path} does not exist (a vision model's folder)")
-    return cls(Qwen2VLImageProcessorPil.from_pretrained(os.fspath(folder)), **kwargs)
+    bounds = {k: kwargs.pop(k) for k in ("min_pixels", "max_pixels") if kwargs.get(k) is not None}
+    return cls(Qwen2VLImageProcessorPil.from_pretrained(os.fspath(folder), **bounds), **kwargs)
+
+  @classmethod
+  def for_model(
+    cls, vision_config, *, min_pixels: int | None = None, max_pixels: int | None = None, **kwargs
+  ) -> "VisionProcessor":
+    """The processor whose patches a vision tower (models.VisionConfig) takes: its patch, temporal patch and
+    merge sizes, with resize bounds `min_pixels` / `max_pixels` (None: transformers' defaults)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    bounds = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    processor = Qwen2VLImageProcessorPil(
+      patch_size=vision_config.patch_size,
+      temporal_patch_size=vision_config.temporal_patch_size,
+      merge_size=vision_config.spatial_merge_size,
+      **bounds,
+    )
+    return cls(processor, **kwargs)
 
   def process(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(pixel_values float32[P, D], image_grid_thw int32[N, 3]) of N RGB PIL images."""

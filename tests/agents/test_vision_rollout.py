@@ -93,9 +93,17 @@ def test_tool_images_become_observation_parts_and_the_tokens_equal_hf():
   assert is_image.sum() == traj.image_grid_thw.prod(axis=1).sum() // 4 > 0
   assert not (traj.action_mask & is_image).any()
   assert traj.action_mask.sum() == sum(len(r.token_ids) for _, r in sampler.calls)
-  # every sampler call saw the chain's prefix, image tokens included
-  for prompt, result in sampler.calls:
+  # every sampler call saw the chain's prefix, image tokens included, with the pixels of the images in it
+  images_in = [0, 2, 3]  # turn 1: none; turn 2: wide and tall; turn 3: and the array
+  for (prompt, result), sent, n in zip(sampler.calls, sampler.images_seen, images_in):
     assert list(traj.token_ids[: len(prompt)]) == prompt
+    if n == 0:
+      assert sent is None
+      continue
+    rows = int(traj.image_grid_thw[:n].prod(axis=1).sum())
+    np.testing.assert_array_equal(sent.image_grid_thw, traj.image_grid_thw[:n])
+    np.testing.assert_allclose(sent.pixel_values, hf["pixel_values"][:rows], rtol=0, atol=1e-6)
+    assert int(np.sum(np.asarray(prompt) == pad)) == rows // 4
 
   back = Trajectory(**traj.to_json_dict())
   np.testing.assert_array_equal(back.image_grid_thw, traj.image_grid_thw)

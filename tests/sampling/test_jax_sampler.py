@@ -221,3 +221,22 @@ def test_update_weights_rejects_a_different_model(sampler):
 @pytest.mark.eight_devices("sampler_sharding")
 def test_sharded_params_on_an_8_device_mesh(eight_device_check):
   assert eight_device_check["ok"] and "SHARDED_OK" in eight_device_check["output"], eight_device_check["output"]
+
+
+def test_a_push_without_the_frozen_vision_tower_keeps_the_held_one():
+  from agentfly_jax.models import Qwen25VL, tiny_config
+
+  cfg = tiny_config("qwen2_5_vl", vocab_size=96, num_hidden_layers=1)
+  held, trained = Qwen25VL(cfg, rngs=nnx.Rngs(0)), Qwen25VL(cfg, rngs=nnx.Rngs(1))
+  s = JaxSampler(held, max_batch_size=2, max_len=32, batch_buckets=(2,), kernel_layout="in_out")
+  tower = nnx.All(nnx.Param, nnx.PathContains("visual"))
+  lm_only = nnx.state(trained, nnx.All(nnx.Param, nnx.Not(tower)))
+  s.update_weights(lm_only)
+  got = dict(nnx.to_flat_state(s.params))
+  for path, value in nnx.to_flat_state(nnx.state(trained, nnx.Param)):
+    want = value[...] if path[0] != "visual" else dict(nnx.to_flat_state(nnx.state(held, nnx.Param)))[path][...]
+    np.testing.assert_array_equal(np.asarray(got[path][...]), np.asarray(want))
+  # what is left out must be the tower alone
+  no_embed = nnx.state(trained, nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed_tokens"))))
+  with pytest.raises(ValueError, match=r"update_weights: params do not match"):
+    s.update_weights(no_embed)

@@ -1,0 +1,46 @@
+"""configs/visual_qa_grpo.py end to end: a tiny random-init Qwen2.5-VL policy, its tiny tokenizer with the vision
+tokens, the env server's images in the opening message, the paged engine sampling with them and the train step
+recomputing the same log-probs from the same pixels (ratio 1, zero KL: an engine that dropped the images, or
+a trainer that read others, would not match), the trained weights pushed back with the frozen tower kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from train_cli import ROOT, read_metrics, train_command
+
+
+@pytest.mark.slow
+def test_two_grpo_steps_over_images(tmp_path):
+  env = dict(os.environ, AGENTFLY_LOCAL_ENVS="visual_qa=2:0")
+  env.pop("AGENTFLY_ENV_SERVERS", None)
+  out = subprocess.run(
+    train_command(
+      tmp_path,
+      "--config.train.steps=2",
+      "--config.rollout.rows_per_step=1",
+      "--config.rollout.num_chains=2",
+      "--config.rollout.max_tokens_per_turn=16",
+      "--config.model.intermediate_size=128",
+      "--config.model.num_layers=1",
+      "--config.model.vision.max_pixels=4096",
+      "--config.checkpoint.every=100",
+      "--config.eval.num_rows=0",
+      config="configs/visual_qa_grpo.py",
+    ),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=env,
+  )
+  assert out.returncode == 0, out.stderr[-4000:]
+  records = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
+  assert [r["step"] for r in records] == [1, 2]
+  for r in records:
+    assert r.get("rollout/finish/error", 0.0) == 0.0 and r["env/visual_qa/crashes"] == 0
+    assert r["actor/n_tokens"] > 0
+    assert abs(r["actor/ratio_mean"] - 1.0) < 1e-3 and abs(r["actor/ppo_kl"]) < 1e-4, r
