@@ -1,7 +1,8 @@
 """Run with 8 devices (tests/eight_device_checks.py, or alone as a script with
 XLA_FLAGS=--xla_force_host_platform_device_count=8): the full trainer
 (the README demo, configs/lookup_<algo>.py: rollout with the JAX sampler, prepare, train steps,
-weight sync) on a (fsdp=2, tp=4) mesh gives the same metrics as on one device, for each algo given
+weight sync) on a mesh (PPO: fsdp=2, tp=4; GRPO: fsdp=2, tp=2 + a 4-device sampler) gives the same
+metrics as on one device, for each algo given
 on the command line (default grpo ppo). Prints OK on success."""
 
 import os
@@ -48,14 +49,16 @@ def run(algo: str, fsdp: int, tp: int, workdir: str, sampler_devices: int = 0) -
 
 
 def check(algo: str) -> None:
-  """The trainer with `algo` on a 2x4 mesh (and, for GRPO, a 2x2 trainer mesh + 4 sampler devices)
-  gives the 1-device run's metrics; raises AssertionError naming the metrics that differ."""
+  """The trainer with `algo` on a mesh gives the 1-device run's metrics: PPO (policy and critic) on a 2x4
+  mesh, GRPO on a 2x2 trainer mesh with the sampler on its own 4 devices (both tensor- and fsdp-parallel);
+  raises AssertionError naming the metrics that differ."""
   assert len(jax.devices()) == 8, jax.devices()
   with tempfile.TemporaryDirectory() as tmp:
     one = run(algo, 1, 1, os.path.join(tmp, f"{algo}_1x1"))
-    runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
-    if algo == "grpo":  # the trainer on a 2x2 mesh, the sampler on its own 4 devices
-      runs["2x2 mesh + 4 sampler devices"] = run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)
+    if algo == "grpo":
+      runs = {"2x2 mesh + 4 sampler devices": run(algo, 2, 2, os.path.join(tmp, f"{algo}_sub"), 4)}
+    else:
+      runs = {"2x4 mesh": run(algo, 2, 4, os.path.join(tmp, f"{algo}_2x4"))}
     bad = [f"{name}: {diff}" for name, mesh in runs.items() if (diff := compare(algo, one, mesh))]
     assert not bad, "\n".join(bad)
     assert one[-1]["actor/kl_ref"] > 0 and (algo != "ppo" or one[-1]["critic/grad_norm"] > 0)

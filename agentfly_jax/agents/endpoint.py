@@ -17,7 +17,11 @@ text unparsed, "required" or a named function are accepted but not enforced (no 
 decoding: the model's own turn is what is trained on). Per chain (the request's API
 key) the endpoint records the exact prompt and completion ids and the sampler's log-probs
 (`endpoint_records.ChainRecord`); the trajectory is built from those ids, never by
-re-tokenising the text the agent saw. `GET /v1/models` lists the one model.
+re-tokenising the text the agent saw. `GET /v1/models` lists the one model. A message's content may
+hold image parts (`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`; remote URLs are
+never fetched) when the agent reads images (`agent.vision`, a vision-language policy): they are expanded to
+the image's tokens by its processor, sent to the sampler as the prompt's images, and kept in the trajectory;
+an image for a text-only agent, or one that does not decode, is a 400 naming the part.
 
 Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`, the
 message naming the field) and leave every chain's record as it was (a refused request is no turn):
@@ -63,6 +67,7 @@ from agentfly_jax.agents.rollout import (
 )
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.vision.decode import ImageError
 
 log = logging.getLogger(__name__)
 # Bodies over this many bytes are parsed, rendered and tokenized in a worker thread (smaller ones inline: the
@@ -236,6 +241,8 @@ class ChatEndpoint:
     tools_key = json.dumps(request.tools, sort_keys=True, default=str)
     try:
       return chain.prepare(self.agent, request.messages, tools_key, template_tools)
+    except ImageError as e:  # an image part that does not decode, too large, or for a model that reads none
+      raise EndpointError(400, f"messages: {e}", "messages", "invalid_image") from None
     except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
       raise EndpointError(
         400, f"messages: the chat template cannot render them: {type(e).__name__}: {e}", "messages", "template_error"
@@ -279,11 +286,16 @@ class ChatEndpoint:
       chain.clamped_requests += 1
     chain.note_tool_results(request.raw_messages)
     results: list[Any] = [None] * request.n
+    images = prepared.base.prompt_images()
 
     async def sample(i):
       chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
       seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
-      results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), self._params(request, budget, seed))
+      params = self._params(request, budget, seed)
+      if images is None:  # text: every sampler takes agenerate(ids, params)
+        results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), params)
+      else:
+        results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), params, images=images)
 
     await self._gather()
     self._sampling += 1

@@ -19,29 +19,58 @@ them), so the trainer learns from exactly the tokens the model wrote, in the con
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
+import numpy as np
+
+from agentfly_jax.agents.chain_images import encode_with_images
 from agentfly_jax.agents.trajectory import Trajectory
+from agentfly_jax.sampling.protocol import PromptImages
+from agentfly_jax.vision.processor import check_text_only
 
 
-def message_text(content: Any, where: str) -> str:
-  """An OpenAI message `content` (a string, None, or a list of text parts) as text; ValueError
-  naming `where` for other parts (images, audio)."""
+def message_content(content: Any, where: str) -> str | list[dict]:
+  """An OpenAI message `content` in template form: a string (None, a string, or text parts joined), or, with
+  image parts ({"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}), the list of text and
+  image_url parts (decoded later, by the agent's processor). ValueError naming `where` for other parts (audio,
+  files) and malformed ones."""
   if content is None:
     return ""
   if isinstance(content, str):
     return content
-  if isinstance(content, list):
-    texts = []
-    for j, part in enumerate(content):
-      if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-        raise ValueError(
-          f"{where}[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are supported, got {str(part)[:80]!r}"
-        )
-      texts.append(part["text"])
-    return "".join(texts)
-  raise ValueError(f"{where} must be a string, null or a list of text parts, got {type(content).__name__}")
+  if not isinstance(content, list):
+    raise ValueError(
+      f"{where} must be a string, null or a list of text / image_url parts, got {type(content).__name__}"
+    )
+  parts = []
+  for j, part in enumerate(content):
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+      parts.append({"type": "text", "text": part["text"]})
+    elif kind == "image_url":
+      url = part.get("image_url")
+      url = url.get("url") if isinstance(url, dict) else url
+      if not isinstance(url, str) or not url:
+        raise ValueError(f"{where}[{j}].image_url.url must be a data URL ('data:image/png;base64,...'), got {url!r}")
+      parts.append({"type": "image_url", "image_url": {"url": url}})
+    else:
+      raise ValueError(
+        f"{where}[{j}]: only text and image_url parts are supported "
+        f"({{'type': 'text', 'text': ...}}, {{'type': 'image_url', 'image_url': {{'url': ...}}}}), got {str(part)[:80]!r}"
+      )
+  if all(p["type"] == "text" for p in parts):
+    return "".join(p["text"] for p in parts)
+  return parts
+
+
+def message_text(content: Any, where: str) -> str:
+  """`content` as text: its text parts, each image as "<image>" (tool results, transcripts)."""
+  content = message_content(content, where)
+  if isinstance(content, str):
+    return content
+  return "".join(p["text"] if p["type"] == "text" else "<image>" for p in content)
 
 
 def template_message(message: Any, i: int) -> dict:
@@ -56,7 +85,7 @@ def template_message(message: Any, i: int) -> dict:
       f"{where}.role must be a string (system, user, assistant, tool, or another "
       f"role the chat template knows), got {role!r}"
     )
-  out = {"role": role, "content": message_text(message.get("content"), f"{where}.content")}
+  out = {"role": role, "content": message_content(message.get("content"), f"{where}.content")}
   for field in ("name", "tool_call_id"):
     if message.get(field) is not None and not isinstance(message[field], str):
       raise ValueError(f"{where}.{field} must be a string, got {type(message[field]).__name__}")
@@ -90,11 +119,20 @@ def _template_call(call: Any, where: str) -> dict:
   return {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
 
 
+def _content_key(content: Any) -> Any:
+  if isinstance(content, list):  # an image by the sha256 of its URL: no megabytes of base64 in every key
+    return [
+      p["text"] if p["type"] == "text" else "image:" + hashlib.sha256(p["image_url"]["url"].encode()).hexdigest()
+      for p in content
+    ]
+  return content or ""
+
+
 def message_key(message: dict) -> str:
-  """What decides a message's rendering (role, text, name, tool calls): equal keys render equal."""
+  """What decides a message's rendering (role, text and images, name, tool calls): equal keys render equal."""
   calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()]
   return json.dumps(
-    [message["role"], message.get("content") or "", message.get("name"), calls],
+    [message["role"], _content_key(message.get("content")), message.get("name"), calls],
     sort_keys=True,
     ensure_ascii=False,
     default=str,
@@ -116,6 +154,9 @@ class Segment:
   messages: list[dict] = dataclasses.field(default_factory=list)  # ... as rendered, + the reply
   reply_key: str | None = None  # the assistant message returned (as the agent echoes it)
   model_end_text: str = ""
+  images: list = dataclasses.field(default_factory=list)  # the images among ids, in order (RGB PIL)
+  grids: list = dataclasses.field(default_factory=list)  # their image_grid_thw, int32[n, 3] per added piece
+  pixels: list = dataclasses.field(default_factory=list)  # their patches, float32[p, patch_dim] per added piece
 
   def copy_prefix(self) -> "Segment":
     return dataclasses.replace(
@@ -125,7 +166,29 @@ class Segment:
       logps=list(self.logps),
       request_keys=list(self.request_keys),
       messages=list(self.messages),
+      images=list(self.images),
+      grids=list(self.grids),
+      pixels=list(self.pixels),
     )
+
+  def add_prompt_piece(self, ids: list[int], images: list, grid: np.ndarray, pixels: np.ndarray | None) -> None:
+    """Non-model ids (never trained on) and the images whose tokens are among them."""
+    self.ids += ids
+    self.mask += [False] * len(ids)
+    self.logps += [0.0] * len(ids)
+    if images:
+      self.images += list(images)
+      self.grids.append(np.asarray(grid, np.int32).reshape(-1, 3))
+      self.pixels.append(np.asarray(pixels, np.float32))
+
+  def prompt_images(self) -> PromptImages | None:
+    """The segment's images for the sampler; None: text only."""
+    if not self.images:
+      return None
+    return PromptImages(np.concatenate(self.pixels), np.concatenate(self.grids))
+
+  def image_grid_thw(self) -> np.ndarray:
+    return np.concatenate(self.grids) if self.grids else np.zeros((0, 3), np.int32)
 
 
 @dataclasses.dataclass
@@ -157,6 +220,8 @@ class ChainRecord:
   def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
     """The prompt ids of a request (template-form `messages`): continues the segment whose
     last request + reply these messages extend, else renders a new segment."""
+    if getattr(agent, "vision", None) is None:  # an image part for a text-only model: named before rendering
+      check_text_only(messages, f"{type(agent).__name__}'s model")
     keys = [message_key(m) for m in messages]
     for seg in reversed(self.segments):
       n = len(seg.request_keys)
@@ -169,17 +234,14 @@ class ChainRecord:
       ):
         continue
       suffix = agent.observation_text(seg.messages, messages[n + 1 :], template_tools, seg.model_end_text)
-      new_ids = agent.tokenizer.encode(suffix)
       base = seg.copy_prefix()
-      base.ids += new_ids
-      base.mask += [False] * len(new_ids)
-      base.logps += [0.0] * len(new_ids)
+      base.add_prompt_piece(*encode_with_images(agent, suffix, messages[n + 1 :], None, n + 1))
       return Prepared(list(base.ids), seg, base, seg.version, messages, keys, template_tools)
-    ids = agent.tokenizer.encode(agent.render(messages, template_tools, add_generation_prompt=True))
-    base = Segment(
-      ids=list(ids), mask=[False] * len(ids), logps=[0.0] * len(ids), prompt_length=len(ids), tools_key=tools_key
-    )
-    return Prepared(list(ids), None, base, 0, messages, keys, template_tools)
+    text = agent.render(messages, template_tools, add_generation_prompt=True)
+    base = Segment(ids=[], mask=[], logps=[], prompt_length=0, tools_key=tools_key)
+    base.add_prompt_piece(*encode_with_images(agent, text, messages))
+    base.prompt_length = len(base.ids)
+    return Prepared(list(base.ids), None, base, 0, messages, keys, template_tools)
 
   def record(
     self,
@@ -195,7 +257,9 @@ class ChainRecord:
       raise ValueError(f"sampler returned {len(generated)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
     seg = prepared.segment
     if seg is not None and seg.version == prepared.base_version:
-      seg.ids, seg.mask, seg.logps = prepared.base.ids, prepared.base.mask, prepared.base.logps
+      base = prepared.base
+      seg.ids, seg.mask, seg.logps = base.ids, base.mask, base.logps
+      seg.images, seg.grids, seg.pixels = base.images, base.grids, base.pixels
       prepared.base = prepared.base.copy_prefix()  # later choices of this request fork from here
     else:
       seg = prepared.base.copy_prefix()
@@ -263,6 +327,8 @@ class ChainRecord:
         error_frame=error_frame,
         segment=i,
         clamped_requests=self.clamped_requests if i == len(self.segments) - 1 else 0,
+        images=list(s.images),
+        image_grid_thw=s.image_grid_thw(),
       )
       for i, s in enumerate(self.segments)
     ]

@@ -1,6 +1,6 @@
-"""The full trainer (README demo: JAX sampler rollout, prepare, train steps, weight sync) on a
-(fsdp=2, tp=4) mesh of 8 CPU devices gives the same metrics as on one device, for a
-critic-free policy algorithm (GRPO) and PPO with its critic (tests/mesh_trainer_check.py, run in
+"""The full trainer (README demo: JAX sampler rollout, prepare, train steps, weight sync) on 8 CPU
+devices gives the same metrics as on one device: PPO with its critic on a (fsdp=2, tp=4) mesh, GRPO
+on a (2, 2) trainer mesh with its sampler on the other 4 devices (tests/mesh_trainer_check.py, run in
 the session's one 8-device child process: tests/eight_device_checks.py)."""
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 def test_trainer_on_2x4_mesh_matches_one_device(algo, eight_device_check):
   """tests/mesh_trainer_check.py's check(algo), in the session's 8-device child process."""
   assert eight_device_check["ok"], eight_device_check["output"]
+  mesh = {"grpo": "2x2 mesh + 4 sampler devices", "ppo": "2x4 mesh"}[algo]
   assert (
-    f"{algo}: " in eight_device_check["output"] and "metrics equal on 1x1 and 2x4 mesh" in eight_device_check["output"]
+    f"{algo}: " in eight_device_check["output"] and f"metrics equal on 1x1 and {mesh}" in eight_device_check["output"]
   )
