@@ -101,6 +101,22 @@ def vision_layout(image_grid_thw, vcfg: VisionConfig) -> VisionLayout:
   )
 
 
+def padded_layout(grids: np.ndarray, num_patches: int, vcfg) -> tuple:
+  """(the VisionLayout of `grids` plus one padding image up to `num_patches` patches, the padding
+  image's grid or None). num_patches - the grids' patches must be a multiple of spatial_merge_size**2."""
+  m = vcfg.spatial_merge_size
+  real = int(np.prod(grids, axis=1).sum()) if len(grids) else 0
+  pad = num_patches - real
+  if pad < 0 or pad % (m * m):
+    raise ValueError(f"padded_layout: {real} patches do not pad to {num_patches} in whole {m}x{m} blocks")
+  full = np.asarray(grids, np.int64).reshape(-1, 3)
+  pad_grid = None
+  if pad:
+    pad_grid = np.array([1, m, pad // m], np.int64)
+    full = np.concatenate([full, pad_grid[None]])
+  return vision_layout(full, vcfg), pad_grid
+
+
 def vision_rope(rotary_positions: jax.Array, vcfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
   """rotary_positions int[N, 2] (row, column) -> (cos, sin) float32[N, head_dim]: the first quarter
   of the frequencies turn with the row, the second with the column, and the halves repeat."""

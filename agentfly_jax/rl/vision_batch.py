@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from agentfly_jax.models.vision import padded_layout
 from agentfly_jax.rl.batching import bucket
 from agentfly_jax.rl.core.vision import LAYOUT_KEYS, VISION_KEYS
 
@@ -33,24 +34,6 @@ def row_images(traj, processor) -> tuple[np.ndarray, np.ndarray]:
       f"but it recorded image_grid_thw {traj.image_grid_thw.tolist()} (another image processor?)"
     )
   return pixels, grids
-
-
-def padded_layout(grids: np.ndarray, num_patches: int, vcfg) -> tuple:
-  """(the VisionLayout of `grids` plus one padding image up to `num_patches` patches, the padding
-  image's grid or None). num_patches - the grids' patches must be a multiple of spatial_merge_size**2."""
-  from agentfly_jax.models.vision import vision_layout
-
-  m = vcfg.spatial_merge_size
-  real = int(np.prod(grids, axis=1).sum()) if len(grids) else 0
-  pad = num_patches - real
-  if pad < 0 or pad % (m * m):
-    raise ValueError(f"padded_layout: {real} patches do not pad to {num_patches} in whole {m}x{m} blocks")
-  full = np.asarray(grids, np.int64).reshape(-1, 3)
-  pad_grid = None
-  if pad:
-    pad_grid = np.array([1, m, pad // m], np.int64)
-    full = np.concatenate([full, pad_grid[None]])
-  return vision_layout(full, vcfg), pad_grid
 
 
 def image_arrays(trajs: Sequence, processor, model_cfg, *, length: int, patch_multiple: int = 256) -> dict:

@@ -2,7 +2,8 @@
 Qwen2_5_VLForConditionalGeneration.generate on a tiny random model (saved by HF, loaded by ours) with fresh
 random ids and pixels: one image, two images of different sizes, an image in a later turn, prefill chunks
 that end inside an image, and text-only requests in the same batch; pages are shared only between prompts
-of the same images; image requests to a text-only model or a sampler without images are refused by name."""
+of the same images; image requests to a text-only model or a sampler without images are refused by name; a
+request's patches pad to a bucket, so a new image size in it compiles nothing."""
 
 from __future__ import annotations
 
@@ -88,6 +89,14 @@ def test_greedy_tokens_and_logprobs_equal_hf_generate(vl, engine):
     tokens, logprobs = hf_greedy(hf, ids, images)
     assert result.token_ids == tokens, name
     np.testing.assert_allclose(result.logprobs, logprobs, atol=5e-5, err_msg=name)
+  # another image size in the same patch bucket (every request's patches pad to 256): no new compilation
+  before = engine.trace_count
+  ids, images = request(rng, [("text", 4), ("image", (1, 10, 14)), ("text", 3)])
+  [result] = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=NEW), images=[images])
+  assert engine.trace_count == before
+  tokens, logprobs = hf_greedy(hf, ids, images)
+  assert result.token_ids == tokens
+  np.testing.assert_allclose(result.logprobs, logprobs, atol=5e-5)
 
 
 @pytest.mark.slow

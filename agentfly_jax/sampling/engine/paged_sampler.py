@@ -129,6 +129,8 @@ class PagedJaxSampler(JaxSampler):
     stop_width: most stop ids a request may carry.
     weight_update: "drain" (rows in flight finish on the weights they started with) or "recompute" (rows in
       flight continue on the new weights after recomputing their keys / values).
+    vision_patch_multiple: a vision-language model's request patches are padded up to a multiple of this (one
+      padding image, its features dropped), so the vision tower compiles once per bucket, not per image size.
   """
 
   def __init__(
@@ -148,6 +150,7 @@ class PagedJaxSampler(JaxSampler):
     decode_steps: int = 4,
     stop_width: int = 16,
     weight_update: str = "drain",
+    vision_patch_multiple: int = 256,
     seed: int = 0,
     pad_id: int | None = None,
     kernel_layout: str = "auto",
@@ -182,6 +185,13 @@ class PagedJaxSampler(JaxSampler):
     )
     self._cache_dtype = model.config.compute_dtype
     self._model_for_cache = model
+    vcfg = model.config.vision
+    if vcfg is not None and (vision_patch_multiple < 1 or vision_patch_multiple % vcfg.spatial_merge_size**2):
+      raise ValueError(
+        f"vision_patch_multiple={vision_patch_multiple} must be a positive multiple of spatial_merge_size**2 = "
+        f"{vcfg.spatial_merge_size**2}"
+      )
+    self.vision_patch_multiple = vision_patch_multiple
     vision = self._run_vision if model.config.vision is not None else None
     self.engine = Engine(
       self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode, run_vision=vision
@@ -225,16 +235,24 @@ class PagedJaxSampler(JaxSampler):
     return out
 
   def _run_vision(self, decode, request):
-    """The merged features [M, D] of one ImageRequest's images on the decode params."""
-    from agentfly_jax.models.vision import vision_layout
+    """The merged features [M, D] of one ImageRequest's images on the decode params: its patches padded up to
+    a multiple of vision_patch_multiple by one padding image (it attends to itself alone; its features, last,
+    are dropped), so every request in a bucket runs the same compiled tower."""
+    import numpy as np
+
+    from agentfly_jax.models.vision import padded_layout
 
     graphdef, params = decode
     before = programs.TRACES[0]
-    layout = vision_layout(request.images.image_grid_thw, self._model_for_cache.config.vision)
-    pixels = request.images.pixel_values
+    vcfg = self._model_for_cache.config.vision
+    real = request.images.pixel_values
+    size = -(-len(real) // self.vision_patch_multiple) * self.vision_patch_multiple
+    layout, _ = padded_layout(request.images.image_grid_thw, size, vcfg)
+    pixels = np.zeros((size, real.shape[1]), real.dtype)
+    pixels[: len(real)] = real
     out = programs.image_features(graphdef, params, self._rest, pixels, layout, activation=self.activation)
     self.trace_count += programs.TRACES[0] - before
-    return out
+    return out[: len(real) // vcfg.spatial_merge_size**2]
 
   def warmup(self) -> float:
     """Compiles (or loads from the compile cache) every program the engine can run: each prefill shape and
