@@ -94,6 +94,11 @@ SMOKE = {
     ["profile_train_step.json", "profile_train_step.md"],
     (),
   ),
+  "bench_vl_train_step.py": (
+    "--rows=2 --image_px=16 --text_tokens=24 --num_layers=1 --repeats=1 --out={tmp}/bench_vl_train_step",
+    ["bench_vl_train_step.json", "bench_vl_train_step.md"],
+    ("slow",),
+  ),
   "bench_sampler.py": (
     "--engines=jax,hf --models=tiny --batch_sizes=1 --prompt_len=4 --new_tokens=4 --repeats=1 --sync_repeats=1"
     " --pause_s=0 --out_dir={tmp} --work_dir={tmp}/work",
