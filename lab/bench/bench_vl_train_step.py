@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -96,9 +97,7 @@ class JaxStep:
     batch["advantages"] = np.repeat(rng.standard_normal((len(trajs), 1)).astype(np.float32), t, axis=1)
     batch.update(image_arrays(trajs, proc, model.config, length=t))
     self.batch_np = batch
-    opt = optax.chain(
-      optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LR, eps=1e-8, weight_decay=WEIGHT_DECAY)
-    )
+    opt = optax.chain(optax.clip_by_global_norm(MAX_GRAD_NORM), optax.adamw(LR, eps=1e-8, weight_decay=WEIGHT_DECAY))
     self.state = create_train_state(params, opt)
     loss = default_loss_config(agg="token-mean")
     self.step = jax.jit(make_train_step(graphdef, rest, opt, loss), donate_argnums=(0,))
@@ -196,8 +195,10 @@ def main(argv):
     )
   ratio = rows["jax"]["median_s"] / rows["torch"]["median_s"]
   patches = int(sum(np.prod(t.image_grid_thw, axis=1).sum() for t in trajs))
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
   result = dict(
     date=time.strftime("%Y-%m-%d"),
+    commit=commit.stdout.strip() or "unknown",
     machine=dict(cpu=cpu_name(), cores=os.cpu_count(), load=os.getloadavg()[0]),
     config=dict(
       rows=FLAGS.rows,
@@ -216,7 +217,8 @@ def main(argv):
     json.dump(result, f, indent=2)
   lines = [
     f"VL train step, {FLAGS.rows} rows x ({FLAGS.text_tokens} text + 1 image of {FLAGS.image_px}^2 px), "
-    f"{patches} patches, vision {'trained' if FLAGS.train_vision else 'frozen'}; {result['machine']}",
+    f"{patches} patches, vision {'trained' if FLAGS.train_vision else 'frozen'}; {result['date']}, commit "
+    f"{result['commit']}; {result['machine']}",
     "",
     "| framework | median s | min s | cpu s | first step s | first loss |",
     "|---|---|---|---|---|---|",
