@@ -9,7 +9,11 @@ holds the step), one continuous rollout (agents/stream_rollout.py) keeps groups 
 run; a step takes R finished groups and a long group carries over into a later step. New weights are
 loaded between sampler requests (`VersionGate`: new requests wait while the in-flight ones drain, then
 the load), so a chain cut by an update resumes its next turn with the new weights (the JAX samplers
-re-prefill the context: their prefix caches are cleared on a load; vLLM resets its own).
+re-prefill the context: their prefix caches are cleared on a load; vLLM resets its own). With the paged
+engine's `weight_update="recompute"` (rollout.weight_update) nothing drains: the load happens at once and
+the rows in flight continue on the new weights after recomputing their keys / values; such a turn keeps
+the version it started on (the oldest that sampled it: the staleness bound holds), and each of its tokens'
+sampler log-probs is the one of the weights that drew it (the behaviour term below stays exact).
 
 The staleness contract: every turn a step trains on was sampled by a version v with
 (step - 1) - v <= max_staleness, and every sampled turn is trained (none is masked or dropped; with
@@ -51,8 +55,9 @@ from agentfly_jax.rl.async_rollout import StepBatch
 
 class VersionGate:
   """The weights a continuous rollout samples with: `await request()` before each sampler call
-  (loads a newer published version once no request is in flight; waits while the loaded version
-  is too stale for the next step to consume), `done()` after it. Trio side (one thread)."""
+  (loads a newer published version once no request is in flight, or at once for an engine whose
+  weight_update is "recompute"; waits while the loaded version is too stale for the next step to
+  consume), `done()` after it. Trio side (one thread)."""
 
   def __init__(self, weights, max_staleness: int, start_version: int, poll_s: float = 0.002):
     self.weights, self.max_staleness, self.poll_s = weights, max_staleness, poll_s
@@ -62,6 +67,9 @@ class VersionGate:
     self.loaded = start_version
     self.in_flight = 0
     self.loads = 0
+    self.loads_in_flight = 0  # loads made while requests were in flight (the engine's recompute)
+    engine = getattr(weights.sampler, "engine_config", None)
+    self.drain = getattr(engine, "weight_update", "drain") != "recompute"
     self.clock = BusyClock("partial-sampler")  # busy while >= 1 request is in flight
 
   async def request(self) -> int:
@@ -72,12 +80,13 @@ class VersionGate:
         version, params = self.published
         next_step = self.next_step
       if version > self.loaded:  # drain, then load (new requests wait here meanwhile)
-        if self.in_flight == 0 and self.weights.lock.acquire(blocking=False):
+        if (self.in_flight == 0 or not self.drain) and self.weights.lock.acquire(blocking=False):
           try:
             if params is not None:
               self.weights.load(params)
           finally:
             self.weights.lock.release()
+          self.loads_in_flight += self.in_flight > 0
           self.loaded, self.loads = version, self.loads + 1
           continue
       elif (next_step - 1) - self.loaded <= self.max_staleness and self.weights.lock.acquire(blocking=False):

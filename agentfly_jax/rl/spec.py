@@ -193,7 +193,9 @@ class RolloutSection(Section):
   kv_page_size: int = 16  # jax: tokens per KV page (sampling/engine; whole-page prefixes shared across turns)
   kv_cache_gib: float = 1.0  # jax: the paged cache's budget (at most what every slot at max_len needs); 0 = that
   decode_steps: int = 4  # jax: decode steps per device call (admission and retirement between calls)
-  weight_update: str = "drain"  # jax: rows in flight at a weight update: drain (old weights) | recompute
+  # jax: rows in flight at a weight update: drain (finish on the old weights) | recompute (continue on the new
+  # ones; partial rollouts then load new weights without draining)
+  weight_update: str = "drain"
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
   error_patience: int = 3  # that many such steps in a row stop the run (all chains failed: at once); rl/chain_failures

@@ -5,6 +5,7 @@ turn within the staleness bound without dropping any sampled turn."""
 
 import collections
 import time
+import types
 
 import numpy as np
 import pytest
@@ -46,7 +47,31 @@ class _VersionedScript(ScriptedSampler):
     return result
 
 
-def _producer(rows_per_step, max_staleness, long_every=4, long_turns=8, total_groups=None, delay_s=0.01):
+class _RecomputeScript(ScriptedSampler):
+  """An engine with weight_update="recompute": weights may change while a request runs; records the version
+  held when each request started and when it ended."""
+
+  engine_config = types.SimpleNamespace(weight_update="recompute")
+
+  def __init__(self, script, delay_s):
+    super().__init__(script, delay_s)
+    self.held, self.seen, self.spans = -1, [], []
+
+  def update_weights(self, params):
+    super().update_weights(params)
+    self.held = int(np.asarray(params["v"]))
+
+  async def agenerate(self, prompt, params):
+    start = self.held
+    result = await super().agenerate(prompt, params)
+    self.seen.append(start)
+    self.spans.append((start, self.held))
+    return result
+
+
+def _producer(
+  rows_per_step, max_staleness, long_every=4, long_turns=8, total_groups=None, delay_s=0.01, sampler_cls=None
+):
   agent = ToolCallAgent(tokenizer_dir("qwen2.5"), tools=[calculator])
   tok = agent.tokenizer
 
@@ -57,7 +82,7 @@ def _producer(rows_per_step, max_staleness, long_every=4, long_turns=8, total_gr
     reply = hermes_call("calculator", {"expression": "1+1"}) if k < turns - 1 else "2"
     return tok.encode(reply + "<|im_end|>")
 
-  sampler = _VersionedScript(script, delay_s=delay_s)
+  sampler = (sampler_cls or _VersionedScript)(script, delay_s=delay_s)
   weights = SamplerWeights(sampler)
   weights.load({"v": np.int32(0)})
 
@@ -140,6 +165,23 @@ def test_max_staleness_0_never_samples_during_an_update():
         assert all(v == step - 1 for v in t.policy_versions), t.policy_versions
   finally:
     producer.close()
+
+
+def test_an_engine_that_recomputes_loads_new_weights_without_draining():
+  producer, sampler = _producer(rows_per_step=3, max_staleness=1, delay_s=0.05)
+  drained = producer.gate.drain
+  producer, sampler = _producer(rows_per_step=3, max_staleness=1, delay_s=0.05, sampler_cls=_RecomputeScript)
+  assert drained and not producer.gate.drain
+  batches = _run_steps(producer, 5, update_s=0.03)
+  assert producer.gate.loads >= 4 and producer.gate.loads_in_flight > 0  # loaded while requests ran
+  assert any(end > start for start, end in sampler.spans)  # a request finished on newer weights
+  for step, batch in enumerate(batches, 1):
+    # a turn keeps the version it started on: the bound holds
+    check_staleness([v for t in batch.trajectories for v in t.policy_versions], step, 1)
+    for t in batch.trajectories:
+      assert t.policy_versions == sorted(t.policy_versions) and max(t.policy_versions) <= step - 1
+  recorded = collections.Counter(v for b in batches for t in b.trajectories for v in t.policy_versions)
+  assert not recorded - collections.Counter(sampler.seen)  # each the version a request started on
 
 
 def _run_steps(producer, steps, update_s):
