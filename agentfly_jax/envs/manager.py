@@ -128,9 +128,9 @@ class RemoteEnv:
         self._rebind = True
       self._manager._count("errors")
       raise
-    except ServerHung:  # another call on this connection timed out: we waited on the same
+    except ServerHung as e:  # another call on this connection timed out: we waited on the same
       self._manager._count("timeouts")  # hung server, so this is a timeout too
-      raise trio.TooSlowError from None
+      raise trio.TooSlowError(f"the environment server stopped answering ({e})") from None
     except ConnectionLost:
       self._manager._count("connection_errors")
       raise
@@ -184,12 +184,10 @@ class RemoteEnv:
       )
     except RemoteError as e:
       return StepResult(observation=f"Error ({e.error_type}): {e.message}", info={"error": e.error_type})
-    except trio.TooSlowError:
+    except trio.TooSlowError as e:  # our own limit, or the connection found hung by another call on it
+      why = str(e) or f"the environment server did not answer within {self._call_limit_s():g} s"
       return StepResult(
-        observation=f"Error (Timeout): the environment server did not answer "
-        f"within {self._call_limit_s():g} s; the environment state is "
-        f"lost.",
-        info={"error": "Timeout"},
+        observation=f"Error (Timeout): {why}; the environment state is lost.", info={"error": "Timeout"}
       )
     except (ConnectionLost, EnvUnavailable) as e:
       return StepResult(
@@ -555,9 +553,9 @@ class EnvManager:
         except (ConnectionLost, trio.TooSlowError) as e:
           last_error = f"{address}: {e or 'no reply in time'}"
           self._count("connection_errors")
-          if isinstance(e, trio.TooSlowError):  # a hung server: skip it for a while
-            self._down_until[address] = time.monotonic() + self.down_retry_s
-            await connection.aclose()
+          if isinstance(e, trio.TooSlowError):  # a hung server: skip it for a while; the other calls
+            self._down_until[address] = time.monotonic() + self.down_retry_s  # waiting on it are timeouts too
+            await connection.aclose(hung_after_s=self.acquire_wait_s + self.reply_grace_s)
           continue
         self._count("acquires")
         self._acquire_waits[env_name].append(time.monotonic() - started)
