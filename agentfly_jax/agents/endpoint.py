@@ -66,7 +66,7 @@ from agentfly_jax.agents.rollout import (
   shared_chain_id,
 )
 from agentfly_jax.agents.standalone_limits import STANDALONE
-from agentfly_jax.sampling.protocol import SamplingParams
+from agentfly_jax.sampling.protocol import SamplingParams, agenerate_with_images
 from agentfly_jax.vision.decode import ImageError
 
 log = logging.getLogger(__name__)
@@ -292,10 +292,7 @@ class ChatEndpoint:
       chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
       seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
       params = self._params(request, budget, seed)
-      if images is None:  # text: every sampler takes agenerate(ids, params)
-        results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), params)
-      else:
-        results[i] = await self.sampler.agenerate(list(prepared.prompt_ids), params, images=images)
+      results[i] = await agenerate_with_images(self.sampler, list(prepared.prompt_ids), params, images)
 
     await self._gather()
     self._sampling += 1

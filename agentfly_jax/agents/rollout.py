@@ -43,7 +43,7 @@ from agentfly_jax.data.dataset import validate_row
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, agent_view, check_reward_only
 from agentfly_jax.agents.standalone_limits import STANDALONE
 from agentfly_jax.agents.trajectory import Trajectory, last_frame
-from agentfly_jax.sampling.protocol import PromptImages, SamplingParams
+from agentfly_jax.sampling.protocol import PromptImages, SamplingParams, agenerate_with_images
 from agentfly_jax.tools.tool import ToolOutput, get_env_provider
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ class _ChainBuilder:
     self.images: list = []  # the images of the prompt and observations, in token order
     self.grids: list[np.ndarray] = []  # their image_grid_thw rows, int32[n, 3] per added piece
     self.pixels: list[np.ndarray] = []  # their processed patches, float32[p, patch_dim] per added piece
+    self._prompt_images: PromptImages | None = None  # prompt_images() of the images so far
     self.num_turns = 0
     self.prompt_length = 0
     self.prediction: str | None = None
@@ -204,10 +205,13 @@ class _ChainBuilder:
     self.logps += [0.0] * len(ids)
 
   def prompt_images(self) -> PromptImages | None:
-    """The chain's images so far for the sampler (the pixels its image tokens stand for), None: text only."""
+    """The chain's images so far for the sampler (the pixels its image tokens stand for), None: text only;
+    built once per added image piece, not per turn."""
     if not self.images:
       return None
-    return PromptImages(np.concatenate(self.pixels), np.concatenate(self.grids))
+    if self._prompt_images is None or len(self._prompt_images.image_grid_thw) != len(self.images):
+      self._prompt_images = PromptImages(np.concatenate(self.pixels), np.concatenate(self.grids))
+    return self._prompt_images
 
   def finish(self, reason: str, prediction: str | None = None) -> None:
     self.finish_reason = reason
@@ -271,12 +275,8 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
         cfg.sampling_params.seed,
       ),
     )
-    images = chain.prompt_images()
-    with SAMPLER_CLOCK:  # a text-only chain calls agenerate(ids, params): every sampler takes that
-      if images is None:
-        result = await cfg.sampler.agenerate(list(chain.ids), params)
-      else:
-        result = await cfg.sampler.agenerate(list(chain.ids), params, images=images)
+    with SAMPLER_CLOCK:
+      result = await agenerate_with_images(cfg.sampler, list(chain.ids), params, chain.prompt_images())
     generated = [int(t) for t in result.token_ids]
     chain.add_model_tokens(generated, result.logprobs, getattr(result, "policy_version", None))
     ended = generated[-1] in stop_ids

@@ -51,6 +51,7 @@ import numpy as np
 
 from agentfly_jax.agents.busy_clock import BusyClock
 from agentfly_jax.rl.async_rollout import StepBatch
+from agentfly_jax.sampling.protocol import agenerate_with_images
 
 
 class VersionGate:
@@ -113,10 +114,7 @@ class VersionedSampler:
   async def agenerate(self, prompt, params, images=None):
     version = await self.gate.request()
     try:
-      if images is None:
-        result = await self.sampler.agenerate(prompt, params)
-      else:
-        result = await self.sampler.agenerate(prompt, params, images=images)
+      result = await agenerate_with_images(self.sampler, prompt, params, images)
     finally:
       self.gate.done()
     result.policy_version = version

@@ -365,9 +365,8 @@ def build_run(spec, workdir: str, task=None) -> RunParts:
   teacher = _teacher_halves(spec, tokenizer, mesh)  # None without config.teacher.pretrained
   built = _build_sampler(spec, sampler_model, model, tokenizer, tok_dir, workdir, mesh, sampler_mesh, lora_cfg)
   agent = task.make_agent(tokenizer)
-  cfg = model_config(spec, tokenizer.vocab_size, special_ids)
-  if cfg.vision is not None:  # the agent reads images as the policy's tower takes them
-    agent.vision = vision_processor(spec, cfg)
+  if model.config.vision is not None:  # the agent reads images as the policy's tower takes them
+    agent.vision = vision_processor(spec, model.config)
   train_stream = RowStream(task.epoch_rows(spec.seed), spec.seed)
   eval_rows = task.make_eval_rows(spec.eval.num_rows, spec.seed) if spec.eval.num_rows else []
   return RunParts(

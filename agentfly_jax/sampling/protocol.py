@@ -90,6 +90,14 @@ class PromptImages:
     return out
 
 
+async def agenerate_with_images(sampler, prompt, params, images: "PromptImages | None" = None):
+  """`sampler.agenerate(prompt, params)`, with `images=` only when there are some: a text request reaches every
+  sampler (one written before images, too) in the protocol's two-argument form."""
+  if images is None:
+    return await sampler.agenerate(prompt, params)
+  return await sampler.agenerate(prompt, params, images=images)
+
+
 def refuse_images(images, sampler: str) -> None:
   """ValueError when a sampler that takes no images got some (`images`: None or one entry per prompt)."""
   if images is not None and any(im is not None for im in images):
