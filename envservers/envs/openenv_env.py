@@ -100,6 +100,16 @@ def _check_target(url: Any, app: Any, kind: str) -> None:
     raise ValueError(f"openenv {kind} {name} must be 'module:attr', got {app!r}")
 
 
+def _capacity_hint(data: dict) -> str:
+  """What to change when an OpenEnv error says the server is full (its code CAPACITY_REACHED, or
+  the message; the server sends it on connect, so it arrives either as the reply to the first
+  call or just before the connection closes), else ""."""
+  said = f"{data.get('code', '')} {data.get('message', '')}".lower()
+  if "capacity" not in said:
+    return ""
+  return " (lower the env server's openenv pool cap or raise the server's max_concurrent_envs)"
+
+
 @register_env
 class OpenEnvEnv(BlockingEnv):
   name = "openenv"
@@ -164,6 +174,7 @@ class OpenEnvEnv(BlockingEnv):
       raise ValueError(
         f"the OpenEnv server refused {message['type']!r}: {data.get('message', reply)}"
         + (f" ({errors})" if errors else "")
+        + _capacity_hint(data)
       )
     return reply.get("data", {})
 
@@ -178,8 +189,7 @@ class OpenEnvEnv(BlockingEnv):
     if not data:
       return ""
     code = f" ({data['code']})" if data.get("code") else ""
-    hint = " (lower the env server's openenv pool cap or raise the server's max_concurrent_envs)"
-    return f"the OpenEnv server said{code}: {data.get('message', reply)}" + (hint if "CAPACITY" in code else "")
+    return f"the OpenEnv server said{code}: {data.get('message', reply)}" + _capacity_hint(data)
 
   def _text(self, data: dict) -> str:
     observation = data.get("observation", {})

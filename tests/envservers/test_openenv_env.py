@@ -202,3 +202,22 @@ def test_a_full_openenv_server_is_named(monkeypatch):
 
     opening, refused = trio.run(main)
   assert "Guess a number" in opening and "1/1" in refused
+
+
+class _FullServerSocket:
+  """A session socket whose first message in is the full server's error (the order a loaded
+  machine may see: the connect-time error read as the reply to the first call)."""
+
+  def send(self, text):
+    pass
+
+  def recv(self, timeout=None):
+    message = "Server at capacity: 1/1 sessions active. Cannot accept new connections."
+    return json.dumps({"type": "error", "data": {"message": message, "code": "CAPACITY_REACHED"}})
+
+
+def test_a_full_server_read_as_a_reply_says_what_to_change():
+  env = OpenEnvEnv(url="http://127.0.0.1:1")
+  env.ws = _FullServerSocket()
+  with pytest.raises(ValueError, match=r"refused 'reset': Server at capacity.*max_concurrent_envs"):
+    env._call({"type": "reset", "data": {}})
