@@ -14,10 +14,10 @@ import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
-# One persistent compilation cache for the whole session, this process and every train.py /
+# One persistent compilation cache for the whole test run, this process and every train.py /
 # evaluate.py / helper subprocess it starts (they inherit the variable): the same tiny-model
-# programs are compiled once per session instead of once per process. A fresh folder per session
-# unless the caller chose one, so no test reads a cache an earlier session wrote.
+# programs are compiled once per test run instead of once per process. A fresh folder per test run
+# unless the caller chose one, so no test reads a cache an earlier test run wrote.
 if "AGENTFLY_COMPILE_CACHE" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="agentfly-test-xla-")
   os.environ["AGENTFLY_COMPILE_CACHE"] = _cache
