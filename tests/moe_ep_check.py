@@ -67,7 +67,11 @@ def check(lora: bool, mesh):
   assert (got[2] == ref[2]).all(), "routes differ"
   np.testing.assert_allclose(got[0], ref[0], rtol=1e-4)
   for (path, g), (_, r) in zip(nnx.to_flat_state(got[3]), nnx.to_flat_state(ref[3])):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5, err_msg=str(path))
+    # float32 sums over tokens in another order (all_to_all, sharded rows): an element's error scales with
+    # its tensor's largest entries (the embedding's gradient reaches ~40, so a 0.01 entry may move 2e-5)
+    r = np.asarray(r)
+    atol = 1e-5 + 2e-6 * float(np.abs(r).max())
+    np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=atol, err_msg=str(path))
   n = sum(1 for _ in nnx.to_flat_state(got[3]))
   print(f"mesh {dict(mesh.shape)} lora={lora}: logits, routes and {n} gradients equal")
 
