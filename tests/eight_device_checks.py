@@ -1,7 +1,7 @@
 """Every 8-device check of the suite in ONE child process (JAX started once with
 XLA_FLAGS=--xla_force_host_platform_device_count=8; programs compiled once for all):
 
-    python tests/eight_device_checks.py sharding train_step sampler_sharding trainer_mesh_grpo ...
+    python tests/eight_device_checks.py sharding train_step sampler_sharding trainer_mesh ...
 
 Each named check runs in turn, its stdout captured; one JSON line per check goes to stdout,
 prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others did. The session
@@ -53,13 +53,10 @@ def _moe_ep():
   moe_ep_check.main()
 
 
-def _trainer_mesh(algo):
-  def check():
-    import mesh_trainer_check
+def _trainer_mesh():
+  import mesh_trainer_check
 
-    mesh_trainer_check.check(algo)
-
-  return check
+  mesh_trainer_check.check("ppo")
 
 
 CHECKS = {
@@ -69,8 +66,7 @@ CHECKS = {
   "lora_mesh": _lora_mesh,  # tests/models/test_models_lora_mesh.py
   "activation_sharding": _activation_sharding,  # tests/models/test_models_activation_sharding.py
   "moe_ep": _moe_ep,  # tests/models/test_moe_ep.py
-  "trainer_mesh_grpo": _trainer_mesh("grpo"),  # tests/multidevice/test_trainer_mesh.py
-  "trainer_mesh_ppo": _trainer_mesh("ppo"),
+  "trainer_mesh": _trainer_mesh,  # tests/multidevice/test_trainer_mesh.py
 }
 
 

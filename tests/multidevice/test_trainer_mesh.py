@@ -1,23 +1,16 @@
 """The full trainer (README demo: JAX sampler rollout, prepare, train steps, weight sync) on 8 CPU
-devices gives the same metrics as on one device: PPO with its critic on a (fsdp=2, tp=4) mesh, GRPO
-on a (2, 2) trainer mesh with its sampler on the other 4 devices (tests/mesh_trainer_check.py, run in
-the session's one 8-device child process: tests/eight_device_checks.py)."""
+devices gives the same metrics as on one device: PPO, its policy and critic on a (fsdp=2, tp=2) trainer
+mesh, its sampler on the other 4 devices (tests/mesh_trainer_check.py, run in the test run's one 8-device
+child process: tests/eight_device_checks.py). GRPO and the other critic-free algorithms run the same
+policy programs without the critic's."""
 
 import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-  "algo",
-  [
-    pytest.param("grpo", marks=pytest.mark.eight_devices("trainer_mesh_grpo")),
-    pytest.param("ppo", marks=pytest.mark.eight_devices("trainer_mesh_ppo")),
-  ],
-)
-def test_trainer_on_2x4_mesh_matches_one_device(algo, eight_device_check):
-  """tests/mesh_trainer_check.py's check(algo), in the session's 8-device child process."""
+@pytest.mark.eight_devices("trainer_mesh")
+def test_trainer_on_a_mesh_with_a_sampler_sub_mesh_matches_one_device(eight_device_check):
+  """tests/mesh_trainer_check.py's check("ppo"), in the test run's 8-device child process."""
   assert eight_device_check["ok"], eight_device_check["output"]
-  mesh = {"grpo": "2x2 mesh + 4 sampler devices", "ppo": "2x4 mesh"}[algo]
-  assert (
-    f"{algo}: " in eight_device_check["output"] and f"metrics equal on 1x1 and {mesh}" in eight_device_check["output"]
-  )
+  assert "ppo: " in eight_device_check["output"]
+  assert "metrics equal on 1x1 and 2x2 mesh + 4 sampler devices" in eight_device_check["output"]
