@@ -8,14 +8,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# The suite's programs are tiny and most are run a few times after compiling: its CPU time goes to XLA:CPU's
-# LLVM backend more than to running them. At -O0 that backend compiles them in about two thirds of the CPU time
-# (XLA's own HLO passes, fusion and layout included, are unchanged; results stay within the tests' tolerances);
-# every process of the test run inherits it, the 8-device child included. A caller's own level is kept.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
-
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -118,7 +110,7 @@ def _run_eight_device_checks(names: list) -> dict:
   tests_dir = os.path.dirname(os.path.abspath(__file__))
   env = dict(
     os.environ,
-    XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}",
+    XLA_FLAGS="--xla_force_host_platform_device_count=8",
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]),
   )

@@ -27,9 +27,7 @@ def _env(**extra):
     for k, v in os.environ.items()
     if not k.startswith(("AGENTFLY_COORD", "AGENTFLY_NUM_P", "AGENTFLY_PROCESS", "XLA_FLAGS"))
   }
-  # the test run's compile level (tests/conftest.py) is kept; device-count flags are not
-  level = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith("--xla_backend_optimization_level")]
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(level), **extra)
+  env.update(JAX_PLATFORMS="cpu", **extra)
   return env
 
 
