@@ -26,8 +26,8 @@ from agentfly_jax.rl.scale.compile_cache import enable_compile_cache  # noqa: E4
 
 enable_compile_cache("auto")
 
-# One folder per test session, shared by this process and pytest-xdist's workers (they inherit the
-# variable): what one session computes once for all of them (the 8-device checks' results).
+# One folder per test run, shared by this process and pytest-xdist's workers (they inherit the
+# variable): what one test run computes once for all of them (the 8-device checks' results).
 if "AGENTFLY_TEST_SESSION_DIR" not in os.environ:
   _session_dir = tempfile.mkdtemp(prefix="agentfly-test-session-")
   os.environ["AGENTFLY_TEST_SESSION_DIR"] = _session_dir
@@ -78,7 +78,7 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(scope="session")
 def _eight_device_results(request):
-  """{check name: result} of every `eight_devices(NAME)` check the session selected, run together
+  """{check name: result} of every `eight_devices(NAME)` check the test run selected, run together
   in ONE child process with 8 forced CPU devices (tests/eight_device_checks.py), on first use; with
   pytest-xdist, the first worker to ask runs it and the others read its results (a file lock)."""
   import fcntl
@@ -138,7 +138,7 @@ def _run_eight_device_checks(names: list) -> dict:
 @pytest.fixture
 def eight_device_check(request, _eight_device_results):
   """The result ({"ok", "output", "seconds"}) of this test's `@pytest.mark.eight_devices(NAME)`
-  check, run in the session's one 8-device child process."""
+  check, run in the test run's one 8-device child process."""
   marker = request.node.get_closest_marker("eight_devices")
   if marker is None:
     raise pytest.UsageError(f"{request.node.nodeid} uses eight_device_check without @pytest.mark.eight_devices(NAME)")

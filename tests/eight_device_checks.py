@@ -4,8 +4,8 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8; programs compiled once for a
     python tests/eight_device_checks.py sharding train_step sampler_sharding trainer_mesh ...
 
 Each named check runs in turn, its stdout captured; one JSON line per check goes to stdout,
-prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others did. The session
-fixture `eight_device_checks` (tests/conftest.py) starts this process once for the checks the
+prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others did. The test run's
+fixture `_eight_device_results` (tests/conftest.py) starts this process once for the checks the
 selected tests name and hands each test its own result.
 """
 
@@ -74,7 +74,7 @@ def main(names):
   import jax
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
-  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
+  enable_compile_cache("auto")  # the test run's cache (AGENTFLY_COMPILE_CACHE)
   if len(jax.devices()) != 8:
     sys.exit(f"eight_device_checks: needs 8 devices, got {jax.devices()}")
   unknown = [n for n in names if n not in CHECKS]

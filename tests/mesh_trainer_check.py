@@ -64,7 +64,7 @@ def check(algo: str) -> None:
 def main():
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
-  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
+  enable_compile_cache("auto")  # the test run's cache (AGENTFLY_COMPILE_CACHE)
   for algo in sys.argv[1:] or ["ppo"]:
     check(algo)
   print("OK")

@@ -21,7 +21,7 @@ def main():
   from agentfly_jax.rl import distributed
   from agentfly_jax.rl.scale.compile_cache import enable_compile_cache
 
-  enable_compile_cache("auto")  # the test session's cache (AGENTFLY_COMPILE_CACHE)
+  enable_compile_cache("auto")  # the test run's cache (AGENTFLY_COMPILE_CACHE)
   distributed.initialize()  # from the AGENTFLY_* environment (no-op when unset)
   import jax
   import numpy as np

@@ -121,7 +121,7 @@ SMOKE = {
     ["smollm2_tool_formats.json", "smollm2_tool_formats.md"],
     (),
   ),
-  # whole train.py runs of the demo (their programs are the e2e tests', in the session's compile cache)
+  # whole train.py runs of the demo (their programs are the e2e tests', in the test run's compile cache)
   "bench_chains.py": (
     "--chains=8 --num_chains=4 --steps=2 --workdir={tmp}/runs --out={tmp}/bench_chains",
     ["bench_chains.json", "bench_chains.md"],

@@ -43,7 +43,7 @@ def test_activation_rules_are_in_the_defaults_and_the_config():
 @pytest.mark.slow
 @pytest.mark.eight_devices("activation_sharding")
 def test_constrained_programs_equal_unconstrained_on_8_fake_devices(eight_device_check):
-  """tests/activation_sharding_check.py, in the session's one 8-device child process."""
+  """tests/activation_sharding_check.py, in the test run's one 8-device child process."""
   assert eight_device_check["ok"] and "ACTIVATION SHARDING OK" in eight_device_check["output"], eight_device_check[
     "output"
   ]

@@ -1,4 +1,4 @@
-"""LoRA on the (fsdp, tp) mesh: tests/lora_mesh_check.py, in the session's one 8-device child
+"""LoRA on the (fsdp, tp) mesh: tests/lora_mesh_check.py, in the test run's one 8-device child
 process (tests/eight_device_checks.py)."""
 
 import pytest

@@ -163,7 +163,7 @@ def test_decode_layout_copy_keeps_its_names():
 @pytest.mark.slow
 @pytest.mark.eight_devices("sharding")
 def test_forward_on_8_fake_devices_matches_single_device(eight_device_check):
-  """tests/sharding_check.py, in the session's 8-device child process."""
+  """tests/sharding_check.py, in the test run's 8-device child process."""
   assert eight_device_check["ok"] and "SHARDING OK" in eight_device_check["output"], eight_device_check["output"]
 
 

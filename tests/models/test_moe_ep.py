@@ -1,4 +1,4 @@
-"""Expert parallelism of the Qwen3-MoE: tests/moe_ep_check.py, in the session's one 8-device child
+"""Expert parallelism of the Qwen3-MoE: tests/moe_ep_check.py, in the test run's one 8-device child
 process (tests/eight_device_checks.py)."""
 
 import pytest

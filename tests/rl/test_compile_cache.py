@@ -95,4 +95,4 @@ def test_an_unusable_folder_is_a_config_error_unless_auto(tmp_path, monkeypatch)
   monkeypatch.setenv(ENV_VAR, str(blocker / "cache"))
   with pytest.warns(UserWarning, match="compile cache off.*a_file"):  # auto: a warning, no cache
     assert enable_compile_cache("auto") is None
-  assert jax.config.jax_compilation_cache_dir == before  # the session's cache untouched
+  assert jax.config.jax_compilation_cache_dir == before  # the test run's cache untouched

@@ -212,5 +212,5 @@ def test_sft_step_chunked_at_action_tokens_equals_plain_logits():
 @pytest.mark.slow
 @pytest.mark.eight_devices("train_step")
 def test_train_step_on_8_fake_devices_matches_one_device(eight_device_check):
-  """tests/multidevice_train_check.py, in the session's 8-device child process."""
+  """tests/multidevice_train_check.py, in the test run's 8-device child process."""
   assert eight_device_check["ok"] and "OK" in eight_device_check["output"], eight_device_check["output"]
