@@ -5,7 +5,7 @@ sharded updates -> weight sync.
     parts = build_run(spec, workdir)              # rl/setup.py: task, tokenizer, models, sampler, agent
     records = train(spec, parts, workdir)         # resumes from workdir's latest checkpoint if any
 
-Per step (`run_step`, over the stages of rl/stages.py, each taking what it uses and returning what it
+Per step (`rl_step`, over the stages of rl/stages.py, each taking what it uses and returning what it
 makes): dataset rows -> multi-chain multi-turn rollout (agents/, the Sampler; on several processes
 each rolls out its share, rl/distributed.py) -> `prepare`: rollout metrics, (DAPO dynamic sampling),
 target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift) -> `update`
@@ -71,7 +71,7 @@ def train_run(run: Run, *, before_step: Callable[[int], None] | None = None) -> 
   loop.tools_seen = tool_counts(run.parts.agent.tools.values())  # counts start with the run's own rollouts
   stream = open_stream(run, loop, start)
   writer = run_log.open_writers(run.spec, run.workdir) if primary else None
-  loop = run_steps(run, loop, start, stream, writer, before_step)
+  loop = rl_steps(run, loop, start, stream, writer, before_step)
   stream.close()
   run.checkpointer.wait()
   distributed.barrier("train_done")
@@ -115,7 +115,7 @@ def start_loop(run: Run) -> tuple[LoopState, int]:
   return LoopState(state, ref_params, 0, **counters), 0
 
 
-def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, dict]:
+def rl_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, dict]:
   """One RL step: the stream's batch (rl/rollout_stream.py: sync, async or partial), prepare, update,
   the new weights published, (eval). Returns the new loop state + metrics."""
   spec, p = run.spec, run.parts
@@ -160,7 +160,7 @@ def run_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, d
   return dataclasses.replace(loop, state=state, data_position=position, tools_seen=tools_seen), metrics
 
 
-def run_steps(run: Run, loop: LoopState, start: int, stream, writer, before_step=None) -> LoopState:
+def rl_steps(run: Run, loop: LoopState, start: int, stream, writer, before_step=None) -> LoopState:
   """Steps start+1 .. train.steps: each step's metrics written (`writer`: process 0's, else None),
   checkpoints every `checkpoint.every` and at the end, the progress bar advanced."""
   spec = run.spec
@@ -170,7 +170,7 @@ def run_steps(run: Run, loop: LoopState, start: int, stream, writer, before_step
   for step in range(start + 1, spec.train.steps + 1):
     if before_step is not None:
       before_step(step)
-    loop, metrics = run_step(run, loop, step, stream)
+    loop, metrics = rl_step(run, loop, step, stream)
     metrics.update(stream.idle_metrics(metrics, time.perf_counter() - t_loop))  # async/*_idle_frac
     if writer is not None:
       writer.write(step, metrics)

@@ -5,7 +5,7 @@
     sync_metrics = stream.publish(step, params)
     stream.close()
 
-The loop (rl/loop.run_step) knows only this interface. The policies:
+The loop (rl/loop.rl_step) knows only this interface. The policies:
   - staleness 0 (rollout.mode = "sync"): the step's chains are rolled out in the trainer's thread with the
     weights of the last update, and `publish` loads the new weights at once (`InlineStream`);
   - bounded staleness (mode "async"): a producer thread rolls out step batches with the newest version at

@@ -4,7 +4,7 @@
     ...                                                  # the step: rollout, prepare, update, sync, eval
     metrics.update(meter.step_metrics(trajs, arrays, metrics))
 
-Read from the step's own metrics (rl/loop.run_step writes them): time/rollout_s (the trainer's wait
+Read from the step's own metrics (rl/loop.rl_step writes them): time/rollout_s (the trainer's wait
 for trajectories: the whole rollout in sync mode, the wait for the producer's batch in async mode),
 time/host_prepare_s (trajectories -> arrays), time/prepare_s (the jitted prepare, inside
 time/train_s), time/train_s, time/sync_s, time/eval_s, time/step_s; and from the rollout's busy
