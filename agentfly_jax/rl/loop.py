@@ -7,7 +7,7 @@ sharded updates -> weight sync.
 
 Per step (`rl_step`, over the stages of rl/stages.py, each taking what it uses and returning what it
 makes): dataset rows -> multi-chain multi-turn rollout (agents/, the Sampler; on several processes
-each rolls out its share, rl/distributed.py) -> `prepare`: rollout metrics, (DAPO dynamic sampling),
+each rolls out its share, rl/distributed.py) -> `step_arrays`: rollout metrics, (DAPO dynamic sampling),
 target-aligned padded arrays (rl/batching.train_arrays, the one next-token shift) -> `update`
 (rl/update.PolicyUpdate: one jitted prepare of old/ref log-probs, values, advantages, mismatch
 metrics; epochs x minibatches of `train_step`; metrics fetched once) -> `sync` (the sampler's
@@ -116,7 +116,7 @@ def start_loop(run: Run) -> tuple[LoopState, int]:
 
 
 def rl_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, dict]:
-  """One RL step: the stream's batch (rl/rollout_stream.py: sync, async or partial), prepare, update,
+  """One RL step: the stream's batch (rl/rollout_stream.py: sync, async or partial), its arrays, update,
   the new weights published, (eval). Returns the new loop state + metrics."""
   spec, p = run.spec, run.parts
   t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def rl_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, di
   t_rollout = time.perf_counter()
   loop.chain_guard.check(step, trajs)  # every chain failed, or too many for too long: ChainsFailedError
   tools_seen = tool_counts(tools)
-  arrays, metrics = stages.prepare(
+  arrays, metrics = stages.step_arrays(
     trajs,
     pad_id=p.tokenizer.pad_token_id,
     dynamic_sampling=spec.dapo.dynamic_sampling,
@@ -134,7 +134,7 @@ def rl_step(run: Run, loop: LoopState, step: int, stream) -> tuple[LoopState, di
     turn_level=needs_turn_arrays(spec.algorithm.estimator),  # turn_gae / gigpo: per-turn rewards
     vision=vision_arrays_of(run),
   )
-  metrics["time/host_prepare_s"] = time.perf_counter() - t_rollout
+  metrics["time/step_arrays_s"] = time.perf_counter() - t_rollout
   metrics.update(tool_metrics(tools, since=got.tools_before))  # tools/<name>/calls, errors, wait_s
   metrics.update(got.metrics)  # sampler/*, async/*
   state, update_metrics = stages.update(run.update, loop.state, loop.ref_params, arrays, step)

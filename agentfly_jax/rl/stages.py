@@ -2,7 +2,7 @@
 
     rows = train_stream.at(position, n)                                    # data/row_stream.RowStream
     trajs = rollout(agent, rows, sampler=..., rollout_spec=spec.rollout, ...)
-    arrays, metrics = prepare(trajs, pad_id=..., dynamic_sampling=...)     # host arrays or None
+    arrays, metrics = step_arrays(trajs, pad_id=..., dynamic_sampling=...)  # host arrays or None
     state, metrics = update(policy_update, state, ref_params, arrays, step)
     metrics = sync(weights, state.params)                                 # {"sync/bytes": ...}
     metrics = evaluate(weights, params, lambda: rollout(...), keep_loaded=...)
@@ -101,7 +101,7 @@ def scored(trajs: list, metric: str) -> list:
   return out
 
 
-def prepare(
+def step_arrays(
   trajs: list,
   *,
   pad_id: int,
@@ -111,7 +111,8 @@ def prepare(
   vision: tuple | None = None,
 ) -> tuple[dict | None, dict]:
   """(target-aligned host arrays of the trajectories that train, or None when DAPO's dynamic
-  sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). Rewards
+  sampling dropped every group; the rollout's metrics: rollout/*, dapo/groups_dropped). The host half
+  of the training batch: `update`'s jitted prepare (rl/core/prepare.py) makes the batch from these. Rewards
   are the trajectories' scores (`scored`: the reward or its metric `score_metric`); rollout/* report the rewards as they were. `turn_level`:
   + the per-turn rewards and anchor ids of rl/turn_rewards.turn_arrays (turn-level estimators).
   `vision`: (VisionProcessor, the policy's ModelConfig, patch_multiple) of a vision-language policy:

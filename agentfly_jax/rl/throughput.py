@@ -6,7 +6,7 @@
 
 Read from the step's own metrics (rl/loop.rl_step writes them): time/rollout_s (the trainer's wait
 for trajectories: the whole rollout in sync mode, the wait for the producer's batch in async mode),
-time/host_prepare_s (trajectories -> arrays), time/prepare_s (the jitted prepare, inside
+time/step_arrays_s (trajectories -> arrays), time/prepare_s (the jitted prepare, inside
 time/train_s), time/train_s, time/sync_s, time/eval_s, time/step_s; and from the rollout's busy
 clocks (agents/busy_clock.py): the wall seconds since the last step's metrics during which some
 chain was in the sampler / in a tool, an env acquire or reset, or the reward.
@@ -78,7 +78,7 @@ class StepMeter:
     self._mark = (now, sampler, env)
     g = lambda k: float(step_metrics.get(k, 0.0))  # noqa: E731 (a local accessor)
     wall = g("time/step_s")
-    host_prep, jit_prep = g("time/host_prepare_s"), g("time/prepare_s")
+    host_prep, jit_prep = g("time/step_arrays_s"), g("time/prepare_s")
     split = {
       "rollout_wait": g("time/rollout_s"),
       "prepare": host_prep + jit_prep,

@@ -28,18 +28,18 @@ def test_score_metric_replaces_the_reward_for_advantages_and_names_a_missing_one
   success = [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
   for t in trajs:
     t.reward_metrics = {"success": success[t.group_id][t.chain_id], "note": "text"}
-  arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=True, score_metric="success")
+  arrays, metrics = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=True, score_metric="success")
   np.testing.assert_array_equal(arrays["rewards"], [0.0, 1.0, 0.0])  # group 1 never succeeds: no spread, dropped
   assert metrics["dapo/groups_dropped"] == 1
   assert metrics["rollout/reward_mean"] == pytest.approx(np.mean([0.7, 0.4, 0.9, 0.6, 0.6, 0.2]))  # logged: the reward
   assert [t.reward for t in trajs][:2] == [0.7, 0.4]  # the rollout's trajectories are not changed
-  plain, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
+  plain, _ = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False)
   np.testing.assert_allclose(plain["rewards"], [0.7, 0.4, 0.9, 0.6, 0.6, 0.2], rtol=1e-6)
   trajs[4].reward_metrics = {"r_type": 1.0}
   with pytest.raises(ValueError, match=r"score_metric='success'.*group 1, chain 1.*\['r_type'\]"):
-    stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="success")
+    stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False, score_metric="success")
   with pytest.raises(ValueError, match=r"group 0, chain 0\).*'note', 'success'"):
-    stages.prepare(trajs, pad_id=0, dynamic_sampling=False, score_metric="note")
+    stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False, score_metric="note")
 
 
 REMOVED_NEUTRAL = [

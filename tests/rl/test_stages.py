@@ -65,16 +65,16 @@ def _traj(group, reward, n_gen):
   )
 
 
-def test_prepare_returns_the_arrays_that_train_and_the_rollout_metrics():
+def test_step_arrays_returns_the_arrays_that_train_and_the_rollout_metrics():
   trajs = [_traj(0, 1.0, 3), _traj(0, 1.0, 2), _traj(1, 0.0, 4), _traj(1, 1.0, 1)]
-  arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=True)
+  arrays, metrics = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=True)
   assert metrics["dapo/groups_dropped"] == 1 and metrics["rollout/reward_mean"] == 0.75
   assert metrics["rollout/num_chains"] == 4  # measured before the drop
   np.testing.assert_array_equal(arrays["group_ids"], [1, 1])
   np.testing.assert_array_equal(arrays["action_mask"].sum(axis=1), [4, 1])
-  arrays, metrics = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
+  arrays, metrics = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False)
   assert len(arrays["group_ids"]) == 4 and "dapo/groups_dropped" not in metrics
-  arrays, metrics = stages.prepare(trajs[:2], pad_id=0, dynamic_sampling=True)
+  arrays, metrics = stages.step_arrays(trajs[:2], pad_id=0, dynamic_sampling=True)
   assert arrays is None and metrics["dapo/groups_dropped"] == 1  # nothing left to train
 
 

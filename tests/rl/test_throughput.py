@@ -53,7 +53,7 @@ def test_step_metrics_count_tokens_and_split_the_wall():
   meter = throughput.StepMeter(num_devices=4)
   step = {
     "time/rollout_s": 1.0,
-    "time/host_prepare_s": 0.1,
+    "time/step_arrays_s": 0.1,
     "time/prepare_s": 0.4,
     "time/train_s": 2.0,
     "time/sync_s": 0.25,

@@ -74,14 +74,14 @@ def test_turn_arrays_number_identical_observations_once():
     turn_arrays([_traj([("o", [1]), ("a", [5]), ("o", [3]), ("a", [7])], 0, turn_rewards=[1, 2, 3])])
 
 
-def test_prepare_gives_the_turn_estimators_their_arrays():
+def test_step_arrays_give_the_turn_estimators_their_arrays():
   trajs = [
     _traj([("o", [1, 2]), ("a", [5, 6]), ("o", [3]), ("a", [7])], 0, reward=1.0, turn_rewards=[0.5, 0.0]),
     _traj([("o", [1, 2]), ("a", [8, 8, 8])], 0, reward=0.0, turn_rewards=[0.0]),
   ]
-  plain, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False)
+  plain, _ = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False)
   assert "turn_rewards" not in plain
-  arrays, _ = stages.prepare(trajs, pad_id=0, dynamic_sampling=False, turn_level=True)
+  arrays, _ = stages.step_arrays(trajs, pad_id=0, dynamic_sampling=False, turn_level=True)
   adv, _, metrics = batch_advantages(default_prepare_config(estimator="gigpo"), arrays)
   # the hand-worked case of test_turn_advantages: turns [0.5, 1] vs [0] -> 2S, S / -2S
   s = 0.5**0.5
