@@ -66,7 +66,7 @@ def main(argv):
   from agentfly_jax.rl.config import default_config
   from agentfly_jax.rl.sft import ScriptedPolicySampler
   from agentfly_jax.rl.core.train_state import make_optimizer
-  from agentfly_jax.rl.sft_cache import sft_runner
+  from agentfly_jax.rl.sft_cache import sft_program
   from agentfly_jax.rl.trainer import Trainer
   from agentfly_jax.tasks import lookup
 
@@ -86,16 +86,16 @@ def main(argv):
   step = _FIRST_STEP.value
   last = step + _COPY_STEPS.value + _PRIOR_STEPS.value
   greedy = sampled = None
-  runner = state = None
+  program = state = None
   for phase, steps, p_tool, lr in [
     ("copy", _COPY_STEPS.value, 1.0, _LR.value),
     ("prior", _PRIOR_STEPS.value, _TOOL_USE_PROB.value, _PRIOR_LR.value),
   ]:
     if not steps:
       continue
-    if runner is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
-      runner = sft_runner(tr.run, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
-      state = runner.new_state(params)
+    if program is None or lr > 0:  # --prior_lr=0: the prior phase continues the copy phase's optimizer
+      program = sft_program(tr.run, make_optimizer(lr=lr or _LR.value, max_grad_norm=1.0, warmup_steps=10))
+      state = program.new_state(params)
     demo = ScriptedPolicySampler(
       tr.run.parts.tokenizer,
       lambda text, rng, p=p_tool: tr.run.parts.task.scripted_response(text, rng.random() < p, rng),
@@ -105,7 +105,7 @@ def main(argv):
     for _ in range(steps):
       rows = tr.run.parts.task.make_rows(_BATCH.value, seed=20_000_000 + step)
       trajs = tr.rollout(rows, sampler=demo, num_chains=1, seed=step)
-      state, m = runner.step(state, trajs, demo)
+      state, m = program.step(state, trajs, demo)
       step += 1
       if step % 25 == 0:
         print(f"{phase} step {step}: nll {float(m['sft/nll']):.3f} ({time.time() - t0:.0f}s)", flush=True)

@@ -106,13 +106,13 @@ def sft_loss_mask(trajs: Sequence, demo, width: int) -> np.ndarray:
   return out[:, 1:]
 
 
-class SftRunner:
-  """Supervised steps on trajectories: `runner.step(state, trajs) -> (state, device metrics)`.
+class SftProgram:
+  """Supervised steps on trajectories: `program.step(state, trajs) -> (state, device metrics)`.
 
   graphdef / rest: the policy's halves (rest: LoRA's frozen base, an argument of the step);
   optimizer: the SFT optimizer; states: the run's `programs.TrainStates` (places a state on the
   mesh); loss_cfg: its log-prob chunking; pad_id / micro_batch_size: the batch layout.
-  `runner.new_state(params)` makes the state.
+  `program.new_state(params)` makes the state.
   """
 
   def __init__(self, graphdef, rest, optimizer, *, states, loss_cfg, mesh, rules, pad_id: int, micro_batch_size: int):
@@ -141,8 +141,8 @@ class SftRunner:
     return self._step(state, mb, self.rest)  # the rest (LoRA: the base) as an argument
 
 
-def run_sft(
-  runner: SftRunner,
+def train_on_demos(
+  program: SftProgram,
   params,
   *,
   task,
@@ -159,7 +159,7 @@ def run_sft(
   num_chains=, seed=)`, SFT steps on them from `params`. `after_step(steps_done, params)` is
   called after each step (the lr is constant and step i's demos depend on i only, so the params
   after k steps are those of a k-step SFT). Returns (params, per-step NLL)."""
-  state = runner.new_state(params)
+  state = program.new_state(params)
   p_tool = sft.tool_use_prob
   demo = ScriptedPolicySampler(
     tokenizer, lambda text, rng: task.scripted_response(text, rng.random() < p_tool, rng), end_of_turn_id, seed=seed
@@ -171,7 +171,7 @@ def run_sft(
   for i in range(sft.steps):
     rows = task.make_rows(sft.rows_per_step, seed=10_000_000 + seed * 100_003 + i)
     trajs = rollout(rows, sampler=demo, num_chains=1, seed=seed * 7919 + i)
-    state, m = runner.step(state, trajs, demo)
+    state, m = program.step(state, trajs, demo)
     nll.append(m["sft/nll"])
     bar.update(1)
     if after_step is not None:

@@ -3,9 +3,9 @@ config, reused by every run that would train the same params.
 
     params, metrics = sft_params(run)             # cached, or trained (+ saved) with sft/* metrics
     path = sft_cache_path(run, steps=2)           # where a 2-step SFT of this run is (or would be) kept
-    params, nll = run_sft(run, steps=2)           # train it (after_step=: a callback after each step)
+    params, nll = train_sft(run, steps=2)         # train it (after_step=: a callback after each step)
     save_sft_cache(run, params, steps=2)
-    runner = sft_runner(run, optimizer)           # the SFT step program alone (experiments/make_warmstart.py)
+    program = sft_program(run, optimizer)         # the SFT step program alone (experiments/make_warmstart.py)
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from agentfly_jax.rl import run as run_ops
 from agentfly_jax.rl.run import Run
 
 
-def sft_runner(run: Run, optimizer):
-  """An `sft.SftRunner` of the run's policy with `optimizer`."""
-  from agentfly_jax.rl.sft import SftRunner
+def sft_program(run: Run, optimizer):
+  """An `sft.SftProgram` of the run's policy with `optimizer`."""
+  from agentfly_jax.rl.sft import SftProgram
 
   policy = run.parts.policy
-  return SftRunner(
+  return SftProgram(
     policy.graphdef,
     policy.rest,
     optimizer,
@@ -61,16 +61,16 @@ def sft_cache_path(run: Run, steps: int | None = None) -> str:
   return os.path.join(os.path.abspath(run.spec.sft.cache_dir), hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
-def run_sft(run: Run, *, steps: int | None = None, after_step=None) -> tuple[Any, list[float]]:
+def train_sft(run: Run, *, steps: int | None = None, after_step=None) -> tuple[Any, list[float]]:
   """The SFT warm start from the run's initial params (`steps` steps, default the config's;
-  `after_step(steps_done, params)` as in rl/sft.run_sft). Returns (params, per-step NLL)."""
+  `after_step(steps_done, params)` as in rl/sft.train_on_demos). Returns (params, per-step NLL)."""
   from agentfly_jax.rl.programs import sft_optimizer
-  from agentfly_jax.rl.sft import run_sft as run_sft_steps
+  from agentfly_jax.rl.sft import train_on_demos
 
   spec, p = run.spec, run.parts
   sft = spec.sft if steps is None else dataclasses.replace(spec.sft, steps=int(steps))
-  return run_sft_steps(
-    sft_runner(run, sft_optimizer(spec)),
+  return train_on_demos(
+    sft_program(run, sft_optimizer(spec)),
     p.policy.params,
     task=p.task,
     tokenizer=p.tokenizer,
@@ -105,7 +105,7 @@ def sft_params(run: Run) -> tuple[Any, dict]:
     cache.close()
     if found:
       return restored, {}
-  params, nll = run_sft(run)
+  params, nll = train_sft(run)
   if cache_dir:
     save_sft_cache(run, params)
   return params, {"sft/nll_first": nll[0], "sft/nll_last": nll[-1]}

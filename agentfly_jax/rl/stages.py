@@ -7,7 +7,7 @@
     metrics = sync(weights, state.params)                                 # {"sync/bytes": ...}
     metrics = evaluate(weights, params, lambda: rollout(...), keep_loaded=...)
 
-`rl/loop.py` composes them; the SFT warm start is `rl/sft.run_sft` (rl/sft_cache.py). Nothing here keeps state
+`rl/loop.py` composes them; the SFT warm start is `rl/sft.train_on_demos` (rl/sft_cache.py). Nothing here keeps state
 between calls: the counters a step reports are differences of snapshots taken around it.
 """
 

@@ -1,6 +1,6 @@
 """The SFT warm start's cache (`sft.cache_dir`) and its per-step hook: the params after k steps of
 a longer SFT are a k-step SFT's (constant lr, step i's demos depend on i only), so
-`run_sft(..., after_step=)` can cache several step counts from one SFT under the keys runs read."""
+`train_sft(..., after_step=)` can cache several step counts from one SFT under the keys runs read."""
 
 import copy
 import dataclasses
@@ -27,12 +27,12 @@ def _config(tmp_path, steps: int):
 @pytest.mark.slow
 def test_k_steps_of_a_longer_sft_are_a_k_step_sft_and_cached_under_its_key(tmp_path):
   from agentfly_jax.rl.run import open_run
-  from agentfly_jax.rl.sft_cache import run_sft, sft_cache_path, sft_params
+  from agentfly_jax.rl.sft_cache import sft_cache_path, sft_params, train_sft
   from agentfly_jax.rl.spec import RunSpec
 
   long_run = open_run(RunSpec.from_config(_config(tmp_path, 3)), str(tmp_path / "run3"))
   seen = {}
-  run_sft(long_run, after_step=lambda k, params: seen.__setitem__(k, jax.device_get(copy.deepcopy(params))))
+  train_sft(long_run, after_step=lambda k, params: seen.__setitem__(k, jax.device_get(copy.deepcopy(params))))
   assert sorted(seen) == [1, 2, 3]
   short_run = open_run(RunSpec.from_config(_config(tmp_path, 2)), str(tmp_path / "run2"))
   assert sft_cache_path(long_run, steps=2) == sft_cache_path(short_run) != sft_cache_path(long_run)
