@@ -4,7 +4,7 @@ from agentfly_jax.agents import ToolCallAgent, run_rollout, pad_batch
 agent = ToolCallAgent(tokenizer_dir, tools=[calculator, answer], reward_fn=exact_match)
 trajectories = run_rollout(agent, rows, sampler=sampler, num_chains=4, max_turns=4)
 batch = pad_batch(trajectories)
-result = ToolCallAgent.from_pretrained(hf_folder, tools=["calculator"]).run("What is 6*7?")
+result = ToolCallAgent.from_pretrained(hf_folder, tools=["calculator"]).rollout("What is 6*7?")
 trajectories = run_endpoint_rollout(agent, rows, my_openai_agent, sampler=sampler)  # any agent
 """
 
@@ -16,7 +16,7 @@ from agentfly_jax.agents.endpoint import ChatEndpoint, EndpointError, serve_endp
 from agentfly_jax.agents.endpoint_rollout import endpoint_rollout, run_endpoint_rollout
 from agentfly_jax.agents.parsers import ParsedTurn, ToolCall, parse_code_blocks, parse_hermes_tool_calls, parse_react
 from agentfly_jax.agents.rollout import rollout, run_rollout, validate_rows
-from agentfly_jax.agents.run import RunResult
+from agentfly_jax.agents.standalone import RolloutResult
 from agentfly_jax.agents.tokenizer import AgentTokenizer, load_tokenizer
 from agentfly_jax.agents.trajectory import Trajectory, pad_batch
 
@@ -42,7 +42,7 @@ __all__ = [
   "pad_batch",
   "format_trajectory",
   "mask_segments",
-  "RunResult",
+  "RolloutResult",
   "ChatEndpoint",
   "EndpointError",
   "serve_endpoint",

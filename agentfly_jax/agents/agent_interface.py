@@ -2,7 +2,7 @@
 
 The rollout (`agents/rollout.py`) drives any object with these members; `agents.base.Agent` is the
 one the package builds. The type lives here, below both, so the rollout needs no import of
-`agents/base.py` (whose `Agent.run` reaches the rollout through `agents/run.py`): no import cycle,
+`agents/base.py` (whose `Agent.rollout` reaches the rollout through `agents/standalone.py`): no import cycle,
 counting annotation-only imports.
 """
 

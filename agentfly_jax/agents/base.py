@@ -90,7 +90,7 @@ class Agent:
     self.stop_token_ids = self._find_stop_token_ids()
     self.check_prefix_stable()
 
-  # -- prototyping without the trainer (agents/run.py) ----------------------------------------
+  # -- prototyping without the trainer (agents/standalone.py) ---------------------------------
   @classmethod
   def from_pretrained(
     cls,
@@ -105,13 +105,13 @@ class Agent:
     """The agent over an HF model folder (its tokenizer + chat template), with a sampler of the
     folder's model attached: the JAX sampler, or vLLM with `vllm=True`. Tools and the reward may
     be objects or names (built-ins, or 'module:function')."""
-    from agentfly_jax.agents.run import agent_from_pretrained
+    from agentfly_jax.agents.standalone import agent_from_pretrained
 
     return agent_from_pretrained(
       cls, folder, tools=tools, reward=reward, vllm=vllm, sampler_kwargs=sampler_kwargs, **agent_kwargs
     )
 
-  def run(
+  def rollout(
     self,
     rows_or_messages: Any,
     *,
@@ -121,12 +121,14 @@ class Agent:
     **kwargs,
   ):
     """Rolls the agent out: `rows_or_messages` is a question, a row, a list of rows or a chat
-    conversation; returns a `RunResult` (trajectories, rewards, and a transcript per chain with
+    conversation; returns a `RolloutResult` (trajectories, rewards, and a transcript per chain with
     the model-written, trained-on tokens in ⟦ ⟧). Other keywords: temperature, sampling_params,
     max_tokens_per_turn, max_total_tokens, seed, env_provider, color (ANSI instead of ⟦ ⟧), chain_timeout_s."""
-    from agentfly_jax.agents.run import run_agent
+    from agentfly_jax.agents.standalone import standalone_rollout
 
-    return run_agent(self, rows_or_messages, num_chains=num_chains, max_turns=max_turns, sampler=sampler, **kwargs)
+    return standalone_rollout(
+      self, rows_or_messages, num_chains=num_chains, max_turns=max_turns, sampler=sampler, **kwargs
+    )
 
   # -- template --------------------------------------------------------------------------------
   def render(self, messages: list[dict], template_tools: list[dict] | None, add_generation_prompt: bool) -> str:
@@ -225,7 +227,7 @@ class Agent:
     parts with images, which make the user message a content list)."""
     if not isinstance(row, dict) or not isinstance(row.get("question"), str):
       raise ValueError(f"{type(self).__name__}: a row needs a string field 'question', got {row!r:.120}")
-    if row.get("messages"):  # a conversation given to agent.run: start from it
+    if row.get("messages"):  # a conversation given to agent.rollout: start from it
       messages = [dict(m) for m in row["messages"]]
       for i, m in enumerate(messages):
         if not isinstance(m.get("content"), str) and m.get("content") is not None:

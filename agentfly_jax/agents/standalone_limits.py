@@ -1,4 +1,4 @@
-"""The agents' limits when they run outside a training run, written once: `agent.run(...)` in a
+"""The agents' limits when they run outside a training run, written once: `agent.rollout(...)` in a
 notebook, `run_rollout` / `run_endpoint_rollout` / `ChatEndpoint` called directly, a sampler loaded
 for a real HF model (`load_sampler`). Their signatures default to `STANDALONE.<field>`.
 

@@ -1,4 +1,4 @@
-"""`agent.run` for prototyping: rows / a question / a conversation in, trajectories + rewards + a
+"""`agent.rollout` for prototyping: rows / a question / a conversation in, trajectories + rewards + a
 transcript per chain out, with exactly the model-written tokens marked; `from_pretrained` builds
 an agent + JAX sampler from an HF folder in one line."""
 
@@ -48,7 +48,7 @@ def test_run_returns_trajectories_rewards_and_marked_transcripts():
     {"question": "What is the weather in Oslo?", "city": "Oslo"},
     {"question": "What is the weather in Rome?", "city": "Rome"},
   ]
-  result = agent.run(rows, num_chains=3, max_turns=3, sampler=sampler)
+  result = agent.rollout(rows, num_chains=3, max_turns=3, sampler=sampler)
   assert len(result) == 6 and result.rewards == [1.0] * 6
   assert [t.group_id for t in result.trajectories] == [0, 0, 0, 1, 1, 1]
   tok = agent.tokenizer
@@ -63,7 +63,7 @@ def test_run_returns_trajectories_rewards_and_marked_transcripts():
 def test_run_takes_a_question_or_a_conversation_and_needs_a_sampler():
   agent = ToolCallAgent(tokenizer_dir("qwen2.5"), tools=[weather])
   sampler = ScriptedSampler(_script(["It is sunny in CITY."]))
-  one = agent.run("What is the weather in Paris?", sampler=sampler)
+  one = agent.rollout("What is the weather in Paris?", sampler=sampler)
   assert len(one) == 1 and one.trajectories[0].row == {"question": "What is the weather in Paris?"}
   convo = [
     {"role": "system", "content": "Be brief."},
@@ -71,13 +71,13 @@ def test_run_takes_a_question_or_a_conversation_and_needs_a_sampler():
     {"role": "assistant", "content": "Hello."},
     {"role": "user", "content": "The weather in Lima?"},
   ]
-  out = agent.run(convo, num_chains=2, sampler=sampler)
+  out = agent.rollout(convo, num_chains=2, sampler=sampler)
   assert [m["content"] for m in out.trajectories[0].messages[:4]] == [m["content"] for m in convo]
   assert "Be brief." in out.transcripts[0] and "sunny in Lima" in out.transcripts[1]
   with pytest.raises(ValueError, match="no sampler"):
-    agent.run("q")
-  with pytest.raises(TypeError, match="agent.run: expected"):
-    agent.run(42, sampler=sampler)
+    agent.rollout("q")
+  with pytest.raises(TypeError, match="agent.rollout: expected"):
+    agent.rollout(42, sampler=sampler)
 
 
 @pytest.mark.slow
@@ -103,7 +103,7 @@ def test_from_pretrained_folder_in_one_line(tmp_path):
   agent = ToolCallAgent.from_pretrained(
     str(folder), tools=["calculator"], reward="exact_match", sampler_kwargs={"max_len": 512, "max_batch_size": 4}
   )
-  result = agent.run(
+  result = agent.rollout(
     [{"question": "What is 2+3?", "answer": "5"}],
     num_chains=2,
     max_turns=2,

@@ -16,7 +16,7 @@ def test_quickstart_notebook_runs():
   code = [c.source for c in nb.cells if c.cell_type == "code"]
   assert "find_spec(\"agentfly_jax\") is None" in code[0] and "pip" in code[0]
   assert not any("sys.path" in src for src in code)
-  assert any(".run(" in src for src in code)  # agent.run
+  assert any("agent.rollout(" in src for src in code)
   client = NotebookClient(
     nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": os.path.join(ROOT, "experiments")}}
   )

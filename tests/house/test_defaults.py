@@ -35,7 +35,7 @@ DIFFERENT_MEANING = {
   "agentfly_jax/rl/scale/memory_plan.py:RunSizes:attention_chunk": "a plan's input (0 = unchunked); plans pass the run's",
   "agentfly_jax/rl/config.py:tpu_grpo_config:max_total_tokens": "a preset's own value (TPU configs)",
   "agentfly_jax/rl/config.py:tpu_grpo_config:micro_batch_size": "a preset's own value (TPU configs)",
-  # The agents' limits outside a run (agent.run, run_rollout, the endpoint, load_sampler called directly):
+  # The agents' limits outside a run (agent.rollout, run_rollout, the endpoint, load_sampler called directly):
   # one home, agents/standalone_limits.py; the signatures default to STANDALONE.<field>. A run passes the
   # spec's rollout.* values.
   "agentfly_jax/agents/standalone_limits.py:StandaloneLimits:num_chains": "outside a run: one chain per row",

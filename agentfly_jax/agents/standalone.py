@@ -1,8 +1,8 @@
-"""Prototyping without the trainer: `agent.run(...)` and `Agent.from_pretrained(folder, ...)`.
+"""Prototyping without the trainer: `agent.rollout(...)` and `Agent.from_pretrained(folder, ...)`.
 
   agent = ToolCallAgent.from_pretrained("path/to/hf_folder", tools=["calculator"],
                                         reward="exact_match")      # JAX sampler (vllm=True: vLLM)
-  result = agent.run([{"question": "What is 6*7?", "answer": "42"}], num_chains=4, max_turns=3)
+  result = agent.rollout([{"question": "What is 6*7?", "answer": "42"}], num_chains=4, max_turns=3)
   result.rewards            # [B * num_chains] floats
   print(result.transcripts[0])   # the chain's text; model-written (trained-on) tokens in ⟦ ⟧
   result.trajectories       # the Trajectory objects the trainer would train on
@@ -23,8 +23,8 @@ from agentfly_jax.agents.trajectory import Trajectory
 
 
 @dataclasses.dataclass
-class RunResult:
-  """What `agent.run` returns: one entry per chain, row-major (row 0's chains first)."""
+class RolloutResult:
+  """What `agent.rollout` returns: one entry per chain, row-major (row 0's chains first)."""
 
   trajectories: list[Trajectory]
   rewards: list[float]
@@ -38,7 +38,7 @@ class RunResult:
 
 
 def as_rows(rows_or_messages: Any) -> list[dict]:
-  """The rows of `agent.run`'s first argument (see the module docstring); TypeError otherwise."""
+  """The rows of `agent.rollout`'s first argument (see the module docstring); TypeError otherwise."""
   x = rows_or_messages
   if isinstance(x, str):
     return [{"question": x}]
@@ -48,16 +48,16 @@ def as_rows(rows_or_messages: Any) -> list[dict]:
     if all("role" in m and "question" not in m for m in x):  # one conversation
       users = [m for m in x if m["role"] == "user" and isinstance(m.get("content"), str)]
       if not users:
-        raise ValueError("agent.run: a conversation needs a user message with string content")
+        raise ValueError("agent.rollout: a conversation needs a user message with string content")
       return [{"question": users[-1]["content"], "messages": [dict(m) for m in x]}]
     return list(x)
   raise TypeError(
-    "agent.run: expected a question string, a row dict, a list of rows or a list of "
+    "agent.rollout: expected a question string, a row dict, a list of rows or a list of "
     f"chat messages, got {type(x).__name__} {x!r:.80}"
   )
 
 
-def run_agent(
+def standalone_rollout(
   agent,
   rows_or_messages: Any,
   *,
@@ -72,15 +72,15 @@ def run_agent(
   env_provider: Any = None,
   color: bool = False,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
-) -> RunResult:
-  """Rolls `agent` out on the rows (see `Agent.run`)."""
+) -> RolloutResult:
+  """Rolls `agent` out on the rows (see `Agent.rollout`)."""
   from agentfly_jax.agents.rollout import run_rollout
   from agentfly_jax.sampling.protocol import SamplingParams
 
   sampler = sampler if sampler is not None else getattr(agent, "sampler", None)
   if sampler is None:
     raise ValueError(
-      "agent.run: no sampler: pass sampler=... (a JaxSampler, VllmSampler, ...) or "
+      "agent.rollout: no sampler: pass sampler=... (a JaxSampler, VllmSampler, ...) or "
       "build the agent with Agent.from_pretrained(folder, ...)"
     )
   trajs = run_rollout(
@@ -96,7 +96,7 @@ def run_agent(
     env_provider=env_provider,
     chain_timeout_s=chain_timeout_s,
   )
-  return RunResult(
+  return RolloutResult(
     trajectories=trajs,
     rewards=[t.reward for t in trajs],
     transcripts=[format_trajectory(t, agent.tokenizer, color=color) for t in trajs],
