@@ -58,7 +58,7 @@ from typing import Any
 
 import trio
 
-from agentfly_jax.agents.endpoint_records import ChainRecord, Prepared, message_key, template_message
+from agentfly_jax.agents.endpoint_records import ChainRecord, RequestPrompt, message_key, template_message
 from agentfly_jax.agents.endpoint_request import ChatRequest, EndpointError, parse_request, read_body
 from agentfly_jax.agents.rollout import (
   _request_seed,
@@ -153,7 +153,7 @@ class ChatEndpoint:
     self.stop_ids = tuple(dict.fromkeys([*self.sampling_params.stop_token_ids, *agent.stop_token_ids]))
     self.chains: dict[str, ChainRecord] = {}
     self.max_body_bytes = max_body_bytes
-    # per chain: held while a request's prompt is prepared (maybe in a worker thread) and while replies are
+    # per chain: held while a request's prompt is built (maybe in a worker thread) and while replies are
     # recorded, so a thread never reads a segment the trio thread is extending
     self._locks: dict[str, trio.Lock] = {}
     self.created = int(time.time())
@@ -234,13 +234,13 @@ class ChatEndpoint:
       raise EndpointError(401, f"api_key: {why}", "api_key", "invalid_api_key", "authentication_error")
     return chain
 
-  def _prepare(self, chain: ChainRecord, request: ChatRequest) -> Prepared:
-    """The request's prompt ids (rendered and tokenized: `ChainRecord.prepare`); 400 when the template fails."""
+  def _request_prompt(self, chain: ChainRecord, request: ChatRequest) -> RequestPrompt:
+    """The request's prompt ids (rendered and tokenized: `ChainRecord.request_prompt`); 400 when the template fails."""
     schema_tools = [_SchemaTool(t) for t in request.tools or ()]
     template_tools = self.agent.template_tools(schema_tools) if schema_tools else None
     tools_key = json.dumps(request.tools, sort_keys=True, default=str)
     try:
-      return chain.prepare(self.agent, request.messages, tools_key, template_tools)
+      return chain.request_prompt(self.agent, request.messages, tools_key, template_tools)
     except ImageError as e:  # an image part that does not decode, too large, or for a model that reads none
       raise EndpointError(400, f"messages: {e}", "messages", "invalid_image") from None
     except Exception as e:  # jinja errors, a template that is not prefix-stable, ...
@@ -268,8 +268,8 @@ class ChatEndpoint:
       )
     lock = self._locks.get(key) or trio.Lock()
     async with lock:
-      prepared = await off_loop(self._prepare, chain, request)
-    prompt_tokens = len(prepared.prompt_ids)  # what the sampler is sent (before any reply is recorded)
+      prompt = await off_loop(self._request_prompt, chain, request)
+    prompt_tokens = len(prompt.prompt_ids)  # what the sampler is sent (before any reply is recorded)
     room = self.max_total_tokens - prompt_tokens
     if room <= 0:
       chain.limit_hit = "max_total_tokens"
@@ -286,13 +286,13 @@ class ChatEndpoint:
       chain.clamped_requests += 1
     chain.note_tool_results(request.raw_messages)
     results: list[Any] = [None] * request.n
-    images = prepared.base.prompt_images()
+    images = prompt.base.prompt_images()
 
     async def sample(i):
       chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
       seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
       params = self._params(request, budget, seed)
-      results[i] = await agenerate_with_images(self.sampler, list(prepared.prompt_ids), params, images)
+      results[i] = await agenerate_with_images(self.sampler, list(prompt.prompt_ids), params, images)
 
     await self._gather()
     self._sampling += 1
@@ -306,7 +306,7 @@ class ChatEndpoint:
     finally:
       self._sampling -= 1
     async with lock:
-      choices = [self._choice(chain, prepared, request, turn, i, r, budget) for i, r in enumerate(results)]
+      choices = [self._choice(chain, prompt, request, turn, i, r, budget) for i, r in enumerate(results)]
     completion_tokens = sum(len(r.token_ids) for r in results)
     return {
       "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -321,7 +321,7 @@ class ChatEndpoint:
       },
     }
 
-  def _choice(self, chain, prepared, request, turn, index, result, budget) -> dict:
+  def _choice(self, chain, prompt, request, turn, index, result, budget) -> dict:
     agent, tok = self.agent, self.agent.tokenizer
     generated = [int(t) for t in result.token_ids]
     ended = bool(generated) and generated[-1] in self.stop_ids
@@ -341,7 +341,7 @@ class ChatEndpoint:
     if calls:
       reply["tool_calls"] = calls
     chain.record(
-      prepared,
+      prompt,
       generated,
       result.logprobs,
       agent.assistant_message(text, parsed),

@@ -192,7 +192,7 @@ class Segment:
 
 
 @dataclasses.dataclass
-class Prepared:
+class RequestPrompt:
   """A request's prompt: the ids sent to the sampler, and where they came from."""
 
   prompt_ids: list[int]
@@ -217,7 +217,9 @@ class ChainRecord:
     self.clamped_requests = 0  # requests whose max_tokens was clamped to the run's per-turn limit
     self.client_host: str | None = None  # set: the key is taken only from this address (a harness's sandbox)
 
-  def prepare(self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None) -> Prepared:
+  def request_prompt(
+    self, agent, messages: list[dict], tools_key: str, template_tools: list[dict] | None
+  ) -> RequestPrompt:
     """The prompt ids of a request (template-form `messages`): continues the segment whose
     last request + reply these messages extend, else renders a new segment."""
     if getattr(agent, "vision", None) is None:  # an image part for a text-only model: named before rendering
@@ -236,33 +238,33 @@ class ChainRecord:
       suffix = agent.observation_text(seg.messages, messages[n + 1 :], template_tools, seg.model_end_text)
       base = seg.copy_prefix()
       base.add_prompt_piece(*encode_with_images(agent, suffix, messages[n + 1 :], None, n + 1))
-      return Prepared(list(base.ids), seg, base, seg.version, messages, keys, template_tools)
+      return RequestPrompt(list(base.ids), seg, base, seg.version, messages, keys, template_tools)
     text = agent.render(messages, template_tools, add_generation_prompt=True)
     base = Segment(ids=[], mask=[], logps=[], prompt_length=0, tools_key=tools_key)
     base.add_prompt_piece(*encode_with_images(agent, text, messages))
     base.prompt_length = len(base.ids)
-    return Prepared(list(base.ids), None, base, 0, messages, keys, template_tools)
+    return RequestPrompt(list(base.ids), None, base, 0, messages, keys, template_tools)
 
   def record(
     self,
-    prepared: Prepared,
+    prompt: RequestPrompt,
     generated: list[int],
     logprobs: list[float],
     assistant_message: dict,
     reply_key: str,
     model_end_text: str,
   ) -> Segment:
-    """Appends one completion to the segment `prepared` continues (or to a new / forked one)."""
+    """Appends one completion to the segment `prompt` continues (or to a new / forked one)."""
     if not generated or len(logprobs) != len(generated):
       raise ValueError(f"sampler returned {len(generated)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
-    seg = prepared.segment
-    if seg is not None and seg.version == prepared.base_version:
-      base = prepared.base
+    seg = prompt.segment
+    if seg is not None and seg.version == prompt.base_version:
+      base = prompt.base
       seg.ids, seg.mask, seg.logps = base.ids, base.mask, base.logps
       seg.images, seg.grids, seg.pixels = base.images, base.grids, base.pixels
-      prepared.base = prepared.base.copy_prefix()  # later choices of this request fork from here
+      prompt.base = prompt.base.copy_prefix()  # later choices of this request fork from here
     else:
-      seg = prepared.base.copy_prefix()
+      seg = prompt.base.copy_prefix()
       seg.version = -1
       self.segments.append(seg)
     seg.ids += [int(t) for t in generated]
@@ -270,8 +272,8 @@ class ChainRecord:
     seg.logps += [float(x) for x in logprobs]
     seg.version += 1
     seg.num_turns += 1
-    seg.request_keys = list(prepared.request_keys)
-    seg.messages = [*prepared.messages, assistant_message]
+    seg.request_keys = list(prompt.request_keys)
+    seg.messages = [*prompt.messages, assistant_message]
     seg.reply_key = reply_key
     seg.model_end_text = model_end_text
     return seg
