@@ -2,7 +2,7 @@
 random-init policy (CPU smoke size); on a GPU set model.pretrained and raise the sizes.
 
   .venv/bin/python experiments/train.py --config=configs/openenv_grpo.py --workdir=runs/openenv \
-    --config.task.openenv_url=http://host:port      # or --config.task.openenv_app=my_module:app
+    --config.task.row_defaults.openenv_url=http://host:port   # or --config.task.row_defaults.openenv_app=my_module:app
 
 The server's observations reach the agent as JSON text; its one tool `act` sends an action (a JSON
 object of its fields, or text for a one-field action); reward: the episode's summed OpenEnv reward.
@@ -18,6 +18,8 @@ from agentfly_jax.tasks.from_config import set_custom_task
 
 def get_config():
   c = world_config("openenv", "grpo")
-  set_custom_task(c, name="openenv", module="agentfly_jax.tasks.openenv")
+  # the rows' server (a row naming its own keeps it): both keys named, so each is a flag; set one
+  server = {"openenv_url": "", "openenv_app": ""}
+  set_custom_task(c, name="openenv", module="agentfly_jax.tasks.openenv", row_defaults=server)
   c.rollout.max_turns = 16
   return c

@@ -25,6 +25,10 @@ REMOVED = {
   ("eval", "counted_checkpoint"): "last_within_budget",  # the counted-step rule (it had one value)
 }
 
+# A user task's env fields that became keys of config.task.row_defaults, in groups: a group's fields are copied
+# over when any of them is set (the value "" of the other kept: a row naming either OpenEnv server kept its own).
+TASK_ROW_DEFAULT_GROUPS = (("gym_id",), ("openenv_url", "openenv_app"))
+
 
 def migrate_saved(config, defaults: dict) -> dict:
   """`config` (a dict or ConfigDict saved by any earlier version) over `defaults` (today's RunSpec as a dict):
@@ -45,6 +49,7 @@ def migrate_saved(config, defaults: dict) -> dict:
     if key not in (saved.get(section) or {}):
       merged[section][key] = value
   _migrate_model_remat(saved)
+  _migrate_task_row_defaults(saved)
   _overlay(merged, saved)
   return merged
 
@@ -69,6 +74,22 @@ def _migrate_model_remat(saved: dict) -> None:
     fail("model.remat", legacy, "legacy field: a bool (use train.remat for a policy name)")
   if legacy and not (saved.get("train") or {}).get("remat"):
     saved["train"] = {**(saved.get("train") or {}), "remat": "full"}
+
+
+def _migrate_task_row_defaults(saved: dict) -> None:
+  """A user task's legacy config.task.gym_id / openenv_url / openenv_app as config.task.row_defaults (the keys
+  row_defaults already has win)."""
+  task = saved.get("task")
+  if not isinstance(task, dict) or not any(f in task for group in TASK_ROW_DEFAULT_GROUPS for f in group):
+    return
+  task = dict(task)  # (the caller's dict left as it was)
+  row_defaults = dict(task.get("row_defaults") or {})
+  for group in TASK_ROW_DEFAULT_GROUPS:
+    values = {f: task.pop(f, "") for f in group}
+    if any(values.values()):
+      row_defaults = {**values, **row_defaults}
+  task["row_defaults"] = row_defaults
+  saved["task"] = task
 
 
 def _overlay(base: dict, saved: dict) -> None:

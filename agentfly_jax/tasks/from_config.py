@@ -10,8 +10,9 @@
 config.json rebuilds exactly its task. A module (built-in or `config.task.module`) is read by
 tasks/contract.from_module, the config's fields over it; rows are checked as they enter the task
 (file, row / line, field; the fields the reward reads; tool names; the module's check_rows), and
-`config.task.gym_id` / `openenv_url` / `openenv_app` become the task's row defaults. Also checked
-before a model is built: the module's import, and a demonstration policy when `config.sft.steps > 0`.
+`config.task.row_defaults` become the task's row defaults (fields a row gets when it sets none of
+them, e.g. the gym id of a Gymnasium task; the module's check_rows names a bad one as
+`config.task.row_defaults.<field>`). Also checked before a model is built: the module's import, and a demonstration policy when `config.sft.steps > 0`.
 `task_fingerprint` hashes the task's content (rows, tool names + schemas + code, reward, demo policy)
 for the SFT cache key. What a task module may define: tasks/contract.py.
 """
@@ -23,7 +24,7 @@ import hashlib
 import inspect
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import ml_collections
 
@@ -54,9 +55,11 @@ class UserTaskSection:
       REWARD_ONLY_FIELDS, else data/row_fields.REWARD_ONLY_FIELDS).
     mcp_servers: MCP servers to start / connect to, separated by ';': a command line (stdio) or
       an http(s) URL (streamable HTTP); all their tools join the task's tools (tools/mcp.py).
-    gym_id: a Gymnasium env id for rows that name none (module agentfly_jax.tasks.gym).
-    openenv_url, openenv_app: an OpenEnv server (http://host:port) or app (module:attr, started
-      per pool) for rows that name none (module agentfly_jax.tasks.openenv).
+    row_defaults: row field -> value, given to a row that sets none of these fields (e.g.
+      {"gym_id": "CliffWalking-v1"}: the env of a Gymnasium row, tasks/gym.py; {"openenv_url": ...}:
+      an OpenEnv row's server, tasks/openenv.py). A key the config names is a flag of its own
+      (`--config.task.row_defaults.gym_id=CliffWalking-v1`, configs/gym_grpo.py); the whole mapping
+      is one (`--config.task.row_defaults="{'my_field': 'value'}"`). Values are JSON values.
   """
 
   name: str = "custom"
@@ -74,17 +77,32 @@ class UserTaskSection:
   agent_mounts: str = ""
   reward_only_fields: str = ""
   mcp_servers: str = ""
-  gym_id: str = ""
-  openenv_url: str = ""
-  openenv_app: str = ""
+  row_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if not isinstance(value, str):
+      if f.name != "row_defaults" and not isinstance(value, str):
         raise ValueError(f"config.task.{f.name}={value!r}: must be a string")
+    object.__setattr__(self, "row_defaults", _checked_row_defaults(self.row_defaults))
     if self.agent_sandbox not in ("bwrap", "off"):
       raise ValueError(f"config.task.agent_sandbox={self.agent_sandbox!r}: must be 'bwrap' or 'off'")
+
+
+def _checked_row_defaults(value) -> dict:
+  """config.task.row_defaults as a plain dict of field -> JSON value; ValueError naming the field."""
+  if hasattr(value, "to_dict"):  # a ConfigDict
+    value = value.to_dict()
+  if not isinstance(value, Mapping):
+    raise ValueError(f"config.task.row_defaults={value!r}: must be a mapping of row field -> value")
+  for key, v in value.items():
+    if not isinstance(key, str) or not key:
+      raise ValueError(f"config.task.row_defaults: key {key!r} must be a row field name (a non-empty string)")
+    try:
+      json.dumps(v)
+    except (TypeError, ValueError):
+      raise ValueError(f"config.task.row_defaults.{key}={v!r}: must be a JSON value (a row field's value)") from None
+  return dict(value)
 
 
 def custom_task_config(**overrides) -> ml_collections.ConfigDict:
@@ -225,16 +243,6 @@ def _resolve_reward(spec: str, module):
     raise ValueError(f"config.task.reward={spec!r}: {e}") from None
 
 
-def _row_defaults(t: UserTaskSection) -> dict:
-  """Row fields config.task fills where a row sets none (the env a Gymnasium / OpenEnv row runs in)."""
-  if t.openenv_url and t.openenv_app:
-    raise ValueError("config.task.openenv_url and config.task.openenv_app are both set; set one")
-  defaults = {"gym_id": t.gym_id} if t.gym_id else {}
-  if t.openenv_url or t.openenv_app:  # both keys: a row naming either server keeps its own
-    defaults.update(openenv_url=t.openenv_url, openenv_app=t.openenv_app)
-  return defaults
-
-
 def _custom_task(config):
   """The user task of config.task: its module read by `contract.from_module` (as a built-in's),
   then the config's fields over it (rows from files, tools, reward, MCP servers, agent, ...)."""
@@ -242,8 +250,7 @@ def _custom_task(config):
 
   t = user_task_section(config.task)
   module = import_task_module(t.module) if t.module else None
-  defaults = _row_defaults(t)
-  fields: dict = {"name": t.name or "custom", "row_defaults": defaults, "row_sources": {}}
+  fields: dict = {"name": t.name or "custom", "row_defaults": dict(t.row_defaults), "row_sources": {}}
   if t.train_path:
     fields.update(rows=load_rows(t.train_path), generate_rows=None)
     fields["row_sources"]["rows"] = t.train_path

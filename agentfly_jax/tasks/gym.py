@@ -1,8 +1,8 @@
 """Any Gymnasium environment as a task: the `gymnasium` env type on the env servers.
 
-  --config=configs/gym_grpo.py --config.task.gym_id=CliffWalking-v1   # or "my_module:MyEnv-v0"
+  --config=configs/gym_grpo.py --config.task.row_defaults.gym_id=CliffWalking-v1   # or "my_module:MyEnv-v0"
 
-Rows: {"question", "gym_id", "seed"} (`config.task.gym_id` fills a row's missing id; generated
+Rows: {"question", "gym_id", "seed"} (`config.task.row_defaults.gym_id` fills a row's missing id; generated
 rows are seeds 0..n-1, eval rows other seeds). The env's reset observation opens the chat (text;
 non-text observations as JSON). Tool: `act` (one action as text: a Text action as is, a Discrete
 one an integer, others JSON); its StepResult ends the chain when the episode ends. Reward: the
@@ -45,7 +45,7 @@ REWARD = episode_return
 
 
 def make_rows(n: int, seed: int) -> list[dict]:
-  """n rows, env seeds seed*100000 + 0..n-1 (the id comes from config.task.gym_id)."""
+  """n rows, env seeds seed*100000 + 0..n-1 (the id comes from config.task.row_defaults.gym_id)."""
   return seeded_rows(QUESTION, n, seed, split="train")
 
 
@@ -58,12 +58,14 @@ def check_gym_id(gym_id: str, where: str) -> None:
   import gymnasium
 
   if not isinstance(gym_id, str) or not gym_id:
-    raise ValueError(f"{where}: no gym id: set config.task.gym_id (e.g. CliffWalking-v1 or my_module:MyEnv-v0)")
+    raise ValueError(
+      f"{where}: no gym id: set config.task.row_defaults.gym_id (e.g. CliffWalking-v1 or my_module:MyEnv-v0)"
+    )
   try:
     gymnasium.make(gym_id).close()
   except (gymnasium.error.Error, ImportError, AttributeError) as e:
     raise ValueError(
-      f"{where}: config.task.gym_id={gym_id!r} (or the rows' field 'gym_id') is not a registered "
+      f"{where}: config.task.row_defaults.gym_id={gym_id!r} (or the rows' field 'gym_id') is not a registered "
       f"Gymnasium environment: {e}"
     ) from None
 

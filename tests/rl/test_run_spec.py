@@ -188,3 +188,22 @@ def test_migrate_fills_what_old_versions_ran_with_and_keeps_what_they_saved():
   assert RunSpec.from_config(saved).train.logits_capacity == tuple(saved["train"]["logits_capacity"])
   # a current config comes back equal
   assert migrate(default_config()).to_dict() == default_config().to_dict()
+
+
+def test_migrate_moves_a_user_tasks_env_fields_into_row_defaults():
+  """config.task.gym_id / openenv_url / openenv_app (before config.task.row_defaults): a set group's fields become
+  row defaults (both OpenEnv keys, so a row naming either server keeps its own); unset ones are dropped."""
+  old_task = {"name": "mine", "module": "my_task", "gym_id": "", "openenv_url": "http://h:1", "openenv_app": ""}
+  task = migrate({"task": old_task}).task
+  assert task.to_dict() == {
+    "name": "mine",
+    "module": "my_task",
+    "row_defaults": {"openenv_url": "http://h:1", "openenv_app": ""},
+  }
+  assert old_task["openenv_url"] == "http://h:1"  # the caller's dict kept
+  task = migrate({"task": {"module": "m", "gym_id": "CliffWalking-v1", "openenv_url": "", "openenv_app": ""}}).task
+  assert task.to_dict() == {"module": "m", "row_defaults": {"gym_id": "CliffWalking-v1"}}
+  spec = RunSpec.from_config({"task": {"module": "m", "gym_id": "", "openenv_url": "", "openenv_app": ""}})
+  assert spec.task.row_defaults == {} and spec.task.module == "m"
+  with pytest.raises(ValueError, match=r"config\.task\.row_defaults: key 3 must be a row field name"):
+    RunSpec.from_config({"task": {"module": "m", "row_defaults": {3: "x"}}})

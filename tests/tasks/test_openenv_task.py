@@ -1,5 +1,5 @@
-"""The OpenEnv task (agentfly_jax/tasks/openenv.py, configs/openenv_grpo.py): config.task.openenv_url
-fills the rows, a URL where no OpenEnv server answers stops the run before training naming the field
+"""The OpenEnv task (agentfly_jax/tasks/openenv.py, configs/openenv_grpo.py): config.task.row_defaults
+.openenv_url fills the rows, a URL where no OpenEnv server answers stops the run before training naming the field
 and the URL, and scripted chains play a real OpenEnv server (tests/openenv_number_env.py, started
 here) through a real env server: OpenEnv's done ends the chain, its summed reward is the reward."""
 
@@ -27,12 +27,12 @@ from test_openenv_env import _free_port, openenv_server
 CONFIG = "configs/openenv_grpo.py"
 
 
-def _config(**task_fields):
+def _config(**row_defaults):
   spec = importlib.util.spec_from_file_location("openenv_grpo", CONFIG)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  c.task.update(task_fields)
+  c.task.row_defaults.update(row_defaults)
   return c
 
 
@@ -45,12 +45,14 @@ def test_openenv_url_fills_rows_and_a_dead_url_stops_before_training():
   assert [t.name for t in task.tools] == ["act"]
   assert {r["seed"] for r in rows}.isdisjoint({r["seed"] for r in eval_rows})
   dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
-  with pytest.raises(ValueError, match=r"config\.task\.openenv_url=.*" + dead.replace(".", r"\.")):
+  with pytest.raises(ValueError, match=r"config\.task\.row_defaults\.openenv_url=.*" + dead.replace(".", r"\.")):
     build_task(_config(openenv_url=dead))
-  with pytest.raises(ValueError, match="config.task.openenv_url"):
+  with pytest.raises(ValueError, match=r"config\.task\.row_defaults\.openenv_url"):
     build_task(_config())  # no server named
-  with pytest.raises(ValueError, match="config.task.openenv_app"):
+  with pytest.raises(ValueError, match=r"config\.task\.row_defaults\.openenv_app"):
     build_task(_config(openenv_app="no_such_module:app"))
+  with pytest.raises(ValueError, match=r"names both openenv_url and openenv_app \(config\.task\.row_defaults"):
+    build_task(_config(openenv_url=dead, openenv_app="no_such_module:app"))  # both set: before either is probed
 
 
 def test_scripted_chains_play_an_openenv_server_through_the_env_server():
