@@ -74,7 +74,7 @@ from agentfly_jax.rl.scale.aot import (  # noqa: E402
   append_to_table,
   fit_advice,
   replan_table,
-  run,
+  compile_run,
   write_report,
 )
 
@@ -118,7 +118,7 @@ def main(argv):
     f"aot_{spec.name}_{FLAGS.topology.replace(':', '_')}",
   )
   try:
-    report = run(spec, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
+    report = compile_run(spec, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
   except BadInput as e:
     print(f"aot_compile: {e}", file=sys.stderr, flush=True)
     sys.exit(1)

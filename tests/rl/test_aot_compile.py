@@ -61,7 +61,7 @@ def test_bad_input_is_named_before_compiling(topology, mesh, model, needle):
   from agentfly_jax.rl.scale import aot
 
   with pytest.raises(aot.BadInput) as e:
-    aot.run(RunSpec.from_config(lookup_config(**mesh)), topology, model)
+    aot.compile_run(RunSpec.from_config(lookup_config(**mesh)), topology, model)
   assert needle in str(e.value)
 
 
@@ -71,9 +71,11 @@ def test_unsupported_hf_model_type_is_named(tmp_path):
   path = tmp_path / "config.json"
   path.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
   with pytest.raises(aot.BadInput, match=f"{path}: unknown architecture .model_type='gpt2'"):
-    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", str(path))
+    aot.compile_run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", str(path))
   with pytest.raises(aot.BadInput, match="unknown programs"):
-    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", "qwen2.5-0.5b", programs=("train_step", "backward"))
+    aot.compile_run(
+      RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", "qwen2.5-0.5b", programs=("train_step", "backward")
+    )
 
 
 @pytest.mark.slow
@@ -336,7 +338,7 @@ def test_pallas_attention_for_a_gpu_topology_is_named_before_compiling():
   config = lookup_config(fsdp=8)
   config.model.attention_impl = "pallas"
   with pytest.raises(aot.BadInput, match="attention_impl='pallas' is the TPU kernel and --topology='h100:8' is a GPU"):
-    aot.run(RunSpec.from_config(config), "h100:8")
+    aot.compile_run(RunSpec.from_config(config), "h100:8")
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
@@ -393,7 +395,7 @@ def test_paged_engine_programs_compile_for_tpu_with_the_cache_in_their_arguments
   config.rollout.update(max_batch_size=4, max_total_tokens=48, max_tokens_per_turn=16, kv_page_size=16)
   config.rollout.decode_steps = 2
   spec = RunSpec.from_config(config)
-  report = aot.run(spec, "v5p:2x2x1", programs=("engine_prefill", "engine_decode"))
+  report = aot.compile_run(spec, "v5p:2x2x1", programs=("engine_prefill", "engine_decode"))
   rows = {r["program"]: r for r in report["rows"]}
   assert list(rows) == ["engine_prefill", "engine_decode"] and report["attention_impl"] == "pallas"
   cfg = aot.model_config(spec, None, "config")
@@ -426,11 +428,11 @@ def test_the_teacher_program_needs_a_teacher():
   from agentfly_jax.rl.scale import aot
 
   with pytest.raises(aot.BadInput, match=r"config.teacher.pretrained='': the teacher program needs a teacher"):
-    aot.run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", programs=("teacher",))
+    aot.compile_run(RunSpec.from_config(lookup_config(fsdp=4)), "v5e:2x2", programs=("teacher",))
   config = lookup_config(fsdp=4)
   config.teacher.pretrained, config.loss.distill_weight = "gpt2-xl", 1.0
   with pytest.raises(aot.BadInput, match=r"config.teacher.pretrained='gpt2-xl': neither a preset"):
-    aot.run(RunSpec.from_config(config), "v5e:2x2", programs=("teacher",))
+    aot.compile_run(RunSpec.from_config(config), "v5e:2x2", programs=("teacher",))
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 (the library half of experiments/aot_compile.py, which documents the flags and the report; the
 programs are built and compiled in rl/scale/aot_programs.py).
 
-    report = run(config, "v5e:2x2", model="qwen2.5-0.5b")   # rows: one per program, bytes a chip
+    report = compile_run(config, "v5e:2x2", model="qwen2.5-0.5b")   # rows: one per program, bytes a chip
     write_report(report, "lab/results/aot_x")        # .json + .md
     fit_advice(report, row)                                   # what would fit, for a row that does not
 
@@ -205,7 +205,9 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
   }
 
 
-def run(spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0) -> dict:
+def compile_run(
+  spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0
+) -> dict:
   """Compiles `programs` of the run `spec` (rl/spec.RunSpec: the tool parses its config once) for
   `topology`; returns the report (rows per program)."""
   _check_programs(programs)
