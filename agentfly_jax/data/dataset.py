@@ -5,7 +5,8 @@ by parameter name.
   rows = load_rows("data/train.json")    # [{"question": "...", "answer": "..."}, ...]
 
 A malformed file stops the run before anything starts, with an error naming the file, the row
-index and the field.
+index (and a JSON Lines row's line) and the field. A task reads a file with `read_rows` (parsed,
+not checked: tasks/contract.checked_rows checks each row once, naming its line).
 """
 
 from __future__ import annotations
@@ -44,10 +45,20 @@ def _json_lines(text: str, path: str) -> tuple[list, list[int]]:
   return data, lines
 
 
-def load_rows(path: str | os.PathLike) -> list[dict]:
-  """Loads and validates a file of rows: a `.jsonl` file is JSON Lines (one object a line, any number
-  of rows, one included); any other file is a JSON list of rows (or, when it does not parse as one
-  JSON value, JSON Lines). Errors name the file and the row (JSON Lines rows: "row i (line n)")."""
+class FileRows(list):
+  """The rows of a file as parsed, not yet checked: a list, with the file's `path` and each row's
+  `lines` (None for a JSON list: rows are named by index alone)."""
+
+  def __init__(self, rows, path: str, lines: list[int] | None):
+    super().__init__(rows)
+    self.path, self.lines = path, lines
+
+
+def read_rows(path: str | os.PathLike) -> FileRows:
+  """Parses a file of rows without checking them (the checks: `validate_row` per row, with its
+  line): a `.jsonl` file is JSON Lines (one object a line, any number of rows, one included); any
+  other file is a JSON list of rows (or, when it does not parse as one JSON value, JSON Lines).
+  Errors name the file (and a line that does not parse)."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"dataset file {path} does not exist")
@@ -68,4 +79,17 @@ def load_rows(path: str | os.PathLike) -> list[dict]:
     raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
   if not data:
     raise ValueError(f"{path}: the list of rows is empty")
-  return [validate_row(row, i, path, line=None if lines is None else lines[i]) for i, row in enumerate(data)]
+  return FileRows(data, path, lines)
+
+
+def load_rows(path: str | os.PathLike) -> list[dict]:
+  """Loads and validates a file of rows (`read_rows`, then `validate_row` per row). Errors name the
+  file and the row (JSON Lines rows: "row i (line n)")."""
+  rows = read_rows(path)
+  return [validate_row(row, i, rows.path, line=row_line(rows, i)) for i, row in enumerate(rows)]
+
+
+def row_line(rows, index: int) -> int | None:
+  """The file line of row `index` when `rows` came from a JSON Lines file (`read_rows`), else None."""
+  lines = getattr(rows, "lines", None)
+  return None if lines is None else lines[index]

@@ -15,7 +15,8 @@ A task module defines UPPERCASE globals and functions (all optional but a reward
   sandbox runs). `from_module` is the one reader of a module's globals, for built-in and user
   modules alike.
 
-Rows are checked once, here, as they enter the task: a fixed row set when the task is made, a
+Rows are checked once, here, as they enter the task: a fixed row set when the task is made (a
+file's rows as data/dataset.read_rows parsed them, errors naming each row's line), a
 generator's rows when they are drawn (`checked_rows`: the row's shape, data/dataset.validate_row; the
 fields the reward reads; the row's tools; then the module's own `check_rows`). `row_defaults` fill
 fields of a row that sets none of them (e.g. the gym id of a Gymnasium task) before the checks.
@@ -29,7 +30,7 @@ import inspect
 import types
 from typing import Any, Callable, Mapping, Sequence
 
-from agentfly_jax.data.dataset import validate_row
+from agentfly_jax.data.dataset import row_line, validate_row
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS, check_reward_only
 from agentfly_jax.data.row_stream import RowStream
 
@@ -264,16 +265,24 @@ def reward_fields(reward) -> list[str]:
 def checked_rows(
   rows, source: str, tools, reward, *, defaults: Mapping | None = None, module_check: Callable | None = None
 ) -> list[dict]:
-  """`rows` with `defaults` filled in (a row that sets none of their fields gets all of them), each checked (data/dataset.validate_row: a string question,
-  a list of tool names), every field the reward reads present, a row's `tools` naming only task
-  tools, then `module_check(rows, source)`; ValueError naming `source`, the row and the field."""
+  """`rows` with `defaults` filled in (a row that sets none of their fields gets all of them), each
+  checked (data/dataset.validate_row: a string question, a list of tool names), every field the reward
+  reads present, a row's `tools` naming only task tools, then `module_check(rows, source)`; ValueError
+  naming `source`, the row (and its line, for rows data/dataset.read_rows read from a JSON Lines file)
+  and the field."""
   if isinstance(rows, dict) or not isinstance(rows, Sequence):
     raise ValueError(f"{source}: rows must be a list of dicts, got {type(rows).__name__}")
+  file_rows = rows
+
+  def row(i: int) -> str:
+    line = row_line(file_rows, i)
+    return f"row {i}" + (f" (line {line})" if line is not None else "")
+
   defaults = defaults or {}
   fill = {k: v for k, v in defaults.items() if v not in (None, "")}
   if fill:  # a row that sets any of the defaults' fields keeps its own and gets none of them
     rows = [r if not isinstance(r, dict) or any(r.get(k) for k in defaults) else {**r, **fill} for r in rows]
-  rows = [validate_row(r, i, source) for i, r in enumerate(rows)]
+  rows = [validate_row(r, i, source, line=row_line(file_rows, i)) for i, r in enumerate(rows)]
   if not rows:
     return rows
   name = getattr(reward, "name", getattr(reward, "__name__", "reward"))
@@ -285,7 +294,7 @@ def checked_rows(
       )
     if lacking:
       raise ValueError(
-        f"{source}: row {lacking[0]} has no field {field!r}, which reward "
+        f"{source}: {row(lacking[0])} has no field {field!r}, which reward "
         f"{name!r} reads ({len(lacking)} of {len(rows)} rows lack it)"
       )
   names = {t.name for t in tools}
@@ -293,7 +302,7 @@ def checked_rows(
     unknown = [n for n in r.get("tools") or () if n not in names]
     if unknown:
       raise ValueError(
-        f"{source}: row {i} field 'tools' names unknown tool(s) {unknown}; the task's tools: {sorted(names)}"
+        f"{source}: {row(i)} field 'tools' names unknown tool(s) {unknown}; the task's tools: {sorted(names)}"
       )
   return list(module_check(rows, source)) if module_check is not None else rows
 

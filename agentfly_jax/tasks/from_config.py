@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from agentfly_jax.data.dataset import load_rows
+from agentfly_jax.data.dataset import read_rows
 from agentfly_jax.user_code import import_user_module
 
 
@@ -252,10 +252,10 @@ def _custom_task(config):
   module = import_task_module(t.module) if t.module else None
   fields: dict = {"name": t.name or "custom", "row_defaults": dict(t.row_defaults), "row_sources": {}}
   if t.train_path:
-    fields.update(rows=load_rows(t.train_path), generate_rows=None)
+    fields.update(rows=read_rows(t.train_path), generate_rows=None)  # checked once, by the task
     fields["row_sources"]["rows"] = t.train_path
   if t.eval_path:
-    fields.update(eval_rows=load_rows(t.eval_path), generate_eval_rows=None)
+    fields.update(eval_rows=read_rows(t.eval_path), generate_eval_rows=None)
     fields["row_sources"]["eval_rows"] = t.eval_path
   if module is not None:
     label = f"module {t.module}"

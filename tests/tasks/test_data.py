@@ -1,6 +1,7 @@
 """Dataset rows (clear errors naming file/row/field), the tiny tokenizer builder, pad_batch."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -188,3 +189,40 @@ def test_trajectory_json_round_trip():
   np.testing.assert_array_equal(back.action_mask, t.action_mask)
   np.testing.assert_array_equal(back.sampler_logprobs, t.sampler_logprobs)
   assert back.messages == t.messages and back.group_id == 3 and back.reward == t.reward
+
+
+def test_a_tasks_rows_file_is_checked_once_errors_naming_file_and_line(tmp_path, monkeypatch):
+  """config.task.train_path's rows are parsed (data/dataset.read_rows), then checked once as they enter the task
+  (tasks/contract.checked_rows): one validate_row per row; every row error names the file, the row and its
+  JSON Lines line (the row's shape, a field the reward reads, a tool it names)."""
+  from agentfly_jax.data import dataset
+  from agentfly_jax.rl.config import default_config
+  from agentfly_jax.tasks import contract
+  from agentfly_jax.tasks.from_config import build_task, set_custom_task
+
+  calls, validate_row = [], dataset.validate_row
+
+  def counted(row, index, source="rows", line=None):
+    calls.append(index)
+    return validate_row(row, index, source, line)
+
+  monkeypatch.setattr(dataset, "validate_row", counted)
+  monkeypatch.setattr(contract, "validate_row", counted)
+  path = tmp_path / "rows.jsonl"
+
+  def build(*lines):
+    path.write_text("\n".join(lines) + "\n")
+    config = set_custom_task(default_config(), train_path=str(path), tools="calculator", reward="exact_match")
+    return build_task(config)
+
+  good = '{"question": "2+2?", "answer": "4"}'
+  task = build(good, "", '{"question": "3+3?", "answer": "6", "tools": ["calculator"]}')
+  assert [r["answer"] for r in task.rows] == ["4", "6"] and sorted(calls) == [0, 1]  # each row once
+  cases = {
+    r"row 1 \(line 3\) has no field 'question'": '{"answer": "6"}',
+    r"row 1 \(line 3\) has no field 'answer', which reward 'exact_match' reads": '{"question": "3+3?"}',
+    r"row 1 \(line 3\) field 'tools' names unknown tool\(s\) \['nope'\]": '{"question": "q", "answer": "a", "tools": ["nope"]}',
+  }
+  for message, bad in cases.items():
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": " + message):
+      build(good, "", bad)
