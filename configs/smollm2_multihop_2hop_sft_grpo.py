@@ -6,10 +6,9 @@ comparison questions; the same tools, reward, prompt and held-out 24 2-hop quest
       --workdir=runs/smol_multihop_2hop
 
 Why: on the mixed rows GRPO turned retrieval on but settled on one retrieval then an answer, right
-on the 1-hop training questions (38 %, where the sampled reward came from) and wrong on the 2-hop
-held-out split (greedy F1 0.000 after SFT, 0.125 at RL step 8, 0.042 at step 12). On 2-hop rows a
-chain's reward needs both hops. Recorded (lab/results/smollm2_multihop/): greedy held-out
-F1 0.208 after SFT -> 0.500 after 12 GRPO steps, 3862 s on the shared 2-core CPU.
+on the 1-hop training questions (where the sampled reward came from) and wrong on the 2-hop
+held-out split. On 2-hop rows a chain's reward needs both hops. The recorded run, its held-out F1
+after SFT and after the GRPO steps and the mixed-rows attempt: lab/results/smollm2_multihop/.
 """
 
 from agentfly_jax.rl.config import config_beside

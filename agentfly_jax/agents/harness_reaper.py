@@ -14,7 +14,7 @@ when the supervisor has exited, nothing the harness started is alive, and nothin
 `--limits`: rlimits the command and everything it starts inherit (address space, the size of a file it
 writes: a larger write fails with EFBIG, open files; no core files); 0 leaves that one as it is.
 
-Standard library only, no agentfly_jax import (it runs with -I -S: a fresh interpreter starts in ~20 ms).
+Standard library only, no agentfly_jax import (it runs with -I -S: a bare interpreter starts fast).
 Exit status: the command's, 128 + N when a signal N ended it, 125 when the supervisor could not start it
 (the reason on stderr), 143 when it was stopped by SIGTERM.
 """

@@ -64,11 +64,12 @@ class ModelConfig:
   square, differentiated by XLA; default 512), attention_impl ("flash": `flash_attention.py`, a
   custom VJP from the saved per-row softmax statistics, at every length; "checkpoint": blocks
   under jax.checkpoint when T > chunk; "pallas": TPU only, jax.experimental's Pallas flash-attention
-  kernel (`pallas_attention.py`), `attention_chunk` unused. SmolLM2-135M policy step, 2-core CPU, T=2048: flash 23.7 s
-  vs checkpoint 30.0 s, chunk 128 23.3 s at 1.8x the compile time; T=256: all within 1 %),
+  kernel (`pallas_attention.py`), `attention_chunk` unused. "flash" is the default because it is the
+  fastest path at long rows without the chunked path's longer compile: ~0.8x checkpoint's SmolLM2
+  policy step at T=2048, lab/results/bench_train_step_ab_flash.md),
   fuse_projections (q/k/v and gate/up each as one GEMM over their concatenated kernels when a
   call has >= cpu_kernels.FUSE_MIN_ROWS tokens, i.e. training and prefill, not decode; the params stay
-  separate, so names and checkpoints are unchanged; measured 2-8 % faster train step on CPU),
+  separate, so names and checkpoints are unchanged; a faster CPU train step: lab/results/cpu_code_paths/README.md),
   scan_layers (True: the decoder layers are one `DecoderLayer` whose params carry a leading
   [num_hidden_layers] axis (logical name "layers"), run under `lax.scan`; compile time stays flat
   in depth; `models/layer_stack.py` converts states between the two layouts).

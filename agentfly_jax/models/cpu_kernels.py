@@ -7,15 +7,15 @@ backend XLA's own kernels do better and the plain path runs:
 - `dense`: the same product with its backward pass written out. Left to autodiff, XLA:CPU wrote dy
   transposed ([out, tokens]) in the producing fusion and ran the weight-gradient GEMM with its own
   emitter at under half of torch's rate; written as one 2-D GEMM contracting the token dim of both
-  operands, a SmolLM2-sized MLP block's forward + backward took 249 ms instead of 345 ms (2-core CPU;
-  lab/results/bench_train_step_ab_dense.md).
+  operands, a SmolLM2-sized MLP block's forward + backward takes ~0.7x the time
+  (lab/results/bench_train_step_ab_dense.md).
 - `fused_linear`: q/k/v and gate/up each as one GEMM over their concatenated kernels when a call has
   >= FUSE_MIN_ROWS tokens (training, prefill; not decode, which is bound by reading the weights):
-  2-8 % faster train step (lab/results/profile_train_step.md). `ModelConfig.fuse_projections=False`
+  a faster train step (lab/results/cpu_code_paths/README.md). `ModelConfig.fuse_projections=False`
   opts a model out.
 - the [out, in] kernel layout (`decode_layout()`: the JAX sampler's decode copy, made by
-  `layers.set_kernel_layout`): XLA's CPU GEMMs at decode sizes (8-32 rows) run ~15-30 % faster reading each output's
-  weights as one contiguous row (SmolLM2 shapes; ~10 % at 1024 rows). Training and checkpoints keep
+  `layers.set_kernel_layout`): XLA's CPU GEMMs at decode sizes (8-32 rows) run faster reading each output's
+  weights as one contiguous row (lab/results/cpu_code_paths/README.md). Training and checkpoints keep
   [in, out].
 
 The switch: on when JAX's default backend is the CPU, unless AGENTFLY_CPU_KERNELS=0 (=1 forces it on);

@@ -301,7 +301,7 @@ class Attention(nnx.Module):
     # Cache layouts (see KVCache): keys [B*KVH, hd, S], values [B*KVH, S, hd], so both attention
     # products are plain 3-D batched matmuls (q @ K, probs @ V) straight on the updated caches.
     # (With [B, KVH, S, hd] XLA's CPU backend transposed or copied every layer's cache at every
-    # decode step, and ran the two-batch-dim products ~2x slower.)
+    # decode step, and ran the two-batch-dim products slower: lab/results/cpu_code_paths/README.md.)
     k, v = self._write_cache(kv, k, v, cache_index)
     out = self._attend(q, k.astype(self.dtype), v.astype(self.dtype), mask, keys_transposed=True)
     return self.o_proj(out), (k, v)
@@ -384,8 +384,9 @@ def attend(q, k, v, mask, *, num_kv_heads: int, keys_transposed: bool, dtype, pr
   Returns:
     [B, T, H * hd].
 
-  Both products are plain 3-D batched matmuls: XLA's CPU backend runs those ~1.3-2x faster
-  than the same contraction written with two batch dims (B and KVH), forward and backward.
+  Both products are plain 3-D batched matmuls: XLA's CPU backend runs those faster than the same
+  contraction written with two batch dims (B and KVH), forward and backward
+  (lab/results/cpu_code_paths/README.md).
   """
   b, t, h, hd = q.shape
   kvh, s = num_kv_heads, v.shape[1]

@@ -10,7 +10,7 @@ from agentfly_jax.rl.spec_section import fail
 
 # What runs saved before a field existed did without it, where it differs from today's default (else: the default).
 OLD_BEHAVIOUR = {
-  ("train", "logits_capacity"): (),  # before 2026-11: log-probs at every position
+  ("train", "logits_capacity"): (),  # before the field: log-probs at every position
 }
 
 

@@ -14,7 +14,7 @@ setting) it equals log_softmax(logits / T), what a trainer computes at temperatu
 Drawing uses the inverse CDF with one uniform number per row, in two levels (blocks of
 `DRAW_BLOCK` tokens, then a token inside the chosen block), so a step costs O(V) simple work and
 B random numbers. `jax.random.categorical` (Gumbel-max) needs V random numbers per row: with
-threefry on CPU that was ~30 ms of a ~200 ms SmolLM2 decode step at batch 32.
+threefry on CPU a sizeable share of a decode step (lab/results/cpu_code_paths/README.md).
 
 Top-k keeps every token whose logit is >= the k-th largest (ties at the boundary are kept).
 Top-p keeps a token iff the renormalised probability mass of the tokens ranked strictly above it
