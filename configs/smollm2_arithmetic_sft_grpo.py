@@ -14,7 +14,8 @@ metrics.jsonl step 0 holds the greedy held-out success before SFT (`eval_pre_sft
 (`eval/*`) and the SFT NLL; results in lab/results/smollm2_arithmetic/.
 Sizes for a 2-core CPU: 4 questions x 4 chains, two turns, task `arithmetic_brief` (the tool in
 one line of the system prompt, no worked example: SFT teaches the format, and every training
-step costs ~2.3x less than with the ~330-token hermes prompt + example of `arithmetic`).
+step costs less than with the ~330-token hermes prompt + example of `arithmetic`;
+lab/results/smollm2_arithmetic/README.md).
 """
 
 from agentfly_jax.rl.config import config_beside

@@ -22,10 +22,10 @@ token-mean aggregation (no per-chain length normalisation: short chains' tokens 
 before and after RL, is in lab/results/smollm2_webshop/attempts/README.md; the seeds scored on the locked
 test split in lab/results/LEARNING.md.
 
-Memory on 24 GiB: the multi-turn prefix cache cuts a step's rollout ~2.5x (each turn prefills only the new
-page); micro-batches of 2 keep the update's peak low; run the SFT (`--config.train.steps=0`, which saves the
-step-0 checkpoint) and the RL steps (the same command with the steps, resuming) as two processes: one
-process holding both at 16 chains runs out of memory.
+Memory on 24 GiB: the multi-turn prefix cache cuts a step's rollout time (each turn prefills only the
+new page; lab/results/smollm2_webshop/attempts/README.md); micro-batches of 2 keep the update's peak low;
+run the SFT (`--config.train.steps=0`, which saves the step-0 checkpoint) and the RL steps (the same command
+with the steps, resuming) as two processes: one process holding both at 16 chains runs out of memory.
 """
 
 from agentfly_jax.rl.config import config_beside
