@@ -298,8 +298,8 @@ def _remat_on(cfg) -> bool:
 
 
 # ---------------------------------------------------------------- one function per program
-def rollout_arrays(run: AbstractRun) -> tuple[int, dict]:
-  """(rows, the rollout's padded arrays as `prepare` takes them): rows_per_step x num_chains rows
+def abstract_step_arrays(run: AbstractRun) -> tuple[int, dict]:
+  """(rows, a step's padded arrays, as stages.step_arrays makes them for `prepare`): rows_per_step x num_chains rows
   rounded up to a multiple of fsdp, [rows, seq_len] (rewards, group_ids: [rows]), split over fsdp."""
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
@@ -326,7 +326,7 @@ def _reference_params(run: AbstractRun):
 
 def compile_prepare(run: AbstractRun, chips: int) -> dict:
   """The `prepare` row: old (+ reference) log-probs, values, advantages over the rollout batch."""
-  n_rows, arrays = rollout_arrays(run)
+  n_rows, arrays = abstract_step_arrays(run)
   ref = _reference_params(run)
   row = compile_program("prepare", run.update.prepare, run.params, ref, run.critic_params, arrays)
   row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows"
@@ -400,7 +400,7 @@ def compile_train_step(run: AbstractRun, chips: int) -> dict:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  _, arrays = rollout_arrays(run)
+  _, arrays = abstract_step_arrays(run)
   update, seq_len = run.update, run.seq_len
   batch_out, _ = jax.eval_shape(update.prepare, run.params, _reference_params(run), run.critic_params, arrays)
   micro_rows, num_micro = update.minibatch_layout()

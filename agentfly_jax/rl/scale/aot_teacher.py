@@ -15,7 +15,13 @@ from __future__ import annotations
 import json
 import os
 
-from agentfly_jax.rl.scale.aot_programs import AbstractRun, abstract_model, compile_program, model_flops, rollout_arrays
+from agentfly_jax.rl.scale.aot_programs import (
+  AbstractRun,
+  abstract_model,
+  abstract_step_arrays,
+  compile_program,
+  model_flops,
+)
 
 
 def teacher_config(spec):
@@ -51,7 +57,7 @@ def compile_teacher(run: AbstractRun, chips: int) -> dict:
   cfg, name = teacher_config(run.spec)
   graphdef, params, rest, _ = abstract_model(CausalLM, cfg, run.mesh, run.rules)
   prep_cfg = prepare_config(run.spec, run.loss_cfg, run.spec.algorithm.estimator, run.update.prepare_chunk)
-  n_rows, arrays = rollout_arrays(run)
+  n_rows, arrays = abstract_step_arrays(run)
   row = compile_program(
     "teacher", make_teacher_logprobs(graphdef, prep_cfg, mesh=run.mesh, rules=run.rules), params, rest, arrays
   )
