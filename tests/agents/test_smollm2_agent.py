@@ -107,7 +107,9 @@ def test_smollm2_tool_rollout_vllm_sampler(smollm2_dir):
   pytest.importorskip("vllm")
   from agentfly_jax.sampling import VllmSampler
 
-  sampler = VllmSampler(smollm2_dir, max_model_len=640, max_num_seqs=8, max_batch_size=4, seed=0)
+  # the batch engine, in this process: the contract is the sampler's ids, whichever engine returns them (the async
+  # engine's agenerate gives generate's tokens: tests/sampling/test_vllm_sampler.py), and no engine process starts
+  sampler = VllmSampler(smollm2_dir, engine="batch", max_model_len=640, max_num_seqs=8, max_batch_size=4, seed=0)
   try:
     trajs = _rollout_and_check(sampler, smollm2_dir)
   finally:
