@@ -14,6 +14,22 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # helpers, child-process
 ROOT = os.path.dirname(TESTS_DIR)
 # No periodic eval and no progress bar: tests read metrics.jsonl, not the terminal.
 QUIET = ("--config.eval.every=0", "--config.eval.num_rows=0", "--config.log.progress=False")
+# The smoke size of the random-init task configs run through the env servers (world, SWE, search and math
+# configs): one model, batch and sequence shape, learning rate and vocabulary (task_config's 1024), so every
+# such run of a test run reads the programs the first one put in the compile cache. 1024 tokens hold the
+# longest opening observation (an SWE issue).
+ENV_TASK_SMOKE = (
+  "--config.rollout.rows_per_step=1",
+  "--config.rollout.num_chains=2",
+  "--config.rollout.max_turns=2",
+  "--config.rollout.max_tokens_per_turn=16",
+  "--config.rollout.max_total_tokens=1024",
+  "--config.model.hidden_size=64",
+  "--config.model.intermediate_size=128",
+  "--config.model.num_layers=1",
+  "--config.train.lr=3e-4",
+  "--config.checkpoint.every=100",
+)
 
 
 def train_command(workdir, *overrides: str, config: str = "configs/lookup_grpo.py") -> list[str]:

@@ -13,17 +13,7 @@ from agentfly_jax.rl.config import validate_config
 from agentfly_jax.tasks import get_task
 import subprocess
 
-from train_cli import ROOT, read_metrics, train_command
-
-SMALL = (
-  "--config.train.steps=2",
-  "--config.rollout.rows_per_step=2",
-  "--config.rollout.num_chains=2",
-  "--config.rollout.max_tokens_per_turn=24",
-  "--config.rollout.max_turns=2",
-  "--config.rollout.max_total_tokens=768",
-  "--noresume",
-)
+from train_cli import ENV_TASK_SMOKE, ROOT, read_metrics, train_command
 
 
 def _load(name):
@@ -61,7 +51,11 @@ def test_configs_name_their_task_and_take_any_algorithm(name, task, tools, rewar
 def test_two_step_training_run(tmp_path, name):
   workdir = tmp_path / name
   out = subprocess.run(
-    train_command(workdir, *SMALL, config=f"configs/{name}.py"), cwd=ROOT, capture_output=True, text=True, timeout=880
+    train_command(workdir, *ENV_TASK_SMOKE, "--config.train.steps=2", "--noresume", config=f"configs/{name}.py"),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=880,
   )
   assert out.returncode == 0, out.stderr[-4000:]
   records = read_metrics(workdir)
