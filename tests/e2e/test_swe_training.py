@@ -11,20 +11,7 @@ import subprocess
 import pytest
 
 from tests import swe_testlib
-from train_cli import ROOT, read_metrics, train_command
-
-SMALLEST = (
-  "--config.train.steps=2",
-  "--config.rollout.rows_per_step=1",
-  "--config.rollout.num_chains=2",
-  "--config.rollout.max_turns=2",
-  "--config.rollout.max_tokens_per_turn=16",
-  "--config.rollout.max_total_tokens=1024",
-  "--config.model.hidden_size=64",
-  "--config.model.intermediate_size=128",
-  "--config.model.num_layers=1",
-  "--config.checkpoint.every=100",
-)
+from train_cli import ENV_TASK_SMOKE, ROOT, read_metrics, train_command
 
 
 def _config():
@@ -72,7 +59,7 @@ def test_two_training_steps_of_swe_grpo(tmp_path_factory):
   env = dict(os.environ, AGENTFLY_LOCAL_ENVS="swe=2:0")
   env.pop("AGENTFLY_ENV_SERVERS", None)
   out = subprocess.run(
-    train_command(workdir, *SMALLEST, config="configs/swe_grpo.py"),
+    train_command(workdir, *ENV_TASK_SMOKE, "--config.train.steps=2", config="configs/swe_grpo.py"),
     cwd=ROOT,
     capture_output=True,
     text=True,
