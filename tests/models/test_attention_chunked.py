@@ -5,6 +5,8 @@ with packed segments; the flash op against `layers.attend` on its own (values an
 gradients, GQA, uneven blocks, left/right padding, segments); attention_impl "pallas" (the TPU
 kernel, interpreted) equals it too; the config rejects a bad chunk or implementation."""
 
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -48,6 +50,17 @@ def _loss_and_grads(chunk, ids, attn, seg, weights, impl="flash", kvh=2):
     return value, logits, grads
 
 
+_ONE_SQUARE = {}
+
+
+def _one_square(packed, ids, attn, seg, weights):
+  """The one-square model's (loss, logits, grads) on a `packed` case's inputs (they depend on
+  `packed` only): computed once, shared by every chunked implementation compared with it."""
+  if packed not in _ONE_SQUARE:
+    _ONE_SQUARE[packed] = _loss_and_grads(0, ids, attn, seg, weights)
+  return _ONE_SQUARE[packed]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("impl,chunk", [("flash", 4), ("flash", 64), ("checkpoint", 4)])
 @pytest.mark.parametrize("packed", [False, True])
@@ -61,7 +74,7 @@ def test_chunked_attention_matches_one_square(packed, impl, chunk):
     else None
   )
   weights = jnp.asarray(rng.normal(size=(B, T, V)), jnp.float32)
-  v0, l0, g0 = _loss_and_grads(0, ids, attn, seg, weights)
+  v0, l0, g0 = _one_square(packed, ids, attn, seg, weights)
   v1, l1, g1 = _loss_and_grads(chunk, ids, attn, seg, weights, impl)
   m = np.asarray(attn)
   np.testing.assert_allclose(np.asarray(l1)[m], np.asarray(l0)[m], rtol=1e-5, atol=1e-5)
@@ -106,6 +119,30 @@ def test_attention_chunk_must_be_non_negative():
     tiny_config("llama", attention_chunk=-1)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _values_and_grads(attention, q, k, v, mask, d_out):
+  """(sum(attention(q, k, v, mask) * d_out), the output, its q/k/v gradients): one program per
+  `attention` and shapes, the random q/k/v/mask/d_out its arguments, not constants."""
+
+  def loss(q, k, v):
+    out = attention(q, k, v, mask)
+    return (out * d_out).sum(), out
+
+  (val, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  return val, out, grads
+
+
+@functools.cache
+def _attend(kvh):
+  """layers.attend at float32 / highest precision, one object per KV-head count: the reference
+  program compiles once for every chunk compared with it."""
+  from agentfly_jax.models import layers
+
+  return functools.partial(
+    layers.attend, num_kv_heads=kvh, keys_transposed=False, dtype=jnp.float32, precision="highest"
+  )
+
+
 @pytest.mark.parametrize("chunk", [5, 16, 24, 64])
 @pytest.mark.parametrize("kvh", [1, 2])
 def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
@@ -113,7 +150,6 @@ def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
   padding (row 1: keys 0-3 masked, so queries 0-3 see nothing), two packed segments (row 2).
   Rows with no allowed key are the documented exception (uniform over the block's keys), so the
   upstream gradient is zero there and their outputs are not compared."""
-  from agentfly_jax.models import layers
   from agentfly_jax.models.flash_attention import flash_causal_attention
 
   b, t, h, hd = 3, 24, 6, 8
@@ -129,23 +165,14 @@ def test_flash_attention_op_matches_attend_values_and_grads(chunk, kvh):
   seen = m.any(-1)  # [b, t] rows with at least one allowed key
   d_out = jnp.asarray(rng.normal(size=(b, t, h * hd)) * seen[..., None], jnp.float32)
 
-  def run(fn):
-    def loss(q, k, v):
-      out = fn(q, k, v)
-      return (out * d_out).sum(), out
-
-    (val, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
-    return val, out, grads
-
-  ref = run(
-    lambda q, k, v: layers.attend(
-      q, k, v, mask, num_kv_heads=kvh, keys_transposed=False, dtype=jnp.float32, precision="highest"
-    )
-  )
-  got = run(
-    lambda q, k, v: flash_causal_attention(
-      q, k, v, mask, num_kv_heads=kvh, chunk=chunk, dtype=jnp.float32, precision="highest"
-    )
+  ref = _values_and_grads(_attend(kvh), q, k, v, mask, d_out)
+  got = _values_and_grads(
+    functools.partial(flash_causal_attention, num_kv_heads=kvh, chunk=chunk, dtype=jnp.float32, precision="highest"),
+    q,
+    k,
+    v,
+    mask,
+    d_out,
   )
   np.testing.assert_allclose(np.asarray(got[1])[seen], np.asarray(ref[1])[seen], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(float(got[0]), float(ref[0]), rtol=1e-5)
