@@ -28,7 +28,7 @@ def test_grid_and_random_points():
 def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
   sweep_dir = tmp_path / "sweep"
   base = (
-    "sft.steps=0;train.steps=1;rollout.rows_per_step=1;rollout.max_turns=1;"
+    "sft.steps=0;train.steps=1;rollout.rows_per_step=1;rollout.num_chains=2;rollout.max_turns=1;"
     "rollout.max_tokens_per_turn=8;eval.every=0;eval.num_rows=0;train.micro_batch_size=4;"
     "log.tensorboard=False"
   )
@@ -38,7 +38,9 @@ def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
       os.path.join(ROOT, "experiments", "sweep.py"),
       "--config=configs/lookup_rloo.py",
       f"--sweep_dir={sweep_dir}",
-      "--grid=train.lr=1e-4,3e-4;rollout.num_chains=2,4",
+      # seed is no program's constant or shape: the 2nd pair of runs (seed=1) finds every program the first
+      # pair (one per lr, compiled side by side) put in the compile cache
+      "--grid=train.lr=1e-4,3e-4;seed=0,1",
       f"--base={base}",
       "--parallel=2",
     ],
@@ -52,7 +54,7 @@ def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
   assert len(summary) == 4 and all(r["returncode"] == 0 for r in summary)
   assert all(r["final"]["rollout/reward_mean"] is not None for r in summary)
   table = (sweep_dir / "summary.md").read_text()
-  assert table.count("\n") == 6 and "train.lr" in table and "rollout.num_chains" in table
+  assert table.count("\n") == 6 and "train.lr" in table and "seed" in table
   assert (sweep_dir / "summary.png").stat().st_size > 1000
   slurm = (sweep_dir / "slurm_array.sh").read_text()
   assert "#SBATCH --array=0-3" in slurm and slurm.count("experiments/train.py") == 4
