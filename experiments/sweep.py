@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -229,21 +230,28 @@ def main(argv):
   print(f"{len(runs)} runs planned in {sweep_dir} (slurm_array.sh written)")
   if _DRY_RUN.value:
     return
+  # SIGTERM / SIGHUP (a job scheduler's cancel, a closed terminal) end the sweep like Ctrl-C: through
+  # the `finally` below, which stops the runs it started instead of leaving them running unparented
+  for sig in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, _exit_on_signal)
   pending, active = list(runs), []
-  while pending or active:
-    while pending and len(active) < _PARALLEL.value:
-      r = pending.pop(0)
-      os.makedirs(r["workdir"], exist_ok=True)
-      log = open(os.path.join(r["workdir"], "train.log"), "w")
-      env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-      r["proc"] = subprocess.Popen(r["cmd"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-      active.append(r)
-    time.sleep(0.5)
-    for r in list(active):
-      if r["proc"].poll() is not None:
-        r["returncode"] = r["proc"].returncode
-        active.remove(r)
-        print(f"{r['run']} finished (exit {r['returncode']})")
+  try:
+    while pending or active:
+      while pending and len(active) < _PARALLEL.value:
+        r = pending.pop(0)
+        os.makedirs(r["workdir"], exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+        with open(os.path.join(r["workdir"], "train.log"), "w") as log:
+          r["proc"] = subprocess.Popen(r["cmd"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        active.append(r)
+      time.sleep(0.5)
+      for r in list(active):
+        if r["proc"].poll() is not None:
+          r["returncode"] = r["proc"].returncode
+          active.remove(r)
+          print(f"{r['run']} finished (exit {r['returncode']})")
+  finally:
+    _stop([r["proc"] for r in active])
   rows = [
     {
       "run": r["run"],
@@ -257,6 +265,27 @@ def main(argv):
   print(open(os.path.join(sweep_dir, "summary.md")).read())
   if any(r["returncode"] != 0 for r in rows):
     sys.exit("some runs failed: see their train.log")
+
+
+def _exit_on_signal(signum, frame):
+  del frame
+  raise SystemExit(
+    f"sweep: stopped by signal {signal.Signals(signum).name}; its running train.py processes are stopped"
+  )
+
+
+def _stop(procs: list, grace_s: float = 10.0) -> None:
+  """SIGTERM to each still-running process, SIGKILL to any alive `grace_s` later."""
+  for p in procs:
+    if p.poll() is None:
+      p.terminate()
+  deadline = time.monotonic() + grace_s
+  for p in procs:
+    try:
+      p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
 
 
 if __name__ == "__main__":

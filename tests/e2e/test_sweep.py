@@ -1,9 +1,12 @@
-"""experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script."""
+"""experiments/sweep.py: a 2x2 grid runs locally and writes its summary table, plot and SLURM script; a stopped
+sweep stops its runs."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from train_cli import ROOT, load_script
@@ -58,3 +61,43 @@ def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
   assert (sweep_dir / "summary.png").stat().st_size > 1000
   slurm = (sweep_dir / "slurm_array.sh").read_text()
   assert "#SBATCH --array=0-3" in slurm and slurm.count("experiments/train.py") == 4
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_stops_its_runs(tmp_path):
+  """SIGTERM to sweep.py (a scheduler's cancel) ends the train.py processes it started: none is left
+  running without its parent."""
+  psutil = pytest.importorskip("psutil")
+  sweep = subprocess.Popen(
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "sweep.py"),
+      "--config=configs/lookup_rloo.py",
+      f"--sweep_dir={tmp_path / 'sweep'}",
+      "--grid=seed=0,1",
+      "--base=train.steps=1000;eval.every=0;eval.num_rows=0;log.tensorboard=False",
+      "--parallel=2",
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  children = []
+  try:
+    deadline = time.monotonic() + 300
+    while len(children) < 2 and time.monotonic() < deadline and sweep.poll() is None:
+      children = [c for c in psutil.Process(sweep.pid).children() if "train.py" in " ".join(c.cmdline())]
+      time.sleep(0.2)
+    assert len(children) == 2, sweep.communicate(timeout=60)[0][-3000:]
+    sweep.send_signal(signal.SIGTERM)
+    out, _ = sweep.communicate(timeout=60)
+    assert sweep.returncode != 0 and "stopped by signal SIGTERM" in out, out[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [c.cmdline() for c in alive]
+  finally:  # nothing of this test outlives it, whatever failed
+    if sweep.poll() is None:
+      sweep.kill()
+    for child in children:
+      if child.is_running():
+        child.kill()
