@@ -27,6 +27,20 @@ def test_grid_and_random_points():
     sweep.parse_assignments("train.lr", multi=True)
 
 
+def _sweep_command(sweep_dir, *, grid: str, base: str) -> list[str]:
+  """sweep.py over configs/lookup_rloo.py, two runs at a time."""
+  script = os.path.join(ROOT, "experiments", "sweep.py")
+  return [
+    sys.executable,
+    script,
+    "--config=configs/lookup_rloo.py",
+    f"--sweep_dir={sweep_dir}",
+    f"--grid={grid}",
+    f"--base={base}",
+    "--parallel=2",
+  ]
+
+
 @pytest.mark.slow
 def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
   sweep_dir = tmp_path / "sweep"
@@ -36,17 +50,9 @@ def test_sweep_runs_2x2_grid_and_summarises(tmp_path):
     "log.tensorboard=False"
   )
   out = subprocess.run(
-    [
-      sys.executable,
-      os.path.join(ROOT, "experiments", "sweep.py"),
-      "--config=configs/lookup_rloo.py",
-      f"--sweep_dir={sweep_dir}",
-      # seed is no program's constant or shape: the 2nd pair of runs (seed=1) finds every program the first
-      # pair (one per lr, compiled side by side) put in the compile cache
-      "--grid=train.lr=1e-4,3e-4;seed=0,1",
-      f"--base={base}",
-      "--parallel=2",
-    ],
+    # seed is no program's constant or shape: the 2nd pair of runs (seed=1) finds every program the first
+    # pair (one per lr, compiled side by side) put in the compile cache
+    _sweep_command(sweep_dir, grid="train.lr=1e-4,3e-4;seed=0,1", base=base),
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -69,15 +75,9 @@ def test_a_stopped_sweep_stops_its_runs(tmp_path):
   running without its parent."""
   psutil = pytest.importorskip("psutil")
   sweep = subprocess.Popen(
-    [
-      sys.executable,
-      os.path.join(ROOT, "experiments", "sweep.py"),
-      "--config=configs/lookup_rloo.py",
-      f"--sweep_dir={tmp_path / 'sweep'}",
-      "--grid=seed=0,1",
-      "--base=train.steps=1000;eval.every=0;eval.num_rows=0;log.tensorboard=False",
-      "--parallel=2",
-    ],
+    _sweep_command(
+      tmp_path / "sweep", grid="seed=0,1", base="train.steps=1000;eval.every=0;eval.num_rows=0;log.tensorboard=False"
+    ),
     cwd=ROOT,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
