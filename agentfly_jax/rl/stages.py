@@ -7,8 +7,8 @@
     metrics = sync(weights, state.params)                                 # {"sync/bytes": ...}
     metrics = evaluate(weights, params, lambda: rollout(...), keep_loaded=...)
 
-`rl/loop.py` composes them; the SFT warm start is `rl/sft.train_on_demos` (rl/sft_cache.py). Nothing here keeps state
-between calls: the counters a step reports are differences of snapshots taken around it.
+`rl/loop.py` composes them; the SFT warm start is `rl/sft_cache.train_sft` (rl/sft.train_on_demos' steps).
+Nothing here keeps state between calls: the counters a step reports are differences of snapshots taken around it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ tasks/contract.from_module, the config's fields over it; rows are checked as the
 (file, row / line, field; the fields the reward reads; tool names; the module's check_rows), and
 `config.task.row_defaults` become the task's row defaults (fields a row gets when it sets none of
 them, e.g. the gym id of a Gymnasium task; the module's check_rows names a bad one as
-`config.task.row_defaults.<field>`). Also checked before a model is built: the module's import, and a demonstration policy when `config.sft.steps > 0`.
+`config.task.row_defaults.<field>`). Also checked before a model is built: the module's import, and a
+demonstration policy when `config.sft.steps > 0`.
 `task_fingerprint` hashes the task's content (rows, tool names + schemas + code, reward, demo policy)
 for the SFT cache key. What a task module may define: tasks/contract.py.
 """
