@@ -53,6 +53,10 @@ flags.DEFINE_integer("new_tokens", 64, "generated tokens per row")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions (the median is reported)")
 flags.DEFINE_integer("sync_repeats", 9, "weight-sync / host-copy timing pairs")
 flags.DEFINE_float("pause_s", 0.5, "idle gap before each timed call")
+flags.DEFINE_integer("floor_copy_mib", 256, "the floor's memory copy: MiB copied")
+flags.DEFINE_integer("floor_matmul_n", 2048, "the floor's square matmul: n x n")
+flags.DEFINE_integer("floor_reps", 5, "the floor's copy / matmul: best of this many")
+flags.DEFINE_integer("gemm_reps", 15, "decode-shape GEMM rates: best of this many per library")
 flags.DEFINE_string("out_dir", RESULTS_DIR, "where bench_sampler.{json,md} go")
 flags.DEFINE_string("work_dir", "/dev/shm/bench_sampler", "scratch folder for the tiny model's HF files")
 flags.DEFINE_string("serve", "", "internal: run as the MODEL:ENGINE worker (commands on stdin)")
@@ -391,13 +395,14 @@ def main(argv):
   sizes = [int(b) for b in FLAGS.batch_sizes]
   new_tokens = FLAGS.new_tokens
   load_start = os.getloadavg()
-  bandwidth, flops_rate = measure_copy_bandwidth(), measure_matmul_rate()
+  bandwidth = measure_copy_bandwidth(FLAGS.floor_copy_mib << 20, FLAGS.floor_reps)
+  flops_rate = measure_matmul_rate(FLAGS.floor_matmul_n, FLAGS.floor_reps)
   print(f"machine: copy {bandwidth / 1e9:.1f} GB/s (read+write), matmul {flops_rate / 1e9:.1f} GFLOP/s", flush=True)
   rows, syncs, starts = [], {}, {}
   gemm_rates_by_model = {}
   for name in FLAGS.models:
     cfg = model_config(name)
-    gemm_rates_by_model[name] = {b: measure_decode_gemm_rates(cfg, b) for b in sizes}
+    gemm_rates_by_model[name] = {b: measure_decode_gemm_rates(cfg, b, FLAGS.gemm_reps) for b in sizes}
     print(
       f"{name} decode GEMM GFLOP/s: "
       + "; ".join(
@@ -481,6 +486,8 @@ def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> Non
       "device": _device_name(),
       "copy_bytes_per_s": bandwidth,
       "matmul_flop_per_s": flops_rate,
+      "floor_copy_mib": FLAGS.floor_copy_mib,
+      "floor_matmul_n": FLAGS.floor_matmul_n,
       "load_avg_start": load_start,
       "load_avg_end": os.getloadavg(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -510,7 +517,7 @@ def write_results(rows, syncs, starts, bandwidth, flops_rate, load_start) -> Non
     f"new tokens / wall of the whole call (prefill included), median of {FLAGS.repeats} interleaved "
     "repeats (each engine in its own process, runs alternating, so machine drift hits all alike). "
     "Floor = the same call's prefill + decode work at the measured copy bandwidth / matmul rate "
-    "(a square 2048 matmul). Shape floor = the same, but the decode FLOPs at the best rate any "
+    f"(a square {FLAGS.floor_matmul_n} matmul). Shape floor = the same, but the decode FLOPs at the best rate any "
     "library here (XLA, OpenBLAS, oneDNN) reaches on the decode's own GEMM shape "
     "([batch, D] x [I, D]^T, weights streamed): what the machine's GEMMs allow at that batch.\n",
     "| model | engine | batch | tok/s | floor tok/s | % floor | % shape floor | vs HF | vs vLLM | vs HF per repeat |",

@@ -22,7 +22,7 @@ shape's), built and compiled once; the parent then times `repeats` rounds in whi
 frameworks take turns. Reported: median and minimum wall seconds, the process CPU seconds of the
 step (user + system over all threads: less sensitive to other jobs on a shared machine than the
 wall), compile (first-step) time, peak RSS, model FLOPs (6 x matmul params x tokens + attention,
-full square) per second and as a fraction of `jnp.matmul`'s rate (2048^2 float32, measured in
+full square) per second and as a fraction of `jnp.matmul`'s rate (`--matmul_n`^2 float32, measured in
 the same run), and the first step's loss in each framework.
 
 `--demo`: on real batches of the README demo (the lookup task's warm start, one rollout), the
@@ -75,6 +75,7 @@ flags.DEFINE_list("shapes", ["8x256", "4x512", "16x128", "1x2048"], "BxT batch s
 flags.DEFINE_list("frameworks", ["jax", "jax+plain", "torch"], "jax | jax+plain | torch")
 flags.DEFINE_list("steps", ["policy", "ppo"], "policy (PPO-clip actor step) | ppo (actor + critic step)")
 flags.DEFINE_integer("repeats", 3, "interleaved timed repetitions")
+flags.DEFINE_integer("matmul_n", 2048, "the machine's matmul rate (start and end of the run): n x n float32")
 flags.DEFINE_enum(
   "layout",
   "prompt",
@@ -509,8 +510,8 @@ def main(argv):
   from bench_train_step_report import write_results  # this folder is on sys.path
 
   load_start = os.getloadavg()
-  rate = measure_matmul_rate()
-  print(f"jnp.matmul 2048^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
+  rate = measure_matmul_rate(FLAGS.matmul_n)
+  print(f"jnp.matmul {FLAGS.matmul_n}^2 float32: {rate / 1e9:.1f} GFLOP/s", flush=True)
   settings = {
     "models": FLAGS.models,
     "shapes": FLAGS.shapes,
@@ -535,6 +536,7 @@ def main(argv):
       "platform": platform.platform(),
       "cpus": os.cpu_count(),
       "cpu": cpu_name(),
+      "matmul_n": FLAGS.matmul_n,
       "matmul_flop_per_s_start": rate,
       "matmul_flop_per_s_end": rate_end,
       "load_avg_start": load_start,
@@ -545,7 +547,7 @@ def main(argv):
 
   rows = compare(rate, on_shape=lambda r: save(r, None, None)) if FLAGS.bench else []
   demo_out = demo() if FLAGS.demo else None
-  save(rows, demo_out, measure_matmul_rate())
+  save(rows, demo_out, measure_matmul_rate(FLAGS.matmul_n))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def write_results(stem: str, machine: dict, rows: list, demo: dict | None, setti
     json.dump({"machine": machine, "settings": settings, "rows": rows, "demo": demo}, f, indent=2)
   md = [
     f"# Train-step benchmark: JAX vs PyTorch + transformers\n",
-    f"Machine: {machine['note']} ({machine['cpu']}); `jnp.matmul` 2048^2 float32 "
+    f"Machine: {machine['note']} ({machine['cpu']}); `jnp.matmul` {machine.get('matmul_n', 2048)}^2 float32 "
     f"{machine['matmul_flop_per_s_start'] / 1e9:.0f} GFLOP/s at the start, "
     f"{(machine['matmul_flop_per_s_end'] or 0) / 1e9:.0f} at the end; load average "
     f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f}. Wall times on a machine shared "

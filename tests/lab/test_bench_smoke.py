@@ -83,8 +83,8 @@ SMOKE = {
   ),
   # the PyTorch + transformers reference worker (torch_reference_step.py) runs beside the JAX one
   "bench_train_step.py": (
-    "--models=tiny --shapes=2x32 --frameworks=jax,torch --steps=policy --repeats=1 --out={tmp}/bench_train_step"
-    " --work_dir={tmp}/work",
+    "--models=tiny --shapes=2x32 --frameworks=jax,torch --steps=policy --repeats=1 --matmul_n=256"
+    " --out={tmp}/bench_train_step --work_dir={tmp}/work",
     ["bench_train_step.json", "bench_train_step.md"],
     (),
   ),
@@ -101,7 +101,8 @@ SMOKE = {
   ),
   "bench_sampler.py": (
     "--engines=jax,hf --models=tiny --batch_sizes=1 --prompt_len=4 --new_tokens=4 --repeats=1 --sync_repeats=1"
-    " --pause_s=0 --out_dir={tmp} --work_dir={tmp}/work",
+    " --pause_s=0 --floor_copy_mib=16 --floor_matmul_n=256 --floor_reps=1 --gemm_reps=1 --out_dir={tmp}"
+    " --work_dir={tmp}/work",
     ["bench_sampler.json", "bench_sampler.md"],
     (),
   ),
@@ -116,8 +117,10 @@ SMOKE = {
     ["bench_rollout_engine.json", "bench_rollout_engine.md"],
     (),
   ),
+  # the demo's tiny warm-start policy (its tokenizer and chat template) in place of SmolLM2-135M's 30 layers
   "measure_tool_formats.py": (
-    "--num_rows=1 --sampled_chains=0 --max_tokens_per_turn=8 --formats=hermes --out={tmp}/smollm2_tool_formats",
+    "--num_rows=1 --sampled_chains=0 --max_tokens_per_turn=8 --formats=hermes"
+    " --model_dir=experiments/results/lookup_warmstart --out={tmp}/smollm2_tool_formats",
     ["smollm2_tool_formats.json", "smollm2_tool_formats.md"],
     (),
   ),
@@ -147,9 +150,15 @@ SMOKE = {
 # the other rows keep the default level.
 O0_ROWS = {
   "bench_lora.py",
+  "bench_memory.py",
+  "bench_prefix_cache.py",
+  "bench_rollout_engine.py",
+  "bench_sampler.py",
+  "bench_scan_layers.py",
   "bench_train_step.py",
   "bench_vl_train_step.py",
   "measure_tool_formats.py",
+  "profile_train_step.py",
   "bench_chains.py",
   "bench_demo_sampler.py",
   "bench_async.py",
