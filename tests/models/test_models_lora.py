@@ -85,17 +85,18 @@ def test_gradients_equal_autodiff_of_merged_weights():
   w = jax.random.normal(jax.random.key(5), (B, T, 256))
   graphdef, adapters, rest = nnx.split(m, nnx.LoRAParam, ...)
 
-  def loss(a):
+  def loss(a, rest, ids, w):
     return jnp.sum(nnx.merge(graphdef, a, rest)(ids) * w)
 
-  grads = nnx.to_flat_state(jax.grad(loss)(adapters))
+  # one jitted program each (model and inputs as arguments), not op by op
+  grads = nnx.to_flat_state(jax.jit(jax.grad(loss))(adapters, rest, ids, w))
   # reference: a model with no adapter code path, whose kernels are W + A B * scale
   plain = CausalLM(tiny_config("qwen2", fuse_projections=True), rngs=nnx.Rngs(0))
   pg, pstate = nnx.split(plain, nnx.Param)
   flat_adapters = dict(nnx.to_flat_state(adapters))
   scale = 8.0 / 4
 
-  def ref_loss(a):
+  def ref_loss(a, pstate, ids, w):
     flat = dict(nnx.to_flat_state(pstate))
     for path in {p[:-1] for p in a}:
       kernel = flat[path + ("kernel",)]
@@ -103,7 +104,7 @@ def test_gradients_equal_autodiff_of_merged_weights():
       flat[path + ("kernel",)] = kernel.replace(merged)
     return jnp.sum(nnx.merge(pg, nnx.from_flat_state(flat))(ids) * w)
 
-  ref = jax.grad(ref_loss)({p: v[...] for p, v in flat_adapters.items()})
+  ref = jax.jit(jax.grad(ref_loss))({p: v[...] for p, v in flat_adapters.items()}, pstate, ids, w)
   assert len(grads) == 2 * 5 * 2
   for path, g in grads:
     r = np.asarray(ref[path])
@@ -204,9 +205,15 @@ def test_adapters_on_scanned_layers_equal_unrolled_in_logits_and_adapter_gradien
   ids = jax.random.randint(jax.random.key(5), (2, 9), 0, 120, jnp.int32)
 
   def loss_and_grads(model):
+    """(logits, adapter gradients) of one jitted program per layout."""
     g, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
-    loss = lambda lo: jnp.sum(jnp.sin(nnx.merge(g, lo, rest)(ids)))  # noqa: E731
-    return nnx.jit(lambda m: model(ids))(model), jax.grad(loss)(lora)
+
+    def loss(lo, r):
+      logits = nnx.merge(g, lo, r)(ids)
+      return jnp.sum(jnp.sin(logits)), logits
+
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(lora, rest)
+    return logits, grads
 
   logits_u, grads_u = loss_and_grads(unrolled)
   logits_s, grads_s = loss_and_grads(scanned)
