@@ -15,6 +15,7 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, tiny_config
 
 B, P, NEW, V = 3, 11, 4, 61
+L = 2  # a stack of layers (each reads its own slice of the cache); more only adds compile time
 
 
 def _model(family, impl, chunk, scan):
@@ -26,7 +27,7 @@ def _model(family, impl, chunk, scan):
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
-    num_hidden_layers=3,
+    num_hidden_layers=L,
     attention_impl=impl,
     attention_chunk=chunk,
     scan_layers=scan,
@@ -42,6 +43,12 @@ def _interpret(impl):
   return pltpu.force_tpu_interpret_mode()  # the TPU kernel, interpreted on this CPU
 
 
+@nnx.jit
+def _step(model, token, pos, cache, index, kv_mask):
+  """One decode step: one program per model, shared by the reference and the fresh prefill's decode."""
+  return model(token, positions=pos, attention_mask=kv_mask, cache=cache, cache_index=index)
+
+
 def _prefill_then_decode(model, ids, positions, kv_mask, cont, fresh):
   """(prompt hidden states, cache after the prompt, logits of NEW decode steps)."""
 
@@ -51,16 +58,12 @@ def _prefill_then_decode(model, ids, positions, kv_mask, cont, fresh):
       return model.hidden_states(ids, positions=positions, attention_mask=kv_mask, cache=cache, from_empty_cache=True)
     return model.hidden_states(ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0))
 
-  @nnx.jit
-  def step(model, token, pos, cache, index):
-    return model(token, positions=pos, attention_mask=kv_mask, cache=cache, cache_index=index)
-
   hidden, cache = prefill(model, model.init_cache(B, P + NEW))
   prompt_cache = cache
   logits = []
   last = positions[:, -1:]
   for j in range(NEW):
-    out, cache = step(model, cont[:, j : j + 1], last + 1 + j, cache, jnp.int32(P + j))
+    out, cache = _step(model, cont[:, j : j + 1], last + 1 + j, cache, jnp.int32(P + j), kv_mask)
     logits.append(np.asarray(out[:, 0]))
   return np.asarray(hidden), prompt_cache, np.stack(logits, 1)
 
@@ -92,8 +95,7 @@ def test_prefill_from_empty_cache_equals_the_cached_prefill(family, impl, chunk,
     got = _prefill_then_decode(model, *args, fresh=True)
   real = kv_mask[:, :P]
   np.testing.assert_allclose(got[0][real], ref[0][real], rtol=2e-5, atol=2e-5)
-  num_layers = 3
-  for layer in range(num_layers):
+  for layer in range(L):
     for name in ("keys", "values"):
       a = np.asarray(getattr(got[1], name)(layer)).transpose(0, 2, 1, 3)  # [B, S, KVH, hd]
       b = np.asarray(getattr(ref[1], name)(layer)).transpose(0, 2, 1, 3)
