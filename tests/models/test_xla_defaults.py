@@ -69,8 +69,13 @@ def _temp_bytes(xla_flags: str | None) -> int:
   return int(out.stdout.split()[-1])
 
 
+# The LLVM backend at -O0 in both processes: the scheduler and buffer assignment (what memory_analysis
+# reports) are HLO passes, untouched by it, and each compile takes about half the CPU time.
+_O0 = "--xla_backend_optimization_level=0"
+
+
 @pytest.mark.slow
 def test_the_default_reaches_xla():
-  default = _temp_bytes(None)  # the library's default added at import
-  xla_own = _temp_bytes(f"{FLAG}=true")  # XLA's own scheduler, the user's choice kept
-  assert default < 0.75 * xla_own, (default, xla_own)  # measured: 29 vs 71 MB
+  default = _temp_bytes(_O0)  # the library's default added at import (appended to a user's other flags)
+  xla_own = _temp_bytes(f"{_O0} {FLAG}=true")  # XLA's own scheduler, the user's choice kept
+  assert default < 0.75 * xla_own, (default, xla_own)  # measured: 27.5 vs 57.1 MB (the same at -O0 and -O2)
