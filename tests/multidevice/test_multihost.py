@@ -27,7 +27,9 @@ def _env(**extra):
     for k, v in os.environ.items()
     if not k.startswith(("AGENTFLY_COORD", "AGENTFLY_NUM_P", "AGENTFLY_PROCESS", "XLA_FLAGS"))
   }
-  env.update(JAX_PLATFORMS="cpu", **extra)
+  # XLA:CPU's LLVM backend at -O0: 2 training steps of a tiny model, compiling dominates (as in the
+  # 8-device checks, tests/conftest.py); all three processes alike
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0", **extra)
   return env
 
 
