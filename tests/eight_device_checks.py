@@ -4,9 +4,10 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8; programs compiled once for a
     python tests/eight_device_checks.py sharding train_step sampler_sharding trainer_mesh ...
 
 Each named check runs in turn, its stdout captured; one JSON line per check goes to stdout,
-prefixed `CHECK ` ({"check", "ok", "output", "seconds"}), whatever the others did. The test run's
-fixture `_eight_device_results` (tests/conftest.py) starts this process once for the checks the
-selected tests name and hands each test its own result.
+prefixed `CHECK ` ({"check", "ok", "output", "seconds", "cpu_seconds"}: wall time and this process's
+CPU time, all threads), whatever the others did. The test run's fixture `_eight_device_results`
+(tests/conftest.py) starts this process once for the checks the selected tests name and hands each
+test its own result.
 """
 
 import contextlib
@@ -81,7 +82,7 @@ def main(names):
   if unknown:
     sys.exit(f"eight_device_checks: unknown checks {unknown}; known: {sorted(CHECKS)}")
   for name in names:
-    out, t0, ok = io.StringIO(), time.perf_counter(), True
+    out, t0, cpu0, ok = io.StringIO(), time.perf_counter(), time.process_time(), True
     with contextlib.redirect_stdout(out):
       try:
         CHECKS[name]()
@@ -91,7 +92,13 @@ def main(names):
     print(
       "CHECK "
       + json.dumps(
-        {"check": name, "ok": ok, "output": out.getvalue()[-6000:], "seconds": round(time.perf_counter() - t0, 1)}
+        {
+          "check": name,
+          "ok": ok,
+          "output": out.getvalue()[-6000:],
+          "seconds": round(time.perf_counter() - t0, 1),
+          "cpu_seconds": round(time.process_time() - cpu0, 1),
+        }
       ),
       flush=True,
     )
