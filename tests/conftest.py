@@ -76,6 +76,35 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(cores, int(mem_gib // 6), 4))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fast_compile(request):
+  """Files marked `fast_compile` (`pytestmark = pytest.mark.fast_compile`) compile with JAX's
+  `jax_disable_most_optimizations` (XLA:CPU's LLVM backend at -O0, its expensive passes off), in
+  this process and in the processes they start (JAX_DISABLE_MOST_OPTIMIZATIONS=1: train.py,
+  evaluate.py), from their first fixture to their last test: files that compile many programs and
+  run each a few times. The rest keep the default level (execution-bound files get slower at -O0);
+  the per-file CPU seconds both ways are in lab/results/suite_time/README.md."""
+  if request.node.get_closest_marker("fast_compile") is None:
+    yield
+    return
+  import jax
+
+  before, env_before = jax.config.read("jax_disable_most_optimizations"), os.environ.get(_FAST_COMPILE_ENV)
+  jax.config.update("jax_disable_most_optimizations", True)
+  os.environ[_FAST_COMPILE_ENV] = "1"
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
+    if env_before is None:
+      os.environ.pop(_FAST_COMPILE_ENV, None)
+    else:
+      os.environ[_FAST_COMPILE_ENV] = env_before
+
+
+_FAST_COMPILE_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+
+
 @pytest.fixture(scope="session")
 def _eight_device_results(request):
   """{check name: result} of every `eight_devices(NAME)` check the test run selected, run together
@@ -110,10 +139,9 @@ def _run_eight_device_checks(names: list) -> dict:
   tests_dir = os.path.dirname(os.path.abspath(__file__))
   # -O0 for XLA:CPU's LLVM backend in this child only: its checks compile many tiny programs (one per mesh
   # and sharding) and run each once or twice, so compiling dominates; 327 s -> 234 s of the child in a
-  # whole test run, every check passing (lab/results/suite_time/README.md). The rest of the suite keeps the
-  # default level: its execution-bound tests got slower at -O0.
-  env = dict(
-    os.environ,
+  # whole test run, every check passing (lab/results/suite_time/README.md).
+  env = {k: v for k, v in os.environ.items() if k != _FAST_COMPILE_ENV}  # the same flags whichever file starts it
+  env.update(
     XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]),

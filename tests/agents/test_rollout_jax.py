@@ -14,6 +14,8 @@ from agent_testlib import hermes_call, tokenizer_dir
 from sampler_testing import RecordingSampler
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 jax_sampler = pytest.importorskip("agentfly_jax.sampling.jax_sampler")
 models = pytest.importorskip("agentfly_jax.models")
 

@@ -15,6 +15,8 @@ from flax import nnx
 
 from agentfly_jax.models import CausalLM, tiny_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, T, V = 3, 13, 64
 
 

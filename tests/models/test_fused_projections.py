@@ -15,6 +15,8 @@ from agentfly_jax.models import cpu_kernels
 from agentfly_jax.models.cpu_kernels import fused_linear
 from agentfly_jax.models.layers import set_kernel_layout
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, T, V = 2, 11, 64
 
 

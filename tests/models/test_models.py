@@ -26,6 +26,8 @@ from agentfly_jax.models import (
 )
 from agentfly_jax.models.layers import apply_rope, rope_inv_freq, rope_tables
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _left_padded(rng, vocab, lengths, total):
   ids = np.zeros((len(lengths), total), np.int32)

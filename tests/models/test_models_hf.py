@@ -20,6 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 from agentfly_jax.models import CausalLM, Critic, from_pretrained, save_pretrained, to_hf_state_dict  # noqa: E402
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 _HF_CONFIGS = {
   "qwen2": transformers.Qwen2Config,
   "qwen3": transformers.Qwen3Config,

@@ -13,6 +13,8 @@ from agentfly_jax.models.layers import Linear
 from agentfly_jax.models.lora import LoRAConfig, apply_lora, base_params, merge_lora, params_sha256, target_paths
 from agentfly_jax.models.sharding import make_mesh, partition_specs
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 # 2 x 160 = 320 rows >= cpu_kernels.FUSE_MIN_ROWS: the fused q/k/v and gate/up path runs
 B, T = 2, 160
 

@@ -15,6 +15,8 @@ from agentfly_jax.models import CausalLM, tiny_config
 from agentfly_jax.models.causal_lm import embed_lookup, tied_to_iteration
 from agentfly_jax.models.layer_stack import stack_layers
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def test_tied_to_iteration_is_exact_in_values_and_gradients():
   rng = np.random.default_rng(0)

@@ -18,6 +18,8 @@ from agentfly_jax.models.hf_io import to_hf_state_dict
 from agentfly_jax.models.layer_stack import stack_layers, tree_layout, unstack_layers
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 LLAMA3_ROPE = {
   "rope_type": "llama3",
   "factor": 8.0,

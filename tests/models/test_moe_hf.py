@@ -18,6 +18,8 @@ from agentfly_jax.models import CausalLM, from_pretrained, save_pretrained, tiny
 from agentfly_jax.models.moe import load_balancing_loss, route  # noqa: E402
 from tests.models.test_models_hf import hf_logits, left_padded_batch, randomize_, rel_err  # noqa: E402
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 # (id, extra HF config kwargs): every layer sparse and renormalised; raw top-k weights with a
 # dense layer in between (decoder_sparse_step 2 + mlp_only_layers) and attention biases.
 VARIANTS = [

@@ -16,6 +16,8 @@ from agentfly_jax.models import CausalLM, tiny_config
 from agentfly_jax.models.paged_attention import PagedKVCache, PageTable, paged_attend, write_pages
 from agentfly_jax.models.pallas_paged_attention import megacore_mode, pallas_paged_decode
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, H, KVH, HD, PAGE, NUM_PAGES, WIDTH, BLOCK = 4, 4, 2, 8, 4, 28, 6, 2
 
 

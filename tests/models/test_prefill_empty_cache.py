@@ -14,6 +14,8 @@ from flax import nnx
 
 from agentfly_jax.models import CausalLM, tiny_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, P, NEW, V = 3, 11, 4, 61
 L = 2  # a stack of layers (each reads its own slice of the cache); more only adds compile time
 

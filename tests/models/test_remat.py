@@ -11,6 +11,8 @@ from flax import nnx
 from agentfly_jax.models import CausalLM, tiny_config
 from agentfly_jax.models.remat import remat_name, remat_policies
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def problem():

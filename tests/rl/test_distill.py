@@ -22,6 +22,8 @@ from agentfly_jax.rl.spec import RunSpec
 from agentfly_jax.rl.teacher import check_same_vocabulary
 from agentfly_jax.rl.update import default_prepare_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 T = np.array([[-1.0, -0.5, -2.0, -0.1], [-3.0, -0.2, -0.7, -1.5]], np.float32)  # teacher log-probs
 S = np.array([[-2.0, -0.5, -1.0, -0.3], [-1.0, -0.4, -0.7, -9.0]], np.float32)  # student log-probs
 M = np.array([[True, True, False, True], [False, True, True, False]])

@@ -9,6 +9,8 @@ import pytest
 
 from agentfly_jax.rl.core import losses as L
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 MODES = L.AGG_MODES
 
 

@@ -16,6 +16,8 @@ from agentfly_jax.rl.core.train_state import create_train_state  # noqa: E402
 from agentfly_jax.rl.core.train_step import make_train_step  # noqa: E402
 from agentfly_jax.rl.programs import default_loss_config  # noqa: E402
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, T, V = 4, 12, 64
 CFG = tiny_config("qwen3_moe", vocab_size=V, hidden_size=64, head_dim=16, intermediate_size=96)
 

@@ -16,6 +16,8 @@ from agentfly_jax.rl.core.train_state import create_train_state
 from agentfly_jax.rl.core.train_step import make_train_step, policy_logprobs
 from agentfly_jax.rl.programs import default_loss_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 N, T, V = 9, 24, 64
 
 

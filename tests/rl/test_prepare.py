@@ -15,6 +15,8 @@ from agentfly_jax.rl.batching import overlong_penalty, pad_rows, train_arrays
 from agentfly_jax.rl.core.prepare import chunked_rows, make_prepare
 from agentfly_jax.rl.update import default_prepare_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 V = 64
 CFG = dict(
   vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _config(tmp_path, steps: int):
   spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", "lookup_grpo.py"))

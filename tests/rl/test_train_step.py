@@ -22,6 +22,8 @@ from agentfly_jax.rl.core.train_step import (
 )
 from agentfly_jax.rl.programs import default_loss_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, T, V = 8, 24, 64
 
 

@@ -8,6 +8,8 @@ import pytest
 from agentfly_jax.rl.core import advantages as A
 from agentfly_jax.rl.core import turn_advantages as TA
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 S = 0.5**0.5  # the GRPO advantage of a two-member group
 
 

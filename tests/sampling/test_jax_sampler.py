@@ -14,6 +14,8 @@ from flax import nnx
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 from sampler_testing import PROMPTS, full_logits, log_softmax64, make_model, reference_greedy, truncated_log_softmax64
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def model():

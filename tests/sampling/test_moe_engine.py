@@ -8,6 +8,8 @@ from agentfly_jax.sampling import SamplingParams
 from agentfly_jax.sampling.engine import PagedJaxSampler
 from sampler_testing import make_model, reference_greedy
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_greedy_engine_output_equals_the_forward_argmax_loop():

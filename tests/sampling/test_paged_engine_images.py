@@ -18,6 +18,8 @@ from agentfly_jax.sampling import PromptImages, SamplingParams  # noqa: E402
 from agentfly_jax.sampling.engine import PagedJaxSampler, programs  # noqa: E402
 from tests.models.test_qwen25_vl import IMAGE, PATCH_DIM, conversation, saved_hf_vl  # noqa: E402
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 NEW = 6
 # prefill chunks of 8 and 32 tokens, pages of 4: chunk and page boundaries fall inside every image
 ENGINE = dict(

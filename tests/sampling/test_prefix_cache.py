@@ -16,6 +16,8 @@ from agentfly_jax.models import CausalLM, tiny_config
 from agentfly_jax.sampling import JaxSampler, SamplingParams
 from agentfly_jax.sampling.prefix_cache import PrefixStore
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 MAX_LEN = 256
 BUCKETS = {"batch_buckets": (4,), "prompt_buckets": (16, 32, 64, 128, 256), "new_token_buckets": (16,)}
 
