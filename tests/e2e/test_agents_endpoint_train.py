@@ -11,6 +11,8 @@ from endpoint_testlib import WARMSTART, assert_segment_is_sampler_output
 from sampler_testing import RecordingSampler
 from train_cli import ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_jax_sampler_through_the_endpoint_records_exactly_the_sampled_ids():

@@ -10,6 +10,8 @@ import pytest
 from agentfly_jax.rl.config import lookup_config
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _config(steps, mode="sync", max_staleness=0):
   c = lookup_config("grpo", os.path.join(ROOT, "experiments", "results", "lookup_warmstart"))

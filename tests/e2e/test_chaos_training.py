@@ -35,7 +35,7 @@ from agentfly_jax.tasks import Task, lookup
 from envservers_helpers import busy, kill, restart_on_port, running_server, server_stats, steps_started, wait_until
 from train_cli import ROOT
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.fast_compile]
 SERVER = ("sleep=32:2",)
 ENV_LIMIT = ("--call-timeout-s", "sleep=3")  # the env's own limit; the client adds 1 s grace
 NAP_S = {1: 1.5, 4: 1.0}  # the kill / freeze steps; else 0.05

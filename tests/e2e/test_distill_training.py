@@ -12,6 +12,8 @@ from train_cli import ROOT
 
 from agentfly_jax.rl.config import lookup_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 WARMSTART = os.path.join(ROOT, "experiments", "results", "lookup_warmstart")
 
 

@@ -17,7 +17,7 @@ import pytest
 from custom_task_testlib import WORDS, env_with, task_flags, write_task
 from train_cli import ROOT, read_metrics, train_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fast_compile]
 
 DAPO_KL = ("--config.dapo.overlong_buffer=8", "--config.loss.clip_high=0.28", "--config.loss.kl_coef=0.01")
 

@@ -26,6 +26,8 @@ from agentfly_jax.rl.scale.memory_plan import (
 )
 from train_cli import ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 RECIPE = "configs/qwen25_gpu.py"
 # Qwen2.5-0.5B's shape (HF config.json) and the recipe's sizes
 QWEN05 = ModelShape(

@@ -11,6 +11,8 @@ import time
 import pytest
 from train_cli import ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 FLAGS = [
   "--config.sft.steps=2",
   "--config.sft.rows_per_step=4",

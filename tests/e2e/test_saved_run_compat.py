@@ -15,7 +15,7 @@ import sys
 import pytest
 from train_cli import QUIET, ROOT, TESTS_DIR, read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fast_compile]
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ and time and the eval after it (eval/*); with it off the pre-SFT eval is skipped
 import pytest
 from train_cli import run_train
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 FLAGS = [
   "--config.sft.steps=2",
   "--config.sft.rows_per_step=4",

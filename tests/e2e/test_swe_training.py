@@ -13,6 +13,8 @@ import pytest
 from tests import swe_testlib
 from train_cli import ENV_TASK_SMOKE, ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _config():
   from configs import swe_grpo

@@ -9,6 +9,8 @@ from train_cli import ROOT
 
 from agentfly_jax.rl.config import lookup_config
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,estimator", [("grpo", "gigpo"), ("ppo", "turn_gae")])

@@ -12,6 +12,8 @@ import pytest
 
 from train_cli import ENV_TASK_SMOKE, ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 # One small pool per run; scienceworld gets a single JVM that both chains share in turn.
 REWARD_METRIC = {"webshop": "r_type", "textworld": "won", "scienceworld": "solved"}
 LOCAL_ENVS = {"webshop": "webshop=2:0", "textworld": "textworld=2:0", "scienceworld": "scienceworld=1:0"}

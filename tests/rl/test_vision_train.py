@@ -35,6 +35,8 @@ from agentfly_jax.rl.vision_batch import image_arrays  # noqa: E402
 from agentfly_jax.vision.processor import VisionProcessor  # noqa: E402
 from tests.models.test_qwen25_vl import END, IMAGE, START, saved_hf_vl  # noqa: E402
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):

@@ -15,6 +15,8 @@ import subprocess
 
 from train_cli import ENV_TASK_SMOKE, ROOT, read_metrics, train_command
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _load(name):
   spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
