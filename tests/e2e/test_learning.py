@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_short_grpo_run_learns_to_use_the_tool(tmp_path):

@@ -8,6 +8,8 @@ import pytest
 from nbclient import NotebookClient
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_quickstart_notebook_runs():

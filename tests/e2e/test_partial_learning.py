@@ -24,6 +24,8 @@ import os
 import pytest
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_partial_rollouts_learn_to_use_the_tool(tmp_path):

@@ -10,6 +10,8 @@ import subprocess
 import pytest
 from train_cli import ROOT
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 FENCE = re.compile(r'```(\w+)(?: title="([^"]+)")?\n(.*?)```', re.S)
 
 

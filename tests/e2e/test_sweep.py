@@ -11,6 +11,8 @@ import time
 import pytest
 from train_cli import ROOT, load_script
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def _load_sweep_script():
   """experiments/sweep.py as a module (a script, not part of the package)."""

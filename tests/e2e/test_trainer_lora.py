@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from train_cli import run_train
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 LORA = [
   "--config.model.lora.rank=4",
   "--config.model.lora.alpha=8.0",

@@ -4,6 +4,8 @@ update, so the sampler's log-probs at step 2 (after one update) match the traine
 import pytest
 from train_cli import run_train
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.mark.slow
 @pytest.mark.vllm

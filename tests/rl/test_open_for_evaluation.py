@@ -21,7 +21,7 @@ from agentfly_jax.rl.run_log import write_run_record
 from agentfly_jax.rl.spec import RunSpec
 from train_cli import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fast_compile]
 
 
 def _config(**overrides):
