@@ -76,6 +76,9 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(cores, int(mem_gib // 6), 4))
 
 
+_FAST_COMPILE_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _fast_compile(request):
   """Files marked `fast_compile` (`pytestmark = pytest.mark.fast_compile`) compile with JAX's
@@ -100,9 +103,6 @@ def _fast_compile(request):
       os.environ.pop(_FAST_COMPILE_ENV, None)
     else:
       os.environ[_FAST_COMPILE_ENV] = env_before
-
-
-_FAST_COMPILE_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 
 
 @pytest.fixture(scope="session")
