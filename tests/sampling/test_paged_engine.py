@@ -116,6 +116,43 @@ def test_preemption_and_resume_give_the_same_tokens(model, engine):
   assert small.engine.pool.in_use() == 0
 
 
+def test_decode_layers_scanned_twin_decodes_as_the_policys_own_layers(model, engine):
+  from flax import nnx
+
+  from agentfly_jax.models import cpu_kernels
+  from agentfly_jax.models.lora import LoRAConfig, apply_lora
+
+  own = PagedJaxSampler(model, num_slots=4, decode_layers="model", **ENGINE)
+  assert own._twin is None
+  # auto stacks the layers where the decode copy is a copy anyway (the CPU kernels' "out_in" layout)
+  assert (engine._twin is not None) == (cpu_kernels.decode_layout() == "out_in")
+  scanned = (
+    engine if engine._twin is not None else PagedJaxSampler(model, num_slots=4, decode_layers="scanned", **ENGINE)
+  )
+  graphdef, params = scanned._decode
+  assert nnx.merge(graphdef, params).config.scan_layers and not model.config.scan_layers
+  prompts, params = mixed_workload(4, 10)
+  want, got = own.generate(prompts, params), scanned.generate(prompts, params)
+  for w, g in zip(want, got):
+    assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+    np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-5, atol=1e-5)
+  # the unrolled policy's weights land in the stacked copy
+  other = make_model("qwen2", seed=5)
+  scanned.update_weights(nnx.state(other, nnx.Param))
+  prompt = [3, 1, 4, 1, 5]
+  assert scanned.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=6))[0].token_ids == (
+    reference_greedy(other, prompt, 6)
+  )
+  scanned.update_weights(nnx.state(model, nnx.Param))
+  # a LoRA policy keeps its own layout under auto, and "scanned" says why it cannot
+  lora = apply_lora(make_model("qwen2", seed=3), LoRAConfig(rank=2, alpha=4.0), rngs=nnx.Rngs(1))
+  assert PagedJaxSampler(lora, num_slots=2, decode_layers="auto", **ENGINE)._twin is None
+  with pytest.raises(ValueError, match="decode_layers='scanned' is not possible here: .*LoRA"):
+    PagedJaxSampler(lora, num_slots=2, decode_layers="scanned", **ENGINE)
+  with pytest.raises(ValueError, match="decode_layers must be one of"):
+    PagedJaxSampler(model, decode_layers="stacked", **ENGINE)
+
+
 def test_page_pool_invariants_over_10000_random_requests():
   rng = random.Random(0)
   pool = PagePool(num_pages=257, page_size=8)

@@ -21,18 +21,23 @@ whichever prefill chunks hold those tokens, the prompt takes M-RoPE positions an
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import trio
 from flax import nnx
 
+from agentfly_jax.models import cpu_kernels
 from agentfly_jax.models.paged_attention import cache_shardings
 from agentfly_jax.sampling.engine import programs
+from agentfly_jax.sampling.engine.decode_layers import DECODE_LAYERS, ScannedTwin, scanned_twin
 from agentfly_jax.sampling.engine.images import image_request
 from agentfly_jax.sampling.engine.scheduler import WEIGHT_UPDATE_MODES, Engine, EngineConfig, Future
 from agentfly_jax.sampling.jax_sampler import JaxSampler
 from agentfly_jax.sampling.protocol import PromptImages, SampleResult, SamplingParams, SyncStats
 from agentfly_jax.sampling.requests import per_request_params, power_of_two_buckets
+
+log = logging.getLogger(__name__)
 
 
 def pages_for_budget(kv_cache_gib: float, config, page_size: int, itemsize: int) -> int:
@@ -108,6 +113,33 @@ def engine_config(
   )
 
 
+def _decode_twin(model, decode_layers: str, kernel_layout: str, mesh) -> ScannedTwin | None:
+  """The scanned twin the engine decodes on (None: the policy's own layout); see `decode_layers`."""
+  if decode_layers not in DECODE_LAYERS:
+    raise ValueError(f"PagedJaxSampler: decode_layers must be one of {DECODE_LAYERS}, got {decode_layers!r}")
+  if decode_layers == "model" or getattr(getattr(model, "config", None), "scan_layers", True):
+    return None
+  on_mesh = mesh is not None and mesh.size > 1
+  if decode_layers == "auto":
+    layout = cpu_kernels.decode_layout() if kernel_layout == "auto" else kernel_layout
+    if on_mesh or layout == "in_out":
+      return None  # the decode copy would be a second copy of the weights: keep the policy's layout
+    try:
+      return scanned_twin(model, nnx.split(model, nnx.Param, ...)[2])
+    except ValueError as e:
+      log.info("PagedJaxSampler: decoding on the policy's unrolled layers (%s)", e)
+      return None
+  if on_mesh:
+    raise ValueError(
+      "PagedJaxSampler: decode_layers='scanned' on a mesh needs a scanned policy (model.scan_layers=True), "
+      "so the stacked weights keep their shardings"
+    )
+  try:
+    return scanned_twin(model, nnx.split(model, nnx.Param, ...)[2])
+  except ValueError as e:
+    raise ValueError(f"PagedJaxSampler: decode_layers='scanned' is not possible here: {e}") from e
+
+
 class PagedJaxSampler(JaxSampler):
   """Implements the `Sampler` protocol with continuous batching over a paged KV cache.
 
@@ -131,6 +163,10 @@ class PagedJaxSampler(JaxSampler):
       flight continue on the new weights after recomputing their keys / values).
     vision_patch_multiple: a vision-language model's request patches are padded up to a multiple of this (one
       padding image, its features dropped), so the vision tower compiles once per bucket, not per image size.
+    decode_layers: the layer layout the engine's programs run on (sampling/engine/decode_layers.py): "scanned"
+      (decoder layers stacked under lax.scan: the programs compile one layer, not L), "model" (the policy's own
+      layout), "auto" (scanned where the decode copy is a copy anyway: one device, the "out_in" kernel layout,
+      no LoRA, layers alike; else the policy's own).
   """
 
   def __init__(
@@ -151,12 +187,14 @@ class PagedJaxSampler(JaxSampler):
     stop_width: int = 16,
     weight_update: str = "drain",
     vision_patch_multiple: int = 256,
+    decode_layers: str = "auto",
     seed: int = 0,
     pad_id: int | None = None,
     kernel_layout: str = "auto",
     mesh=None,
     sharding_rules=None,
   ):
+    self._twin = _decode_twin(model, decode_layers, kernel_layout, mesh)  # read by _decode_copy in __init__
     super().__init__(
       model,
       tokenizer,
@@ -184,7 +222,8 @@ class PagedJaxSampler(JaxSampler):
       weight_update=weight_update,
     )
     self._cache_dtype = model.config.compute_dtype
-    self._model_for_cache = model
+    self._model_for_cache = model if self._twin is None else self._twin.module
+    self._decode_rest = self._rest if self._twin is None else self._twin.rest
     vcfg = model.config.vision
     if vcfg is not None and (vision_patch_multiple < 1 or vision_patch_multiple % vcfg.spatial_merge_size**2):
       raise ValueError(
@@ -196,6 +235,12 @@ class PagedJaxSampler(JaxSampler):
     self.engine = Engine(
       self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode, run_vision=vision
     )
+
+  def _decode_copy(self, params: nnx.State):
+    """(graphdef, params) the engine's programs run on: JaxSampler's, or the scanned twin's (decode_layers)."""
+    if self._twin is None:
+      return super()._decode_copy(params)
+    return self._twin.decode_copy(params, self.kernel_layout)
 
   # ---------------------------------------------------------------- engine callables (engine thread)
   def _make_cache(self):
@@ -213,7 +258,7 @@ class PagedJaxSampler(JaxSampler):
     graphdef, params = decode
     before = programs.TRACES[0]
     out = programs.prefill_chunk(
-      graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
+      graphdef, params, self._decode_rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
       a["last_index"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
       a.get("rope_positions"), a.get("image_embeds"), a.get("image_mask"),
       page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
@@ -226,7 +271,7 @@ class PagedJaxSampler(JaxSampler):
     graphdef, params = decode
     before = programs.TRACES[0]
     out = programs.decode_block(
-      graphdef, params, self._rest, cache, a["tokens"], a["positions"], a["block_tables"], a["live"],
+      graphdef, params, self._decode_rest, cache, a["tokens"], a["positions"], a["block_tables"], a["live"],
       a["remaining"], a["stop_ids"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
       a.get("rope_delta"), page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
       num_steps=self.engine_config.decode_steps, activation=self.activation,
@@ -250,7 +295,7 @@ class PagedJaxSampler(JaxSampler):
     layout, _ = padded_layout(request.images.image_grid_thw, size, vcfg)
     pixels = np.zeros((size, real.shape[1]), real.dtype)
     pixels[: len(real)] = real
-    out = programs.image_features(graphdef, params, self._rest, pixels, layout, activation=self.activation)
+    out = programs.image_features(graphdef, params, self._decode_rest, pixels, layout, activation=self.activation)
     self.trace_count += programs.TRACES[0] - before
     return out[: len(real) // vcfg.spatial_merge_size**2]
 
