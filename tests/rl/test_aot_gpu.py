@@ -94,6 +94,10 @@ def test_sharded_matmul_compiles_for_h100_with_per_device_bytes():
 @needs_plugin
 @pytest.mark.slow
 def test_grpo_programs_compile_for_h100x2(tmp_path):
+  """Every program of the tiny GRPO run compiles for 2 abstract H100s, the paged engine's too: with
+  attention_impl "flash" its decode steps read the cache through the gather-based XLA path (models/
+  paged_attention.paged_attend; the Pallas kernel is TPU-only); each engine row holds the whole cache a GPU,
+  donated (aliased out)."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
     [
@@ -115,7 +119,30 @@ def test_grpo_programs_compile_for_h100x2(tmp_path):
   report = json.loads((tmp_path / "grpo.json").read_text())
   assert report["topology"] == "h100:2" and report["chips"] == 2 and report["mesh"]["fsdp"] == 2
   rows = {r["program"]: r for r in report["rows"]}
-  assert set(rows) == {"prepare", "train_step", "sft_step", "sampler", "weight_sync"}
+  assert list(rows) == [
+    "prepare",
+    "train_step",
+    "sft_step",
+    "sampler",
+    "engine_prefill",
+    "engine_decode",
+    "weight_sync",
+  ]
   for name, row in rows.items():
     assert row["fits"] and abs(row["hbm_bytes"] - H100_BYTES) <= 1 and row["flops"] is None, name
     assert row["peak_bytes"] >= row["argument_bytes"] > 0, name
+  assert report["attention_impl"] == "flash" and report["dtype"] == "float32"
+  from agentfly_jax.rl.spec import RunSpec  # imported here: where the test is skipped (CI) the file stays light
+  from train_cli import load_script
+
+  spec = RunSpec.from_config(load_script("configs/lookup_grpo.py").get_config())
+  cfg = aot.model_config(spec, *aot.load_hf_config("", spec))  # the warm start's shapes, as the tool reads them
+  pages = 8 * (64 + 16) // 16 + 1  # max_batch_size slots at max_len (max_total_tokens + one turn) + the sink page
+  cache = 2 * cfg.num_hidden_layers * pages * 16 * cfg.num_key_value_heads * cfg.head_dim * 4  # float32 K and V
+  for name in ("engine_prefill", "engine_decode"):
+    row = rows[name]
+    assert row["cache_pages"] == pages and row["cache_bytes"] == cache, (name, row)  # whole on each chip (tp 1)
+    assert cache <= row["argument_bytes"] and cache <= row["alias_bytes"], (name, row)  # donated: aliased out
+    assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+  assert rows["engine_decode"]["micro_batch"].startswith("8 slots x 4 steps, tables of 8 pages")
+  assert rows["engine_prefill"]["micro_batch"].startswith("1x128 chunk")
