@@ -7,15 +7,16 @@ Judged by useful throughput: trained turns/s (the model turns that reach the los
 time) against sync in the same run, and the wasted share (sampled turns that never reach the loss). Two parts:
 
 Emulated: rows whose chains take 2 turns (90 %) or 20 turns (10 %), each turn a tool call, so one long
-group holds a whole-batch rollout for 20 turns. The loops run the project's own code: sync
-(`agents.run_rollout` of the step's rows, then the update), async (`rl.async_rollout.RolloutProducer`,
-max_staleness 1: the next batch rolls out during the update), partial (`rl.partial_rollout.
-PartialRolloutProducer` over `agents.stream_rollout.stream_groups`, max_staleness k (--partial_staleness):
-admission by deadline, a step takes finished groups earliest deadline first, long ones carry over and
-continue under the new weights). The model is emulated so that only scheduling differs: a sampler whose
-batches go through the project's `BatchingScheduler` and cost `--batch_s + --row_s * rows` seconds each
-(a decode-bound engine: one long chain alone costs nearly a full batch), a scripted policy (equal reward in
-every mode by construction), and an update of `--update_s` seconds (time.sleep, the trainer thread's share).
+group holds a whole-batch rollout for 20 turns. The loops run the project's own code, one
+`rl.partial_rollout.RolloutProducer` per mode: sync (whole batches of `agents.run_rollout`, rolled out in the
+loop's thread at staleness 0, then the update), async (the same whole batches in the producer's thread,
+max_staleness 1: the next batch rolls out during the update), partial (`agents.stream_rollout.stream_groups`,
+max_staleness k (--partial_staleness): admission by deadline, a step takes finished groups earliest deadline
+first, long ones carry over and continue under the new weights). The model is emulated so that only
+scheduling differs: a sampler whose batches go through the project's `BatchingScheduler` and cost
+`--batch_s + --row_s * rows` seconds each (a decode-bound engine: one long chain alone costs nearly a full
+batch), a scripted policy (equal reward in every mode by construction), and an update of `--update_s` seconds
+(time.sleep, the trainer thread's share).
 
 Real engine: experiments/train.py on the demo (configs/lookup_grpo.py: the tiny policy of
 experiments/results/lookup_warmstart, the lookup tool) with rollout.sampler=jax (the paged continuous-
@@ -50,7 +51,9 @@ _ENGINE_STEPS = flags.DEFINE_integer("engine_steps", 8, "Real-engine runs: RL st
 _ENGINE_REPEATS = flags.DEFINE_integer("engine_repeats", 1, "Real-engine runs per mode (interleaved).")
 _ENGINE_STEADY = flags.DEFINE_integer("engine_steady_from", 3, "Real-engine trained turns/s counts steps >= this.")
 _ENGINE_MODES = flags.DEFINE_list(
-  "engine_modes", ["sync", "partial1"], "Real-engine modes: sync, async<k>, partial<k>."
+  "engine_modes",
+  ["sync", "partial1"],
+  "Real-engine modes: sync, async<k>, partial<k> (+ 'r': weight_update=recompute).",
 )
 _ENGINE_ROWS = flags.DEFINE_integer("engine_rows", 4, "Real-engine rollout.rows_per_step.")
 _ENGINE_CHAINS = flags.DEFINE_integer("engine_chains", 4, "Real-engine rollout.num_chains.")
@@ -140,17 +143,10 @@ def _rollout_kwargs():
   )
 
 
-def _versions(trajs, version):
-  for t in trajs:
-    if not t.policy_versions:
-      t.policy_versions = [version] * max(1, t.num_turns)
-
-
 def _run(mode: str, k: int = 1) -> dict:
   from agentfly_jax.agents import run_rollout
   from agentfly_jax.agents.stream_rollout import stream_groups
-  from agentfly_jax.rl.async_rollout import RolloutProducer
-  from agentfly_jax.rl.partial_rollout import PartialRolloutProducer
+  from agentfly_jax.rl.partial_rollout import BatchSource, RolloutProducer, StreamSource
   from agentfly_jax.rl.stages import SamplerWeights
 
   agent, script, row_at = _task()
@@ -168,35 +164,33 @@ def _run(mode: str, k: int = 1) -> dict:
   def run_stream(s, next_group, on_group, may_start, stopped):
     trio.run(lambda: stream_groups(agent, next_group, on_group, may_start, stopped, sampler=s, **_rollout_kwargs()))
 
-  producer = None
-  if mode == "async":
-    producer = RolloutProducer(rollout_batch, weights, first_step=1, last_step=steps, max_staleness=1, start_version=0)
-  elif mode == "partial":
-    producer = PartialRolloutProducer(
-      run_stream, row_at, weights, rows_per_step=r, max_staleness=k, start_version=0, total_groups=steps * r
-    )
-  if producer is not None:
-    producer.start()
+  # one producer, three policies: sync = whole batches inline at staleness 0, async = whole batches in a
+  # thread at staleness 1, partial = one stream of groups at staleness k
+  source = StreamSource(run_stream, row_at) if mode == "partial" else BatchSource(rollout_batch, first_step=1)
+  producer = RolloutProducer(
+    source,
+    weights,
+    rows_per_step=r,
+    max_staleness={"sync": 0, "async": 1}.get(mode, k),
+    start_version=0,
+    total_groups=steps * r,
+    inline=mode == "sync",
+    drain=None if mode == "partial" else True,
+  ).start()
   trained, staleness, spanning, waits = [], [], [], 0.0
   t0 = time.perf_counter()
   try:
     for step in range(1, steps + 1):
       tw = time.perf_counter()
-      if producer is None:
-        trajs = rollout_batch(step)
-        _versions(trajs, step - 1)
-      else:
-        trajs = producer.get(step).trajectories
+      trajs = producer.get(step).trajectories
       waits += time.perf_counter() - tw
       trained += trajs
       staleness += [step - 1 - v for t in trajs for v in t.policy_versions]
       spanning += [len(set(t.policy_versions)) > 1 for t in trajs]
       time.sleep(_UPDATE_S.value)  # the update
-      if producer is not None:
-        producer.publish(step, {"v": np.int32(step)})
+      producer.publish(step, {"v": np.int32(step)})
   finally:
-    if producer is not None:
-      producer.close()
+    producer.close()
   wall = time.perf_counter() - t0
   rewards_equal = len({t.prediction for t in trained}) == 1
   bound = 0 if mode == "sync" else k
@@ -215,14 +209,15 @@ def _run(mode: str, k: int = 1) -> dict:
     "trained_turns": trained_turns,
     "wasted_share": 1 - trained_turns / max(1, sampler.requests),  # sampled, never trained
     "trained_turns_per_s": trained_turns / wall,
-    "trainer_waits": getattr(producer, "trainer_waits", 0),
+    "trainer_waits": producer.trainer_waits,
     "chains_spanning_versions": float(np.mean(spanning)),
     "same_outcome_every_chain": rewards_equal,
   }
 
 
 def _engine_run(mode: str, rep: int) -> dict:
-  """One experiments/train.py run of the demo on the paged engine in `mode` (sync | async<k> | partial<k>)."""
+  """One experiments/train.py run of the demo on the paged engine in `mode` (sync | async<k> | partial<k>; a
+  trailing "r": the engine's weight_update="recompute", new weights land mid-turn instead of draining)."""
   import subprocess
 
   from agentfly_jax.metrics import read_jsonl
@@ -237,8 +232,10 @@ def _engine_run(mode: str, rep: int) -> dict:
     "--config.train.lr=3e-4",  # the partial-learning test's rate, in every mode
   ]
   k = 0
+  if mode.endswith("r"):
+    overrides.append("--config.rollout.weight_update=recompute")
   if mode != "sync":
-    k = int(mode.lstrip("asyncpartial"))
+    k = int(mode.rstrip("r").lstrip("asyncpartial"))
     overrides += ["--config.rollout.mode=async", f"--config.rollout.max_staleness={k}"]
     overrides += [f"--config.rollout.partial={mode.startswith('partial')}"]
   cmd = train_command(ROOT, "configs/lookup_grpo.py", workdir, _ENGINE_STEPS.value, *overrides)

@@ -1,9 +1,11 @@
 """Partial rollouts (rl/partial_rollout.py): a step takes finished groups while long chains carry over
 and continue under newer weights; every turn records the version that sampled it (checked against the
 weights the sampler held at that moment); admission and earliest-deadline consumption keep every trained
-turn within the staleness bound without dropping any sampled turn."""
+turn within the staleness bound without dropping any sampled turn. The same producer's whole batches: sync
+(no thread: each `get` rolls out its step on the last update) and async (a thread, one version per batch)."""
 
 import collections
+import threading
 import time
 import types
 
@@ -16,10 +18,13 @@ from agentfly_jax.agents import ToolCallAgent
 from agentfly_jax.agents.stream_rollout import stream_groups
 from agentfly_jax.agents.trajectory import Trajectory
 from agentfly_jax.rl.partial_rollout import (
-  PartialRolloutProducer,
+  BatchSource,
+  RolloutProducer,
+  StreamSource,
   check_partial,
   check_staleness,
   choose_groups,
+  producer_metrics,
   staleness_metrics,
 )
 from agentfly_jax.rl.stages import SamplerWeights
@@ -106,9 +111,8 @@ def _producer(
   def row_at(k):
     return {"question": f"row {k} " + ("long" if k % long_every == long_every - 1 else "short")}
 
-  producer = PartialRolloutProducer(
-    run_stream,
-    row_at,
+  producer = RolloutProducer(
+    StreamSource(run_stream, row_at),
     weights,
     rows_per_step=rows_per_step,
     max_staleness=max_staleness,
@@ -210,12 +214,98 @@ def test_heavy_tailed_stream_trains_every_sampled_turn_within_the_bound(max_stal
   trained = sum(t.num_turns for b in batches for t in b.trajectories)
   assert len(sampler.seen) > 0 and 1 - trained / len(sampler.seen) <= 0.10, (trained, len(sampler.seen))
   assert trained == len(sampler.seen)  # no group started past the run's last step, none dropped
+  m = producer_metrics(producer, batches[-1], steps)  # the run's metrics say so too
+  assert m["async/sampled_turns"] == m["async/trained_turns"] == trained
   staleness = [step - 1 - v for step, b in enumerate(batches, 1) for t in b.trajectories for v in t.policy_versions]
   assert max(staleness) <= max_staleness, collections.Counter(staleness)
   assert sum(len(set(t.policy_versions)) > 1 for b in batches for t in b.trajectories) > 0  # chains carried over
   groups = [t.row["question"] for b in batches for t in b.trajectories if t.chain_id == 0]
   assert len(groups) == len(set(groups)) == steps * rows  # each row once, none lost
   assert sum("long" in q for q in groups) == sum(k % 5 == 4 for k in range(steps * rows))
+
+
+class _HeldWeights:
+  """A sampler that only holds a version (whole batches are rolled out by the test's own function)."""
+
+  def __init__(self):
+    self.held, self.updates = -1, 0
+
+  def update_weights(self, params):
+    self.held, self.updates = int(np.asarray(params["v"])), self.updates + 1
+
+
+def _batch_producer(rows, max_staleness, inline, delay_s=0.0, steps=None):
+  """A whole-batch producer (sync / async): each step's batch is `rows` groups of 2 chains, recorded as
+  (step, the version the sampler held, the thread) when it is rolled out."""
+  sampler, calls = _HeldWeights(), []
+  weights = SamplerWeights(sampler)
+  weights.load({"v": np.int32(0)})
+
+  def rollout_batch(step):
+    calls.append((step, sampler.held, threading.current_thread().name))
+    time.sleep(delay_s)
+    return [
+      Trajectory(
+        np.zeros(3, np.int32),
+        np.zeros(3, bool),
+        np.zeros(3, np.float32),
+        group_id=i,
+        chain_id=c,
+        num_turns=1 + (i + c) % 2,
+        row={"step": step, "row": i},
+      )
+      for i in range(rows)
+      for c in range(2)
+    ]
+
+  producer = RolloutProducer(
+    BatchSource(rollout_batch, first_step=1),
+    weights,
+    rows_per_step=rows,
+    max_staleness=max_staleness,
+    start_version=0,
+    total_groups=None if steps is None else steps * rows,
+    inline=inline,
+    drain=True,
+  )
+  return producer, weights, calls
+
+
+def test_sync_is_the_producer_inline_each_step_rolled_out_by_get_on_the_last_update():
+  producer, weights, calls = _batch_producer(rows=3, max_staleness=0, inline=True, steps=4)
+  producer.start()
+  try:
+    for step in range(1, 5):
+      batch = producer.get(step)
+      assert calls[-1] == (step, step - 1, threading.current_thread().name)  # here, now, on the last update
+      assert [(t.group_id, t.chain_id) for t in batch.trajectories] == [(i, c) for i in range(3) for c in range(2)]
+      assert [t.row for t in batch.trajectories] == [{"step": step, "row": i} for i in range(3) for c in range(2)]
+      assert all(t.policy_versions == [step - 1] * t.num_turns for t in batch.trajectories)
+      params = {"v": np.int32(step)}
+      weights.load(params)  # the sync loop's push (stages.sync) ...
+      producer.publish(step, params, copy=False)  # ... which the gate does not push again
+    assert len(calls) == 4 and weights.sampler.updates == 1 + 4 and producer.gate.loads == 3
+    with pytest.raises(RuntimeError, match="may not start"):  # no batch past the run's last step
+      producer.get(5)
+  finally:
+    producer.close()
+
+
+def test_async_batches_roll_out_during_the_update_each_on_one_version_within_the_bound():
+  producer, _, calls = _batch_producer(rows=2, max_staleness=1, inline=False, delay_s=0.02, steps=6)
+  batches = _run_steps(producer, 6, update_s=0.2)
+  assert [c[0] for c in calls] == list(range(1, 7))  # each step's batch once, in order, none past the last
+  assert all(name == "rollout-producer" for _, _, name in calls)
+  for (step, held, _), batch in zip(calls, batches):
+    assert [(t.group_id, t.chain_id) for t in batch.trajectories] == [(i, c) for i in range(2) for c in range(2)]
+    assert all(t.row["step"] == step for t in batch.trajectories)  # the step's own rows
+    assert {v for t in batch.trajectories for v in t.policy_versions} == {held}  # one version: the one it ran on
+    assert 0 <= (step - 1) - held <= 1
+  assert any((step - 1) - held == 1 for step, held, _ in calls)  # a batch rolled out during an update
+  m = producer_metrics(producer, batches[-1], 6)
+  assert (
+    m["async/sampled_turns"] == m["async/trained_turns"] == sum(t.num_turns for b in batches for t in b.trajectories)
+  )
 
 
 def test_choose_groups_earliest_deadline_first_and_waits_for_a_due_group():
