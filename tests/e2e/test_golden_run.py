@@ -3,13 +3,14 @@ user's task (JSON rows + a module with a custom tool and reward, configs/custom_
 knobs on (overlong penalty, clip-higher; dynamic sampling is unit-tested in
 tests/rl/test_rl_batching.py), a KL penalty to the step-0 reference, W&B offline beside the JSONL
 writer. On it: the user's reward ran; experiments/evaluate.py rebuilds the custom task from the
-saved config.json (from another directory) and refuses a run whose task content differs; sampled
-multi-chain evaluation gives pass@k; the W&B run holds every metrics.jsonl step; and a resume past
-the last step restores the KL reference from its own checkpoint. The tests run in file order (the
-last one extends the run)."""
+saved config.json (from another directory, read only) and refuses a run whose task content differs;
+its sampled multi-chain evaluation gives pass@k; the W&B run holds every metrics.jsonl step; and a
+resume past the last step restores the KL reference from its own checkpoint. The tests run in file
+order (the last one extends the run)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,17 +54,22 @@ def _evaluate(folder, workdir, cwd, *flags):
 
 @pytest.fixture(scope="module")
 def golden_run(tmp_path_factory):
-  """(tmp_path, task folder, workdir) of the run, trained 2 steps."""
+  """(tmp_path, task folder, workdir, evaluation) of the run, trained 2 steps, then evaluated once by
+  experiments/evaluate.py from another directory: 4 rows x 2 sampled chains, every chain in the
+  transcript. `evaluation`: its process result and the run's config.json bytes and mtime before it."""
   tmp_path = tmp_path_factory.mktemp("golden_run")
   folder = tmp_path / "user"
   write_task(folder)
   workdir = tmp_path / "run"
   _train(tmp_path, folder, workdir, steps=2)
-  return tmp_path, folder, workdir
+  config_bytes, config_mtime = (workdir / "config.json").read_bytes(), (workdir / "config.json").stat().st_mtime_ns
+  flags = ("--num_rows=4", "--num_chains=2", "--temperature=1.0", "--transcript_chains=8")
+  ev = _evaluate(folder, workdir, tmp_path, *flags)
+  return tmp_path, folder, workdir, (ev, config_bytes, config_mtime)
 
 
 def test_custom_task_trains_and_evaluates_from_flags(golden_run):
-  tmp_path, folder, workdir = golden_run
+  tmp_path, folder, workdir, (ev, config_bytes, config_mtime) = golden_run
   recs = read_metrics(workdir)
   assert [r["step"] for r in recs] == [1, 2]
   assert all(r["rollout/reward_metric/mirror_reward_ran"] == 1.0 for r in recs)  # the user's reward ran
@@ -71,21 +77,20 @@ def test_custom_task_trains_and_evaluates_from_flags(golden_run):
   assert saved["task"]["module"] == "mirror_task" and os.path.isabs(saved["task"]["train_path"])
 
   # evaluate.py from another directory: it rebuilds the custom task from the saved config.json
-  config_bytes, config_mtime = (workdir / "config.json").read_bytes(), (workdir / "config.json").stat().st_mtime_ns
-  ev = _evaluate(folder, workdir, tmp_path, "--num_rows=3", "--transcript_chains=3")
   assert ev.returncode == 0, ev.stderr[-4000:]
   # read only: the run's config.json is neither rewritten nor touched
   assert (workdir / "config.json").read_bytes() == config_bytes
   assert (workdir / "config.json").stat().st_mtime_ns == config_mtime
   result = json.loads((workdir / "eval_step2.json").read_text())
-  assert result["eval/num_chains"] == 3 and result["eval/reward_metric/mirror_reward_ran"] == 1.0
+  assert result["eval/num_chains"] == 8 and result["eval/reward_metric/mirror_reward_ran"] == 1.0
   transcript = (workdir / "eval_step2_transcript.txt").read_text()
-  # the eval rows (eval.jsonl: the first 4 words), the custom tool's schema and the system prompt
-  assert transcript.count("group ") == 3 and "⟦" in transcript
-  for w in WORDS[:3]:
+  # every chain, the eval rows (eval.jsonl: the first 4 words), the custom tool's schema and the system prompt
+  assert len(re.findall(r"^group \d+ chain \d+ \|", transcript, re.MULTILINE)) == 8 and "⟦" in transcript
+  for w in WORDS[:4]:
     assert f"Spell {w} backwards." in transcript
   assert "mirror_word" in transcript and "Spell words backwards with the mirror tool." in transcript
-  assert "lookup" not in transcript  # not the built-in demo task
+  prompts = re.sub("⟦.*?⟧", "", transcript, flags=re.DOTALL)  # what the run gave the model (its sampled text aside)
+  assert "lookup" not in prompts  # not the built-in demo task
 
   # a run whose recorded task content differs from what its config rebuilds (e.g. a Task given in
   # Python) is refused by name instead of silently evaluating another task
@@ -105,7 +110,7 @@ def test_wandb_offline_run_holds_the_metrics_jsonl_steps(golden_run):
   per-step metric of metrics.jsonl, same step, same value."""
   from wandb_offline import offline_history
 
-  tmp_path, _, workdir = golden_run
+  tmp_path, _, workdir, _ = golden_run
   history = {row["_step"]: row for row in offline_history(str(tmp_path))}
   recs = read_metrics(workdir)
   assert sorted(history) == [r["step"] for r in recs]
@@ -120,13 +125,12 @@ def test_wandb_offline_run_holds_the_metrics_jsonl_steps(golden_run):
 
 
 def test_dapo_run_then_evaluate(golden_run):
-  """DAPO + KL metrics on every step, the policy equal to its reference at step 1; a sampled
+  """DAPO + KL metrics on every step, the policy equal to its reference at step 1; the sampled
   multi-chain evaluation of the checkpoint; a resume past it restores the KL reference (kl > 0)."""
-  tmp_path, folder, workdir = golden_run
+  tmp_path, folder, workdir, (ev, _, _) = golden_run
   recs = read_metrics(workdir)
   assert all("dapo/overlong_penalty_mean" in r and "actor/kl_ref" in r for r in recs)
   assert recs[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
-  ev = _evaluate(folder, workdir, ROOT, "--num_rows=4", "--num_chains=2", "--temperature=1.0")
   assert ev.returncode == 0, ev.stderr[-3000:]
   result = json.loads((workdir / "eval_step2.json").read_text())
   assert result["step"] == 2 and 0.0 <= result["eval/success_rate"] <= 1.0

@@ -1,7 +1,13 @@
 """Killing training with SIGKILL while a checkpoint is being written, then resuming, starts from
 the last complete checkpoint and gives the same metrics for the following steps as an
 uninterrupted run (same seed, CPU): orbax writes a step into `<step>.orbax-checkpoint-tmp` and
-renames it when complete."""
+renames it when complete.
+
+The same runs show the SFT warm start's step-0 record through experiments/train.py: the
+uninterrupted run has `eval.before_sft` on (the base model's greedy eval first, eval_pre_sft/*,
+then the SFT's NLL and time and the eval after it, eval/*), the killed one has it off (no pre-SFT
+eval, the rest as before); the pre-SFT eval changes nothing of training, so their steps still
+match."""
 
 import os
 import signal
@@ -26,11 +32,23 @@ FLAGS = [
   "--config.train.micro_batch_size=8",
   "--config.checkpoint.every=1",
   "--config.log.tensorboard=False",
+  "--config.eval.every=100",  # step 0 only
+  "--config.eval.num_rows=4",
 ]
 
 
-def _cmd(workdir):
-  return train_command(workdir, *FLAGS)
+def _cmd(workdir, before_sft: bool):
+  return train_command(workdir, *FLAGS, f"--config.eval.before_sft={before_sft}")
+
+
+def _assert_sft_step_zero(record, before_sft: bool):
+  """Step 0's record: the pre-SFT eval only when asked; the SFT ran (its NLL and time), then the eval after it."""
+  pre_sft = [k for k in record if k.startswith("eval_pre_sft/")]
+  assert bool(pre_sft) == before_sft, sorted(record)
+  if before_sft:
+    assert record["eval_pre_sft/num_chains"] == 4
+  assert record["eval/num_chains"] == 4 and record["time/sft_s"] > 0
+  assert 0 < record["sft/nll_first"] < 20 and 0 < record["sft/nll_last"] < 20  # trained: its NLL is recorded
 
 
 def _kill_while_a_checkpoint_is_written(proc, ckpt, first_step: int) -> int:
@@ -69,12 +87,15 @@ def _metrics(workdir):
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
   full = tmp_path / "full"
-  subprocess.run(_cmd(full), cwd=ROOT, check=True, capture_output=True, timeout=900)
+  subprocess.run(_cmd(full, before_sft=True), cwd=ROOT, check=True, capture_output=True, timeout=900)
+  _assert_sft_step_zero(read_metrics(full)[0], before_sft=True)
   expected = _metrics(full)
-  assert sorted(expected) == [1, 2, 3, 4]
+  assert sorted(expected) == [0, 1, 2, 3, 4]
 
   killed = tmp_path / "killed"
-  proc = subprocess.Popen(_cmd(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    _cmd(killed, before_sft=False), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   writing = _kill_while_a_checkpoint_is_written(proc, killed / "checkpoints", first_step=2)
   ckpt = killed / "checkpoints"
   steps_done = sorted(int(p) for p in os.listdir(ckpt) if p.isdigit())
@@ -84,12 +105,13 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
 
   resumed_from = max(steps_done)  # the last complete checkpoint
   kept = [r for r in read_metrics(killed) if r["step"] <= resumed_from]
-  subprocess.run(_cmd(killed), cwd=ROOT, check=True, capture_output=True, timeout=900)
+  subprocess.run(_cmd(killed, before_sft=False), cwd=ROOT, check=True, capture_output=True, timeout=900)
   got = _metrics(killed)
-  assert sorted(got) == [1, 2, 3, 4]
+  assert sorted(got) == [0, 1, 2, 3, 4]
   # It resumed there: the records up to that step (wall times included) are the killed run's.
   assert [r for r in read_metrics(killed) if r["step"] <= resumed_from] == kept
-  assert [r["step"] for r in kept] == list(range(1, resumed_from + 1))
+  assert [r["step"] for r in kept] == list(range(resumed_from + 1))
+  _assert_sft_step_zero(kept[0], before_sft=False)
   for step in range(resumed_from + 1, 5):
     assert set(got[step]) == set(expected[step])
     for key, value in expected[step].items():
