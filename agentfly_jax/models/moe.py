@@ -2,7 +2,7 @@
 
     block = SparseMoeBlock(cfg, rngs=rngs)
     y, route = block(x)                    # x [B, T, D] -> y [B, T, D], RouterOut(logits, experts)
-    y, route = block(x, routed=experts)    # replayed routing: int32[B, T, k] experts, weights recomputed
+    y, route = block(x, routed=experts)    # replayed routing: int32[B, T, k] experts (-1: the router's own)
     aux = load_balancing_loss(routes, mask, num_experts, top_k)   # HF load_balancing_loss_func
 
 Routing (HF Qwen3MoeTopKRouter): logits = x @ gate [N, E], probs = softmax(logits) in float32, the k
@@ -92,13 +92,14 @@ class ExpertLinear(Linear):
 def route(logits: jax.Array, top_k: int, norm_topk_prob: bool, dtype, routed: jax.Array | None = None):
   """logits [N, E] (any float) -> (weights [N, k] in `dtype`, experts int32[N, k]).
 
-  softmax in float32, the top k (or the `routed` int[N, k] experts, their probs gathered),
-  renormalised when `norm_topk_prob` (HF Qwen3MoeTopKRouter)."""
+  softmax in float32, the top k (or the `routed` int[N, k] experts, their probs gathered; a token whose
+  row holds a negative id has no recorded route and takes the router's own top k), renormalised when
+  `norm_topk_prob` (HF Qwen3MoeTopKRouter)."""
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  if routed is None:
-    top, experts = jax.lax.top_k(probs, top_k)
-  else:
-    experts = routed.astype(jnp.int32)
+  top, experts = jax.lax.top_k(probs, top_k)
+  if routed is not None:
+    routed = routed.astype(jnp.int32)
+    experts = jnp.where(jnp.all(routed >= 0, axis=-1, keepdims=True), routed, experts)
     top = jnp.take_along_axis(probs, experts, axis=-1)
   if norm_topk_prob:
     top = top / jnp.sum(top, axis=-1, keepdims=True)
@@ -170,7 +171,8 @@ class SparseMoeBlock(nnx.Module):
     self.experts = Experts(cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array, routed: jax.Array | None = None):
-    """x [B, T, D]; routed int[B, T, k] (router replay) or None -> (y [B, T, D], RouterOut)."""
+    """x [B, T, D]; routed int[B, T, k] (router replay; a token of negative ids: the router's own top k) or
+    None -> (y [B, T, D], RouterOut)."""
     b, t, d = x.shape
     logits = self.gate(x)  # in the compute dtype, as HF's F.linear
     flat_routed = None if routed is None else routed.reshape(b * t, self.top_k)

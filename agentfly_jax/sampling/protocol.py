@@ -121,6 +121,10 @@ class SampleResult:
     token_versions: per token, how many weight updates the sampler had landed when it wrote the token (empty:
       not tracked); differs within a request only when an update landed mid-request and the sampler continued
       on the new weights (the paged engine's weight_update="recompute").
+    routed_experts: a mixture-of-experts model on a sampler that records routes (the paged engine): int[n, Lm, k]
+      with n = len(prompt) + len(token_ids) - 1, for every token the sampler fed the model (the prompt, then each
+      new token but the last) the experts each of the Lm sparse layers sent it to (router replay,
+      `model.router_replay`); None: a dense model, or a sampler that records no routes.
   """
 
   token_ids: list[int]
@@ -128,6 +132,7 @@ class SampleResult:
   finish_reason: str
   policy_version: int | None = None
   token_versions: list[int] = dataclasses.field(default_factory=list)
+  routed_experts: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,6 +94,9 @@ def compile_engine_prefill(run: AbstractRun, chips: int) -> dict:
     _sds((rows,), jnp.uint32, rep),  # seeds
     _sds((rows,), i32, rep),  # steps
   )
+  if getattr(run.cfg, "is_moe", False):  # the recorded routes a recompute replays (rope / image arguments: None)
+    routes = (len(run.cfg.moe_layers), run.cfg.num_experts_per_tok)
+    args += (None, None, None, _sds((rows, chunk, *routes), i32, rep))
   row = compile_program(
     "engine_prefill",
     programs.prefill_chunk,

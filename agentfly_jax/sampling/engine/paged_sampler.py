@@ -232,8 +232,16 @@ class PagedJaxSampler(JaxSampler):
       )
     self.vision_patch_multiple = vision_patch_multiple
     vision = self._run_vision if model.config.vision is not None else None
+    cfg = model.config
+    routes = (len(cfg.moe_layers), cfg.num_experts_per_tok) if getattr(cfg, "is_moe", False) else None
     self.engine = Engine(
-      self._run_prefill, self._run_decode, self._make_cache, self.engine_config, self._decode, run_vision=vision
+      self._run_prefill,
+      self._run_decode,
+      self._make_cache,
+      self.engine_config,
+      self._decode,
+      run_vision=vision,
+      routes=routes,
     )
 
   def _decode_copy(self, params: nnx.State):
@@ -260,7 +268,7 @@ class PagedJaxSampler(JaxSampler):
     out = programs.prefill_chunk(
       graphdef, params, self._decode_rest, cache, a["tokens"], a["positions"], a["valid"], a["block_tables"],
       a["last_index"], a["temperature"], a["top_k"], a["top_p"], a["seeds"], a["steps"],
-      a.get("rope_positions"), a.get("image_embeds"), a.get("image_mask"),
+      a.get("rope_positions"), a.get("image_embeds"), a.get("image_mask"), a.get("routed"),
       page_size=self.engine_config.page_size, block_pages=self.engine_config.block_pages,
       activation=self.activation,
     )  # fmt: skip
@@ -325,14 +333,16 @@ class PagedJaxSampler(JaxSampler):
         zeros = np.zeros((r, chunk), np.int32)
         arrays = dict(tokens=zeros, positions=zeros, valid=np.zeros((r, chunk), bool), last_index=zeros[:, 0])
         table = np.zeros((r, c.table_width), np.int32)
-        _, _, cache = self._run_prefill(self._decode, cache, dict(arrays, block_tables=table, **rows(r)))
+        if self.engine.route_shape is not None:  # a mixture-of-experts model's prefill replays recorded routes
+          arrays["routed"] = np.full((r, chunk, *self.engine.route_shape), -1, np.int32)
+        cache = self._run_prefill(self._decode, cache, dict(arrays, block_tables=table, **rows(r)))[2]
       for b in c.decode_batches:
         zeros = np.zeros((b,), np.int32)
         arrays = dict(tokens=zeros, positions=zeros, live=np.zeros((b,), bool), remaining=zeros)
         arrays.update(
           block_tables=np.zeros((b, c.table_width), np.int32), stop_ids=np.full((b, c.stop_width), -1, np.int32)
         )
-        *_, cache = self._run_decode(self._decode, cache, dict(arrays, **rows(b)))
+        cache = self._run_decode(self._decode, cache, dict(arrays, **rows(b)))[4]
       self.engine.put_cache(cache)
     return time.perf_counter() - start
 

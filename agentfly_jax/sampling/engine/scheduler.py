@@ -17,6 +17,13 @@ One engine thread owns the slots, the page pool and the device cache. Each turn 
 When pages run out, the most recently admitted running row is preempted: its pages are released and it
 waits at the head of the queue; on resume it prefills prompt + the tokens it wrote (recompute) and continues
 with the same random stream, so preemption never changes a token's distribution.
+
+Routes (a mixture-of-experts model, `routes=(Lm, k)`): every token a row feeds the model gets the experts each
+of the Lm sparse layers routed it to, returned as SampleResult.routed_experts (router replay trains on them).
+A token keeps the routes it was first computed with: they are stored with its page (host, int16[num_pages,
+page_size, Lm, k], about 1% of the page's keys and values for Qwen3-MoE shapes), so a prefix hit reads the
+routes its cached keys / values were computed with, and a recompute (preemption, weight_update="recompute")
+replays the row's recorded routes in its prefill, so its keys / values and routes are those of the first pass.
 """
 
 from __future__ import annotations
@@ -111,6 +118,7 @@ class _Seq:
   image: Any = None  # engine/images.ImageRequest of a request with images
   features: Any = None  # its images' merged features [M, D] (host), computed at admission
   features_version: int = -1  # the weights' version they were computed with
+  routes: Any = None  # int16[prompt + max_new, Lm, k]: each position's experts (-1: not computed yet)
 
   @property
   def tokens(self) -> list:
@@ -130,15 +138,23 @@ class Engine:
   `make_cache()` builds the zero pages (called in the engine thread, and again after a failure);
   run_vision(params, image_request) -> features [M, D] (a vision-language model; None: text only) runs the
   vision tower on a request's images, and the programs get M-RoPE positions (engine/images.py).
+  `routes` (Lm, k) (a mixture-of-experts model; None: dense): the programs take `routed` int32[R, C, Lm, k] in
+  the prefill arrays and return each fed token's experts as a last output (engine/programs.py).
   """
 
-  def __init__(self, run_prefill, run_decode, make_cache, config: EngineConfig, params: Any, run_vision=None):
+  def __init__(
+    self, run_prefill, run_decode, make_cache, config: EngineConfig, params: Any, run_vision=None, routes=None
+  ):
     if config.weight_update not in WEIGHT_UPDATE_MODES:
       raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_MODES}, got {config.weight_update!r}")
     self.config = config
     self._run_prefill, self._run_decode, self._make_cache = run_prefill, run_decode, make_cache
     self._run_vision = run_vision
     self.pool = PagePool(config.num_pages, config.page_size)
+    self.route_shape = None if routes is None else tuple(int(x) for x in routes)
+    self._page_routes = None  # int16[num_pages, page_size, Lm, k]: the routes of each page's tokens
+    if self.route_shape is not None:
+      self._page_routes = np.full((config.num_pages, config.page_size, *self.route_shape), -1, np.int16)
     self._params = params
     self.version = 0
     self._cache = None
@@ -168,6 +184,8 @@ class Engine:
       )
     future = future or Future()
     seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter(), image=image)
+    if self.route_shape is not None:
+      seq.routes = np.full((len(prompt) + max_new, *self.route_shape), -1, np.int16)
     with self._lock:
       if self._closed:
         raise RuntimeError("the engine is closed")
@@ -354,6 +372,8 @@ class Engine:
         self._waiting.appendleft(seq)
         break
       seq.pages, seq.computed, seq.prefilling = hit_pages + new, len(hit_pages) * ps, True
+      if seq.routes is not None and hit_pages:  # the routes the cached keys / values were computed with
+        seq.routes[: seq.computed] = self._page_routes[hit_pages].reshape(seq.computed, *self.route_shape)
       seq.slot = self._slots.index(None)
       self._slots[seq.slot] = seq
       if seq.admitted is None:
@@ -363,6 +383,15 @@ class Engine:
         seq.features, seq.features_version = np.asarray(self._run_vision(self._params, seq.image)), self.version
       self._m["prefix_hit_tokens"] += seq.computed
     self._waiting.extendleft(reversed(skipped))
+
+  def _register(self, seq: _Seq) -> None:
+    """Makes seq's full computed pages findable (pages.py) and stores their tokens' routes with them."""
+    self.pool.register(seq.keys, seq.pages, seq.computed)
+    if seq.routes is not None:
+      full = min(seq.computed, len(seq.keys)) // self.config.page_size
+      self._page_routes[seq.pages[:full]] = seq.routes[: full * self.config.page_size].reshape(
+        full, self.config.page_size, *self.route_shape
+      )
 
   def _being_prefilled(self, tokens: list, n: int) -> bool:
     return any(
@@ -433,18 +462,25 @@ class Engine:
     )
     if any(seq.image is not None for seq in rows):
       arrays.update(self._image_rows(rows, positions, taken))
+    if self.route_shape is not None:  # recorded routes replayed (a recompute), -1 elsewhere
+      arrays["routed"] = np.full((r, chunk, *self.route_shape), -1, np.int32)
+      for i, (seq, n) in enumerate(zip(rows, taken)):
+        arrays["routed"][i, :n] = seq.routes[seq.computed : seq.computed + n]
     start = time.perf_counter()
-    token, logprob, self._cache = self._run_prefill(self._params, self._cache, arrays)
+    token, logprob, self._cache, *routes = self._run_prefill(self._params, self._cache, arrays)
     token, logprob = np.asarray(token), np.asarray(logprob)
+    routes = np.asarray(routes[0]) if routes else None
     self._m["prefill_s"] += time.perf_counter() - start
     self._m["prefill_tokens"] += sum(taken)
     self._m["prefill_row_tokens"] += r * chunk
     for i, (seq, n) in enumerate(zip(rows, taken)):
+      if routes is not None:
+        seq.routes[seq.computed : seq.computed + n] = routes[i, :n]
       seq.computed += n
       if seq.computed < len(seq.tokens):
         continue
       seq.prefilling = False
-      self.pool.register(seq.keys, seq.pages, seq.computed)
+      self._register(seq)
       self._emit(seq, [int(token[i])], [float(logprob[i])], stopped=int(token[i]) in seq.params.stop_token_ids)
 
   def _image_rows(self, rows: list[_Seq], positions: np.ndarray, taken: list) -> dict:
@@ -465,7 +501,9 @@ class Engine:
     seq.logprobs.extend(logprobs)
     seq.versions.extend([self.version] * len(tokens))
     if stopped or len(seq.out) >= seq.max_new:
-      self.pool.register(seq.keys, seq.pages, seq.computed)
+      self._register(seq)
+      # the routes of every token fed to the model: the prompt and each new token but the last
+      routes = None if seq.routes is None else seq.routes[: seq.computed].copy()
       self._drop(seq)
       seq.future._set(
         SampleResult(
@@ -473,6 +511,7 @@ class Engine:
           logprobs=list(seq.logprobs),
           finish_reason="stop" if stopped else "length",
           token_versions=list(seq.versions),
+          routed_experts=routes,
         )
       )
 
@@ -520,8 +559,9 @@ class Engine:
     if self._run_vision is not None:  # text positions: index + the row's delta (0 for a text request)
       arrays["rope_delta"] = np.array([0 if s is None or s.image is None else s.image.delta for s in padded], np.int32)
     start = time.perf_counter()
-    out_t, out_lp, emitted, stopped, self._cache = self._run_decode(self._params, self._cache, arrays)
+    out_t, out_lp, emitted, stopped, self._cache, *routes = self._run_decode(self._params, self._cache, arrays)
     out_t, out_lp, emitted, stopped = (np.asarray(x) for x in (out_t, out_lp, emitted, stopped))
+    routes = np.asarray(routes[0]) if routes else None
     self._m["decode_s"] += time.perf_counter() - start
     self._m["decode_tokens"] += int(emitted.sum())
     self._m["decode_row_steps"] += len(rows) * int(emitted.max())
@@ -529,5 +569,7 @@ class Engine:
     self._occupancy.append(len(rows) / cfg.num_slots)
     for i, seq in enumerate(rows):
       n = int(emitted[i])
+      if routes is not None:
+        seq.routes[seq.computed : seq.computed + n] = routes[i, :n]
       seq.computed += n
       self._emit(seq, out_t[i, :n].tolist(), out_lp[i, :n].tolist(), stopped=bool(stopped[i]))
