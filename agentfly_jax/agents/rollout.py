@@ -165,6 +165,7 @@ class _ChainBuilder:
     self.env_names: list[str] = []
     self.turn_rewards: list[float] = []  # one per model turn: its tool calls' env step rewards
     self.versions: list = []  # one per model turn: the sampler result's `policy_version` (partial rollouts)
+    self.routes = None  # int[n, Lm, k]: the sampler's recorded experts of the first n ids (mixture of experts)
     self.images: list = []  # the images of the prompt and observations, in token order
     self.grids: list[np.ndarray] = []  # their image_grid_thw rows, int32[n, 3] per added piece
     self.pixels: list[np.ndarray] = []  # their processed patches, float32[p, patch_dim] per added piece
@@ -181,11 +182,21 @@ class _ChainBuilder:
     self.add_observation(ids, images, grid, pixels)
     self.prompt_length = len(self.ids)
 
-  def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float], version=None) -> None:
-    """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id) and the
-    policy version that wrote them (None: not known)."""
+  def add_model_tokens(self, ids: Sequence[int], logprobs: Sequence[float], version=None, routes=None) -> None:
+    """The sampler's ids of one turn, verbatim, with their log-probs (one each, >= 1 id), the
+    policy version that wrote them (None: not known) and the turn's SampleResult.routed_experts (the
+    routes of the chain's ids so far and the new ones but the last; None: not recorded). A token keeps
+    the routes of the turn that first fed it to the model: the ones its turn's log-probs were computed with."""
     if not ids or len(logprobs) != len(ids):
       raise ValueError(f"sampler returned {len(ids)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
+    if routes is not None:
+      routes = np.asarray(routes)
+      if len(routes) != len(self.ids) + len(ids) - 1:
+        raise ValueError(
+          f"sampler returned routes of {len(routes)} tokens for a prompt of {len(self.ids)} and {len(ids)} new "
+          f"tokens (SampleResult.routed_experts: prompt + new - 1)"
+        )
+      self.routes = routes if self.routes is None else np.concatenate([self.routes, routes[len(self.routes) :]])
     self.ids += [int(t) for t in ids]
     self.mask += [True] * len(ids)
     self.logps += [float(x) for x in logprobs]
@@ -241,6 +252,7 @@ class _ChainBuilder:
       policy_versions=[int(v) for v in self.versions] if self.versions and None not in self.versions else [],
       images=list(self.images),
       image_grid_thw=np.concatenate(self.grids) if self.grids else np.zeros((0, 3), np.int32),
+      routed_experts=self.routes,
     )
 
 
@@ -278,7 +290,12 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
     with SAMPLER_CLOCK:
       result = await agenerate_with_images(cfg.sampler, list(chain.ids), params, chain.prompt_images())
     generated = [int(t) for t in result.token_ids]
-    chain.add_model_tokens(generated, result.logprobs, getattr(result, "policy_version", None))
+    chain.add_model_tokens(
+      generated,
+      result.logprobs,
+      getattr(result, "policy_version", None),
+      getattr(result, "routed_experts", None),
+    )
     ended = generated[-1] in stop_ids
     text = tok.decode(generated[:-1] if ended else generated)
     parsed = agent.parse(text)

@@ -52,6 +52,10 @@ class Trajectory:
     images: the chain's images (RGB PIL images), in the order their image tokens appear in `token_ids`
       (never under `action_mask`); `VisionProcessor.process(images)` rebuilds their pixel values.
     image_grid_thw: int32[N, 3], each image's (t, h, w) patch grid (N = len(images); [0, 3] without images).
+    routed_experts: a mixture-of-experts policy on a sampler that records routes: int[n, Lm, k], n < T, the
+      experts each of the Lm sparse layers sent each of the first n tokens to when the sampler computed it
+      (the tokens after n were never fed to it: at least the last); None: not recorded. Router replay
+      (`model.router_replay=rollout`) trains on them; left out of `to_json_dict`.
   """
 
   token_ids: np.ndarray
@@ -77,6 +81,7 @@ class Trajectory:
   clamped_requests: int = 0
   images: list = dataclasses.field(default_factory=list)
   image_grid_thw: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 3), np.int32))
+  routed_experts: np.ndarray | None = None
 
   def __post_init__(self):
     self.image_grid_thw = np.asarray(self.image_grid_thw, dtype=np.int32).reshape(-1, 3)
@@ -99,13 +104,23 @@ class Trajectory:
         f"sampler_logprobs must have one length; got {n}, {self.action_mask.shape[0]}, "
         f"{self.sampler_logprobs.shape[0]}"
       )
+    if self.routed_experts is not None:
+      self.routed_experts = np.asarray(self.routed_experts)
+      if self.routed_experts.ndim != 3 or len(self.routed_experts) >= max(n, 1):
+        raise ValueError(
+          f"Trajectory(group {self.group_id}, chain {self.chain_id}): routed_experts must be [n < {n}, Lm, k] "
+          f"(the routes of the tokens the sampler fed the model), got shape {self.routed_experts.shape}"
+        )
 
   def __len__(self) -> int:
     return int(self.token_ids.shape[0])
 
   def to_json_dict(self) -> dict:
-    """Plain-Python form (lists, not arrays) for JSON logs; `Trajectory(**d)` rebuilds it."""
-    out = dataclasses.asdict(dataclasses.replace(self, images=[], image_grid_thw=np.zeros((0, 3), np.int32)))
+    """Plain-Python form (lists, not arrays) for JSON logs; `Trajectory(**d)` rebuilds it (without
+    `routed_experts`: Lm x k ids per token, for training, not for logs)."""
+    out = dataclasses.asdict(
+      dataclasses.replace(self, images=[], image_grid_thw=np.zeros((0, 3), np.int32), routed_experts=None)
+    )
     if self.images:
       from agentfly_jax.vision.decode import image_data_url
 

@@ -27,7 +27,9 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
   one rounded up to `multiple` (few distinct shapes, few compilations).
 
   Returns {"input_ids" int32[B, L], "target_ids" int32[B, L], "attention_mask" bool[B, L],
-  "action_mask" bool[B, L], "sampler_logprobs" f32[B, L], "rewards" f32[B], "group_ids" int32[B]}.
+  "action_mask" bool[B, L], "sampler_logprobs" f32[B, L], "rewards" f32[B], "group_ids" int32[B]}; when
+  a trajectory carries the sampler's routes (a mixture-of-experts policy), "rollout_experts" int32[B, L, Lm, k]
+  too: the experts of each input token (-1 where none was recorded; `rollout_routes`).
   """
   from agentfly_jax.agents.trajectory import pad_batch
 
@@ -37,7 +39,7 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
   elif length < need:
     raise ValueError(f"train_arrays: length={length} < longest trajectory - 1 = {need}")
   arr = pad_batch(trajs, max_len=length + 1, pad_id=pad_id)
-  return {
+  out = {
     "input_ids": arr["token_ids"][:, :-1],
     "target_ids": arr["token_ids"][:, 1:],
     "attention_mask": arr["attention_mask"][:, :-1],
@@ -46,6 +48,27 @@ def train_arrays(trajs: Sequence, *, pad_id: int, multiple: int = 64, length: in
     "rewards": np.asarray(arr["rewards"], np.float32),
     "group_ids": np.asarray(arr["group_ids"], np.int32),
   }
+  routes = rollout_routes(trajs, length)
+  if routes is not None:
+    out["rollout_experts"] = routes
+  return out
+
+
+def rollout_routes(trajs: Sequence, length: int) -> np.ndarray | None:
+  """int32[B, length, Lm, k]: each trajectory's recorded routes (Trajectory.routed_experts) at its input
+  positions, -1 where none was recorded (a chain's tail the sampler never fed, a trajectory without routes,
+  padding: the trainer's router decides there, models/moe.route); None when no trajectory has routes."""
+  shapes = {t.routed_experts.shape[1:] for t in trajs if getattr(t, "routed_experts", None) is not None}
+  if not shapes:
+    return None
+  if len(shapes) > 1:
+    raise ValueError(f"trajectories carry routes of different shapes [Lm, k]: {sorted(shapes)}")
+  out = np.full((len(trajs), length, *shapes.pop()), -1, np.int32)
+  for i, t in enumerate(trajs):
+    if getattr(t, "routed_experts", None) is not None:
+      n = min(len(t.routed_experts), length)
+      out[i, :n] = t.routed_experts[:n]
+  return out
 
 
 def chain_success(traj, threshold: float = 0.5) -> bool:

@@ -96,12 +96,13 @@ def pack_index(
 
 
 def take_packed(batch: dict, index: dict) -> dict:
-  """Every [N, T] array of `batch` gathered into packed [R, row_len] rows (0 / False on padding),
+  """Every [N, T, ...] array of `batch` gathered into packed [R, row_len, ...] rows (0 / False on padding),
   plus `segment_ids` and `positions`. Works on numpy arrays and, inside jit, on jnp arrays."""
   out = {}
   for k, v in batch.items():
     sel = v[index["src_row"], index["src_col"]]
-    out[k] = sel * index["valid"].astype(sel.dtype) if sel.dtype != bool else sel & index["valid"]
+    valid = index["valid"].reshape(index["valid"].shape + (1,) * (sel.ndim - 2))
+    out[k] = sel * valid.astype(sel.dtype) if sel.dtype != bool else sel & valid
   out["segment_ids"], out["positions"] = index["segment_ids"], index["positions"]
   return out
 

@@ -31,8 +31,8 @@ from agentfly_jax.sampling.registry import sampler_names
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROUTER_REPLAY = ("off", "rollout")
-# samplers that record each sampled token's routed experts (router replay needs one)
-ROUTING_SAMPLERS: tuple[str, ...] = ()
+# samplers that record each token's routed experts (router replay needs one): the paged engine
+ROUTING_SAMPLERS: tuple[str, ...] = ("jax",)
 
 # algorithm -> advantage estimator, policy loss, needs critic, loss-aggregation default
 ALGORITHMS = {

@@ -171,8 +171,12 @@ class PolicyUpdate:
 
   def put_arrays(self, arrays: dict) -> dict:
     """`train_arrays` output -> global arrays, rows padded to a multiple of the fsdp axis and
-    split over it."""
+    split over it. The sampler's routes ("rollout_experts", a mixture-of-experts policy) go in as
+    "routed_experts" under `model.router_replay=rollout` (prepare and the train step route by them), else as
+    they are (only measured: router/rollout_mismatch)."""
     arrays = pad_rows(arrays, self.mesh.shape["fsdp"])
+    if self.spec.model.router_replay == "rollout" and "rollout_experts" in arrays:
+      arrays = {("routed_experts" if k == "rollout_experts" else k): v for k, v in arrays.items()}
     return {k: put_global(v, self._rows) for k, v in arrays.items()}
 
   def __call__(self, state, ref_params, arrays: dict, step: int):

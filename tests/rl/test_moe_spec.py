@@ -23,7 +23,14 @@ def _spec(**fields):
   "fields, match",
   [
     ({"mesh.expert": 3, "model.family": "qwen3_moe"}, r"config.mesh.expert=3: .*divide model.num_experts=8"),
-    ({"model.router_replay": "rollout"}, r"config.model.router_replay='rollout': .*rollout.sampler='jax' records none"),
+    (
+      {"model.router_replay": "rollout", "rollout.sampler": "jax_static"},
+      r"config.model.router_replay='rollout': .*rollout.sampler='jax_static' records none",
+    ),
+    (
+      {"model.router_replay": "rollout", "rollout.sampler": "vllm"},
+      r"config.model.router_replay='rollout': .*rollout.sampler='vllm' records none",
+    ),
     ({"model.router_replay": "always"}, r"config.model.router_replay='always': must be one of \('off', 'rollout'\)"),
     ({"loss.router_aux_coef": -0.1}, r"config.loss.router_aux_coef=-0.1: must be >= 0"),
     ({"model.num_experts_per_tok": 9}, r"config.model.num_experts_per_tok=9: must be <= num_experts"),
@@ -42,3 +49,5 @@ def test_moe_policy_config_and_loss_term():
   assert cfg.model_type == "qwen3_moe" and cfg.num_experts == 4 and cfg.moe_layers == (0, 1)
   assert loss_config(spec).router_aux_coef == 0.01
   assert loss_config(_spec()).router_aux_coef == 0.0
+  # the paged engine (rollout.sampler=jax, the default) records each token's routes: replay is allowed
+  assert _spec(**{"model.family": "qwen3_moe", "model.router_replay": "rollout"}).model.router_replay == "rollout"

@@ -70,12 +70,15 @@ def _masked_mean(x, mask):
 
 def action_logprobs(graphdef, params, rest, arrays: dict, cfg: PrepareConfig):
   """f32[B, L] log-probs (at temperature `cfg.temperature`) of the target tokens under the model
-  (graphdef, params, rest), `cfg.chunk` rows per forward pass; 0 off the action tokens."""
+  (graphdef, params, rest), `cfg.chunk` rows per forward pass; 0 off the action tokens. With
+  arrays["routed_experts"] int32[B, L, Lm, k] (router replay) a mixture-of-experts model routes by them."""
   model = nnx.merge(graphdef, params, rest)
   keys = ("input_ids", "target_ids", "attention_mask", "action_mask") + vision_keys(arrays)
+  keys += ("routed_experts",) if "routed_experts" in arrays else ()
 
   def fn(*xs):
     rows = dict(zip(keys, xs))
+    routed = rows.get("routed_experts")
     return policy_logprobs_entropy(
       model,
       *(rows[k] for k in keys[:3]),
@@ -83,6 +86,7 @@ def action_logprobs(graphdef, params, rest, arrays: dict, cfg: PrepareConfig):
       chunk=cfg.logits_chunk,
       loss_mask=rows["action_mask"],
       capacity=cfg.logits_capacity,
+      routed_experts=None if routed is None else jnp.moveaxis(routed, 2, 0),  # [B, L, Lm, k] -> [Lm, B, L, k]
       vision=vision_inputs(rows),
     )[0]
 
@@ -126,6 +130,7 @@ def _policy_batch(graphdef, rest, cfg: PrepareConfig, params, ref_params, arrays
 
   mask = arrays["action_mask"]
   batch = {k: arrays[k] for k in ("input_ids", "target_ids", "attention_mask", "action_mask") + vision_keys(arrays)}
+  batch.update({k: arrays[k] for k in ("routed_experts", "rollout_experts") if k in arrays})  # mixture of experts
   old = action_logprobs(graphdef, params, rest, arrays, cfg)
   batch["old_logprobs"] = old
   metrics = {f"mismatch/{k}": v for k, v in logprob_mismatch_metrics(arrays["sampler_logprobs"], old, mask).items()}
@@ -190,7 +195,9 @@ def make_prepare(graphdef, rest, cfg: PrepareConfig, *, critic_graphdef=None, cr
 
   arrays: input_ids, target_ids int32[B, L], attention_mask, action_mask bool[B, L],
   sampler_logprobs f32[B, L], rewards f32[B], group_ids int32[B]; a vision-language policy's
-  per-row images (rl/core/vision.py VISION_KEYS), passed on into the batch.
+  per-row images (rl/core/vision.py VISION_KEYS), passed on into the batch; a mixture-of-experts policy's
+  sampler routes, routed_experts (replayed here and in the train step) or rollout_experts (measured there)
+  int32[B, L, Lm, k], passed on too.
   ref_params / critic_params may be None (no KL reference / no critic).
   batch: the arrays `train_step` reads, [B, L]: input_ids, target_ids, attention_mask,
   action_mask, old_logprobs, advantages; + ref_logprobs,

@@ -219,7 +219,10 @@ def _router_terms(model_cfg, routes, mb, cfg: LossConfig, denom, metrics):
   rollout = mb.get("routed_experts", mb.get("rollout_experts"))
   if rollout is not None:  # the trainer router's own top-k against the sampler's routes, on the action tokens
     own = jax.lax.top_k(routes.logits, model_cfg.num_experts_per_tok)[1]
-    metrics["router/rollout_mismatch"] = moe.routing_mismatch(own, jnp.moveaxis(rollout, 2, 0), mb["action_mask"])
+    recorded = jnp.all(rollout >= 0, axis=(-2, -1))  # -1: no route recorded for that token
+    metrics["router/rollout_mismatch"] = moe.routing_mismatch(
+      own, jnp.moveaxis(rollout, 2, 0), mb["action_mask"] & recorded
+    )
   return cfg.router_aux_coef * aux * denom if cfg.router_aux_coef else 0.0
 
 
