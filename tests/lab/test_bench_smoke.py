@@ -81,6 +81,13 @@ SMOKE = {
     ["bench_lora.json", "bench_lora.md"],
     (),
   ),
+  # a distillation run of tiny qwen2 models over the demo's tokenizer: the student's prepare and two teachers
+  "bench_teacher_forward.py": (
+    "--model=tiny --num_layers=1 --shape=2x16 --warmup=0 --repeats=1 --out={tmp}/bench_teacher_forward"
+    " --work_dir={tmp}/work",
+    ["bench_teacher_forward.json", "bench_teacher_forward.md"],
+    (),
+  ),
   # the PyTorch + transformers reference worker (torch_reference_step.py) runs beside the JAX one
   "bench_train_step.py": (
     "--models=tiny --shapes=2x32 --frameworks=jax,torch --steps=policy --repeats=1 --matmul_n=256"
@@ -155,6 +162,7 @@ O0_ROWS = {
   "bench_rollout_engine.py",
   "bench_sampler.py",
   "bench_scan_layers.py",
+  "bench_teacher_forward.py",
   "bench_train_step.py",
   "bench_vl_train_step.py",
   "measure_tool_formats.py",
