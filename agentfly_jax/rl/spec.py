@@ -185,7 +185,7 @@ class RolloutSection(Section):
   max_total_tokens: int = 256
   concurrency: int = 256  # chains in flight at once; a rollout runs at most rows_per_step * num_chains (stages.rollout)
   max_batch_size: int = 64  # sampler batch cap
-  mode: str = "sync"  # sync | async (rollout overlaps the update; rl/async_rollout.py)
+  mode: str = "sync"  # sync | async (rollout overlaps the update; rl/partial_rollout.RolloutProducer)
   max_staleness: int = 1  # async: a step's batch is from a policy at most this many updates old
   partial: bool = False  # async: chains span policy versions, groups carry over steps (rl/partial_rollout.py)
   vllm_dtype: str = ""  # vLLM engine dtype; "" = model.dtype
