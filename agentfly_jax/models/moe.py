@@ -11,9 +11,9 @@ weights are cast to the compute dtype. Each expert e is down_e(silu(gate_e(x)) *
 output is the weighted sum over its k experts.
 
 Dropless: every (token, expert) assignment is computed. The N * k assignments are sorted by expert and
-each projection is one grouped matmul (`jax.lax.ragged_dot`) over the sorted rows with the per-expert
-group sizes; the outputs go back to their tokens by the inverse permutation (no scatter-add, no
-capacity, no loop over experts).
+each projection is one grouped matmul (`grouped_matmul`: `jax.lax.ragged_dot`, on CPU blocks of one expert's
+rows) over the sorted rows with the per-expert group sizes; the outputs go back to their tokens by the
+inverse permutation (no scatter-add, no capacity, no loop over experts).
 
 Expert parallelism (`expert_parallel`): under `activation_sharding` whose rule "experts" names a mesh
 axis of size ep > 1, the block runs under `shard_map`: each device holds E / ep experts, routes its own
@@ -25,6 +25,7 @@ over the rule "moe_mlp"'s mesh axis (a psum after the down projection).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -42,6 +43,46 @@ EXPERT_AXES = {  # logical names of the expert kernels [E, in, out]
   "up_proj": ("experts", "embed", "moe_mlp"),
   "down_proj": ("experts", "moe_mlp_in", "embed_out"),
 }
+
+
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision=None) -> jax.Array:
+  """x [M, K] rows sorted by group, w [G, K, N], group_sizes int32[G] (rows past their sum give 0) -> [M, N]:
+  row r of group g is x[r] @ w[g]. `jax.lax.ragged_dot`, except when lowered for CPU: JAX lowers ragged_dot
+  there to one dense dot of every row against all G kernels (masked), G times the work; the CPU branch
+  (`_blocked_matmul`) computes each row against its own kernel only (lab/results/bench_moe_train_step.md)."""
+  return jax.lax.platform_dependent(
+    x,
+    w,
+    group_sizes,
+    cpu=functools.partial(_blocked_matmul, precision=precision),
+    default=functools.partial(jax.lax.ragged_dot, precision=precision),
+  )
+
+
+def _blocked_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision=None) -> jax.Array:
+  """`grouped_matmul` as one batched matmul: each group's rows padded to whole blocks of `block` rows (at
+  most M / block + G blocks), every block against its group's kernel, the rows gathered back. The block
+  (a power of two in [8, 256], about M / 2G) bounds the padding near M / 2 rows."""
+  m, k = x.shape
+  g = w.shape[0]
+  block = max(8, min(256, 1 << max(0, (m // (2 * g)).bit_length() - 1)))
+  nb = -(-m // block) + g
+  ends = jnp.cumsum(group_sizes)
+  starts = ends - group_sizes
+  padded = -(-group_sizes // block) * block
+  pends = jnp.cumsum(padded)
+  pstarts = pends - padded
+  p = jnp.arange(nb * block)  # padded rows: group pg, source row src (valid below the group's end)
+  pg = jnp.minimum(jnp.searchsorted(pends, p, side="right"), g - 1)
+  src = starts[pg] + p - pstarts[pg]
+  valid = src < ends[pg]
+  xp = jnp.where(valid[:, None], jnp.take(x, jnp.where(valid, src, 0), axis=0), 0).reshape(nb, block, k)
+  y = jnp.einsum("bmk,bkn->bmn", xp, jnp.take(w, pg[::block], axis=0), precision=precision).reshape(nb * block, -1)
+  r = jnp.arange(m)  # each row's place among the padded rows (rows past the groups' sum: 0)
+  rg = jnp.minimum(jnp.searchsorted(ends, r, side="right"), g - 1)
+  inside = r < ends[-1]
+  out = jnp.take(y, jnp.where(inside, pstarts[rg] + r - starts[rg], 0), axis=0)
+  return jnp.where(inside[:, None], out, 0).astype(x.dtype)
 
 
 class RouterOut(NamedTuple):
@@ -78,15 +119,14 @@ class ExpertLinear(Linear):
     """x [M, in] sorted by expert, group_sizes int32[E] (rows past their sum give 0) -> [M, out].
     `kernel`: this device's experts' slice (expert parallel), else the whole kernel."""
     w = (self.kernel[...] if kernel is None else kernel).astype(self.dtype)
-    y = jax.lax.ragged_dot(x.astype(self.dtype), w, group_sizes, precision=self.precision)
-    return y
+    return grouped_matmul(x.astype(self.dtype), w, group_sizes, self.precision)
 
   def lora_delta_grouped(self, x, group_sizes, a=None, b=None):
     """(x A_e) B_e * scale for rows sorted by expert (a, b: this device's slices, else the whole)."""
     a = (self.lora_a[...] if a is None else a).astype(self.dtype)
     b = (self.lora_b[...] if b is None else b).astype(self.dtype)
-    xa = jax.lax.ragged_dot(x.astype(self.dtype), a, group_sizes, precision=self.precision)
-    return jax.lax.ragged_dot(xa, b, group_sizes, precision=self.precision) * jnp.asarray(self.lora_scale, self.dtype)
+    xa = grouped_matmul(x.astype(self.dtype), a, group_sizes, self.precision)
+    return grouped_matmul(xa, b, group_sizes, self.precision) * jnp.asarray(self.lora_scale, self.dtype)
 
 
 def route(logits: jax.Array, top_k: int, norm_topk_prob: bool, dtype, routed: jax.Array | None = None):
@@ -348,6 +388,7 @@ __all__ = [
   "Experts",
   "RouterOut",
   "SparseMoeBlock",
+  "grouped_matmul",
   "load_balancing_loss",
   "local_experts",
   "route",
