@@ -101,6 +101,13 @@ SMOKE = {
     ["profile_train_step.json", "profile_train_step.md"],
     (),
   ),
+  "bench_moe_train_step.py": (
+    "--shapes=2x16 --models=moe,dense_active --repeats=1 --num_layers=1 --hidden_size=32 --num_heads=2"
+    " --num_kv_heads=1 --head_dim=16 --vocab_size=128 --num_experts=4 --moe_intermediate_size=16"
+    " --out={tmp}/bench_moe_train_step",
+    ["bench_moe_train_step.json", "bench_moe_train_step.md"],
+    (),
+  ),
   "bench_vl_train_step.py": (
     "--rows=2 --image_px=16 --text_tokens=24 --num_layers=1 --repeats=1 --out={tmp}/bench_vl_train_step",
     ["bench_vl_train_step.json", "bench_vl_train_step.md"],
@@ -164,6 +171,7 @@ O0_ROWS = {
   "bench_scan_layers.py",
   "bench_teacher_forward.py",
   "bench_train_step.py",
+  "bench_moe_train_step.py",
   "bench_vl_train_step.py",
   "measure_tool_formats.py",
   "profile_train_step.py",
