@@ -11,6 +11,8 @@ Models (random init, float32, the same hidden size, heads, layers and vocabulary
                 per token (less its router, D x E a layer)
   dense_total   Qwen3 with intermediate_size = num_experts x moe_intermediate_size: the MoE's total
                 parameters (for reference: what the experts would cost computed densely)
+  moe_ragged_dot  the same MoE with every grouped matmul `jax.lax.ragged_dot` on CPU too (the A/B of
+                moe.grouped_matmul's CPU branch; JAX lowers ragged_dot there to a masked dot against every expert)
 
 The step is the trainer's (rl/core/train_step.py `make_train_step`, jitted, the state donated): the default
 run's loss (`default_loss_config`: GRPO's policy loss and aggregation, log-probs at the action tokens) with
@@ -37,7 +39,7 @@ from bench_common import REPO_ROOT, RESULTS_DIR, cpu_name, load_note  # this fol
 from bench_machine import write_results
 
 flags.DEFINE_list("shapes", ["8x256", "4x512"], "BxT micro-batch shapes")
-flags.DEFINE_list("models", ["moe", "dense_active", "dense_total"], "moe | dense_active | dense_total")
+flags.DEFINE_list("models", ["moe", "dense_active", "dense_total"], "moe | dense_active | dense_total | moe_ragged_dot")
 flags.DEFINE_integer("hidden_size", 256, "model width")
 flags.DEFINE_integer("num_layers", 2, "decoder layers (every one sparse in the MoE)")
 flags.DEFINE_integer("num_heads", 4, "attention heads")
@@ -67,7 +69,7 @@ def model_config(name: str):
     "max_position_embeddings": 4096,
   }
   m, k, e = FLAGS.moe_intermediate_size, FLAGS.top_k, FLAGS.num_experts
-  if name == "moe":
+  if name in ("moe", "moe_ragged_dot"):
     return tiny_config(
       "qwen3_moe", num_experts=e, num_experts_per_tok=k, moe_intermediate_size=m, intermediate_size=k * m, **shared
     )
@@ -75,7 +77,7 @@ def model_config(name: str):
     return tiny_config("qwen3", intermediate_size=k * m, **shared)
   if name == "dense_total":
     return tiny_config("qwen3", intermediate_size=e * m, **shared)
-  raise ValueError(f"--models: unknown model {name!r} (moe, dense_active, dense_total)")
+  raise ValueError(f"--models: unknown model {name!r} (moe, dense_active, dense_total, moe_ragged_dot)")
 
 
 def param_counts(params, cfg) -> tuple[int, int]:
@@ -129,9 +131,10 @@ class Step:
     graphdef, params, rest = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     self.params_total, self.params_active = param_counts(params, cfg)
     opt = make_optimizer(lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM)
-    loss = default_loss_config(router_aux_coef=FLAGS.router_aux_coef if name == "moe" else 0.0)
+    loss = default_loss_config(router_aux_coef=FLAGS.router_aux_coef if name.startswith("moe") else 0.0)
     self.fn = jax.jit(make_train_step(graphdef, rest, opt, loss), donate_argnums=(0,))
     self.state = create_train_state(params, opt)
+    self.ragged_dot, self.traced = name == "moe_ragged_dot", False
     batch = make_batch(cfg.vocab_size, b, t)
     self.mb = {k: jax.numpy.asarray(v) for k, v in to_microbatches(batch, np.arange(b), b).items()}
 
@@ -139,8 +142,21 @@ class Step:
     """One step: (wall s, process CPU s, the step's policy loss)."""
     import jax
 
+    from agentfly_jax.models import moe
+
     c0, t0 = os.times(), time.perf_counter()
-    self.state, metrics = self.fn(self.state, self.mb)
+    if self.ragged_dot and not self.traced:  # the first call traces the step: ragged_dot in every expert projection
+      own, moe.grouped_matmul = (
+        moe.grouped_matmul,
+        lambda x, w, sizes, precision=None: jax.lax.ragged_dot(x, w, sizes, precision=precision),
+      )
+      try:
+        self.state, metrics = self.fn(self.state, self.mb)
+      finally:
+        moe.grouped_matmul = own
+    else:
+      self.state, metrics = self.fn(self.state, self.mb)
+    self.traced = True
     loss = float(jax.block_until_ready(metrics["actor/pg_loss"]))
     c1 = os.times()
     return time.perf_counter() - t0, (c1.user - c0.user) + (c1.system - c0.system), loss
