@@ -227,7 +227,7 @@ def markdown(result: dict) -> str:
   lines = [
     f"# MoE train step vs dense ({result['date']}, commit {result['commit']})",
     "",
-    f"Machine: {m['cpu']}, {m['cpus']} CPUs; {m['note']}.",
+    f"Machine: {m['cpu']}; {m['note']}.",
     models,
     "",
     header,
