@@ -62,7 +62,7 @@ def scanned_twin(model: nnx.Module, rest: nnx.State) -> ScannedTwin | None:
   scanned_cfg = dataclasses.replace(cfg, scan_layers=True)  # raises when the layers are not all alike
   module = nnx.eval_shape(lambda: type(model)(scanned_cfg, rngs=nnx.Rngs(0)))
   graphdef, params, twin_rest = nnx.split(module, nnx.Param, ...)
-  stacked = jax.eval_shape(lambda s: stack_layers(s), nnx.state(model, nnx.Param))
+  stacked = jax.eval_shape(stack_layers, nnx.state(model, nnx.Param))
   if _shapes(stacked) != _shapes(params):
     raise ValueError(f"{type(model).__name__}'s params do not stack into its scanned layout")
   stacked_rest = stack_layers(rest)
