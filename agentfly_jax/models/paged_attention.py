@@ -29,9 +29,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from agentfly_jax.models.sharding import constrain, spec_for_axes
+from agentfly_jax.models.sharding import active_rules, constrain, spec_for_axes
 
 SINK_PAGE = 0  # never allocated: padding tokens write here, padding block-table entries point here
+# Rows per block loop of `paged_attend` on one device. XLA:CPU gathers pages at ~4 GB/s, so attention costs the
+# keys it gathers: on SmolLM2 shapes (64 rows, contexts 64-500 sorted) groups of 8 took 0.55-0.75x the time of one
+# loop over all rows, and the same at equal lengths (lab/results/engine_attention/README.md).
+ROW_GROUP = 8
 
 
 @jax.tree_util.register_dataclass
@@ -183,6 +187,11 @@ def paged_attend(
 ):
   """Causal attention of q [B, T, H, hd] (RoPE applied) over each row's pages, a block of pages at a time.
 
+  On one device the rows go through the block loop `ROW_GROUP` at a time, each group visiting the blocks up to
+  its own longest row, so a long row costs its group its length and not the whole batch (the engine orders a
+  batch's rows by position: sampling/engine/scheduler.py). On a mesh the rows may be split over devices and
+  go through one loop.
+
   k_pages / v_pages: [N, page, KVH, hd] (heads_first: [KVH, N, page, hd]; this layer, the new tokens already
   written; with `layer`, an int32 scalar: the stacked [L, ...] pages of every layer, this layer's read);
   table.block_tables' width must be a multiple of `table.block_pages`. Query t of row b sees the row's
@@ -192,6 +201,25 @@ def paged_attend(
   compiled program serves every context length at the cost of the keys it really reads.
   Returns [B, T, H * hd].
   """
+  kw = dict(dtype=dtype, precision=precision, heads_first=heads_first, layer=layer)
+  b = q.shape[0]
+  if b <= ROW_GROUP or active_rules() is not None:
+    return _attend_rows(q, k_pages, v_pages, table, **kw)
+  parts = []
+  for s in range(0, b, ROW_GROUP):
+    rows = PageTable(
+      table.block_tables[s : s + ROW_GROUP],
+      table.positions[s : s + ROW_GROUP],
+      table.write_slots[s : s + ROW_GROUP],
+      table.page_size,
+      table.block_pages,
+    )
+    parts.append(_attend_rows(q[s : s + ROW_GROUP], k_pages, v_pages, rows, **kw))
+  return jnp.concatenate(parts, axis=0)
+
+
+def _attend_rows(q, k_pages, v_pages, table: PageTable, *, dtype, precision, heads_first: bool, layer):
+  """paged_attend's block loop over all rows of q at once."""
   b, t, h, hd = q.shape
   kvh = k_pages.shape[(0 if heads_first else 2) + (layer is not None)]
   g = h // kvh

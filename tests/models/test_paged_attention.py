@@ -13,6 +13,7 @@ from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 
 from agentfly_jax.models import CausalLM, tiny_config
+from agentfly_jax.models import paged_attention
 from agentfly_jax.models.paged_attention import PagedKVCache, PageTable, paged_attend, write_pages
 from agentfly_jax.models.pallas_paged_attention import megacore_mode, pallas_paged_decode
 
@@ -74,6 +75,35 @@ def test_paged_attend_equals_dense_attention_in_both_layouts(heads_first):
     precision=jax.lax.Precision.HIGHEST,
     heads_first=heads_first,
   )
+  np.testing.assert_allclose(np.asarray(out), _dense(q, k, v, positions), atol=2e-5)
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_rows_in_groups_each_to_its_own_length_equal_dense_attention(monkeypatch, heads_first):
+  """More rows than paged_attention.ROW_GROUP (set to 2 here): 5 rows of mixed lengths, a short row beside a
+  long one in a group, the last group of one row; every group visits only its own blocks."""
+  monkeypatch.setattr(paged_attention, "ROW_GROUP", 2)
+  rng = np.random.default_rng(7)
+  lengths = [2, 24, 5, 6, 17]
+  b, t, width, num_pages = len(lengths), 1, WIDTH, 1 + len(lengths) * WIDTH
+  tables = rng.permutation(np.arange(1, num_pages))[: b * width].reshape(b, width).astype(np.int32)
+  k, v = rng.normal(size=(b, max(lengths), KVH, HD)), rng.normal(size=(b, max(lengths), KVH, HD))
+  shape = (KVH, num_pages, PAGE, HD) if heads_first else (num_pages, PAGE, KVH, HD)
+  pos = jnp.broadcast_to(jnp.arange(max(lengths), dtype=jnp.int32), (b, max(lengths)))
+  fill = PageTable.build(jnp.asarray(tables), pos, pos < jnp.asarray(lengths)[:, None], PAGE, BLOCK)
+  k_pages, v_pages = (
+    write_pages(jnp.zeros(shape), jnp.asarray(x, jnp.float32), fill.write_slots, heads_first=heads_first)
+    for x in (k, v)
+  )
+  positions = np.array([[n - 1] for n in lengths], np.int32)
+  q = rng.normal(size=(b, t, H, HD))
+  table = PageTable.build(jnp.asarray(tables), jnp.asarray(positions), jnp.ones((b, t), bool), PAGE, BLOCK)
+  attend = jax.jit(
+    lambda q, kp, vp, table: paged_attend(
+      q, kp, vp, table, dtype=jnp.float32, precision=jax.lax.Precision.HIGHEST, heads_first=heads_first
+    )
+  )
+  out = attend(jnp.asarray(q, jnp.float32), k_pages, v_pages, table)
   np.testing.assert_allclose(np.asarray(out), _dense(q, k, v, positions), atol=2e-5)
 
 

@@ -440,7 +440,7 @@ class Engine:
     if not waiting:
       return
     r, chunk = self._prefill_shape(waiting)
-    rows = waiting[:r]
+    rows = sorted(waiting[:r], key=lambda s: s.computed)  # like lengths together (paged_attend's row groups)
     tokens, positions = np.zeros((r, chunk), np.int32), np.zeros((r, chunk), np.int32)
     valid, last = np.zeros((r, chunk), bool), np.zeros((r,), np.int32)
     taken = []
@@ -537,6 +537,7 @@ class Engine:
     rows = self._reserve_decode_pages([s for s in self._running() if not s.prefilling])
     if not rows:
       return
+    rows.sort(key=lambda s: s.computed)  # rows of like length share an attention loop (paged_attend's groups)
     b = next((x for x in cfg.decode_batches if x >= len(rows)), cfg.decode_batches[-1])
     tokens, positions = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
     live, remaining = np.zeros((b,), bool), np.zeros((b,), np.int32)
