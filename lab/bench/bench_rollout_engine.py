@@ -33,7 +33,11 @@ from bench_machine import write_results
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny (the demo's warm-start policy) and/or smollm2")
-flags.DEFINE_list("engines", ["jax_static", "jax", "vllm_async", "vllm"], "engines to time")
+flags.DEFINE_list(
+  "engines",
+  ["jax_static", "jax", "vllm_async", "vllm"],
+  "engines to time (jax_b8: the paged engine with decode batches in multiples of 8)",
+)
 flags.DEFINE_list("chains", ["32", "64"], "chains per agentic workload")
 flags.DEFINE_integer("turns", 4, "turns per chain")
 flags.DEFINE_bool("grpo", True, "also the GRPO case (8 chains a prompt) at the first chain count")
@@ -173,11 +177,16 @@ def _build(model: str, engine: str, max_len: int, slots: int):
     from agentfly_jax.sampling import JaxSampler
 
     return _TrioEngine(JaxSampler(from_pretrained(folder), max_batch_size=slots, max_len=max_len)), folder
-  if engine == "jax":
+  if engine in ("jax", "jax_b8"):
     from agentfly_jax.sampling.engine import PagedJaxSampler
 
+    # jax_b8: decode batches of 1, 2, 4 and then every multiple of 8 (paged_attention.ROW_GROUP), not powers of two
+    batches = None if engine == "jax" else (1, 2, 4, *range(8, slots + 1, 8))
     sampler = PagedJaxSampler(
-      from_pretrained(folder, scan_layers=FLAGS.engine_scan_layers), num_slots=slots, max_len=max_len
+      from_pretrained(folder, scan_layers=FLAGS.engine_scan_layers),
+      num_slots=slots,
+      max_len=max_len,
+      decode_batches=batches,
     )
     runner = _TrioEngine(sampler)
     runner.compile_s = sampler.warmup()  # every program the engine can run

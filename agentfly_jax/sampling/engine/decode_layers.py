@@ -12,6 +12,7 @@ pays for its transposed kernels ("out_in"), so `decode_layers="auto"` stacks onl
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -32,13 +33,27 @@ class ScannedTwin:
   rest: Any
   module: nnx.Module
 
+  graphdefs: dict = dataclasses.field(default_factory=dict)  # kernel layout -> the decode model's graphdef
+
   def decode_copy(self, params: nnx.State, kernel_layout: str) -> tuple[Any, nnx.State]:
-    """(graphdef, params) of the scanned decode model for the unrolled policy `params`; the caller's arrays are
-    not touched."""
-    stacked = stack_layers(params)
-    model = set_kernel_layout(nnx.merge(self.graphdef, stacked, self.rest), kernel_layout)
-    graphdef, decode, _ = nnx.split(model, nnx.Param, ...)
-    return graphdef, decode
+    """(graphdef, params) of the scanned decode model for the unrolled policy `params`, made in one jitted pass
+    (stacking and the kernels' layout together: one copy of the weights); the caller's arrays are not touched."""
+    if kernel_layout not in self.graphdefs:
+
+      def split(params):
+        model = set_kernel_layout(nnx.merge(self.graphdef, stack_layers(params), self.rest), kernel_layout)
+        self.graphdefs[kernel_layout] = nnx.split(model, nnx.Param, ...)[0]
+        return 0
+
+      jax.eval_shape(split, params)  # the graphdef is static: read it from an abstract pass
+    return self.graphdefs[kernel_layout], _stacked_params(self.graphdef, self.rest, kernel_layout, params)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _stacked_params(graphdef, rest, kernel_layout: str, params: nnx.State) -> nnx.State:
+  """The unrolled `params` stacked into the scanned graph `graphdef` with their kernels in `kernel_layout`."""
+  model = set_kernel_layout(nnx.merge(graphdef, stack_layers(params), rest), kernel_layout)
+  return nnx.state(model, nnx.Param)
 
 
 def _shapes(state: nnx.State) -> dict:
