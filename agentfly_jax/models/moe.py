@@ -279,7 +279,10 @@ def expert_parallel(block: Experts, x, experts, weights, mesh, ep_axes, rules):
   tok = P(batch_axes, None, None)
   col, row = P(ep_axes, None, mlp_axes), P(ep_axes, mlp_axes, None)
   names = ("gate_proj", "up_proj", "down_proj")
-  kernels = [getattr(block, n).kernel[...] for n in names]
+  # cast before shard_map: its in_specs gather each kernel over the mesh axes its spec leaves out
+  # (fsdp) in the compute dtype rather than float32, half the bytes moved and held a layer (and the
+  # gradient's reduce-scatter, the gather's transpose, in the compute dtype too)
+  kernels = [getattr(block, n).kernel[...].astype(getattr(block, n).dtype) for n in names]
   kernel_specs = [col, col, row]
   loras = []
   lora_specs = []
