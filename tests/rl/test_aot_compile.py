@@ -472,3 +472,66 @@ def test_a_larger_teachers_forward_compiles_beside_prepare(tmp_path):
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   assert 4 * params / 4 <= t["argument_bytes"] < 4 * params  # f32 params split over the 4 chips
   assert t["flops"] > rows["prepare"]["flops"] > 0
+
+
+@pytest.mark.parametrize("replay, key", [("rollout", "routed_experts"), ("off", "rollout_experts")])
+def test_a_mixture_of_experts_step_carries_the_samplers_routes(replay, key):
+  """The AOT prepare / train_step rows of an MoE policy take the sampler's routes int32[rows, T, Lm, k] as a run
+  does (rl/update.py put_arrays): replayed under model.router_replay=rollout, else only measured; a dense policy's
+  arrays have none. Abstract values only (nothing compiled)."""
+  import jax.numpy as jnp
+
+  from agentfly_jax.models import tiny_config
+  from agentfly_jax.rl.scale import aot
+  from agentfly_jax.rl.scale.aot_programs import abstract_run, abstract_step_arrays
+
+  config = lookup_config(fsdp=2, expert=2)
+  config.model.router_replay = replay
+  spec = RunSpec.from_config(config)
+  devices = aot.topology_devices("v5e:2x2")
+  moe = tiny_config("qwen3_moe", vocab_size=97, num_hidden_layers=2, scan_layers=True)
+  n_rows, arrays = abstract_step_arrays(abstract_run(spec, moe, devices, 64))
+  assert arrays[key].shape == (n_rows, 64, 2, moe.num_experts_per_tok) and arrays[key].dtype == jnp.int32
+  assert ({"routed_experts", "rollout_experts"} - {key}).isdisjoint(arrays)
+  dense = tiny_config("qwen3", vocab_size=97, num_hidden_layers=2, scan_layers=True)
+  _, dense_arrays = abstract_step_arrays(abstract_run(spec, dense, devices, 64))
+  assert not {"routed_experts", "rollout_experts"} & set(dense_arrays)
+
+
+def test_expert_parallel_floor_and_memory_plan_split_the_experts_over_the_expert_axis():
+  """On an fsdp x expert mesh the state splits over every chip, a chip gathers only its own experts of a layer,
+  and rows split over the chips the activation rule names; the floor adds the all_to_all's sent and received
+  assignments (k a token)."""
+  from agentfly_jax.models import tiny_config
+  from agentfly_jax.rl.scale import memory_plan as mp
+  from agentfly_jax.rl.scale.aot_programs import train_step_floor
+
+  shape = mp.ModelShape(
+    num_params=30_000_000_000,
+    num_layers=48,
+    hidden_size=2048,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    layer_params=630_000_000,
+    layer_expert_params=600_000_000,
+  )
+  sizes = mp.RunSizes(micro_batch=8, seq_len=2048, remat=True, scan_layers=True, fused_attention=True)
+  chip = mp.per_chip_jax_parts(shape, sizes, fsdp=2, expert=4, rows=8)
+  whole = mp.jax_memory_parts(shape, sizes, sharded=True)
+  assert chip["adam"] == int(whole["adam"] / 8) and chip["activations"] == int(whole["activations"] / 8)
+  assert chip["layer grads"] == int((30_000_000 + 600_000_000 / 4) * 4)
+  assert chip["compute copy"] == int(2 * (30_000_000 + 600_000_000 / 4) * 2 + (30e9 - 48 * 630_000_000) * 2 / 8)
+  # a dense mesh (expert 1, rows over fsdp) is the plan as before
+  dense = mp.per_chip_jax_parts(dataclasses.replace(shape, layer_expert_params=0), sizes, fsdp=8)
+  assert dense["layer grads"] == 630_000_000 * 4 and dense["activations"] == int(whole["activations"] / 8)
+  cfg = tiny_config(
+    "qwen3_moe", vocab_size=97, hidden_size=2048, num_hidden_layers=48, num_experts_per_tok=8, dtype="bfloat16"
+  )
+  floor = train_step_floor(
+    cfg, 30_000_000_000, 630_000_000, 8, 2048, 8, 2, False, expert=4, layer_expert_params=6e8, row_split=8
+  )
+  state, gathered = 30e9 * 16 / 8, (30e6 + 6e8 / 4) * 2
+  acts, exchange = 48 * 1 * 2048 * 2048 * 2, 2 * (8 * 2048 // 8) * 8 * 2048 * 2
+  assert floor == int(state + gathered + acts + exchange)

@@ -196,6 +196,7 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
     "mesh": {
       "fsdp": abstract.fsdp,
       "tp": abstract.mesh.shape["tp"],
+      "expert": abstract.mesh.shape.get("expert", 1),
       "sampler_devices": spec.mesh.sampler_devices,
     },
     "algo": spec.algo,
@@ -224,7 +225,8 @@ def compile_run(
   print(
     f"aot_compile: {cfg.model_type} {abstract.num_params / 1e9:.2f} B params, scan_layers={cfg.scan_layers}, "
     f"remat={cfg.remat}, on {topology} ({chips} chips, {hbm / GIB:.0f} GiB HBM each), mesh "
-    f"fsdp={abstract.fsdp} x tp={abstract.mesh.shape['tp']}",
+    f"fsdp={abstract.fsdp} x tp={abstract.mesh.shape['tp']}"
+    + (f" x expert={abstract.mesh.shape['expert']}" if abstract.mesh.shape.get("expert", 1) > 1 else ""),
     flush=True,
   )
   return _report(abstract, topology, chips, hbm, compile_rows(abstract, programs, chips))
@@ -245,7 +247,13 @@ def fit_advice(report: dict, row: dict) -> str:
       mb = max(1, int(report["micro_batch_size"] * scale))
       tips.append(f"--config.train.micro_batch_size={mb} (temporaries scale ~linearly with it)")
   chips = report["chips"] * peak / (hbm * 0.9)
-  tips.append(f"a topology of >= {int(-(-chips // 1))} chips with mesh.fsdp over them (the state splits over fsdp)")
+  if report["mesh"].get("expert", 1) > 1:  # a mixture of experts: the experts split over expert, the rest over both
+    tips.append(
+      f"a topology of >= {int(-(-chips // 1))} chips with mesh.fsdp x mesh.expert over them (the state splits "
+      "over fsdp x expert)"
+    )
+  else:
+    tips.append(f"a topology of >= {int(-(-chips // 1))} chips with mesh.fsdp over them (the state splits over fsdp)")
   return "; or ".join(tips)
 
 
@@ -310,8 +318,9 @@ def _table_header(gpu: bool) -> list[str]:
     + " (experiments/aot_compile.py; "
     "compile times are under load from other jobs). peak = arguments + outputs - aliased + "
     "temporaries. floor: sharded params + grads + Adam moments + one layer's gathered weights + "
-    "remat-kept layer inputs (by hand); memory_plan: rl/scale/memory_plan.py's estimate (per_chip_jax_parts, "
-    "no margin; its parts are in the JSON). XLA TFLOP: "
+    "remat-kept layer inputs (by hand; a mixture of experts on an expert axis: a chip's own experts of the "
+    "layer gathered, + its tokens' k assignments sent and received by all_to_all); memory_plan: "
+    "rl/scale/memory_plan.py's estimate (per_chip_jax_parts, no margin; its parts are in the JSON). XLA TFLOP: "
     "cost_analysis, which counts a loop body once (scanned layers, micro-batch accumulation, decode "
     "loop); model TFLOP: 6ND + causal attention (+ remat's extra forward), the whole step.",
     "",
@@ -337,7 +346,7 @@ def append_to_table(report: dict, prefix: str, label: str = "") -> None:
     r["scan_layers"],
     r["remat"],  # noqa: E731
     r.get("attention_impl", "flash"),
-    (r["mesh"]["fsdp"], r["mesh"]["tp"]),
+    (r["mesh"]["fsdp"], r["mesh"]["tp"], r["mesh"].get("expert", 1)),
     tuple(sorted(x["program"] for x in r["rows"])),
   )
   reports = [r for r in reports if key(r) != key(report)] + [report]
@@ -374,6 +383,7 @@ def _write_table(reports: list[dict], prefix: str) -> None:
   lines = _table_header(all(aot_gpu.is_gpu(parse_topology(r["topology"])[0]) for r in reports))
   for r in reports:
     mesh = f"fsdp {r['mesh']['fsdp']} x tp {r['mesh']['tp']}"
+    mesh += f" x expert {r['mesh']['expert']}" if r["mesh"].get("expert", 1) > 1 else ""
     layout = f"{r['num_hidden_layers']} {'scanned' if r['scan_layers'] else 'unrolled'}"
     layout += ", pallas attention" if r.get("attention_impl") == "pallas" else ""
     for row in r["rows"]:

@@ -279,18 +279,58 @@ def model_flops(cfg, tokens: int, seq_len: int, *, backward: bool, remat: bool, 
 
 
 def train_step_floor(
-  cfg, num_params: int, layer_params: int, micro_rows: int, seq_len: int, chips: int, fsdp: int, critic: bool
+  cfg,
+  num_params: int,
+  layer_params: int,
+  micro_rows: int,
+  seq_len: int,
+  chips: int,
+  fsdp: int,
+  critic: bool,
+  *,
+  expert: int = 1,
+  layer_expert_params: int = 0,
+  row_split: int = 0,
 ) -> int:
   """Hand-computed floor of a train step a chip: sharded params + grads + Adam moments (all in
   param dtype / float32), one layer's weights gathered in the compute dtype, and with remat the
-  inputs of every layer of one micro-batch (its rows split over fsdp); x2 with a critic."""
+  inputs of every layer of one micro-batch (its rows split over `row_split` chips, default fsdp); x2 with
+  a critic. A mixture of experts on `expert` > 1 chips: a chip gathers its E / expert experts of the
+  layer's `layer_expert_params` (not all of them), and its tokens' k assignments a sparse layer, each
+  sent and received once by all_to_all (its rows split over every chip of the mesh)."""
   import numpy as np
 
   pb, cb = np.dtype(cfg.params_dtype).itemsize, np.dtype(cfg.compute_dtype).itemsize
   state = num_params * (2 * pb + 8) / chips
-  gathered = layer_params * cb
-  acts = cfg.num_hidden_layers * -(-micro_rows // fsdp) * seq_len * cfg.hidden_size * cb
-  return int((state + gathered + acts) * (2 if critic else 1))
+  gathered = (layer_params - layer_expert_params + layer_expert_params / expert) * cb
+  acts = cfg.num_hidden_layers * -(-micro_rows // (row_split or fsdp)) * seq_len * cfg.hidden_size * cb
+  exchange = 0
+  if expert > 1:
+    tokens = -(-micro_rows * seq_len // chips)
+    exchange = 2 * tokens * cfg.num_experts_per_tok * cfg.hidden_size * cb
+  return int((state + gathered + acts + exchange) * (2 if critic else 1))
+
+
+def expert_layer_params(params, cfg) -> int:
+  """Params of one sparse layer's experts (the kernels under `experts`, all sparse layers' / their number);
+  0 for a dense model."""
+  import numpy as np
+  from flax import nnx
+
+  total = sum(int(np.prod(v.shape)) for path, v in nnx.to_flat_state(params) if "experts" in path)
+  return total // max(1, len(cfg.moe_layers))
+
+
+def activation_row_split(run: AbstractRun, rows: int) -> int:
+  """Chips a micro-batch's `rows` are split over between the layers (the rule "act_batch"'s mesh axes that
+  divide them)."""
+  import math
+
+  from agentfly_jax.models.sharding import spec_for_axes
+
+  axes = spec_for_axes(("act_batch",), (rows,), run.rules, run.mesh, where="the micro-batch rows")[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(run.mesh.shape[a] for a in axes)
 
 
 def _remat_on(cfg) -> bool:
@@ -298,9 +338,28 @@ def _remat_on(cfg) -> bool:
 
 
 # ---------------------------------------------------------------- one function per program
+def route_key(run: AbstractRun) -> str | None:
+  """The name a mixture-of-experts policy's sampler routes int32[rows, seq_len, Lm, k] have in a step's arrays
+  (rl/update.py put_arrays): "routed_experts" under `model.router_replay=rollout` (prepare and the train step route
+  by them), else "rollout_experts" (only measured, router/rollout_mismatch); None for a dense model or a sampler
+  that records no routes."""
+  from agentfly_jax.rl.spec import ROUTING_SAMPLERS
+
+  if not run.cfg.is_moe or run.spec.rollout.sampler not in ROUTING_SAMPLERS:
+    return None
+  return "routed_experts" if run.spec.model.router_replay == "rollout" else "rollout_experts"
+
+
+def _routes_note(run: AbstractRun) -> str:
+  """The shape column's note of the sampler routes a row's batch carries ("" for a dense model)."""
+  key = route_key(run)
+  return "" if key is None else f", + {key} [{len(run.cfg.moe_layers)} x {run.cfg.num_experts_per_tok}] a token"
+
+
 def abstract_step_arrays(run: AbstractRun) -> tuple[int, dict]:
   """(rows, a step's padded arrays, as stages.step_arrays makes them for `prepare`): rows_per_step x num_chains rows
-  rounded up to a multiple of fsdp, [rows, seq_len] (rewards, group_ids: [rows]), split over fsdp."""
+  rounded up to a multiple of fsdp, [rows, seq_len] (rewards, group_ids: [rows]), split over fsdp; a
+  mixture-of-experts policy's sampler routes [rows, seq_len, Lm, k] too (`route_key`)."""
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -316,6 +375,10 @@ def abstract_step_arrays(run: AbstractRun) -> tuple[int, dict]:
     "rewards": _sds((n_rows,), jnp.float32, rows_sh),
     "group_ids": _sds((n_rows,), jnp.int32, rows_sh),
   }
+  key = route_key(run)
+  if key is not None:
+    shape = (n_rows, seq_len, len(run.cfg.moe_layers), run.cfg.num_experts_per_tok)
+    arrays[key] = _sds(shape, jnp.int32, rows_sh)
   return n_rows, arrays
 
 
@@ -329,7 +392,7 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
   n_rows, arrays = abstract_step_arrays(run)
   ref = _reference_params(run)
   row = compile_program("prepare", run.update.prepare, run.params, ref, run.critic_params, arrays)
-  row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows"
+  row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows" + _routes_note(run)
   row["model_flops"] = (
     model_flops(run.cfg, n_rows * run.seq_len, run.seq_len, backward=False, remat=False, critic=run.critic)
     * (2 if ref is not None else 1)
@@ -357,6 +420,7 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     vocab_size=cfg.vocab_size,
     layer_params=run.layer_params,
     tied_embeddings=cfg.tie_word_embeddings,
+    layer_expert_params=expert_layer_params(run.params, cfg),
   )
   platform = run.mesh.devices.flat[0].platform
   sizes = memory_plan.RunSizes(
@@ -379,6 +443,8 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     "run": dataclasses.asdict(sizes),
     "fsdp": run.fsdp,
     "tp": run.mesh.shape["tp"],
+    "expert": run.mesh.shape.get("expert", 1),
+    "rows": activation_row_split(run, micro_rows),
   }
   return estimate_from_inputs(inputs)
 
@@ -388,7 +454,9 @@ def estimate_from_inputs(inputs: dict) -> dict:
   from agentfly_jax.rl.scale import memory_plan
 
   shape, sizes = memory_plan.ModelShape(**inputs["model"]), memory_plan.RunSizes(**inputs["run"])
-  parts = memory_plan.per_chip_jax_parts(shape, sizes, fsdp=inputs["fsdp"], tp=inputs["tp"])
+  parts = memory_plan.per_chip_jax_parts(
+    shape, sizes, fsdp=inputs["fsdp"], tp=inputs["tp"], expert=inputs.get("expert", 1), rows=inputs.get("rows", 0)
+  )
   total = parts.pop("total")
   return {"parts": parts, "total": total, "inputs": inputs}
 
@@ -408,17 +476,18 @@ def compile_train_step(run: AbstractRun, chips: int) -> dict:
   keys = tuple(batch_out) + (("segment_ids", "positions") if packed else ())
   dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
   batch_sh = NamedSharding(run.mesh, P(None, "fsdp"))
-  batch = {k: _sds((num_micro, micro_rows, seq_len), dtypes[k], batch_sh) for k in keys}
+  trailing = {k: v.shape[2:] for k, v in batch_out.items()}  # [Lm, k] of the routes, () of the others
+  batch = {k: _sds((num_micro, micro_rows, seq_len, *trailing.get(k, ())), dtypes[k], batch_sh) for k in keys}
   # the models' non-trained state goes in as the step's third argument (LoRA: the frozen base)
   row = compile_program("train_step", update.step_program(keys), run.state, batch, update.frozen)
-  row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}"
+  row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}" + _routes_note(run)
   tokens = num_micro * micro_rows * seq_len
   row["model_flops"] = (
     model_flops(run.cfg, tokens, seq_len, backward=True, remat=_remat_on(run.cfg), critic=run.critic) / chips
   )
-  row["floor_bytes"] = train_step_floor(
-    run.cfg, run.num_params, run.layer_params, micro_rows, seq_len, chips, run.fsdp, run.critic
-  )
+  moe = {"expert": run.mesh.shape.get("expert", 1), "layer_expert_params": expert_layer_params(run.params, run.cfg)}
+  args = (run.cfg, run.num_params, run.layer_params, micro_rows, seq_len, chips, run.fsdp, run.critic)
+  row["floor_bytes"] = train_step_floor(*args, **moe, row_split=activation_row_split(run, micro_rows))
   plan = train_step_memory_plan(run, micro_rows, num_micro)
   row["memory_plan_bytes"], row["memory_plan_parts"], row["memory_plan_inputs"] = (
     plan["total"],

@@ -70,6 +70,7 @@ class ModelShape:
   vocab_size: int
   layer_params: int = 0  # params of one decoder layer (0: num_params / num_layers); scanned layers need it
   tied_embeddings: bool = False  # the output projection is the embedding table
+  layer_expert_params: int = 0  # of layer_params, a mixture of experts' expert kernels (split over mesh.expert)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,21 +342,25 @@ _STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic"
 _GATHERED_PARTS = ("layer grads", "embedding grads")  # whole over fsdp, split over tp
 
 
-def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1) -> dict:
-  """`jax_memory_parts` on an (fsdp, tp) mesh, bytes a chip: the params-sized parts (state,
-  reference, critic, gradient accumulator) split over every chip, activations and logits over fsdp
-  (the micro-batch's rows are split over it), one layer's (and the embedding's) gradients over tp
-  only (they are gathered over fsdp), and 'total' = their sum, the estimate (experiments/aot_compile.py sets it
-  beside XLA's per-chip numbers)."""
-  chips = fsdp * tp
+def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, expert: int = 1, rows: int = 0) -> dict:
+  """`jax_memory_parts` on an (fsdp, tp) mesh (x expert: a mixture of experts' expert-parallel axis), bytes a
+  chip: the params-sized parts (state, reference, critic, gradient accumulator) split over every chip,
+  activations and logits over `rows` chips (default fsdp: the micro-batch's rows are split over them), one
+  layer's (and the embedding's) gradients over tp only (they are gathered over fsdp) but its experts' over
+  expert too (a chip gathers only its own experts), and 'total' = their sum, the estimate
+  (experiments/aot_compile.py sets it beside XLA's per-chip numbers)."""
+  chips = fsdp * tp * expert
   whole = jax_memory_parts(m, r, sharded=chips > 1)
-  parts = {k: v / (chips if k in _STATE_PARTS else tp if k in _GATHERED_PARTS else fsdp) for k, v in whole.items()}
+  layer = m.layer_params or m.num_params // m.num_layers
+  gathered = (layer - m.layer_expert_params + m.layer_expert_params / expert) / layer  # of one layer, a chip
+  rows = rows or fsdp
+  parts = {k: v / (chips if k in _STATE_PARTS else tp if k in _GATHERED_PARTS else rows) for k, v in whole.items()}
+  parts["layer grads"] *= gathered
   if r.scan_layers and "compute copy" in parts:
     # scanned layers cast each layer's weights inside the loop: a chip holds the gathered
     # compute-dtype weights of the layer it runs and of the next (prefetched), not a cast of all
     # of them; the embedding / output projection casts stay split over the chips
-    layer = m.layer_params or m.num_params // m.num_layers
     cb = _bytes(r.compute_dtype)
-    parts["compute copy"] = 2 * layer * cb / tp + (m.num_params - m.num_layers * layer) * cb / chips
+    parts["compute copy"] = 2 * layer * gathered * cb / tp + (m.num_params - m.num_layers * layer) * cb / chips
   parts["total"] = sum(parts.values())
   return {k: int(v) for k, v in parts.items()}
