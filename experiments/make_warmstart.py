@@ -2,6 +2,11 @@
 scripted demonstrations, saved as an HF folder (config.json, model.safetensors, tokenizer files).
 
   .venv/bin/python experiments/make_warmstart.py --out=experiments/results/lookup_warmstart
+  .venv/bin/python experiments/make_warmstart.py --family=qwen3_moe --num_experts=4 --experts_per_tok=2 \
+    --moe_intermediate=128 --out=experiments/results/lookup_warmstart_moe
+
+The second is a mixture-of-experts policy (Qwen3-MoE) whose active MLP width equals the dense one's
+(2 experts x 128 = 256) and is otherwise the same (tokenizer, recipe, rows).
 
 Two SFT phases: `--copy_steps` on demonstrations that always use the tool (the tiny policy learns
 to copy the key into the call and the code out of the observation), then `--prior_steps` on
@@ -54,6 +59,12 @@ _HIDDEN = flags.DEFINE_integer("hidden", 128, "Hidden size.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
 _KV_HEADS = flags.DEFINE_integer("kv_heads", 2, "KV heads.")
 _HEAD_DIM = flags.DEFINE_integer("head_dim", 32, "Head dim (vLLM on CPU needs >= 32).")
+_FAMILY = flags.DEFINE_string("family", "qwen2", "Model family of the random init (qwen2 | qwen3 | qwen3_moe ...).")
+_NUM_EXPERTS = flags.DEFINE_integer("num_experts", 4, "qwen3_moe: experts per layer.")
+_EXPERTS_PER_TOK = flags.DEFINE_integer("experts_per_tok", 2, "qwen3_moe: experts each token is routed to (top k).")
+_MOE_INTERMEDIATE = flags.DEFINE_integer(
+  "moe_intermediate", 128, "qwen3_moe: each expert's width (experts_per_tok x this = the dense model's 2 x hidden)."
+)
 
 
 def main(argv):
@@ -76,6 +87,9 @@ def main(argv):
   c.model.num_layers, c.model.hidden_size = _LAYERS.value, _HIDDEN.value
   c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = _HEADS.value, _KV_HEADS.value, _HEAD_DIM.value
   c.model.intermediate_size = 2 * _HIDDEN.value
+  c.model.family = _FAMILY.value
+  c.model.num_experts, c.model.num_experts_per_tok = _NUM_EXPERTS.value, _EXPERTS_PER_TOK.value
+  c.model.moe_intermediate_size = _MOE_INTERMEDIATE.value
   c.log.progress = False
   c.model.pretrained = os.path.abspath(_INIT.value) if _INIT.value else ""
   workdir = os.path.abspath(_OUT.value) + ".work"
@@ -139,6 +153,16 @@ def main(argv):
         "lr": _LR.value,
         "prior_lr": _PRIOR_LR.value,
         "seed": c.seed,
+        "family": _FAMILY.value,
+        **(
+          {
+            "num_experts": _NUM_EXPERTS.value,
+            "experts_per_tok": _EXPERTS_PER_TOK.value,
+            "moe_intermediate": _MOE_INTERMEDIATE.value,
+          }
+          if _FAMILY.value == "qwen3_moe"
+          else {}
+        ),
         "guess_word_in_loss": False,
         "demo_keys": lookup.keys_fingerprint("train"),  # the demos' rows: task.make_rows, the train split
         "held_out_keys": lookup.keys_fingerprint("dev", "test"),

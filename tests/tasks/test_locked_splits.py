@@ -39,15 +39,17 @@ def test_lookup_keys_of_the_three_splits_are_disjoint():
   assert all(p == set(lookup.SYLLABLES) for p in places), places
 
 
-def test_lookup_warm_start_was_built_from_the_train_split_only():
-  """The shipped warm start's SFT demonstrations were drawn from the train keys of the split the task
-  has now (its warmstart.json records the hash of those keys and of the dev + test keys it left out)."""
+@pytest.mark.parametrize("warmstart", ["lookup_warmstart", "lookup_warmstart_moe"])
+def test_lookup_warm_start_was_built_from_the_train_split_only(warmstart):
+  """A shipped warm start's (dense and mixture-of-experts) SFT demonstrations were drawn from the train
+  keys of the split the task has now (its warmstart.json records the hash of those keys and of the dev +
+  test keys it left out)."""
   import json
   import os
 
   from train_cli import ROOT
 
-  with open(os.path.join(ROOT, "experiments", "results", "lookup_warmstart", "warmstart.json")) as f:
+  with open(os.path.join(ROOT, "experiments", "results", warmstart, "warmstart.json")) as f:
     recipe = json.load(f)
   assert recipe["demo_keys"] == lookup.keys_fingerprint("train"), "the warm start predates the split: rebuild it"
   assert recipe["held_out_keys"] == lookup.keys_fingerprint("dev", "test")
