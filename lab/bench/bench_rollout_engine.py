@@ -36,7 +36,7 @@ flags.DEFINE_list("models", ["tiny", "smollm2"], "tiny (the demo's warm-start po
 flags.DEFINE_list(
   "engines",
   ["jax_static", "jax", "vllm_async", "vllm"],
-  "engines to time (jax_b8: the paged engine with decode batches in multiples of 8)",
+  "engines to time (jax_pow2: the paged engine with decode batches in powers of two)",
 )
 flags.DEFINE_list("chains", ["32", "64"], "chains per agentic workload")
 flags.DEFINE_integer("turns", 4, "turns per chain")
@@ -177,11 +177,12 @@ def _build(model: str, engine: str, max_len: int, slots: int):
     from agentfly_jax.sampling import JaxSampler
 
     return _TrioEngine(JaxSampler(from_pretrained(folder), max_batch_size=slots, max_len=max_len)), folder
-  if engine in ("jax", "jax_b8"):
+  if engine in ("jax", "jax_pow2"):
     from agentfly_jax.sampling.engine import PagedJaxSampler
+    from agentfly_jax.sampling.requests import power_of_two_buckets
 
-    # jax_b8: decode batches of 1, 2, 4 and then every multiple of 8 (paged_attention.ROW_GROUP), not powers of two
-    batches = None if engine == "jax" else (1, 2, 4, *range(8, slots + 1, 8))
+    # jax_pow2: decode batches in powers of two (the A/B of the default sizes, paged_sampler.decode_batch_sizes)
+    batches = None if engine == "jax" else power_of_two_buckets(1, slots)
     sampler = PagedJaxSampler(
       from_pretrained(folder, scan_layers=FLAGS.engine_scan_layers),
       num_slots=slots,

@@ -303,3 +303,16 @@ def test_a_failed_program_fails_its_requests_and_the_engine_serves_on(model):
 @pytest.mark.eight_devices("sampler_sharding")
 def test_params_sharded_on_an_8_device_mesh(eight_device_check):
   assert eight_device_check["ok"] and "PAGED_SHARDED_OK" in eight_device_check["output"], eight_device_check["output"]
+
+
+def test_default_decode_batch_sizes_are_multiples_of_the_attention_row_group():
+  from agentfly_jax.models.paged_attention import ROW_GROUP
+  from agentfly_jax.sampling.engine.paged_sampler import decode_batch_sizes
+
+  assert decode_batch_sizes(1) == (1,) and decode_batch_sizes(6) == (1, 2, 4, 6)
+  assert decode_batch_sizes(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+  for slots in (9, 100, 256, 1000):
+    sizes = decode_batch_sizes(slots)
+    assert sizes[-1] == slots and list(sizes) == sorted(set(sizes))
+    assert all(b % ROW_GROUP == 0 for b in sizes[3:-1])
+    assert all(b <= 1.25 * a or b <= a + ROW_GROUP for a, b in zip(sizes[3:], sizes[4:]))  # padding <= 1/4
