@@ -131,12 +131,37 @@ def reload_worker_weights(
   runner = worker.model_runner
   if packed_cpu_path and refresh_tied_lm_head and load_packed_on_cpu(runner.get_model(), dict(tensors)):
     return {"num_tensors": len(tensors), "tied_lm_head_refreshed": bool(_is_tied(runner.get_model())), "path": "packed"}
+  check_moe_reloadable_on_cpu(runner.get_model())
   runner.reload_weights(weights_iterator=iter(tensors))
   repack_moe_experts_on_cpu(runner.get_model())
   refreshed = False
   if refresh_tied_lm_head:
     refreshed = refresh_tied_lm_head_on_cpu(runner.get_model())
   return {"num_tensors": len(tensors), "tied_lm_head_refreshed": refreshed, "path": "reload_weights"}
+
+
+def _cpu_moe_experts(model: Any) -> list[tuple[Any, Any]]:
+  """(layer, its CPU experts kernel) of every mixture-of-experts layer vLLM's CPU backend runs (none elsewhere)."""
+  out = []
+  for module in model.modules():
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if experts is not None and type(experts).__name__.endswith("CPUUnquantizedExperts"):
+      out.append((module, experts))
+  return out
+
+
+def check_moe_reloadable_on_cpu(model: Any) -> None:
+  """Raises ValueError when vLLM's CPU backend padded a mixture of experts' expert width on the first load: its
+  in-place reload cannot write the new weights back into the padded ones (a shape error inside vLLM)."""
+  for _, experts in _cpu_moe_experts(model):
+    width = experts.moe_config.intermediate_size_per_partition
+    padded = experts._padded_intermediate_size(experts.moe_config)
+    if padded != width:
+      raise ValueError(
+        f"vLLM's CPU experts pad moe_intermediate_size={width} to {padded} and cannot reload such weights in "
+        f"place: use a width that is a multiple of {experts._intermediate_alignment()} or rollout.sampler=jax"
+      )
 
 
 def repack_moe_experts_on_cpu(model: Any) -> int:
@@ -148,16 +173,11 @@ def repack_moe_experts_on_cpu(model: Any) -> int:
   with unpacked bytes read as packed ones; here the CPU experts' own post-load step packs them again."""
   import torch
 
-  count = 0
-  for module in model.modules():
-    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
-    experts = getattr(kernel, "fused_experts", None)
-    if experts is None or not type(experts).__name__.endswith("CPUUnquantizedExperts"):
-      continue
-    with torch.no_grad():
+  layers = _cpu_moe_experts(model)
+  with torch.no_grad():
+    for module, experts in layers:
       experts.process_weights_after_loading(module)
-    count += 1
-  return count
+  return len(layers)
 
 
 def _is_tied(model: Any) -> bool:

