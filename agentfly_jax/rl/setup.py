@@ -320,6 +320,7 @@ def _build_sampler(spec, sampler_model, model, tokenizer, tok_dir: str, workdir:
         kv_cache_gib=r.kv_cache_gib or None,
         decode_steps=r.decode_steps,
         weight_update=r.weight_update,
+        batch_invariant=r.batch_invariant,
         vision_patch_multiple=spec.model.vision.patch_multiple,  # a VL policy's patches: the train step's bucket
       ),
     ),

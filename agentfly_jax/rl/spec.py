@@ -196,6 +196,9 @@ class RolloutSection(Section):
   # jax: rows in flight at a weight update: drain (finish on the old weights) | recompute (continue on the new
   # ones; partial rollouts then load new weights without draining)
   weight_update: str = "drain"
+  # jax: a request's tokens are the same bits whatever ran beside it (a resumed run repeats an uninterrupted one);
+  # one decode batch size and one prefill shape, slower where batches run part full (PagedJaxSampler)
+  batch_invariant: bool = False
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
   error_patience: int = 3  # that many such steps in a row stop the run (all chains failed: at once); rl/chain_failures
@@ -219,6 +222,7 @@ class RolloutSection(Section):
       self.at_least(name, 1)
     self.need("kv_cache_gib", self.kv_cache_gib >= 0, "must be >= 0 (0 = sized for every slot at max_len)")
     self.need("weight_update", self.weight_update in ("drain", "recompute"), "must be 'drain' or 'recompute'")
+    self.need("batch_invariant", not self.batch_invariant or self.sampler == "jax", "needs sampler='jax' (the engine)")
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
     finite = 0 < self.chain_timeout_s < float("inf")

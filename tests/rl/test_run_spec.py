@@ -73,6 +73,14 @@ def test_each_bad_field_is_named_with_what_is_allowed(field, value, allowed):
   assert f"config.{field}={value!r}" in str(e.value) and allowed in str(e.value), str(e.value)
 
 
+def test_batch_invariance_is_asked_of_the_jax_engine_only():
+  c = _with("rollout.batch_invariant", True)
+  assert RunSpec.from_config(c).rollout.batch_invariant
+  c["rollout"]["sampler"] = "vllm"
+  with pytest.raises(ValueError, match=r"config.rollout.batch_invariant=True: needs sampler='jax'"):
+    RunSpec.from_config(c)
+
+
 def test_unknown_fields_are_named():
   c = default_config()
   c.train.lrr = 1e-3

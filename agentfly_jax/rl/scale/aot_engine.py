@@ -30,6 +30,7 @@ def engine_sizes(run: AbstractRun):
     kv_cache_gib=r.kv_cache_gib or None,
     decode_steps=r.decode_steps,
     weight_update=r.weight_update,
+    batch_invariant=r.batch_invariant,
   )
 
 

@@ -77,6 +77,7 @@ def engine_config(
   decode_steps: int = 4,
   stop_width: int = 16,
   weight_update: str = "drain",
+  batch_invariant: bool = False,
 ) -> EngineConfig:
   """The static sizes of an engine for a model config `cfg` (PagedJaxSampler's arguments, checked; the AOT
   tool's engine rows read the same: rl/scale/aot_engine.py)."""
@@ -95,6 +96,13 @@ def engine_config(
   chunks = tuple(sorted({int(c) for c in prefill_chunks}))
   if not chunks or chunks[0] < 1:
     raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
+  if batch_invariant:
+    if decode_batches is not None and tuple(decode_batches) != (num_slots,):
+      raise ValueError(
+        f"PagedJaxSampler: batch_invariant decodes every batch at num_slots={num_slots} rows; decode_batches="
+        f"{tuple(decode_batches)} asks for other sizes (leave it unset)"
+      )
+    decode_batches, chunks = (num_slots,), chunks[-1:]  # one shape per program
   batches = JaxSampler._check_buckets(decode_batches or decode_batch_sizes(num_slots), num_slots, "decode_batches")
   max_pages = -(-max_len // page_size)
   if kv_cache_pages is not None and kv_cache_gib is not None:
@@ -113,6 +121,12 @@ def engine_config(
     kv_cache_pages = num_slots * max_pages + 1
   if kv_cache_pages < 2:
     raise ValueError(f"PagedJaxSampler: the KV cache needs at least 2 pages (page 0 is the sink), got {kv_cache_pages}")
+  if batch_invariant and kv_cache_pages < num_slots * max_pages + 1:
+    raise ValueError(
+      f"PagedJaxSampler: batch_invariant needs a cache where no row is ever preempted (a recompute's keys differ "
+      f"in rounding from the decode steps'): {num_slots * max_pages + 1} pages for num_slots={num_slots} at "
+      f"max_len={max_len}, got {kv_cache_pages} (kv_cache_pages / kv_cache_gib: raise it, or leave it unset)"
+    )
   return EngineConfig(
     num_slots=num_slots,
     num_pages=int(kv_cache_pages),
@@ -126,6 +140,7 @@ def engine_config(
     decode_steps=decode_steps,
     stop_width=stop_width,
     weight_update=weight_update,
+    batch_invariant=bool(batch_invariant),
   )
 
 
@@ -177,6 +192,15 @@ class PagedJaxSampler(JaxSampler):
     stop_width: most stop ids a request may carry.
     weight_update: "drain" (rows in flight finish on the weights they started with) or "recompute" (rows in
       flight continue on the new weights after recomputing their keys / values).
+    batch_invariant: a request's tokens and log-probs depend on its prompt, seed and the weights only, not on
+      which requests ran beside it or when it arrived (so a resumed run repeats an uninterrupted one bit for
+      bit). XLA:CPU's matmuls round a row differently at different batch sizes (a row of a [M, 576] x
+      [576, 1536] product moved by 5e-5 between M = 1, 2 and 40) though not by its place among M rows or by
+      the other rows' values, so this decodes every batch at num_slots rows, prefills in one shape (the
+      largest chunk), shares only the keys / values a prefill computed (a chain's next turn prefills the tokens
+      it decoded; a page evicted and computed again comes back the same) and needs a cache that never preempts.
+      Slower where batches run part full; dense models only (a mixture of experts' grouped matmuls depend on
+      the batch's routing).
     vision_patch_multiple: a vision-language model's request patches are padded up to a multiple of this (one
       padding image, its features dropped), so the vision tower compiles once per bucket, not per image size.
     decode_layers: the layer layout the engine's programs run on (sampling/engine/decode_layers.py): "scanned"
@@ -202,6 +226,7 @@ class PagedJaxSampler(JaxSampler):
     decode_steps: int = 4,
     stop_width: int = 16,
     weight_update: str = "drain",
+    batch_invariant: bool = False,
     vision_patch_multiple: int = 256,
     decode_layers: str = "auto",
     seed: int = 0,
@@ -236,6 +261,7 @@ class PagedJaxSampler(JaxSampler):
       decode_steps=decode_steps,
       stop_width=stop_width,
       weight_update=weight_update,
+      batch_invariant=batch_invariant,
     )
     self._cache_dtype = model.config.compute_dtype
     self._model_for_cache = model if self._twin is None else self._twin.module
@@ -250,6 +276,11 @@ class PagedJaxSampler(JaxSampler):
     vision = self._run_vision if model.config.vision is not None else None
     cfg = model.config
     routes = (len(cfg.moe_layers), cfg.num_experts_per_tok) if getattr(cfg, "is_moe", False) else None
+    if batch_invariant and routes is not None:
+      raise ValueError(
+        "PagedJaxSampler: batch_invariant is for dense models; a mixture of experts' grouped expert matmuls "
+        "depend on how the batch's tokens route"
+      )
     self.engine = Engine(
       self._run_prefill,
       self._run_decode,

@@ -55,7 +55,9 @@ class EngineConfig:
   through its block table); table_width: pages per block table (max_len's, rounded up to block_pages, the
   attention loop's block); decode_steps: decode steps per device call (stop
   checks every step on device); stop_width: stop ids a row may carry; weight_update: "drain" (rows in flight
-  finish on the old weights) or "recompute".
+  finish on the old weights) or "recompute"; batch_invariant: only keys / values a prefill computed are shared
+  (PagedJaxSampler's batch_invariant: with one decode size and one prefill shape a request's tokens are then a
+  function of its prompt, seed and weights, whatever ran beside it).
   """
 
   num_slots: int
@@ -70,6 +72,7 @@ class EngineConfig:
   decode_steps: int
   stop_width: int
   weight_update: str = "drain"
+  batch_invariant: bool = False
 
 
 class Future:
@@ -111,6 +114,7 @@ class _Seq:
   versions: list = dataclasses.field(default_factory=list)
   pages: list = dataclasses.field(default_factory=list)
   computed: int = 0  # positions whose keys / values are in the pages
+  prefilled: int = 0  # the first of them a prefill computed (or a prefix hit brought; the rest: decode steps)
   slot: int | None = None
   prefilling: bool = False
   admitted: float | None = None
@@ -332,7 +336,7 @@ class Engine:
       self._slots[seq.slot] = None
       seq.slot = None
     self.pool.release(seq.pages)
-    seq.pages, seq.computed = [], 0
+    seq.pages, seq.computed, seq.prefilled = [], 0, 0
 
   def _drop_cancelled(self) -> None:
     for seq in [s for s in self._waiting if s.cancelled] + [s for s in self._running() if s.cancelled]:
@@ -372,6 +376,7 @@ class Engine:
         self._waiting.appendleft(seq)
         break
       seq.pages, seq.computed, seq.prefilling = hit_pages + new, len(hit_pages) * ps, True
+      seq.prefilled = seq.computed
       if seq.routes is not None and hit_pages:  # the routes the cached keys / values were computed with
         seq.routes[: seq.computed] = self._page_routes[hit_pages].reshape(seq.computed, *self.route_shape)
       seq.slot = self._slots.index(None)
@@ -385,10 +390,13 @@ class Engine:
     self._waiting.extendleft(reversed(skipped))
 
   def _register(self, seq: _Seq) -> None:
-    """Makes seq's full computed pages findable (pages.py) and stores their tokens' routes with them."""
-    self.pool.register(seq.keys, seq.pages, seq.computed)
+    """Makes seq's full computed pages findable (pages.py) and stores their tokens' routes with them; with
+    batch_invariant only those a prefill computed (a decode step's keys differ from a prefill's in rounding, and
+    a page evicted and computed again must come back the same)."""
+    computed = min(seq.computed, seq.prefilled) if self.config.batch_invariant else seq.computed
+    self.pool.register(seq.keys, seq.pages, computed)
     if seq.routes is not None:
-      full = min(seq.computed, len(seq.keys)) // self.config.page_size
+      full = min(computed, len(seq.keys)) // self.config.page_size
       self._page_routes[seq.pages[:full]] = seq.routes[: full * self.config.page_size].reshape(
         full, self.config.page_size, *self.route_shape
       )
@@ -477,6 +485,7 @@ class Engine:
       if routes is not None:
         seq.routes[seq.computed : seq.computed + n] = routes[i, :n]
       seq.computed += n
+      seq.prefilled = seq.computed
       if seq.computed < len(seq.tokens):
         continue
       seq.prefilling = False
