@@ -34,6 +34,7 @@ def main():
   c.train.steps = 2
   c.rollout.rows_per_step, c.rollout.num_chains, c.rollout.max_turns = 2, 4, 2
   c.rollout.max_tokens_per_turn = 16
+  c.rollout.batch_invariant = True  # a process's tokens do not depend on which of its rows shared a batch
   c.train.micro_batch_size = 4
   c.loss.kl_coef, c.loss.entropy_coef = 0.01, 0.05  # gradients even when a group's rewards tie
   c.eval.every, c.eval.num_rows = 0, 0
