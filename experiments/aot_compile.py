@@ -65,6 +65,12 @@ flags.DEFINE_string(
   "Only re-estimate the memory_plan column of a collected table <replan>.{json,md} with today's "
   "rl/scale/memory_plan.py (no compile; e.g. lab/results/aot_tpu).",
 )
+flags.DEFINE_string(
+  "images",
+  "",
+  "A vision-language policy's images a training row, COUNTxWIDTHxHEIGHT (e.g. 3x160x210); '' = one GUI "
+  "screenshot (MiniWoB++'s 160x210 task area) a turn, rollout.max_turns of them.",
+)
 flags.DEFINE_string("label", "", "The report's name in --table (default: the --model preset, else the model type).")
 FLAGS = flags.FLAGS
 
@@ -118,7 +124,7 @@ def main(argv):
     f"aot_{spec.name}_{FLAGS.topology.replace(':', '_')}",
   )
   try:
-    report = compile_run(spec, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib)
+    report = compile_run(spec, FLAGS.topology, FLAGS.model, FLAGS.programs, FLAGS.seq_len, FLAGS.hbm_gib, FLAGS.images)
   except BadInput as e:
     print(f"aot_compile: {e}", file=sys.stderr, flush=True)
     sys.exit(1)

@@ -14,7 +14,7 @@ from agentfly_jax.models.kv_cache import KVCache
 from agentfly_jax.models.layers import Linear, set_kernel_layout
 from agentfly_jax.models.lora import LoRAConfig, apply_lora, merge_lora
 from agentfly_jax.models.lora_io import export_peft, load_peft, save_merged
-from agentfly_jax.models.qwen25_vl import Qwen25VL, mrope_positions
+from agentfly_jax.models.qwen25_vl import Qwen25VL, model_class, mrope_positions
 from agentfly_jax.models.vision import VisionLayout, vision_layout
 from agentfly_jax.models.vision_config import VisionConfig
 from agentfly_jax.models.qwen25_tokenizer import qwen25_tokenizer_folder, write_qwen25_tokenizer
@@ -50,6 +50,7 @@ __all__ = [
   "hf_name",
   "iter_hf_tensors",
   "make_mesh",
+  "model_class",
   "mrope_positions",
   "param_with_axes",
   "partition_spec_of",

@@ -30,10 +30,10 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from agentfly_jax.models.causal_lm import CausalLM, Critic
+from agentfly_jax.models.causal_lm import Critic
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.layer_stack import is_stacked_path, per_layer
-from agentfly_jax.models.qwen25_vl import Qwen25VL
+from agentfly_jax.models.qwen25_vl import model_class
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def from_pretrained(
     raise ValueError(
       f"{folder}: critic=True is not supported for model_type {cfg.model_type!r} (a vision-language model)"
     )
-  cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
+  cls = model_class(cfg, critic=critic)
   files_early = _tensor_files(folder)
   if cfg.is_moe:
     _check_expert_count(cfg, files_early, folder)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentfly_jax.models.causal_lm import CausalLM, embed_lookup
+from agentfly_jax.models.causal_lm import CausalLM, Critic, embed_lookup
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.vision import VisionLayout, VisionTower, check_grids, vision_layout
 
@@ -106,6 +106,11 @@ def scatter_image_features(embeds: jax.Array, input_ids: jax.Array, features: ja
   take = jnp.clip(jnp.cumsum(is_image.reshape(-1)) - 1, 0, features.shape[0] - 1)
   rows = features[take].reshape(b, t, d).astype(embeds.dtype)
   return jnp.where(is_image[..., None], rows, embeds)
+
+
+def model_class(cfg: ModelConfig, *, critic: bool = False) -> type:
+  """The class a config builds: Critic (a value model), Qwen25VL (a config with a vision tower) or CausalLM."""
+  return Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
 
 
 class Qwen25VL(CausalLM):

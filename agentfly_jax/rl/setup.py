@@ -163,7 +163,7 @@ TINY_MAX_PIXELS = 128 * 128  # a random-init tower's images: 1,024 patches of 4 
 def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = True, special_ids: dict | None = None):
   """The policy (or critic) of `spec`; with `model.lora.rank` > 0 (and `lora`) its projections
   carry LoRA adapters (the critic's only with `model.lora.critic`)."""
-  from agentfly_jax.models import CausalLM, Critic, Qwen25VL, from_pretrained
+  from agentfly_jax.models import from_pretrained, model_class
   from agentfly_jax.models.lora import apply_lora
 
   m = spec.model
@@ -171,8 +171,7 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
     model = from_pretrained(m.pretrained, critic=critic, seed=spec.seed, **model_numerics(spec))
   else:
     cfg = model_config(spec, vocab_size, special_ids)
-    cls = Critic if critic else (Qwen25VL if cfg.vision is not None else CausalLM)
-    model = cls(cfg, rngs=nnx.Rngs(spec.seed + (17 if critic else 0)))
+    model = model_class(cfg, critic=critic)(cfg, rngs=nnx.Rngs(spec.seed + (17 if critic else 0)))
   lora_cfg = m.lora.lora_config()
   if lora and lora_cfg is not None and (not critic or m.lora.critic):
     apply_lora(model, lora_cfg, rngs=nnx.Rngs(spec.seed + (31 if critic else 29)))

@@ -535,3 +535,55 @@ def test_expert_parallel_floor_and_memory_plan_split_the_experts_over_the_expert
   state, gathered = 30e9 * 16 / 8, (30e6 + 6e8 / 4) * 2
   acts, exchange = 48 * 1 * 2048 * 2048 * 2, 2 * (8 * 2048 // 8) * 8 * 2048 * 2
   assert floor == int(state + gathered + acts + exchange)
+
+
+def test_a_vision_language_step_takes_each_rows_images(tmp_path):
+  """A Qwen2.5-VL policy's prepare / train_step take each row's images as the trainer's batches hold them
+  (rl/vision_batch.image_arrays through the policy's processor: the same keys, shapes and dtypes), the vision
+  tower in the programs (its parameters counted; both programs lowered with the images). Tiny config on v5e:2x2;
+  the compiled rows at real sizes: lab/results/aot_tpu.md."""
+  import types
+
+  import numpy as np
+  from PIL import Image
+
+  from agentfly_jax.models import tiny_config
+  from agentfly_jax.rl.scale import aot
+  from agentfly_jax.rl.scale.aot_programs import abstract_run, abstract_step_arrays, batch_note, train_step_args
+  from agentfly_jax.rl.setup import vision_processor
+  from agentfly_jax.rl.vision_batch import image_arrays
+
+  config = lookup_config(fsdp=4)
+  config.model.family, config.model.vision.patch_multiple = "qwen2_5_vl", 64
+  config.rollout.max_total_tokens, config.rollout.max_tokens_per_turn = 128, 16
+  spec = RunSpec.from_config(config)
+  cfg = tiny_config("qwen2_5_vl", vocab_size=256, num_hidden_layers=2, scan_layers=True)
+  devices = aot.topology_devices("v5e:2x2")
+  run = abstract_run(spec, cfg, devices, 128, images="2x40x56")
+  n_rows, arrays = abstract_step_arrays(run)
+  images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (56, 40, 3), np.uint8)) for i in range(2)]
+  processor = vision_processor(spec, cfg)
+  grids = processor.process(images)[1]
+  ids = [5] * 20 + [cfg.image_token_id] * sum(processor.num_image_tokens(grids)) + [6] * 10
+  traj = types.SimpleNamespace(images=images, image_grid_thw=grids, token_ids=ids, group_id=0, chain_id=0)
+  want = image_arrays([traj] * n_rows, processor, cfg, length=128, patch_multiple=64)
+  for k, v in want.items():
+    assert (arrays[k].shape, arrays[k].dtype) == (v.shape, v.dtype), k
+  assert run.images.tokens == sum(processor.num_image_tokens(grids)) > 0
+  tokens = sum(processor.num_image_tokens(grids))
+  assert f"2 images of 40x56 ({want['pixel_values'].shape[1]} patches, {tokens} tokens) a row" in batch_note(run)
+  text = abstract_run(spec, tiny_config("qwen2", vocab_size=256, num_hidden_layers=2, scan_layers=True), devices, 1)
+  assert run.num_params > text.num_params  # + the tower
+  # both programs trace and lower with the images (compiling the tower for TPU is the table's job: minutes)
+  ref = run.params if spec.loss.kl_coef > 0 else None
+  run.update.prepare.lower(run.params, ref, run.critic_params, arrays)
+  program, args, _, _ = train_step_args(run)
+  assert args[1]["pixel_values"].shape[2:] == arrays["pixel_values"].shape[1:]
+  program.lower(*args)
+
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(cfg.to_hf_dict()))
+  with pytest.raises(aot.BadInput, match="--images='2x40': give COUNTxWIDTHxHEIGHT"):
+    aot.compile_run(spec, "v5e:2x2", str(path), programs=("train_step",), images="2x40")
+  with pytest.raises(aot.BadInput, match="--images='2x40x56': model_type 'qwen2' has no vision tower"):
+    aot.compile_run(spec, "v5e:2x2", programs=("train_step",), images="2x40x56")  # the spec's text warm start

@@ -207,10 +207,11 @@ def _report(abstract: AbstractRun, topology: str, chips: int, hbm: float, rows: 
 
 
 def compile_run(
-  spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0
+  spec, topology: str, model: str = "", programs=PROGRAMS, seq_len: int = 0, hbm_gib: float = 0.0, images: str = ""
 ) -> dict:
   """Compiles `programs` of the run `spec` (rl/spec.RunSpec: the tool parses its config once) for
-  `topology`; returns the report (rows per program)."""
+  `topology`; returns the report (rows per program). `images`: a vision-language policy's images a row
+  (rl/scale/aot_batches.parse_images: "COUNTxWIDTHxHEIGHT"; "" = a GUI screenshot a turn)."""
   _check_programs(programs)
   generation, chips = parse_topology(topology)
   cfg = _checked_model_config(spec, model, chips, topology)
@@ -221,7 +222,12 @@ def compile_run(
       raise BadInput(str(e)) from None
   devices = topology_devices(topology)
   hbm = (hbm_gib or HBM_GIB[generation]) * GIB
-  abstract = abstract_run(spec, cfg, devices, seq_len or spec.rollout.max_total_tokens)
+  try:
+    abstract = abstract_run(spec, cfg, devices, seq_len or spec.rollout.max_total_tokens, images)
+  except ValueError as e:
+    if "--images" not in str(e):
+      raise
+    raise BadInput(str(e)) from None
   print(
     f"aot_compile: {cfg.model_type} {abstract.num_params / 1e9:.2f} B params, scan_layers={cfg.scan_layers}, "
     f"remat={cfg.remat}, on {topology} ({chips} chips, {hbm / GIB:.0f} GiB HBM each), mesh "

@@ -15,6 +15,8 @@ import re
 import time
 from typing import Any
 
+from agentfly_jax.rl.scale.aot_batches import abstract_step_arrays, batch_note  # noqa: F401 (re-exported)
+
 GIB = 1024**3
 
 
@@ -78,6 +80,7 @@ class AbstractRun:
   sampler_params: Any
   num_params: int
   layer_params: int  # params of one decoder layer
+  images: Any = None  # a vision-language policy's images of one row (rl/scale/aot_batches.RowImages), else None
 
   @property
   def fsdp(self) -> int:
@@ -105,12 +108,12 @@ def _abstract_update(spec, cfg, mesh, rules, critic: bool) -> dict:
   `PolicyUpdate` the trainer builds from them, as AbstractRun's fields."""
   import jax
 
-  from agentfly_jax.models import CausalLM, Critic
+  from agentfly_jax.models import Critic, model_class
   from agentfly_jax.rl import programs as run_programs
   from agentfly_jax.rl.core.train_state import create_train_state
   from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 
-  graphdef, params, rest, specs = abstract_model(CausalLM, cfg, mesh, rules)
+  graphdef, params, rest, specs = abstract_model(model_class(cfg), cfg, mesh, rules)
   critic_graphdef = critic_params = critic_rest = critic_specs = None
   if critic:
     critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules)
@@ -147,10 +150,12 @@ def _abstract_update(spec, cfg, mesh, rules, critic: bool) -> dict:
   )
 
 
-def abstract_run(spec, cfg, devices, seq_len: int) -> AbstractRun:
+def abstract_run(spec, cfg, devices, seq_len: int, images: str = "") -> AbstractRun:
   """The run's abstract values on `devices` (its training mesh and sampler sub-mesh as the
-  trainer makes them), rows of `seq_len` tokens. `spec`: the run's RunSpec."""
-  from agentfly_jax.models import CausalLM
+  trainer makes them), rows of `seq_len` tokens. `spec`: the run's RunSpec; `images`: a
+  vision-language policy's images a row (rl/scale/aot_batches.parse_images)."""
+  from agentfly_jax.models import model_class
+  from agentfly_jax.rl.scale.aot_batches import row_images
   from agentfly_jax.rl.setup import training_and_sampler_meshes
 
   mesh, sampler_mesh = training_and_sampler_meshes(spec, devices)
@@ -160,7 +165,7 @@ def abstract_run(spec, cfg, devices, seq_len: int) -> AbstractRun:
   num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers)
   sampler_params = parts["params"]
   if sampler_mesh is not None:
-    sampler_params = abstract_model(CausalLM, cfg, sampler_mesh, rules)[1]
+    sampler_params = abstract_model(model_class(cfg), cfg, sampler_mesh, rules)[1]
   return AbstractRun(
     spec=spec,
     cfg=cfg,
@@ -172,6 +177,7 @@ def abstract_run(spec, cfg, devices, seq_len: int) -> AbstractRun:
     sampler_params=sampler_params,
     num_params=num_params,
     layer_params=layer_params,
+    images=row_images(spec, cfg, images),
     **parts,
   )
 
@@ -338,50 +344,6 @@ def _remat_on(cfg) -> bool:
 
 
 # ---------------------------------------------------------------- one function per program
-def route_key(run: AbstractRun) -> str | None:
-  """The name a mixture-of-experts policy's sampler routes int32[rows, seq_len, Lm, k] have in a step's arrays
-  (rl/update.py put_arrays): "routed_experts" under `model.router_replay=rollout` (prepare and the train step route
-  by them), else "rollout_experts" (only measured, router/rollout_mismatch); None for a dense model or a sampler
-  that records no routes."""
-  from agentfly_jax.rl.spec import ROUTING_SAMPLERS
-
-  if not run.cfg.is_moe or run.spec.rollout.sampler not in ROUTING_SAMPLERS:
-    return None
-  return "routed_experts" if run.spec.model.router_replay == "rollout" else "rollout_experts"
-
-
-def _routes_note(run: AbstractRun) -> str:
-  """The shape column's note of the sampler routes a row's batch carries ("" for a dense model)."""
-  key = route_key(run)
-  return "" if key is None else f", + {key} [{len(run.cfg.moe_layers)} x {run.cfg.num_experts_per_tok}] a token"
-
-
-def abstract_step_arrays(run: AbstractRun) -> tuple[int, dict]:
-  """(rows, a step's padded arrays, as stages.step_arrays makes them for `prepare`): rows_per_step x num_chains rows
-  rounded up to a multiple of fsdp, [rows, seq_len] (rewards, group_ids: [rows]), split over fsdp; a
-  mixture-of-experts policy's sampler routes [rows, seq_len, Lm, k] too (`route_key`)."""
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  r, seq_len = run.spec.rollout, run.seq_len
-  rows_sh = NamedSharding(run.mesh, P("fsdp"))
-  n_rows = -(-r.rows_per_step * r.num_chains // run.fsdp) * run.fsdp
-  arrays = {
-    "input_ids": _sds((n_rows, seq_len), jnp.int32, rows_sh),
-    "target_ids": _sds((n_rows, seq_len), jnp.int32, rows_sh),
-    "attention_mask": _sds((n_rows, seq_len), jnp.bool_, rows_sh),
-    "action_mask": _sds((n_rows, seq_len), jnp.bool_, rows_sh),
-    "sampler_logprobs": _sds((n_rows, seq_len), jnp.float32, rows_sh),
-    "rewards": _sds((n_rows,), jnp.float32, rows_sh),
-    "group_ids": _sds((n_rows,), jnp.int32, rows_sh),
-  }
-  key = route_key(run)
-  if key is not None:
-    shape = (n_rows, seq_len, len(run.cfg.moe_layers), run.cfg.num_experts_per_tok)
-    arrays[key] = _sds(shape, jnp.int32, rows_sh)
-  return n_rows, arrays
-
-
 def _reference_params(run: AbstractRun):
   """The KL reference's params (the policy's shapes) when the loss has a KL term, else None."""
   return run.params if run.spec.loss.kl_coef > 0 else None
@@ -392,7 +354,7 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
   n_rows, arrays = abstract_step_arrays(run)
   ref = _reference_params(run)
   row = compile_program("prepare", run.update.prepare, run.params, ref, run.critic_params, arrays)
-  row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows" + _routes_note(run)
+  row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows" + batch_note(run)
   row["model_flops"] = (
     model_flops(run.cfg, n_rows * run.seq_len, run.seq_len, backward=False, remat=False, critic=run.critic)
     * (2 if ref is not None else 1)
@@ -461,26 +423,32 @@ def estimate_from_inputs(inputs: dict) -> dict:
   return {"parts": parts, "total": total, "inputs": inputs}
 
 
-def compile_train_step(run: AbstractRun, chips: int) -> dict:
-  """The `train_step` row: the policy step (+ the critic's) on one minibatch of micro-batches
-  [num_micro, micro_rows, seq_len] of what `prepare` makes (+ segment_ids, positions when packed)."""
+def train_step_args(run: AbstractRun) -> tuple:
+  """(the step program, its abstract arguments (state, batch, frozen), micro_rows, num_micro): one minibatch of
+  micro-batches [num_micro, micro_rows, ...] of what `prepare` makes (+ segment_ids, positions when packed)."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   _, arrays = abstract_step_arrays(run)
-  update, seq_len = run.update, run.seq_len
+  update = run.update
   batch_out, _ = jax.eval_shape(update.prepare, run.params, _reference_params(run), run.critic_params, arrays)
   micro_rows, num_micro = update.minibatch_layout()
-  packed = run.spec.train.pack_sequences
-  keys = tuple(batch_out) + (("segment_ids", "positions") if packed else ())
+  keys = tuple(batch_out) + (("segment_ids", "positions") if run.spec.train.pack_sequences else ())
   dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
   batch_sh = NamedSharding(run.mesh, P(None, "fsdp"))
-  trailing = {k: v.shape[2:] for k, v in batch_out.items()}  # [Lm, k] of the routes, () of the others
-  batch = {k: _sds((num_micro, micro_rows, seq_len, *trailing.get(k, ())), dtypes[k], batch_sh) for k in keys}
+  per_row = {k: v.shape[1:] for k, v in batch_out.items()}  # [seq_len, ...], or an image array's own
+  batch = {k: _sds((num_micro, micro_rows, *per_row.get(k, (run.seq_len,))), dtypes[k], batch_sh) for k in keys}
   # the models' non-trained state goes in as the step's third argument (LoRA: the frozen base)
-  row = compile_program("train_step", update.step_program(keys), run.state, batch, update.frozen)
-  row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}" + _routes_note(run)
+  return update.step_program(keys), (run.state, batch, update.frozen), micro_rows, num_micro
+
+
+def compile_train_step(run: AbstractRun, chips: int) -> dict:
+  """The `train_step` row: the policy step (+ the critic's) on one minibatch (`train_step_args`)."""
+  program, args, micro_rows, num_micro = train_step_args(run)
+  seq_len = run.seq_len
+  row = compile_program("train_step", program, *args)
+  row["micro_batch"] = f"{num_micro}x{micro_rows}x{seq_len}" + batch_note(run)
   tokens = num_micro * micro_rows * seq_len
   row["model_flops"] = (
     model_flops(run.cfg, tokens, seq_len, backward=True, remat=_remat_on(run.cfg), critic=run.critic) / chips
