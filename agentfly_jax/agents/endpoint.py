@@ -347,6 +347,7 @@ class ChatEndpoint:
       agent.assistant_message(text, parsed),
       message_key(template_message(reply, 0)),
       tok.decode(generated[-1:]) if ended else "",
+      getattr(result, "routed_experts", None),
     )
     chain.note_tool_calls(turn, [(c["id"], p.name, p.arguments) for c, p in zip(calls, parsed_calls)])
     chain.last_text = parsed.content if parsed.final_answer is None else parsed.final_answer

@@ -157,6 +157,9 @@ class Segment:
   images: list = dataclasses.field(default_factory=list)  # the images among ids, in order (RGB PIL)
   grids: list = dataclasses.field(default_factory=list)  # their image_grid_thw, int32[n, 3] per added piece
   pixels: list = dataclasses.field(default_factory=list)  # their patches, float32[p, patch_dim] per added piece
+  # a mixture-of-experts sampler's routes of the first n ids, int[n, Lm, k] (None: not recorded): a token keeps
+  # those of the request that first fed it to the model (Trajectory.routed_experts)
+  routes: np.ndarray | None = None
 
   def copy_prefix(self) -> "Segment":
     return dataclasses.replace(
@@ -253,20 +256,31 @@ class ChainRecord:
     assistant_message: dict,
     reply_key: str,
     model_end_text: str,
+    routes=None,
   ) -> Segment:
-    """Appends one completion to the segment `prompt` continues (or to a new / forked one)."""
+    """Appends one completion to the segment `prompt` continues (or to a new / forked one); `routes`: the
+    sampler's SampleResult.routed_experts (the prompt's ids and the new ones but the last; None: not recorded)."""
     if not generated or len(logprobs) != len(generated):
       raise ValueError(f"sampler returned {len(generated)} token ids and {len(logprobs)} log-probs (need equal, >= 1)")
+    fed = len(prompt.prompt_ids) + len(generated) - 1
+    if routes is not None and len(routes) != fed:
+      raise ValueError(
+        f"sampler returned routes of {len(routes)} tokens for a prompt of {len(prompt.prompt_ids)} and "
+        f"{len(generated)} new tokens (SampleResult.routed_experts: prompt + new - 1)"
+      )
     seg = prompt.segment
     if seg is not None and seg.version == prompt.base_version:
       base = prompt.base
       seg.ids, seg.mask, seg.logps = base.ids, base.mask, base.logps
-      seg.images, seg.grids, seg.pixels = base.images, base.grids, base.pixels
+      seg.images, seg.grids, seg.pixels, seg.routes = base.images, base.grids, base.pixels, base.routes
       prompt.base = prompt.base.copy_prefix()  # later choices of this request fork from here
     else:
       seg = prompt.base.copy_prefix()
       seg.version = -1
       self.segments.append(seg)
+    if routes is not None:
+      routes = np.asarray(routes)
+      seg.routes = routes if seg.routes is None else np.concatenate([seg.routes, routes[len(seg.routes) :]])
     seg.ids += [int(t) for t in generated]
     seg.mask += [True] * len(generated)
     seg.logps += [float(x) for x in logprobs]
@@ -331,6 +345,7 @@ class ChainRecord:
         clamped_requests=self.clamped_requests if i == len(self.segments) - 1 else 0,
         images=list(s.images),
         image_grid_thw=s.image_grid_thw(),
+        routed_experts=s.routes,
       )
       for i, s in enumerate(self.segments)
     ]

@@ -80,6 +80,37 @@ def test_edited_history_starts_a_new_segment_masks_cover_only_completions(tok, a
     assert not t.action_mask[: t.prompt_length].any() and t.action_mask[t.prompt_length :].all()
 
 
+def _first_fed_routes(traj, calls) -> np.ndarray:
+  """The routes each token of `traj` got from the first of its requests that fed it to the model (its requests:
+  the sampler calls whose prompt and reply lie along its tokens, in call order)."""
+  ids, routes = traj.token_ids.tolist(), None
+  for prompt, result in calls:
+    n = len(prompt) + len(result.token_ids)
+    if ids[:n] == prompt + result.token_ids:
+      r = result.routed_experts
+      routes = r if routes is None else np.concatenate([routes, r[len(routes) :]])
+  return routes
+
+
+@pytest.mark.parametrize("agent_fn", ["openai", "edited", "two_choices"])
+def test_a_moe_samplers_routes_follow_each_segments_tokens(tok, agent, agent_fn):
+  """Router replay for endpoint agents: every segment's trajectory carries the routes of its fed tokens, each
+  token those of the request that first fed it (a continued segment keeps its prefix's, a fork copies them)."""
+  fn = {"openai": openai_lookup_agent, "edited": _edited_history_agent, "two_choices": _two_choice_agent}[agent_fn]
+  sampler = ScriptedSampler(lookup_script(tok), routes=(3, 2))
+  trajs = run_endpoint_rollout(agent, lookup.make_rows(3, seed=7), fn, sampler=sampler, num_chains=2, max_n=2)
+  assert trajs and len(sampler.calls) > len(trajs) // 2
+  for t in trajs:
+    assert t.routed_experts.shape == (len(t.token_ids) - 1, 3, 2), (t.group_id, t.chain_id, t.segment)
+    np.testing.assert_array_equal(t.routed_experts, _first_fed_routes(t, sampler.calls))
+  if agent_fn == "openai":  # two requests a chain: the second's routes differ for the first's tokens (kept)
+    t = trajs[0]
+    first = next(r for p, r in sampler.calls if t.token_ids.tolist()[: len(p)] == p)
+    later = [r for p, r in sampler.calls if t.token_ids.tolist()[: len(p)] == p][-1]
+    n = len(first.routed_experts)
+    assert (later.routed_experts[:n] != first.routed_experts).any()
+
+
 async def _two_choice_agent(client, row):
   messages = [{"role": "user", "content": row["question"]}]
   reply = await client.chat.completions.create(model="policy", messages=messages, n=2, tools=[LOOKUP_SCHEMA])
