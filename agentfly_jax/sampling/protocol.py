@@ -103,7 +103,7 @@ def refuse_images(images, sampler: str) -> None:
   if images is not None and any(im is not None for im in images):
     raise ValueError(
       f"{sampler} takes no images; image requests need the paged JAX engine (rollout.sampler=jax, "
-      "PagedJaxSampler) with a vision-language model"
+      "PagedJaxSampler) or vLLM (rollout.sampler=vllm) with a vision-language model"
     )
 
 

@@ -94,8 +94,11 @@ def build_vllm_sampler(r: SamplerRequest) -> SamplerBuild:
   model_dir = r.pretrained or os.path.join(r.workdir, "init_model")
   if not r.pretrained:  # the base (zero-B adapters change nothing: merged = base)
     save_pretrained(r.policy if r.lora is None else merge_lora(r.policy), model_dir, tokenizer_dir=r.tokenizer_dir)
+  # a vision-language policy runs on the in-process batch engine (vllm_vl registers its model in this process)
+  vision = getattr(getattr(r.policy, "config", None), "vision", None) is not None
   sampler = VllmSampler(
     model_dir,
+    **({"engine": "batch", "in_process": True} if vision else {}),
     dtype=r.dtype,
     max_model_len=r.max_len,
     max_num_seqs=r.max_batch_size,

@@ -25,6 +25,10 @@ Two engines (`engine=`):
   `VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weight sync hands vLLM DLPack views of the JAX arrays.
   `in_process=False` keeps vLLM's engine process and syncs as the async engine does.
 
+A Qwen2.5-VL folder (model_type "qwen2_5_vl") is served with images: a request's `PromptImages` go to vLLM
+as processed multimodal inputs and its vision tower is synced with the language model (`vllm_vl`). It needs
+the in-process batch engine (`engine="batch"`): the model's registration holds in this process only.
+
 A child engine process needs an `if __name__ == "__main__":` guard in scripts. On CPU vLLM needs
 head_dim in {32, 64, 80, 96, 112, 128, ...} and `VLLM_CPU_KVCACHE_SPACE` (set from `kv_cache_gib`).
 """
@@ -44,7 +48,7 @@ import numpy as np
 
 from agentfly_jax.sampling.batching import BatchingScheduler
 from agentfly_jax.sampling.next_token import GREEDY_TEMPERATURE
-from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats, refuse_images
+from agentfly_jax.sampling.protocol import SampleResult, SamplingParams, SyncStats
 from agentfly_jax.sampling.requests import per_request_params, validate_request
 from agentfly_jax.sampling.vllm_platform import select_vllm_platform
 
@@ -134,8 +138,17 @@ class VllmSampler:
       raise FileNotFoundError(f"VllmSampler: {config_path} not found (need an HF checkpoint folder)")
     with open(config_path) as f:
       hf_config = json.load(f)
-    self.vocab_size = hf_config.get("vocab_size")
+    text_config = hf_config.get("text_config") or hf_config  # a vision-language folder nests its decoder's
+    self.vocab_size = text_config.get("vocab_size", hf_config.get("vocab_size"))
     self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
+    self.vision = hf_config.get("model_type") == "qwen2_5_vl"  # images in, vision tower synced (vllm_vl)
+    self.image_token_id = hf_config.get("image_token_id")
+    self.merge_size = int((hf_config.get("vision_config") or {}).get("spatial_merge_size", 2))
+    if self.vision and not (engine == "batch" and in_process is not False):
+      raise ValueError(
+        f"VllmSampler: a qwen2_5_vl model ({folder}) needs engine='batch' in process (got engine={engine!r}, "
+        f"in_process={in_process!r}): its vLLM model is registered in this process only (see vllm_vl)"
+      )
     self.max_len = int(max_model_len)
     self.engine_kind = engine
     self.in_process = engine == "batch" and in_process is not False
@@ -149,6 +162,12 @@ class VllmSampler:
       # prefills avoid the split; the budget then has to hold the longest prompt.
       llm_kwargs.setdefault("enable_chunked_prefill", False)
       llm_kwargs.setdefault("max_num_batched_tokens", max(2048, self.max_len))
+    if self.vision:
+      from agentfly_jax.sampling.vllm_vl import register_qwen25_vl
+
+      register_qwen25_vl()
+      llm_kwargs.setdefault("skip_mm_profiling", True)  # dummy images would go through HF's processor
+      llm_kwargs.setdefault("mm_processor_cache_gb", 0)  # the requests' items are built here, per request
     import vllm
 
     self._vllm = vllm
@@ -185,10 +204,10 @@ class VllmSampler:
     else:
       self.llm = vllm.LLM(**engine_args)
       self.scheduler = BatchingScheduler(
-        self._generate_list,
+        lambda requests, params: self._generate_list([p for p, _ in requests], params, [im for _, im in requests]),
         max_batch_size=max_batch_size,
         max_wait_s=max_wait_s,
-        validate=lambda prompt, params: self._validate(prompt, params, "agenerate request"),
+        validate=lambda request, params: self._validate(request[0], params, "agenerate request", request[1]),
       )
     # the engine's arguments on vLLM's log, configured by now (vllm.LLM prints its non-default ones, AsyncLLM not)
     args = {k: v for k, v in engine_args.items() if k != "model"}
@@ -198,20 +217,21 @@ class VllmSampler:
   def generate(
     self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams], images=None
   ) -> list[SampleResult]:
-    """One SampleResult per prompt, in order. `params` is shared, or one per prompt. No images."""
-    refuse_images(images, "VllmSampler (rollout.sampler=vllm)")
-    return self._generate_list(list(prompts), per_request_params(params, len(prompts)))
+    """One SampleResult per prompt, in order. `params` is shared, or one per prompt. `images`: None, or per
+    prompt its PromptImages or None (a qwen2_5_vl model only)."""
+    if images is not None and len(images) != len(prompts):
+      raise ValueError(f"VllmSampler: {len(images)} images entries for {len(prompts)} prompts")
+    return self._generate_list(list(prompts), per_request_params(params, len(prompts)), images)
 
   async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
     """One request, from trio. Async engine: its own vLLM request; batch engine: concurrent
-    callers are batched (see `BatchingScheduler`)."""
-    refuse_images([images], "VllmSampler (rollout.sampler=vllm)")
+    callers are batched (see `BatchingScheduler`). `images`: a qwen2_5_vl model only."""
     if self.engine is None:
       if self.llm is None:
         raise RuntimeError("VllmSampler: the engine was closed")
-      return await self.scheduler.submit(prompt, params)
+      return await self.scheduler.submit((prompt, images), params)
     label = "agenerate request"
-    self._validate(prompt, params, label)
+    self._validate(prompt, params, label, images)
     [engine_params] = self._engine_params_list([prompt], [params])
     out = await self.engine.agenerate(prompt, engine_params, self._current_lora)
     return self._to_result(out, label)
@@ -265,6 +285,8 @@ class VllmSampler:
     with self._lock:
       reports = self.llm.collective_rpc(vllm_sync.reload_worker_weights, args=args)
       self.llm.reset_prefix_cache()
+      if self.vision:  # vLLM keeps an image's tower output by its hash: computed on the old weights
+        self.llm.llm_engine.reset_encoder_cache()
     return reports
 
   def _load_adapters(self, adapters) -> int:
@@ -330,8 +352,23 @@ class VllmSampler:
     """The LoRARequest for a request entering the engine now (None without adapters)."""
     return self._lora_request
 
-  def _validate(self, prompt, params, label: str) -> None:
+  def _validate(self, prompt, params, label: str, images=None) -> None:
     validate_request(prompt, params, label=label, max_len=self.max_len, vocab_size=self.vocab_size)
+    if images is not None and not self.vision:
+      raise ValueError(
+        f"VllmSampler (rollout.sampler=vllm): {label} has images and this model is text-only (vLLM takes images "
+        "for a qwen2_5_vl policy)"
+      )
+
+  def _engine_input(self, prompt, images, label: str):
+    """A request's vLLM input: its token ids, with its images (a qwen2_5_vl model) as processed inputs."""
+    from vllm.inputs.engine import tokens_input
+
+    if images is None:
+      return tokens_input([int(t) for t in prompt])
+    from agentfly_jax.sampling.vllm_vl import engine_prompt
+
+    return engine_prompt(prompt, images, image_token_id=self.image_token_id, merge_size=self.merge_size, label=label)
 
   def _engine_params(self, params: SamplingParams, prompt_len: int, seed: int):
     from vllm.sampling_params import RequestOutputKind
@@ -359,13 +396,24 @@ class VllmSampler:
       seeds = [p.seed % 2**63 if p.seed is not None else int(self._seed_rng.integers(0, 2**31)) for p in params_list]
     return [self._engine_params(p, len(prompt), s) for p, prompt, s in zip(params_list, prompts, seeds)]
 
-  def _generate_list(self, prompts: list, params_list: list) -> list[SampleResult]:
+  def _generate_list(self, prompts: list, params_list: list, images: list | None = None) -> list[SampleResult]:
     self._check_open()
-    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-      self._validate(prompt, params, f"request {i}")
+    images = [None] * len(prompts) if images is None else list(images)
+    for i, (prompt, params, im) in enumerate(zip(prompts, params_list, images)):
+      self._validate(prompt, params, f"request {i}", im)
     engine_params = self._engine_params_list(prompts, params_list)
     if self.engine is not None:
       outputs = self.engine.generate_many(list(zip(prompts, engine_params)), self._current_lora)
+    elif any(im is not None for im in images):
+      # processed inputs skip LLM.generate's rendering of raw prompts (which would drop the images)
+      from vllm.outputs import RequestOutput
+
+      inputs = [self._engine_input(p, im, f"request {i}") for i, (p, im) in enumerate(zip(prompts, images))]
+      with self._lock:
+        self.llm._render_and_add_requests(
+          prompts=inputs, params=engine_params, lora_requests=[self._lora_request] * len(inputs)
+        )
+        outputs = self.llm._run_engine(use_tqdm=False, output_type=RequestOutput)
     else:
       from vllm.inputs import TokensPrompt
 

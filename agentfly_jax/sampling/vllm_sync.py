@@ -50,7 +50,7 @@ def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
   from flax import nnx
 
   from agentfly_jax.models import hf_name
-  from agentfly_jax.models.hf_io import per_expert
+  from agentfly_jax.models.hf_io import per_expert, to_hf_layout
   from agentfly_jax.models.layer_stack import per_layer
 
   state = nnx.state(params, nnx.Param) if isinstance(params, nnx.Module) else params
@@ -61,11 +61,12 @@ def iter_hf_torch_tensors(params: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(value, jax.Array) and len(value.sharding.device_set) == 1:
       # A transposed *view*: vLLM's weight loaders copy into their own buffers anyway, and a
       # strided copy there is cheaper than a separate transpose pass here.
+      # (a vision tower's patch convolution, 5-D: its output dim moved first, as `to_hf_layout` does)
       tensor = torch.from_dlpack(value)
-      yield name, (tensor.t() if transposed else tensor)
+      yield name, (tensor.movedim(-1, 0) if transposed else tensor)
     else:  # sharded (or numpy): gather on the host
       host = np.asarray(jax.device_get(value))
-      yield name, torch.from_numpy(np.ascontiguousarray(host.T if transposed else host))
+      yield name, torch.from_numpy(to_hf_layout(host, transposed))
 
 
 def safetensors_blob(params: Any) -> bytes:
@@ -136,7 +137,12 @@ def reload_worker_weights(
   repack_moe_experts_on_cpu(runner.get_model())
   refreshed = False
   if refresh_tied_lm_head:
-    refreshed = refresh_tied_lm_head_on_cpu(runner.get_model())
+    model = runner.get_model()
+    # a vision-language model's decoder (vLLM's `language_model`) holds the lm_head; the tie is the outer config's
+    decoder = getattr(model, "language_model", None)
+    refreshed = refresh_tied_lm_head_on_cpu(model) or (
+      decoder is not None and refresh_tied_lm_head_on_cpu(decoder, tied=_is_tied(model) or _is_tied(decoder))
+    )
   return {"num_tensors": len(tensors), "tied_lm_head_refreshed": refreshed, "path": "reload_weights"}
 
 
@@ -306,14 +312,15 @@ def _release_packed(layer: Any) -> None:
   layer.cpu_linear = None
 
 
-def refresh_tied_lm_head_on_cpu(model: Any) -> bool:
-  """Re-ties `lm_head.weight` to the embedding and rebuilds its CPU GEMM; True if it did."""
+def refresh_tied_lm_head_on_cpu(model: Any, tied: bool | None = None) -> bool:
+  """Re-ties `lm_head.weight` to the embedding and rebuilds its CPU GEMM; True if it did. `tied`: whether the
+  embeddings are tied (None: the model's config says)."""
   from vllm.platforms import current_platform
 
-  config = getattr(model, "config", None)
+  tied = _is_tied(model) if tied is None else tied
   lm_head = getattr(model, "lm_head", None)
   embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-  if not (getattr(config, "tie_word_embeddings", False) and lm_head is not None and embed is not None):
+  if not (tied and lm_head is not None and embed is not None):
     return False
   if lm_head.weight is not embed.weight:
     lm_head.weight = embed.weight

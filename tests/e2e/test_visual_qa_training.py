@@ -13,8 +13,8 @@ import pytest
 from train_cli import ROOT, read_metrics, train_command
 
 
-@pytest.mark.slow
-def test_two_grpo_steps_over_images(tmp_path):
+def _two_steps(tmp_path, *overrides: str) -> list[dict]:
+  """Two GRPO steps of the tiny visual_qa run; the records with a rollout."""
   env = dict(os.environ, AGENTFLY_LOCAL_ENVS="visual_qa=2:0")
   env.pop("AGENTFLY_ENV_SERVERS", None)
   out = subprocess.run(
@@ -29,6 +29,7 @@ def test_two_grpo_steps_over_images(tmp_path):
       "--config.model.vision.max_pixels=4096",
       "--config.checkpoint.every=100",
       "--config.eval.num_rows=0",
+      *overrides,
       config="configs/visual_qa_grpo.py",
     ),
     cwd=ROOT,
@@ -40,7 +41,24 @@ def test_two_grpo_steps_over_images(tmp_path):
   assert out.returncode == 0, out.stderr[-4000:]
   records = [r for r in read_metrics(tmp_path) if "rollout/reward_mean" in r]
   assert [r["step"] for r in records] == [1, 2]
+  return records
+
+
+@pytest.mark.slow
+def test_two_grpo_steps_over_images(tmp_path):
+  records = _two_steps(tmp_path)
   for r in records:
     assert r.get("rollout/finish/error", 0.0) == 0.0 and r["env/visual_qa/crashes"] == 0
     assert r["actor/n_tokens"] > 0
     assert abs(r["actor/ratio_mean"] - 1.0) < 1e-3 and abs(r["actor/ppo_kl"]) < 1e-4, r
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_grpo_steps_over_images_sampled_by_vllm(tmp_path):
+  """rollout.sampler=vllm: vLLM serves the VL policy with the chains' images (its log-probs equal the train step's
+  recompute from the same pixels; images dropped or read twice would not), step 2 after the first weight sync."""
+  pytest.importorskip("vllm")
+  for r in _two_steps(tmp_path, "--config.rollout.sampler=vllm"):
+    assert r.get("rollout/finish/error", 0.0) == 0.0 and r["actor/n_tokens"] > 0
+    assert r["mismatch/max_abs_diff"] < 1e-4, r

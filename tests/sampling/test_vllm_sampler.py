@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 from flax import nnx  # noqa: E402
 
 from agentfly_jax.models import save_pretrained  # noqa: E402
-from agentfly_jax.sampling import JaxSampler, SamplingParams, VllmSampler  # noqa: E402
+from agentfly_jax.sampling import JaxSampler, PromptImages, SamplingParams, VllmSampler  # noqa: E402
 from sampler_testing import full_logits, make_model, truncated_log_softmax64  # noqa: E402
 
 PROMPTS = [[5, 17, 3], [40, 2, 9, 11, 60, 7, 1], [88], [12, 13, 14, 15, 16, 100, 101, 102]]
@@ -364,6 +364,10 @@ def test_bad_requests_are_refused_before_the_engine(setup):
     trio.run(main)
   with pytest.raises(ValueError, match=r"request 1: prompt token id 120 at position 1"):
     sampler.generate([[1], [2, 120]], greedy(3))
+  rng = np.random.default_rng(3)
+  images = PromptImages(rng.standard_normal((4, 96)).astype(np.float32), np.array([[1, 2, 2]]))
+  with pytest.raises(ValueError, match=r"rollout.sampler=vllm\): request 1 has images and this model is text-only"):
+    sampler.generate([[1], [2, 3]], greedy(3), images=[None, images])
   with pytest.raises(ValueError, match="in_process=True needs engine='batch'"):
     VllmSampler("unused", in_process=True)
   with pytest.raises(ValueError, match="engine must be one of"):
