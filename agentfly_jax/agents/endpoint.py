@@ -292,7 +292,8 @@ class ChatEndpoint:
       chain_id = shared_chain_id(chain.chain_id, turn, self.shared_turns)
       seed = _request_seed(self.seed, chain.group_id, chain_id, turn + 1_000_003 * i, self.sampling_params.seed)
       params = self._params(request, budget, seed)
-      results[i] = await agenerate_with_images(self.sampler, list(prompt.prompt_ids), params, images)
+      ids = list(prompt.prompt_ids)
+      results[i] = await agenerate_with_images(self.sampler, ids, params, images, prompt.base.routes)
 
     await self._gather()
     self._sampling += 1

@@ -288,7 +288,7 @@ async def _play_turns(agent: RolloutAgent, chain: _ChainBuilder, envs: _ChainEnv
       ),
     )
     with SAMPLER_CLOCK:
-      result = await agenerate_with_images(cfg.sampler, list(chain.ids), params, chain.prompt_images())
+      result = await agenerate_with_images(cfg.sampler, list(chain.ids), params, chain.prompt_images(), chain.routes)
     generated = [int(t) for t in result.token_ids]
     chain.add_model_tokens(
       generated,

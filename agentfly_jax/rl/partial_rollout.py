@@ -141,10 +141,10 @@ class VersionedSampler:
   def __getattr__(self, name):
     return getattr(self.sampler, name)
 
-  async def agenerate(self, prompt, params, images=None):
+  async def agenerate(self, prompt, params, images=None, prompt_routes=None):
     version = await self.gate.request()
     try:
-      result = await agenerate_with_images(self.sampler, prompt, params, images)
+      result = await agenerate_with_images(self.sampler, prompt, params, images, prompt_routes)
     finally:
       self.gate.done()
     result.policy_version = version

@@ -90,12 +90,16 @@ class PromptImages:
     return out
 
 
-async def agenerate_with_images(sampler, prompt, params, images: "PromptImages | None" = None):
+async def agenerate_with_images(sampler, prompt, params, images: "PromptImages | None" = None, prompt_routes=None):
   """`sampler.agenerate(prompt, params)`, with `images=` only when there are some: a text request reaches every
-  sampler (one written before images, too) in the protocol's two-argument form."""
-  if images is None:
-    return await sampler.agenerate(prompt, params)
-  return await sampler.agenerate(prompt, params, images=images)
+  sampler (one written before images, too) in the protocol's two-argument form. `prompt_routes` (a chain's
+  recorded SampleResult.routed_experts of its first prompt tokens) go to a sampler that replays them
+  (`replays_prompt_routes`: the paged engine with a mixture of experts), so tokens computed again (an evicted
+  prefix) route as they first did."""
+  kwargs = {} if images is None else {"images": images}
+  if prompt_routes is not None and getattr(sampler, "replays_prompt_routes", False):
+    kwargs["prompt_routes"] = prompt_routes
+  return await sampler.agenerate(prompt, params, **kwargs)
 
 
 def refuse_images(images, sampler: str) -> None:

@@ -10,7 +10,8 @@ request's stop ids (cuts after the first one, finish_reason "stop") and `max_new
 position and token (`scripted_logprob`), distinct per position, so alignment bugs show.
 A script reads token ids alone: a request's images (PromptImages) are kept in `images_seen`, one entry
 per call (None: text only), for tests of what a rollout sends. With `routes=(Lm, k)` it records routes as a
-mixture-of-experts sampler does (SampleResult.routed_experts: one int[Lm, k] per fed token, prompt + new - 1),
+mixture-of-experts sampler does (SampleResult.routed_experts: one int[Lm, k] per fed token, prompt + new - 1;
+the `prompt_routes` a request brings are kept in `prompt_routes_seen`),
 `scripted_routes` of the token, its position and the prompt's length, so a later turn's request gives a token
 other routes than the request that first fed it.
 """
@@ -69,9 +70,14 @@ class ScriptedSampler:
     self.routes = None if routes is None else (int(routes[0]), int(routes[1]))
     self.calls: list[tuple[list[int], SampleResult]] = []
     self.images_seen: list = []  # per call, the request's PromptImages or None
+    self.prompt_routes_seen: list = []  # per call, the request's prompt_routes or None
     self.num_weight_updates = 0
 
-  def _sample(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
+  @property
+  def replays_prompt_routes(self) -> bool:
+    return self.routes is not None
+
+  def _sample(self, prompt: Sequence[int], params: SamplingParams, images=None, prompt_routes=None) -> SampleResult:
     prompt = [int(t) for t in prompt]
     reply = [int(t) for t in self._script(list(prompt))]
     if not reply:
@@ -95,6 +101,7 @@ class ScriptedSampler:
     result = SampleResult(token_ids=out, logprobs=logprobs, finish_reason=finish, routed_experts=routed)
     self.calls.append((prompt, result))
     self.images_seen.append(images)
+    self.prompt_routes_seen.append(prompt_routes)
     return result
 
   def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, images=None) -> list[SampleResult]:
@@ -103,10 +110,12 @@ class ScriptedSampler:
       raise ValueError(f"got {len(images)} images entries for {len(prompts)} prompts (need one per prompt, or None)")
     return [self._sample(p, params, im) for p, im in zip(prompts, images)]
 
-  async def agenerate(self, prompt: Sequence[int], params: SamplingParams, images=None) -> SampleResult:
+  async def agenerate(
+    self, prompt: Sequence[int], params: SamplingParams, images=None, prompt_routes=None
+  ) -> SampleResult:
     if self.delay_s > 0:
       await trio.sleep(self.delay_s)
-    return self._sample(prompt, params, images)
+    return self._sample(prompt, params, images, prompt_routes)
 
   def update_weights(self, params: Any) -> None:
     self.num_weight_updates += 1

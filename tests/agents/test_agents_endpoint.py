@@ -103,6 +103,18 @@ def test_a_moe_samplers_routes_follow_each_segments_tokens(tok, agent, agent_fn)
   for t in trajs:
     assert t.routed_experts.shape == (len(t.token_ids) - 1, 3, 2), (t.group_id, t.chain_id, t.segment)
     np.testing.assert_array_equal(t.routed_experts, _first_fed_routes(t, sampler.calls))
+  for (prompt, _), given in zip(sampler.calls, sampler.prompt_routes_seen):  # a request brings its prefix's
+    if given is not None:
+      assert len(given) < len(prompt)
+      owner = next(t for t in trajs if t.token_ids.tolist()[: len(prompt)] == prompt)
+      np.testing.assert_array_equal(given, owner.routed_experts[: len(given)])
+  assert any(g is not None for g in sampler.prompt_routes_seen) == (agent_fn != "edited")
+  builtin_sampler = ScriptedSampler(lookup_script(tok), routes=(3, 2))  # the built-in agent's chains alike
+  builtin = run_rollout(agent, lookup.make_rows(2, seed=7), sampler=builtin_sampler, num_chains=2)
+  for t in builtin:
+    np.testing.assert_array_equal(t.routed_experts, _first_fed_routes(t, builtin_sampler.calls))
+  later = [g for g in builtin_sampler.prompt_routes_seen if g is not None]
+  assert len(later) == len(builtin)  # every chain's second turn replays its first's routes
   if agent_fn == "openai":  # two requests a chain: the second's routes differ for the first's tokens (kept)
     t = trajs[0]
     first = next(r for p, r in sampler.calls if t.token_ids.tolist()[: len(p)] == p)

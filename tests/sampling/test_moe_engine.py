@@ -115,6 +115,38 @@ def test_routes_through_preemption_and_prefix_hits(model, engine):
   engine.engine.pool.check()
 
 
+def test_a_chains_recorded_routes_are_replayed_where_its_prefix_is_computed_again(model, engine):
+  """A chain's next turn whose cached prefix was evicted computes it again: with `prompt_routes` (what its earlier
+  turns recorded) those tokens route as recorded, not as the forward pass would now."""
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+  prompt = [12, 5, 77, 3, 40, 19, 8, 66, 2, 31, 54]
+  first = engine.generate([prompt], greedy)[0]
+  turn2 = prompt + first.token_ids + [21, 22]
+  known = first.routed_experts  # the prompt and the reply's fed tokens
+  other = (known + 1) % model.config.num_experts  # routes the forward pass did not choose
+
+  def evicted_turn(**kw):
+    with engine.engine.paused():
+      engine.engine.pool.invalidate()
+    return trio.run(functools.partial(engine.agenerate, turn2, greedy, **kw))
+
+  fresh = evicted_turn()
+  assert_routes_are_the_forwards(model, turn2, fresh)
+  replayed = evicted_turn(prompt_routes=other)
+  np.testing.assert_array_equal(np.sort(replayed.routed_experts[: len(other)], -1), np.sort(other, -1))
+  assert not np.allclose(replayed.logprobs[:1], fresh.logprobs[:1], atol=1e-3)  # computed under those routes
+  same = evicted_turn(prompt_routes=known)  # the recorded routes are the forward's: nothing changes
+  assert same.token_ids == fresh.token_ids
+  np.testing.assert_array_equal(same.routed_experts, fresh.routed_experts)
+  np.testing.assert_allclose(same.logprobs, fresh.logprobs, rtol=1e-5, atol=1e-5)
+  n = len(turn2)
+  with pytest.raises(
+    ValueError, match=rf"prompt_routes of shape \(3, 1, 2\) for a prompt of {n}: .*\[n <= {n}, 2, 2\]"
+  ):
+    trio.run(functools.partial(engine.agenerate, turn2, greedy, prompt_routes=known[:3, :1]))
+  assert engine.replays_prompt_routes
+
+
 def test_only_a_mixture_of_experts_models_programs_return_routes():
   for family, extra in (("qwen2", 0), ("qwen3_moe", 1)):
     sampler = PagedJaxSampler(make_model(family, seed=1), **{**ENGINE, "num_slots": 1, "decode_batches": (1,)})

@@ -399,7 +399,14 @@ class PagedJaxSampler(JaxSampler):
     self._validate(prompt, params, label)
     return None if images is None else image_request(prompt, images, self._model_for_cache.config, label)
 
-  def _submit(self, prompt, params: SamplingParams, label: str, future: Future | None = None, image=None) -> Future:
+  @property
+  def replays_prompt_routes(self) -> bool:
+    """Whether `agenerate` takes `prompt_routes` (a mixture-of-experts policy: routes are recorded)."""
+    return self.engine.route_shape is not None
+
+  def _submit(
+    self, prompt, params: SamplingParams, label: str, future: Future | None = None, image=None, prompt_routes=None
+  ) -> Future:
     """Queues one request checked by `_image_request` (`image`: its ImageRequest, or None)."""
     if len(params.stop_token_ids) > self.engine_config.stop_width:
       raise ValueError(
@@ -407,7 +414,7 @@ class PagedJaxSampler(JaxSampler):
         f"{self.engine_config.stop_width}"
       )
     (seed,) = self._row_seeds([params])
-    return self.engine.submit(prompt, params, seed, future, image)
+    return self.engine.submit(prompt, params, seed, future, image, prompt_routes)
 
   def generate(
     self,
@@ -434,9 +441,12 @@ class PagedJaxSampler(JaxSampler):
     return [f.wait() for f in futures]
 
   async def agenerate(
-    self, prompt: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    self, prompt: Sequence[int], params: SamplingParams, images: PromptImages | None = None, prompt_routes=None
   ) -> SampleResult:
-    """One request, admitted into a slot at the next step boundary; returns when its row stops."""
+    """One request, admitted into a slot at the next step boundary; returns when its row stops. `prompt_routes`
+    (a mixture-of-experts policy): int[n, Lm, k], the routes its first n prompt tokens were first computed with
+    (a chain's earlier turns' SampleResult.routed_experts), replayed where those tokens are computed again (a
+    prefix evicted from the cache, a preemption), so a chain's tokens keep one routing."""
     token = trio.lowlevel.current_trio_token()
     event = trio.Event()
 
@@ -447,7 +457,7 @@ class PagedJaxSampler(JaxSampler):
         pass
 
     image = self._image_request(prompt, params, images, "agenerate request")
-    future = self._submit(prompt, params, "agenerate request", Future(wake), image)
+    future = self._submit(prompt, params, "agenerate request", Future(wake), image, prompt_routes)
     try:
       await event.wait()
     except BaseException:

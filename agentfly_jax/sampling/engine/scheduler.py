@@ -173,11 +173,22 @@ class Engine:
     self.reset_metrics()
 
   # ---------------------------------------------------------------- callers (any thread)
-  def submit(self, prompt, params: SamplingParams, seed: int, future: Future | None = None, image=None) -> Future:
-    """Queues a request (`image`: its engine/images.ImageRequest, or None); its future holds the result."""
+  def submit(
+    self, prompt, params: SamplingParams, seed: int, future: Future | None = None, image=None, prompt_routes=None
+  ) -> Future:
+    """Queues a request (`image`: its engine/images.ImageRequest, or None); its future holds the result.
+    `prompt_routes` (a mixture-of-experts engine): int[n <= len(prompt), Lm, k], the routes its first n prompt
+    tokens were first computed with (a chain's earlier turns), replayed wherever they are computed again."""
     if image is not None and self._run_vision is None:
       raise ValueError("the request has images but this engine runs a text-only model")
     prompt = [int(t) for t in prompt]
+    if prompt_routes is not None:
+      shape = np.shape(prompt_routes)
+      if self.route_shape is None or shape[1:] != self.route_shape or len(prompt_routes) > len(prompt):
+        raise ValueError(
+          f"prompt_routes of shape {shape} for a prompt of {len(prompt)}: this engine takes "
+          + (f"[n <= {len(prompt)}, {self.route_shape[0]}, {self.route_shape[1]}]" if self.route_shape else "none")
+        )
     max_new = min(params.max_new_tokens, self.config.max_len - len(prompt))
     need = self.pool.pages_for(len(prompt) + max_new)
     if need > self.pool.capacity:
@@ -190,6 +201,8 @@ class Engine:
     seq = _Seq(prompt, params, int(seed) % 2**32, max_new, future, time.perf_counter(), image=image)
     if self.route_shape is not None:
       seq.routes = np.full((len(prompt) + max_new, *self.route_shape), -1, np.int16)
+      if prompt_routes is not None:
+        seq.routes[: len(prompt_routes)] = prompt_routes
     with self._lock:
       if self._closed:
         raise RuntimeError("the engine is closed")
