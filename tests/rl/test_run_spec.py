@@ -76,7 +76,12 @@ def test_each_bad_field_is_named_with_what_is_allowed(field, value, allowed):
 def test_batch_invariance_is_asked_of_the_jax_engine_only():
   c = _with("rollout.batch_invariant", True)
   assert RunSpec.from_config(c).rollout.batch_invariant
-  c["rollout"]["sampler"] = "vllm"
+  c["rollout"]["weight_update"] = "recompute"
+  with pytest.raises(
+    ValueError, match=r"config.rollout.batch_invariant=True: needs sampler='jax' .* weight_update='drain'"
+  ):
+    RunSpec.from_config(c)
+  c["rollout"]["sampler"], c["rollout"]["weight_update"] = "vllm", "drain"
   with pytest.raises(ValueError, match=r"config.rollout.batch_invariant=True: needs sampler='jax'"):
     RunSpec.from_config(c)
 

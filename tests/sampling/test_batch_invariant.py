@@ -93,6 +93,8 @@ def test_tokens_and_logprobs_do_not_depend_on_what_ran_beside_a_request(model):
 def test_settings_that_break_batch_invariance_are_refused_by_name(model):
   with pytest.raises(ValueError, match="decode_batches"):
     PagedJaxSampler(model, num_slots=4, batch_invariant=True, decode_batches=(2, 4), **ENGINE)
+  with pytest.raises(ValueError, match="batch_invariant needs weight_update='drain'"):
+    PagedJaxSampler(model, num_slots=4, batch_invariant=True, weight_update="recompute", **ENGINE)
   with pytest.raises(ValueError, match="preempted.*kv_cache_pages"):
     PagedJaxSampler(model, num_slots=4, batch_invariant=True, kv_cache_pages=30, **ENGINE)
   moe = CausalLM(tiny_config("qwen3_moe", vocab_size=96), rngs=nnx.Rngs(0))

@@ -97,6 +97,11 @@ def engine_config(
   if not chunks or chunks[0] < 1:
     raise ValueError(f"PagedJaxSampler: prefill_chunks must be positive sizes, got {tuple(prefill_chunks)}")
   if batch_invariant:
+    if weight_update != "drain":
+      raise ValueError(
+        "PagedJaxSampler: batch_invariant needs weight_update='drain' (a recompute re-prefills rows in flight at "
+        "whatever token the update finds them: their keys then differ in rounding from the decode steps')"
+      )
     if decode_batches is not None and tuple(decode_batches) != (num_slots,):
       raise ValueError(
         f"PagedJaxSampler: batch_invariant decodes every batch at num_slots={num_slots} rows; decode_batches="
