@@ -383,6 +383,8 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     layer_params=run.layer_params,
     tied_embeddings=cfg.tie_word_embeddings,
     layer_expert_params=expert_layer_params(run.params, cfg),
+    vision_params=_vision_params(run.params),
+    vision_heads=cfg.vision.num_heads if cfg.vision is not None else 0,
   )
   platform = run.mesh.devices.flat[0].platform
   sizes = memory_plan.RunSizes(
@@ -399,6 +401,8 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     reference_copy=False,
     critic=run.critic,
     backend="tpu" if platform == "tpu" else "gpu",
+    vision_patches=run.images.num_patches if run.images is not None else 0,
+    vision_train=run.spec.model.vision.train,
   )
   inputs = {
     "model": dataclasses.asdict(shape),
@@ -409,6 +413,15 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     "rows": activation_row_split(run, micro_rows),
   }
   return estimate_from_inputs(inputs)
+
+
+def _vision_params(params) -> int:
+  """Parameters of a vision-language policy's tower (`visual`; 0 for a text model)."""
+  import jax
+  import numpy as np
+
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  return sum(int(np.prod(x.shape)) for path, x in leaves if "visual" in jax.tree_util.keystr(path))
 
 
 def estimate_from_inputs(inputs: dict) -> dict:

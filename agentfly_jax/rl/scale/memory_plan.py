@@ -19,7 +19,9 @@ estimates are deliberately simple upper-ish bounds:
   split gradients) + with several micro-batches the gradient accumulator (`accumulator_parts`, by
   backend and layout) + the activations of one micro-batch (per layer 34*s*h + 5*a*s^2 bytes per row
   in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept, plus one layer's
-  full set) + the float32 logits of one chunk of tokens (the log-softmax and its gradient are fused
+  full set) + the float32 logits of one chunk of tokens + a vision-language policy's tower (`vision_params`: no
+  gradient or optimizer state while frozen, its unrolled blocks' weights gathered whole in param and compute dtype,
+  one block's float32 attention scores over a row's patches) (the log-softmax and its gradient are fused
   into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x
   151,936, are 0.5 GiB under a count of three; lab/results/aot_tpu.md). With
   `attention_chunk` the s^2 scores are not kept (only one chunk's, transiently). That sum is the
@@ -71,6 +73,8 @@ class ModelShape:
   layer_params: int = 0  # params of one decoder layer (0: num_params / num_layers); scanned layers need it
   tied_embeddings: bool = False  # the output projection is the embedding table
   layer_expert_params: int = 0  # of layer_params, a mixture of experts' expert kernels (split over mesh.expert)
+  vision_params: int = 0  # of num_params, a vision tower's (Qwen2.5-VL `visual`)
+  vision_heads: int = 0  # its attention heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,8 @@ class RunSizes:
   scan_layers: bool = False  # per-layer compute-dtype casts inside the layer loop (models/causal_lm.py)
   micro_batches: int = 1
   backend: str = "gpu"
+  vision_patches: int = 0  # a vision-language policy's image patches a row (padded)
+  vision_train: bool = False  # its tower trained (model.vision.train), else frozen
 
   def __post_init__(self):
     if self.backend not in ACCUMULATOR_BUFFERS:
@@ -147,7 +153,8 @@ def jax_memory_parts(m: ModelShape, r: RunSizes, *, sharded: bool = False) -> di
   """Bytes per item of the training side (see the module docstring), whole (before any split);
   `sharded`: the params are split over a mesh (`accumulator_parts`)."""
   p, pb, cb = m.num_params, _bytes(r.param_dtype), _bytes(r.compute_dtype)
-  parts = {"params": p * pb, "grads": p * pb, "adam": 2 * p * 4}
+  trained = p - (0 if r.vision_train else m.vision_params)
+  parts = {"params": p * pb, "grads": trained * pb, "adam": 2 * trained * 4}
   if r.compute_dtype != r.param_dtype:
     parts["compute copy"] = p * cb
   if r.reference_copy:
@@ -171,6 +178,9 @@ def jax_memory_parts(m: ModelShape, r: RunSizes, *, sharded: bool = False) -> di
     parts["activations"] = m.num_layers * full_layer + transient
   chunk = min(r.logits_chunk, s) if r.logits_chunk else s
   parts["logits"] = b * chunk * m.vocab_size * 4
+  if m.vision_params:
+    parts["vision weights"] = m.vision_params * (pb + cb)
+    parts["vision scores"] = b * m.vision_heads * r.vision_patches**2 * 4
   return parts
 
 
@@ -182,7 +192,8 @@ def accumulator_parts(m: ModelShape, r: RunSizes, *, sharded: bool) -> dict:
   if r.micro_batches <= 1 or (not r.scan_layers and not sharded):
     return {}
   buffers = (ACCUMULATOR_BUFFERS if r.scan_layers else UNROLLED_ACCUMULATOR_BUFFERS)[r.backend]
-  parts = {"grad accumulator": buffers * m.num_params * _bytes(r.param_dtype)} if buffers else {}
+  trained = m.num_params - (0 if r.vision_train else m.vision_params)
+  parts = {"grad accumulator": buffers * trained * _bytes(r.param_dtype)} if buffers else {}
   if not r.scan_layers and r.backend == "gpu" and m.tied_embeddings:
     parts["embedding grads"] = m.vocab_size * m.hidden_size * (_bytes(r.param_dtype) + _bytes(r.compute_dtype))
   return parts
@@ -339,7 +350,7 @@ def apply_memory_split(spec, environ=None, device_bytes: int | None = None) -> M
 
 
 _STATE_PARTS = ("params", "grads", "adam", "compute copy", "reference", "critic", "grad accumulator")
-_GATHERED_PARTS = ("layer grads", "embedding grads")  # whole over fsdp, split over tp
+_GATHERED_PARTS = ("layer grads", "embedding grads", "vision weights")  # whole over fsdp, split over tp
 
 
 def per_chip_jax_parts(m: ModelShape, r: RunSizes, *, fsdp: int, tp: int = 1, expert: int = 1, rows: int = 0) -> dict:
