@@ -132,3 +132,14 @@ def tpu_grpo_config(
   c.checkpoint.every = 20
   c.checkpoint.keep = 2
   return c
+
+
+def tpu_vl_grpo_config(name: str, aot_preset: str, model_dir: str = "", *, fsdp: int) -> ml_collections.ConfigDict:
+  """`tpu_grpo_config` for a Qwen2.5-VL policy on images (the `visual_qa` task), the vision tower frozen
+  (`model.vision.train=True` trains it too); 5 turns: a GUI task's chain takes a screenshot a turn, so the AOT
+  tool's rows carry 5 screenshots a row (experiments/aot_compile.py --images)."""
+  c = tpu_grpo_config(name, aot_preset, model_dir, fsdp=fsdp)
+  c.task = "visual_qa"
+  c.model.family = "qwen2_5_vl"
+  c.rollout.max_turns = 5
+  return c
