@@ -585,5 +585,9 @@ def test_a_vision_language_step_takes_each_rows_images(tmp_path):
   path.write_text(json.dumps(cfg.to_hf_dict()))
   with pytest.raises(aot.BadInput, match="--images='2x40': give COUNTxWIDTHxHEIGHT"):
     aot.compile_run(spec, "v5e:2x2", str(path), programs=("train_step",), images="2x40")
+  with pytest.raises(
+    aot.BadInput, match=r"--images='4x200x200': the row's images take \d+ image tokens, a row holds 128"
+  ):
+    aot.compile_run(spec, "v5e:2x2", str(path), programs=("train_step",), seq_len=128, images="4x200x200")
   with pytest.raises(aot.BadInput, match="--images='2x40x56': model_type 'qwen2' has no vision tower"):
     aot.compile_run(spec, "v5e:2x2", programs=("train_step",), images="2x40x56")  # the spec's text warm start

@@ -55,9 +55,10 @@ def parse_images(text: str, default_count: int) -> tuple[int, int, int]:
   return tuple(int(g) for g in m.groups())
 
 
-def row_images(spec, cfg, images: str = "") -> RowImages | None:
+def row_images(spec, cfg, images: str = "", seq_len: int = 0) -> RowImages | None:
   """The images of one training row of the run `spec` (rl.spec.RunSpec) for the model config `cfg`: `images`
-  (parse_images; default one GUI screenshot a turn, rollout.max_turns of them); None for a text-only model."""
+  (parse_images; default one GUI screenshot a turn, rollout.max_turns of them); None for a text-only model.
+  ValueError when their image tokens do not fit a row of `seq_len` tokens (0: not checked)."""
   if cfg.vision is None:
     if images:
       raise ValueError(f"--images={images!r}: model_type {cfg.model_type!r} has no vision tower")
@@ -74,7 +75,13 @@ def row_images(spec, cfg, images: str = "") -> RowImages | None:
   _, grids = processor.process([Image.new("RGB", (width, height))] * count)
   merge = cfg.vision.spatial_merge_size
   patches = int(np.prod(grids, axis=1).sum())
-  return RowImages(count, width, height, grids, bucket(patches, v.patch_multiple), merge)
+  row = RowImages(count, width, height, grids, bucket(patches, v.patch_multiple), merge)
+  if seq_len and row.tokens >= seq_len:
+    raise ValueError(
+      f"--images={images or f'{count}x{width}x{height}'!r}: the row's images take {row.tokens} image tokens, a row "
+      f"holds {seq_len} (raise --seq_len or give fewer / smaller images)"
+    )
+  return row
 
 
 def image_arrays(images: RowImages, vcfg, n_rows: int, seq_len: int, sharding) -> dict:

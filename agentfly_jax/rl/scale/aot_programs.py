@@ -177,7 +177,7 @@ def abstract_run(spec, cfg, devices, seq_len: int, images: str = "") -> Abstract
     sampler_params=sampler_params,
     num_params=num_params,
     layer_params=layer_params,
-    images=row_images(spec, cfg, images),
+    images=row_images(spec, cfg, images, seq_len),
     **parts,
   )
 
