@@ -93,7 +93,9 @@ async def test_oversize_and_heavy_bodies_never_stall_another_chain(tok, agent):
     (413, "request_too_large"),
     (400, "context_length_exceeded"),
   ]
-  assert refusals[-1][2] > 1.0  # the heavy one was heavy: ~2 s of work
+  # the heavy one was heavy (~1-2 s of work, by the machine) and the good chain's requests were served meanwhile,
+  # each in a fraction of that time (on the event loop every one would have waited for all of it)
+  assert refusals[-1][2] > 2 * max(latencies), (max(latencies), refusals)
   assert max(latencies) < 1.0, (max(latencies), refusals)
   assert endpoint.chains[bad].num_requests == 0 and endpoint.chains[bad].segments == []
 
