@@ -144,7 +144,8 @@ class ModelSection(Section):
 
 
 def _moe_policy(model: ModelSection) -> str:
-  """Which field makes the policy a qwen3_moe ("" when it is not one; an unreadable pretrained folder's load names that)."""
+  """Which field makes the policy a qwen3_moe ("" when it is not one; an unreadable pretrained folder's load names
+  that)."""
   if not model.pretrained:
     return "model.family='qwen3_moe'" if model.family == "qwen3_moe" else ""
   try:

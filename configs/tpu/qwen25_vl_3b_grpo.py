@@ -11,5 +11,6 @@ from agentfly_jax.rl.config import tpu_vl_grpo_config
 
 
 def get_config(model_dir: str = ""):
-  """`model_dir`: the text after `configs/tpu/qwen25_vl_3b_grpo.py:` (an HF folder), or set --config.model.pretrained."""
+  """`model_dir`: the text after `configs/tpu/qwen25_vl_3b_grpo.py:` (an HF folder), or set
+  --config.model.pretrained."""
   return tpu_vl_grpo_config("qwen25_vl_3b_grpo_v5p8", "qwen2.5-vl-3b", model_dir, fsdp=8)
