@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import trio
 
 from agentfly_jax.agents.group_rewards import group_scorer
-from agentfly_jax.agents.rollout import _run_chain, make_config, validate_rows
+from agentfly_jax.agents.rollout import _run_chain, check_shared_turns, make_config, validate_rows
 from agentfly_jax.agents.rollout_driver import drive_chains
 from agentfly_jax.data.row_fields import REWARD_ONLY_FIELDS
 from agentfly_jax.agents.standalone_limits import STANDALONE
@@ -44,12 +44,14 @@ async def stream_groups(
   concurrency: int = 256,
   env_provider=None,
   seed: int | None = 0,
+  shared_turns: int = 0,
   tool_threads: int = 128,
   chain_timeout_s: float = STANDALONE.chain_timeout_s,
   reward_only_fields: Sequence[str] = REWARD_ONLY_FIELDS,
 ) -> None:
-  """Runs groups until `stopped()` (see the module docstring)."""
-
+  """Runs groups until `stopped()` (see the module docstring). `seed` / `shared_turns`: as `rollout.run_rollout`'s
+  (a group's request seeds from its global id; its chains share their first `shared_turns` turns' seeds)."""
+  check_shared_turns("stream_groups", shared_turns, seed)
   cfg = make_config(
     agent,
     sampler=sampler,
@@ -59,6 +61,7 @@ async def stream_groups(
     max_total_tokens=max_total_tokens,
     env_provider=env_provider,
     seed=seed,
+    shared_turns=shared_turns,
     tool_threads=tool_threads,
     chain_timeout_s=chain_timeout_s,
     reward_only_fields=reward_only_fields,

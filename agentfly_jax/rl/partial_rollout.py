@@ -421,11 +421,9 @@ def producer_metrics(producer: RolloutProducer, batch: StepBatch, step: int) -> 
 
 def check_partial(rollout_spec, agent_fn=None) -> None:
   """What partial rollouts do not (yet) run with: ValueError naming the setting. The stream runs the
-  built-in chains only: no endpoint agent (task.agent_fn), no shared opening turns."""
+  built-in chains only: no endpoint agent (task.agent_fn)."""
   if agent_fn is not None:
     raise ValueError("config.rollout.partial=True: not with an endpoint agent (task.agent_fn); use partial=False")
-  if rollout_spec.shared_turns:
-    raise ValueError("config.rollout.partial=True: not with rollout.shared_turns (set it 0)")
 
 
 def stream_source(run, position: int, start: int) -> StreamSource:
@@ -465,6 +463,7 @@ def stream_source(run, position: int, start: int) -> StreamSource:
         concurrency=r.concurrency,
         env_provider=p.env_provider,
         seed=spec.seed * 1_000_003 + start,
+        shared_turns=r.shared_turns,
         chain_timeout_s=r.chain_timeout_s,
         reward_only_fields=p.task.reward_only_fields,
       )

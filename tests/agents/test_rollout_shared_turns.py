@@ -83,6 +83,61 @@ def test_chains_share_the_first_turns_and_branch_after(agent):
       assert a.token_ids.tolist() == b.token_ids.tolist()
 
 
+def test_a_streams_groups_share_their_openings_as_whole_batches_do(agent):
+  """Partial rollouts' stream (agents/stream_rollout.stream_groups) with shared_turns: each group's chains share
+  their first turns and branch after, with the seeds the whole-batch rollout gives the same group ids."""
+  import trio
+
+  from agentfly_jax.agents.stream_rollout import stream_groups
+
+  rows = [{"question": f"q{i}"} for i in range(3)]
+  got, started = [], []
+
+  def next_group():
+    started.append(len(started))
+    return rows[started[-1]], started[-1]
+
+  with pytest.raises(ValueError, match="stream_groups: shared_turns=2 needs a base seed"):
+    trio.run(
+      lambda: stream_groups(
+        agent,
+        next_group,
+        None,
+        None,
+        None,
+        sampler=None,
+        num_chains=4,
+        max_turns=5,
+        sampling_params=SamplingParams(),
+        max_tokens_per_turn=64,
+        max_total_tokens=4096,
+        seed=None,
+        shared_turns=2,
+      )
+    )
+  trio.run(
+    lambda: stream_groups(
+      agent,
+      next_group,
+      lambda group_id, trajs: got.extend(trajs),
+      lambda: len(started) < len(rows),
+      lambda: len(got) == 4 * len(rows),
+      sampler=SeededSampler(agent.tokenizer),
+      num_chains=4,
+      max_turns=5,
+      sampling_params=SamplingParams(temperature=1.0),
+      max_tokens_per_turn=64,
+      max_total_tokens=4096,
+      concurrency=1,
+      seed=11,
+      shared_turns=2,
+    )
+  )
+  assert group_branch_turns(got) == [2, 2, 2]
+  batch = {(t.group_id, t.chain_id): t.token_ids.tolist() for t in _rollout(agent, shared_turns=2)}
+  assert {(t.group_id, t.chain_id): t.token_ids.tolist() for t in got} == batch
+
+
 def test_branch_turns_count_model_turns_and_skip_single_chains(agent):
   trajs = _rollout(agent, shared_turns=9)  # past the last turn: the chains never differ
   assert group_branch_turns(trajs) == [4, 4, 4]  # 3 calls + the answer, identical in all 4 chains
