@@ -1,4 +1,4 @@
-"""Converting states between the unrolled and the scanned (stacked) decoder-layer layouts.
+"""Converting states between the unrolled and the scanned (stacked) layer layouts.
 
     scanned_params = stack_layers(unrolled_params)       # model.layers.<i>.x [..] -> model.layers.x [L, ..]
     unrolled_params = unstack_layers(scanned_params)     # the inverse
@@ -7,7 +7,9 @@
 
 Unrolled (`ModelConfig.scan_layers=False`): paths ('model', 'layers', i, 'self_attn', 'q_proj',
 'kernel'), kernel [in, out]. Scanned: ('model', 'layers', 'self_attn', 'q_proj', 'kernel'),
-kernel [L, in, out] whose first logical axis is "layers". Leaves may be arrays (jax / numpy) or
+kernel [L, in, out] whose first logical axis is "layers". A Qwen2.5-VL vision tower's blocks stack the
+same way under their own attribute (('visual', 'blocks', i, ...) <-> ('visual', 'blocks', ...) [depth, ...],
+logical axis "layers" too), so a VL state converts as one. Leaves may be arrays (jax / numpy) or
 abstract `jax.ShapeDtypeStruct`s (their NamedSharding gains / loses a leading unsplit dim), so an
 abstract restore target of either layout can be made from one of the other.
 """
@@ -22,14 +24,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-LAYERS = "layers"  # the module attribute and the stacked axis' logical name
+LAYERS = "layers"  # the decoder layers' module attribute and every stacked axis' logical name
+STACKED_ATTRS = (LAYERS, "blocks")  # module attributes whose children stack: decoder layers, vision blocks
 _METADATA_KEY = "out_sharding"
 
 
 def _layers_at(path: tuple) -> int | None:
-  """Index of the "layers" element of `path`, or None."""
+  """Index of the "layers" (or a vision tower's "blocks") element of `path`, or None."""
   for j, key in enumerate(path[:-1]):
-    if str(key) == LAYERS:
+    if str(key) in STACKED_ATTRS:
       return j
   return None
 
@@ -39,13 +42,15 @@ def _is_layer_index(key) -> bool:
 
 
 def is_stacked_path(path: tuple) -> bool:
-  """True for a scanned model's stacked param path (('model', 'layers', 'mlp', ...), no index)."""
+  """True for a scanned model's stacked param path (('model', 'layers', 'mlp', ...) or ('visual', 'blocks',
+  'mlp', ...), no index)."""
   j = _layers_at(path)
   return j is not None and not _is_layer_index(path[j + 1])
 
 
 def is_unrolled_path(path: tuple) -> bool:
-  """True for an unrolled model's per-layer path (('model', 'layers', 3, 'mlp', ...))."""
+  """True for an unrolled model's per-layer path (('model', 'layers', 3, 'mlp', ...), ('visual', 'blocks', 3,
+  ...))."""
   j = _layers_at(path)
   return j is not None and _is_layer_index(path[j + 1])
 
@@ -140,7 +145,8 @@ def _map_states(tree, fn):
 
 def stack_layers(tree):
   """`tree` (an nnx.State, or any pytree holding them: a TrainState with its optimizer moments)
-  with every unrolled decoder layer's variables stacked on a new leading axis (scanned layout)."""
+  with every unrolled decoder layer's (and vision block's) variables stacked on a new leading axis (scanned
+  layout)."""
   return _map_states(tree, _stack_state)
 
 
@@ -158,7 +164,7 @@ def _key_str(key) -> str:
 
 def tree_layout(tree) -> str | None:
   """ "scanned" / "unrolled" when any path of `tree` (a pytree, or orbax's tree metadata) holds
-  stacked / per-layer decoder variables; None when it holds none."""
+  stacked / per-layer decoder (or vision block) variables; None when it holds none."""
   for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
     keys = tuple(_key_str(k) for k in path)
     if is_unrolled_path(keys):

@@ -10,8 +10,11 @@ reorders the merged blocks window by window (`VisionLayout.window_index`), runs 
 attention restricted to one image frame (the blocks of `fullatt_block_indexes`) or one window (the
 others) by a block mask over segment ids, merges each m x m block into one vector for the LM and
 puts them back in image order. HF's Conv3d with kernel = stride is the one dot_general of
-`PatchEmbed`. The blocks are unrolled (each has its own mask choice; the tower is shallow next to
-the LM, which scans with `scan_layers`).
+`PatchEmbed`. With `ModelConfig.scan_layers` the blocks are scanned as the LM's decoder layers are:
+`visual.blocks` is one VisionBlock whose params carry a leading [depth] axis (logical name "layers",
+layer_stack.py converts between the layouts), run under `lax.scan` with each block's full-or-window
+choice a scanned boolean (`full_attention_flags`) selecting its segment ids; unrolled
+(`nnx.List` of blocks) otherwise. Neither layout rematerialises the blocks.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentfly_jax.models.causal_lm import tied_to_iteration
 from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE
+from agentfly_jax.models.layer_stack import LAYERS
 from agentfly_jax.models.layers import RMSNorm, linear
 from agentfly_jax.models.sharding import param_with_axes
 from agentfly_jax.models.vision_config import VisionConfig
@@ -212,6 +217,41 @@ class VisionBlock(nnx.Module):
     return x + self.mlp(self.norm2(x))
 
 
+def full_attention_flags(vcfg: VisionConfig) -> np.ndarray:
+  """bool[depth]: True for the blocks that attend within a whole frame (`fullatt_block_indexes`)."""
+  return np.isin(np.arange(vcfg.depth), np.asarray(vcfg.fullatt_block_indexes, np.int64))
+
+
+def stacked_vision_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> VisionBlock:
+  """One VisionBlock whose every variable has a leading [depth] axis, logical name "layers" (each
+  block initialised from its own split of `rngs`)."""
+
+  @nnx.split_rngs(splits=cfg.vision.depth)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS})
+  def make(block_rngs):
+    return VisionBlock(cfg, rngs=block_rngs)
+
+  return make(rngs)
+
+
+def scan_vision_blocks(blocks: VisionBlock, x, cos, sin, full, window, flags, compute_dtype):
+  """The stacked blocks over x [N, D] with `lax.scan`, one block per iteration; block i attends
+  within `full` (int32[N] frame ids) where flags[i] (bool[depth], `full_attention_flags`), else
+  within `window` (int32[N] window ids), selected in the body so one traced block serves all.
+  Weights are cast to `compute_dtype` inside the loop (causal_lm.tied_to_iteration: no
+  compute-dtype copy of the whole stack)."""
+  graphdef, state = nnx.split(blocks)
+  depth = jax.tree.leaves(state)[0].shape[0]
+
+  def body(h, xs):
+    block_state, is_full, index = xs
+    block = nnx.merge(graphdef, tied_to_iteration(block_state, index, compute_dtype))
+    return block(h, cos, sin, jnp.where(is_full, full, window)), None
+
+  x, _ = jax.lax.scan(body, x, (state, jnp.asarray(flags), jnp.arange(depth, dtype=jnp.int32)))
+  return x
+
+
 class PatchMerger(nnx.Module):
   """RMSNorm, then each m x m block's m^2 vectors concatenated through Linear, GELU (exact), Linear
   to the LM's width: [N, D] -> [N / m^2, D_lm]. HF's `mlp.0` / `mlp.2` (an nn.Sequential's indices)."""
@@ -240,7 +280,12 @@ class VisionTower(nnx.Module):
     v = cfg.vision
     self.vision = v
     self.patch_embed = nnx.Dict({"proj": PatchEmbed(cfg, rngs=rngs)})  # HF: patch_embed.proj (a Conv3d)
-    self.blocks = nnx.List([VisionBlock(cfg, rngs=rngs) for _ in range(v.depth)])
+    self.scanned = bool(cfg.scan_layers)
+    self.compute_dtype = cfg.compute_dtype
+    if self.scanned:
+      self.blocks = stacked_vision_blocks(cfg, rngs)
+    else:
+      self.blocks = nnx.List([VisionBlock(cfg, rngs=rngs) for _ in range(v.depth)])
     self.merger = PatchMerger(cfg, rngs=rngs)
 
   def __call__(self, pixel_values: jax.Array, layout: VisionLayout) -> jax.Array:
@@ -255,6 +300,9 @@ class VisionTower(nnx.Module):
     x = x.reshape(n // unit, unit, -1)[jnp.asarray(layout.window_index)].reshape(n, -1)
     cos, sin = vision_rope(jnp.asarray(layout.rotary_positions), v)
     full, window = jnp.asarray(layout.full_segments), jnp.asarray(layout.window_segments)
-    for i, block in enumerate(self.blocks):
-      x = block(x, cos, sin, full if i in v.fullatt_block_indexes else window)
+    if self.scanned:
+      x = scan_vision_blocks(self.blocks, x, cos, sin, full, window, full_attention_flags(v), self.compute_dtype)
+    else:
+      for block, is_full in zip(self.blocks, full_attention_flags(v)):
+        x = block(x, cos, sin, full if is_full else window)
     return self.merger(x)[jnp.asarray(layout.reverse_index)]

@@ -184,6 +184,66 @@ def test_vision_tower_matches_hf_visual(vl, forward):
   assert rel_err(ours, ref) <= 1e-4
 
 
+@pytest.fixture(scope="module")
+def scanned(vl):
+  """The `vl` checkpoint loaded with scan_layers=True: decoder layers and vision blocks stacked."""
+  return from_pretrained(vl[0], scan_layers=True)
+
+
+def test_scanned_tower_matches_unrolled_and_hf(vl, forward, scanned):
+  """The scanned tower (one block traced, full-or-window attention a scanned flag) gives the unrolled
+  tower's features and HF's, on one image and on two images of different sizes, and the CASES logits."""
+  _, hf, model = vl
+  assert scanned.visual.blocks.attn.qkv.kernel.shape[0] == model.config.vision.depth == 3
+  rng = np.random.default_rng(21)
+  for grids in ([(1, 8, 12)], [(1, 4, 6), (1, 12, 8)]):
+    grids = np.array(grids, np.int64)
+    pixels = rng.standard_normal((int(np.prod(grids, axis=1).sum()), PATCH_DIM)).astype(np.float32)
+    ours = np.asarray(scanned.image_features(pixels, grids))
+    with torch.no_grad():
+      ref = hf.model.visual(torch.as_tensor(pixels), grid_thw=torch.as_tensor(grids)).pooler_output.numpy()
+    assert ours.shape == ref.shape == (len(pixels) // 4, 64)
+    assert rel_err(ours, ref) <= 1e-4
+    assert rel_err(ours, np.asarray(model.image_features(pixels, grids))) <= 1e-5
+  ids, mask, grids, pixels, unrolled, ref = forward
+  got = np.asarray(
+    scanned(jnp.asarray(ids), attention_mask=jnp.asarray(mask), pixel_values=pixels, image_grid_thw=grids)
+  )
+  for b in range(len(ROWS)):
+    assert rel_err(got[b][mask[b]], ref[b][mask[b]]) <= 1e-4, ROWS[b]
+    assert rel_err(got[b][mask[b]], unrolled[b][mask[b]]) <= 1e-5, ROWS[b]
+
+
+def test_layouts_convert_with_identical_outputs(vl, scanned, tmp_path):
+  """stack_layers / unstack_layers / to_layout move the tower's blocks with the LM's layers: the
+  converted params give the other layout's features bit for bit; both save the same HF tensors."""
+  from agentfly_jax.models.layer_stack import stack_layers, to_layout, tree_layout, unstack_layers
+
+  _, _, model = vl
+  grids = np.array([(1, 4, 6), (1, 8, 12)], np.int64)
+  pixels = np.random.default_rng(22).standard_normal((int(np.prod(grids, axis=1).sum()), PATCH_DIM))
+  pixels = pixels.astype(np.float32)
+  features = lambda m: np.asarray(m.image_features(pixels, grids))  # noqa: E731
+  want_unrolled, want_scanned = features(model), features(scanned)
+  state, scanned_state = nnx.state(model), nnx.state(scanned)
+  assert (tree_layout(state), tree_layout(scanned_state)) == ("unrolled", "scanned")
+  stacked = stack_layers(state)
+  assert jax.tree.structure(stacked) == jax.tree.structure(scanned_state)
+  for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(scanned_state)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(features(nnx.merge(nnx.graphdef(scanned), stacked)), want_scanned)
+  np.testing.assert_array_equal(features(nnx.merge(nnx.graphdef(model), unstack_layers(scanned_state))), want_unrolled)
+  tree = {"params": scanned_state, "moments": [scanned_state]}  # every State in a pytree, as a TrainState's
+  back = to_layout(to_layout(tree, "unrolled"), "scanned")
+  assert tree_layout(to_layout(tree, "unrolled")) == "unrolled"
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+    np.testing.assert_array_equal(a, b)
+  ours, theirs = to_hf_state_dict(scanned), to_hf_state_dict(model)
+  assert ours.keys() == theirs.keys() and "visual.blocks.2.attn.qkv.weight" in ours
+  for name, value in theirs.items():
+    np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
 def test_mrope_positions_match_hf_get_rope_index(vl):
   _, hf, model = vl
   rows = [CASES["images_of_different_sizes"], CASES["one_image"], [("text", 4), ("image", (1, 12, 4)), ("text", 1)]]
@@ -282,15 +342,22 @@ def test_every_param_has_logical_axes_and_a_partition_spec():
   from agentfly_jax.models.sharding import logical_axes
 
   for scan in (False, True):
-    abstract = nnx.eval_shape(lambda: Qwen25VL(tiny_config("qwen2_5_vl", scan_layers=scan), rngs=nnx.Rngs(0)))
+    cfg = tiny_config("qwen2_5_vl", scan_layers=scan)
+    abstract = nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0)))
     flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
     unnamed = [path for path, var in flat if logical_axes(var) is None]
     assert not unnamed
-    if scan:  # the language model's layers stacked; the vision blocks stay unrolled
-      assert ("model", "layers", "self_attn", "q_proj", "kernel") in dict(flat)
-      assert ("visual", "blocks", 0, "attn", "qkv", "kernel") in dict(flat)
     specs = nnx.to_flat_state(partition_specs(abstract))
     assert len(specs) == len(flat)
+    if scan:  # the language model's layers and the vision blocks stacked on a leading "layers" axis
+      flat, specs = dict(flat), dict(specs)
+      lm, tower = ("model", "layers", "self_attn", "q_proj", "kernel"), ("visual", "blocks", "attn", "qkv", "kernel")
+      assert (flat[lm].shape[0], flat[tower].shape[0]) == (cfg.num_hidden_layers, cfg.vision.depth)
+      blocks = [p for p in flat if p[:2] == ("visual", "blocks")]
+      assert blocks and all(logical_axes(flat[p])[0] == "layers" for p in blocks + [lm])
+      assert all(tuple(specs[p])[0] is None for p in blocks + [lm])  # the layers axis is never split
+    else:
+      assert ("visual", "blocks", 0, "attn", "qkv", "kernel") in dict(flat)
 
 
 def test_bad_vision_config_is_refused_by_name():

@@ -2,7 +2,8 @@
 (rl/vision_batch.py) -> prepare's log-probs equal HF transformers' Qwen2_5_VLForConditionalGeneration
 on the same tokens + images (tiny random config, fresh random RGB images through a real image
 processor); padding patches / rows changes no log-prob; a jitted GRPO step trains the LM and trains or
-freezes the vision tower by model.vision.train; LoRA leaves the tower without adapters."""
+freezes the vision tower by model.vision.train, with scan_layers (LM layers and tower blocks scanned) the
+unrolled model's gradients; LoRA leaves the tower without adapters."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from PIL import Image  # noqa: E402
 
 from agentfly_jax.agents.trajectory import Trajectory  # noqa: E402
 from agentfly_jax.models import from_pretrained  # noqa: E402
+from agentfly_jax.models.layer_stack import stack_layers  # noqa: E402
 from agentfly_jax.models.lora import LoRAConfig, apply_lora  # noqa: E402
 from agentfly_jax.rl.batching import pad_rows, to_microbatches, train_arrays  # noqa: E402
 from agentfly_jax.rl.core.prepare import make_prepare  # noqa: E402
@@ -169,6 +171,44 @@ def test_grpo_step_trains_the_lm_and_the_tower_by_model_vision_train(vl, train_v
   if not train_vision:
     for a, b in zip(visual(rest), visual(nnx.split(from_pretrained(folder), nnx.Param, ...)[1])):
       np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]))
+
+
+def _gradient_capture() -> optax.GradientTransformation:
+  """An optimizer whose state after an update is the gradient it was given (and whose updates are zero)."""
+  return optax.GradientTransformation(
+    lambda params: jax.tree.map(jnp.zeros_like, params),
+    lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads),
+  )
+
+
+@pytest.mark.slow  # ~25 s: a prepare and two train steps compiled
+def test_grpo_step_with_scanned_layers_and_tower_has_the_unrolled_gradients(vl):
+  """model.scan_layers with the tower trained: the scanned step's gradient of every param (LM layers and
+  vision blocks stacked) equals the unrolled step's, stacked, as the scanned text models' do."""
+  _, folder = vl
+  proc = processor()
+  models = {scan: from_pretrained(folder, scan_layers=scan) for scan in (False, True)}
+  assert models[True].visual.blocks.attn.qkv.kernel.ndim == 3  # [depth, in, out]
+  arrays = batch_arrays(trajectories(np.random.default_rng(13), proc), proc, models[False].config)
+  graphdef, params, rest = _filtered_split(models[False], True)
+  batch, _ = make_prepare(graphdef, rest, default_prepare_config("grpo", chunk=2, logits_chunk=8))(
+    params, None, None, {k: jnp.asarray(v) for k, v in arrays.items()}
+  )
+  mb = to_microbatches(jax.tree.map(np.asarray, batch), np.arange(len(arrays["input_ids"])), 2)
+  grads, metrics = {}, {}
+  for scan, model in models.items():
+    graphdef, params, rest = _filtered_split(model, True)
+    step = jax.jit(make_train_step(graphdef, rest, _gradient_capture(), default_loss_config(agg="token-mean")))
+    state, metrics[scan] = step(create_train_state(params, _gradient_capture()), mb)
+    grads[scan] = dict(nnx.to_flat_state(state.opt_state))
+  want = dict(nnx.to_flat_state(stack_layers(nnx.from_flat_state(list(grads[False].items())))))
+  assert grads[True].keys() == want.keys()
+  assert [p for p in want if p[:2] == ("visual", "blocks")]
+  for path, got in grads[True].items():
+    expected = np.asarray(want[path][...])
+    assert np.abs(expected).max() > 0, path
+    np.testing.assert_allclose(np.asarray(got[...]), expected, rtol=2e-4, atol=1e-6, err_msg="/".join(map(str, path)))
+  np.testing.assert_allclose(float(metrics[True]["actor/pg_loss"]), float(metrics[False]["actor/pg_loss"]), rtol=1e-5)
 
 
 def test_lora_adapters_only_in_the_language_model(vl):

@@ -88,17 +88,19 @@ class AbstractRun:
 
 
 def _parameter_counts(params, num_layers: int) -> tuple[int, int]:
-  """(all params, one decoder layer's: the stacked layers' per-layer size, else layer 0's)."""
+  """(all params, one decoder layer's: the stacked layers' per-layer size, else layer 0's; a vision
+  tower's blocks, stacked or not, are not decoder layers)."""
   import numpy as np
   from flax import nnx
 
-  from agentfly_jax.models.layer_stack import is_stacked_path, is_unrolled_path
+  from agentfly_jax.models.layer_stack import LAYERS, is_stacked_path, is_unrolled_path
 
   flat = list(nnx.to_flat_state(params))
   num_params = sum(int(np.prod(v.shape)) for _, v in flat)
-  stacked = sum(int(np.prod(v.shape[1:])) for path, v in flat if is_stacked_path(path))
+  decoder = [(path, v) for path, v in flat if LAYERS in path]
+  stacked = sum(int(np.prod(v.shape[1:])) for path, v in decoder if is_stacked_path(path))
   first = sum(
-    int(np.prod(v.shape)) for path, v in flat if is_unrolled_path(path) and path[path.index("layers") + 1] == 0
+    int(np.prod(v.shape)) for path, v in decoder if is_unrolled_path(path) and path[path.index(LAYERS) + 1] == 0
   )
   return num_params, stacked or first or num_params // num_layers
 
