@@ -31,7 +31,12 @@ from agentfly_jax.models.layers import RMSNorm, linear, position_tables
 from agentfly_jax.models.pallas_attention import segment_ids_for
 from agentfly_jax.models.remat import checkpointed, scan_body
 from agentfly_jax.models.sharding import HIDDEN_AXES, constrain
-from agentfly_jax.models.token_stats import at_loss_positions, capacity_fractions, chunked_logprobs_entropy
+from agentfly_jax.models.token_stats import (
+  at_loss_positions,
+  capacity_fractions,
+  chunked_logprobs_entropy,
+  suppress_logits,
+)
 
 
 def _apply_layer(graphdef, state, x, cos, sin, mask, kv, cache_index, routed=None):
@@ -456,6 +461,11 @@ class CausalLM(_Base):
       logits = constrain(logits, ("act_batch",) + ("act_length",) * (logits.ndim - 2) + ("act_vocab",))
     return logits.astype(jnp.float32)
 
+  def next_token_logits(self, hidden: jax.Array) -> jax.Array:
+    """`logits_from_hidden` with the tokens the model never writes (ModelConfig.placeholder_token_ids) at
+    probability 0: what a sampler draws from (the trainer's log-probs use the same softmax)."""
+    return suppress_logits(self.logits_from_hidden(hidden), self.config.placeholder_token_ids)
+
   def token_logprobs_entropy(
     self,
     hidden: jax.Array,
@@ -484,6 +494,7 @@ class CausalLM(_Base):
         chunk=chunk,
         vocab_major=vocab_major,
         precision=self.config.matmul_precision,
+        suppress=self.config.placeholder_token_ids,
       )
 
     if loss_mask is None or not capacity_fractions(capacity):

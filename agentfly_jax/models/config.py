@@ -247,6 +247,17 @@ class ModelConfig:
     )
 
   @property
+  def placeholder_token_ids(self) -> tuple[int, ...]:
+    """Ids the model never writes: a vision-language model's image / video placeholders and vision
+    delimiters (they stand for pixels the processor puts in a prompt; a written one would be an image token
+    with no image). Samplers never draw them and the trainer's log-probs leave them out of the softmax
+    (models/token_stats.py), so both see one distribution; `()` for a text model."""
+    if self.vision is None:
+      return ()
+    ids = (self.image_token_id, self.video_token_id, self.vision_start_token_id, self.vision_end_token_id)
+    return tuple(sorted({int(i) for i in ids if i is not None}))
+
+  @property
   def moe_layers(self) -> tuple[int, ...]:
     """Indices of the sparse decoder layers (the order of router outputs and replayed routes)."""
     return tuple(i for i in range(self.num_hidden_layers) if self.is_moe_layer(i))

@@ -21,6 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
+SUPPRESSED_LOGIT = -1e9  # a token the model never writes (ModelConfig.placeholder_token_ids): probability 0
+
+
+def suppress_logits(logits: jax.Array, ids: tuple) -> jax.Array:
+  """logits [..., V] with the columns `ids` (a static tuple) at SUPPRESSED_LOGIT: a softmax gives them 0 exactly; a
+  finite value, so a masked-out position whose target is such an id keeps a finite log-prob (0 * lp = 0)."""
+  if not ids:
+    return logits
+  return logits.at[..., jnp.asarray(ids)].set(SUPPRESSED_LOGIT)
+
+
 def _logits(h, w, vocab_major: bool, precision):
   """h [c, D], w [V, D] (vocab_major) or [D, V] -> float32 [c, V]."""
   contract = 1 if vocab_major else 0
@@ -29,9 +40,9 @@ def _logits(h, w, vocab_major: bool, precision):
   )
 
 
-def _stats(h, w, tgt, temperature, vocab_major, precision):
+def _stats(h, w, tgt, temperature, vocab_major, precision, suppress=()):
   """One chunk: z = logits / T; returns (z, lse, mean z under softmax, log-prob of tgt)."""
-  z = _logits(h, w, vocab_major, precision) / temperature
+  z = suppress_logits(_logits(h, w, vocab_major, precision) / temperature, suppress)
   top = jax.lax.stop_gradient(z.max(axis=-1, keepdims=True))
   e = jnp.exp(z - top)
   s = e.sum(axis=-1, keepdims=True)
@@ -49,18 +60,18 @@ def _chunks(x, chunk: int):
   return x.reshape(-1, chunk, *x.shape[1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _flat_logprobs_entropy(h, w, tgt, temperature, chunk, vocab_major, precision):
-  out, _ = _fwd(h, w, tgt, temperature, chunk, vocab_major, precision)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _flat_logprobs_entropy(h, w, tgt, temperature, chunk, vocab_major, precision, suppress):
+  out, _ = _fwd(h, w, tgt, temperature, chunk, vocab_major, precision, suppress)
   return out
 
 
-def _fwd(h, w, tgt, temperature, chunk, vocab_major, precision):
+def _fwd(h, w, tgt, temperature, chunk, vocab_major, precision, suppress):
   n = h.shape[0]
 
   def body(_, xs):
     hc, tc = xs
-    _, lse, mean_z, lp = _stats(hc, w.astype(hc.dtype), tc, temperature, vocab_major, precision)
+    _, lse, mean_z, lp = _stats(hc, w.astype(hc.dtype), tc, temperature, vocab_major, precision, suppress)
     return None, (lp, lse - mean_z, lse, mean_z)
 
   _, (lp, ent, lse, mean_z) = jax.lax.scan(body, None, (_chunks(h, chunk), _chunks(tgt, chunk)))
@@ -68,7 +79,7 @@ def _fwd(h, w, tgt, temperature, chunk, vocab_major, precision):
   return (flat(lp), flat(ent)), (h, w, tgt, lse, mean_z)
 
 
-def _bwd(temperature, chunk, vocab_major, precision, res, cts):
+def _bwd(temperature, chunk, vocab_major, precision, suppress, res, cts):
   h, w, tgt, lse, mean_z = res
   g_lp, g_ent = cts
   n = h.shape[0]
@@ -77,11 +88,13 @@ def _bwd(temperature, chunk, vocab_major, precision, res, cts):
   def body(dw, xs):
     hc, tc, lse_c, mz_c, glp_c, gent_c = xs
     wc = w.astype(hc.dtype)
-    z = _logits(hc, wc, vocab_major, precision) / temperature
+    z = suppress_logits(_logits(hc, wc, vocab_major, precision) / temperature, suppress)
     p = jnp.exp(z - lse_c[:, None])
     onehot = jax.nn.one_hot(tc, z.shape[-1], dtype=z.dtype)
     # d lp / dz = onehot - p;  d entropy / dz = -p (z - E_p[z])
     dz = glp_c[:, None] * (onehot - p) - gent_c[:, None] * jnp.where(p > 0, p * (z - mz_c[:, None]), 0.0)
+    if suppress:  # a suppressed column is a constant, not a function of h or W
+      dz = dz.at[:, jnp.asarray(suppress)].set(0.0)
     dlogits = (dz / temperature).astype(hc.dtype)
     dh = jax.lax.dot_general(
       dlogits,
@@ -117,6 +130,7 @@ def chunked_logprobs_entropy(
   chunk: int = 256,
   vocab_major: bool = True,
   precision=None,
+  suppress: tuple = (),
 ) -> tuple[jax.Array, jax.Array]:
   """log softmax(hidden @ W / temperature)[targets] and the softmax's entropy, per token.
 
@@ -128,6 +142,7 @@ def chunked_logprobs_entropy(
     targets: int[...] token ids in [0, V), the same leading shape as `hidden`.
     temperature: Python float > 0; chunk: tokens per scan step (static).
     precision: jax.lax.Precision of the matmuls.
+    suppress: token ids outside the softmax (`suppress_logits`: ModelConfig.placeholder_token_ids).
   Returns:
     (logprobs float32[...], entropy float32[...]); differentiable in hidden and weight (custom
     VJP: logits are recomputed chunk by chunk in the backward pass).
@@ -144,7 +159,10 @@ def chunked_logprobs_entropy(
   chunk = min(chunk, max(1, h.shape[0]))
   # the weight goes in its own dtype, cast to the compute dtype chunk by chunk: its gradient is
   # summed over the chunks and returned in float32 (a cast before would round dW to bfloat16)
-  lp, ent = _flat_logprobs_entropy(h, weight, tgt, float(temperature), int(chunk), bool(vocab_major), precision)
+  suppress = tuple(int(i) for i in suppress)
+  lp, ent = _flat_logprobs_entropy(
+    h, weight, tgt, float(temperature), int(chunk), bool(vocab_major), precision, suppress
+  )
   return lp.reshape(lead), ent.reshape(lead)
 
 

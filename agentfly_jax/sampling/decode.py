@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentfly_jax.models.sharding import activation_sharding
+from agentfly_jax.models.token_stats import suppress_logits
 from agentfly_jax.sampling.next_token import sample_next_tokens
 
 TRACES = [0]  # how many times a program here was traced (each trace is one compilation)
@@ -72,7 +73,7 @@ def generate_rows(
       hidden, cache = model.hidden_states(
         prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, from_empty_cache=True
       )
-      last_logits = model.logits_from_hidden(hidden[:, -1, :])
+      last_logits = model.next_token_logits(hidden[:, -1, :])
     else:
       logits, cache = model(
         prompt_ids, positions=positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(0)
@@ -127,7 +128,7 @@ def generate_rows_from_cache(
     hidden, cache = model.hidden_states(
       suffix_ids, positions=suffix_positions, attention_mask=kv_mask, cache=cache, cache_index=jnp.int32(p_len - u_len)
     )
-    last_logits = model.logits_from_hidden(hidden[:, -1, :])
+    last_logits = model.next_token_logits(hidden[:, -1, :])
     return _decode(
       graphdef, params, rest, cache, last_logits, kv_mask, p_len, prompt_lens,
       temperature, top_k, top_p, max_new, stop_ids, seeds, num_new_bucket,
@@ -182,7 +183,9 @@ def _decode(
       cache=cache,
       cache_index=p_len + step - 1,
     )
-    tokens, *record = sample_step(step, logits[:, -1, :].astype(jnp.float32), *record)
+    placeholders = getattr(getattr(step_model, "config", None), "placeholder_token_ids", ())
+    logits = suppress_logits(logits[:, -1, :].astype(jnp.float32), placeholders)
+    tokens, *record = sample_step(step, logits, *record)
     return (step + 1, cache, tokens, *record)
 
   init = (jnp.int32(1), cache, *first)

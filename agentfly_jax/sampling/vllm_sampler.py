@@ -144,6 +144,12 @@ class VllmSampler:
     self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
     self.vision = hf_config.get("model_type") == "qwen2_5_vl"  # images in, vision tower synced (vllm_vl)
     self.image_token_id = hf_config.get("image_token_id")
+    # the tokens the model never writes (ModelConfig.placeholder_token_ids): vLLM's strongest logit bias keeps
+    # them out of every draw, as the JAX engine and the trainer's log-probs do
+    placeholders = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    self.placeholder_bias = (
+      {int(hf_config[k]): -100.0 for k in placeholders if hf_config.get(k) is not None} if self.vision else {}
+    )
     self.merge_size = int((hf_config.get("vision_config") or {}).get("spatial_merge_size", 2))
     if self.vision and not (engine == "batch" and in_process is not False):
       raise ValueError(
@@ -395,6 +401,7 @@ class VllmSampler:
       detokenize=False,
       skip_special_tokens=False,
       seed=seed,
+      logit_bias=self.placeholder_bias or None,
       output_kind=RequestOutputKind.FINAL_ONLY,  # the async engine: one output per request
     )
 

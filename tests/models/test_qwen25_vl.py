@@ -68,6 +68,12 @@ def hf_vl_config():
   return cfg
 
 
+def placeholders(hf_config) -> list[int]:
+  """The HF config's vision placeholder and delimiter ids (what ModelConfig.placeholder_token_ids suppresses)."""
+  names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+  return sorted({getattr(hf_config, n) for n in names if getattr(hf_config, n, None) is not None})
+
+
 def saved_hf_vl(tmp_path_factory, name: str, seed: int = 5):
   """A random HF Qwen2.5-VL of hf_vl_config (torch seed 0, weights randomized by `seed`) and the folder it was
   saved to: (hf_model, folder)."""

@@ -158,3 +158,51 @@ def test_float32_weight_under_bfloat16_hidden_gets_a_float32_gradient():
   dz = np.asarray(g_lp, np.float64)[:, None] * (np.eye(v)[np.asarray(targets)] - p)
   want = h64.T @ dz
   assert np.linalg.norm(np.asarray(dw, np.float64) - want) / np.linalg.norm(want) < 1e-2
+
+
+@pytest.mark.parametrize("vocab_major", [True, False])
+def test_suppressed_ids_leave_the_softmax_values_and_grads(vocab_major):
+  """`suppress` (a vision-language model's placeholder ids): values against float64 numpy of the softmax over the
+  other tokens, gradients against jax.grad of the plain formulation with those columns removed; a target that is a
+  suppressed id (an image token of the prompt: masked out of every loss) keeps a finite log-prob and no gradient."""
+  rng = np.random.default_rng(7)
+  B, T, D, V = 2, 9, 16, 40
+  suppress = (3, 11, 12)
+  keep = np.setdiff1d(np.arange(V), suppress)
+  h = rng.normal(size=(B, T, D)).astype(np.float32)
+  w = (rng.normal(size=(V, D) if vocab_major else (D, V)) * 0.5).astype(np.float32)
+  tgt = rng.choice(keep, (B, T)).astype(np.int32)
+  tgt[0, 0] = suppress[0]  # a placeholder target, weighted 0 below (a masked-out prompt position)
+  a = rng.normal(size=(B, T)).astype(np.float32)
+  a[0, 0] = 0.0
+  b = rng.normal(size=(B, T)).astype(np.float32)
+  run = lambda h, w: chunked_logprobs_entropy(  # noqa: E731
+    h, w, jnp.asarray(tgt), temperature=0.8, chunk=4, vocab_major=vocab_major, precision="highest", suppress=suppress
+  )
+  lp, ent = run(jnp.asarray(h), jnp.asarray(w))
+  logits = (h.astype(np.float64) @ (w.T if vocab_major else w).astype(np.float64))[..., keep] / 0.8
+  logz = logits - logits.max(-1, keepdims=True)
+  logp = logz - np.log(np.exp(logz).sum(-1, keepdims=True))
+  index = np.searchsorted(keep, np.where(np.isin(tgt, keep), tgt, keep[0]))
+  want_lp = np.take_along_axis(logp, index[..., None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(lp)[1:], want_lp[1:], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(lp)[0, 1:], want_lp[0, 1:], rtol=1e-5, atol=1e-5)
+  assert np.isfinite(float(lp[0, 0])) and float(lp[0, 0]) < -1e8  # probability 0, finite
+  np.testing.assert_allclose(ent, -(np.exp(logp) * logp).sum(-1), rtol=1e-5, atol=1e-5)
+
+  def plain_kept(h, w):
+    w_kept = w[keep] if vocab_major else w[:, keep]
+    lp, ent = _plain(
+      h, w_kept, jnp.asarray(np.searchsorted(keep, np.where(np.isin(tgt, keep), tgt, keep[0]))), 0.8, vocab_major
+    )
+    return lp, ent
+
+  def objective(fn):
+    return jax.jit(jax.grad(lambda h, w: (fn(h, w)[0] * a).sum() + (fn(h, w)[1] * b).sum(), argnums=(0, 1)))
+
+  got = objective(run)(h, w)
+  want_h, want_w = objective(plain_kept)(h, w)  # the removed columns' gradient is 0 there
+  np.testing.assert_allclose(got[0], want_h, rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(got[1], want_w, rtol=2e-4, atol=2e-5)
+  got_w = np.asarray(got[1]) if vocab_major else np.asarray(got[1]).T
+  assert np.abs(got_w[keep]).max() > 1e-3 and np.all(got_w[list(suppress)] == 0.0)

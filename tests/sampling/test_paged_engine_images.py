@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from agentfly_jax.models import from_pretrained  # noqa: E402
 from agentfly_jax.sampling import PromptImages, SamplingParams  # noqa: E402
 from agentfly_jax.sampling.engine import PagedJaxSampler, programs  # noqa: E402
-from tests.models.test_qwen25_vl import IMAGE, PATCH_DIM, conversation, saved_hf_vl  # noqa: E402
+from tests.models.test_qwen25_vl import IMAGE, PATCH_DIM, conversation, placeholders, saved_hf_vl  # noqa: E402
 
 pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
 
@@ -61,7 +61,8 @@ def request(rng, parts):
 
 
 def hf_greedy(hf, ids, images, new=NEW):
-  """HF generate's greedy tokens and their log-probs (log-softmax of its logits at temperature 1)."""
+  """HF generate's greedy tokens and their log-probs (log-softmax of its scores at temperature 1), with the
+  vision placeholders suppressed by HF's own logits processor (`suppress_tokens`), as every sampler here does."""
   kwargs = dict(input_ids=torch.as_tensor([ids]), attention_mask=torch.ones((1, len(ids)), dtype=torch.long))
   if images is not None:
     kwargs.update(
@@ -71,10 +72,16 @@ def hf_greedy(hf, ids, images, new=NEW):
     )
   with torch.no_grad():
     out = hf.generate(
-      **kwargs, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None
+      **kwargs,
+      max_new_tokens=new,
+      do_sample=False,
+      output_scores=True,
+      return_dict_in_generate=True,
+      eos_token_id=None,
+      suppress_tokens=placeholders(hf.config),
     )
   tokens = out.sequences[0, len(ids) :].tolist()
-  logprobs = [torch.log_softmax(step[0].double(), -1)[t].item() for step, t in zip(out.logits, tokens)]
+  logprobs = [torch.log_softmax(step[0].double(), -1)[t].item() for step, t in zip(out.scores, tokens)]
   return tokens, logprobs
 
 
@@ -160,3 +167,38 @@ def test_image_requests_are_refused_by_name(vl, engine):
     engine.generate([ids, ids[:10] + ids[20:]], params, images=[images, images])
   with pytest.raises(ValueError, match="PromptImages.pixel_values"):
     PromptImages(images.pixel_values[:-1], images.image_grid_thw)
+
+
+@pytest.mark.slow
+def test_placeholders_are_never_written(tmp_path_factory):
+  """A model whose head favours the image placeholder (its lm_head row scaled up): HF's unconstrained greedy writes
+  it, the engine never does, greedy or sampled, and its log-probs equal HF's with the placeholders suppressed
+  (a written placeholder would be an image token with no image: its next turn and the trainer could not place it)."""
+  hf, folder = saved_hf_vl(tmp_path_factory, "qwen25_vl_placeholders", seed=8)
+  with torch.no_grad():
+    hf.lm_head.weight[IMAGE] *= 40.0
+  hf.save_pretrained(folder)
+  model = from_pretrained(folder)
+  assert set(model.config.placeholder_token_ids) == set(placeholders(hf.config)) and IMAGE in placeholders(hf.config)
+  rng = np.random.default_rng(9)
+  ids, images = request(rng, CASES["one_image"])
+  with torch.no_grad():
+    kwargs = dict(
+      pixel_values=torch.as_tensor(images.pixel_values), image_grid_thw=torch.as_tensor(images.image_grid_thw)
+    )
+    free = hf.generate(
+      input_ids=torch.as_tensor([ids]),
+      mm_token_type_ids=torch.as_tensor([[int(t == IMAGE) for t in ids]], dtype=torch.int32),
+      max_new_tokens=NEW,
+      do_sample=False,
+      eos_token_id=None,
+      **kwargs,
+    )
+  assert IMAGE in free[0, len(ids) :].tolist()  # the model would write it
+  engine = PagedJaxSampler(model, num_slots=4, **ENGINE)
+  [greedy] = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=NEW), images=[images])
+  tokens, logprobs = hf_greedy(hf, ids, images)
+  assert greedy.token_ids == tokens and not set(tokens) & set(placeholders(hf.config))
+  np.testing.assert_allclose(greedy.logprobs, logprobs, atol=5e-5)
+  sampled = engine.generate([ids] * 4, SamplingParams(temperature=1.0, max_new_tokens=NEW, seed=3), images=[images] * 4)
+  assert not {t for r in sampled for t in r.token_ids} & set(placeholders(hf.config))

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentfly_jax.models.sharding import activation_sharding
-from agentfly_jax.models.token_stats import DEFAULT_CAPACITY
+from agentfly_jax.models.token_stats import DEFAULT_CAPACITY, suppress_logits
 from agentfly_jax.rl.core import losses
 from agentfly_jax.rl.core.train_state import TrainState
 from agentfly_jax.rl.core.vision import vision_inputs
@@ -118,7 +118,7 @@ def policy_logprobs_entropy(
         hidden, target_ids, temperature=temperature, chunk=chunk, loss_mask=loss_mask, capacity=capacity
       )
     else:
-      logits = model.logits_from_hidden(hidden).astype(jnp.float32)
+      logits = model.next_token_logits(hidden).astype(jnp.float32)
       lp = losses.token_logprobs(logits, target_ids, temperature=temperature)
       ent = losses.entropy_from_logits(logits / temperature)
     return (lp, ent, routes) if with_router else (lp, ent)
@@ -131,6 +131,7 @@ def policy_logprobs_entropy(
     )
   if vision:
     logits = model(input_ids, attention_mask=attention_mask, **vision).astype(jnp.float32)
+    logits = suppress_logits(logits, model.config.placeholder_token_ids)
     return losses.token_logprobs(logits, target_ids, temperature=temperature), losses.entropy_from_logits(
       logits / temperature
     )
@@ -332,7 +333,7 @@ def make_sft_step(
 ):
   """Supervised warm start: masked next-token NLL on `action_mask` tokens (token-mean, exact
   under micro-batching). Same state/batch layout as `train_step` (only input_ids, target_ids,
-  attention_mask, action_mask are read). Log-probs as the RL step computes them: chunked
+  attention_mask, action_mask and a vision-language policy's image keys (rl/core/vision.py) are read). Log-probs as the RL step computes them: chunked
   (`logits_chunk`; 0 = plain [B, L, V] logits), only at action tokens (`logits_capacity`).
   `sft_step(state, batch, frozen=None)`: `frozen` = the model's rest at call time (LoRA's base;
   see make_train_step), else `rest`; `mesh` / `rules`: activation shardings as in `make_train_step`."""
@@ -348,6 +349,7 @@ def make_sft_step(
       chunk=logits_chunk,
       loss_mask=mask,
       capacity=logits_capacity,
+      vision=vision_inputs(mb),
     )
     mask = mask.astype(jnp.float32)
     nll_sum = -jnp.sum(lp * mask)

@@ -102,7 +102,7 @@ def prefill_chunk(
       hidden, cache = model.hidden_states(tokens, cache=cache, pages=table, **images)
     cache = constrain_cache(cache)
     last = jnp.take_along_axis(hidden, last_index[:, None, None], axis=1)[:, 0]
-    logits = model.logits_from_hidden(last).astype(jnp.float32)
+    logits = model.next_token_logits(last).astype(jnp.float32)
     token, logprob = _sample(logits, temperature, top_k, top_p, seeds, steps)
   if moe:
     return token, logprob, cache, jnp.moveaxis(routes.experts, 0, 2)
@@ -175,7 +175,7 @@ def decode_block(
       out_r = [out_r[0].at[:, i].set(jnp.moveaxis(routes.experts[:, :, 0], 0, 1))]  # [Lm, S, k] -> [S, Lm, k]
     else:
       hidden, cache = model.hidden_states(tok[:, None], cache=cache, pages=table, **rope)
-    logits = model.logits_from_hidden(hidden[:, 0]).astype(jnp.float32)
+    logits = model.next_token_logits(hidden[:, 0]).astype(jnp.float32)
     new, lp = _sample(logits, temperature, top_k, top_p, seeds, steps + emitted)
     out_t = out_t.at[:, i].set(jnp.where(live, new, 0))
     out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
