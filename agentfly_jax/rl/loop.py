@@ -33,7 +33,7 @@ from agentfly_jax.rl import checkpoints, distributed, run_log, stages, throughpu
 from agentfly_jax.rl.chain_failures import ChainFailureGuard
 from agentfly_jax.rl.evaluation import evaluate
 from agentfly_jax.rl.rollout_stream import open_stream
-from agentfly_jax.rl.run import Run, new_state, open_run
+from agentfly_jax.rl.run import Run, new_state, open_run, vision_arrays_of
 from agentfly_jax.rl.sft_cache import sft_params
 from agentfly_jax.rl.turn_rewards import needs_turn_arrays
 from agentfly_jax.tools.limits import tool_counts, tool_metrics
@@ -190,13 +190,3 @@ def warm_start_critic(critic_params, policy_params):
     if path in flat_p and flat_p[path].shape == var.shape:
       flat_c[path] = flat_p[path]
   return nnx.from_flat_state(flat_c)
-
-
-def vision_arrays_of(run) -> tuple | None:
-  """(image processor, policy ModelConfig, patch multiple) of a vision-language policy's run, else None."""
-  cfg = run.parts.model_config
-  if cfg is None or cfg.vision is None:
-    return None
-  if run.parts.agent.vision is None:
-    raise ValueError(f"config.model.family={run.spec.model.family!r} trains on images but the agent has no vision")
-  return run.parts.agent.vision, cfg, run.spec.model.vision.patch_multiple

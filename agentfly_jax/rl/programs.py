@@ -114,10 +114,15 @@ class TrainStates:
     return jax.jit(make, out_shardings=sharding or self.sharding_for(optimizer))(params, critic_params)
 
 
-def sft_step_program(graphdef, rest, optimizer, loss_cfg: LossConfig, mesh, rules, state_sharding, *, frozen=None):
+def sft_step_program(
+  graphdef, rest, optimizer, loss_cfg: LossConfig, mesh, rules, state_sharding, *, frozen=None, vision: bool = False
+):
   """(the jitted SFT step, its micro-batch shardings {key: NamedSharding}). `frozen`: the model's
-  rest as the step's third argument (LoRA's base: never a constant of the program), else closed over."""
-  batch_sh = batch_sharding(mesh, dict.fromkeys(SFT_KEYS))
+  rest as the step's third argument (LoRA's base: never a constant of the program), else closed over.
+  `vision`: the batch also holds each row's images (rl/core/vision.py VISION_KEYS)."""
+  from agentfly_jax.rl.core.vision import VISION_KEYS
+
+  batch_sh = batch_sharding(mesh, dict.fromkeys(SFT_KEYS + (VISION_KEYS if vision else ())))
   step = jit_step(
     make_sft_step(
       graphdef,

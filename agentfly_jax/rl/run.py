@@ -123,3 +123,13 @@ def rollout(run: Run, rows, *, sampler=None, num_chains=None, temperature=None, 
     temperature=temperature,
     seed=seed,
   )
+
+
+def vision_arrays_of(run) -> tuple | None:
+  """(image processor, policy ModelConfig, patch multiple) of a vision-language policy's run, else None."""
+  cfg = run.parts.model_config
+  if cfg is None or cfg.vision is None:
+    return None
+  if run.parts.agent.vision is None:
+    raise ValueError(f"config.model.family={run.spec.model.family!r} trains on images but the agent has no vision")
+  return run.parts.agent.vision, cfg, run.spec.model.vision.patch_multiple

@@ -111,18 +111,32 @@ class SftProgram:
 
   graphdef / rest: the policy's halves (rest: LoRA's frozen base, an argument of the step);
   optimizer: the SFT optimizer; states: the run's `programs.TrainStates` (places a state on the
-  mesh); loss_cfg: its log-prob chunking; pad_id / micro_batch_size: the batch layout.
-  `program.new_state(params)` makes the state.
+  mesh); loss_cfg: its log-prob chunking; pad_id / micro_batch_size: the batch layout; vision: a
+  vision-language policy's (image processor, ModelConfig, patch multiple) (rl/run.vision_arrays_of):
+  each row's images go into the batch as the RL step's do. `program.new_state(params)` makes the state.
   """
 
-  def __init__(self, graphdef, rest, optimizer, *, states, loss_cfg, mesh, rules, pad_id: int, micro_batch_size: int):
+  def __init__(
+    self,
+    graphdef,
+    rest,
+    optimizer,
+    *,
+    states,
+    loss_cfg,
+    mesh,
+    rules,
+    pad_id: int,
+    micro_batch_size: int,
+    vision: tuple | None = None,
+  ):
     from agentfly_jax.rl.programs import sft_step_program
 
     self.optimizer, self.states, self.rest = optimizer, states, rest
-    self.pad_id, self.micro_batch_size = pad_id, micro_batch_size
+    self.pad_id, self.micro_batch_size, self.vision = pad_id, micro_batch_size, vision
     self.state_sharding = states.sharding_for(optimizer)
     self._step, self.batch_sharding = sft_step_program(
-      graphdef, rest, optimizer, loss_cfg, mesh, rules, self.state_sharding, frozen=rest
+      graphdef, rest, optimizer, loss_cfg, mesh, rules, self.state_sharding, frozen=rest, vision=vision is not None
     )
 
   def new_state(self, params):
@@ -135,6 +149,12 @@ class SftProgram:
 
     arr = train_arrays(trajs, pad_id=self.pad_id)
     arr["action_mask"] = sft_loss_mask(trajs, demo, arr["action_mask"].shape[1])
+    if self.vision is not None:
+      from agentfly_jax.rl.vision_batch import image_arrays
+
+      processor, model_cfg, patch_multiple = self.vision
+      length = arr["input_ids"].shape[1]
+      arr.update(image_arrays(trajs, processor, model_cfg, length=length, patch_multiple=patch_multiple))
     batch = {k: arr[k] for k in self.batch_sharding}
     mb = to_microbatches(batch, np.arange(len(trajs)), self.micro_batch_size)
     mb = {k: put_global(v, self.batch_sharding[k]) for k, v in mb.items()}

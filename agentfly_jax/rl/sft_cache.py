@@ -36,6 +36,7 @@ def sft_program(run: Run, optimizer):
     rules=run.spec.mesh.rules,
     pad_id=run.parts.tokenizer.pad_token_id,
     micro_batch_size=run.spec.train.micro_batch_size,
+    vision=run_ops.vision_arrays_of(run),
   )
 
 

@@ -23,6 +23,7 @@ _TASKS = {
   "multihop_qa_brief_2hop": "agentfly_jax.tasks.multihop_qa_brief_2hop",
   "webshop_brief": "agentfly_jax.tasks.webshop_brief",
   "visual_qa": "agentfly_jax.tasks.visual_qa",
+  "visual_qa_colors": "agentfly_jax.tasks.visual_qa_colors",
 }
 
 

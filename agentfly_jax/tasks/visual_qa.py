@@ -2,7 +2,7 @@
 
   --config=configs/visual_qa_grpo.py        # a Qwen2.5-VL policy (model.family=qwen2_5_vl or a pretrained one)
 
-Rows: the env's own (`make_rows(n, seed, split)`: train / test scenes disjoint): {"id", "question",
+Rows: the env's own (`make_rows(n, seed, split)`: train / dev / test scenes disjoint): {"id", "question",
 "answer", "solution"}; the answer and the scene are reward-only fields. The env's reset (the question
 and the image) opens the chat; the one tool `answer` sends the answer, which ends the episode. Reward:
 the env's `exact_match` (1.0 for the right answer, case, spaces and a final full stop ignored). The
@@ -46,6 +46,12 @@ def make_rows(n: int, seed: int) -> list[dict]:
 
 
 def make_eval_rows(n: int, seed: int) -> list[dict]:
+  """Dev rows (the evals during training)."""
+  return visual_qa_rows.make_rows(n, seed, "dev")
+
+
+def make_test_rows(n: int, seed: int) -> list[dict]:
+  """Rows of the locked test split (a final evaluation only)."""
   return visual_qa_rows.make_rows(n, seed, "test")
 
 

@@ -26,11 +26,16 @@ WORDS = tuple(
   "apple river stone cloud tiger piano lemon house chair green robot ocean train smile water light "
   "bread candle mango zebra violin pencil rocket garden".split()
 )
-KINDS = ("count_color", "count_shape", "count_shape_color", "read_text")
+KINDS = ("count_color", "count_shape", "count_shape_color", "read_text")  # the default mix
+# "name_color": 1-3 shapes of one colour, asked for the colour (six answers: a small visual task a random-init
+# tower learns on CPU; make_rows(kinds=("name_color",)), tasks/visual_qa_colors.py)
+ALL_KINDS = KINDS + ("name_color",)
+MAX_SAME_COLOR = 3
 SPLITS = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}
 MAX_SHAPES = 8
 _TARGET_KEYS = {"count_color": ("color",), "count_shape": ("shape",), "count_shape_color": ("shape", "color")}
 _TARGET_KEYS["read_text"] = ()
+_TARGET_KEYS["name_color"] = ()
 
 
 def _plural(shape: str) -> str:
@@ -46,6 +51,8 @@ def answer_for(kind: str, scene: dict, target: dict) -> str:
     return str(sum(s["shape"] == target["shape"] for s in shapes))
   if kind == "count_shape_color":
     return str(sum(s["shape"] == target["shape"] and s["color"] == target["color"] for s in shapes))
+  if kind == "name_color":
+    return shapes[0]["color"]
   return scene["text"]["value"]
 
 
@@ -56,12 +63,19 @@ def question_for(kind: str, target: dict) -> str:
     return f"How many {_plural(target['shape'])} are in the picture? Answer with a number."
   if kind == "count_shape_color":
     return f"How many {target['color']} {_plural(target['shape'])} are in the picture? Answer with a number."
+  if kind == "name_color":
+    return "What colour are the shapes in the picture? Answer with the colour alone."
   return "What word or number is written in black in the picture? Answer with it alone."
 
 
-def _random_item(rng: np.random.Generator) -> tuple[str, dict, dict]:
-  kind = KINDS[int(rng.integers(len(KINDS)))]
+def _random_item(rng: np.random.Generator, kinds: tuple = KINDS) -> tuple[str, dict, dict]:
+  kind = kinds[int(rng.integers(len(kinds)))]
   cells = [int(c) for c in rng.permutation(GRID * GRID)]
+  if kind == "name_color":
+    color = list(COLORS)[int(rng.integers(len(COLORS)))]
+    n = int(rng.integers(1, MAX_SAME_COLOR + 1))
+    shapes = [{"shape": SHAPES[int(rng.integers(len(SHAPES)))], "color": color, "cell": c} for c in cells[:n]]
+    return kind, {"shapes": shapes, "text": None}, {}
   n = int(rng.integers(1, MAX_SHAPES + 1))
   shapes = [
     {"shape": SHAPES[int(rng.integers(len(SHAPES)))], "color": list(COLORS)[int(rng.integers(len(COLORS)))], "cell": c}
@@ -86,23 +100,28 @@ def split_of(kind: str, scene: dict, target: dict) -> str:
   return next(name for name, buckets in SPLITS.items() if bucket in buckets)
 
 
-def make_rows(n: int, seed: int, split: str = "train") -> list[dict]:
-  """`n` rows of `split` (train | dev | test) from `seed`; disjoint across splits for any seeds."""
+def make_rows(n: int, seed: int, split: str = "train", kinds: tuple = KINDS) -> list[dict]:
+  """`n` rows of `split` (train | dev | test) from `seed`, questions of `kinds` (default the four of
+  KINDS); disjoint across splits for any seeds."""
   if split not in SPLITS:
     raise ValueError(f"visual_qa split must be one of {sorted(SPLITS)}, got {split!r}")
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"visual_qa: n must be a non-negative int, got {n!r}")
+  kinds = tuple(kinds)
+  if not kinds or any(k not in ALL_KINDS for k in kinds):
+    raise ValueError(f"visual_qa: kinds must be a non-empty subset of {ALL_KINDS}, got {kinds!r}")
   rng = np.random.default_rng([seed, list(SPLITS).index(split)])
+  prefix = "visual_qa" if kinds == KINDS else "visual_qa_" + "_".join(kinds)
   rows, seen = [], set()
   while len(rows) < n:
-    kind, scene, target = _random_item(rng)
+    kind, scene, target = _random_item(rng, kinds)
     key = json.dumps([kind, scene, target], sort_keys=True)
     if split_of(kind, scene, target) != split or key in seen:
       continue
     seen.add(key)
     rows.append(
       {
-        "id": f"visual_qa-{split}-{seed}-{len(rows)}",
+        "id": f"{prefix}-{split}-{seed}-{len(rows)}",
         "question": question_for(kind, target),
         "answer": answer_for(kind, scene, target),
         "solution": {"kind": kind, "scene": scene, "target": target},

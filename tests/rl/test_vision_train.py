@@ -7,6 +7,7 @@ unrolled model's gradients; LoRA leaves the tower without adapters."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -35,7 +36,7 @@ from agentfly_jax.rl.spec import LoraSection, ModelSection, VisionSection  # noq
 from agentfly_jax.rl.update import default_prepare_config  # noqa: E402
 from agentfly_jax.rl.vision_batch import image_arrays  # noqa: E402
 from agentfly_jax.vision.processor import VisionProcessor  # noqa: E402
-from tests.models.test_qwen25_vl import END, IMAGE, START, saved_hf_vl  # noqa: E402
+from tests.models.test_qwen25_vl import END, IMAGE, START, placeholders, saved_hf_vl  # noqa: E402
 
 pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
 
@@ -85,7 +86,8 @@ def trajectories(rng, proc, n_images=(1, 2, 0, 1)):
 
 
 def hf_logprobs(hf, proc, traj) -> np.ndarray:
-  """HF's log-probs f32[T - 1] of token t+1 given tokens 0..t of one trajectory with its images."""
+  """HF's log-probs f32[T - 1] of token t+1 given tokens 0..t of one trajectory with its images, the vision
+  placeholders out of the softmax by HF's SuppressTokensLogitsProcessor (as the trainer and samplers here)."""
   ids = torch.as_tensor(np.asarray(traj.token_ids)[None], dtype=torch.long)
   kw = {}
   if traj.images:
@@ -93,7 +95,8 @@ def hf_logprobs(hf, proc, traj) -> np.ndarray:
     kw = dict(pixel_values=torch.as_tensor(pixels), image_grid_thw=torch.as_tensor(grids))
   with torch.no_grad():
     logits = hf(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == IMAGE).int(), **kw).logits
-  lp = torch.log_softmax(logits.float()[0, :-1], -1)
+  suppress = transformers.SuppressTokensLogitsProcessor(placeholders(hf.config), device="cpu")
+  lp = torch.log_softmax(suppress(ids[0, :-1, None], logits.float()[0, :-1]), -1)
   return lp.gather(-1, ids[0, 1:, None])[:, 0].numpy()
 
 
@@ -229,3 +232,47 @@ def test_lora_adapters_only_in_the_language_model(vl):
 def test_bad_model_vision_train_is_refused_by_name():
   with pytest.raises((TypeError, ValueError), match="model.vision.train"):
     VisionSection(train="yes")
+
+
+@pytest.mark.slow  # ~10 s: an SFT step compiled
+def test_sft_step_reads_the_images(vl):
+  """The SFT warm start on image trajectories (rl/sft.SftProgram with `vision`): its NLL is HF's on the same
+  tokens and pixels (the token mean over action tokens), and other pixels give another NLL."""
+  from types import SimpleNamespace
+
+  from agentfly_jax.models.sharding import make_mesh
+  from agentfly_jax.rl.programs import TrainStates
+  from agentfly_jax.rl.sft import SftProgram
+
+  hf, folder = vl
+  model, proc = from_pretrained(folder), processor()
+  trajs = trajectories(np.random.default_rng(13), proc)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  opt = optax.sgd(0.0)  # the step's NLL is of the params it was given; a zero step keeps them
+  mesh = make_mesh()
+  states = TrainStates(params, None, opt, None, mesh, None, None, seed=0)
+  program = SftProgram(
+    graphdef,
+    rest,
+    opt,
+    states=states,
+    loss_cfg=SimpleNamespace(logits_chunk=8, logits_capacity=()),
+    mesh=mesh,
+    rules=None,
+    pad_id=0,
+    micro_batch_size=2,
+    vision=(proc, model.config, 16),
+  )
+  state = program.new_state(params)
+  state, metrics = program.step(state, trajs)
+  lp = np.concatenate([hf_logprobs(hf, proc, t)[np.asarray(t.action_mask)[1:]] for t in trajs])
+  np.testing.assert_allclose(float(metrics["sft/nll"]), -lp.mean(), rtol=1e-4)
+  rng = np.random.default_rng(14)
+  other = [
+    dataclasses.replace(
+      t, images=[Image.fromarray(rng.integers(0, 256, (*np.asarray(i).shape,), np.uint8)) for i in t.images]
+    )
+    for t in trajs
+  ]
+  _, moved = program.step(state, other)
+  assert abs(float(moved["sft/nll"]) - float(metrics["sft/nll"])) > 1e-4

@@ -22,6 +22,46 @@ def test_rows_and_agent():
   assert "answer" not in seen and "solution" not in seen
 
 
+def test_splits_are_disjoint_and_the_default_rows_keep_their_draws():
+  """train / dev (the evals during training) / test (the locked split) disjoint in both tasks; the kinds argument
+  leaves the default mix's rows as they were drawn (the same scenes from the same seeds)."""
+  from envservers.api import visual_qa_rows
+
+  for name in ("visual_qa", "visual_qa_colors"):
+    task = get_task(name)
+    splits = [task.make_rows(64, 0), task.make_eval_rows(32, 0), task.make_test_rows(32, 0)]
+    scenes = [{repr(r["solution"]) for r in rows} for rows in splits]
+    assert not (scenes[0] & scenes[1] or scenes[0] & scenes[2] or scenes[1] & scenes[2]), name
+    assert {r["id"].split("-")[1] for r in splits[2]} == {"test"}
+  assert visual_qa_rows.make_rows(16, 3) == visual_qa_rows.make_rows(16, 3, "train", visual_qa_rows.KINDS)
+  with pytest.raises(ValueError, match="kinds must be a non-empty subset"):
+    visual_qa_rows.make_rows(2, 0, "train", ("colour",))
+
+
+def test_colour_rows_and_the_demo_policy():
+  """visual_qa_colors: 1-3 shapes of one colour, the answer that colour; the demo calls the answer tool with a
+  colour word (drawn at random: a demo cannot see the picture)."""
+  import json
+
+  import numpy as np
+
+  from agentfly_jax.tasks import visual_qa_colors
+
+  rows = visual_qa_colors.make_rows(48, 1)
+  for r in rows:
+    shapes = r["solution"]["scene"]["shapes"]
+    assert 1 <= len(shapes) <= 3 and {s["color"] for s in shapes} == {r["answer"]}
+  assert len({r["answer"] for r in rows}) == len(visual_qa_colors.COLORS)
+  rng = np.random.default_rng(0)
+  said = set()
+  for _ in range(40):
+    text = visual_qa_colors.scripted_response("", True, rng)
+    call = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert call["name"] == "answer" and call["arguments"]["answer"] in visual_qa_colors.COLORS
+    said.add(call["arguments"]["answer"])
+  assert len(said) > 3
+
+
 @pytest.mark.slow  # tokenizer training + a model build: ~20 s on a loaded 2-core CPU
 @pytest.mark.parametrize("train_vision", [False, True])
 def test_build_run_accepts_a_qwen2_5_vl_policy(tmp_path, train_vision):

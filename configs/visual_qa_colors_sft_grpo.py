@@ -1,0 +1,34 @@
+"""A tiny random-init Qwen2.5-VL policy learns to name the colour of the shapes in a picture: an SFT warm start on
+the answer call (a colour drawn at random: the format, not the picture), then GRPO with the vision tower trained.
+
+  .venv/bin/python experiments/train.py --config=configs/visual_qa_colors_sft_grpo.py --workdir=runs/vqa_colors
+
+Task `visual_qa_colors` (tasks/visual_qa_colors.py): the `visual_qa` env's name_color questions, 1-3 shapes of
+one of six colours, reward 1.0 for the right colour. After the warm start the policy answers with a colour word but
+not the picture's (greedy: about the test split's most common colour); what it learns after that it learns from
+the images. The env server needs `--env visual_qa=N`. Learning rows: lab/results/LEARNING.md.
+"""
+
+from agentfly_jax.rl.config import world_config
+
+
+def get_config():
+  c = world_config("visual_qa_colors", "grpo")
+  c.name = "visual_qa_colors_sft_grpo"
+  c.model.family = "qwen2_5_vl"
+  c.model.vision.train = True
+  c.model.vision.max_pixels = 4096  # 224 px scenes at 64 x 64: 16 merged image tokens
+  c.rollout.max_turns = 1
+  c.rollout.max_tokens_per_turn = 24
+  c.rollout.max_total_tokens = 256
+  c.rollout.rows_per_step = 8
+  c.rollout.num_chains = 8
+  c.sft.steps = 20
+  c.sft.rows_per_step = 16
+  c.sft.lr = 1e-3
+  c.sft.tool_use_prob = 1.0
+  c.train.steps = 60
+  c.train.lr = 3e-4
+  c.eval.every = 10
+  c.eval.num_rows = 32
+  return c
