@@ -13,8 +13,11 @@ puts them back in image order. HF's Conv3d with kernel = stride is the one dot_g
 `PatchEmbed`. With `ModelConfig.scan_layers` the blocks are scanned as the LM's decoder layers are:
 `visual.blocks` is one VisionBlock whose params carry a leading [depth] axis (logical name "layers",
 layer_stack.py converts between the layouts), run under `lax.scan` with each block's full-or-window
-choice a scanned boolean (`full_attention_flags`) selecting its segment ids; unrolled
-(`nnx.List` of blocks) otherwise. Neither layout rematerialises the blocks.
+choice a scanned boolean (`full_attention_flags`) selecting its segment ids, and the LM's remat
+policy (`ModelConfig.remat`) inside the scan body: without it a trained tower's backward pass keeps
+every block's intermediates stacked [depth, ...] (the Qwen2.5-VL-3B train step compiled for
+v5p:2x2x2 held 13 GiB a chip more than unrolled, lab/results/aot_tpu.md). Unrolled (`nnx.List` of
+blocks, no remat) otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from agentfly_jax.models.config import ModelConfig
 from agentfly_jax.models.flash_attention import _MASK_VALUE
 from agentfly_jax.models.layer_stack import LAYERS
 from agentfly_jax.models.layers import RMSNorm, linear
+from agentfly_jax.models.remat import scan_body
 from agentfly_jax.models.sharding import param_with_axes
 from agentfly_jax.models.vision_config import VisionConfig
 
@@ -234,8 +238,9 @@ def stacked_vision_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> VisionBlock:
   return make(rngs)
 
 
-def scan_vision_blocks(blocks: VisionBlock, x, cos, sin, full, window, flags, compute_dtype):
-  """The stacked blocks over x [N, D] with `lax.scan`, one block per iteration; block i attends
+def scan_vision_blocks(blocks: VisionBlock, x, cos, sin, full, window, flags, compute_dtype, remat=False):
+  """The stacked blocks over x [N, D] with `lax.scan`, one block per iteration under the remat
+  policy `remat` (models/remat.py, as the LM's scanned layers); block i attends
   within `full` (int32[N] frame ids) where flags[i] (bool[depth], `full_attention_flags`), else
   within `window` (int32[N] window ids), selected in the body so one traced block serves all.
   Weights are cast to `compute_dtype` inside the loop (causal_lm.tied_to_iteration: no
@@ -248,7 +253,7 @@ def scan_vision_blocks(blocks: VisionBlock, x, cos, sin, full, window, flags, co
     block = nnx.merge(graphdef, tied_to_iteration(block_state, index, compute_dtype))
     return block(h, cos, sin, jnp.where(is_full, full, window)), None
 
-  x, _ = jax.lax.scan(body, x, (state, jnp.asarray(flags), jnp.arange(depth, dtype=jnp.int32)))
+  x, _ = jax.lax.scan(scan_body(body, remat), x, (state, jnp.asarray(flags), jnp.arange(depth, dtype=jnp.int32)))
   return x
 
 
@@ -281,7 +286,7 @@ class VisionTower(nnx.Module):
     self.vision = v
     self.patch_embed = nnx.Dict({"proj": PatchEmbed(cfg, rngs=rngs)})  # HF: patch_embed.proj (a Conv3d)
     self.scanned = bool(cfg.scan_layers)
-    self.compute_dtype = cfg.compute_dtype
+    self.compute_dtype, self.remat = cfg.compute_dtype, cfg.remat
     if self.scanned:
       self.blocks = stacked_vision_blocks(cfg, rngs)
     else:
@@ -301,7 +306,8 @@ class VisionTower(nnx.Module):
     cos, sin = vision_rope(jnp.asarray(layout.rotary_positions), v)
     full, window = jnp.asarray(layout.full_segments), jnp.asarray(layout.window_segments)
     if self.scanned:
-      x = scan_vision_blocks(self.blocks, x, cos, sin, full, window, full_attention_flags(v), self.compute_dtype)
+      flags = full_attention_flags(v)
+      x = scan_vision_blocks(self.blocks, x, cos, sin, full, window, flags, self.compute_dtype, self.remat)
     else:
       for block, is_full in zip(self.blocks, full_attention_flags(v)):
         x = block(x, cos, sin, full if is_full else window)
