@@ -15,9 +15,9 @@ puts them back in image order. HF's Conv3d with kernel = stride is the one dot_g
 layer_stack.py converts between the layouts), run under `lax.scan` with each block's full-or-window
 choice a scanned boolean (`full_attention_flags`) selecting its segment ids, and the LM's remat
 policy (`ModelConfig.remat`) inside the scan body: without it a trained tower's backward pass keeps
-every block's intermediates stacked [depth, ...] (the Qwen2.5-VL-3B train step compiled for
-v5p:2x2x2 held 13 GiB a chip more than unrolled, lab/results/aot_tpu.md). Unrolled (`nnx.List` of
-blocks, no remat) otherwise.
+every block's intermediates stacked [depth, ...] (13 GiB a chip more than unrolled in the
+Qwen2.5-VL-3B train step on v5p:2x2x2: lab/results/vl_tower_scan/README.md). Unrolled (`nnx.List`
+of blocks, no remat) otherwise.
 """
 
 from __future__ import annotations
