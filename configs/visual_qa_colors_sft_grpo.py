@@ -3,7 +3,7 @@ the answer call (a colour drawn at random: the format, not the picture), then GR
 
   .venv/bin/python experiments/train.py --config=configs/visual_qa_colors_sft_grpo.py --workdir=runs/vqa_colors
 
-Task `visual_qa_colors` (tasks/visual_qa_colors.py): the `visual_qa` env's name_color questions, 1-3 shapes of
+Task `visual_qa_colors` (tasks/visual_qa_colors.py): the `visual_qa` env's name_color questions, 4-8 shapes of
 one of six colours, reward 1.0 for the right colour. After the warm start the policy answers with a colour word but
 not the picture's (greedy: about the test split's most common colour); what it learns after that it learns from
 the images. The env server needs `--env visual_qa=N`. Learning rows: lab/results/LEARNING.md.
@@ -17,7 +17,7 @@ def get_config():
   c.name = "visual_qa_colors_sft_grpo"
   c.model.family = "qwen2_5_vl"
   c.model.vision.train = True
-  c.model.vision.max_pixels = 4096  # 224 px scenes at 64 x 64: 16 merged image tokens
+  c.model.vision.max_pixels = 4096  # 224 px scenes at 64 x 64: 256 patches of 4 px, 64 merged image tokens
   c.rollout.max_turns = 1
   c.rollout.max_tokens_per_turn = 24
   c.rollout.max_total_tokens = 256

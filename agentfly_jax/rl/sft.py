@@ -161,6 +161,29 @@ class SftProgram:
     return self._step(state, mb, self.rest)  # the rest (LoRA: the base) as an argument
 
 
+def check_demos(trajs, step: int) -> None:
+  """RuntimeError when every demonstration chain of SFT step `step` failed (nothing to learn from), naming the
+  first failure; a share of failed demos trains on the rest (a failed chain's tokens are its prompt only)."""
+  failed = [t for t in trajs if t.finish_reason == "error"]
+  if trajs and len(failed) == len(trajs):
+    first = failed[0]
+    raise RuntimeError(
+      f"SFT step {step}: every demonstration chain failed ({len(trajs)} of {len(trajs)}); the first: "
+      f"{first.error} (at {first.error_frame}) (limits: config.rollout.max_total_tokens / max_tokens_per_turn)"
+    )
+
+
+def takes_row(policy) -> bool:
+  """A demonstration policy that reads the row it demonstrates (`scripted_response(..., row=)`: a task whose answer
+  is not in the prompt text, e.g. in a picture): the demos run one row at a time."""
+  import inspect
+
+  try:
+    return "row" in inspect.signature(policy).parameters
+  except (TypeError, ValueError):
+    return False
+
+
 def train_on_demos(
   program: SftProgram,
   params,
@@ -175,22 +198,32 @@ def train_on_demos(
   after_step: Callable[[int, object], None] | None = None,
 ) -> tuple[object, list[float]]:
   """The warm start phase of `sft` (rl/spec.SftSection): scripted demonstrations of `task`
-  (its `scripted_response`) rolled out by the real agent through `rollout(rows, sampler=,
-  num_chains=, seed=)`, SFT steps on them from `params`. `after_step(steps_done, params)` is
+  (its `scripted_response`; given `row=` the row too when it takes one: `takes_row`) rolled out by the real
+  agent through `rollout(rows, sampler=, num_chains=, seed=)`, SFT steps on them from `params`. `after_step(steps_done, params)` is
   called after each step (the lr is constant and step i's demos depend on i only, so the params
   after k steps are those of a k-step SFT). Returns (params, per-step NLL)."""
   state = program.new_state(params)
-  p_tool = sft.tool_use_prob
-  demo = ScriptedPolicySampler(
-    tokenizer, lambda text, rng: task.scripted_response(text, rng.random() < p_tool, rng), end_of_turn_id, seed=seed
-  )
+  p_tool, script = sft.tool_use_prob, task.scripted_response
+  current = {"row": None}  # a policy that reads its row (`row=`): the row of the chain being demonstrated
+  if takes_row(script):
+    policy = lambda text, rng: script(text, rng.random() < p_tool, rng, row=current["row"])  # noqa: E731
+  else:
+    policy = lambda text, rng: script(text, rng.random() < p_tool, rng)  # noqa: E731
+  demo = ScriptedPolicySampler(tokenizer, policy, end_of_turn_id, seed=seed)
   from tqdm.auto import tqdm
 
   bar = tqdm(total=sft.steps, desc="sft", disable=not progress, dynamic_ncols=True)
   nll = []
   for i in range(sft.steps):
     rows = task.make_rows(sft.rows_per_step, seed=10_000_000 + seed * 100_003 + i)
-    trajs = rollout(rows, sampler=demo, num_chains=1, seed=seed * 7919 + i)
+    if takes_row(script):  # one row at a time, so the policy knows whose chain it writes
+      trajs = []
+      for j, row in enumerate(rows):
+        current["row"] = row
+        trajs += rollout([row], sampler=demo, num_chains=1, seed=(seed * 7919 + i) * 1_000_003 + j)
+    else:
+      trajs = rollout(rows, sampler=demo, num_chains=1, seed=seed * 7919 + i)
+    check_demos(trajs, i)
     state, m = program.step(state, trajs, demo)
     nll.append(m["sft/nll"])
     bar.update(1)

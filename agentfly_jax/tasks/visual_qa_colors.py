@@ -1,12 +1,12 @@
-"""The colour of the shapes in a picture: the `visual_qa` env's `name_color` questions alone (1-3 shapes of one
+"""The colour of the shapes in a picture: the `visual_qa` env's `name_color` questions alone (4-8 shapes of one
 colour; six answers), a visual task a small random-init vision tower learns on CPU.
 
   --config=configs/visual_qa_colors_sft_grpo.py     # SFT warm start on the answer format, then GRPO
 
 Tools, reward, agent and env as tasks/visual_qa.py. The demonstration policy (`scripted_response`) calls the
-answer tool with a colour drawn at random, not the picture's: the warm start learns the call and the answer
-words, and which colour the picture shows is left to RL (a demo cannot see the picture; the answer is a
-reward-only field).
+answer tool with the picture's colour (the row's answer: the demonstrator reads the row, the agent never does) in
+a share `sft.tool_use_prob` of the demos, and with a guess left out of the loss in the rest: a short warm start
+learns the call and a little of the colours, and RL the rest from the images.
 """
 
 from __future__ import annotations
@@ -36,9 +36,15 @@ def make_test_rows(n: int, seed: int) -> list[dict]:
   return visual_qa_rows.make_rows(n, seed, "test", KINDS)
 
 
-def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator) -> str:
-  """The answer tool called with a colour drawn uniformly (the demo does not see the picture)."""
-  return tool_call_text("answer", answer=COLORS[int(rng.integers(len(COLORS)))])
+def scripted_response(prompt_text: str, use_tool: bool, rng: np.random.Generator, row: dict | None = None) -> list:
+  """The answer tool called with a colour. In a share `use_tool` of the demos (config.sft.tool_use_prob) the
+  picture's colour: the row's answer, which the demonstrator reads (rl/sft.takes_row) and the agent never sees;
+  in the rest a colour drawn at random, left out of the loss (the warm start learns the call, not a guess)."""
+  if use_tool and row is not None:
+    return [(tool_call_text("answer", answer=row["answer"]), True)]
+  guess = COLORS[int(rng.integers(len(COLORS)))]
+  head, tail = tool_call_text("answer", answer=guess).split(f'"{guess}"')
+  return [(head + '"', True), (guess, False), ('"' + tail, True)]
 
 
 def tokenizer_corpus() -> list[str]:

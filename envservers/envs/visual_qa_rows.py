@@ -27,10 +27,10 @@ WORDS = tuple(
   "bread candle mango zebra violin pencil rocket garden".split()
 )
 KINDS = ("count_color", "count_shape", "count_shape_color", "read_text")  # the default mix
-# "name_color": 1-3 shapes of one colour, asked for the colour (six answers: a small visual task a random-init
+# "name_color": 4-8 shapes of one colour, asked for the colour (six answers: a small visual task a random-init
 # tower learns on CPU; make_rows(kinds=("name_color",)), tasks/visual_qa_colors.py)
 ALL_KINDS = KINDS + ("name_color",)
-MAX_SAME_COLOR = 3
+SAME_COLOR_SHAPES = (4, 8)
 SPLITS = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}
 MAX_SHAPES = 8
 _TARGET_KEYS = {"count_color": ("color",), "count_shape": ("shape",), "count_shape_color": ("shape", "color")}
@@ -73,7 +73,7 @@ def _random_item(rng: np.random.Generator, kinds: tuple = KINDS) -> tuple[str, d
   cells = [int(c) for c in rng.permutation(GRID * GRID)]
   if kind == "name_color":
     color = list(COLORS)[int(rng.integers(len(COLORS)))]
-    n = int(rng.integers(1, MAX_SAME_COLOR + 1))
+    n = int(rng.integers(SAME_COLOR_SHAPES[0], SAME_COLOR_SHAPES[1] + 1))
     shapes = [{"shape": SHAPES[int(rng.integers(len(SHAPES)))], "color": color, "cell": c} for c in cells[:n]]
     return kind, {"shapes": shapes, "text": None}, {}
   n = int(rng.integers(1, MAX_SHAPES + 1))

@@ -2,6 +2,7 @@
 that leaves `learn=False` pieces (the lookup demo's guessed word) out of the loss."""
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -79,3 +80,58 @@ def test_plain_text_demo_and_bad_piece():
   bad = ScriptedPolicySampler(tok, lambda text, rng: [("The code is", True), "apple"], eot)
   with pytest.raises(TypeError, match="piece 1 of a demo turn must be"):
     bad.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8))
+
+
+class _RecordingProgram:
+  """An SFT program that records the demonstrations it is given (the real rollout produced them)."""
+
+  def __init__(self):
+    self.batches = []
+
+  def new_state(self, params):
+    return types.SimpleNamespace(params=params)
+
+  def step(self, state, trajs, demo):
+    self.batches.append(trajs)
+    return state, {"sft/nll": 0.0}
+
+
+def test_a_policy_that_reads_its_row_writes_each_chains_own_answer():
+  """`scripted_response(..., row=)` (a task whose answer is not in the prompt, e.g. in a picture): every chain's
+  demo is written from its own row (rows run one at a time), and a step whose every demo chain failed stops
+  the warm start, naming the failure."""
+  from agentfly_jax.rl.sft import takes_row, train_on_demos
+
+  tok = load_tokenizer(WARMSTART)
+  eot = tok.token_to_id("<|im_end|>")
+
+  def policy(text, use_tool, rng, row=None):
+    return f"The answer is {row['answer']}."
+
+  assert takes_row(policy) and not takes_row(lookup.scripted_response)
+  task = types.SimpleNamespace(scripted_response=policy, make_rows=lambda n, seed: lookup.make_rows(n, seed=seed))
+  sft = types.SimpleNamespace(steps=2, rows_per_step=5, tool_use_prob=1.0)
+
+  def rollout(rows, *, sampler, num_chains, seed):
+    agent = lookup.make_agent(tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_token_ids=(eot,))
+    return run_rollout(
+      agent, rows, sampler=sampler, num_chains=num_chains, max_turns=1, sampling_params=params,
+      max_tokens_per_turn=32, max_total_tokens=256, seed=seed,
+    )  # fmt: skip
+
+  program = _RecordingProgram()
+  train_on_demos(program, None, task=task, tokenizer=tok, end_of_turn_id=eot, sft=sft, seed=0, rollout=rollout)
+  trajs = [t for batch in program.batches for t in batch]
+  assert len(trajs) == 10 and len({t.row["answer"] for t in trajs}) > 1
+  for t in trajs:
+    assert t.row["answer"] in tok.decode(np.asarray(t.token_ids)[np.asarray(t.action_mask)])
+
+  def broken(text, use_tool, rng, row=None):
+    raise ValueError("no demo for this row")
+
+  broken_task = types.SimpleNamespace(scripted_response=broken, make_rows=task.make_rows)
+  with pytest.raises(RuntimeError, match="SFT step 0: every demonstration chain failed.*no demo for this row"):
+    train_on_demos(
+      _RecordingProgram(), None, task=broken_task, tokenizer=tok, end_of_turn_id=eot, sft=sft, seed=0, rollout=rollout
+    )
