@@ -6,7 +6,7 @@ the answer call (a colour drawn at random: the format, not the picture), then GR
 Task `visual_qa_colors` (tasks/visual_qa_colors.py): the `visual_qa` env's name_color questions, 4-8 shapes of
 one of six colours, reward 1.0 for the right colour. After the warm start the policy answers with a colour word but
 not the picture's (greedy: about the test split's most common colour); what it learns after that it learns from
-the images. The env server needs `--env visual_qa=N`. Learning rows: lab/results/LEARNING.md.
+the images. The local env server serves it (yours: `--env visual_qa=N`). Learning rows: lab/results/LEARNING.md.
 """
 
 from agentfly_jax.rl.config import world_config

@@ -10,7 +10,7 @@ The tiny tokenizer holds Qwen2.5-VL's vision tokens and renders image parts in Q
 resize bounds); the paged engine (rollout.sampler=jax) samples with the chain's images.
 
 The env's reset gives the question and the image; the one tool `answer` ends the episode; reward: the
-env's exact match. The env server needs `--env visual_qa=N`.
+env's exact match. The local env server serves it; a server of your own needs `--env visual_qa=N`.
 """
 
 from agentfly_jax.rl.config import world_config

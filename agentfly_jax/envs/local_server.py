@@ -5,9 +5,8 @@
 itself (`python -m envservers` on a free loopback port; it exits when this process exits, even
 on a crash, because it watches its stdin pipe). So a notebook or a one-off tool call needs no
 set-up. The local server's env types come from `AGENTFLY_LOCAL_ENVS` (default
-`python_sandbox=16:2,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,textworld=16:0,
-scienceworld=4:0,swe=16:0,gymnasium=16:0,openenv=16:0`; the worlds start no instance until a
-chain asks for one).
+DEFAULT_LOCAL_ENVS: the tools' sandboxes and every world a built-in config uses, visual_qa included; the worlds
+start no instance until a chain asks for one).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from agentfly_jax.envs.manager import EnvManager
 
 DEFAULT_LOCAL_ENVS = (
   "python_sandbox=16:2,retrieval=16:1,echo=8:1,counter=8:1,sleep=64:1,webshop=32:0,"
-  "textworld=16:0,scienceworld=4:0,swe=16:0,gymnasium=16:0,openenv=16:0"
+  "textworld=16:0,scienceworld=4:0,swe=16:0,gymnasium=16:0,openenv=16:0,visual_qa=16:0"
 )
 
 
