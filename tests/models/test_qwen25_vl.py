@@ -379,8 +379,9 @@ def test_bad_vision_config_is_refused_by_name():
 
 def test_train_step_calls_with_images(vl, forward):
   """The train step's calls (hidden_states + token_logprobs_entropy, as rl/core/train_step.py makes them)
-  with images added as pixel_values + vision_layout and positions [3, B, T]: HF's log-probs."""
-  _, _, model = vl
+  with images added as pixel_values + vision_layout and positions [3, B, T]: HF's log-probs, the vision
+  placeholders out of the softmax (a target that is one: probability 0, a finite log-prob)."""
+  _, hf, model = vl
   ids, mask, grids, pixels, _, ref = forward
   positions, _ = mrope_positions(ids, grids, model.config, mask)
   targets = np.roll(ids, -1, axis=1)
@@ -392,8 +393,13 @@ def test_train_step_calls_with_images(vl, forward):
     vision_layout=vision_layout(grids, model.config.vision),
   )
   lp, _ = model.token_logprobs_entropy(hidden, jnp.asarray(targets), chunk=16)
-  ref_lp = np.take_along_axis(jax.nn.log_softmax(jnp.asarray(ref), axis=-1), targets[..., None], axis=-1)[..., 0]
-  np.testing.assert_allclose(np.asarray(lp)[mask], np.asarray(ref_lp)[mask], atol=2e-4)
+  suppressed = np.asarray(ref, np.float32).copy()
+  suppressed[..., placeholders(hf.config)] = -np.inf
+  ref_lp = np.take_along_axis(jax.nn.log_softmax(jnp.asarray(suppressed), axis=-1), targets[..., None], axis=-1)[..., 0]
+  written = mask & ~np.isin(targets, placeholders(hf.config))
+  assert written.sum() > 10 and (mask & ~written).any()
+  np.testing.assert_allclose(np.asarray(lp)[written], np.asarray(ref_lp)[written], atol=2e-4)
+  assert np.all(np.asarray(lp)[mask & ~written] < -1e8) and np.isfinite(np.asarray(lp)).all()
 
 
 @pytest.mark.slow  # tracing a 7B-sized model's init: ~30 s on a loaded 2-core CPU
