@@ -178,15 +178,17 @@ def build_model(spec, vocab_size: int, *, critic: bool = False, lora: bool = Tru
   return model
 
 
-def trainable_filter(spec, *, critic: bool = False):
+def trainable_filter(spec, *, critic: bool = False, lora: bool = True):
   """What the optimizer trains: every nnx.Param, or under LoRA the adapters (the critic: its
   adapters + its value head `score`). A vision tower (`visual`) trains whole with
-  `model.vision.train`, else it is frozen (in the rest, as LoRA's base)."""
+  `model.vision.train`, else it is frozen (in the rest, as LoRA's base). `lora`: False for a model
+  built without adapters (`build_model(lora=False)`; the AOT tool's abstract policy), whatever
+  `model.lora.rank` says."""
   from agentfly_jax.models.lora import lora_filter
 
-  lora = spec.model.lora
   visual = nnx.All(nnx.Param, nnx.PathContains("visual"))
-  if not lora.rank or (critic and not lora.critic):
+  adapters = spec.model.lora.rank > 0 and lora
+  if not adapters or (critic and not spec.model.lora.critic):
     return nnx.Param if spec.model.vision.train else nnx.All(nnx.Param, nnx.Not(visual))
   if critic:
     return lora_filter(nnx.PathContains("score"))

@@ -576,7 +576,7 @@ def test_a_vision_language_step_takes_each_rows_images(tmp_path):
   assert run.num_params > text.num_params  # + the tower
   # both programs trace and lower with the images (compiling the tower for TPU is the table's job: minutes)
   ref = run.params if spec.loss.kl_coef > 0 else None
-  run.update.prepare.lower(run.params, ref, run.critic_params, arrays)
+  run.update.prepare.lower(run.params, ref, run.critic_params, arrays, run.update.frozen)  # as the trainer calls it
   program, args, _, _ = train_step_args(run)
   assert args[1]["pixel_values"].shape[2:] == arrays["pixel_values"].shape[1:]
   program.lower(*args)
@@ -591,3 +591,53 @@ def test_a_vision_language_step_takes_each_rows_images(tmp_path):
     aot.compile_run(spec, "v5e:2x2", str(path), programs=("train_step",), seq_len=128, images="4x200x200")
   with pytest.raises(aot.BadInput, match="--images='2x40x56': model_type 'qwen2' has no vision tower"):
     aot.compile_run(spec, "v5e:2x2", programs=("train_step",), images="2x40x56")  # the spec's text warm start
+
+
+def test_a_frozen_vision_tower_is_in_the_rest_not_the_trained_params():
+  """The abstract run splits the policy as the trainer does (rl/setup.trainable_filter): with `model.vision.train`
+  False the tower (`visual`) is in the rest, placed by the partition rules and passed to prepare and the train step
+  as an argument (never a constant), with no gradient or Adam moments in the train state; with it True the reverse.
+  The parameter counts hold the tower either way. Lowered only (compiling the tower for TPU: lab/results/aot_tpu.md)."""
+  import jax
+  from flax import nnx
+
+  from agentfly_jax.models import tiny_config
+  from agentfly_jax.rl.scale import aot
+  from agentfly_jax.rl.scale.aot_programs import abstract_run, abstract_step_arrays, train_step_args
+
+  def visual(tree) -> list:
+    return [k for k, _ in jax.tree_util.tree_leaves_with_path(tree) if "visual" in jax.tree_util.keystr(k)]
+
+  config = lookup_config(fsdp=4)
+  config.model.family, config.model.vision.patch_multiple = "qwen2_5_vl", 64
+  config.rollout.max_total_tokens, config.rollout.max_tokens_per_turn = 128, 16
+  cfg = tiny_config("qwen2_5_vl", vocab_size=256, num_hidden_layers=2, scan_layers=True)
+  devices = aot.topology_devices("v5e:2x2")
+  runs = {}
+  for train in (False, True):
+    config.model.vision.train = train
+    runs[train] = run = abstract_run(RunSpec.from_config(config), cfg, devices, 128, images="2x40x56")
+    trained, frozen = visual(run.params), visual(nnx.state(run.rest, nnx.Param))
+    assert (bool(trained), bool(frozen)) == (train, not train)
+    assert bool(visual(run.state.opt_state)) == train and bool(visual(run.state.params)) == train
+    assert visual(run.update.frozen[0]) == frozen and visual(run.sampler_rest) == frozen
+    for leaf in jax.tree.leaves(run.rest):  # the rest's shardings are the partition rules', as shard_model's
+      assert leaf.sharding.mesh == run.mesh
+    _, arrays = abstract_step_arrays(run)
+    program, args, _, _ = train_step_args(run)
+    assert args[2] is run.update.frozen
+    state_info, _, rest_info = program.lower(*args).args_info[0]  # the state donated, the rest an argument, kept
+    assert all(a.donated for a in jax.tree.leaves(state_info))
+    assert len(jax.tree.leaves(rest_info)) == len(jax.tree.leaves(run.rest)) and not any(
+      a.donated for a in jax.tree.leaves(rest_info)
+    )
+    ref = run.params if run.spec.loss.kl_coef > 0 else None
+    run.update.prepare.lower(run.params, ref, run.critic_params, arrays, run.update.frozen)
+  assert runs[False].num_params == runs[True].num_params
+  tower = sum(x.size for x in jax.tree.leaves(nnx.state(runs[False].rest, nnx.Param)))
+  assert tower > 0
+  count = lambda run: sum(x.size for x in jax.tree.leaves(run.state.params))  # noqa: E731
+  assert count(runs[True]) - count(runs[False]) == tower
+  # a text policy has nothing frozen: its rest is empty, its programs as before
+  text = abstract_run(runs[False].spec, tiny_config("qwen2", vocab_size=256, num_hidden_layers=2), devices, 64)
+  assert jax.tree.leaves(text.rest) == [] and count(text) == text.num_params

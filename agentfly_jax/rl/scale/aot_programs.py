@@ -38,15 +38,19 @@ def named(mesh, specs):
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def abstract_model(cls, cfg, mesh, rules):
-  """(graphdef, abstract params with their shardings, rest, partition specs) of `cls(cfg)`."""
+def abstract_model(cls, cfg, mesh, rules, trainable=None):
+  """(graphdef, abstract trained params, abstract rest, the trained params' partition specs) of `cls(cfg)`:
+  every param placed by the partition rules (as `models.shard_model` places a real one), then split by
+  `trainable` (an nnx filter, rl/setup.trainable_filter; None: every nnx.Param) as rl/setup.py splits it."""
   from flax import nnx
 
   from agentfly_jax.models import partition_specs
 
-  graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
-  specs = partition_specs(params, mesh, rules)
-  return graphdef, with_shardings(params, named(mesh, specs)), rest, specs
+  model = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+  every = nnx.state(model, nnx.Param)
+  nnx.update(model, with_shardings(every, named(mesh, partition_specs(every, mesh, rules))))
+  graphdef, params, rest = nnx.split(model, nnx.Param if trainable is None else trainable, ...)
+  return graphdef, params, rest, partition_specs(params, mesh, rules)
 
 
 def _sds(shape, dtype, sharding):
@@ -58,9 +62,10 @@ def _sds(shape, dtype, sharding):
 @dataclasses.dataclass(frozen=True)
 class AbstractRun:
   """What a run's programs take, as abstract values on a topology's meshes: the model config, the
-  meshes, the policy's halves (params abstract, with shardings), the critic's params (PPO; else
-  None), the loss, the `PolicyUpdate` the trainer would build, its abstract TrainState, the
-  sampler's params (on the sampler sub-mesh when there is one), and the parameter counts."""
+  meshes, the policy's halves split as the trainer splits them (rl/setup.trainable_filter: the trained
+  params; the rest, e.g. a frozen vision tower, abstract too and with their shardings), the critic's params
+  (PPO; else None), the loss, the `PolicyUpdate` the trainer would build, its abstract TrainState, the
+  sampler's halves (on the sampler sub-mesh when there is one), and the parameter counts (trained or not)."""
 
   spec: Any  # the run: rl.spec.RunSpec
   cfg: Any  # models.ModelConfig
@@ -78,6 +83,7 @@ class AbstractRun:
   update: Any  # rl.update.PolicyUpdate
   state: Any
   sampler_params: Any
+  sampler_rest: Any
   num_params: int
   layer_params: int  # params of one decoder layer
   images: Any = None  # a vision-language policy's images of one row (rl/scale/aot_batches.RowImages), else None
@@ -87,15 +93,22 @@ class AbstractRun:
     return self.mesh.shape["fsdp"]
 
 
-def _parameter_counts(params, num_layers: int) -> tuple[int, int]:
-  """(all params, one decoder layer's: the stacked layers' per-layer size, else layer 0's; a vision
-  tower's blocks, stacked or not, are not decoder layers)."""
-  import numpy as np
+def _flat_params(params, rest=None) -> list:
+  """[(path, abstract param)] of the trained `params` and every nnx.Param of the `rest` (a frozen tower's)."""
   from flax import nnx
+
+  frozen = [] if rest is None else [(k, v) for k, v in nnx.to_flat_state(rest) if isinstance(v, nnx.Param)]
+  return list(nnx.to_flat_state(params)) + frozen
+
+
+def _parameter_counts(params, num_layers: int, rest=None) -> tuple[int, int]:
+  """(all params, trained (`params`) or frozen (the `rest`'s), one decoder layer's: the stacked layers'
+  per-layer size, else layer 0's; a vision tower's blocks, stacked or not, are not decoder layers)."""
+  import numpy as np
 
   from agentfly_jax.models.layer_stack import LAYERS, is_stacked_path, is_unrolled_path
 
-  flat = list(nnx.to_flat_state(params))
+  flat = _flat_params(params, rest)
   num_params = sum(int(np.prod(v.shape)) for _, v in flat)
   decoder = [(path, v) for path, v in flat if LAYERS in path]
   stacked = sum(int(np.prod(v.shape[1:])) for path, v in decoder if is_stacked_path(path))
@@ -113,25 +126,22 @@ def _abstract_update(spec, cfg, mesh, rules, critic: bool) -> dict:
   from agentfly_jax.models import Critic, model_class
   from agentfly_jax.rl import programs as run_programs
   from agentfly_jax.rl.core.train_state import create_train_state
+  from agentfly_jax.rl.setup import trainable_filter
   from agentfly_jax.rl.update import ModelParts, PolicyUpdate
 
-  graphdef, params, rest, specs = abstract_model(model_class(cfg), cfg, mesh, rules)
+  # the abstract models carry no LoRA adapters: trained as a full fine-tune, a frozen vision tower aside
+  graphdef, params, rest, specs = abstract_model(model_class(cfg), cfg, mesh, rules, trainable_filter(spec, lora=False))
   critic_graphdef = critic_params = critic_rest = critic_specs = None
   if critic:
-    critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules)
+    trainable = trainable_filter(spec, critic=True, lora=False)
+    critic_graphdef, critic_params, critic_rest, critic_specs = abstract_model(Critic, cfg, mesh, rules, trainable)
   loss_cfg = run_programs.loss_config(spec)
   optimizer, critic_optimizer = run_programs.policy_optimizers(spec)
   state_sh = run_programs.train_state_sharding(
     params, critic_params, optimizer, critic_optimizer, mesh, specs, critic_specs
   )
-  state = with_shardings(
-    jax.eval_shape(
-      lambda p, cp: create_train_state(p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer),
-      params,
-      critic_params,
-    ),
-    state_sh,
-  )
+  make = lambda p, cp: create_train_state(p, optimizer, critic_params=cp, critic_optimizer=critic_optimizer)
+  state = with_shardings(jax.eval_shape(make, params, critic_params), state_sh)
   update = PolicyUpdate(
     ModelParts(graphdef, rest, optimizer, critic_graphdef, critic_rest, critic_optimizer),
     spec,
@@ -158,16 +168,17 @@ def abstract_run(spec, cfg, devices, seq_len: int, images: str = "") -> Abstract
   vision-language policy's images a row (rl/scale/aot_batches.parse_images)."""
   from agentfly_jax.models import model_class
   from agentfly_jax.rl.scale.aot_batches import row_images
-  from agentfly_jax.rl.setup import training_and_sampler_meshes
+  from agentfly_jax.rl.setup import trainable_filter, training_and_sampler_meshes
 
   mesh, sampler_mesh = training_and_sampler_meshes(spec, devices)
   rules = spec.mesh.rules
   critic = spec.algorithm.critic
   parts = _abstract_update(spec, cfg, mesh, rules, critic)
-  num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers)
-  sampler_params = parts["params"]
-  if sampler_mesh is not None:
-    sampler_params = abstract_model(model_class(cfg), cfg, sampler_mesh, rules)[1]
+  num_params, layer_params = _parameter_counts(parts["params"], cfg.num_hidden_layers, parts["rest"])
+  sampler_params, sampler_rest = parts["params"], parts["rest"]
+  if sampler_mesh is not None:  # the sampler's own copy of the model there, split alike
+    trainable = trainable_filter(spec, lora=False)
+    _, sampler_params, sampler_rest, _ = abstract_model(model_class(cfg), cfg, sampler_mesh, rules, trainable)
   return AbstractRun(
     spec=spec,
     cfg=cfg,
@@ -177,6 +188,7 @@ def abstract_run(spec, cfg, devices, seq_len: int, images: str = "") -> Abstract
     seq_len=seq_len,
     critic=critic,
     sampler_params=sampler_params,
+    sampler_rest=sampler_rest,
     num_params=num_params,
     layer_params=layer_params,
     images=row_images(spec, cfg, images, seq_len),
@@ -299,17 +311,19 @@ def train_step_floor(
   expert: int = 1,
   layer_expert_params: int = 0,
   row_split: int = 0,
+  trained_params: int = 0,
 ) -> int:
   """Hand-computed floor of a train step a chip: sharded params + grads + Adam moments (all in
-  param dtype / float32), one layer's weights gathered in the compute dtype, and with remat the
-  inputs of every layer of one micro-batch (its rows split over `row_split` chips, default fsdp); x2 with
-  a critic. A mixture of experts on `expert` > 1 chips: a chip gathers its E / expert experts of the
-  layer's `layer_expert_params` (not all of them), and its tokens' k assignments a sparse layer, each
-  sent and received once by all_to_all (its rows split over every chip of the mesh)."""
+  param dtype / float32; grads and moments of `trained_params` only, 0: all), one layer's weights gathered in
+  the compute dtype, and with remat the inputs of every layer of one micro-batch (its rows split over
+  `row_split` chips, default fsdp); x2 with a critic. A mixture of experts on `expert` > 1 chips: a chip
+  gathers its E / expert experts of the layer's `layer_expert_params` (not all of them), and its tokens' k
+  assignments a sparse layer, each sent and received once by all_to_all (its rows split over every chip of the
+  mesh)."""
   import numpy as np
 
   pb, cb = np.dtype(cfg.params_dtype).itemsize, np.dtype(cfg.compute_dtype).itemsize
-  state = num_params * (2 * pb + 8) / chips
+  state = (num_params * pb + (trained_params or num_params) * (pb + 8)) / chips
   gathered = (layer_params - layer_expert_params + layer_expert_params / expert) * cb
   acts = cfg.num_hidden_layers * -(-micro_rows // (row_split or fsdp)) * seq_len * cfg.hidden_size * cb
   exchange = 0
@@ -355,7 +369,8 @@ def compile_prepare(run: AbstractRun, chips: int) -> dict:
   """The `prepare` row: old (+ reference) log-probs, values, advantages over the rollout batch."""
   n_rows, arrays = abstract_step_arrays(run)
   ref = _reference_params(run)
-  row = compile_program("prepare", run.update.prepare, run.params, ref, run.critic_params, arrays)
+  update = run.update  # the models' rest (a frozen vision tower) an argument, as the trainer calls it
+  row = compile_program("prepare", update.prepare, run.params, ref, run.critic_params, arrays, update.frozen)
   row["micro_batch"] = f"{n_rows}x{run.seq_len}, chunks of {run.update.prepare_chunk} rows" + batch_note(run)
   row["model_flops"] = (
     model_flops(run.cfg, n_rows * run.seq_len, run.seq_len, backward=False, remat=False, critic=run.critic)
@@ -374,6 +389,8 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
   from agentfly_jax.rl.scale import memory_plan
 
   cfg = run.cfg
+  vision_params, vision_block_params = _vision_params(run)
+  depth = cfg.vision.depth if cfg.vision is not None else 0
   shape = memory_plan.ModelShape(
     num_params=run.num_params,
     num_layers=cfg.num_hidden_layers,
@@ -385,7 +402,9 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
     layer_params=run.layer_params,
     tied_embeddings=cfg.tie_word_embeddings,
     layer_expert_params=expert_layer_params(run.params, cfg),
-    vision_params=_vision_params(run.params),
+    vision_params=vision_params,
+    vision_depth=depth,
+    vision_block_params=vision_block_params,
     vision_heads=cfg.vision.num_heads if cfg.vision is not None else 0,
   )
   platform = run.mesh.devices.flat[0].platform
@@ -417,13 +436,14 @@ def train_step_memory_plan(run: AbstractRun, micro_rows: int, num_micro: int) ->
   return estimate_from_inputs(inputs)
 
 
-def _vision_params(params) -> int:
-  """Parameters of a vision-language policy's tower (`visual`; 0 for a text model)."""
-  import jax
+def _vision_params(run: AbstractRun) -> tuple[int, int]:
+  """(parameters of a vision-language policy's tower (`visual`), trained or frozen; of one of its blocks):
+  (0, 0) for a text model."""
   import numpy as np
 
-  leaves = jax.tree_util.tree_leaves_with_path(params)
-  return sum(int(np.prod(x.shape)) for path, x in leaves if "visual" in jax.tree_util.keystr(path))
+  flat = [(path, v) for path, v in _flat_params(run.params, run.rest) if "visual" in path]
+  blocks = sum(int(np.prod(v.shape)) for path, v in flat if "blocks" in path)
+  return sum(int(np.prod(v.shape)) for _, v in flat), blocks // run.cfg.vision.depth if flat else 0
 
 
 def estimate_from_inputs(inputs: dict) -> dict:
@@ -447,7 +467,8 @@ def train_step_args(run: AbstractRun) -> tuple:
 
   _, arrays = abstract_step_arrays(run)
   update = run.update
-  batch_out, _ = jax.eval_shape(update.prepare, run.params, _reference_params(run), run.critic_params, arrays)
+  ref = _reference_params(run)
+  batch_out, _ = jax.eval_shape(update.prepare, run.params, ref, run.critic_params, arrays, update.frozen)
   micro_rows, num_micro = update.minibatch_layout()
   keys = tuple(batch_out) + (("segment_ids", "positions") if run.spec.train.pack_sequences else ())
   dtypes = {**{k: v.dtype for k, v in batch_out.items()}, "segment_ids": jnp.int32, "positions": jnp.int32}
@@ -470,13 +491,10 @@ def compile_train_step(run: AbstractRun, chips: int) -> dict:
   )
   moe = {"expert": run.mesh.shape.get("expert", 1), "layer_expert_params": expert_layer_params(run.params, run.cfg)}
   args = (run.cfg, run.num_params, run.layer_params, micro_rows, seq_len, chips, run.fsdp, run.critic)
-  row["floor_bytes"] = train_step_floor(*args, **moe, row_split=activation_row_split(run, micro_rows))
+  split = {"row_split": activation_row_split(run, micro_rows), "trained_params": _parameter_counts(run.params, 1)[0]}
+  row["floor_bytes"] = train_step_floor(*args, **moe, **split)
   plan = train_step_memory_plan(run, micro_rows, num_micro)
-  row["memory_plan_bytes"], row["memory_plan_parts"], row["memory_plan_inputs"] = (
-    plan["total"],
-    plan["parts"],
-    plan["inputs"],
-  )
+  row.update(memory_plan_bytes=plan["total"], memory_plan_parts=plan["parts"], memory_plan_inputs=plan["inputs"])
   return row
 
 
@@ -533,7 +551,7 @@ def compile_sampler(run: AbstractRun, chips: int) -> dict:
     _generate_rows,
     run.graphdef,
     run.sampler_params,
-    run.rest,
+    run.sampler_rest,
     *args,
     num_new_bucket=n_new,
     activation=activation,

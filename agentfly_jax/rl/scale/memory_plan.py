@@ -21,7 +21,8 @@ estimates are deliberately simple upper-ish bounds:
   in 16-bit, Korthikanti et al. 2022; with remat only each layer's input is kept, plus one layer's
   full set) + the float32 logits of one chunk of tokens + a vision-language policy's tower (`vision_params`: no
   gradient or optimizer state while frozen, its unrolled blocks' weights gathered whole in param and compute dtype,
-  one block's float32 attention scores over a row's patches) (the log-softmax and its gradient are fused
+  a scanned tower's two blocks at a time, `vision_gathered_params`; one block's float32 attention scores over a
+  row's patches) (the log-softmax and its gradient are fused
   into that buffer: XLA's temporaries for Qwen2.5-0.5B on v5e:2x2, 2 rows a chip x 256 tokens x
   151,936, are 0.5 GiB under a count of three; lab/results/aot_tpu.md). With
   `attention_chunk` the s^2 scores are not kept (only one chunk's, transiently). That sum is the
@@ -74,6 +75,8 @@ class ModelShape:
   tied_embeddings: bool = False  # the output projection is the embedding table
   layer_expert_params: int = 0  # of layer_params, a mixture of experts' expert kernels (split over mesh.expert)
   vision_params: int = 0  # of num_params, a vision tower's (Qwen2.5-VL `visual`)
+  vision_depth: int = 0  # its blocks
+  vision_block_params: int = 0  # of vision_params, one block's (0: not known, the tower gathered whole)
   vision_heads: int = 0  # its attention heads
 
 
@@ -179,9 +182,18 @@ def jax_memory_parts(m: ModelShape, r: RunSizes, *, sharded: bool = False) -> di
   chunk = min(r.logits_chunk, s) if r.logits_chunk else s
   parts["logits"] = b * chunk * m.vocab_size * 4
   if m.vision_params:
-    parts["vision weights"] = m.vision_params * (pb + cb)
+    parts["vision weights"] = vision_gathered_params(m, r) * (pb + cb)
     parts["vision scores"] = b * m.vision_heads * r.vision_patches**2 * 4
   return parts
+
+
+def vision_gathered_params(m: ModelShape, r: RunSizes) -> int:
+  """Params of the vision tower gathered at once: a scanned tower's blocks one at a time, as the LM's layers (the
+  block it runs and the next, prefetched) beside its weights outside the blocks (patch embedding, merger); an
+  unrolled one's all of them."""
+  if not (r.scan_layers and m.vision_block_params):
+    return m.vision_params
+  return m.vision_params - (m.vision_depth - 2) * m.vision_block_params
 
 
 def accumulator_parts(m: ModelShape, r: RunSizes, *, sharded: bool) -> dict:
