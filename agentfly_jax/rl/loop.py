@@ -108,10 +108,9 @@ def start_loop(run: Run) -> tuple[LoopState, int]:
       truncate_jsonl(run_log.metrics_path(run.workdir), start)
     return LoopState(state, ref_params, data_position, **counters), start
   checkpoints.save(run, 0, state, 0)
-  if spec.eval.every:
-    eval_metrics = {**pre_sft, **evaluate(run, state.params, seed=spec.seed)}
-    if distributed.is_primary():
-      run_log.append_record(run.workdir, 0, eval_metrics)
+  record = {**pre_sft, **(evaluate(run, state.params, seed=spec.seed) if spec.eval.every else {})}
+  if record and distributed.is_primary():  # the SFT's record also when no eval runs
+    run_log.append_record(run.workdir, 0, record)
   return LoopState(state, ref_params, 0, **counters), 0
 
 

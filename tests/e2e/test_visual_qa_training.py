@@ -14,7 +14,7 @@ from train_cli import ROOT, read_metrics, train_command
 
 
 def _two_steps(tmp_path, *overrides: str) -> list[dict]:
-  """Two GRPO steps of the tiny visual_qa run; the records with a rollout."""
+  """Two GRPO steps of the tiny visual_qa run (after `overrides`); the records with a rollout."""
   env = dict(os.environ, AGENTFLY_LOCAL_ENVS="visual_qa=2:0")
   env.pop("AGENTFLY_ENV_SERVERS", None)
   out = subprocess.run(
@@ -46,7 +46,13 @@ def _two_steps(tmp_path, *overrides: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_grpo_steps_over_images(tmp_path):
-  records = _two_steps(tmp_path)
+  """After an SFT warm start on image chains (task visual_qa_colors: demos that answer from their row, the SFT
+  step reading each row's pixels)."""
+  records = _two_steps(
+    tmp_path, "--config.task=visual_qa_colors", "--config.sft.steps=2", "--config.sft.rows_per_step=2"
+  )
+  start = next(r for r in read_metrics(tmp_path) if r["step"] == 0)
+  assert start["sft/nll_last"] < start["sft/nll_first"], start
   for r in records:
     assert r.get("rollout/finish/error", 0.0) == 0.0 and r["env/visual_qa/crashes"] == 0
     assert r["actor/n_tokens"] > 0
