@@ -199,9 +199,9 @@ def train_on_demos(
 ) -> tuple[object, list[float]]:
   """The warm start phase of `sft` (rl/spec.SftSection): scripted demonstrations of `task`
   (its `scripted_response`; given `row=` the row too when it takes one: `takes_row`) rolled out by the real
-  agent through `rollout(rows, sampler=, num_chains=, seed=)`, SFT steps on them from `params`. `after_step(steps_done, params)` is
-  called after each step (the lr is constant and step i's demos depend on i only, so the params
-  after k steps are those of a k-step SFT). Returns (params, per-step NLL)."""
+  agent through `rollout(rows, sampler=, num_chains=, seed=)`, SFT steps on them from `params`.
+  `after_step(steps_done, params)` is called after each step (the lr is constant and step i's demos depend on i
+  only, so the params after k steps are those of a k-step SFT). Returns (params, per-step NLL)."""
   state = program.new_state(params)
   p_tool, script = sft.tool_use_prob, task.scripted_response
   current = {"row": None}  # a policy that reads its row (`row=`): the row of the chain being demonstrated

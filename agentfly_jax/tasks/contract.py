@@ -52,7 +52,8 @@ class TaskSpec:
     corpus: extra texts for a random-init model's tiny tokenizer.
     scripted_response: the demonstration policy `(prompt_text, use_tool, rng) -> text` (or
       `[(text, learn), ...]` pieces; `learn=False` pieces stay out of the loss) of the SFT warm
-      start (config.sft.steps > 0).
+      start (config.sft.steps > 0); one that takes `row=` is given the row it demonstrates (an
+      answer the prompt text does not hold, e.g. in a picture).
     agent_factory: `tokenizer -> Agent` (default: a ToolCallAgent over the tools and reward); given
       `system_prompt=` too when it takes one and the task has one.
     agent_fn: a black-box agent `async def run(client, row) -> answer` run against the
