@@ -30,8 +30,8 @@ def get_config():
   c.sft.rows_per_step = 16
   c.sft.lr = 1e-3
   c.sft.tool_use_prob = 1.0
-  c.train.steps = 50
-  c.train.lr = 3e-4
+  c.train.steps = 60
+  c.train.lr = 1e-3
   c.eval.every = 10
   c.eval.num_rows = 32
   return c
