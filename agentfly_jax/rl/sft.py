@@ -169,7 +169,8 @@ def check_demos(trajs, step: int) -> None:
     first = failed[0]
     raise RuntimeError(
       f"SFT step {step}: every demonstration chain failed ({len(trajs)} of {len(trajs)}); the first: "
-      f"{first.error} (at {first.error_frame}) (limits: config.rollout.max_total_tokens / max_tokens_per_turn)"
+      f"{first.error} (at {first.error_frame}) (the demo policy: the task's scripted_response; the chains' "
+      "limits: config.rollout.max_total_tokens / max_tokens_per_turn)"
     )
 
 

@@ -400,6 +400,15 @@ def test_train_step_calls_with_images(vl, forward):
   assert written.sum() > 10 and (mask & ~written).any()
   np.testing.assert_allclose(np.asarray(lp)[written], np.asarray(ref_lp)[written], atol=2e-4)
   assert np.all(np.asarray(lp)[mask & ~written] < -1e8) and np.isfinite(np.asarray(lp)).all()
+  # the plain-logits path (train.logits_chunk=0) through the same softmax
+  from agentfly_jax.rl.core.train_step import policy_logprobs_entropy
+
+  vision = dict(pixel_values=jnp.asarray(pixels), vision_layout=vision_layout(grids, model.config.vision))
+  plain, _ = policy_logprobs_entropy(
+    model, jnp.asarray(ids), jnp.asarray(targets), jnp.asarray(mask), chunk=0, vision={**vision, "positions": positions}
+  )
+  np.testing.assert_allclose(np.asarray(plain)[written], np.asarray(ref_lp)[written], atol=2e-4)
+  assert np.all(np.asarray(plain)[mask & ~written] < -1e8)
 
 
 @pytest.mark.slow  # tracing a 7B-sized model's init: ~30 s on a loaded 2-core CPU

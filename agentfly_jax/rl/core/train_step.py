@@ -70,16 +70,26 @@ def _packing(segment_ids, positions) -> dict:
 
 
 def policy_logprobs(
-  model, input_ids, target_ids, attention_mask, temperature: float = 1.0, segment_ids=None, positions=None
+  model,
+  input_ids,
+  target_ids,
+  attention_mask,
+  temperature: float = 1.0,
+  segment_ids=None,
+  positions=None,
+  vision: dict | None = None,
 ):
   """Trainer log-probs of each target token given its prefix.
 
   input_ids, target_ids int32[B, L], attention_mask bool[B, L] (of the inputs); segment_ids /
-  positions int32[B, L] for packed rows -> (logprobs f32[B, L], logits [B, L, V]).
+  positions int32[B, L] for packed rows; `vision` a VL policy's image arguments (rl/core/vision.py)
+  -> (logprobs f32[B, L], logits f32[B, L, V]), the tokens the model never writes
+  (ModelConfig.placeholder_token_ids) out of the softmax as the samplers' are.
   """
-  logits = model(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions))
-  lp = losses.token_logprobs(logits.astype(jnp.float32), target_ids, temperature=temperature)
-  return lp, logits
+  logits = model(input_ids, attention_mask=attention_mask, **_packing(segment_ids, positions), **(vision or {}))
+  placeholders = getattr(getattr(model, "config", None), "placeholder_token_ids", ())
+  logits = suppress_logits(logits.astype(jnp.float32), placeholders)
+  return losses.token_logprobs(logits, target_ids, temperature=temperature), logits
 
 
 def policy_logprobs_entropy(
@@ -129,14 +139,10 @@ def policy_logprobs_entropy(
     return model.token_logprobs_entropy(
       hidden, target_ids, temperature=temperature, chunk=chunk, loss_mask=loss_mask, capacity=capacity
     )
-  if vision:
-    logits = model(input_ids, attention_mask=attention_mask, **vision).astype(jnp.float32)
-    logits = suppress_logits(logits, model.config.placeholder_token_ids)
-    return losses.token_logprobs(logits, target_ids, temperature=temperature), losses.entropy_from_logits(
-      logits / temperature
-    )
-  lp, logits = policy_logprobs(model, input_ids, target_ids, attention_mask, temperature, segment_ids, positions)
-  return lp, losses.entropy_from_logits(logits.astype(jnp.float32) / temperature)
+  lp, logits = policy_logprobs(
+    model, input_ids, target_ids, attention_mask, temperature, segment_ids, positions, vision=vision
+  )
+  return lp, losses.entropy_from_logits(logits / temperature)
 
 
 def critic_values(critic, input_ids, attention_mask, action_mask):
